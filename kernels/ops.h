@@ -1,0 +1,135 @@
+// The op set of dstrain: one interface, one method per op. Every backend (kernels/cpu/, and
+// kernels/cuda/ later) implements all of it; the CPU backend is the reference twin every
+// other backend is tested against.
+//
+// Conventions
+// - Tensors are views (core/tensor.h). Activations and parameters may be stored as F32, F16
+//   or BF16; every op computes in fp32 and rounds each stored output to the storage dtype
+//   (round-to-nearest-even), exactly where a GPU kernel would store it. Statistics (layernorm
+//   mean/rstd, attention log-sum-exp, losses) are always F32. Token ids are I32.
+// - Shapes are written beside each argument: B batch, T sequence, C channels, NH heads,
+//   V real vocabulary, Vp padded vocabulary (>= V), N = B*T rows, OC output channels.
+// - Parameter gradients always ACCUMULATE (+=), so micro-batches add up without a copy.
+//   Activation gradients OVERWRITE (=) unless the method says +=.
+// - Ops are stateless and take an explicit stream: on the CPU backend `stream` is ignored and
+//   every op has finished when it returns; on CUDA it is a cudaStream_t.
+// - Deterministic: the same inputs give the same bits, whatever the thread count of the
+//   backend (reductions run in a fixed order).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace dstrain {
+
+using Stream = void*;  // cudaStream_t on CUDA; nullptr on the CPU backend
+
+struct AdamWStep {
+  float lr = 0.0f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;  // decoupled: param -= lr * weight_decay * param
+  int64_t step = 1;           // 1-based, for bias correction
+  float grad_scale = 1.0f;    // gradients are multiplied by this first (unscale * clip)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;  // "cpu (2 threads, OpenBLAS)"
+  virtual void synchronize(Stream stream) = 0;
+
+  // ---- memory ----
+  // t = 0
+  virtual void fill_zero(Tensor t, Stream stream) = 0;
+  // dst = src, converting dtype (F32/F16/BF16 both ways, RNE). REQUIRES: same numel.
+  virtual void copy(Tensor dst, Tensor src, Stream stream) = 0;
+  // Copy between this device's memory and host memory (either side may be host).
+  virtual void copy_bytes(void* dst, const void* src, size_t bytes, Stream stream) = 0;
+
+  // ---- embedding ----
+  // out (B,T,C) = wte[tokens[b,t]] + wpe[t]
+  // tokens (B,T) I32 with 0 <= id < Vp; wte (Vp,C); wpe (maxT,C), maxT >= T
+  virtual void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe,
+                                 Stream stream) = 0;
+  // dwte (Vp,C) += scatter of dout rows by token; dwpe (maxT,C) += sum over b of dout[b,t]
+  // dout (B,T,C). Deterministic: rows that share a token add up in (b,t) order.
+  virtual void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens,
+                                  Stream stream) = 0;
+
+  // ---- layernorm (eps 1e-5, biased variance) ----
+  // out (N,C), mean (N) F32, rstd (N) F32, inp (N,C), weight (C), bias (C)
+  virtual void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp,
+                                 Tensor weight, Tensor bias, Stream stream) = 0;
+  // dinp (N,C) +=, dweight (C) +=, dbias (C) +=; dout (N,C); inp, weight, mean, rstd as saved
+  virtual void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout,
+                                  Tensor inp, Tensor weight, Tensor mean, Tensor rstd,
+                                  Stream stream) = 0;
+
+  // ---- matmul with bias ----
+  // out (N,OC) = inp (N,C) @ W + bias (OC; may be empty).
+  // weight_out_by_in == false: W is weight (C,OC), the Hugging Face Conv1D layout.
+  // weight_out_by_in == true:  W is weight^T with weight (OC,C), e.g. the tied LM head wte.
+  virtual void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias,
+                              bool weight_out_by_in, Stream stream) = 0;
+  // dinp (N,C) = dout @ W^T (skipped when dinp is empty); dweight (same shape as weight) +=
+  // inp^T @ dout (or its transpose); dbias (OC) += column sums of dout (skipped when empty).
+  virtual void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout,
+                               Tensor inp, Tensor weight, bool weight_out_by_in,
+                               Stream stream) = 0;
+
+  // ---- causal self-attention ----
+  // qkv (B,T,3C): per position [q | k | v], each C = NH * hd, head h at columns h*hd.
+  // out (B,T,C) = softmax(q k^T / sqrt(hd), causal) v per head; lse (B,NH,T) F32 = the
+  // log-sum-exp of each scaled score row (all backward needs besides qkv and out: no T x T).
+  virtual void attention_forward(Tensor out, Tensor lse, Tensor qkv, int n_head,
+                                 Stream stream) = 0;
+  // dqkv (B,T,3C) = gradient w.r.t. qkv; dout (B,T,C); qkv, out, lse as saved by forward.
+  virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,
+                                  Tensor lse, int n_head, Stream stream) = 0;
+
+  // ---- GELU, tanh approximation ----
+  // out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); any shape
+  virtual void gelu_forward(Tensor out, Tensor inp, Stream stream) = 0;
+  // dinp = gelu'(inp) * dout
+  virtual void gelu_backward(Tensor dinp, Tensor dout, Tensor inp, Stream stream) = 0;
+
+  // ---- residual ----
+  // out = a + b (same shape)
+  virtual void residual_forward(Tensor out, Tensor a, Tensor b, Stream stream) = 0;
+  // dst += src (same shape): the backward of a residual branch joining the stream
+  virtual void accumulate(Tensor dst, Tensor src, Stream stream) = 0;
+
+  // ---- fused softmax + cross-entropy ----
+  // logits (N,Vp); targets (N) I32 in [0,V); columns >= V do not exist (masked out).
+  // losses (N) F32 = -log softmax(logits[n, :V])[targets[n]].
+  // If dlogits (N,Vp) is not empty: dlogits = (softmax - onehot(target)) * dloss for
+  // columns < V, 0 for columns >= V (dloss: the weight of each row's loss, e.g. 1/(N*accum)).
+  virtual void softmax_cross_entropy(Tensor losses, Tensor dlogits, Tensor logits,
+                                     Tensor targets, int vocab, float dloss, Stream stream) = 0;
+
+  // ---- optimizer ----
+  // AdamW over a flat buffer. param (n) F32 master weights; grad (n) any float dtype;
+  // m, v (n) F32. g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+  // param -= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * param).
+  // If param_copy (n) is not empty it receives the updated param rounded to its dtype.
+  virtual void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy,
+                     const AdamWStep& step, Stream stream) = 0;
+  // Sum of squares of x (any float dtype), accumulated in fp64 in a fixed order.
+  // Waits for the stream (the result is returned to the host).
+  virtual double sum_squares(Tensor x, Stream stream) = 0;
+  // x *= s
+  virtual void scale(Tensor x, float s, Stream stream) = 0;
+  // True when x holds any inf or NaN. Waits for the stream.
+  virtual bool has_inf_or_nan(Tensor x, Stream stream) = 0;
+};
+
+// The CPU backend: fp32 compute, OpenBLAS GEMM, OpenMP threads (num_threads <= 0: all cores).
+std::unique_ptr<Backend> make_cpu_backend(int num_threads = 0);
+
+}  // namespace dstrain
