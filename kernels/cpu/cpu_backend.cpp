@@ -1,0 +1,173 @@
+// The CPU backend: the Backend class, memory ops, and the helpers of cpu_ops.h.
+#include <cblas.h>
+#include <omp.h>
+
+#include <cstring>
+#include <string>
+
+#include "kernels/cpu/cpu_ops.h"
+
+namespace dstrain::cpu {
+
+bool is_float_dtype(DType dtype) {
+  return dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16;
+}
+
+void check_float_tensor(const Tensor& t, const char* name) {
+  DSTRAIN_CHECK(!t.empty()) << name << " is empty";
+  DSTRAIN_CHECK(t.device.is_cpu()) << name << " is on " << t.device.str()
+                                   << ", the CPU backend needs host memory";
+  DSTRAIN_CHECK(is_float_dtype(t.dtype))
+      << name << " " << t.shape_str() << " must be F32, F16 or BF16";
+}
+
+void check_tensor_dtype(const Tensor& t, DType dtype, const char* name) {
+  DSTRAIN_CHECK(!t.empty()) << name << " is empty";
+  DSTRAIN_CHECK(t.device.is_cpu()) << name << " is on " << t.device.str()
+                                   << ", the CPU backend needs host memory";
+  DSTRAIN_CHECK(t.dtype == dtype) << name << " " << t.shape_str() << " must be "
+                                  << dtype_name(dtype);
+}
+
+int64_t cols_of(const Tensor& t) { return t.ndim == 0 ? 1 : t.shape[t.ndim - 1]; }
+
+int64_t rows_of(const Tensor& t) {
+  const int64_t cols = cols_of(t);
+  return cols == 0 ? 0 : t.numel() / cols;
+}
+
+F32View::F32View(const CpuContext& ctx, const Tensor& t) {
+  if (t.dtype == DType::F32) {
+    data_ = static_cast<const float*>(t.data);
+    return;
+  }
+  const int64_t n = t.numel();
+  converted_.resize(static_cast<size_t>(n));
+  float* dst = converted_.data();
+  parallel_for(ctx, num_chunks(n), [&](int64_t chunk, int) {
+    const int64_t begin = chunk * kElementChunk;
+    load_span_into(t, begin, std::min(kElementChunk, n - begin), dst + begin);
+  });
+  data_ = dst;
+}
+
+void fill_zero(const CpuContext& ctx, Tensor t) {
+  if (t.empty()) return;
+  DSTRAIN_CHECK(t.device.is_cpu()) << "fill_zero of a tensor on " << t.device.str();
+  // All-zero bits are +0 in every dtype.
+  std::memset(t.data, 0, t.nbytes());
+}
+
+void copy(const CpuContext& ctx, Tensor dst, Tensor src) {
+  DSTRAIN_CHECK(dst.numel() == src.numel())
+      << "copy of " << src.shape_str() << " into " << dst.shape_str();
+  if (dst.numel() == 0) return;
+  DSTRAIN_CHECK(dst.device.is_cpu() && src.device.is_cpu()) << "copy between non-host tensors";
+  if (dst.dtype == src.dtype) {
+    if (dst.data != src.data) std::memmove(dst.data, src.data, dst.nbytes());
+    return;
+  }
+  check_float_tensor(dst, "copy dst");
+  check_float_tensor(src, "copy src");
+  const int64_t n = dst.numel();
+  ThreadScratch scratch(ctx, kElementChunk);
+  parallel_for(ctx, num_chunks(n), [&](int64_t chunk, int thread) {
+    const int64_t begin = chunk * kElementChunk, count = std::min(kElementChunk, n - begin);
+    commit_span(dst, begin, count, load_span(src, begin, count, scratch.get(thread)));
+  });
+}
+
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int num_threads) {
+    ctx_.num_threads = num_threads > 0 ? num_threads : omp_get_num_procs();
+    // OpenBLAS's threaded sgemm blocks K differently from its single-threaded one, so its
+    // bits depend on the thread count (see Matmul.OpenBlasThreadCountChangesBits). GEMMs
+    // therefore run on a fixed tile grid, one single-threaded sgemm per tile, threaded by
+    // OpenMP. The setting is process-wide; 1 is also what makes concurrent calls from rank
+    // threads safe.
+    openblas_set_num_threads(1);
+  }
+
+  Device device() const override { return Device{}; }
+  std::string name() const override {
+    return "cpu (" + std::to_string(ctx_.num_threads) + " threads, OpenBLAS)";
+  }
+  void synchronize(Stream) override {}
+
+  void fill_zero(Tensor t, Stream) override { cpu::fill_zero(ctx_, t); }
+  void copy(Tensor dst, Tensor src, Stream) override { cpu::copy(ctx_, dst, src); }
+  void copy_bytes(void* dst, const void* src, size_t bytes, Stream) override {
+    if (bytes == 0 || dst == src) return;
+    DSTRAIN_CHECK(dst != nullptr && src != nullptr) << "copy_bytes of " << bytes << " bytes";
+    std::memmove(dst, src, bytes);
+  }
+
+  void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, Stream) override {
+    cpu::embedding_forward(ctx_, out, tokens, wte, wpe);
+  }
+  void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens,
+                          Stream) override {
+    cpu::embedding_backward(ctx_, dwte, dwpe, dout, tokens);
+  }
+  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight,
+                         Tensor bias, Stream) override {
+    cpu::layernorm_forward(ctx_, out, mean, rstd, inp, weight, bias);
+  }
+  void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
+                          Tensor weight, Tensor mean, Tensor rstd, Stream) override {
+    cpu::layernorm_backward(ctx_, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+  }
+  void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias,
+                      bool weight_out_by_in, Stream) override {
+    cpu::matmul_forward(ctx_, out, inp, weight, bias, weight_out_by_in);
+  }
+  void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
+                       Tensor weight, bool weight_out_by_in, Stream) override {
+    cpu::matmul_backward(ctx_, dinp, dweight, dbias, dout, inp, weight, weight_out_by_in);
+  }
+  void attention_forward(Tensor out, Tensor lse, Tensor qkv, int n_head, Stream) override {
+    cpu::attention_forward(ctx_, out, lse, qkv, n_head);
+  }
+  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
+                          int n_head, Stream) override {
+    cpu::attention_backward(ctx_, dqkv, dout, qkv, out, lse, n_head);
+  }
+  void gelu_forward(Tensor out, Tensor inp, Stream) override {
+    cpu::gelu_forward(ctx_, out, inp);
+  }
+  void gelu_backward(Tensor dinp, Tensor dout, Tensor inp, Stream) override {
+    cpu::gelu_backward(ctx_, dinp, dout, inp);
+  }
+  void residual_forward(Tensor out, Tensor a, Tensor b, Stream) override {
+    cpu::residual_forward(ctx_, out, a, b);
+  }
+  void accumulate(Tensor dst, Tensor src, Stream) override { cpu::accumulate(ctx_, dst, src); }
+  void softmax_cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, Tensor targets,
+                             int vocab, float dloss, Stream) override {
+    cpu::softmax_cross_entropy(ctx_, losses, dlogits, logits, targets, vocab, dloss);
+  }
+  void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy,
+             const AdamWStep& step, Stream) override {
+    cpu::adamw(ctx_, param, grad, m, v, param_copy, step);
+  }
+  double sum_squares(Tensor x, Stream) override { return cpu::sum_squares(ctx_, x); }
+  void scale(Tensor x, float s, Stream) override { cpu::scale(ctx_, x, s); }
+  bool has_inf_or_nan(Tensor x, Stream) override { return cpu::has_inf_or_nan(ctx_, x); }
+
+ private:
+  CpuContext ctx_;
+};
+
+}  // namespace
+}  // namespace dstrain::cpu
+
+namespace dstrain {
+
+std::unique_ptr<Backend> make_cpu_backend(int num_threads) {
+  return std::make_unique<cpu::CpuBackend>(num_threads);
+}
+
+}  // namespace dstrain

@@ -1,0 +1,192 @@
+// Internal to the CPU backend (kernels/cpu/): the kernel entry points the Backend methods
+// forward to, and the helpers they share. Nothing outside kernels/cpu/ includes this.
+//
+// How a kernel sees storage: every float tensor is read and written through fp32 "spans"
+// (a contiguous element range). For an F32 tensor a span is a pointer into the tensor itself
+// (no copy); for F16/BF16 it is converted into per-thread scratch on load and rounded (RNE) on
+// store. So each kernel is written once in fp32, each tensor of an op may have its own storage
+// dtype (e.g. BF16 activations with F32 gradients), and an output is rounded exactly once,
+// where it is stored.
+//
+// How kernels thread: parallel_for over a task count that does not depend on the thread
+// count; each output element is written by exactly one task; every reduction runs inside one
+// task in a fixed order. So results are bitwise identical for any number of threads.
+// Arguments are validated before any parallel region: nothing throws inside one.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "core/check.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "kernels/ops.h"
+
+namespace dstrain::cpu {
+
+struct CpuContext {
+  int num_threads = 1;  // >= 1
+};
+
+// ---- argument checks (throw dstrain::Error naming the argument) ----
+bool is_float_dtype(DType dtype);
+// REQUIRES-style checks: `t` is non-empty, on the CPU, and of the stated dtype family.
+void check_float_tensor(const Tensor& t, const char* name);
+void check_tensor_dtype(const Tensor& t, DType dtype, const char* name);
+// Rows of `t` seen as (rows, cols) with cols = its last dimension.
+int64_t rows_of(const Tensor& t);
+int64_t cols_of(const Tensor& t);
+
+// ---- fp32 spans over storage ----
+template <class T>
+inline void convert_to_f32(const T* src, int64_t count, float* dst) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = load_f32(src[i]);
+}
+template <class T>
+inline void convert_from_f32(const float* src, int64_t count, T* dst) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = store_as<T>(src[i]);
+}
+
+// Elements [offset, offset + count) of float tensor `t` as fp32: a pointer into `t` when it
+// is F32, else `scratch` (>= count floats) filled by conversion.
+inline const float* load_span(const Tensor& t, int64_t offset, int64_t count, float* scratch) {
+  switch (t.dtype) {
+    case DType::F16:
+      convert_to_f32(static_cast<const half_t*>(t.data) + offset, count, scratch);
+      return scratch;
+    case DType::BF16:
+      convert_to_f32(static_cast<const bf16_t*>(t.data) + offset, count, scratch);
+      return scratch;
+    default:
+      return static_cast<const float*>(t.data) + offset;
+  }
+}
+
+// Like load_span but always into `dst` (a copy even for F32).
+inline void load_span_into(const Tensor& t, int64_t offset, int64_t count, float* dst) {
+  const float* span = load_span(t, offset, count, dst);
+  if (span != dst) std::memcpy(dst, span, static_cast<size_t>(count) * sizeof(float));
+}
+
+// Where to compute elements [offset, offset + count) of output `t`: a pointer into `t` when
+// it is F32, else `scratch`. Follow with commit_span, which rounds scratch into `t`.
+inline float* output_span(const Tensor& t, int64_t offset, int64_t count, float* scratch) {
+  return t.dtype == DType::F32 ? static_cast<float*>(t.data) + offset : scratch;
+}
+
+inline void commit_span(const Tensor& t, int64_t offset, int64_t count, const float* values) {
+  switch (t.dtype) {
+    case DType::F16:
+      convert_from_f32(values, count, static_cast<half_t*>(t.data) + offset);
+      break;
+    case DType::BF16:
+      convert_from_f32(values, count, static_cast<bf16_t*>(t.data) + offset);
+      break;
+    default: {
+      float* dst = static_cast<float*>(t.data) + offset;
+      if (dst != values) std::memcpy(dst, values, static_cast<size_t>(count) * sizeof(float));
+    }
+  }
+}
+
+// t[offset + i] = round(t[offset + i] + values[i]): one rounding per element.
+template <class T>
+inline void accumulate_typed(T* dst, const float* values, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = store_as<T>(load_f32(dst[i]) + values[i]);
+}
+inline void accumulate_span(const Tensor& t, int64_t offset, int64_t count,
+                            const float* values) {
+  switch (t.dtype) {
+    case DType::F16:
+      accumulate_typed(static_cast<half_t*>(t.data) + offset, values, count);
+      break;
+    case DType::BF16:
+      accumulate_typed(static_cast<bf16_t*>(t.data) + offset, values, count);
+      break;
+    default:
+      accumulate_typed(static_cast<float*>(t.data) + offset, values, count);
+  }
+}
+
+// A whole float tensor as fp32: its own memory when F32, else a converted copy (in parallel).
+class F32View {
+ public:
+  F32View(const CpuContext& ctx, const Tensor& t);
+  const float* data() const { return data_; }
+
+ private:
+  std::vector<float> converted_;
+  const float* data_ = nullptr;
+};
+
+// ---- threading ----
+// body(task, thread) for task in [0, count), static schedule, `thread` in [0, num_threads).
+template <class Body>
+void parallel_for(const CpuContext& ctx, int64_t count, Body&& body) {
+  if (count <= 0) return;
+  if (ctx.num_threads == 1 || count == 1) {
+    for (int64_t task = 0; task < count; ++task) body(task, 0);
+    return;
+  }
+  const int threads = static_cast<int>(std::min<int64_t>(ctx.num_threads, count));
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t task = 0; task < count; ++task) body(task, omp_get_thread_num());
+}
+
+// Per-thread fp32 scratch, allocated before the parallel region (so no allocation can throw
+// inside it), each thread's slice padded to a cache line.
+class ThreadScratch {
+ public:
+  ThreadScratch(const CpuContext& ctx, int64_t floats_per_thread)
+      : stride_((std::max<int64_t>(floats_per_thread, 1) + 15) / 16 * 16),
+        storage_(static_cast<size_t>(stride_ * ctx.num_threads)) {}
+  float* get(int thread) { return storage_.data() + stride_ * thread; }
+
+ private:
+  int64_t stride_;
+  std::vector<float> storage_;
+};
+
+// Fixed chunk of elementwise work per task: independent of the thread count.
+constexpr int64_t kElementChunk = 8192;
+inline int64_t num_chunks(int64_t n) { return (n + kElementChunk - 1) / kElementChunk; }
+
+// ---- kernels (shapes and semantics as in kernels/ops.h) ----
+void fill_zero(const CpuContext& ctx, Tensor t);
+void copy(const CpuContext& ctx, Tensor dst, Tensor src);
+
+void embedding_forward(const CpuContext& ctx, Tensor out, Tensor tokens, Tensor wte,
+                       Tensor wpe);
+void embedding_backward(const CpuContext& ctx, Tensor dwte, Tensor dwpe, Tensor dout,
+                        Tensor tokens);
+void layernorm_forward(const CpuContext& ctx, Tensor out, Tensor mean, Tensor rstd, Tensor inp,
+                       Tensor weight, Tensor bias);
+void layernorm_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias,
+                        Tensor dout, Tensor inp, Tensor weight, Tensor mean, Tensor rstd);
+void gelu_forward(const CpuContext& ctx, Tensor out, Tensor inp);
+void gelu_backward(const CpuContext& ctx, Tensor dinp, Tensor dout, Tensor inp);
+void residual_forward(const CpuContext& ctx, Tensor out, Tensor a, Tensor b);
+void accumulate(const CpuContext& ctx, Tensor dst, Tensor src);
+void softmax_cross_entropy(const CpuContext& ctx, Tensor losses, Tensor dlogits, Tensor logits,
+                           Tensor targets, int vocab, float dloss);
+
+void matmul_forward(const CpuContext& ctx, Tensor out, Tensor inp, Tensor weight, Tensor bias,
+                    bool weight_out_by_in);
+void matmul_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias,
+                     Tensor dout, Tensor inp, Tensor weight, bool weight_out_by_in);
+
+void attention_forward(const CpuContext& ctx, Tensor out, Tensor lse, Tensor qkv, int n_head);
+void attention_backward(const CpuContext& ctx, Tensor dqkv, Tensor dout, Tensor qkv,
+                        Tensor out, Tensor lse, int n_head);
+
+void adamw(const CpuContext& ctx, Tensor param, Tensor grad, Tensor m, Tensor v,
+           Tensor param_copy, const AdamWStep& step);
+double sum_squares(const CpuContext& ctx, Tensor x);
+void scale(const CpuContext& ctx, Tensor x, float s);
+bool has_inf_or_nan(const CpuContext& ctx, Tensor x);
+
+}  // namespace dstrain::cpu

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what dstrain builds with, from Debian packages (run as root; skips what is there).
+set -euo pipefail
+packages=(cmake ninja-build g++ pkg-config libboost-program-options-dev nlohmann-json3-dev
+          libopenblas-dev libgtest-dev)
+missing=()
+for package in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
+    missing+=("$package")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi

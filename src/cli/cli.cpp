@@ -1,0 +1,178 @@
+#include "cli/cli.h"
+
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <boost/program_options.hpp>
+
+#include "core/check.h"
+#include "data/prepare.h"
+#include "model/config.h"
+#include "train/trainer.h"
+
+namespace dstrain {
+
+namespace po = boost::program_options;
+
+namespace {
+
+constexpr const char* kVersion = "0.1.0";
+
+std::string preset_list() {
+  std::string list;
+  for (const std::string& name : model_preset_names()) list += (list.empty() ? "" : ", ") + name;
+  return list;
+}
+
+po::options_description train_flags(TrainOptions& o) {
+  po::options_description model("Model and data");
+  model.add_options()
+      ("model", po::value(&o.model)->value_name("NAME|PATH"),
+       ("preset name or path of a config.json (default tiny; presets: " + preset_list() + ")").c_str())
+      ("data", po::value(&o.data)->value_name("FILE|GLOB"),
+       "token shards (llm.c .bin, raw .u16/.u32); default: the built-in synthetic corpus")
+      ("val-data", po::value(&o.val_data)->value_name("FILE|GLOB"),
+       "validation shards (default: the last 10% of --data)")
+      ("shuffle", po::bool_switch(&o.shuffle), "shuffle the windows each epoch (seeded)")
+      ("init-from", po::value(&o.init_from)->value_name("FILE"),
+       "start from a Hugging Face GPT-2 model.safetensors");
+  po::options_description optim("Batch and optimization");
+  optim.add_options()
+      ("batch", po::value(&o.batch)->default_value(o.batch)->value_name("B"), "sequences per micro-batch per rank")
+      ("seq-len", po::value(&o.seq_len)->default_value(o.seq_len)->value_name("T"), "tokens per sequence")
+      ("grad-accum", po::value(&o.grad_accum)->default_value(o.grad_accum)->value_name("N"), "micro-batches per optimizer step")
+      ("steps", po::value(&o.steps)->default_value(o.steps)->value_name("N"), "total optimizer steps of the run (a resume continues up to it)")
+      ("lr", po::value(&o.lr)->default_value(o.lr, "0.003")->value_name("LR"), "peak learning rate")
+      ("lr-schedule", po::value(&o.lr_schedule)->default_value(o.lr_schedule)->value_name("KIND"), "constant | cosine (both after a linear warmup)")
+      ("warmup", po::value(&o.warmup)->default_value(o.warmup)->value_name("N"), "linear warmup steps")
+      ("min-lr", po::value(&o.min_lr)->value_name("LR"), "floor of the cosine schedule (default lr/10)")
+      ("weight-decay", po::value(&o.weight_decay)->default_value(o.weight_decay, "0.1"), "AdamW decoupled weight decay (matrices and embeddings only)")
+      ("beta1", po::value(&o.beta1)->default_value(o.beta1, "0.9"), "AdamW beta1")
+      ("beta2", po::value(&o.beta2)->default_value(o.beta2, "0.95"), "AdamW beta2")
+      ("eps", po::value(&o.eps)->default_value(o.eps, "1e-8"), "AdamW epsilon")
+      ("grad-clip", po::value(&o.grad_clip)->default_value(o.grad_clip, "1.0"), "clip the global gradient norm to this (0 disables)")
+      ("seed", po::value(&o.seed)->default_value(o.seed), "seed of initialization, shuffling and sampling")
+      ("precision", po::value(&o.precision)->default_value(o.precision), "fp32 (fp16 | bf16 arrive with the gradient scaler)");
+  po::options_description hardware("Hardware");
+  hardware.add_options()
+      ("device", po::value(&o.device)->default_value(o.device), "auto | cpu | cuda")
+      ("gpus", po::value(&o.gpus)->default_value(o.gpus)->value_name("N"), "number of ranks")
+      ("threads", po::value(&o.threads)->default_value(o.threads)->value_name("N"), "CPU backend threads (0: all cores)");
+  po::options_description output("Output");
+  output.add_options()
+      ("log", po::value(&o.log)->value_name("FILE"), "JSONL log: one record per step and per eval")
+      ("eval-every", po::value(&o.eval_every)->default_value(o.eval_every)->value_name("N"), "evaluate every N steps and at the end (0 disables)")
+      ("eval-batches", po::value(&o.eval_batches)->default_value(o.eval_batches)->value_name("N"), "validation micro-batches per evaluation")
+      ("out", po::value(&o.out)->value_name("DIR"), "checkpoint directory (a final checkpoint is written there)")
+      ("save-every", po::value(&o.save_every)->default_value(o.save_every)->value_name("N"), "also checkpoint every N steps")
+      ("resume", po::value(&o.resume)->value_name("DIR"), "continue from a checkpoint (a run directory or a step-NNNNNN in it)")
+      ("sample", po::value(&o.sample_tokens)->default_value(o.sample_tokens)->value_name("N"), "tokens to sample at the end (0: none)")
+      ("quiet", po::bool_switch(&o.quiet), "no progress lines");
+  po::options_description all;
+  all.add(model).add(optim).add(hardware).add(output);
+  return all;
+}
+
+void print_usage(std::ostream& out, const po::options_description& flags) {
+  out << "dstrain " << kVersion << ": trains GPT-2-style transformers on the GPUs (or CPU) of one machine\n\n"
+      << "Usage:\n"
+      << "  dstrain [train] [flags]                 train (the default command)\n"
+      << "  dstrain prepare --input FILE.txt --out DIR   byte-tokenize a text file into shards\n"
+      << "  dstrain --help | --version\n\n"
+      << "With no flags, dstrain trains the tiny model on its built-in synthetic corpus.\n"
+      << flags << "\n";
+}
+
+// Parses argv into `flags`; Boost's errors become one sentence.
+po::variables_map parse(const std::vector<std::string>& args, const po::options_description& flags) {
+  po::variables_map values;
+  try {
+    po::store(po::command_line_parser(args).options(flags).run(), values);
+    po::notify(values);
+  } catch (const po::unknown_option& error) {
+    DSTRAIN_USER_ERROR() << "unknown flag " << error.get_option_name() << " (see dstrain --help)";
+  } catch (const po::invalid_option_value& error) {
+    DSTRAIN_USER_ERROR() << error.what() << " (see dstrain --help)";
+  } catch (const po::error& error) {
+    DSTRAIN_USER_ERROR() << error.what() << " (see dstrain --help)";
+  }
+  return values;
+}
+
+int run_train(const std::vector<std::string>& args, std::ostream& out) {
+  TrainOptions options;
+  options.model.clear();  // empty: tiny, or the checkpoint's model on --resume
+  po::options_description flags = train_flags(options);
+  flags.add_options()("help,h", "this help");
+  const po::variables_map values = parse(args, flags);
+  if (values.count("help")) {
+    print_usage(out, flags);
+    return 0;
+  }
+  train(options, out);
+  return 0;
+}
+
+int run_prepare(const std::vector<std::string>& args, std::ostream& out) {
+  std::string input, out_dir;
+  double val_fraction = 0.1;
+  po::options_description flags("dstrain prepare");
+  flags.add_options()
+      ("input", po::value(&input)->value_name("FILE.txt"), "text file to tokenize (bytes)")
+      ("out", po::value(&out_dir)->value_name("DIR"), "where train_*.bin and val_*.bin go")
+      ("val-fraction", po::value(&val_fraction)->default_value(0.1, "0.1"), "share of the text held out for validation")
+      ("help,h", "this help");
+  const po::variables_map values = parse(args, flags);
+  if (values.count("help")) {
+    out << "Usage: dstrain prepare --input FILE.txt --out DIR\n" << flags << "\n";
+    return 0;
+  }
+  DSTRAIN_USER_CHECK(!input.empty()) << "dstrain prepare needs --input FILE.txt";
+  DSTRAIN_USER_CHECK(!out_dir.empty()) << "dstrain prepare needs --out DIR";
+  const PrepareResult result = prepare(input, out_dir, val_fraction);
+  out << "wrote " << result.train_tokens << " training tokens (" << result.train_files.size()
+      << " shard" << (result.train_files.size() == 1 ? "" : "s") << ") and "
+      << result.val_tokens << " validation tokens to " << out_dir << "\n"
+      << "train with: dstrain --data '" << out_dir << "/train_*.bin' --val-data '" << out_dir
+      << "/val_*.bin'\n";
+  return 0;
+}
+
+}  // namespace
+
+int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  try {
+    if (!args.empty() && (args[0] == "--version" || args[0] == "version")) {
+      out << "dstrain " << kVersion << "\n";
+      return 0;
+    }
+    if (!args.empty() && (args[0] == "--help" || args[0] == "-h" || args[0] == "help")) {
+      TrainOptions defaults;
+      print_usage(out, train_flags(defaults));
+      return 0;
+    }
+    std::string command = "train";
+    if (!args.empty() && !args[0].starts_with("-")) {
+      command = args[0];
+      args.erase(args.begin());
+    }
+    if (command == "train") return run_train(args, out);
+    if (command == "prepare") return run_prepare(args, out);
+    DSTRAIN_USER_ERROR() << "unknown command '" << command
+                         << "' (commands: train, prepare; see dstrain --help)";
+  } catch (const UserError& error) {
+    out.flush();
+    err << "dstrain: error: " << error.what() << "\n";
+    return 2;
+  } catch (const std::exception& error) {
+    out.flush();
+    err << "dstrain: internal error: " << error.what() << "\n";
+    return 1;
+  }
+  return 1;
+}
+
+}  // namespace dstrain

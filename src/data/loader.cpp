@@ -1,0 +1,252 @@
+#include "data/loader.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+
+#include "core/check.h"
+#include "core/rng.h"
+
+namespace dstrain {
+
+// ---------------------------------------------------------------------------------------------
+// TokenDataset
+
+TokenDataset TokenDataset::open(const std::string& spec, int64_t vocab_size) {
+  TokenDataset dataset;
+  for (const std::string& path : expand_data_paths(spec)) {
+    std::shared_ptr<const TokenSource> source = TokenSource::open_file(path, vocab_size);
+    const size_t count = source->size();
+    dataset.add(TokenRange{std::move(source), 0, count});
+  }
+  dataset.description_ = "data '" + spec + "'";
+  return dataset;
+}
+
+TokenDataset TokenDataset::from_tokens(std::vector<int32_t> tokens, int64_t vocab_size,
+                                       std::string name) {
+  TokenDataset dataset;
+  std::shared_ptr<const TokenSource> source =
+      TokenSource::from_tokens(std::move(tokens), vocab_size, name);
+  const size_t count = source->size();
+  dataset.add(TokenRange{std::move(source), 0, count});
+  dataset.description_ = "'" + name + "'";
+  return dataset;
+}
+
+void TokenDataset::add(TokenRange range) {
+  DSTRAIN_CHECK(range.source != nullptr) << "shard without a source";
+  DSTRAIN_CHECK(range.begin <= range.source->size() &&
+                range.count <= range.source->size() - range.begin)
+      << "range [" << range.begin << ", " << range.begin + range.count << ") of "
+      << range.source->size() << " tokens of '" << range.source->name() << "'";
+  shards_.push_back(std::move(range));
+}
+
+size_t TokenDataset::num_tokens() const {
+  size_t total = 0;
+  for (const TokenRange& shard : shards_) total += shard.count;
+  return total;
+}
+
+TrainValViews held_out_split(const TokenDataset& data, double val_fraction,
+                             size_t min_val_tokens) {
+  DSTRAIN_CHECK(val_fraction > 0.0 && val_fraction < 1.0) << "val_fraction " << val_fraction;
+  const size_t total = data.num_tokens();
+  const size_t val_tokens = std::max(
+      static_cast<size_t>(std::ceil(val_fraction * static_cast<double>(total))), min_val_tokens);
+  DSTRAIN_USER_CHECK(val_tokens < total)
+      << data.description() << " has " << total << " tokens, too few to hold out " << val_tokens
+      << " for validation and still train on the rest; give separate validation data or more "
+      << "training data.";
+  // Walk the shards from the back, giving the last val_tokens tokens to val.
+  TrainValViews views;
+  const std::vector<TokenRange>& shards = data.shards();
+  std::vector<TokenRange> val_reversed;
+  size_t still_needed = val_tokens;
+  size_t keep = shards.size();  // shards [0, keep) go to train, the last possibly cut
+  TokenRange cut_train;
+  bool has_cut = false;
+  while (still_needed > 0) {
+    --keep;
+    const TokenRange& shard = shards[keep];
+    if (shard.count <= still_needed) {
+      val_reversed.push_back(shard);
+      still_needed -= shard.count;
+    } else {
+      const size_t train_part = shard.count - still_needed;
+      val_reversed.push_back(TokenRange{shard.source, shard.begin + train_part, still_needed});
+      cut_train = TokenRange{shard.source, shard.begin, train_part};
+      has_cut = true;
+      still_needed = 0;
+    }
+  }
+  for (size_t i = 0; i < keep; ++i) views.train.add(shards[i]);
+  if (has_cut) views.train.add(cut_train);
+  for (auto it = val_reversed.rbegin(); it != val_reversed.rend(); ++it) views.val.add(*it);
+  views.train.set_description(data.description() + " (training part)");
+  views.val.set_description(data.description() + " (held-out validation tail)");
+  return views;
+}
+
+// ---------------------------------------------------------------------------------------------
+// DataLoader
+
+DataLoader::DataLoader(TokenDataset dataset, const LoaderOptions& options)
+    : dataset_(std::move(dataset)), options_(options) {
+  const int64_t B = options.batch, T = options.seq_len, R = options.ranks;
+  DSTRAIN_CHECK(B >= 1 && T >= 1) << "batch " << B << ", seq_len " << T;
+  DSTRAIN_CHECK(R >= 1 && options.rank >= 0 && options.rank < R)
+      << "rank " << options.rank << " of " << R;
+  const size_t stride = static_cast<size_t>(B * T);
+  first_window_.assign(1, 0);
+  for (const TokenRange& shard : dataset_.shards()) {
+    const int64_t windows = shard.count >= 1 ? static_cast<int64_t>((shard.count - 1) / stride) : 0;
+    first_window_.push_back(first_window_.back() + windows);
+  }
+  num_windows_ = first_window_.back();
+  DSTRAIN_USER_CHECK(num_windows_ >= R)
+      << dataset_.description() << " holds " << dataset_.num_tokens() << " tokens in "
+      << dataset_.shards().size() << " shard(s), which make " << num_windows_
+      << " window(s) of B*T+1 = " << stride + 1 << " tokens, but " << R
+      << " rank(s) need at least " << R << " window(s): a shard of at least "
+      << R * B * T + 1 << " tokens (B=" << B << ", T=" << T
+      << "); give more data or a smaller batch, sequence length or rank count.";
+}
+
+void DataLoader::build_order(int64_t epoch) {
+  if (order_epoch_ == epoch) return;
+  order_.resize(static_cast<size_t>(num_windows_));
+  std::iota(order_.begin(), order_.end(), int64_t{0});
+  Rng rng(options_.seed, static_cast<uint64_t>(epoch));  // one stream per epoch
+  for (size_t i = order_.size() - 1; i > 0; --i) {  // Fisher-Yates
+    const size_t j = static_cast<size_t>(rng.below(i + 1));
+    std::swap(order_[i], order_[j]);
+  }
+  order_epoch_ = epoch;
+}
+
+int64_t DataLoader::window_index(int64_t epoch, int64_t round) {
+  DSTRAIN_CHECK(epoch >= 0 && round >= 0 && round < rounds_per_epoch())
+      << "epoch " << epoch << ", round " << round << " of " << rounds_per_epoch();
+  const int64_t position = round * options_.ranks + options_.rank;
+  if (!options_.shuffle) return position;
+  build_order(epoch);
+  return order_[static_cast<size_t>(position)];
+}
+
+std::pair<size_t, size_t> DataLoader::window_location(int64_t w) const {
+  DSTRAIN_CHECK(w >= 0 && w < num_windows_) << "window " << w << " of " << num_windows_;
+  // The last shard whose first window is <= w (empty shards share a first window; skip them).
+  const auto it = std::upper_bound(first_window_.begin(), first_window_.end(), w);
+  const size_t shard = static_cast<size_t>(it - first_window_.begin()) - 1;
+  const size_t stride = static_cast<size_t>(options_.batch * options_.seq_len);
+  return {shard, static_cast<size_t>(w - first_window_[shard]) * stride};
+}
+
+void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
+  DSTRAIN_CHECK(inputs != nullptr && targets != nullptr) << "null batch buffer";
+  const int64_t w = window_index(epoch_, next_round_);
+  const auto [shard_index, offset] = window_location(w);
+  const TokenRange& shard = dataset_.shards()[shard_index];
+  const size_t count = static_cast<size_t>(options_.batch * options_.seq_len);
+  shard.source->read(shard.begin + offset, count, inputs);       // window[0 : B*T]
+  shard.source->read(shard.begin + offset + 1, count, targets);  // window[1 : B*T+1]
+  if (++next_round_ == rounds_per_epoch()) {
+    next_round_ = 0;
+    ++epoch_;
+  }
+}
+
+void DataLoader::next_batch(const Tensor& inputs, const Tensor& targets) {
+  for (const Tensor* t : {&inputs, &targets}) {
+    DSTRAIN_CHECK(t->device.is_cpu() && t->ndim == 2 && t->shape[0] == options_.batch &&
+                  t->shape[1] == options_.seq_len)
+        << "batch tensor " << t->shape_str() << " on " << t->device.str() << ", expected ("
+        << options_.batch << ", " << options_.seq_len << ") I32 on cpu";
+  }
+  next_batch(inputs.i32(), targets.i32());
+}
+
+void DataLoader::reset() {
+  epoch_ = 0;
+  next_round_ = 0;
+}
+
+nlohmann::json DataLoader::state() const {
+  return nlohmann::json{{"epoch", epoch_},           {"next_round", next_round_},
+                        {"windows", num_windows_},   {"batch", options_.batch},
+                        {"seq_len", options_.seq_len}, {"ranks", options_.ranks},
+                        {"shuffle", options_.shuffle}, {"seed", options_.seed}};
+}
+
+namespace {
+
+// A required non-negative integer field of a loader state.
+int64_t state_count(const nlohmann::json& state, const char* key) {
+  DSTRAIN_USER_CHECK(state.contains(key))
+      << "the data loader state to resume from has no '" << key
+      << "' field; it is not a state saved by dstrain's DataLoader.";
+  const nlohmann::json& value = state.at(key);
+  const bool in_range =
+      value.is_number_unsigned()
+          ? value.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)
+          : value.is_number_integer() && value.get<int64_t>() >= 0;
+  DSTRAIN_USER_CHECK(in_range)
+      << "the data loader state to resume from has '" << key << "' = " << value.dump()
+      << ", which is not a non-negative integer; the state is corrupt.";
+  return value.get<int64_t>();
+}
+
+}  // namespace
+
+void DataLoader::restore(const nlohmann::json& state) {
+  DSTRAIN_USER_CHECK(state.is_object())
+      << "the data loader state to resume from is " << state.type_name()
+      << ", not an object with 'epoch' and 'next_round'; the state is corrupt.";
+  const int64_t epoch = state_count(state, "epoch");
+  const int64_t round = state_count(state, "next_round");
+  DSTRAIN_USER_CHECK(round < rounds_per_epoch())
+      << "the data loader state to resume from has next_round " << round << " but an epoch of "
+      << dataset_.description() << " has only " << rounds_per_epoch()
+      << " rounds; resume with the same data and batch geometry.";
+  // Geometry the state was taken with: a resume with other data or batch shape would read
+  // other windows, so refuse it instead of continuing silently.
+  const std::pair<const char*, int64_t> expected[] = {{"windows", num_windows_},
+                                                      {"batch", options_.batch},
+                                                      {"seq_len", options_.seq_len},
+                                                      {"ranks", options_.ranks}};
+  for (const auto& [key, value] : expected) {
+    if (!state.contains(key)) continue;
+    const int64_t saved = state_count(state, key);
+    DSTRAIN_USER_CHECK(saved == value)
+        << "the data loader state to resume from was saved with " << key << " = " << saved
+        << " but this run has " << key << " = " << value
+        << "; resume with the same data, batch size, sequence length and rank count.";
+  }
+  if (state.contains("shuffle")) {
+    DSTRAIN_USER_CHECK(state["shuffle"].is_boolean())
+        << "the data loader state to resume from has 'shuffle' = " << state["shuffle"].dump()
+        << ", not true or false; the state is corrupt.";
+    DSTRAIN_USER_CHECK(state["shuffle"].get<bool>() == options_.shuffle)
+        << "the data loader state to resume from was saved with shuffle "
+        << (options_.shuffle ? "off" : "on") << " but this run has it "
+        << (options_.shuffle ? "on" : "off") << "; resume with the same shuffle setting.";
+  }
+  if (options_.shuffle && state.contains("seed")) {
+    const nlohmann::json& seed = state["seed"];
+    DSTRAIN_USER_CHECK(seed.is_number_unsigned() ||
+                       (seed.is_number_integer() && seed.get<int64_t>() >= 0))
+        << "the data loader state to resume from has 'seed' = " << seed.dump()
+        << ", not a non-negative integer; the state is corrupt.";
+    DSTRAIN_USER_CHECK(seed.get<uint64_t>() == options_.seed)
+        << "the data loader state to resume from was saved with shuffle seed "
+        << seed.get<uint64_t>() << " but this run uses " << options_.seed
+        << "; resume with the same seed.";
+  }
+  epoch_ = epoch;
+  next_round_ = round;
+}
+
+}  // namespace dstrain

@@ -1,0 +1,41 @@
+// AdamW over a model's flat parameter blocks (or a rank's shard of them), with weight decay
+// applied per parameter tensor (matrices and embeddings decay; biases and norms do not), and
+// clipping by the global gradient norm.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "model/layout.h"
+
+namespace dstrain {
+
+struct AdamWConfig {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;  // max global L2 norm; 0 disables clipping
+};
+
+// One contiguous range [begin, begin + numel) of a block's flat buffer that this optimizer
+// updates: the whole block on one rank, a shard of it under ZeRO.
+struct FlatRange {
+  int block = 0;
+  int64_t begin = 0;
+  int64_t numel = 0;
+};
+
+// The multiplier PyTorch's clip_grad_norm_ applies: min(1, max_norm / (norm + 1e-6)).
+float clip_coefficient(double grad_norm, double max_norm);
+
+// Updates param[range] with grad[range] (views of exactly that range: param/m/v F32, grad any
+// float dtype), splitting the range at parameter boundaries so each piece gets its tensor's
+// weight decay. param_copy (optional, same range) receives the rounded low-precision weights.
+void adamw_update_range(Backend& backend, const ParamLayout& layout, const FlatRange& range,
+                        Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy,
+                        const AdamWConfig& config, double lr, int64_t step, float grad_scale,
+                        Stream stream);
+
+}  // namespace dstrain

@@ -1,0 +1,78 @@
+#include "train/checkpoint.h"
+
+#include <cstdio>
+#include <filesystem>
+
+#include "core/fs.h"
+
+namespace dstrain {
+
+namespace fs = std::filesystem;
+
+std::string step_dir_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%06lld", static_cast<long long>(step));
+  return name;
+}
+
+std::string save_checkpoint(const std::string& out_dir, int64_t step, const ModelState& state,
+                            const nlohmann::json& trainer_state) {
+  const fs::path final_path = fs::path(out_dir) / step_dir_name(step);
+  StagingDir staging(final_path);
+  state.save_weights((staging.path() / "model.safetensors").string());
+  state.save_optimizer((staging.path() / "optimizer.safetensors").string());
+  write_file_atomic(staging.path() / "config.json", state.config().to_json().dump(2) + "\n");
+  // trainer.json last: its presence with "complete" marks a checkpoint written to the end.
+  nlohmann::json trainer = trainer_state;
+  trainer["step"] = step;
+  trainer["complete"] = true;
+  write_file_atomic(staging.path() / "trainer.json", trainer.dump(2) + "\n");
+  staging.commit();
+  write_file_atomic(fs::path(out_dir) / "latest", step_dir_name(step) + "\n");
+  return final_path.string();
+}
+
+CheckpointInfo open_checkpoint(const std::string& path) {
+  fs::path dir(path);
+  DSTRAIN_USER_CHECK(fs::is_directory(dir))
+      << "--resume " << path << " is not a directory (give a run's --out directory or one of "
+      << "its step-NNNNNN checkpoints)";
+  if (fs::exists(dir / "latest") && !fs::exists(dir / "trainer.json")) {
+    std::string name = read_file(dir / "latest");
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    DSTRAIN_USER_CHECK(!name.empty() && name.find('/') == std::string::npos &&
+                       fs::is_directory(dir / name))
+        << (dir / "latest").string() << " names checkpoint '" << name
+        << "', which does not exist";
+    dir /= name;
+  }
+  for (const char* file : {"model.safetensors", "optimizer.safetensors", "config.json",
+                           "trainer.json"}) {
+    DSTRAIN_USER_CHECK(fs::is_regular_file(dir / file))
+        << "checkpoint " << dir.string() << " is incomplete: " << file
+        << " is missing (a half-written checkpoint? resume from an earlier step-NNNNNN)";
+  }
+  CheckpointInfo info;
+  info.dir = dir.string();
+  const std::string config_text = read_file(dir / "config.json");
+  info.config = model_config_from_json(config_text, (dir / "config.json").string());
+  try {
+    info.trainer_state = nlohmann::json::parse(read_file(dir / "trainer.json"));
+  } catch (const nlohmann::json::exception&) {
+    DSTRAIN_USER_ERROR() << "checkpoint " << dir.string()
+                         << " has a corrupt trainer.json (not valid JSON)";
+  }
+  const nlohmann::json& trainer = info.trainer_state;
+  DSTRAIN_USER_CHECK(trainer.is_object() && trainer.value("complete", false) == true &&
+                     trainer.contains("step") && trainer["step"].is_number_integer() &&
+                     trainer["step"].get<int64_t>() >= 0)
+      << "checkpoint " << dir.string() << " has an incomplete trainer.json";
+  return info;
+}
+
+void load_checkpoint(const CheckpointInfo& info, ModelState& state) {
+  state.load_weights((fs::path(info.dir) / "model.safetensors").string());
+  state.load_optimizer((fs::path(info.dir) / "optimizer.safetensors").string());
+}
+
+}  // namespace dstrain

@@ -1,0 +1,48 @@
+// Everything a training run is configured with (the flags of `dstrain train`).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace dstrain {
+
+struct TrainOptions {
+  // model and data
+  std::string model = "tiny";      // preset name or config.json path
+  std::string data;                // file or glob of shards; empty: the synthetic corpus
+  std::string val_data;            // empty: a held-out tail of --data (or synthetic val)
+  bool shuffle = false;
+  // batch geometry
+  int64_t batch = 16;              // B per rank
+  int64_t seq_len = 64;            // T
+  int64_t grad_accum = 1;
+  // optimization
+  int64_t steps = 400;             // total optimizer steps of the run (a resume continues to it)
+  double lr = 3e-3;
+  std::string lr_schedule = "cosine";
+  int64_t warmup = 20;
+  double min_lr = -1.0;            // < 0: lr / 10
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;          // 0 disables
+  uint64_t seed = 1337;
+  std::string precision = "fp32";
+  // hardware
+  std::string device = "auto";     // auto | cpu | cuda
+  int gpus = 1;
+  int threads = 0;                 // CPU backend threads; 0: all cores
+  // output
+  std::string log;                 // JSONL file
+  int64_t eval_every = 100;        // 0 disables
+  int64_t eval_batches = 16;
+  std::string out;                 // checkpoint directory
+  int64_t save_every = 0;          // 0: only the final checkpoint
+  std::string resume;
+  std::string init_from;
+  int64_t sample_tokens = 64;      // printed at the end; 0 disables
+  bool quiet = false;              // no progress lines (the log and the summary remain)
+};
+
+}  // namespace dstrain

@@ -1,0 +1,463 @@
+#include "train/trainer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "core/allocator.h"
+#include "core/rng.h"
+#include "data/loader.h"
+#include "data/synthetic.h"
+#include "data/tokenizer.h"
+#include "kernels/ops.h"
+#include "model/gpt2.h"
+#include "optim/adamw.h"
+#include "optim/schedule.h"
+#include "train/checkpoint.h"
+#include "train/jsonl_log.h"
+#include "train/model_state.h"
+
+namespace dstrain {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The synthetic corpus: its seed is fixed (the corpus is part of the benchmark, not of the
+// run), so every run and every resume sees the same data whatever --seed is.
+constexpr uint64_t kSyntheticCorpusSeed = 20240520;
+constexpr int kSyntheticVocab = 16;
+
+struct Datasets {
+  TokenDataset train;
+  TokenDataset val;
+  std::optional<double> entropy_floor;
+  std::optional<double> entropy_previous_only;
+  bool synthetic = false;
+  std::string description;
+};
+
+Datasets open_datasets(const TrainOptions& options, const ModelConfig& config, int64_t B,
+                       int64_t T) {
+  Datasets data;
+  const size_t window = static_cast<size_t>(B * T + 1);
+  if (options.data.empty() || options.data == "synthetic") {
+    DSTRAIN_USER_CHECK(options.val_data.empty())
+        << "--val-data needs --data (the synthetic corpus makes its own validation stream)";
+    const SyntheticCorpus corpus(kSyntheticCorpusSeed, kSyntheticVocab);
+    DSTRAIN_USER_CHECK(config.vocab_size >= corpus.vocab_size())
+        << "the synthetic corpus has " << corpus.vocab_size() << " tokens but the model's "
+        << "vocab_size is " << config.vocab_size;
+    // Enough tokens that the run rarely repeats a window, within a bounded memory.
+    const int64_t wanted = options.steps * options.grad_accum * B * T + 1;
+    const size_t train_tokens = static_cast<size_t>(
+        std::clamp<int64_t>(wanted, 1 << 20, int64_t{1} << 25));
+    const size_t val_tokens = std::max<size_t>(window * static_cast<size_t>(options.eval_batches),
+                                               1 << 16);
+    data.train = TokenDataset::from_tokens(corpus.generate(train_tokens, 1), config.vocab_size,
+                                           "synthetic train stream");
+    data.val = TokenDataset::from_tokens(corpus.generate(val_tokens, 2), config.vocab_size,
+                                         "synthetic validation stream");
+    data.entropy_floor = corpus.entropy_rate();
+    data.entropy_previous_only = corpus.entropy_given_previous_only();
+    data.synthetic = true;
+    std::ostringstream text;
+    text << "synthetic corpus (no --data given): order-2 Markov source over "
+         << corpus.vocab_size() << " tokens, entropy floor " << *data.entropy_floor << " nats";
+    data.description = text.str();
+    return data;
+  }
+  TokenDataset all = TokenDataset::open(options.data, config.vocab_size);
+  if (!options.val_data.empty()) {
+    data.train = std::move(all);
+    data.val = TokenDataset::open(options.val_data, config.vocab_size);
+    data.description = options.data + " (validation: " + options.val_data + ")";
+  } else {
+    TrainValViews views = held_out_split(all, 0.1, window);
+    data.train = std::move(views.train);
+    data.val = std::move(views.val);
+    data.description = options.data + " (validation: the last 10% held out)";
+  }
+  return data;
+}
+
+std::string format_duration(double seconds) {
+  const long total = std::lround(std::max(0.0, seconds));
+  char text[32];
+  if (total >= 3600) std::snprintf(text, sizeof text, "%ld:%02ld:%02ld", total / 3600, total / 60 % 60, total % 60);
+  else std::snprintf(text, sizeof text, "%ld:%02ld", total / 60, total % 60);
+  return text;
+}
+
+std::string format_rate(double tokens_per_second) {
+  char text[32];
+  if (tokens_per_second >= 1e6) std::snprintf(text, sizeof text, "%.2fM", tokens_per_second / 1e6);
+  else if (tokens_per_second >= 1e3) std::snprintf(text, sizeof text, "%.1fk", tokens_per_second / 1e3);
+  else std::snprintf(text, sizeof text, "%.0f", tokens_per_second);
+  return text;
+}
+
+void validate_options(const TrainOptions& options) {
+  DSTRAIN_USER_CHECK(options.batch >= 1) << "--batch must be at least 1";
+  DSTRAIN_USER_CHECK(options.seq_len >= 1) << "--seq-len must be at least 1";
+  DSTRAIN_USER_CHECK(options.grad_accum >= 1) << "--grad-accum must be at least 1";
+  DSTRAIN_USER_CHECK(options.steps >= 1) << "--steps must be at least 1";
+  DSTRAIN_USER_CHECK(options.lr > 0 && std::isfinite(options.lr)) << "--lr must be positive";
+  DSTRAIN_USER_CHECK(options.warmup >= 0) << "--warmup must not be negative";
+  DSTRAIN_USER_CHECK(options.weight_decay >= 0) << "--weight-decay must not be negative";
+  DSTRAIN_USER_CHECK(options.beta1 >= 0 && options.beta1 < 1) << "--beta1 must be in [0, 1)";
+  DSTRAIN_USER_CHECK(options.beta2 >= 0 && options.beta2 < 1) << "--beta2 must be in [0, 1)";
+  DSTRAIN_USER_CHECK(options.eps > 0) << "--eps must be positive";
+  DSTRAIN_USER_CHECK(options.grad_clip >= 0) << "--grad-clip must not be negative (0 disables)";
+  DSTRAIN_USER_CHECK(options.eval_every >= 0) << "--eval-every must not be negative (0 disables)";
+  DSTRAIN_USER_CHECK(options.eval_batches >= 1) << "--eval-batches must be at least 1";
+  DSTRAIN_USER_CHECK(options.save_every >= 0) << "--save-every must not be negative";
+  DSTRAIN_USER_CHECK(options.save_every == 0 || !options.out.empty())
+      << "--save-every needs --out (the directory checkpoints go to)";
+  DSTRAIN_USER_CHECK(options.resume.empty() || options.init_from.empty())
+      << "--resume and --init-from exclude each other (a resume restores the weights)";
+  DSTRAIN_USER_CHECK(options.gpus >= 1) << "--gpus must be at least 1";
+  DSTRAIN_USER_CHECK(options.gpus == 1)
+      << "--gpus " << options.gpus << ": multi-rank training (data parallel and ZeRO) is not "
+      << "implemented yet in this build; run with --gpus 1";
+  DSTRAIN_USER_CHECK(options.device == "auto" || options.device == "cpu" ||
+                     options.device == "cuda")
+      << "--device must be auto, cpu or cuda, not '" << options.device << "'";
+  DSTRAIN_USER_CHECK(options.device != "cuda")
+      << "--device cuda: the CUDA backend is not implemented yet in this build; use --device cpu";
+  DSTRAIN_USER_CHECK(options.precision == "fp32" || options.precision == "fp16" ||
+                     options.precision == "bf16")
+      << "--precision must be fp32, fp16 or bf16, not '" << options.precision << "'";
+  DSTRAIN_USER_CHECK(options.precision == "fp32")
+      << "--precision " << options.precision << ": mixed-precision training (with the "
+      << "gradient scaler) is not implemented yet in this build; use --precision fp32";
+  DSTRAIN_USER_CHECK(options.sample_tokens >= 0) << "--sample must not be negative";
+}
+
+// The hyper-parameters a resumed run must share with the run it continues.
+nlohmann::json run_fingerprint(const TrainOptions& options, const ModelConfig& config) {
+  return nlohmann::json{{"batch", options.batch},         {"seq_len", options.seq_len},
+                        {"grad_accum", options.grad_accum}, {"shuffle", options.shuffle},
+                        {"seed", options.seed},           {"precision", options.precision},
+                        {"data", options.data.empty() ? "synthetic" : options.data},
+                        {"vocab_size", config.vocab_size}};
+}
+
+class ProgressPrinter {
+ public:
+  ProgressPrinter(std::ostream& out, int64_t total_steps, bool quiet)
+      : out_(out), total_(total_steps), quiet_(quiet), tty_(isatty(STDOUT_FILENO) != 0 && &out == &std::cout) {
+    every_ = std::max<int64_t>(1, total_steps / 25);
+  }
+  // One line per step: rewritten in place on a terminal, every `every_`-th kept.
+  void step(int64_t step, double loss, double lr, double norm, double tokens_per_s,
+            double eta_seconds) {
+    if (quiet_) return;
+    char line[200];
+    std::snprintf(line, sizeof line,
+                  "step %*lld/%lld | loss %.4f | lr %.2e | norm %.3f | %s tok/s | ETA %s",
+                  width(), static_cast<long long>(step + 1), static_cast<long long>(total_),
+                  loss, lr, norm, format_rate(tokens_per_s).c_str(),
+                  format_duration(eta_seconds).c_str());
+    const bool keep = (step + 1) % every_ == 0 || step + 1 == total_ || step == 0;
+    if (tty_) {
+      out_ << "\r\033[K" << line << (keep ? "\n" : "") << std::flush;
+    } else if (keep) {
+      out_ << line << "\n" << std::flush;
+    }
+  }
+  void message(const std::string& text) {
+    if (tty_) out_ << "\r\033[K";
+    out_ << text << "\n" << std::flush;
+  }
+
+ private:
+  int width() const { return static_cast<int>(std::to_string(total_).size()); }
+  std::ostream& out_;
+  int64_t total_;
+  bool quiet_;
+  bool tty_;
+  int64_t every_;
+};
+
+// Samples `count` tokens after `prompt` with temperature 1, seeded: the model in action.
+std::vector<int32_t> sample_tokens(const ModelConfig& config, Backend& backend,
+                                   Allocator& allocator, ModelState& state,
+                                   std::vector<int32_t> prompt, int64_t count, int64_t T,
+                                   uint64_t seed) {
+  Gpt2 model(config, backend, allocator, 1, T, DType::F32, false);
+  Rng rng(seed, 0x73616d706c65ull);  // "sample"
+  std::vector<int32_t> tokens = std::move(prompt);
+  const int64_t V = config.vocab_size, Vp = config.padded_vocab();
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t t = std::min<int64_t>(static_cast<int64_t>(tokens.size()), T);
+    std::vector<int32_t> context(tokens.end() - t, tokens.end());
+    Tensor input(context.data(), DType::I32, {1, t});
+    model.forward(state, input, Tensor(), 0.0f, nullptr);
+    const float* logits = model.logits().f32() + (t - 1) * Vp;
+    const float max_logit = *std::max_element(logits, logits + V);
+    std::vector<double> probs(static_cast<size_t>(V));
+    double total = 0.0;
+    for (int64_t v = 0; v < V; ++v) total += probs[v] = std::exp(double(logits[v]) - max_logit);
+    double u = rng.uniform() * total;
+    int32_t chosen = static_cast<int32_t>(V - 1);
+    for (int64_t v = 0; v < V; ++v) {
+      if ((u -= probs[v]) < 0) {
+        chosen = static_cast<int32_t>(v);
+        break;
+      }
+    }
+    tokens.push_back(chosen);
+  }
+  return tokens;
+}
+
+}  // namespace
+
+TrainSummary train(const TrainOptions& given, std::ostream& out) {
+  TrainOptions options = given;
+  validate_options(options);
+
+  // The model: from the checkpoint on resume (a different --model is an error).
+  std::optional<CheckpointInfo> resume;
+  ModelConfig config;
+  if (!options.resume.empty()) {
+    resume = open_checkpoint(options.resume);
+    config = resume->config;
+    if (!options.model.empty()) {
+      const ModelConfig asked = load_model_config(options.model);
+      DSTRAIN_USER_CHECK(asked.to_json() == config.to_json())
+          << "--model " << options.model << " differs from the model of checkpoint "
+          << resume->dir << "; drop --model to resume it";
+    }
+  } else {
+    config = load_model_config(options.model.empty() ? "tiny" : options.model);
+  }
+  const int64_t B = options.batch, T = options.seq_len, accum = options.grad_accum;
+  DSTRAIN_USER_CHECK(T <= config.n_positions)
+      << "--seq-len " << T << " is longer than the model's n_positions " << config.n_positions;
+  if (options.min_lr < 0) options.min_lr = options.lr / 10;
+  const LrScheduleConfig schedule{parse_lr_schedule(options.lr_schedule), options.lr,
+                                  options.min_lr, options.warmup, options.steps};
+
+  Datasets data = open_datasets(options, config, B, T);
+  DataLoader loader(data.train, LoaderOptions{B, T, 1, 0, options.shuffle, options.seed});
+  DataLoader val_loader(data.val, LoaderOptions{B, T, 1, 0, false, 0});
+
+  std::unique_ptr<Backend> backend = make_cpu_backend(options.threads);
+  std::unique_ptr<Allocator> allocator = make_cpu_allocator(0);
+  ModelState state(config, *allocator);
+  Gpt2 model(config, *backend, *allocator, B, T, DType::F32, true);
+  Buffer batch_buffer = allocator->allocate(MemCategory::Data, 2 * B * T * sizeof(int32_t));
+  Tensor inputs = batch_buffer.view(DType::I32, {B, T});
+  Tensor targets(static_cast<int32_t*>(batch_buffer.data()) + B * T, DType::I32, {B, T});
+
+  const nlohmann::json fingerprint = run_fingerprint(options, config);
+  int64_t first_step = 0;
+  if (resume) {
+    const nlohmann::json& trainer = resume->trainer_state;
+    if (trainer.contains("run")) {
+      for (const auto& [key, value] : fingerprint.items()) {
+        DSTRAIN_USER_CHECK(trainer["run"].contains(key) && trainer["run"][key] == value)
+            << "checkpoint " << resume->dir << " was trained with " << key << " = "
+            << (trainer["run"].contains(key) ? trainer["run"][key].dump() : "(unset)")
+            << ", this run has " << value.dump()
+            << "; resume with the same settings to continue the same run";
+      }
+    }
+    load_checkpoint(*resume, state);
+    first_step = trainer["step"].get<int64_t>();
+    DSTRAIN_USER_CHECK(trainer.contains("data")) << "checkpoint " << resume->dir
+                                                 << " has no data position in trainer.json";
+    loader.restore(trainer["data"]);
+    DSTRAIN_USER_CHECK(first_step < options.steps)
+        << "checkpoint " << resume->dir << " is at step " << first_step
+        << ", which already reaches --steps " << options.steps << "; raise --steps to train on";
+  } else if (!options.init_from.empty()) {
+    state.load_weights(options.init_from);
+  } else {
+    std::vector<Tensor> flats;
+    for (int block = 0; block < state.num_blocks(); ++block) flats.push_back(state.params(block));
+    init_gpt2_parameters(state.layout(), config, options.seed, flats);
+  }
+
+  JsonlLog log;
+  if (!options.log.empty()) log = JsonlLog(options.log, resume.has_value());
+  ProgressPrinter progress(out, options.steps, options.quiet);
+
+  // What this run is, in a few lines.
+  const MemoryStats memory = allocator->stats();
+  {
+    std::ostringstream text;
+    text << "dstrain: model " << config.name << " (" << config.n_layer << " layers, "
+         << config.n_embd << " channels, " << config.n_head << " heads, vocab "
+         << config.vocab_size << ", " << std::fixed;
+    text.precision(2);
+    text << config.num_parameters() / 1e6 << "M parameters)\n";
+    text << "  data: " << data.description << "\n";
+    char lr_text[32];
+    std::snprintf(lr_text, sizeof lr_text, "%.3g", options.lr);
+    text << "  batch " << B << " x " << T << " tokens x " << accum << " accumulation = "
+         << B * T * accum << " tokens per step; " << options.steps << " steps, lr " << lr_text
+         << " (" << options.lr_schedule << ", warmup " << options.warmup << ")\n";
+    text << "  backend: " << backend->name() << ", 1 rank, fp32\n";
+    text << "  memory:";
+    for (int c = 0; c < kNumMemCategories; ++c) {
+      if (memory.current[c] == 0) continue;
+      text << " " << mem_category_name(static_cast<MemCategory>(c)) << " "
+           << format_bytes(memory.current[c]) << ";";
+    }
+    text << " total " << format_bytes(memory.current_total);
+    if (resume) text << "\n  resuming " << resume->dir << " at step " << first_step;
+    if (data.entropy_floor) {
+      text.precision(4);
+      text << "\n  entropy floor of the corpus: " << *data.entropy_floor
+           << " nats/token (a model that sees only the previous token cannot go below "
+           << *data.entropy_previous_only << ")";
+    }
+    progress.message(text.str());
+  }
+  if (!resume) {
+    nlohmann::json memory_record{{"type", "memory"}};
+    for (int c = 0; c < kNumMemCategories; ++c) {
+      memory_record["bytes"][mem_category_name(static_cast<MemCategory>(c))] = memory.current[c];
+    }
+    log.write({{"type", "config"}, {"model", config.to_json()}, {"run", fingerprint},
+               {"steps", options.steps}, {"lr", options.lr}, {"min_lr", options.min_lr},
+               {"warmup", options.warmup}, {"lr_schedule", options.lr_schedule}});
+    log.write(memory_record);
+    if (data.entropy_floor) {
+      log.write({{"type", "data"}, {"entropy_floor", *data.entropy_floor},
+                 {"entropy_previous_only", *data.entropy_previous_only}});
+    }
+  }
+
+  auto evaluate = [&]() {
+    val_loader.reset();
+    const int64_t batches = std::min<int64_t>(options.eval_batches, val_loader.rounds_per_epoch());
+    double total = 0.0;
+    for (int64_t i = 0; i < batches; ++i) {
+      val_loader.next_batch(inputs, targets);
+      total += model.forward(state, inputs, targets, 0.0f, nullptr);
+    }
+    return total / static_cast<double>(batches);
+  };
+  auto trainer_state = [&](int64_t steps_done) {
+    return nlohmann::json{{"step", steps_done}, {"data", loader.state()}, {"run", fingerprint},
+                          {"seed", options.seed}};
+  };
+
+  TrainSummary summary;
+  summary.first_step = first_step;
+  summary.entropy_floor = data.entropy_floor;
+  const AdamWConfig adam{options.beta1, options.beta2, options.eps, options.weight_decay,
+                         options.grad_clip};
+  const float dloss = 1.0f / static_cast<float>(B * T * accum);
+  const double tokens_per_step = static_cast<double>(B * T * accum);
+  double train_seconds = 0.0, smoothed_step_seconds = 0.0;
+
+  for (int64_t step = first_step; step < options.steps; ++step) {
+    const auto start = Clock::now();
+    state.zero_grads();
+    double loss = 0.0;
+    for (int64_t micro = 0; micro < accum; ++micro) {
+      loader.next_batch(inputs, targets);
+      loss += model.forward(state, inputs, targets, dloss, nullptr);
+      model.backward(state, inputs, nullptr);
+    }
+    loss /= static_cast<double>(accum);
+    DSTRAIN_USER_CHECK(std::isfinite(loss))
+        << "the loss became " << loss << " at step " << step + 1
+        << "; training diverged (try a lower --lr or a --grad-clip)";
+    double squares = 0.0;
+    for (int block = 0; block < state.num_blocks(); ++block) {
+      squares += backend->sum_squares(state.grads(block), nullptr);
+    }
+    const double grad_norm = std::sqrt(squares);
+    const float clip = clip_coefficient(grad_norm, options.grad_clip);
+    const double lr = learning_rate(schedule, step);
+    for (int block = 0; block < state.num_blocks(); ++block) {
+      const FlatRange range{block, 0, state.layout().block_numel(block)};
+      adamw_update_range(*backend, state.layout(), range, state.params(block),
+                         state.grads(block), state.exp_avg(block), state.exp_avg_sq(block),
+                         Tensor(), adam, lr, step + 1, clip, nullptr);
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    train_seconds += seconds;
+    smoothed_step_seconds = step == first_step ? seconds
+                                               : 0.9 * smoothed_step_seconds + 0.1 * seconds;
+    const double tokens_per_s = tokens_per_step / seconds;
+    summary.losses.push_back(loss);
+    log.write({{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
+               {"tokens_per_s", tokens_per_s}});
+    progress.step(step, loss, lr, grad_norm, tokens_per_s,
+                  smoothed_step_seconds * static_cast<double>(options.steps - step - 1));
+
+    const bool last = step + 1 == options.steps;
+    if (options.eval_every > 0 && ((step + 1) % options.eval_every == 0 || last)) {
+      const double eval_loss = evaluate();
+      summary.final_eval_loss = eval_loss;
+      log.write({{"step", step + 1}, {"eval_loss", eval_loss}});
+      std::ostringstream text;
+      text.precision(4);
+      text << std::fixed << "eval step " << step + 1 << ": loss " << eval_loss;
+      if (data.entropy_floor) text << " (" << eval_loss - *data.entropy_floor << " above the floor)";
+      progress.message(text.str());
+    }
+    if (!options.out.empty() &&
+        ((options.save_every > 0 && (step + 1) % options.save_every == 0) || last)) {
+      summary.checkpoint = save_checkpoint(options.out, step + 1, state, trainer_state(step + 1));
+      progress.message("saved checkpoint " + summary.checkpoint);
+    }
+  }
+  summary.steps = options.steps;
+  const int64_t steps_run = options.steps - first_step;
+  summary.tokens_per_second =
+      train_seconds > 0 ? tokens_per_step * static_cast<double>(steps_run) / train_seconds : 0.0;
+
+  std::ostringstream text;
+  text.precision(4);
+  text << std::fixed << "done: " << steps_run << " steps in " << format_duration(train_seconds)
+       << ", " << format_rate(summary.tokens_per_second) << " tokens/s";
+  if (!summary.losses.empty()) text << "; final train loss " << summary.losses.back();
+  if (summary.final_eval_loss) text << ", eval loss " << *summary.final_eval_loss;
+  if (data.entropy_floor && summary.final_eval_loss) {
+    text << "\n  entropy floor " << *data.entropy_floor << " nats: the model is "
+         << *summary.final_eval_loss - *data.entropy_floor << " nats above it";
+  }
+  nlohmann::json summary_record{{"type", "summary"}, {"steps", options.steps},
+                                {"tokens_per_s", summary.tokens_per_second},
+                                {"train_seconds", train_seconds}};
+  if (!summary.losses.empty()) summary_record["final_loss"] = summary.losses.back();
+  if (summary.final_eval_loss) summary_record["final_eval_loss"] = *summary.final_eval_loss;
+  log.write(summary_record);
+
+  if (options.sample_tokens > 0) {
+    std::vector<int32_t> prompt(static_cast<size_t>(std::min<int64_t>(8, T)));
+    val_loader.reset();
+    val_loader.next_batch(inputs, targets);
+    std::copy(inputs.i32(), inputs.i32() + prompt.size(), prompt.begin());
+    const std::vector<int32_t> tokens = sample_tokens(
+        config, *backend, *allocator, state, prompt, options.sample_tokens, T, options.seed);
+    text << "\n  sample (" << prompt.size() << " prompt tokens, then " << options.sample_tokens
+         << " sampled):\n    ";
+    if (!data.synthetic && config.vocab_size <= 256) {
+      text << ByteTokenizer().decode(tokens);
+    } else {
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        text << (i ? " " : "") << (i == prompt.size() ? "| " : "") << tokens[i];
+      }
+    }
+  }
+  progress.message(text.str());
+  return summary;
+}
+
+}  // namespace dstrain

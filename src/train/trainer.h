@@ -1,0 +1,28 @@
+// The training loop of one rank: data, forward, backward, clipping, AdamW, evaluation,
+// logging, checkpoints, and a short sample at the end.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <vector>
+
+#include "train/options.h"
+
+namespace dstrain {
+
+struct TrainSummary {
+  int64_t first_step = 0;          // 0, or the step resumed from
+  int64_t steps = 0;               // the step count reached
+  std::vector<double> losses;      // training loss of each step run here
+  std::optional<double> final_eval_loss;
+  std::optional<double> entropy_floor;  // synthetic data only
+  double tokens_per_second = 0.0;
+  std::string checkpoint;          // the last checkpoint written, if any
+};
+
+// Runs a whole training run as the options say, printing progress to `out`.
+// Throws UserError for a user's mistake (bad option, data, checkpoint).
+TrainSummary train(const TrainOptions& options, std::ostream& out);
+
+}  // namespace dstrain

@@ -1,0 +1,225 @@
+// The dstrain binary as a user meets it: bad input gets one clear sentence on stderr and a
+// non-zero exit, never a crash or a stack trace; --help and prepare work.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs the dstrain binary with `args` (a shell word list), capturing stdout and stderr.
+Result run_dstrain(const std::string& args, const fs::path& dir) {
+  const fs::path out_file = dir / "stdout.txt", err_file = dir / "stderr.txt";
+  const std::string command = std::string("cd '") + dir.string() + "' && " + DSTRAIN_BINARY +
+                              " " + args + " >'" + out_file.string() + "' 2>'" +
+                              err_file.string() + "' </dev/null";
+  const int status = std::system(command.c_str());
+  Result result;
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::ifstream out(out_file), err(err_file);
+  result.out.assign(std::istreambuf_iterator<char>(out), {});
+  result.err.assign(std::istreambuf_iterator<char>(err), {});
+  return result;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("dstrain_cli_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path file(const std::string& name) const { return dir_ / name; }
+  void write(const std::string& name, const std::string& bytes) const {
+    std::ofstream(file(name), std::ios::binary) << bytes;
+  }
+  // Expects exit code 2 and exactly one line "dstrain: error: ..." containing `fragment`.
+  void expect_user_error(const std::string& args, const std::string& fragment) const {
+    const Result result = run_dstrain(args, dir_);
+    EXPECT_EQ(result.exit_code, 2) << args << "\nstderr: " << result.err;
+    EXPECT_EQ(result.err.rfind("dstrain: error: ", 0), 0u) << args << "\nstderr: " << result.err;
+    EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1) << result.err;
+    EXPECT_NE(result.err.find(fragment), std::string::npos)
+        << args << "\nexpected '" << fragment << "' in: " << result.err;
+    EXPECT_EQ(result.err.find("terminate"), std::string::npos) << result.err;
+  }
+  fs::path dir_;
+};
+
+// An llm.c uint16 shard: 256 int32 header, then the tokens.
+std::string llmc_shard(const std::vector<uint16_t>& tokens, int32_t magic = 20240520,
+                       int32_t version = 1, int64_t claimed = -1) {
+  std::array<int32_t, 256> header{};
+  header[0] = magic;
+  header[1] = version;
+  header[2] = static_cast<int32_t>(claimed < 0 ? tokens.size() : claimed);
+  std::string bytes(reinterpret_cast<const char*>(header.data()), 1024);
+  bytes.append(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2);
+  return bytes;
+}
+
+std::vector<uint16_t> random_tokens(size_t n, uint16_t vocab) {
+  std::vector<uint16_t> tokens(n);
+  uint64_t state = 12345;
+  for (auto& token : tokens) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    token = static_cast<uint16_t>((state >> 33) % vocab);
+  }
+  return tokens;
+}
+
+const std::string kSmall = "--batch 2 --seq-len 16 --steps 1 --eval-every 0 --sample 0 --quiet";
+
+TEST_F(CliTest, HelpAndVersion) {
+  Result help = run_dstrain("--help", dir_);
+  EXPECT_EQ(help.exit_code, 0);
+  for (const char* flag : {"--model", "--data", "--val-data", "--shuffle", "--batch", "--seq-len",
+                           "--grad-accum", "--steps", "--lr", "--lr-schedule", "--warmup",
+                           "--min-lr", "--weight-decay", "--beta1", "--beta2", "--eps",
+                           "--grad-clip", "--seed", "--precision", "--device", "--gpus", "--log",
+                           "--eval-every", "--out", "--save-every", "--resume", "--init-from"}) {
+    EXPECT_NE(help.out.find(std::string(flag) + " "), std::string::npos) << flag;
+  }
+  EXPECT_EQ(run_dstrain("--version", dir_).exit_code, 0);
+}
+
+TEST_F(CliTest, BadFlagsAreOneSentence) {
+  expect_user_error("--bogus", "unknown flag --bogus");
+  expect_user_error("--steps many", "--steps");
+  expect_user_error("--model gpt5", "unknown model 'gpt5'");
+  expect_user_error("--lr-schedule linear " + kSmall, "--lr-schedule");
+  expect_user_error("--device tpu " + kSmall, "--device");
+  expect_user_error("--precision fp8 " + kSmall, "--precision");
+  expect_user_error("--steps 0", "--steps");
+  expect_user_error("frobnicate", "unknown command 'frobnicate'");
+}
+
+TEST_F(CliTest, BadModelConfigs) {
+  write("missing.json", R"({"vocab_size": 256, "n_positions": 64, "n_embd": 32, "n_head": 4})");
+  expect_user_error("--model missing.json " + kSmall, "\"n_layer\"");
+  write("absurd.json",
+        R"({"vocab_size": 256, "n_positions": 64, "n_embd": 30, "n_head": 4, "n_layer": 2})");
+  expect_user_error("--model absurd.json " + kSmall, "not divisible");
+  write("negative.json",
+        R"({"vocab_size": -5, "n_positions": 64, "n_embd": 32, "n_head": 4, "n_layer": 2})");
+  expect_user_error("--model negative.json " + kSmall, "vocab_size");
+  write("garbage.json", "this is not json");
+  expect_user_error("--model garbage.json " + kSmall, "not valid JSON");
+  expect_user_error("--model nowhere/config.json " + kSmall, "cannot read");
+}
+
+TEST_F(CliTest, BadDataFiles) {
+  expect_user_error("--data missing.bin " + kSmall, "missing.bin");
+  write("truncated.bin", llmc_shard(random_tokens(500, 256), 20240520, 1, 900));
+  expect_user_error("--data truncated.bin " + kSmall, "truncated.bin");
+  write("magic.bin", llmc_shard(random_tokens(500, 256), 12345));
+  expect_user_error("--data magic.bin " + kSmall, "magic");
+  write("version.bin", llmc_shard(random_tokens(500, 256), 20240520, 3));
+  expect_user_error("--data version.bin " + kSmall, "version");
+  std::vector<uint16_t> tokens = random_tokens(500, 256);
+  tokens[321] = 300;  // tiny's vocabulary is 256
+  write("vocab.bin", llmc_shard(tokens));
+  expect_user_error("--data vocab.bin " + kSmall, "300");
+  write("small.bin", llmc_shard(random_tokens(20, 256)));
+  expect_user_error("--data small.bin --val-data small.bin " + kSmall, "tokens");
+  expect_user_error("--data 'none_*.bin' " + kSmall, "none_*.bin");
+}
+
+TEST_F(CliTest, BadSafetensorsFiles) {
+  // Header length far past the end of the file.
+  std::string huge(8, '\0');
+  const uint64_t length = uint64_t{1} << 40;
+  std::memcpy(huge.data(), &length, 8);
+  write("huge.safetensors", huge + "{}");
+  expect_user_error("--init-from huge.safetensors " + kSmall, "huge.safetensors");
+  // A header whose offsets point past the data.
+  const std::string header =
+      R"({"wte.weight":{"dtype":"F32","shape":[256,64],"data_offsets":[0,65536]}})";
+  std::string lying(8, '\0');
+  const uint64_t header_length = header.size();
+  std::memcpy(lying.data(), &header_length, 8);
+  write("lying.safetensors", lying + header + std::string(100, '\0'));
+  expect_user_error("--init-from lying.safetensors " + kSmall, "lying.safetensors");
+  // Wrong dtype name.
+  const std::string bad_dtype = R"({"wte.weight":{"dtype":"Q4","shape":[1],"data_offsets":[0,4]}})";
+  std::string dtype_file(8, '\0');
+  const uint64_t dtype_length = bad_dtype.size();
+  std::memcpy(dtype_file.data(), &dtype_length, 8);
+  write("dtype.safetensors", dtype_file + bad_dtype + std::string(4, '\0'));
+  expect_user_error("--init-from dtype.safetensors " + kSmall, "Q4");
+}
+
+TEST_F(CliTest, PrepareThenTrainOnText) {
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "the quick brown fox " + std::to_string(i % 17) + " jumps.\n";
+  write("input.txt", text);
+  Result prepared = run_dstrain("prepare --input input.txt --out shards", dir_);
+  ASSERT_EQ(prepared.exit_code, 0) << prepared.err;
+  EXPECT_TRUE(fs::exists(file("shards/train_000000.bin")));
+  EXPECT_TRUE(fs::exists(file("shards/val_000000.bin")));
+  Result trained = run_dstrain(
+      "--data 'shards/train_*.bin' --val-data 'shards/val_*.bin' --batch 2 --seq-len 32 "
+      "--steps 3 --eval-every 3 --sample 16 --log log.jsonl --out ckpt",
+      dir_);
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  EXPECT_NE(trained.out.find("sample"), std::string::npos) << trained.out;
+  EXPECT_TRUE(fs::exists(file("ckpt/step-000003/model.safetensors")));
+  EXPECT_TRUE(fs::exists(file("ckpt/latest")));
+  // The log: a record per step with the fields the issue asks for, and an eval record.
+  std::ifstream log(file("log.jsonl"));
+  int steps = 0, evals = 0;
+  for (std::string line; std::getline(log, line);) {
+    if (line.find("\"loss\"") != std::string::npos && line.find("\"tokens_per_s\"") != std::string::npos &&
+        line.find("\"grad_norm\"") != std::string::npos && line.find("\"lr\"") != std::string::npos) {
+      ++steps;
+    }
+    if (line.find("\"eval_loss\"") != std::string::npos) ++evals;
+  }
+  EXPECT_EQ(steps, 3);
+  EXPECT_EQ(evals, 1);
+
+  expect_user_error("prepare --input nothing.txt --out shards2", "nothing.txt");
+  expect_user_error("prepare --out shards2", "--input");
+  write("tiny.txt", "too small");
+  expect_user_error("prepare --input tiny.txt --out shards3", "tiny.txt");
+  EXPECT_FALSE(fs::exists(file("shards3/train_000000.bin")));
+}
+
+TEST_F(CliTest, SyntheticRunLogsEntropyFloor) {
+  Result result = run_dstrain("--batch 4 --seq-len 32 --steps 2 --eval-every 2 --sample 8 --log log.jsonl", dir_);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("synthetic corpus"), std::string::npos) << result.out;
+  std::ifstream log(file("log.jsonl"));
+  std::stringstream all;
+  all << log.rdbuf();
+  EXPECT_NE(all.str().find("\"entropy_floor\""), std::string::npos);
+  EXPECT_NE(all.str().find("\"type\":\"memory\""), std::string::npos);
+}
+
+TEST_F(CliTest, UnimplementedPartsRefuseClearly) {
+  expect_user_error("--gpus 4 " + kSmall, "--gpus");
+  expect_user_error("--device cuda " + kSmall, "CUDA");
+  expect_user_error("--precision fp16 " + kSmall, "fp16");
+}
+
+}  // namespace

@@ -1,0 +1,132 @@
+#include "data/prepare.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "data/loader.h"
+#include "core/rng.h"
+#include "data/token_file.h"
+#include "test_util.h"
+
+namespace dstrain {
+namespace {
+
+using testing::read_bytes;
+using testing::TempDir;
+using testing::write_bytes;
+
+std::string random_text(size_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::string text(n, ' ');
+  for (char& c : text) c = static_cast<char>(rng.below(10) == 0 ? '\n' : 'a' + rng.below(26));
+  text[5] = static_cast<char>(0xe9);  // a byte above 127 must survive too
+  return text;
+}
+
+// All tokens of the shards, concatenated, as bytes.
+std::string shard_bytes(const std::vector<std::string>& files) {
+  std::string bytes;
+  for (const std::string& file : files) {
+    const auto source = TokenSource::open_file(file, 256);
+    std::vector<int32_t> tokens(source->size());
+    source->read(0, tokens.size(), tokens.data());
+    for (int32_t t : tokens) bytes += static_cast<char>(t);
+  }
+  return bytes;
+}
+
+TEST(Prepare, WritesReadableU16ShardsWithTailAsValidation) {
+  TempDir dir;
+  const std::string text = random_text(10000, 1);
+  write_bytes(dir.file("input.txt"), text);
+  const std::string out = dir.file("out");  // created by prepare
+  const PrepareResult result = prepare(dir.file("input.txt"), out);
+  EXPECT_EQ(result.train_tokens, 9000u);
+  EXPECT_EQ(result.val_tokens, 1000u);
+  ASSERT_EQ(result.train_files, std::vector<std::string>{out + "/train_000000.bin"});
+  ASSERT_EQ(result.val_files, std::vector<std::string>{out + "/val_000000.bin"});
+  EXPECT_EQ(shard_bytes(result.train_files), text.substr(0, 9000));
+  EXPECT_EQ(shard_bytes(result.val_files), text.substr(9000));
+  const std::string header = read_bytes(result.train_files[0]).substr(0, 12);
+  const int32_t expected_header[3] = {20240520, 1, 9000};
+  EXPECT_EQ(header, std::string(reinterpret_cast<const char*>(expected_header), 12));
+  // Only the shards: no temporary files left.
+  size_t entries = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(out)) ++entries;
+  EXPECT_EQ(entries, 2u);
+  // And they feed the loader through a glob.
+  LoaderOptions options;
+  options.batch = 4;
+  options.seq_len = 32;
+  DataLoader loader(TokenDataset::open(out + "/train_*.bin", 256), options);
+  EXPECT_EQ(loader.num_windows(), (9000 - 1) / 128);
+}
+
+TEST(Prepare, SplitsLargeInputIntoShardsAndRemovesStaleOnes) {
+  TempDir dir;
+  const std::string out = dir.file("out");
+  const std::string big = random_text(10000, 2);
+  write_bytes(dir.file("big.txt"), big);
+  const PrepareResult first = prepare(dir.file("big.txt"), out, 0.25, 3000);
+  ASSERT_EQ(first.train_files.size(), 3u);  // 7500 = 3000 + 3000 + 1500
+  EXPECT_EQ(first.train_files[2], out + "/train_000002.bin");
+  EXPECT_EQ(TokenSource::open_file(first.train_files[0], 256)->size(), 3000u);
+  EXPECT_EQ(TokenSource::open_file(first.train_files[2], 256)->size(), 1500u);
+  EXPECT_EQ(first.val_files.size(), 1u);
+  EXPECT_EQ(shard_bytes(first.train_files), big.substr(0, 7500));
+  EXPECT_EQ(shard_bytes(first.val_files), big.substr(7500));
+
+  // A smaller second run leaves exactly its own shards behind.
+  const std::string small = random_text(2000, 3);
+  write_bytes(dir.file("small.txt"), small);
+  write_bytes(out + "/notes.txt", "kept");
+  const PrepareResult second = prepare(dir.file("small.txt"), out, 0.1, 3000);
+  EXPECT_EQ(second.train_files.size(), 1u);
+  EXPECT_EQ(expand_data_paths(out + "/train_*.bin"), second.train_files);
+  EXPECT_EQ(shard_bytes(expand_data_paths(out + "/train_*.bin")), small.substr(0, 1800));
+  EXPECT_TRUE(std::filesystem::exists(out + "/notes.txt"));
+}
+
+TEST(Prepare, FailureLeavesNoStagingOrPartialShards) {
+  TempDir dir;
+  write_bytes(dir.file("in.txt"), random_text(5000, 6));
+  const std::string out = dir.file("out");
+  std::filesystem::create_directories(out + "/train_000000.bin");  // the rename into it fails
+  EXPECT_USER_ERROR(prepare(dir.file("in.txt"), out), "train_000000.bin");
+  size_t entries = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(out)) ++entries;
+  EXPECT_EQ(entries, 1u) << "only the obstacle: no staging directory, no val shard";
+}
+
+TEST(Prepare, MissingInput) {
+  TempDir dir;
+  EXPECT_USER_ERROR(prepare(dir.file("nope.txt"), dir.file("out")), "nope.txt", "does not exist");
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out")));
+}
+
+TEST(Prepare, InputTooSmallForASplit) {
+  TempDir dir;
+  write_bytes(dir.file("tiny.txt"), random_text(1023, 4));
+  EXPECT_USER_ERROR(prepare(dir.file("tiny.txt"), dir.file("out")), "tiny.txt", "1023 bytes",
+                    "at least 1024");
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out")));
+  write_bytes(dir.file("exact.txt"), random_text(1024, 4));
+  const PrepareResult result = prepare(dir.file("exact.txt"), dir.file("out"));
+  EXPECT_EQ(result.val_tokens, 102u);  // round(0.1 * 1024)
+  EXPECT_EQ(result.train_tokens, 922u);
+}
+
+TEST(Prepare, BadValFractionAndOutputPath) {
+  TempDir dir;
+  write_bytes(dir.file("in.txt"), random_text(5000, 5));
+  EXPECT_USER_ERROR(prepare(dir.file("in.txt"), dir.file("out"), 0.0), "between 0 and 1");
+  EXPECT_USER_ERROR(prepare(dir.file("in.txt"), dir.file("out"), 1.0), "between 0 and 1");
+  write_bytes(dir.file("a_file"), "x");
+  EXPECT_USER_ERROR(prepare(dir.file("in.txt"), dir.file("a_file")), "output directory",
+                    "a_file");
+  EXPECT_USER_ERROR(prepare(dir.path().string(), dir.file("out")), "is a directory");
+}
+
+}  // namespace
+}  // namespace dstrain
