@@ -4,7 +4,7 @@
 #include <sstream>
 #include <vector>
 
-#include "topology/units.h"
+#include "core/allocator.h"  // format_bytes
 
 namespace dstrain {
 

@@ -199,7 +199,9 @@ std::vector<KnownGpu> make_table() {
     g.aliases = {"l40s", "l40s48gb"};
     // NVIDIA L40S datasheet: 48 GB GDDR6, FP16 and BF16 tensor 362.05 TFLOPS dense (733 with
     // sparsity), PCIe Gen4 x16 64 GB/s bidirectional, no NVLink; 142 third-generation RT
-    // cores and 568 tensor cores = 142 SMs (one RT core, four tensor cores per Ada SM).
+    // cores and 568 tensor cores = 142 SMs (one RT core, four tensor cores per Ada SM). The
+    // same datasheet lists 181.05 for the L40: the L40S runs FP32 accumulate at full rate
+    // (spec databases such as hmc-tech.com list ~366 TFLOPS "FP32 Accumulate" for it).
     g.memory_bytes = 48 * kGiB;
     g.sm_count = 142;
     g.cc_major = 8, g.cc_minor = 9;

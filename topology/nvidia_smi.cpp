@@ -163,6 +163,9 @@ Matrix parse_matrix(const std::string& raw_text, const char* what) {
     const std::vector<std::string> words = split_words(lines[line_no]);
     if (words.empty()) continue;
     const bool is_row = std::find(m.columns.begin(), m.columns.end(), words[0]) != m.columns.end();
+    DSTRAIN_USER_CHECK(is_row || !is_gpu_label(words[0], nullptr))
+        << "row " << words[0] << " has no column in the " << what << " header, which names "
+        << n_gpus << " GPUs";
     if (!is_row) {
       if (in_rows) break;  // the legend (or anything else) after the matrix
       continue;            // a stray line between the header and the rows

@@ -11,9 +11,10 @@
 #include <sstream>
 #include <vector>
 
+#include "core/allocator.h"  // format_bytes
 #include "core/check.h"
 #include "topology/gpu_table.h"
-#include "topology/units.h"
+#include "topology/nvml_api.h"
 
 #ifdef DSTRAIN_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -23,129 +24,64 @@ namespace dstrain {
 
 namespace {
 
-// The few NVML declarations the probe needs. NVML is a stable C API (nvml.h); the library is
-// opened at run time, so its header is not needed to build. Enums are C enums (int-sized).
-namespace nvml {
-using Return = int;
-constexpr Return kSuccess = 0;
-struct DeviceStruct;
-using Device = DeviceStruct*;
-// nvmlPciInfo_t as filled by nvmlDeviceGetPciInfo_v3 and nvmlDeviceGetNvLinkRemotePciInfo_v2.
-struct PciInfo {
-  char bus_id_legacy[16];  // NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE
-  unsigned int domain;
-  unsigned int bus;
-  unsigned int device;
-  unsigned int pci_device_id;
-  unsigned int pci_subsystem_id;
-  char bus_id[32];  // NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE: "00000000:3B:00.0"
-};
-struct Memory {  // nvmlMemory_t
-  unsigned long long total;
-  unsigned long long free;
-  unsigned long long used;
-};
-// nvmlGpuTopologyLevel_t
-constexpr int kTopologyInternal = 0, kTopologySingle = 10, kTopologyMultiple = 20,
-              kTopologyHostBridge = 30, kTopologyNode = 40, kTopologySystem = 50;
-constexpr int kFeatureEnabled = 1;       // nvmlEnableState_t
-constexpr int kP2pCapsIndexRead = 0;     // nvmlGpuP2PCapsIndex_t
-constexpr int kP2pStatusOk = 0;          // nvmlGpuP2PStatus_t
-constexpr int kNvlinkDeviceTypeGpu = 0;  // nvmlIntNvLinkDeviceType_t
-constexpr int kNvlinkDeviceTypeSwitch = 2;
-constexpr unsigned int kNvlinkMaxLinks = 18;  // NVML_NVLINK_MAX_LINKS
-constexpr unsigned int kNameBufferSize = 96;  // NVML_DEVICE_NAME_V2_BUFFER_SIZE
-
-using InitFn = Return (*)();
-using ShutdownFn = Return (*)();
-using ErrorStringFn = const char* (*)(Return);
-using SystemGetDriverVersionFn = Return (*)(char*, unsigned int);
-using DeviceGetCountFn = Return (*)(unsigned int*);
-using DeviceGetHandleByIndexFn = Return (*)(unsigned int, Device*);
-using DeviceGetNameFn = Return (*)(Device, char*, unsigned int);
-using DeviceGetMemoryInfoFn = Return (*)(Device, Memory*);
-using DeviceGetPciInfoFn = Return (*)(Device, PciInfo*);
-using DeviceGetCudaComputeCapabilityFn = Return (*)(Device, int*, int*);
-using DeviceGetNumaNodeIdFn = Return (*)(Device, unsigned int*);
-using DeviceGetMaxPcieLinkFn = Return (*)(Device, unsigned int*);
-using DeviceGetNvLinkStateFn = Return (*)(Device, unsigned int, int*);
-using DeviceGetNvLinkRemotePciInfoFn = Return (*)(Device, unsigned int, PciInfo*);
-using DeviceGetNvLinkRemoteDeviceTypeFn = Return (*)(Device, unsigned int, int*);
-using DeviceGetTopologyCommonAncestorFn = Return (*)(Device, Device, int*);
-using DeviceGetP2PStatusFn = Return (*)(Device, Device, int, int*);
-}  // namespace nvml
-
-// libnvidia-ml opened, initialized, and closed again on destruction.
-class NvmlLibrary {
+// libnvidia-ml opened (or a fake NVML given by a test), initialized, and shut down and closed
+// again on destruction.
+class NvmlSession {
  public:
-  explicit NvmlLibrary(const std::string& library) : library_name_(library) {
-    handle_ = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle_ == nullptr) {
-      status_ = "no NVIDIA driver (" + library + " not found)";
+  explicit NvmlSession(const ProbeOptions& options) {
+    if (options.nvml_api != nullptr) {
+      api_ = *options.nvml_api;
+    } else {
+      handle_ = dlopen(options.nvml_library.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (handle_ == nullptr) {
+        status_ = "no NVIDIA driver (" + options.nvml_library + " not found)";
+        return;
+      }
+      load(api_.init, "nvmlInit_v2");
+      load(api_.shutdown, "nvmlShutdown");
+      load(api_.error_string, "nvmlErrorString");
+      load(api_.driver_version, "nvmlSystemGetDriverVersion");
+      load(api_.device_count, "nvmlDeviceGetCount_v2");
+      load(api_.handle_by_index, "nvmlDeviceGetHandleByIndex_v2");
+      load(api_.name, "nvmlDeviceGetName");
+      load(api_.memory_info, "nvmlDeviceGetMemoryInfo");
+      load(api_.pci_info, "nvmlDeviceGetPciInfo_v3");
+      load(api_.compute_capability, "nvmlDeviceGetCudaComputeCapability");
+      load(api_.numa_node_id, "nvmlDeviceGetNumaNodeId");  // newer drivers only
+      load(api_.max_pcie_generation, "nvmlDeviceGetMaxPcieLinkGeneration");
+      load(api_.max_pcie_width, "nvmlDeviceGetMaxPcieLinkWidth");
+      load(api_.nvlink_state, "nvmlDeviceGetNvLinkState");
+      load(api_.nvlink_remote_pci, "nvmlDeviceGetNvLinkRemotePciInfo_v2");
+      load(api_.nvlink_remote_type, "nvmlDeviceGetNvLinkRemoteDeviceType");
+      load(api_.common_ancestor, "nvmlDeviceGetTopologyCommonAncestor");
+      load(api_.p2p_status, "nvmlDeviceGetP2PStatus");
+    }
+    if (api_.init == nullptr || api_.shutdown == nullptr || api_.device_count == nullptr ||
+        api_.handle_by_index == nullptr) {
+      status_ = options.nvml_library + " lacks nvmlInit_v2/nvmlDeviceGetCount_v2 (driver too old)";
       return;
     }
-    load(init, "nvmlInit_v2");
-    load(shutdown, "nvmlShutdown");
-    load(error_string, "nvmlErrorString");
-    load(driver_version, "nvmlSystemGetDriverVersion");
-    load(device_count, "nvmlDeviceGetCount_v2");
-    load(handle_by_index, "nvmlDeviceGetHandleByIndex_v2");
-    load(name, "nvmlDeviceGetName");
-    load(memory_info, "nvmlDeviceGetMemoryInfo");
-    load(pci_info, "nvmlDeviceGetPciInfo_v3");
-    load(compute_capability, "nvmlDeviceGetCudaComputeCapability");
-    load(numa_node_id, "nvmlDeviceGetNumaNodeId");  // newer drivers only
-    load(max_pcie_generation, "nvmlDeviceGetMaxPcieLinkGeneration");
-    load(max_pcie_width, "nvmlDeviceGetMaxPcieLinkWidth");
-    load(nvlink_state, "nvmlDeviceGetNvLinkState");
-    load(nvlink_remote_pci, "nvmlDeviceGetNvLinkRemotePciInfo_v2");
-    load(nvlink_remote_type, "nvmlDeviceGetNvLinkRemoteDeviceType");
-    load(common_ancestor, "nvmlDeviceGetTopologyCommonAncestor");
-    load(p2p_status, "nvmlDeviceGetP2PStatus");
-    if (init == nullptr || shutdown == nullptr || device_count == nullptr ||
-        handle_by_index == nullptr) {
-      status_ = library + " lacks nvmlInit_v2/nvmlDeviceGetCount_v2 (driver too old)";
-      return;
-    }
-    const nvml::Return result = init();
+    const nvml::Return result = api_.init();
     if (result != nvml::kSuccess) {
       status_ = "NVML did not start (nvmlInit: " + error(result) + ")";
       return;
     }
     initialized_ = true;
   }
-  ~NvmlLibrary() {
-    if (initialized_) shutdown();
+  ~NvmlSession() {
+    if (initialized_) api_.shutdown();
     if (handle_ != nullptr) dlclose(handle_);
   }
-  NvmlLibrary(const NvmlLibrary&) = delete;
-  NvmlLibrary& operator=(const NvmlLibrary&) = delete;
+  NvmlSession(const NvmlSession&) = delete;
+  NvmlSession& operator=(const NvmlSession&) = delete;
 
   bool ready() const { return initialized_; }
   const std::string& status() const { return status_; }
+  const nvml::Api& api() const { return api_; }
   std::string error(nvml::Return result) const {
-    const char* text = error_string ? error_string(result) : nullptr;
+    const char* text = api_.error_string ? api_.error_string(result) : nullptr;
     return text ? text : "NVML error " + std::to_string(result);
   }
-
-  nvml::InitFn init = nullptr;
-  nvml::ShutdownFn shutdown = nullptr;
-  nvml::ErrorStringFn error_string = nullptr;
-  nvml::SystemGetDriverVersionFn driver_version = nullptr;
-  nvml::DeviceGetCountFn device_count = nullptr;
-  nvml::DeviceGetHandleByIndexFn handle_by_index = nullptr;
-  nvml::DeviceGetNameFn name = nullptr;
-  nvml::DeviceGetMemoryInfoFn memory_info = nullptr;
-  nvml::DeviceGetPciInfoFn pci_info = nullptr;
-  nvml::DeviceGetCudaComputeCapabilityFn compute_capability = nullptr;
-  nvml::DeviceGetNumaNodeIdFn numa_node_id = nullptr;
-  nvml::DeviceGetMaxPcieLinkFn max_pcie_generation = nullptr;
-  nvml::DeviceGetMaxPcieLinkFn max_pcie_width = nullptr;
-  nvml::DeviceGetNvLinkStateFn nvlink_state = nullptr;
-  nvml::DeviceGetNvLinkRemotePciInfoFn nvlink_remote_pci = nullptr;
-  nvml::DeviceGetNvLinkRemoteDeviceTypeFn nvlink_remote_type = nullptr;
-  nvml::DeviceGetTopologyCommonAncestorFn common_ancestor = nullptr;
-  nvml::DeviceGetP2PStatusFn p2p_status = nullptr;
 
  private:
   template <class Fn>
@@ -153,7 +89,7 @@ class NvmlLibrary {
     fn = reinterpret_cast<Fn>(dlsym(handle_, symbol));
   }
 
-  std::string library_name_;
+  nvml::Api api_{};
   void* handle_ = nullptr;
   bool initialized_ = false;
   std::string status_;
@@ -172,60 +108,67 @@ struct NvmlGpu {
   int nvswitch_links = 0;                        // active links to an NVSwitch
 };
 
-std::vector<NvmlGpu> query_nvml_gpus(const NvmlLibrary& lib, std::string* status) {
+std::vector<NvmlGpu> query_nvml_gpus(const NvmlSession& session, std::string* status) {
+  const nvml::Api& api = session.api();
   std::vector<NvmlGpu> gpus;
   unsigned int count = 0;
-  const nvml::Return result = lib.device_count(&count);
+  const nvml::Return result = api.device_count(&count);
   if (result != nvml::kSuccess) {
-    *status = "NVML could not count GPUs (" + lib.error(result) + ")";
+    *status = "NVML could not count GPUs (" + session.error(result) + ")";
     return gpus;
   }
   for (unsigned int i = 0; i < count; ++i) {
     NvmlGpu gpu;
-    if (lib.handle_by_index(i, &gpu.device) != nvml::kSuccess) continue;
+    if (api.handle_by_index(i, &gpu.device) != nvml::kSuccess) continue;
     char name[nvml::kNameBufferSize] = {};
-    if (lib.name && lib.name(gpu.device, name, sizeof(name)) == nvml::kSuccess) gpu.name = name;
+    if (api.name && api.name(gpu.device, name, sizeof(name)) == nvml::kSuccess) gpu.name = name;
     nvml::Memory memory{};
-    if (lib.memory_info && lib.memory_info(gpu.device, &memory) == nvml::kSuccess) {
+    if (api.memory_info && api.memory_info(gpu.device, &memory) == nvml::kSuccess) {
       gpu.memory_bytes = memory.total;
     }
     nvml::PciInfo pci{};
-    if (lib.pci_info && lib.pci_info(gpu.device, &pci) == nvml::kSuccess) {
+    if (api.pci_info && api.pci_info(gpu.device, &pci) == nvml::kSuccess) {
       pci.bus_id[sizeof(pci.bus_id) - 1] = '\0';
       gpu.bus_id = normalize_pci_bus_id(pci.bus_id);
     }
-    if (lib.compute_capability) lib.compute_capability(gpu.device, &gpu.cc_major, &gpu.cc_minor);
+    int major = 0, minor = 0;
+    if (api.compute_capability &&
+        api.compute_capability(gpu.device, &major, &minor) == nvml::kSuccess) {
+      gpu.cc_major = major;
+      gpu.cc_minor = minor;
+    }
     unsigned int value = 0;
-    if (lib.numa_node_id && lib.numa_node_id(gpu.device, &value) == nvml::kSuccess &&
+    if (api.numa_node_id && api.numa_node_id(gpu.device, &value) == nvml::kSuccess &&
         value < (1u << 16)) {
       gpu.numa_node = static_cast<int>(value);
     }
-    if (lib.max_pcie_generation && lib.max_pcie_generation(gpu.device, &value) == nvml::kSuccess) {
+    if (api.max_pcie_generation && api.max_pcie_generation(gpu.device, &value) == nvml::kSuccess) {
       gpu.pcie_generation = static_cast<int>(value);
     }
-    if (lib.max_pcie_width && lib.max_pcie_width(gpu.device, &value) == nvml::kSuccess) {
+    if (api.max_pcie_width && api.max_pcie_width(gpu.device, &value) == nvml::kSuccess) {
       gpu.pcie_lanes = static_cast<int>(value);
     }
-    for (unsigned int link = 0; lib.nvlink_state && link < nvml::kNvlinkMaxLinks; ++link) {
+    for (unsigned int link = 0; api.nvlink_state && link < nvml::kNvlinkMaxLinks; ++link) {
       int state = 0;
-      const nvml::Return r = lib.nvlink_state(gpu.device, link, &state);
+      const nvml::Return r = api.nvlink_state(gpu.device, link, &state);
       if (r != nvml::kSuccess || state != nvml::kFeatureEnabled) continue;
       int remote_type = -1;
-      if (lib.nvlink_remote_type &&
-          lib.nvlink_remote_type(gpu.device, link, &remote_type) == nvml::kSuccess &&
+      if (api.nvlink_remote_type &&
+          api.nvlink_remote_type(gpu.device, link, &remote_type) == nvml::kSuccess &&
           remote_type == nvml::kNvlinkDeviceTypeSwitch) {
         ++gpu.nvswitch_links;
         continue;
       }
       nvml::PciInfo remote{};
-      if (!lib.nvlink_remote_pci || lib.nvlink_remote_pci(gpu.device, link, &remote) != nvml::kSuccess) {
+      if (!api.nvlink_remote_pci || api.nvlink_remote_pci(gpu.device, link, &remote) != nvml::kSuccess) {
         continue;
       }
       remote.bus_id[sizeof(remote.bus_id) - 1] = '\0';
       const std::string remote_bus = normalize_pci_bus_id(remote.bus_id);
       // Without the remote type (older drivers), a remote that is not one of the GPUs is
       // taken for an NVSwitch: resolved once all GPUs' bus ids are known.
-      if (remote_type == nvml::kNvlinkDeviceTypeGpu || remote_type < 0 || remote_type == 0xFF) {
+      if (remote_type == nvml::kNvlinkDeviceTypeGpu || remote_type < 0 ||
+          remote_type == nvml::kNvlinkDeviceTypeUnknown) {
         gpu.nvlink_peer_bus_ids.push_back(remote_bus);
       }
     }
@@ -401,16 +344,17 @@ NodeTopology probe_local_topology(const ProbeOptions& options, std::string* repo
   std::vector<std::string> lines;
   const CudaFacts cuda = query_cuda(options.use_cuda_runtime);
 
-  NvmlLibrary nvml_library(options.nvml_library);
+  NvmlSession nvml_session(options);
+  const nvml::Api& nvml_api = nvml_session.api();
   std::vector<NvmlGpu> nvml_gpus;
-  std::string nvml_status = nvml_library.status();
-  if (nvml_library.ready()) {
-    nvml_gpus = query_nvml_gpus(nvml_library, &nvml_status);
+  std::string nvml_status = nvml_session.status();
+  if (nvml_session.ready()) {
+    nvml_gpus = query_nvml_gpus(nvml_session, &nvml_status);
     if (nvml_status.empty()) {
       char version[96] = {};
       std::string driver;
-      if (nvml_library.driver_version &&
-          nvml_library.driver_version(version, sizeof(version)) == nvml::kSuccess) {
+      if (nvml_api.driver_version &&
+          nvml_api.driver_version(version, sizeof(version)) == nvml::kSuccess) {
         driver = std::string("driver ") + version + ", ";
       }
       nvml_status = "NVML: " + driver + std::to_string(nvml_gpus.size()) +
@@ -454,7 +398,7 @@ NodeTopology probe_local_topology(const ProbeOptions& options, std::string* repo
     }
   }
 
-  bool peer_from_table = false;
+  bool any_peer_unknown = false;
   for (Link& link : topology.links) {
     const NvmlGpu* a = nvml_of[static_cast<size_t>(link.a)];
     const NvmlGpu* b = nvml_of[static_cast<size_t>(link.b)];
@@ -472,8 +416,8 @@ NodeTopology probe_local_topology(const ProbeOptions& options, std::string* repo
         link.nvlinks = nvlinks;
       }
       int level = 0;
-      if (nvml_library.common_ancestor &&
-          nvml_library.common_ancestor(a->device, b->device, &level) == nvml::kSuccess) {
+      if (nvml_api.common_ancestor &&
+          nvml_api.common_ancestor(a->device, b->device, &level) == nvml::kSuccess) {
         link.path = path_from_nvml_level(level);
         link.path_known = true;
       }
@@ -485,19 +429,19 @@ NodeTopology probe_local_topology(const ProbeOptions& options, std::string* repo
       link.peer_access = cuda.can_access[static_cast<size_t>(link.a)][static_cast<size_t>(link.b)] &&
                          cuda.can_access[static_cast<size_t>(link.b)][static_cast<size_t>(link.a)];
       link.peer_access_known = true;
-    } else if (a != nullptr && b != nullptr && nvml_library.p2p_status) {
+    } else if (a != nullptr && b != nullptr && nvml_api.p2p_status) {
       int ab = -1, ba = -1;
       const bool asked =
-          nvml_library.p2p_status(a->device, b->device, nvml::kP2pCapsIndexRead, &ab) == nvml::kSuccess &&
-          nvml_library.p2p_status(b->device, a->device, nvml::kP2pCapsIndexRead, &ba) == nvml::kSuccess;
+          nvml_api.p2p_status(a->device, b->device, nvml::kP2pCapsIndexRead, &ab) == nvml::kSuccess &&
+          nvml_api.p2p_status(b->device, a->device, nvml::kP2pCapsIndexRead, &ba) == nvml::kSuccess;
       if (asked) {
         link.peer_access = ab == nvml::kP2pStatusOk && ba == nvml::kP2pStatusOk;
         link.peer_access_known = true;
       }
     }
-    peer_from_table = peer_from_table || !link.peer_access_known;
+    any_peer_unknown = any_peer_unknown || !link.peer_access_known;
   }
-  if (peer_from_table) infer_unknown_peer_access(topology);
+  if (any_peer_unknown) infer_unknown_peer_access(topology);
 
   topology.host_memory_bytes = read_host_memory_bytes(options.meminfo_path);
   if (topology.host_memory_bytes == 0) {
@@ -510,11 +454,11 @@ NodeTopology probe_local_topology(const ProbeOptions& options, std::string* repo
   topology.numa_nodes = count_numa_nodes(options.sysfs_root);
 
   std::string source = "probe";
-  if (from_cuda && nvml_library.ready()) {
+  if (from_cuda && nvml_session.ready()) {
     source += " (CUDA runtime, NVML)";
   } else if (from_cuda) {
     source += " (CUDA runtime)";
-  } else if (nvml_library.ready()) {
+  } else if (nvml_session.ready()) {
     source += " (NVML)";
   }
   topology.source = source;

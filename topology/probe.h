@@ -14,11 +14,16 @@
 
 namespace dstrain {
 
+namespace nvml {
+struct Api;  // topology/nvml_api.h
+}
+
 struct ProbeOptions {
   std::string nvml_library = "libnvidia-ml.so.1";  // the dlopen name
   bool use_cuda_runtime = true;                      // has an effect only in a CUDA build
   std::string sysfs_root = "/sys";                   // NUMA nodes, PCI devices' NUMA node
   std::string meminfo_path = "/proc/meminfo";        // host memory
+  const nvml::Api* nvml_api = nullptr;  // tests: a fake NVML used instead of nvml_library
 };
 
 // GPUs are CUDA device ordinals when the CUDA runtime sees devices (NVML's facts are matched

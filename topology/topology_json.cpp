@@ -1,11 +1,13 @@
 #include "topology/topology_json.h"
 
+#include <algorithm>
 #include <cctype>
-#include <fstream>
+#include <cstdint>
 #include <sstream>
 #include <vector>
 
 #include "core/check.h"
+#include "core/fs.h"
 #include "topology/nvidia_smi.h"
 
 namespace dstrain {
@@ -228,11 +230,7 @@ NodeTopology topology_from_json(const nlohmann::json& json_in) {
 }
 
 NodeTopology load_topology_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  DSTRAIN_USER_CHECK(in.good()) << "cannot read topology file '" << path << "'";
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  const std::string text = buffer.str();
+  const std::string text = read_file(path);  // UserError naming the path when unreadable
   size_t first = 0;
   while (first < text.size() && std::isspace(static_cast<unsigned char>(text[first]))) ++first;
   if (first < text.size() && text[first] == '{') {

@@ -1,5 +1,5 @@
 // NodeTopology <-> JSON, so a machine's topology can be saved, edited, and planned for
-// elsewhere (`dstrain plan --topology node.json`).
+// elsewhere (a planner run for a machine one is not on).
 //
 //   {"gpus": [{"index": 0, "name": "NVIDIA GeForce RTX 4090", "memory_bytes": 25769803776,
 //              "sm_count": 128, "compute_capability": "8.9", "pci_bus_id": "0000:01:00.0",

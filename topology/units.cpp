@@ -2,7 +2,6 @@
 
 #include <cctype>
 #include <cmath>
-#include <cstdio>
 
 #include "core/check.h"
 
@@ -73,20 +72,6 @@ uint64_t parse_size(std::string_view text) {
   DSTRAIN_USER_CHECK(shift > 0 || rounded == value)
       << "size '" << text << "' is not a whole number of bytes";
   return static_cast<uint64_t>(rounded);
-}
-
-std::string format_bytes(uint64_t bytes) {
-  static const char* const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  if (bytes < 1024) return std::to_string(bytes) + " B";
-  double value = static_cast<double>(bytes) / 1024.0;
-  int unit = 0;
-  while (value >= 1024.0 && unit < 5) {
-    value /= 1024.0;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.1f %s", value, units[unit]);
-  return text;
 }
 
 }  // namespace dstrain

@@ -1,5 +1,5 @@
-// Sizes as people write them on the command line (`--host-memory 256G`) and as dstrain prints
-// them.
+// Sizes as people write them on the command line (`--host-memory 256G`). (Printing them:
+// format_bytes in core/allocator.h.)
 #pragma once
 
 #include <cstdint>
@@ -13,8 +13,5 @@ namespace dstrain {
 // bytes, M = 2^20, G = 2^30, T = 2^40, P = 2^50. Throws UserError on anything else, on a
 // negative number, and on a size that does not fit in 64 bits.
 uint64_t parse_size(std::string_view text);
-
-// Binary units, one decimal: "24.0 GiB", "512.0 MiB", "100 B".
-std::string format_bytes(uint64_t bytes);
 
 }  // namespace dstrain

@@ -2,8 +2,9 @@
 // one score row per query and saves the row's log-sum-exp; backward recomputes each
 // probability row from q, k and that log-sum-exp.
 //
-// One task per (b, head): it loads the head's q, k, v (T, hd) into fp32 scratch, walks the
-// query rows in order and writes only that head's columns. All reductions (including the
+// One task per (b, head): it loads the head's q, k, v (T, hd) into fp32 scratch (k and v also
+// transposed, so a whole score row is one vectorizable loop), walks the query rows in order
+// and writes only that head's columns. All reductions (including the
 // dK/dV sums over query rows) run inside the task in a fixed order, so the result does not
 // depend on the thread count.
 #include <cmath>
@@ -58,6 +59,27 @@ float dot(const float* x, const float* y, int64_t n) {
   return sum;
 }
 
+// dst (cols, rows) = src (rows, cols)^T
+void transpose(const float* src, int64_t rows, int64_t cols, float* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
+  }
+}
+
+// out[j] = (x . m_j) * scale for j < count, with m given transposed: m_t (hd, T). Each out[j]
+// sums over d in order, like dot(); the loop over j is what vectorizes.
+void scaled_scores(const float* x, const float* m_t, int64_t T, int64_t hd, int64_t count,
+                   float scale, float* out) {
+  std::fill(out, out + count, 0.0f);
+  for (int64_t d = 0; d < hd; ++d) {
+    const float xd = x[d];
+    const float* row = m_t + d * T;
+#pragma omp simd
+    for (int64_t j = 0; j < count; ++j) out[j] += xd * row[j];
+  }
+  for (int64_t j = 0; j < count; ++j) out[j] *= scale;
+}
+
 }  // namespace
 
 void attention_forward(const CpuContext& ctx, Tensor out, Tensor lse, Tensor qkv, int n_head) {
@@ -65,30 +87,30 @@ void attention_forward(const CpuContext& ctx, Tensor out, Tensor lse, Tensor qkv
   const int64_t T = s.T, hd = s.hd, C3 = 3 * s.C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   float* lse_out = lse.f32();
-  // Per thread: k, v (T, hd); one score row (T); q and out rows (hd).
+  // Per thread: k^T (hd, T), v (T, hd); one score row (T); q and out rows (hd).
   ThreadScratch scratch(ctx, 2 * T * hd + T + 2 * hd);
   parallel_for(ctx, s.B * s.NH, [&](int64_t task, int thread) {
     const int64_t b = task / s.NH, h = task % s.NH;
-    float* k = scratch.get(thread);
-    float* v = k + T * hd;
+    float* k_t = scratch.get(thread);
+    float* v = k_t + T * hd;
     float* scores = v + T * hd;
     float* q = scores + T;
     float* o = q + hd;
-    load_head(qkv, b, T, C3, s.C + h * hd, hd, k);
+    load_head(qkv, b, T, C3, s.C + h * hd, hd, v);  // k rows, staged in v's space
+    transpose(v, T, hd, k_t);
     load_head(qkv, b, T, C3, 2 * s.C + h * hd, hd, v);
     for (int64_t i = 0; i < T; ++i) {
       load_span_into(qkv, (b * T + i) * C3 + h * hd, hd, q);
+      scaled_scores(q, k_t, T, hd, i + 1, scale, scores);
       float max_score = -INFINITY;
-      for (int64_t j = 0; j <= i; ++j) {
-        scores[j] = dot(q, k + j * hd, hd) * scale;
-        max_score = std::max(max_score, scores[j]);
-      }
+      for (int64_t j = 0; j <= i; ++j) max_score = std::max(max_score, scores[j]);
       float sum = 0.0f;
       std::fill(o, o + hd, 0.0f);
       for (int64_t j = 0; j <= i; ++j) {
         const float p = std::exp(scores[j] - max_score);
         sum += p;
         const float* vj = v + j * hd;
+#pragma omp simd
         for (int64_t d = 0; d < hd; ++d) o[d] += p * vj[d];
       }
       const float inv_sum = 1.0f / sum;
@@ -113,21 +135,27 @@ void attention_backward(const CpuContext& ctx, Tensor dqkv, Tensor dout, Tensor 
   const int64_t T = s.T, hd = s.hd, C3 = 3 * s.C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const float* lse_in = lse.f32();
-  // Per thread: q, k, v, o, do, dk, dv (T, hd) and a dq row (hd).
-  ThreadScratch scratch(ctx, 7 * T * hd + hd);
+  // Per thread: nine (T, hd) blocks, two score rows (T) and a dq row (hd), carved below.
+  ThreadScratch scratch(ctx, 9 * T * hd + 2 * T + hd);
   parallel_for(ctx, s.B * s.NH, [&](int64_t task, int thread) {
     const int64_t b = task / s.NH, h = task % s.NH;
-    float* q = scratch.get(thread);
-    float* k = q + T * hd;
-    float* v = k + T * hd;
-    float* o = v + T * hd;
-    float* dout_head = o + T * hd;
-    float* dk = dout_head + T * hd;
-    float* dv = dk + T * hd;
-    float* dq = dv + T * hd;
+    float* q = scratch.get(thread);   // (T, hd)
+    float* k = q + T * hd;            // (T, hd)
+    float* k_t = k + T * hd;          // (hd, T)
+    float* v_t = k_t + T * hd;        // (hd, T)
+    float* o = v_t + T * hd;          // (T, hd)
+    float* dout_head = o + T * hd;    // (T, hd)
+    float* dk = dout_head + T * hd;   // (T, hd), accumulated over query rows
+    float* dv = dk + T * hd;          // (T, hd), accumulated over query rows
+    float* staging = dv + T * hd;     // (T, hd)
+    float* scores = staging + T * hd; // (T): q_i . k_j * scale, then P_ij
+    float* dp = scores + T;           // (T): dO_i . v_j, then dS_ij
+    float* dq = dp + T;               // (hd)
     load_head(qkv, b, T, C3, h * hd, hd, q);
     load_head(qkv, b, T, C3, s.C + h * hd, hd, k);
-    load_head(qkv, b, T, C3, 2 * s.C + h * hd, hd, v);
+    transpose(k, T, hd, k_t);
+    load_head(qkv, b, T, C3, 2 * s.C + h * hd, hd, staging);
+    transpose(staging, T, hd, v_t);
     load_head(out, b, T, s.C, h * hd, hd, o);
     load_head(dout, b, T, s.C, h * hd, hd, dout_head);
     std::fill(dk, dk + 2 * T * hd, 0.0f);  // dk and dv
@@ -137,14 +165,19 @@ void attention_backward(const CpuContext& ctx, Tensor dqkv, Tensor dout, Tensor 
       const float* doi = dout_head + i * hd;
       // D_i = dO_i . O_i = sum_j P_ij dP_ij
       const float delta = dot(doi, o + i * hd, hd);
+      scaled_scores(qi, k_t, T, hd, i + 1, scale, scores);
+      scaled_scores(doi, v_t, T, hd, i + 1, 1.0f, dp);
+      for (int64_t j = 0; j <= i; ++j) {
+        scores[j] = std::exp(scores[j] - row_lse[i]);  // P_ij
+        dp[j] = scores[j] * (dp[j] - delta);            // dS_ij
+      }
       std::fill(dq, dq + hd, 0.0f);
       for (int64_t j = 0; j <= i; ++j) {
+        const float p = scores[j], ds = dp[j];
         const float* kj = k + j * hd;
-        const float p = std::exp(dot(qi, kj, hd) * scale - row_lse[i]);
-        const float dp = dot(doi, v + j * hd, hd);
-        const float ds = p * (dp - delta);
         float* dvj = dv + j * hd;
         float* dkj = dk + j * hd;
+#pragma omp simd
         for (int64_t d = 0; d < hd; ++d) {
           dvj[d] += p * doi[d];
           dq[d] += ds * kj[d];

@@ -1,5 +1,6 @@
 #include "train/model_state.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "core/safetensors.h"
@@ -40,6 +41,22 @@ Tensor ModelState::exp_avg_sq(int block) const {
 
 void ModelState::zero_grads() {
   for (const Buffer& buffer : grads_) std::memset(buffer.data(), 0, buffer.bytes());
+}
+
+double ModelState::optimizer_step(Backend& backend, const AdamWConfig& adam, double lr,
+                                  int64_t step) {
+  double squares = 0.0;
+  for (int block = 0; block < num_blocks(); ++block) {
+    squares += backend.sum_squares(grads(block), nullptr);
+  }
+  const double grad_norm = std::sqrt(squares);
+  const float clip = clip_coefficient(grad_norm, adam.grad_clip);
+  for (int block = 0; block < num_blocks(); ++block) {
+    const FlatRange range{block, 0, layout_.block_numel(block)};
+    adamw_update_range(backend, layout_, range, params(block), grads(block), exp_avg(block),
+                       exp_avg_sq(block), Tensor(), adam, lr, step, clip, nullptr);
+  }
+  return grad_norm;
 }
 
 namespace {

@@ -11,6 +11,7 @@
 #include "model/config.h"
 #include "model/gpt2.h"
 #include "model/layout.h"
+#include "optim/adamw.h"
 
 namespace dstrain {
 
@@ -41,6 +42,10 @@ class ModelState : public ParamProvider {
   void load_optimizer(const std::string& path);
 
   void zero_grads();
+
+  // Clips by the global gradient norm and takes one AdamW step on every block (step is
+  // 1-based). Returns the gradient norm before clipping.
+  double optimizer_step(Backend& backend, const AdamWConfig& adam, double lr, int64_t step);
 
  private:
   ModelConfig config_;

@@ -376,19 +376,8 @@ TrainSummary train(const TrainOptions& given, std::ostream& out) {
     DSTRAIN_USER_CHECK(std::isfinite(loss))
         << "the loss became " << loss << " at step " << step + 1
         << "; training diverged (try a lower --lr or a --grad-clip)";
-    double squares = 0.0;
-    for (int block = 0; block < state.num_blocks(); ++block) {
-      squares += backend->sum_squares(state.grads(block), nullptr);
-    }
-    const double grad_norm = std::sqrt(squares);
-    const float clip = clip_coefficient(grad_norm, options.grad_clip);
     const double lr = learning_rate(schedule, step);
-    for (int block = 0; block < state.num_blocks(); ++block) {
-      const FlatRange range{block, 0, state.layout().block_numel(block)};
-      adamw_update_range(*backend, state.layout(), range, state.params(block),
-                         state.grads(block), state.exp_avg(block), state.exp_avg_sq(block),
-                         Tensor(), adam, lr, step + 1, clip, nullptr);
-    }
+    const double grad_norm = state.optimizer_step(*backend, adam, lr, step + 1);
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     train_seconds += seconds;
     smoothed_step_seconds = step == first_step ? seconds

@@ -74,6 +74,8 @@ void check_backward(const AttentionCase& c) {
   HostTensor dout(c.dtype, {c.B, c.T, c.C()}), dqkv(c.dtype, {c.B, c.T, 3 * c.C()});
   const std::vector<double> r = dout.fill_random(rng, -1.0, 1.0);
   dqkv.fill_nan();
+  const HostTensor qkv_saved = qkv.clone(), out_saved = out.clone(), lse_saved = lse.clone(),
+                   dout_saved = dout.clone();
   test_backend()->attention_backward(dqkv, dout, qkv, out, lse, static_cast<int>(c.NH), nullptr);
   const std::vector<double> grad = numeric_gradient(
       [&](const std::vector<double>& v) { return dot(attention_reference(v, c).out, r); }, x);
@@ -81,6 +83,9 @@ void check_backward(const AttentionCase& c) {
   if (c.dtype == DType::F32) tol = {1e-5, 1e-4, 1e-9};
   EXPECT_TRUE(all_close(dqkv.values(), grad, tol)) << "dqkv";
   EXPECT_TRUE(guards_intact({&dqkv, &dout, &qkv, &out, &lse}));
+  EXPECT_TRUE(bitwise_equal(qkv, qkv_saved) && bitwise_equal(out, out_saved) &&
+              bitwise_equal(lse, lse_saved) && bitwise_equal(dout, dout_saved))
+      << "inputs must be left unchanged";
 }
 
 TEST(Attention, ForwardRoundShapeF32) { check_forward({2, 8, 4, 8, DType::F32}); }

@@ -45,11 +45,17 @@ inline double round_to(DType dtype, double value) {
   return round_through(dtype, static_cast<float>(value));
 }
 
+// Guard elements after each test tensor. A sanitizer build sets 0 (-DDSTRAIN_TEST_GUARD_ELEMENTS=0)
+// so that AddressSanitizer sees every out-of-bounds read as well.
+#ifndef DSTRAIN_TEST_GUARD_ELEMENTS
+#define DSTRAIN_TEST_GUARD_ELEMENTS 64
+#endif
+
 // A host tensor followed by a guard region of kGuardElements elements holding a sentinel byte
 // pattern; guard_intact() says whether an op wrote past the end.
 class HostTensor {
  public:
-  static constexpr int64_t kGuardElements = 64;
+  static constexpr int64_t kGuardElements = DSTRAIN_TEST_GUARD_ELEMENTS;
   static constexpr uint8_t kSentinel = 0xA7;
 
   HostTensor(DType dtype, std::initializer_list<int64_t> dims) {

@@ -78,8 +78,11 @@ void check_backward(const LayernormCase& c) {
   const std::vector<double> dinp_before = dinp.fill_random(rng, -1.0, 1.0);
   const std::vector<double> dweight_before = dweight.fill_random(rng, -1.0, 1.0);
   const std::vector<double> dbias_before = dbias.fill_random(rng, -1.0, 1.0);
+  const HostTensor inp_saved = in.inp.clone(), dout_saved = dout.clone();
   test_backend()->layernorm_backward(dinp, dweight, dbias, dout, in.inp, in.weight, mean, rstd,
                                      nullptr);
+  EXPECT_TRUE(bitwise_equal(in.inp, inp_saved) && bitwise_equal(dout, dout_saved))
+      << "inputs must be left unchanged";
 
   auto loss = [&](const std::vector<double>& xv, const std::vector<double>& wv,
                   const std::vector<double>& bv) {

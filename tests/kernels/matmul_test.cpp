@@ -99,6 +99,7 @@ void check_backward(const MatmulCase& c, bool with_dinp, bool finite_differences
   dinp.fill_nan();
   const std::vector<double> dweight_before = dweight.fill_random(rng, -1.0, 1.0);
   const std::vector<double> dbias_before = dbias.fill_random(rng, -1.0, 1.0);
+  const HostTensor x_saved = x.clone(), w_saved = w.clone(), dout_saved = dout.clone();
   test_backend()->matmul_backward(with_dinp ? dinp.t() : Tensor(), dweight,
                                   c.with_bias ? dbias.t() : Tensor(), dout, x, w, c.out_by_in,
                                   nullptr);
@@ -128,6 +129,9 @@ void check_backward(const MatmulCase& c, bool with_dinp, bool finite_differences
     EXPECT_EQ(dbias.values(), dbias_before) << "dbias was not passed and must be untouched";
   }
   EXPECT_TRUE(guards_intact({&dinp, &dweight, &dbias, &dout, &x, &w}));
+  EXPECT_TRUE(bitwise_equal(x, x_saved) && bitwise_equal(w, w_saved) &&
+              bitwise_equal(dout, dout_saved))
+      << "inputs must be left unchanged";
 }
 
 TEST(Matmul, ForwardRoundShapeF32) { check_forward({16, 32, 48, false, true, DType::F32}); }

@@ -21,7 +21,7 @@ TEST(FormatTopology, Rtx4090_box) {
   const std::string text = format_topology_table(t);
   EXPECT_TRUE(contains(text, "8 GPUs, host memory unknown, 2 NUMA nodes (source: nvidia-smi topo -m)"))
       << text;
-  EXPECT_TRUE(contains(text, "NVIDIA GeForce RTX 4090  24.0 GiB  128  8.9")) << text;
+  EXPECT_TRUE(contains(text, "NVIDIA GeForce RTX 4090  24.00 GiB  128  8.9")) << text;
   EXPECT_TRUE(contains(text, "GPU0  X     PIX*  PIX*  PIX*  SYS*  SYS*  SYS*  SYS*")) << text;
   EXPECT_TRUE(contains(text, "* = no peer access")) << text;
   EXPECT_TRUE(contains(text, "8 GPUs joined only by PCIe (no NVLink); no peer access over PCIe; "

@@ -271,6 +271,11 @@ TEST(NvidiaSmiTopoErrors, Missing_row) {
                      "names 3 GPUs but row GPU2 is missing");
 }
 
+TEST(NvidiaSmiTopoErrors, Row_without_a_column) {
+  expect_parse_error("\tGPU0\tGPU1\nGPU0\t X \tPIX\nGPU1\tPIX\t X \nGPU2\tPIX\tPIX\t X \n",
+                     "row GPU2 has no column in the nvidia-smi topo header, which names 2 GPUs");
+}
+
 TEST(NvidiaSmiTopoErrors, Repeated_row) {
   expect_parse_error("\tGPU0\tGPU1\nGPU0\t X \tPIX\nGPU0\t X \tPIX\nGPU1\tPIX\t X \n",
                      "row GPU0 appears twice");
