@@ -4,9 +4,10 @@
 // from the shape) and GB/s for the memory-bound ops (the bytes the op must read and write
 // at least, once each).
 //
-//   bench_ops [--threads N] [--quick] [--dtype fp32|fp16|bf16]
+//   bench_ops [--threads N] [--quick] [--dtype fp32|fp16|bf16] [--only NAME]
 //
-// --quick uses small shapes (B=2, T=64, C=256, NH=4, Vp=8192) for a smoke run.
+// --quick uses small shapes (B=2, T=64, C=256, NH=4, Vp=8192) for a smoke run; --only runs
+// just the ops whose name contains NAME (e.g. "lm_head", "attention").
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -27,6 +28,7 @@ struct Options {
   int threads = 0;  // 0: all cores
   bool quick = false;
   DType dtype = DType::F32;
+  std::string only;  // run only the ops whose name contains this
 };
 
 Options parse_options(int argc, char** argv) {
@@ -36,15 +38,20 @@ Options parse_options(int argc, char** argv) {
     if (arg == "--quick") {
       options.quick = true;
     } else if (arg == "--threads" && i + 1 < argc) {
-      options.threads = std::atoi(argv[++i]);
-      DSTRAIN_USER_CHECK(options.threads >= 0) << "--threads takes a count >= 0 (0: all cores)";
+      char* end = nullptr;
+      const long threads = std::strtol(argv[++i], &end, 10);
+      DSTRAIN_USER_CHECK(*end == '\0' && threads >= 0 && threads <= 4096)
+          << "--threads takes a count >= 0 (0: all cores), not '" << argv[i] << "'";
+      options.threads = static_cast<int>(threads);
+    } else if (arg == "--only" && i + 1 < argc) {
+      options.only = argv[++i];
     } else if (arg == "--dtype" && i + 1 < argc) {
       options.dtype = parse_dtype(argv[++i]);
       DSTRAIN_USER_CHECK(options.dtype != DType::I32) << "--dtype takes fp32, fp16 or bf16";
     } else {
       DSTRAIN_USER_ERROR() << "unknown argument '" << arg
                            << "'; usage: bench_ops [--threads N] [--quick] "
-                              "[--dtype fp32|fp16|bf16]";
+                              "[--dtype fp32|fp16|bf16] [--only NAME]";
     }
   }
   return options;
@@ -121,14 +128,20 @@ double median_ms(const std::function<void()>& op) {
 
 enum class Rate { Flops, Bytes };
 
-void report(const char* op, const std::string& shape, const std::function<void()>& run,
-            Rate rate, double amount) {
-  const double ms = median_ms(run);
-  const double per_second = amount / (ms * 1e-3) / 1e9;
-  std::printf("%-24s %-34s %10.3f %9.1f %s\n", op, shape.c_str(), ms, per_second,
-              rate == Rate::Flops ? "GFLOP/s" : "GB/s");
-  std::fflush(stdout);
-}
+// Times one op and prints its row, unless --only leaves it out.
+struct Reporter {
+  std::string only;
+
+  void operator()(const char* op, const std::string& shape, const std::function<void()>& run,
+                  Rate rate, double amount) const {
+    if (!only.empty() && std::string(op).find(only) == std::string::npos) return;
+    const double ms = median_ms(run);
+    const double per_second = amount / (ms * 1e-3) / 1e9;
+    std::printf("%-24s %-34s %10.3f %9.1f %s\n", op, shape.c_str(), ms, per_second,
+                rate == Rate::Flops ? "GFLOP/s" : "GB/s");
+    std::fflush(stdout);
+  }
+};
 
 std::string shape_of(std::initializer_list<int64_t> dims) {
   std::string s = "(";
@@ -145,10 +158,11 @@ void run_benchmarks(const Options& options) {
   const int64_t B = s.B, T = s.T, C = s.C, N = s.N(), Vp = s.Vp;
   std::printf("bench_ops: %s, storage %s, B=%lld T=%lld C=%lld NH=%lld Vp=%lld\n",
               backend->name().c_str(), dtype_name(dt), static_cast<long long>(B),
-              static_cast<long long>(T), static_cast<long long>(C),
-              static_cast<long long>(s.NH), static_cast<long long>(Vp));
+              static_cast<long long>(T), static_cast<long long>(C), static_cast<long long>(s.NH),
+              static_cast<long long>(Vp));
   std::printf("%-24s %-34s %10s %17s\n", "op", "shape", "ms", "rate");
   Workspace ws(*backend);
+  const Reporter report{options.only};
 
   // ---- embedding ----
   {
@@ -157,11 +171,13 @@ void run_benchmarks(const Options& options) {
     Tensor out = ws.allocate(dt, {B, T, C});
     Tensor dwte = ws.random(dt, {Vp, C}), dwpe = ws.random(dt, {s.maxT, C});
     const std::string shape = shape_of({B, T, C});
-    report("embedding_fwd", shape, [&] { backend->embedding_forward(out, tokens, wte, wpe, nullptr); },
-           Rate::Bytes, es * (N * C * 2.0 + T * C));
-    report("embedding_bwd", shape,
-           [&] { backend->embedding_backward(dwte, dwpe, out, tokens, nullptr); }, Rate::Bytes,
-           es * (N * C * 3.0 + 2.0 * T * C));
+    report(
+        "embedding_fwd", shape, [&] { backend->embedding_forward(out, tokens, wte, wpe, nullptr); },
+        Rate::Bytes, es * (N * C * 2.0 + T * C));
+    report(
+        "embedding_bwd", shape,
+        [&] { backend->embedding_backward(dwte, dwpe, out, tokens, nullptr); }, Rate::Bytes,
+        es * (N * C * 3.0 + 2.0 * T * C));
     ws.release();
   }
   // ---- layernorm ----
@@ -170,19 +186,20 @@ void run_benchmarks(const Options& options) {
            bias = ws.random(dt, {C});
     Tensor out = ws.allocate(dt, {N, C}), mean = ws.allocate(DType::F32, {N}),
            rstd = ws.allocate(DType::F32, {N});
-    Tensor dout = ws.random(dt, {N, C}), dinp = ws.random(dt, {N, C}),
-           dweight = ws.random(dt, {C}), dbias = ws.random(dt, {C});
+    Tensor dout = ws.random(dt, {N, C}), dinp = ws.random(dt, {N, C}), dweight = ws.random(dt, {C}),
+           dbias = ws.random(dt, {C});
     const std::string shape = shape_of({N, C});
-    report("layernorm_fwd", shape,
-           [&] { backend->layernorm_forward(out, mean, rstd, inp, weight, bias, nullptr); },
-           Rate::Bytes, es * 2.0 * N * C + 8.0 * N);
+    report(
+        "layernorm_fwd", shape,
+        [&] { backend->layernorm_forward(out, mean, rstd, inp, weight, bias, nullptr); },
+        Rate::Bytes, es * 2.0 * N * C + 8.0 * N);
     backend->layernorm_forward(out, mean, rstd, inp, weight, bias, nullptr);
-    report("layernorm_bwd", shape,
-           [&] {
-             backend->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd,
-                                         nullptr);
-           },
-           Rate::Bytes, es * 4.0 * N * C + 8.0 * N);
+    report(
+        "layernorm_bwd", shape,
+        [&] {
+          backend->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, nullptr);
+        },
+        Rate::Bytes, es * 4.0 * N * C + 8.0 * N);
     ws.release();
   }
   // ---- matmuls of a block and the LM head ----
@@ -227,11 +244,13 @@ void run_benchmarks(const Options& options) {
     const double pairs = static_cast<double>(B * s.NH) * T * (T + 1) / 2.0;
     const std::string shape = shape_of({B, T, 3 * C}) + " NH=" + std::to_string(s.NH);
     const int nh = static_cast<int>(s.NH);
-    report("attention_fwd", shape, [&] { backend->attention_forward(out, lse, qkv, nh, nullptr); },
-           Rate::Flops, pairs * 4.0 * hd);
-    report("attention_bwd", shape,
-           [&] { backend->attention_backward(dqkv, dout, qkv, out, lse, nh, nullptr); },
-           Rate::Flops, pairs * 10.0 * hd);
+    report(
+        "attention_fwd", shape, [&] { backend->attention_forward(out, lse, qkv, nh, nullptr); },
+        Rate::Flops, pairs * 4.0 * hd);
+    report(
+        "attention_bwd", shape,
+        [&] { backend->attention_backward(dqkv, dout, qkv, out, lse, nh, nullptr); }, Rate::Flops,
+        pairs * 10.0 * hd);
     ws.release();
   }
   // ---- GELU, residual ----
@@ -239,16 +258,20 @@ void run_benchmarks(const Options& options) {
     Tensor inp = ws.random(dt, {N, 4 * C}, -4.0f, 4.0f), dout = ws.random(dt, {N, 4 * C});
     Tensor out = ws.allocate(dt, {N, 4 * C}), dinp = ws.allocate(dt, {N, 4 * C});
     const std::string shape = shape_of({N, 4 * C});
-    report("gelu_fwd", shape, [&] { backend->gelu_forward(out, inp, nullptr); }, Rate::Bytes,
-           es * 2.0 * N * 4 * C);
-    report("gelu_bwd", shape, [&] { backend->gelu_backward(dinp, dout, inp, nullptr); },
-           Rate::Bytes, es * 3.0 * N * 4 * C);
+    report(
+        "gelu_fwd", shape, [&] { backend->gelu_forward(out, inp, nullptr); }, Rate::Bytes,
+        es * 2.0 * N * 4 * C);
+    report(
+        "gelu_bwd", shape, [&] { backend->gelu_backward(dinp, dout, inp, nullptr); }, Rate::Bytes,
+        es * 3.0 * N * 4 * C);
     ws.release();
     Tensor a = ws.random(dt, {N, C}), b = ws.random(dt, {N, C}), sum = ws.allocate(dt, {N, C});
-    report("residual_fwd", shape_of({N, C}), [&] { backend->residual_forward(sum, a, b, nullptr); },
-           Rate::Bytes, es * 3.0 * N * C);
-    report("accumulate", shape_of({N, C}), [&] { backend->accumulate(a, b, nullptr); },
-           Rate::Bytes, es * 3.0 * N * C);
+    report(
+        "residual_fwd", shape_of({N, C}), [&] { backend->residual_forward(sum, a, b, nullptr); },
+        Rate::Bytes, es * 3.0 * N * C);
+    report(
+        "accumulate", shape_of({N, C}), [&] { backend->accumulate(a, b, nullptr); }, Rate::Bytes,
+        es * 3.0 * N * C);
     ws.release();
   }
   // ---- softmax + cross-entropy ----
@@ -257,18 +280,19 @@ void run_benchmarks(const Options& options) {
     Tensor targets = ws.ids({N}, s.V), losses = ws.allocate(DType::F32, {N});
     const int vocab = static_cast<int>(s.V);
     const std::string shape = shape_of({N, Vp}) + " V=" + std::to_string(s.V);
-    report("xent_fwd", shape,
-           [&] {
-             backend->softmax_cross_entropy(losses, Tensor(), logits, targets, vocab, 0.0f,
-                                            nullptr);
-           },
-           Rate::Bytes, es * N * Vp);
-    report("xent_fwd_bwd", shape,
-           [&] {
-             backend->softmax_cross_entropy(losses, dlogits, logits, targets, vocab,
-                                            1.0f / static_cast<float>(N), nullptr);
-           },
-           Rate::Bytes, es * 2.0 * N * Vp);
+    report(
+        "xent_fwd", shape,
+        [&] {
+          backend->softmax_cross_entropy(losses, Tensor(), logits, targets, vocab, 0.0f, nullptr);
+        },
+        Rate::Bytes, es * N * Vp);
+    report(
+        "xent_fwd_bwd", shape,
+        [&] {
+          backend->softmax_cross_entropy(losses, dlogits, logits, targets, vocab,
+                                         1.0f / static_cast<float>(N), nullptr);
+        },
+        Rate::Bytes, es * 2.0 * N * Vp);
     ws.release();
   }
   // ---- optimizer and friends, over one block's worth of parameters (12 C^2) ----
@@ -282,21 +306,23 @@ void run_benchmarks(const Options& options) {
     step.weight_decay = 0.1f;
     step.step = 10;
     const std::string shape = "n=" + std::to_string(n);
-    report("adamw", shape,
-           [&] { backend->adamw(param, grad, m, v, param_copy, step, nullptr); }, Rate::Bytes,
-           n * (24.0 + es + (param_copy.empty() ? 0.0 : es)));
+    report(
+        "adamw", shape, [&] { backend->adamw(param, grad, m, v, param_copy, step, nullptr); },
+        Rate::Bytes, n * (24.0 + es + (param_copy.empty() ? 0.0 : es)));
     volatile double sink = 0.0;
-    report("sum_squares", shape, [&] { sink = sink + backend->sum_squares(grad, nullptr); },
-           Rate::Bytes, es * n);
-    report("scale", shape, [&] { backend->scale(grad, 1.0f, nullptr); }, Rate::Bytes,
-           es * 2.0 * n);
+    report(
+        "sum_squares", shape, [&] { sink = sink + backend->sum_squares(grad, nullptr); },
+        Rate::Bytes, es * n);
+    report(
+        "scale", shape, [&] { backend->scale(grad, 1.0f, nullptr); }, Rate::Bytes, es * 2.0 * n);
     volatile bool found = false;
-    report("has_inf_or_nan", shape, [&] { found = backend->has_inf_or_nan(grad, nullptr); },
-           Rate::Bytes, es * n);
+    report(
+        "has_inf_or_nan", shape, [&] { found = backend->has_inf_or_nan(grad, nullptr); },
+        Rate::Bytes, es * n);
     Tensor copy_dst = ws.allocate(dt == DType::BF16 ? DType::F16 : DType::BF16, {n});
-    report("copy (convert)", shape + " " + dtype_name(dt) + "->" + dtype_name(copy_dst.dtype),
-           [&] { backend->copy(copy_dst, grad, nullptr); }, Rate::Bytes,
-           (es + 2.0) * n);
+    report(
+        "copy (convert)", shape + " " + dtype_name(dt) + "->" + dtype_name(copy_dst.dtype),
+        [&] { backend->copy(copy_dst, grad, nullptr); }, Rate::Bytes, (es + 2.0) * n);
     ws.release();
   }
 }

@@ -15,7 +15,8 @@
 #include "core/allocator.h"
 #include "core/rng.h"
 #include "model/gpt2.h"
-#include "train/model_state.h"
+#include "comm/communicator.h"
+#include "parallel/sharded_model.h"
 
 using namespace dstrain;
 
@@ -76,30 +77,39 @@ int main(int argc, char** argv) {
   std::printf("|---|---|---|---|---|---|\n");
   for (const Case& c : cases) {
     const ModelConfig config = load_model_config(c.model);
-    auto backend = make_cpu_backend(threads);
-    auto allocator = make_cpu_allocator();
-    ModelState state(config, *allocator);
-    std::vector<Tensor> flats;
-    for (int block = 0; block < state.num_blocks(); ++block) flats.push_back(state.params(block));
-    init_gpt2_parameters(state.layout(), config, 1, flats);
-    Gpt2 model(config, *backend, *allocator, c.batch, c.seq_len, DType::F32, true);
-    std::vector<int32_t> tokens(size_t(c.batch * c.seq_len + 1));
-    Rng rng(2);
-    for (int32_t& token : tokens) token = int32_t(rng.below(uint64_t(config.vocab_size)));
-    Tensor inputs(tokens.data(), DType::I32, {c.batch, c.seq_len});
-    Tensor targets(tokens.data() + 1, DType::I32, {c.batch, c.seq_len});
-    const AdamWConfig adam;
     std::vector<double> times;
-    for (int step = 0; step <= steps; ++step) {
-      const auto start = std::chrono::steady_clock::now();
-      state.zero_grads();
-      model.forward(state, inputs, targets, 1.0f / float(c.batch * c.seq_len), nullptr);
-      model.backward(state, inputs, nullptr);
-      state.optimizer_step(*backend, adam, 1e-4, step + 1);
-      const double seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (step > 0) times.push_back(seconds);  // step 0 warms up
-    }
+    run_local_ranks(1, 600.0, [&](Communicator& comm) {
+      auto backend = make_cpu_backend(threads);
+      auto allocator = make_cpu_allocator();
+      ShardedModel state(config, ShardingConfig{}, comm, *backend, *allocator, *allocator);
+      const ParamLayout layout(config);
+      std::vector<std::vector<float>> storage;
+      std::vector<Tensor> flats;
+      for (int block = 0; block < layout.num_blocks(); ++block) {
+        storage.emplace_back(size_t(layout.block_numel(block)));
+        flats.emplace_back(storage.back().data(), DType::F32,
+                           std::initializer_list<int64_t>{layout.block_numel(block)});
+      }
+      init_gpt2_parameters(layout, config, 1, flats);
+      state.set_full_params(flats);
+      Gpt2 model(config, *backend, *allocator, c.batch, c.seq_len, DType::F32, true);
+      std::vector<int32_t> tokens(size_t(c.batch * c.seq_len + 1));
+      Rng rng(2);
+      for (int32_t& token : tokens) token = int32_t(rng.below(uint64_t(config.vocab_size)));
+      Tensor inputs(tokens.data(), DType::I32, {c.batch, c.seq_len});
+      Tensor targets(tokens.data() + 1, DType::I32, {c.batch, c.seq_len});
+      const AdamWConfig adam;
+      for (int step = 0; step <= steps; ++step) {
+        const auto start = std::chrono::steady_clock::now();
+        state.begin_step();
+        model.forward(state, inputs, targets, 1.0f / float(c.batch * c.seq_len), nullptr);
+        model.backward(state, inputs, nullptr);
+        state.finish_step(adam, 1e-4, step + 1);
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (step > 0) times.push_back(seconds);  // step 0 warms up
+      }
+    });
     std::sort(times.begin(), times.end());
     const double median = times[times.size() / 2];
     const double tokens_per_s = double(c.batch * c.seq_len) / median;

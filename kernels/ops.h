@@ -15,6 +15,8 @@
 //   every op has finished when it returns; on CUDA it is a cudaStream_t.
 // - Deterministic: the same inputs give the same bits, whatever the thread count of the
 //   backend (reductions run in a fixed order).
+// - Each float tensor's dtype is independent of the others' (e.g. BF16 activations with F32
+//   gradients). Tensors may have more than 2 dims: row ops treat the last dim as the row.
 #pragma once
 
 #include <cstdint>
@@ -110,6 +112,7 @@ class Backend {
   // losses (N) F32 = -log softmax(logits[n, :V])[targets[n]].
   // If dlogits (N,Vp) is not empty: dlogits = (softmax - onehot(target)) * dloss for
   // columns < V, 0 for columns >= V (dloss: the weight of each row's loss, e.g. 1/(N*accum)).
+  // dlogits may be logits itself (same dtype): the gradient then overwrites the logits.
   virtual void softmax_cross_entropy(Tensor losses, Tensor dlogits, Tensor logits,
                                      Tensor targets, int vocab, float dloss, Stream stream) = 0;
 

@@ -4,9 +4,10 @@
 //
 // One task per (b, head): it loads the head's q, k, v (T, hd) into fp32 scratch (k and v also
 // transposed, so a whole score row is one vectorizable loop), walks the query rows in order
-// and writes only that head's columns. All reductions (including the
-// dK/dV sums over query rows) run inside the task in a fixed order, so the result does not
-// depend on the thread count.
+// and writes only that head's columns. All reductions (including the dK/dV sums over query
+// rows) run inside the task in a fixed order, so the result does not depend on the thread
+// count. `omp simd` marks only loops whose iterations are independent: vectorizing them does
+// not change a bit.
 #include <cmath>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -34,20 +35,18 @@ AttentionShape check_attention(const Tensor& qkv, const Tensor& out, const Tenso
   DSTRAIN_CHECK(n_head > 0 && s.C % n_head == 0)
       << "attention: C = " << s.C << " is not divisible by n_head = " << n_head;
   s.hd = s.C / n_head;
-  DSTRAIN_CHECK(out.ndim == 3 && out.shape[0] == s.B && out.shape[1] == s.T &&
-                out.shape[2] == s.C)
-      << "attention out " << out.shape_str() << " must be (" << s.B << ", " << s.T << ", "
-      << s.C << ")";
-  DSTRAIN_CHECK(lse.ndim == 3 && lse.shape[0] == s.B && lse.shape[1] == s.NH &&
-                lse.shape[2] == s.T)
-      << "attention lse " << lse.shape_str() << " must be (" << s.B << ", " << s.NH << ", "
-      << s.T << ")";
+  DSTRAIN_CHECK(out.ndim == 3 && out.shape[0] == s.B && out.shape[1] == s.T && out.shape[2] == s.C)
+      << "attention out " << out.shape_str() << " must be (" << s.B << ", " << s.T << ", " << s.C
+      << ")";
+  DSTRAIN_CHECK(lse.ndim == 3 && lse.shape[0] == s.B && lse.shape[1] == s.NH && lse.shape[2] == s.T)
+      << "attention lse " << lse.shape_str() << " must be (" << s.B << ", " << s.NH << ", " << s.T
+      << ")";
   return s;
 }
 
 // Loads rows t = 0..T-1 of one (T, hd) slice of a (B, T, width) tensor into dst (T, hd).
-void load_head(const Tensor& t, int64_t b, int64_t T, int64_t width, int64_t column,
-               int64_t hd, float* dst) {
+void load_head(const Tensor& t, int64_t b, int64_t T, int64_t width, int64_t column, int64_t hd,
+               float* dst) {
   for (int64_t row = 0; row < T; ++row) {
     load_span_into(t, (b * T + row) * width + column, hd, dst + row * hd);
   }
@@ -121,8 +120,8 @@ void attention_forward(const CpuContext& ctx, Tensor out, Tensor lse, Tensor qkv
   });
 }
 
-void attention_backward(const CpuContext& ctx, Tensor dqkv, Tensor dout, Tensor qkv,
-                        Tensor out, Tensor lse, int n_head) {
+void attention_backward(const CpuContext& ctx, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,
+                        Tensor lse, int n_head) {
   const AttentionShape s = check_attention(qkv, out, lse, n_head);
   check_float_tensor(dqkv, "attention dqkv");
   check_float_tensor(dout, "attention dout");
@@ -139,18 +138,18 @@ void attention_backward(const CpuContext& ctx, Tensor dqkv, Tensor dout, Tensor 
   ThreadScratch scratch(ctx, 9 * T * hd + 2 * T + hd);
   parallel_for(ctx, s.B * s.NH, [&](int64_t task, int thread) {
     const int64_t b = task / s.NH, h = task % s.NH;
-    float* q = scratch.get(thread);   // (T, hd)
-    float* k = q + T * hd;            // (T, hd)
-    float* k_t = k + T * hd;          // (hd, T)
-    float* v_t = k_t + T * hd;        // (hd, T)
-    float* o = v_t + T * hd;          // (T, hd)
-    float* dout_head = o + T * hd;    // (T, hd)
-    float* dk = dout_head + T * hd;   // (T, hd), accumulated over query rows
-    float* dv = dk + T * hd;          // (T, hd), accumulated over query rows
-    float* staging = dv + T * hd;     // (T, hd)
-    float* scores = staging + T * hd; // (T): q_i . k_j * scale, then P_ij
-    float* dp = scores + T;           // (T): dO_i . v_j, then dS_ij
-    float* dq = dp + T;               // (hd)
+    float* q = scratch.get(thread);    // (T, hd)
+    float* k = q + T * hd;             // (T, hd)
+    float* k_t = k + T * hd;           // (hd, T)
+    float* v_t = k_t + T * hd;         // (hd, T)
+    float* o = v_t + T * hd;           // (T, hd)
+    float* dout_head = o + T * hd;     // (T, hd)
+    float* dk = dout_head + T * hd;    // (T, hd), accumulated over query rows
+    float* dv = dk + T * hd;           // (T, hd), accumulated over query rows
+    float* staging = dv + T * hd;      // (T, hd)
+    float* scores = staging + T * hd;  // (T): q_i . k_j * scale, then P_ij
+    float* dp = scores + T;            // (T): dO_i . v_j, then dS_ij
+    float* dq = dp + T;                // (hd)
     load_head(qkv, b, T, C3, h * hd, hd, q);
     load_head(qkv, b, T, C3, s.C + h * hd, hd, k);
     transpose(k, T, hd, k_t);
@@ -169,7 +168,7 @@ void attention_backward(const CpuContext& ctx, Tensor dqkv, Tensor dout, Tensor 
       scaled_scores(doi, v_t, T, hd, i + 1, 1.0f, dp);
       for (int64_t j = 0; j <= i; ++j) {
         scores[j] = std::exp(scores[j] - row_lse[i]);  // P_ij
-        dp[j] = scores[j] * (dp[j] - delta);            // dS_ij
+        dp[j] = scores[j] * (dp[j] - delta);           // dS_ij
       }
       std::fill(dq, dq + hd, 0.0f);
       for (int64_t j = 0; j <= i; ++j) {

@@ -15,16 +15,16 @@ bool is_float_dtype(DType dtype) {
 
 void check_float_tensor(const Tensor& t, const char* name) {
   DSTRAIN_CHECK(!t.empty()) << name << " is empty";
-  DSTRAIN_CHECK(t.device.is_cpu()) << name << " is on " << t.device.str()
-                                   << ", the CPU backend needs host memory";
+  DSTRAIN_CHECK(t.device.is_cpu())
+      << name << " is on " << t.device.str() << ", the CPU backend needs host memory";
   DSTRAIN_CHECK(is_float_dtype(t.dtype))
       << name << " " << t.shape_str() << " must be F32, F16 or BF16";
 }
 
 void check_tensor_dtype(const Tensor& t, DType dtype, const char* name) {
   DSTRAIN_CHECK(!t.empty()) << name << " is empty";
-  DSTRAIN_CHECK(t.device.is_cpu()) << name << " is on " << t.device.str()
-                                   << ", the CPU backend needs host memory";
+  DSTRAIN_CHECK(t.device.is_cpu())
+      << name << " is on " << t.device.str() << ", the CPU backend needs host memory";
   DSTRAIN_CHECK(t.dtype == dtype) << name << " " << t.shape_str() << " must be "
                                   << dtype_name(dtype);
 }
@@ -42,8 +42,8 @@ F32View::F32View(const CpuContext& ctx, const Tensor& t) {
     return;
   }
   const int64_t n = t.numel();
-  converted_.resize(static_cast<size_t>(n));
-  float* dst = converted_.data();
+  converted_.reset(new float[static_cast<size_t>(n)]);
+  float* dst = converted_.get();
   parallel_for(ctx, num_chunks(n), [&](int64_t chunk, int) {
     const int64_t begin = chunk * kElementChunk;
     load_span_into(t, begin, std::min(kElementChunk, n - begin), dst + begin);
@@ -62,6 +62,7 @@ void copy(const CpuContext& ctx, Tensor dst, Tensor src) {
   DSTRAIN_CHECK(dst.numel() == src.numel())
       << "copy of " << src.shape_str() << " into " << dst.shape_str();
   if (dst.numel() == 0) return;
+  DSTRAIN_CHECK(!dst.empty() && !src.empty()) << "copy with an empty tensor";
   DSTRAIN_CHECK(dst.device.is_cpu() && src.device.is_cpu()) << "copy between non-host tensors";
   if (dst.dtype == src.dtype) {
     if (dst.data != src.data) std::memmove(dst.data, src.data, dst.nbytes());
@@ -108,8 +109,7 @@ class CpuBackend final : public Backend {
   void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, Stream) override {
     cpu::embedding_forward(ctx_, out, tokens, wte, wpe);
   }
-  void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens,
-                          Stream) override {
+  void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Stream) override {
     cpu::embedding_backward(ctx_, dwte, dwpe, dout, tokens);
   }
   void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight,
@@ -120,8 +120,8 @@ class CpuBackend final : public Backend {
                           Tensor weight, Tensor mean, Tensor rstd, Stream) override {
     cpu::layernorm_backward(ctx_, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
   }
-  void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias,
-                      bool weight_out_by_in, Stream) override {
+  void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool weight_out_by_in,
+                      Stream) override {
     cpu::matmul_forward(ctx_, out, inp, weight, bias, weight_out_by_in);
   }
   void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
@@ -131,13 +131,11 @@ class CpuBackend final : public Backend {
   void attention_forward(Tensor out, Tensor lse, Tensor qkv, int n_head, Stream) override {
     cpu::attention_forward(ctx_, out, lse, qkv, n_head);
   }
-  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
-                          int n_head, Stream) override {
+  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int n_head,
+                          Stream) override {
     cpu::attention_backward(ctx_, dqkv, dout, qkv, out, lse, n_head);
   }
-  void gelu_forward(Tensor out, Tensor inp, Stream) override {
-    cpu::gelu_forward(ctx_, out, inp);
-  }
+  void gelu_forward(Tensor out, Tensor inp, Stream) override { cpu::gelu_forward(ctx_, out, inp); }
   void gelu_backward(Tensor dinp, Tensor dout, Tensor inp, Stream) override {
     cpu::gelu_backward(ctx_, dinp, dout, inp);
   }

@@ -20,8 +20,8 @@ namespace dstrain::cpu {
 namespace {
 
 // Tile of the output computed by one sgemm call: large enough that OpenBLAS's packing and
-// call overhead stay small (256 x 256 tiles reach ~93% of one whole-matrix sgemm at GPT-2
-// shapes on one core), small enough that (1024, 768) outputs still give 12 tasks.
+// call overhead stay small (256 x 256 tiles ran at 89-93% of one whole-matrix sgemm at GPT-2
+// block shapes on one core), small enough that (1024, 768) outputs still give 12 tasks.
 constexpr int64_t kTileRows = 256;
 constexpr int64_t kTileCols = 256;
 constexpr int64_t kBiasColumnBlock = 256;
@@ -35,16 +35,15 @@ struct Operand {
 };
 
 // c (M,N) = op(a) (M,K) @ op(b) (K,N) [+ bias (N)], or c += op(a) @ op(b) when `accumulate`.
-void tiled_gemm(const CpuContext& ctx, const Tensor& c, int64_t M, int64_t N, int64_t K,
-                Operand a, Operand b, const float* bias, bool accumulate) {
+void tiled_gemm(const CpuContext& ctx, const Tensor& c, int64_t M, int64_t N, int64_t K, Operand a,
+                Operand b, const float* bias, bool accumulate) {
   if (M == 0 || N == 0) return;
-  DSTRAIN_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && a.ld <= INT_MAX &&
-                b.ld <= INT_MAX)
+  DSTRAIN_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && a.ld <= INT_MAX && b.ld <= INT_MAX)
       << "matmul (" << M << ", " << N << ", " << K << ") too large for 32-bit BLAS";
   const int64_t tile_rows = (M + kTileRows - 1) / kTileRows;
   const int64_t tile_cols = (N + kTileCols - 1) / kTileCols;
   const bool direct = c.dtype == DType::F32;
-  ThreadScratch scratch(ctx, direct ? 0 : 2 * kTileRows * kTileCols);
+  ThreadScratch scratch(ctx, direct ? 0 : kTileRows * kTileCols);
   parallel_for(ctx, tile_rows * tile_cols, [&](int64_t tile, int thread) {
     const int64_t i0 = (tile / tile_cols) * kTileRows, j0 = (tile % tile_cols) * kTileCols;
     const int64_t rows = std::min(kTileRows, M - i0), cols = std::min(kTileCols, N - j0);
@@ -64,9 +63,8 @@ void tiled_gemm(const CpuContext& ctx, const Tensor& c, int64_t M, int64_t N, in
     }
     cblas_sgemm(CblasRowMajor, a.transposed ? CblasTrans : CblasNoTrans,
                 b.transposed ? CblasTrans : CblasNoTrans, static_cast<int>(rows),
-                static_cast<int>(cols), static_cast<int>(K), 1.0f, a_tile,
-                static_cast<int>(a.ld), b_tile, static_cast<int>(b.ld), beta, c_tile,
-                static_cast<int>(ldc));
+                static_cast<int>(cols), static_cast<int>(K), 1.0f, a_tile, static_cast<int>(a.ld),
+                b_tile, static_cast<int>(b.ld), beta, c_tile, static_cast<int>(ldc));
     // Epilogue on the tile while it is in cache: bias, then rounding to the storage dtype.
     for (int64_t i = 0; i < rows; ++i) {
       float* row = c_tile + i * ldc;
@@ -116,8 +114,8 @@ void matmul_forward(const CpuContext& ctx, Tensor out, Tensor inp, Tensor weight
   check_rows_cols(out, "matmul out", s.N, s.OC);
   if (!bias.empty()) {
     check_float_tensor(bias, "matmul bias");
-    DSTRAIN_CHECK(bias.numel() == s.OC) << "matmul bias " << bias.shape_str() << " must have "
-                                        << s.OC << " elements";
+    DSTRAIN_CHECK(bias.numel() == s.OC)
+        << "matmul bias " << bias.shape_str() << " must have " << s.OC << " elements";
   }
   const F32View x(ctx, inp), w(ctx, weight);
   std::vector<float> bias_f32;
@@ -127,13 +125,13 @@ void matmul_forward(const CpuContext& ctx, Tensor out, Tensor inp, Tensor weight
   }
   // out = inp @ weight (C,OC), or inp @ weight^T for weight (OC,C).
   const Operand a{x.data(), s.C, false};
-  const Operand b = weight_out_by_in ? Operand{w.data(), s.C, true}
-                                     : Operand{w.data(), s.OC, false};
+  const Operand b =
+      weight_out_by_in ? Operand{w.data(), s.C, true} : Operand{w.data(), s.OC, false};
   tiled_gemm(ctx, out, s.N, s.OC, s.C, a, b, bias.empty() ? nullptr : bias_f32.data(), false);
 }
 
-void matmul_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias,
-                     Tensor dout, Tensor inp, Tensor weight, bool weight_out_by_in) {
+void matmul_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout,
+                     Tensor inp, Tensor weight, bool weight_out_by_in) {
   const MatmulShape s = check_matmul(inp, weight, weight_out_by_in);
   check_rows_cols(dout, "matmul dout", s.N, s.OC);
   if (!dinp.empty()) check_rows_cols(dinp, "matmul dinp", s.N, s.C);
@@ -143,15 +141,15 @@ void matmul_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tensor 
       << "matmul dweight " << dweight.shape_str() << " must match weight " << weight.shape_str();
   if (!dbias.empty()) {
     check_float_tensor(dbias, "matmul dbias");
-    DSTRAIN_CHECK(dbias.numel() == s.OC) << "matmul dbias " << dbias.shape_str()
-                                         << " must have " << s.OC << " elements";
+    DSTRAIN_CHECK(dbias.numel() == s.OC)
+        << "matmul dbias " << dbias.shape_str() << " must have " << s.OC << " elements";
   }
   const F32View dy(ctx, dout), x(ctx, inp);
   if (!dinp.empty()) {
     // dinp (N,C) = dout (N,OC) @ W^T: weight (C,OC) transposed, or weight (OC,C) as is.
     const F32View w(ctx, weight);
-    const Operand b = weight_out_by_in ? Operand{w.data(), s.C, false}
-                                       : Operand{w.data(), s.OC, true};
+    const Operand b =
+        weight_out_by_in ? Operand{w.data(), s.C, false} : Operand{w.data(), s.OC, true};
     tiled_gemm(ctx, dinp, s.N, s.C, s.OC, Operand{dy.data(), s.OC, false}, b, nullptr, false);
   }
   if (weight_out_by_in) {

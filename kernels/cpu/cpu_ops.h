@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "core/check.h"
@@ -98,8 +99,7 @@ template <class T>
 inline void accumulate_typed(T* dst, const float* values, int64_t count) {
   for (int64_t i = 0; i < count; ++i) dst[i] = store_as<T>(load_f32(dst[i]) + values[i]);
 }
-inline void accumulate_span(const Tensor& t, int64_t offset, int64_t count,
-                            const float* values) {
+inline void accumulate_span(const Tensor& t, int64_t offset, int64_t count, const float* values) {
   switch (t.dtype) {
     case DType::F16:
       accumulate_typed(static_cast<half_t*>(t.data) + offset, values, count);
@@ -119,7 +119,7 @@ class F32View {
   const float* data() const { return data_; }
 
  private:
-  std::vector<float> converted_;
+  std::unique_ptr<float[]> converted_;  // not zero-filled: every element is written
   const float* data_ = nullptr;
 };
 
@@ -159,8 +159,7 @@ inline int64_t num_chunks(int64_t n) { return (n + kElementChunk - 1) / kElement
 void fill_zero(const CpuContext& ctx, Tensor t);
 void copy(const CpuContext& ctx, Tensor dst, Tensor src);
 
-void embedding_forward(const CpuContext& ctx, Tensor out, Tensor tokens, Tensor wte,
-                       Tensor wpe);
+void embedding_forward(const CpuContext& ctx, Tensor out, Tensor tokens, Tensor wte, Tensor wpe);
 void embedding_backward(const CpuContext& ctx, Tensor dwte, Tensor dwpe, Tensor dout,
                         Tensor tokens);
 void layernorm_forward(const CpuContext& ctx, Tensor out, Tensor mean, Tensor rstd, Tensor inp,
@@ -176,15 +175,15 @@ void softmax_cross_entropy(const CpuContext& ctx, Tensor losses, Tensor dlogits,
 
 void matmul_forward(const CpuContext& ctx, Tensor out, Tensor inp, Tensor weight, Tensor bias,
                     bool weight_out_by_in);
-void matmul_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias,
-                     Tensor dout, Tensor inp, Tensor weight, bool weight_out_by_in);
+void matmul_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout,
+                     Tensor inp, Tensor weight, bool weight_out_by_in);
 
 void attention_forward(const CpuContext& ctx, Tensor out, Tensor lse, Tensor qkv, int n_head);
-void attention_backward(const CpuContext& ctx, Tensor dqkv, Tensor dout, Tensor qkv,
-                        Tensor out, Tensor lse, int n_head);
+void attention_backward(const CpuContext& ctx, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,
+                        Tensor lse, int n_head);
 
-void adamw(const CpuContext& ctx, Tensor param, Tensor grad, Tensor m, Tensor v,
-           Tensor param_copy, const AdamWStep& step);
+void adamw(const CpuContext& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy,
+           const AdamWStep& step);
 double sum_squares(const CpuContext& ctx, Tensor x);
 void scale(const CpuContext& ctx, Tensor x, float s);
 bool has_inf_or_nan(const CpuContext& ctx, Tensor x);

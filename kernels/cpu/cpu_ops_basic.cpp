@@ -42,15 +42,14 @@ void check_tokens(const Tensor& tokens, int64_t B, int64_t T, int64_t vocab) {
 // ---------------------------------------------------------------------------------------------
 // embedding
 
-void embedding_forward(const CpuContext& ctx, Tensor out, Tensor tokens, Tensor wte,
-                       Tensor wpe) {
+void embedding_forward(const CpuContext& ctx, Tensor out, Tensor tokens, Tensor wte, Tensor wpe) {
   check_float_tensor(out, "embedding out");
   check_float_tensor(wte, "wte");
   check_float_tensor(wpe, "wpe");
   DSTRAIN_CHECK(out.ndim == 3) << "embedding out " << out.shape_str() << " must be (B, T, C)";
   const int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
-  DSTRAIN_CHECK(wte.ndim == 2 && wte.shape[1] == C) << "wte " << wte.shape_str()
-                                                     << " must be (Vp, " << C << ")";
+  DSTRAIN_CHECK(wte.ndim == 2 && wte.shape[1] == C)
+      << "wte " << wte.shape_str() << " must be (Vp, " << C << ")";
   DSTRAIN_CHECK(wpe.ndim == 2 && wpe.shape[1] == C && wpe.shape[0] >= T)
       << "wpe " << wpe.shape_str() << " must be (maxT >= " << T << ", " << C << ")";
   check_tokens(tokens, B, T, wte.shape[0]);
@@ -73,11 +72,10 @@ void embedding_backward(const CpuContext& ctx, Tensor dwte, Tensor dwpe, Tensor 
   check_float_tensor(dwte, "dwte");
   check_float_tensor(dwpe, "dwpe");
   check_float_tensor(dout, "embedding dout");
-  DSTRAIN_CHECK(dout.ndim == 3) << "embedding dout " << dout.shape_str()
-                                << " must be (B, T, C)";
+  DSTRAIN_CHECK(dout.ndim == 3) << "embedding dout " << dout.shape_str() << " must be (B, T, C)";
   const int64_t B = dout.shape[0], T = dout.shape[1], C = dout.shape[2];
-  DSTRAIN_CHECK(dwte.ndim == 2 && dwte.shape[1] == C) << "dwte " << dwte.shape_str()
-                                                       << " must be (Vp, " << C << ")";
+  DSTRAIN_CHECK(dwte.ndim == 2 && dwte.shape[1] == C)
+      << "dwte " << dwte.shape_str() << " must be (Vp, " << C << ")";
   DSTRAIN_CHECK(dwpe.ndim == 2 && dwpe.shape[1] == C && dwpe.shape[0] >= T)
       << "dwpe " << dwpe.shape_str() << " must be (maxT >= " << T << ", " << C << ")";
   check_tokens(tokens, B, T, dwte.shape[0]);
@@ -91,7 +89,8 @@ void embedding_backward(const CpuContext& ctx, Tensor dwte, Tensor dwpe, Tensor 
                    [&](int64_t x, int64_t y) { return ids[x] < ids[y]; });
   std::vector<int64_t> group_begin;
   for (size_t i = 0; i < order.size(); ++i) {
-    if (i == 0 || ids[order[i]] != ids[order[i - 1]]) group_begin.push_back(static_cast<int64_t>(i));
+    if (i == 0 || ids[order[i]] != ids[order[i - 1]])
+      group_begin.push_back(static_cast<int64_t>(i));
   }
   group_begin.push_back(static_cast<int64_t>(order.size()));
   const int64_t groups = static_cast<int64_t>(group_begin.size()) - 1;
@@ -136,8 +135,8 @@ void layernorm_forward(const CpuContext& ctx, Tensor out, Tensor mean, Tensor rs
   check_same_numel(out, "layernorm out", inp, "inp");
   DSTRAIN_CHECK(cols_of(out) == C) << "layernorm out " << out.shape_str();
   DSTRAIN_CHECK(mean.numel() == N && rstd.numel() == N)
-      << "layernorm mean " << mean.shape_str() << " and rstd " << rstd.shape_str()
-      << " must have " << N << " elements";
+      << "layernorm mean " << mean.shape_str() << " and rstd " << rstd.shape_str() << " must have "
+      << N << " elements";
   DSTRAIN_CHECK(weight.numel() == C && bias.numel() == C)
       << "layernorm weight " << weight.shape_str() << " and bias " << bias.shape_str()
       << " must have " << C << " elements";
@@ -183,8 +182,8 @@ void layernorm_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tens
   DSTRAIN_CHECK(cols_of(dinp) == C && cols_of(dout) == C)
       << "layernorm dinp " << dinp.shape_str() << ", dout " << dout.shape_str();
   DSTRAIN_CHECK(mean.numel() == N && rstd.numel() == N)
-      << "layernorm mean " << mean.shape_str() << " and rstd " << rstd.shape_str()
-      << " must have " << N << " elements";
+      << "layernorm mean " << mean.shape_str() << " and rstd " << rstd.shape_str() << " must have "
+      << N << " elements";
   DSTRAIN_CHECK(weight.numel() == C && dweight.numel() == C && dbias.numel() == C)
       << "layernorm weight " << weight.shape_str() << ", dweight " << dweight.shape_str()
       << ", dbias " << dbias.shape_str() << " must have " << C << " elements";
@@ -246,8 +245,8 @@ void layernorm_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tens
 // out = f(a[, b]) elementwise over fixed chunks; f(y, x0, x1, count) fills y from the inputs.
 // Inputs are loaded before the output is written, so out may alias an input.
 template <class F>
-static void elementwise(const CpuContext& ctx, const Tensor& out, const Tensor& a,
-                        const Tensor* b, F&& f) {
+static void elementwise(const CpuContext& ctx, const Tensor& out, const Tensor& a, const Tensor* b,
+                        F&& f) {
   const int64_t n = out.numel();
   ThreadScratch scratch(ctx, 3 * kElementChunk);
   parallel_for(ctx, num_chunks(n), [&](int64_t chunk, int thread) {
@@ -279,8 +278,7 @@ void gelu_backward(const CpuContext& ctx, Tensor dinp, Tensor dout, Tensor inp) 
   check_float_tensor(inp, "gelu inp");
   check_same_numel(dinp, "gelu dinp", inp, "inp");
   check_same_numel(dout, "gelu dout", inp, "inp");
-  elementwise(ctx, dinp, inp, &dout, [](float* dx, const float* x, const float* dy,
-                                        int64_t count) {
+  elementwise(ctx, dinp, inp, &dout, [](float* dx, const float* x, const float* dy, int64_t count) {
     for (int64_t i = 0; i < count; ++i) {
       const float cube = kGeluCubic * x[i] * x[i] * x[i];
       const float tanh_out = std::tanh(kGeluScale * (x[i] + cube));
@@ -309,8 +307,7 @@ void accumulate(const CpuContext& ctx, Tensor dst, Tensor src) {
   check_float_tensor(dst, "accumulate dst");
   check_float_tensor(src, "accumulate src");
   check_same_numel(dst, "accumulate dst", src, "src");
-  elementwise(ctx, dst, dst, &src, [](float* y, const float* x0, const float* x1,
-                                      int64_t count) {
+  elementwise(ctx, dst, dst, &src, [](float* y, const float* x0, const float* x1, int64_t count) {
     for (int64_t i = 0; i < count; ++i) y[i] = x0[i] + x1[i];
   });
 }
@@ -324,11 +321,11 @@ void softmax_cross_entropy(const CpuContext& ctx, Tensor losses, Tensor dlogits,
   check_tensor_dtype(losses, DType::F32, "losses");
   check_tensor_dtype(targets, DType::I32, "targets");
   const int64_t Vp = cols_of(logits), N = rows_of(logits), V = vocab;
-  DSTRAIN_CHECK(V > 0 && V <= Vp) << "vocab " << V << " must be in [1, " << Vp
-                                  << "] for logits " << logits.shape_str();
+  DSTRAIN_CHECK(V > 0 && V <= Vp) << "vocab " << V << " must be in [1, " << Vp << "] for logits "
+                                  << logits.shape_str();
   DSTRAIN_CHECK(losses.numel() == N && targets.numel() == N)
-      << "losses " << losses.shape_str() << " and targets " << targets.shape_str()
-      << " must have " << N << " elements (logits " << logits.shape_str() << ")";
+      << "losses " << losses.shape_str() << " and targets " << targets.shape_str() << " must have "
+      << N << " elements (logits " << logits.shape_str() << ")";
   const bool with_grad = !dlogits.empty();
   if (with_grad) {
     check_float_tensor(dlogits, "dlogits");

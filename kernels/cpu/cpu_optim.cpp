@@ -15,8 +15,8 @@ namespace dstrain::cpu {
 //   param.addcdiv_(m, denom, value=-lr / bias_correction1)
 // Python-float scalars are computed in double and become float where the tensor op uses them;
 // addcmul is self + (value * t1) * t2 and addcdiv self + (value * t1) / t2, as in ATen.
-void adamw(const CpuContext& ctx, Tensor param, Tensor grad, Tensor m, Tensor v,
-           Tensor param_copy, const AdamWStep& step) {
+void adamw(const CpuContext& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy,
+           const AdamWStep& step) {
   check_tensor_dtype(param, DType::F32, "adamw param");
   check_tensor_dtype(m, DType::F32, "adamw m");
   check_tensor_dtype(v, DType::F32, "adamw v");
@@ -27,8 +27,8 @@ void adamw(const CpuContext& ctx, Tensor param, Tensor grad, Tensor m, Tensor v,
       << m.shape_str() << ", v " << v.shape_str() << " must have the same number of elements";
   if (!param_copy.empty()) {
     check_float_tensor(param_copy, "adamw param_copy");
-    DSTRAIN_CHECK(param_copy.numel() == n) << "adamw param_copy " << param_copy.shape_str()
-                                           << " must have " << n << " elements";
+    DSTRAIN_CHECK(param_copy.numel() == n)
+        << "adamw param_copy " << param_copy.shape_str() << " must have " << n << " elements";
   }
   DSTRAIN_CHECK(step.step >= 1) << "adamw step " << step.step << " must be >= 1 (1-based)";
 

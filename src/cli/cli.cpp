@@ -7,6 +7,7 @@
 
 #include <boost/program_options.hpp>
 
+#include "cli/commands.h"
 #include "core/check.h"
 #include "data/prepare.h"
 #include "model/config.h"
@@ -58,8 +59,12 @@ po::options_description train_flags(TrainOptions& o) {
   po::options_description hardware("Hardware");
   hardware.add_options()
       ("device", po::value(&o.device)->default_value(o.device), "auto | cpu | cuda")
-      ("gpus", po::value(&o.gpus)->default_value(o.gpus)->value_name("N"), "number of ranks")
-      ("threads", po::value(&o.threads)->default_value(o.threads)->value_name("N"), "CPU backend threads (0: all cores)");
+      ("gpus", po::value(&o.gpus)->default_value(o.gpus)->value_name("N"), "number of ranks: GPUs, or on the CPU backend threads that act as ranks")
+      ("threads", po::value(&o.threads)->default_value(o.threads)->value_name("N"), "CPU backend threads in all, shared by the ranks (0: all cores)")
+      ("zero", po::value(&o.zero)->default_value(o.zero)->value_name("STAGE"), "ZeRO stage: 0 replicated, 1 optimizer state sharded, 2 + gradients, 3 + parameters")
+      ("recompute", po::value(&o.recompute)->default_value(o.recompute)->value_name("MODE"), "activation checkpointing: none | selective (layernorm, GELU) | full (whole layers)")
+      ("offload", po::bool_switch(&o.offload), "keep fp32 master weights and Adam moments in host memory and step there")
+      ("comm-timeout", po::value(&o.comm_timeout)->default_value(o.comm_timeout, "600")->value_name("SECONDS"), "fail a rank stuck in a collective after this long");
   po::options_description output("Output");
   output.add_options()
       ("log", po::value(&o.log)->value_name("FILE"), "JSONL log: one record per step and per eval")
@@ -80,6 +85,8 @@ void print_usage(std::ostream& out, const po::options_description& flags) {
       << "Usage:\n"
       << "  dstrain [train] [flags]                 train (the default command)\n"
       << "  dstrain prepare --input FILE.txt --out DIR   byte-tokenize a text file into shards\n"
+      << "  dstrain topo [--json] [--from-nvidia-smi FILE --gpu NAME]   how the GPUs are wired\n"
+      << "  dstrain plan --model M [--gpus N] [...]   choose a parallel plan (dstrain plan --help)\n"
       << "  dstrain --help | --version\n\n"
       << "With no flags, dstrain trains the tiny model on its built-in synthetic corpus.\n"
       << flags << "\n";
@@ -161,6 +168,8 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
     }
     if (command == "train") return run_train(args, out);
     if (command == "prepare") return run_prepare(args, out);
+    if (command == "topo") return run_topo_command(args, out);
+    if (command == "plan") return run_plan_command(args, out);
     DSTRAIN_USER_ERROR() << "unknown command '" << command
                          << "' (commands: train, prepare; see dstrain --help)";
   } catch (const UserError& error) {

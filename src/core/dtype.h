@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 
@@ -26,10 +27,76 @@ struct bf16_t {
   uint16_t bits;
 };
 
-uint16_t fp32_to_fp16_bits(float value);   // RNE; overflow -> inf; NaN stays NaN
-float fp16_bits_to_fp32(uint16_t bits);
-uint16_t fp32_to_bf16_bits(float value);   // RNE; NaN stays NaN (quiet)
-float bf16_bits_to_fp32(uint16_t bits);
+// fp32_to_fp16_bits: RNE; overflow -> inf; NaN stays NaN. fp32_to_bf16_bits: RNE; NaN stays
+// NaN (quiet). Inline: every fp16/bf16 load and store of the CPU backend goes through them.
+namespace dtype_detail {
+inline uint32_t float_bits(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  return bits;
+}
+
+inline float bits_float(uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, 4);
+  return value;
+}
+
+}  // namespace dtype_detail
+
+using dtype_detail::bits_float;
+using dtype_detail::float_bits;
+
+inline uint16_t fp32_to_fp16_bits(float value) {
+  const uint32_t x = float_bits(value);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN -> quiet NaN
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u); // rounds to >= 65520: inf
+  const int32_t exponent = static_cast<int32_t>(abs >> 23) - 127;
+  if (exponent >= -14) {
+    // Normal half: keep 10 mantissa bits, round the dropped 13 to nearest even.
+    uint32_t mantissa = abs & 0x7fffffu;
+    uint32_t half = (static_cast<uint32_t>(exponent + 15) << 10) | (mantissa >> 13);
+    const uint32_t rest = mantissa & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) half += 1;  // may carry into exponent
+    return static_cast<uint16_t>(sign | half);
+  }
+  if (exponent < -25) return sign;  // below half the smallest subnormal: +-0
+  // Subnormal half: value = m * 2^-24 with m < 1024.
+  const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;  // implicit 1
+  const int shift = -exponent - 14 + 13;                     // 14..24
+  uint32_t half = mantissa >> shift;
+  const uint32_t rest = mantissa & ((1u << shift) - 1);
+  const uint32_t halfway = 1u << (shift - 1);
+  if (rest > halfway || (rest == halfway && (half & 1u))) half += 1;
+  return static_cast<uint16_t>(sign | half);
+}
+
+inline float fp16_bits_to_fp32(uint16_t bits) {
+  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
+  const uint32_t exponent = (bits >> 10) & 0x1fu;
+  const uint32_t mantissa = bits & 0x3ffu;
+  if (exponent == 0x1f) return bits_float(sign | 0x7f800000u | (mantissa << 13));
+  if (exponent == 0) {
+    if (mantissa == 0) return bits_float(sign);
+    // Subnormal: exact in fp32.
+    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
+    return sign ? -magnitude : magnitude;
+  }
+  return bits_float(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+inline uint16_t fp32_to_bf16_bits(float value) {
+  const uint32_t x = float_bits(value);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
+  const uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>((x + rounding) >> 16);
+}
+
+inline float bf16_bits_to_fp32(uint16_t bits) { return bits_float(static_cast<uint32_t>(bits) << 16); }
+
+
 
 // Load a stored value as fp32 / store an fp32 value rounded to the storage type.
 inline float load_f32(float v) { return v; }

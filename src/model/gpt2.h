@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/allocator.h"
@@ -30,20 +31,39 @@ class ParamProvider {
   virtual void release_grads(int block) {}
 };
 
-// The memory one Gpt2 instance allocates for a micro-batch of (B, T).
+// Activation checkpointing. Full: each layer keeps only its output (the next layer's input)
+// and backward recomputes the layer from its input. Selective: the cheap parts (layernorm
+// and GELU outputs) are recomputed, the rest kept. Gradients are bitwise the same either way.
+enum class Recompute { None, Selective, Full };
+const char* recompute_name(Recompute recompute);
+Recompute parse_recompute(const std::string& name);  // "none" | "selective" | "full"
+
+// Ids of one layer's activations in Gpt2Buffers::activations (recomputed ones are shared by
+// all layers).
+struct Gpt2LayerIds {
+  int ln1, ln1_mean, ln1_rstd, qkv, atty, att_lse, residual2, ln2, ln2_mean, ln2_rstd, fch,
+      fch_gelu, output;
+};
+
+// The memory one Gpt2 instance allocates for a micro-batch of (B, T): the single source of
+// truth for activation and workspace bytes (the planner calls this too).
 struct Gpt2Buffers {
   ArenaPlan activations;  // kept from forward to backward (MemCategory::Activations)
   ArenaPlan workspace;    // logits, activation gradients, scratch (MemCategory::Workspace)
+  Recompute recompute = Recompute::None;
+  int encoded = -1, lnf = -1, lnf_mean = -1, lnf_rstd = -1, losses = -1;
+  std::vector<Gpt2LayerIds> layers;
+  int logits = -1, scratch = -1, dresidual = -1, dbtc = -1, dqkv = -1, dfch = -1, dfch_gelu = -1;
 };
 Gpt2Buffers plan_gpt2_buffers(const ModelConfig& config, int64_t B, int64_t T, DType act_dtype,
-                              bool with_backward);
+                              bool with_backward, Recompute recompute = Recompute::None);
 
 class Gpt2 {
  public:
   // Allocates activations and workspace for micro-batches of at most (B, T).
   // REQUIRES: T <= config.n_positions.
   Gpt2(const ModelConfig& config, Backend& backend, Allocator& allocator, int64_t B, int64_t T,
-       DType act_dtype, bool with_backward);
+       DType act_dtype, bool with_backward, Recompute recompute = Recompute::None);
 
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -59,19 +79,19 @@ class Gpt2 {
   // gradients of every block.
   void backward(ParamProvider& params, Tensor tokens, Stream stream);
 
-  // (b, T', Vp) logits of the last forward.
+  // (b, T', Vp) logits of the last forward (after a forward with dloss != 0: their gradient).
   Tensor logits() const;
   // (b, T') per-token losses of the last forward (F32).
   Tensor losses() const;
 
  private:
-  struct LayerActs {
-    int ln1, ln1_mean, ln1_rstd, qkv, atty, att_lse, residual2, ln2, ln2_mean, ln2_rstd, fch,
-        fch_gelu, output;
-  };
   Tensor act(int id, std::initializer_list<int64_t> dims) const;
   Tensor work(int id, std::initializer_list<int64_t> dims) const;
   Tensor layer_input(int layer, int64_t b, int64_t t) const;
+  // Runs layer `layer` forward from its input into its activations (also in backward, to
+  // recompute what was not kept).
+  void layer_forward(int layer, const std::vector<Tensor>& w, int64_t b, int64_t t,
+                     Stream stream);
 
   ModelConfig config_;
   ParamLayout layout_;
@@ -81,10 +101,6 @@ class Gpt2 {
   bool with_backward_;
   Gpt2Buffers plan_;
   Buffer activations_, workspace_;
-  std::vector<LayerActs> layer_acts_;
-  int encoded_, lnf_, lnf_mean_, lnf_rstd_, losses_;
-  int logits_, dlogits_ = -1, scratch_, dresidual_ = -1, dbtc_ = -1, dqkv_ = -1, dfch_ = -1,
-      dfch_gelu_ = -1;
   int64_t last_b_ = 0, last_t_ = 0;
   bool have_dlogits_ = false;
 };

@@ -15,13 +15,15 @@ std::string step_dir_name(int64_t step) {
   return name;
 }
 
-std::string save_checkpoint(const std::string& out_dir, int64_t step, const ModelState& state,
-                            const nlohmann::json& trainer_state) {
+std::string save_checkpoint(const std::string& out_dir, int64_t step, const ModelConfig& config,
+                            const FullTrainingState& state, const nlohmann::json& trainer_state) {
   const fs::path final_path = fs::path(out_dir) / step_dir_name(step);
+  const ParamLayout layout(config);
   StagingDir staging(final_path);
-  state.save_weights((staging.path() / "model.safetensors").string());
-  state.save_optimizer((staging.path() / "optimizer.safetensors").string());
-  write_file_atomic(staging.path() / "config.json", state.config().to_json().dump(2) + "\n");
+  save_weights(layout, state.params, (staging.path() / "model.safetensors").string());
+  save_optimizer(layout, state.exp_avg, state.exp_avg_sq,
+                 (staging.path() / "optimizer.safetensors").string());
+  write_file_atomic(staging.path() / "config.json", config.to_json().dump(2) + "\n");
   // trainer.json last: its presence with "complete" marks a checkpoint written to the end.
   nlohmann::json trainer = trainer_state;
   trainer["step"] = step;
@@ -70,9 +72,11 @@ CheckpointInfo open_checkpoint(const std::string& path) {
   return info;
 }
 
-void load_checkpoint(const CheckpointInfo& info, ModelState& state) {
-  state.load_weights((fs::path(info.dir) / "model.safetensors").string());
-  state.load_optimizer((fs::path(info.dir) / "optimizer.safetensors").string());
+void load_checkpoint(const CheckpointInfo& info, const FullTrainingState& state) {
+  const ParamLayout layout(info.config);
+  load_weights(layout, state.params, (fs::path(info.dir) / "model.safetensors").string());
+  load_optimizer(layout, state.exp_avg, state.exp_avg_sq,
+                 (fs::path(info.dir) / "optimizer.safetensors").string());
 }
 
 }  // namespace dstrain

@@ -11,13 +11,21 @@
 #include <nlohmann/json.hpp>
 
 #include "model/config.h"
-#include "train/model_state.h"
+#include "model/layout.h"
+#include "train/weights_io.h"
 
 namespace dstrain {
 
+// The full training state a checkpoint holds (gathered from the ranks).
+struct FullTrainingState {
+  explicit FullTrainingState(const ParamLayout& layout)
+      : params(layout), exp_avg(layout), exp_avg_sq(layout) {}
+  HostBlocks params, exp_avg, exp_avg_sq;
+};
+
 // Writes OUT/step-<step>/ and then OUT/latest. Returns the checkpoint directory.
-std::string save_checkpoint(const std::string& out_dir, int64_t step, const ModelState& state,
-                            const nlohmann::json& trainer_state);
+std::string save_checkpoint(const std::string& out_dir, int64_t step, const ModelConfig& config,
+                            const FullTrainingState& state, const nlohmann::json& trainer_state);
 
 struct CheckpointInfo {
   std::string dir;              // the step directory
@@ -31,7 +39,7 @@ struct CheckpointInfo {
 CheckpointInfo open_checkpoint(const std::string& path);
 
 // Loads the weights and optimizer state of `info` into `state`.
-void load_checkpoint(const CheckpointInfo& info, ModelState& state);
+void load_checkpoint(const CheckpointInfo& info, const FullTrainingState& state);
 
 std::string step_dir_name(int64_t step);  // "step-000100"
 

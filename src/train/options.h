@@ -17,7 +17,7 @@ struct TrainOptions {
   int64_t seq_len = 64;            // T
   int64_t grad_accum = 1;
   // optimization
-  int64_t steps = 400;             // total optimizer steps of the run (a resume continues to it)
+  int64_t steps = 1500;            // total optimizer steps of the run (a resume continues to it)
   double lr = 3e-3;
   std::string lr_schedule = "cosine";
   int64_t warmup = 20;
@@ -32,10 +32,14 @@ struct TrainOptions {
   // hardware
   std::string device = "auto";     // auto | cpu | cuda
   int gpus = 1;
-  int threads = 0;                 // CPU backend threads; 0: all cores
+  int threads = 0;                 // CPU backend threads in all; 0: all cores
+  int zero = 0;                    // ZeRO stage 0..3
+  bool offload = false;            // optimizer state and step on the host
+  std::string recompute = "none";  // none | selective | full
+  double comm_timeout = 600.0;     // seconds a rank may wait in one collective
   // output
   std::string log;                 // JSONL file
-  int64_t eval_every = 100;        // 0 disables
+  int64_t eval_every = 250;        // 0 disables
   int64_t eval_batches = 16;
   std::string out;                 // checkpoint directory
   int64_t save_every = 0;          // 0: only the final checkpoint

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <thread>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -22,7 +24,8 @@
 #include "optim/schedule.h"
 #include "train/checkpoint.h"
 #include "train/jsonl_log.h"
-#include "train/model_state.h"
+#include "parallel/sharded_model.h"
+#include "comm/communicator.h"
 
 namespace dstrain {
 
@@ -45,9 +48,9 @@ struct Datasets {
 };
 
 Datasets open_datasets(const TrainOptions& options, const ModelConfig& config, int64_t B,
-                       int64_t T) {
+                       int64_t T, int world) {
   Datasets data;
-  const size_t window = static_cast<size_t>(B * T + 1);
+  const size_t window = static_cast<size_t>(world * B * T + 1);
   if (options.data.empty() || options.data == "synthetic") {
     DSTRAIN_USER_CHECK(options.val_data.empty())
         << "--val-data needs --data (the synthetic corpus makes its own validation stream)";
@@ -56,7 +59,7 @@ Datasets open_datasets(const TrainOptions& options, const ModelConfig& config, i
         << "the synthetic corpus has " << corpus.vocab_size() << " tokens but the model's "
         << "vocab_size is " << config.vocab_size;
     // Enough tokens that the run rarely repeats a window, within a bounded memory.
-    const int64_t wanted = options.steps * options.grad_accum * B * T + 1;
+    const int64_t wanted = options.steps * options.grad_accum * world * B * T + 1;
     const size_t train_tokens = static_cast<size_t>(
         std::clamp<int64_t>(wanted, 1 << 20, int64_t{1} << 25));
     const size_t val_tokens = std::max<size_t>(window * static_cast<size_t>(options.eval_batches),
@@ -124,9 +127,10 @@ void validate_options(const TrainOptions& options) {
   DSTRAIN_USER_CHECK(options.resume.empty() || options.init_from.empty())
       << "--resume and --init-from exclude each other (a resume restores the weights)";
   DSTRAIN_USER_CHECK(options.gpus >= 1) << "--gpus must be at least 1";
-  DSTRAIN_USER_CHECK(options.gpus == 1)
-      << "--gpus " << options.gpus << ": multi-rank training (data parallel and ZeRO) is not "
-      << "implemented yet in this build; run with --gpus 1";
+  DSTRAIN_USER_CHECK(options.gpus <= 64) << "--gpus " << options.gpus << " is more ranks than one machine holds (at most 64)";
+  DSTRAIN_USER_CHECK(options.zero >= 0 && options.zero <= 3)
+      << "--zero must be 0, 1, 2 or 3, not " << options.zero;
+  DSTRAIN_USER_CHECK(options.comm_timeout > 0) << "--comm-timeout must be positive (seconds)";
   DSTRAIN_USER_CHECK(options.device == "auto" || options.device == "cpu" ||
                      options.device == "cuda")
       << "--device must be auto, cpu or cuda, not '" << options.device << "'";
@@ -145,10 +149,25 @@ void validate_options(const TrainOptions& options) {
 nlohmann::json run_fingerprint(const TrainOptions& options, const ModelConfig& config) {
   return nlohmann::json{{"batch", options.batch},         {"seq_len", options.seq_len},
                         {"grad_accum", options.grad_accum}, {"shuffle", options.shuffle},
+                        {"ranks", options.gpus},
                         {"seed", options.seed},           {"precision", options.precision},
                         {"data", options.data.empty() ? "synthetic" : options.data},
                         {"vocab_size", config.vocab_size}};
 }
+
+// A ParamProvider over full host copies: for sampling after training (no gradients).
+class HostParams : public ParamProvider {
+ public:
+  explicit HostParams(const HostBlocks& blocks) : blocks_(blocks) {}
+  Tensor acquire_params(int block) override { return blocks_.block(block); }
+  Tensor acquire_grads(int block) override {
+    DSTRAIN_CHECK(false) << "HostParams has no gradients";
+    return Tensor();
+  }
+
+ private:
+  const HostBlocks& blocks_;
+};
 
 class ProgressPrinter {
  public:
@@ -189,7 +208,7 @@ class ProgressPrinter {
 
 // Samples `count` tokens after `prompt` with temperature 1, seeded: the model in action.
 std::vector<int32_t> sample_tokens(const ModelConfig& config, Backend& backend,
-                                   Allocator& allocator, ModelState& state,
+                                   Allocator& allocator, ParamProvider& state,
                                    std::vector<int32_t> prompt, int64_t count, int64_t T,
                                    uint64_t seed) {
   Gpt2 model(config, backend, allocator, 1, T, DType::F32, false);
@@ -221,196 +240,247 @@ std::vector<int32_t> sample_tokens(const ModelConfig& config, Backend& backend,
 
 }  // namespace
 
-TrainSummary train(const TrainOptions& given, std::ostream& out) {
-  TrainOptions options = given;
-  validate_options(options);
+namespace {
 
-  // The model: from the checkpoint on resume (a different --model is an error).
-  std::optional<CheckpointInfo> resume;
+// What every rank shares, read-only, plus the outputs only rank 0 writes.
+struct RunContext {
+  TrainOptions options;
   ModelConfig config;
-  if (!options.resume.empty()) {
-    resume = open_checkpoint(options.resume);
-    config = resume->config;
-    if (!options.model.empty()) {
-      const ModelConfig asked = load_model_config(options.model);
-      DSTRAIN_USER_CHECK(asked.to_json() == config.to_json())
-          << "--model " << options.model << " differs from the model of checkpoint "
-          << resume->dir << "; drop --model to resume it";
-    }
-  } else {
-    config = load_model_config(options.model.empty() ? "tiny" : options.model);
+  LrScheduleConfig schedule;
+  ShardingConfig sharding;
+  Recompute recompute = Recompute::None;
+  Datasets* data = nullptr;
+  const FullTrainingState* initial = nullptr;  // the starting weights (and moments on resume)
+  bool have_moments = false;
+  int64_t first_step = 0;
+  nlohmann::json data_state;                   // loader position on resume, else null
+  nlohmann::json fingerprint;
+  std::optional<CheckpointInfo> resume;
+  JsonlLog* log = nullptr;
+  ProgressPrinter* progress = nullptr;
+  TrainSummary* summary = nullptr;
+  std::ostream* out = nullptr;
+};
+
+std::string memory_line(const std::array<size_t, kNumMemCategories>& bytes) {
+  std::ostringstream text;
+  size_t total = 0;
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    total += bytes[c];
+    if (bytes[c] == 0) continue;
+    text << " " << mem_category_name(static_cast<MemCategory>(c)) << " " << format_bytes(bytes[c])
+         << ";";
   }
+  text << " total " << format_bytes(total);
+  return text.str();
+}
+
+// Per category, the largest count any rank reports (all ranks get it).
+std::array<size_t, kNumMemCategories> max_over_ranks(Communicator& comm,
+                                                     const std::array<size_t, kNumMemCategories>& mine) {
+  // Exact 64-bit values through an I32 all-gather: each value as two 31-bit halves.
+  constexpr int kWords = 2 * kNumMemCategories;
+  std::vector<int32_t> local(kWords), all(static_cast<size_t>(kWords * comm.size()));
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    local[2 * c] = static_cast<int32_t>(mine[c] >> 31);
+    local[2 * c + 1] = static_cast<int32_t>(mine[c] & 0x7fffffff);
+  }
+  comm.all_gather(Tensor(all.data(), DType::I32, {int64_t(all.size())}),
+                  Tensor(local.data(), DType::I32, {kWords}), nullptr);
+  std::array<size_t, kNumMemCategories> result{};
+  for (int r = 0; r < comm.size(); ++r) {
+    for (int c = 0; c < kNumMemCategories; ++c) {
+      const size_t value = (static_cast<size_t>(all[r * kWords + 2 * c]) << 31) |
+                           static_cast<size_t>(all[r * kWords + 2 * c + 1]);
+      result[c] = std::max(result[c], value);
+    }
+  }
+  return result;
+}
+
+// The mean over ranks of a per-rank value (identity on one rank: keeps fp64).
+double mean_over_ranks(Communicator& comm, double value) {
+  if (comm.size() == 1) return value;
+  float local = static_cast<float>(value);
+  comm.all_reduce(Tensor(&local, DType::F32, {1}), ReduceOp::Sum, nullptr);
+  return static_cast<double>(local) / comm.size();
+}
+
+void run_rank(const RunContext& ctx, Communicator& comm) {
+  const TrainOptions& options = ctx.options;
+  const ModelConfig& config = ctx.config;
+  const int rank = comm.rank(), world = comm.size();
+  const bool leader = rank == 0;
   const int64_t B = options.batch, T = options.seq_len, accum = options.grad_accum;
-  DSTRAIN_USER_CHECK(T <= config.n_positions)
-      << "--seq-len " << T << " is longer than the model's n_positions " << config.n_positions;
-  if (options.min_lr < 0) options.min_lr = options.lr / 10;
-  const LrScheduleConfig schedule{parse_lr_schedule(options.lr_schedule), options.lr,
-                                  options.min_lr, options.warmup, options.steps};
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = std::max(1, (options.threads > 0 ? options.threads : cores) / world);
 
-  Datasets data = open_datasets(options, config, B, T);
-  DataLoader loader(data.train, LoaderOptions{B, T, 1, 0, options.shuffle, options.seed});
-  DataLoader val_loader(data.val, LoaderOptions{B, T, 1, 0, false, 0});
+  DataLoader loader(ctx.data->train,
+                    LoaderOptions{B, T, world, rank, options.shuffle, options.seed});
+  DataLoader val_loader(ctx.data->val, LoaderOptions{B, T, world, rank, false, 0});
+  if (!ctx.data_state.is_null()) loader.restore(ctx.data_state);
 
-  std::unique_ptr<Backend> backend = make_cpu_backend(options.threads);
-  std::unique_ptr<Allocator> allocator = make_cpu_allocator(0);
-  ModelState state(config, *allocator);
-  Gpt2 model(config, *backend, *allocator, B, T, DType::F32, true);
-  Buffer batch_buffer = allocator->allocate(MemCategory::Data, 2 * B * T * sizeof(int32_t));
+  std::unique_ptr<Backend> backend = make_cpu_backend(threads);
+  std::unique_ptr<Allocator> device = make_cpu_allocator(rank);
+  std::unique_ptr<Allocator> host = make_cpu_allocator(rank);
+  ShardedModel state(config, ctx.sharding, comm, *backend, *device, *host);
+  Gpt2 model(config, *backend, *device, B, T, DType::F32, true, ctx.recompute);
+  Buffer batch_buffer = device->allocate(MemCategory::Data, 2 * B * T * sizeof(int32_t));
   Tensor inputs = batch_buffer.view(DType::I32, {B, T});
   Tensor targets(static_cast<int32_t*>(batch_buffer.data()) + B * T, DType::I32, {B, T});
 
-  const nlohmann::json fingerprint = run_fingerprint(options, config);
-  int64_t first_step = 0;
-  if (resume) {
-    const nlohmann::json& trainer = resume->trainer_state;
-    if (trainer.contains("run")) {
-      for (const auto& [key, value] : fingerprint.items()) {
-        DSTRAIN_USER_CHECK(trainer["run"].contains(key) && trainer["run"][key] == value)
-            << "checkpoint " << resume->dir << " was trained with " << key << " = "
-            << (trainer["run"].contains(key) ? trainer["run"][key].dump() : "(unset)")
-            << ", this run has " << value.dump()
-            << "; resume with the same settings to continue the same run";
-      }
-    }
-    load_checkpoint(*resume, state);
-    first_step = trainer["step"].get<int64_t>();
-    DSTRAIN_USER_CHECK(trainer.contains("data")) << "checkpoint " << resume->dir
-                                                 << " has no data position in trainer.json";
-    loader.restore(trainer["data"]);
-    DSTRAIN_USER_CHECK(first_step < options.steps)
-        << "checkpoint " << resume->dir << " is at step " << first_step
-        << ", which already reaches --steps " << options.steps << "; raise --steps to train on";
-  } else if (!options.init_from.empty()) {
-    state.load_weights(options.init_from);
-  } else {
-    std::vector<Tensor> flats;
-    for (int block = 0; block < state.num_blocks(); ++block) flats.push_back(state.params(block));
-    init_gpt2_parameters(state.layout(), config, options.seed, flats);
+  state.set_full_params(ctx.initial->params.tensors());
+  if (ctx.have_moments) {
+    state.set_full_moments(0, ctx.initial->exp_avg.tensors());
+    state.set_full_moments(1, ctx.initial->exp_avg_sq.tensors());
   }
 
-  JsonlLog log;
-  if (!options.log.empty()) log = JsonlLog(options.log, resume.has_value());
-  ProgressPrinter progress(out, options.steps, options.quiet);
+  // Peak bytes by category, the largest over ranks (device and host allocators together).
+  std::array<size_t, kNumMemCategories> mine{};
+  for (const Allocator* allocator : {device.get(), host.get()}) {
+    const MemoryStats stats = allocator->stats();
+    for (int c = 0; c < kNumMemCategories; ++c) mine[c] += stats.peak[c];
+  }
+  const auto memory = max_over_ranks(comm, mine);
 
-  // What this run is, in a few lines.
-  const MemoryStats memory = allocator->stats();
-  {
+  if (leader) {
+    const TrainSummary& summary = *ctx.summary;
+    (void)summary;
     std::ostringstream text;
     text << "dstrain: model " << config.name << " (" << config.n_layer << " layers, "
          << config.n_embd << " channels, " << config.n_head << " heads, vocab "
          << config.vocab_size << ", " << std::fixed;
     text.precision(2);
     text << config.num_parameters() / 1e6 << "M parameters)\n";
-    text << "  data: " << data.description << "\n";
+    text << "  data: " << ctx.data->description << "\n";
     char lr_text[32];
     std::snprintf(lr_text, sizeof lr_text, "%.3g", options.lr);
-    text << "  batch " << B << " x " << T << " tokens x " << accum << " accumulation = "
-         << B * T * accum << " tokens per step; " << options.steps << " steps, lr " << lr_text
-         << " (" << options.lr_schedule << ", warmup " << options.warmup << ")\n";
-    text << "  backend: " << backend->name() << ", 1 rank, fp32\n";
-    text << "  memory:";
-    for (int c = 0; c < kNumMemCategories; ++c) {
-      if (memory.current[c] == 0) continue;
-      text << " " << mem_category_name(static_cast<MemCategory>(c)) << " "
-           << format_bytes(memory.current[c]) << ";";
-    }
-    text << " total " << format_bytes(memory.current_total);
-    if (resume) text << "\n  resuming " << resume->dir << " at step " << first_step;
-    if (data.entropy_floor) {
+    text << "  batch " << B << " x " << T << " tokens x " << accum << " accumulation x " << world
+         << (world == 1 ? " rank" : " ranks") << " = " << B * T * accum * world
+         << " tokens per step; " << options.steps << " steps, lr " << lr_text << " ("
+         << options.lr_schedule << ", warmup " << options.warmup << ")\n";
+    text << "  plan: " << world << (world == 1 ? " rank" : " ranks") << " on the CPU backend ("
+         << backend->name() << " each), ZeRO-" << ctx.sharding.zero
+         << (ctx.sharding.offload ? ", optimizer offloaded to host memory" : "")
+         << ", recompute " << recompute_name(ctx.recompute) << ", fp32\n";
+    text << "  memory per rank (peak, largest over ranks):" << memory_line(memory);
+    if (ctx.resume) text << "\n  resuming " << ctx.resume->dir << " at step " << ctx.first_step;
+    if (ctx.data->entropy_floor) {
       text.precision(4);
-      text << "\n  entropy floor of the corpus: " << *data.entropy_floor
+      text << "\n  entropy floor of the corpus: " << *ctx.data->entropy_floor
            << " nats/token (a model that sees only the previous token cannot go below "
-           << *data.entropy_previous_only << ")";
+           << *ctx.data->entropy_previous_only << ")";
     }
-    progress.message(text.str());
-  }
-  if (!resume) {
-    nlohmann::json memory_record{{"type", "memory"}};
+    ctx.progress->message(text.str());
+    nlohmann::json memory_record{{"type", "memory"}, {"ranks", world}};
     for (int c = 0; c < kNumMemCategories; ++c) {
-      memory_record["bytes"][mem_category_name(static_cast<MemCategory>(c))] = memory.current[c];
+      memory_record["peak_bytes"][mem_category_name(static_cast<MemCategory>(c))] = memory[c];
     }
-    log.write({{"type", "config"}, {"model", config.to_json()}, {"run", fingerprint},
-               {"steps", options.steps}, {"lr", options.lr}, {"min_lr", options.min_lr},
-               {"warmup", options.warmup}, {"lr_schedule", options.lr_schedule}});
-    log.write(memory_record);
-    if (data.entropy_floor) {
-      log.write({{"type", "data"}, {"entropy_floor", *data.entropy_floor},
-                 {"entropy_previous_only", *data.entropy_previous_only}});
+    if (!ctx.resume) {
+      ctx.log->write({{"type", "config"}, {"model", config.to_json()}, {"run", ctx.fingerprint},
+                      {"zero", ctx.sharding.zero}, {"offload", ctx.sharding.offload},
+                      {"recompute", recompute_name(ctx.recompute)},
+                      {"steps", options.steps}, {"lr", options.lr}, {"min_lr", options.min_lr},
+                      {"warmup", options.warmup}, {"lr_schedule", options.lr_schedule}});
+      if (ctx.data->entropy_floor) {
+        ctx.log->write({{"type", "data"}, {"entropy_floor", *ctx.data->entropy_floor},
+                        {"entropy_previous_only", *ctx.data->entropy_previous_only}});
+      }
     }
+    ctx.log->write(memory_record);
   }
 
   auto evaluate = [&]() {
     val_loader.reset();
-    const int64_t batches = std::min<int64_t>(options.eval_batches, val_loader.rounds_per_epoch());
+    const int64_t batches = std::clamp<int64_t>(options.eval_batches / world, 1,
+                                                val_loader.rounds_per_epoch());
     double total = 0.0;
     for (int64_t i = 0; i < batches; ++i) {
       val_loader.next_batch(inputs, targets);
       total += model.forward(state, inputs, targets, 0.0f, nullptr);
     }
-    return total / static_cast<double>(batches);
+    return mean_over_ranks(comm, total / static_cast<double>(batches));
   };
-  auto trainer_state = [&](int64_t steps_done) {
-    return nlohmann::json{{"step", steps_done}, {"data", loader.state()}, {"run", fingerprint},
-                          {"seed", options.seed}};
+  FullTrainingState gathered(state.layout());
+  auto gather_full_state = [&]() {
+    state.get_full_params(gathered.params.tensors());
+    state.get_full_moments(0, gathered.exp_avg.tensors());
+    state.get_full_moments(1, gathered.exp_avg_sq.tensors());
   };
 
-  TrainSummary summary;
-  summary.first_step = first_step;
-  summary.entropy_floor = data.entropy_floor;
+  TrainSummary& summary = *ctx.summary;
   const AdamWConfig adam{options.beta1, options.beta2, options.eps, options.weight_decay,
                          options.grad_clip};
-  const float dloss = 1.0f / static_cast<float>(B * T * accum);
-  const double tokens_per_step = static_cast<double>(B * T * accum);
+  const float dloss = 1.0f / static_cast<float>(B * T * accum * world);
+  const double tokens_per_step = static_cast<double>(B * T * accum * world);
   double train_seconds = 0.0, smoothed_step_seconds = 0.0;
 
-  for (int64_t step = first_step; step < options.steps; ++step) {
+  for (int64_t step = ctx.first_step; step < options.steps; ++step) {
     const auto start = Clock::now();
-    state.zero_grads();
-    double loss = 0.0;
+    state.begin_step();
+    double local_loss = 0.0;
     for (int64_t micro = 0; micro < accum; ++micro) {
       loader.next_batch(inputs, targets);
-      loss += model.forward(state, inputs, targets, dloss, nullptr);
+      local_loss += model.forward(state, inputs, targets, dloss, nullptr);
       model.backward(state, inputs, nullptr);
     }
-    loss /= static_cast<double>(accum);
+    const double loss = mean_over_ranks(comm, local_loss / static_cast<double>(accum));
     DSTRAIN_USER_CHECK(std::isfinite(loss))
         << "the loss became " << loss << " at step " << step + 1
         << "; training diverged (try a lower --lr or a --grad-clip)";
-    const double lr = learning_rate(schedule, step);
-    const double grad_norm = state.optimizer_step(*backend, adam, lr, step + 1);
+    const double lr = learning_rate(ctx.schedule, step);
+    const StepStats stats = state.finish_step(adam, lr, step + 1);
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     train_seconds += seconds;
-    smoothed_step_seconds = step == first_step ? seconds
-                                               : 0.9 * smoothed_step_seconds + 0.1 * seconds;
+    smoothed_step_seconds =
+        step == ctx.first_step ? seconds : 0.9 * smoothed_step_seconds + 0.1 * seconds;
     const double tokens_per_s = tokens_per_step / seconds;
-    summary.losses.push_back(loss);
-    log.write({{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
-               {"tokens_per_s", tokens_per_s}});
-    progress.step(step, loss, lr, grad_norm, tokens_per_s,
-                  smoothed_step_seconds * static_cast<double>(options.steps - step - 1));
+    if (leader) {
+      summary.losses.push_back(loss);
+      ctx.log->write({{"step", step + 1}, {"loss", loss}, {"lr", lr},
+                      {"grad_norm", stats.grad_norm}, {"tokens_per_s", tokens_per_s}});
+      ctx.progress->step(step, loss, lr, stats.grad_norm, tokens_per_s,
+                         smoothed_step_seconds * static_cast<double>(options.steps - step - 1));
+    }
 
     const bool last = step + 1 == options.steps;
     if (options.eval_every > 0 && ((step + 1) % options.eval_every == 0 || last)) {
       const double eval_loss = evaluate();
-      summary.final_eval_loss = eval_loss;
-      log.write({{"step", step + 1}, {"eval_loss", eval_loss}});
-      std::ostringstream text;
-      text.precision(4);
-      text << std::fixed << "eval step " << step + 1 << ": loss " << eval_loss;
-      if (data.entropy_floor) text << " (" << eval_loss - *data.entropy_floor << " above the floor)";
-      progress.message(text.str());
+      if (leader) {
+        summary.final_eval_loss = eval_loss;
+        ctx.log->write({{"step", step + 1}, {"eval_loss", eval_loss}});
+        std::ostringstream text;
+        text.precision(4);
+        text << std::fixed << "eval step " << step + 1 << ": loss " << eval_loss;
+        if (ctx.data->entropy_floor) {
+          text << " (" << eval_loss - *ctx.data->entropy_floor << " above the floor)";
+        }
+        ctx.progress->message(text.str());
+      }
     }
     if (!options.out.empty() &&
         ((options.save_every > 0 && (step + 1) % options.save_every == 0) || last)) {
-      summary.checkpoint = save_checkpoint(options.out, step + 1, state, trainer_state(step + 1));
-      progress.message("saved checkpoint " + summary.checkpoint);
+      gather_full_state();
+      if (leader) {
+        const nlohmann::json trainer{{"step", step + 1}, {"data", loader.state()},
+                                     {"run", ctx.fingerprint}, {"seed", options.seed}};
+        summary.checkpoint = save_checkpoint(options.out, step + 1, config, gathered, trainer);
+        ctx.progress->message("saved checkpoint " + summary.checkpoint);
+      }
+      comm.barrier();  // nobody runs ahead of a checkpoint that failed on rank 0
     }
   }
   summary.steps = options.steps;
-  const int64_t steps_run = options.steps - first_step;
-  summary.tokens_per_second =
-      train_seconds > 0 ? tokens_per_step * static_cast<double>(steps_run) / train_seconds : 0.0;
+  const int64_t steps_run = options.steps - ctx.first_step;
+  if (leader) {
+    summary.tokens_per_second =
+        train_seconds > 0 ? tokens_per_step * static_cast<double>(steps_run) / train_seconds : 0.0;
+  }
 
+  // A sample from the trained model, on rank 0 with the gathered weights.
+  if (options.sample_tokens > 0) state.get_full_params(gathered.params.tensors());
+  if (!leader) return;
+  const Datasets& data = *ctx.data;
   std::ostringstream text;
   text.precision(4);
   text << std::fixed << "done: " << steps_run << " steps in " << format_duration(train_seconds)
@@ -426,15 +496,15 @@ TrainSummary train(const TrainOptions& given, std::ostream& out) {
                                 {"train_seconds", train_seconds}};
   if (!summary.losses.empty()) summary_record["final_loss"] = summary.losses.back();
   if (summary.final_eval_loss) summary_record["final_eval_loss"] = *summary.final_eval_loss;
-  log.write(summary_record);
-
+  ctx.log->write(summary_record);
   if (options.sample_tokens > 0) {
     std::vector<int32_t> prompt(static_cast<size_t>(std::min<int64_t>(8, T)));
-    val_loader.reset();
-    val_loader.next_batch(inputs, targets);
+    DataLoader prompt_loader(data.val, LoaderOptions{B, T, 1, 0, false, 0});
+    prompt_loader.next_batch(inputs, targets);
     std::copy(inputs.i32(), inputs.i32() + prompt.size(), prompt.begin());
+    HostParams weights(gathered.params);
     const std::vector<int32_t> tokens = sample_tokens(
-        config, *backend, *allocator, state, prompt, options.sample_tokens, T, options.seed);
+        config, *backend, *device, weights, prompt, options.sample_tokens, T, options.seed);
     text << "\n  sample (" << prompt.size() << " prompt tokens, then " << options.sample_tokens
          << " sampled):\n    ";
     if (!data.synthetic && config.vocab_size <= 256) {
@@ -445,7 +515,86 @@ TrainSummary train(const TrainOptions& given, std::ostream& out) {
       }
     }
   }
-  progress.message(text.str());
+  ctx.progress->message(text.str());
+}
+
+}  // namespace
+
+TrainSummary train(const TrainOptions& given, std::ostream& out) {
+  RunContext ctx;
+  ctx.options = given;
+  TrainOptions& options = ctx.options;
+  validate_options(options);
+
+  // The model: from the checkpoint on resume (a different --model is an error).
+  if (!options.resume.empty()) {
+    ctx.resume = open_checkpoint(options.resume);
+    ctx.config = ctx.resume->config;
+    if (!options.model.empty()) {
+      const ModelConfig asked = load_model_config(options.model);
+      DSTRAIN_USER_CHECK(asked.to_json() == ctx.config.to_json())
+          << "--model " << options.model << " differs from the model of checkpoint "
+          << ctx.resume->dir << "; drop --model to resume it";
+    }
+  } else {
+    ctx.config = load_model_config(options.model.empty() ? "tiny" : options.model);
+  }
+  const ModelConfig& config = ctx.config;
+  const int world = options.gpus;
+  DSTRAIN_USER_CHECK(options.seq_len <= config.n_positions)
+      << "--seq-len " << options.seq_len << " is longer than the model's n_positions "
+      << config.n_positions;
+  if (options.min_lr < 0) options.min_lr = options.lr / 10;
+  ctx.schedule = LrScheduleConfig{parse_lr_schedule(options.lr_schedule), options.lr,
+                                  options.min_lr, options.warmup, options.steps};
+  ctx.sharding = ShardingConfig{options.zero, options.offload};
+  ctx.recompute = parse_recompute(options.recompute);
+  Datasets data = open_datasets(options, config, options.batch, options.seq_len, world);
+  ctx.data = &data;
+  ctx.fingerprint = run_fingerprint(options, config);
+
+  // The starting point, on the host: a checkpoint, Hugging Face weights, or a fresh init.
+  const ParamLayout layout(config);
+  FullTrainingState initial(layout);
+  if (ctx.resume) {
+    const nlohmann::json& trainer = ctx.resume->trainer_state;
+    if (trainer.contains("run")) {
+      for (const auto& [key, value] : ctx.fingerprint.items()) {
+        DSTRAIN_USER_CHECK(trainer["run"].contains(key) && trainer["run"][key] == value)
+            << "checkpoint " << ctx.resume->dir << " was trained with " << key << " = "
+            << (trainer["run"].contains(key) ? trainer["run"][key].dump() : "(unset)")
+            << ", this run has " << value.dump()
+            << "; resume with the same settings to continue the same run";
+      }
+    }
+    load_checkpoint(*ctx.resume, initial);
+    ctx.have_moments = true;
+    ctx.first_step = trainer["step"].get<int64_t>();
+    DSTRAIN_USER_CHECK(trainer.contains("data"))
+        << "checkpoint " << ctx.resume->dir << " has no data position in trainer.json";
+    ctx.data_state = trainer["data"];
+    DSTRAIN_USER_CHECK(ctx.first_step < options.steps)
+        << "checkpoint " << ctx.resume->dir << " is at step " << ctx.first_step
+        << ", which already reaches --steps " << options.steps << "; raise --steps to train on";
+  } else if (!options.init_from.empty()) {
+    load_weights(layout, initial.params, options.init_from);
+  } else {
+    init_gpt2_parameters(layout, config, options.seed, initial.params.tensors());
+  }
+  ctx.initial = &initial;
+
+  JsonlLog log;
+  if (!options.log.empty()) log = JsonlLog(options.log, ctx.resume.has_value());
+  ProgressPrinter progress(out, options.steps, options.quiet);
+  TrainSummary summary;
+  summary.first_step = ctx.first_step;
+  summary.entropy_floor = data.entropy_floor;
+  ctx.log = &log;
+  ctx.progress = &progress;
+  ctx.summary = &summary;
+  ctx.out = &out;
+  run_local_ranks(world, options.comm_timeout,
+                  [&ctx](Communicator& comm) { run_rank(ctx, comm); });
   return summary;
 }
 

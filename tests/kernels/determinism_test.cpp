@@ -1,5 +1,7 @@
 // Every op gives bitwise-identical outputs with 1, 2 and 3 threads, at shapes with many tasks
 // (tiles, chunks, column blocks, (b, head) pairs) so the threads really split the work.
+#include <thread>
+
 #include "kernel_test_util.h"
 
 namespace dstrain::test {
@@ -48,20 +50,19 @@ TEST(Determinism, MatmulForwardAndBackward) {
     for (bool out_by_in : {false, true}) {
       const int64_t N = 300, C = 1000, OC = 600;  // K = 1000: raw threaded OpenBLAS differs here
       HostTensor x = random_tensor(dtype, {N, C}, 1);
-      HostTensor w = out_by_in ? random_tensor(dtype, {OC, C}, 2)
-                               : random_tensor(dtype, {C, OC}, 2);
+      HostTensor w =
+          out_by_in ? random_tensor(dtype, {OC, C}, 2) : random_tensor(dtype, {C, OC}, 2);
       HostTensor bias = random_tensor(dtype, {OC}, 3);
       HostTensor dout = random_tensor(dtype, {N, OC}, 4);
       HostTensor out(dtype, {N, OC}), dinp(dtype, {N, C});
-      HostTensor dweight = out_by_in ? random_tensor(dtype, {OC, C}, 5)
-                                     : random_tensor(dtype, {C, OC}, 5);
+      HostTensor dweight =
+          out_by_in ? random_tensor(dtype, {OC, C}, 5) : random_tensor(dtype, {C, OC}, 5);
       HostTensor dbias = random_tensor(dtype, {OC}, 6);
-      expect_thread_invariant(make_outputs({&out, &dinp, &dweight, &dbias}),
-                              [&](Backend& backend, Outputs& o) {
-                                backend.matmul_forward(o[0], x, w, bias, out_by_in, nullptr);
-                                backend.matmul_backward(o[1], o[2], o[3], dout, x, w, out_by_in,
-                                                        nullptr);
-                              });
+      expect_thread_invariant(
+          make_outputs({&out, &dinp, &dweight, &dbias}), [&](Backend& backend, Outputs& o) {
+            backend.matmul_forward(o[0], x, w, bias, out_by_in, nullptr);
+            backend.matmul_backward(o[1], o[2], o[3], dout, x, w, out_by_in, nullptr);
+          });
     }
   }
 }
@@ -180,6 +181,39 @@ TEST(Determinism, AdamWAndSumSquares) {
   }
   EXPECT_EQ(make_cpu_backend(1)->has_inf_or_nan(big, nullptr),
             make_cpu_backend(2)->has_inf_or_nan(big, nullptr));
+}
+
+// Simulated ranks are threads of one process, each with its own backend: concurrent calls
+// (OpenBLAS included) must give the same bits as calls made one at a time.
+TEST(Determinism, ConcurrentBackendsOnRankThreads) {
+  const int64_t N = 300, C = 500, OC = 400;
+  HostTensor x = random_tensor(DType::F32, {N, C}, 31), w = random_tensor(DType::F32, {C, OC}, 32);
+  HostTensor dout = random_tensor(DType::F32, {N, OC}, 33);
+  auto run = [&](HostTensor& out, HostTensor& dinp, HostTensor& dweight) {
+    auto backend = make_cpu_backend(2);
+    for (int repeat = 0; repeat < 3; ++repeat) {
+      backend->matmul_forward(out, x, w, Tensor(), false, nullptr);
+      backend->matmul_backward(dinp, dweight, Tensor(), dout, x, w, false, nullptr);
+    }
+  };
+  const int kRanks = 3;
+  std::vector<HostTensor> outs, dinps, dweights;
+  for (int r = 0; r <= kRanks; ++r) {
+    outs.emplace_back(DType::F32, std::vector<int64_t>{N, OC});
+    dinps.emplace_back(DType::F32, std::vector<int64_t>{N, C});
+    dweights.push_back(random_tensor(DType::F32, {C, OC}, 34));
+  }
+  run(outs[kRanks], dinps[kRanks], dweights[kRanks]);  // alone, as the reference
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kRanks; ++r) {
+    ranks.emplace_back([&, r] { run(outs[r], dinps[r], dweights[r]); });
+  }
+  for (std::thread& rank : ranks) rank.join();
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_TRUE(bitwise_equal(outs[r], outs[kRanks])) << "rank " << r;
+    EXPECT_TRUE(bitwise_equal(dinps[r], dinps[kRanks])) << "rank " << r;
+    EXPECT_TRUE(bitwise_equal(dweights[r], dweights[kRanks])) << "rank " << r;
+  }
 }
 
 }  // namespace

@@ -89,10 +89,14 @@ class HostTensor {
   }
   double get(int64_t i) const {
     switch (tensor_.dtype) {
-      case DType::F32: return static_cast<const float*>(tensor_.data)[i];
-      case DType::F16: return load_f32(static_cast<const half_t*>(tensor_.data)[i]);
-      case DType::BF16: return load_f32(static_cast<const bf16_t*>(tensor_.data)[i]);
-      case DType::I32: return static_cast<const int32_t*>(tensor_.data)[i];
+      case DType::F32:
+        return static_cast<const float*>(tensor_.data)[i];
+      case DType::F16:
+        return load_f32(static_cast<const half_t*>(tensor_.data)[i]);
+      case DType::BF16:
+        return load_f32(static_cast<const bf16_t*>(tensor_.data)[i]);
+      case DType::I32:
+        return static_cast<const int32_t*>(tensor_.data)[i];
     }
     return 0.0;
   }
@@ -104,10 +108,18 @@ class HostTensor {
   void set(int64_t i, double value) {
     const float f = static_cast<float>(value);
     switch (tensor_.dtype) {
-      case DType::F32: static_cast<float*>(tensor_.data)[i] = f; break;
-      case DType::F16: static_cast<half_t*>(tensor_.data)[i] = store_as<half_t>(f); break;
-      case DType::BF16: static_cast<bf16_t*>(tensor_.data)[i] = store_as<bf16_t>(f); break;
-      case DType::I32: static_cast<int32_t*>(tensor_.data)[i] = static_cast<int32_t>(value); break;
+      case DType::F32:
+        static_cast<float*>(tensor_.data)[i] = f;
+        break;
+      case DType::F16:
+        static_cast<half_t*>(tensor_.data)[i] = store_as<half_t>(f);
+        break;
+      case DType::BF16:
+        static_cast<bf16_t*>(tensor_.data)[i] = store_as<bf16_t>(f);
+        break;
+      case DType::I32:
+        static_cast<int32_t*>(tensor_.data)[i] = static_cast<int32_t>(value);
+        break;
     }
   }
   // Random values in [lo, hi), rounded to the dtype; returns them as stored.
@@ -158,20 +170,21 @@ struct Tolerance {
 // Loose enough for the output rounding of each storage dtype plus fp32 compute.
 inline Tolerance storage_tolerance(DType dtype) {
   switch (dtype) {
-    case DType::F16: return {2e-3, 2e-3, 1e-6};
-    case DType::BF16: return {1.6e-2, 1.6e-2, 1e-4};
-    default: return {1e-5, 1e-4, 1e-10};
+    case DType::F16:
+      return {2e-3, 2e-3, 1e-6};
+    case DType::BF16:
+      return {1.6e-2, 1.6e-2, 1e-4};
+    default:
+      return {1e-5, 1e-4, 1e-10};
   }
 }
 
 // got vs ref: no NaN/inf in got, ref not all zeros, normalized MSE and every element within
 // atol + |ref| * rtol. On failure: the first mismatching index with both values.
 inline ::testing::AssertionResult all_close(const std::vector<double>& got,
-                                            const std::vector<double>& ref,
-                                            const Tolerance& tol) {
+                                            const std::vector<double>& ref, const Tolerance& tol) {
   if (got.size() != ref.size()) {
-    return ::testing::AssertionFailure() << "size " << got.size() << " vs reference "
-                                         << ref.size();
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs reference " << ref.size();
   }
   double ref_norm = 0.0, err_norm = 0.0;
   int64_t mismatches = 0, first_bad = -1;
@@ -195,9 +208,8 @@ inline ::testing::AssertionResult all_close(const std::vector<double>& got,
   if (mismatches > 0 || nmse > tol.nmse) {
     std::ostringstream out;
     out.precision(9);
-    out << mismatches << " of " << got.size() << " elements beyond atol " << tol.atol
-        << " + rtol " << tol.rtol << ", normalized mse " << nmse << " (bound " << tol.nmse
-        << ")";
+    out << mismatches << " of " << got.size() << " elements beyond atol " << tol.atol << " + rtol "
+        << tol.rtol << ", normalized mse " << nmse << " (bound " << tol.nmse << ")";
     if (first_bad >= 0) {
       out << "; first at index " << first_bad << ": got " << got[first_bad] << ", reference "
           << ref[first_bad];

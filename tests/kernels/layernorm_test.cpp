@@ -139,8 +139,8 @@ TEST(Layernorm, ShapeMismatchThrows) {
   EXPECT_THROW(test_backend()->layernorm_forward(out, mean, rstd, inp, weight, bias, nullptr),
                Error);
   HostTensor weight8(DType::F32, {8});
-  EXPECT_THROW(
-      test_backend()->layernorm_forward(out, mean_f16, rstd, inp, weight8, bias, nullptr), Error);
+  EXPECT_THROW(test_backend()->layernorm_forward(out, mean_f16, rstd, inp, weight8, bias, nullptr),
+               Error);
 }
 
 }  // namespace

@@ -91,8 +91,7 @@ void check_forward(const MatmulCase& c) {
 void check_backward(const MatmulCase& c, bool with_dinp, bool finite_differences) {
   Random rng(32);
   HostTensor x(c.dtype, {c.N, c.C}), w(c.dtype, weight_shape(c)), dout(c.dtype, {c.N, c.OC});
-  HostTensor dinp(c.dtype, {c.N, c.C}), dweight(c.dtype, weight_shape(c)),
-      dbias(c.dtype, {c.OC});
+  HostTensor dinp(c.dtype, {c.N, c.C}), dweight(c.dtype, weight_shape(c)), dbias(c.dtype, {c.OC});
   const std::vector<double> xv = x.fill_random(rng, -1.0, 1.0);
   const std::vector<double> wv = w.fill_random(rng, -1.0, 1.0);
   const std::vector<double> r = dout.fill_random(rng, -1.0, 1.0);
@@ -150,16 +149,24 @@ TEST(Matmul, ForwardMultiTileOutByInBF16) {
   check_forward({300, 70, 600, true, false, DType::BF16});
 }
 
-TEST(Matmul, BackwardRoundShapeF32) { check_backward({16, 32, 48, false, true, DType::F32}, true, true); }
-TEST(Matmul, BackwardOddShapeF32) { check_backward({21, 13, 11, false, true, DType::F32}, true, true); }
+TEST(Matmul, BackwardRoundShapeF32) {
+  check_backward({16, 32, 48, false, true, DType::F32}, true, true);
+}
+TEST(Matmul, BackwardOddShapeF32) {
+  check_backward({21, 13, 11, false, true, DType::F32}, true, true);
+}
 TEST(Matmul, BackwardOddShapeOutByInF32) {
   check_backward({21, 13, 11, true, true, DType::F32}, true, true);
 }
 TEST(Matmul, BackwardOddShapeNoDinpNoBiasF32) {
   check_backward({21, 13, 11, false, false, DType::F32}, false, true);
 }
-TEST(Matmul, BackwardOddShapeF16) { check_backward({21, 13, 11, false, true, DType::F16}, true, true); }
-TEST(Matmul, BackwardOddShapeBF16) { check_backward({21, 13, 11, false, true, DType::BF16}, true, true); }
+TEST(Matmul, BackwardOddShapeF16) {
+  check_backward({21, 13, 11, false, true, DType::F16}, true, true);
+}
+TEST(Matmul, BackwardOddShapeBF16) {
+  check_backward({21, 13, 11, false, true, DType::BF16}, true, true);
+}
 TEST(Matmul, BackwardOddShapeOutByInBF16) {
   check_backward({21, 13, 11, true, false, DType::BF16}, true, true);
 }
@@ -179,9 +186,9 @@ TEST(Matmul, ShapeMismatchThrows) {
   HostTensor w_ok(DType::F32, {8, 5}), out_bad(DType::F32, {4, 6});
   EXPECT_THROW(test_backend()->matmul_forward(out_bad, x, w_ok, Tensor(), false, nullptr), Error);
   HostTensor dweight_bad(DType::F32, {5, 8});
-  EXPECT_THROW(test_backend()->matmul_backward(x, dweight_bad, Tensor(), out, x, w_ok, false,
-                                               nullptr),
-               Error);
+  EXPECT_THROW(
+      test_backend()->matmul_backward(x, dweight_bad, Tensor(), out, x, w_ok, false, nullptr),
+      Error);
 }
 
 // OpenBLAS's multi-threaded sgemm blocks K differently from its single-threaded one, so its

@@ -26,13 +26,30 @@ TEST(Memory, FillZeroEveryDType) {
 
 // Values around the rounding boundaries of both 16-bit formats, plus random ones.
 std::vector<float> conversion_inputs() {
-  std::vector<float> values = {0.0f,  -0.0f, 1.0f,        -1.0f,       65504.0f,  65520.0f,
-                               1e-8f, 6e-5f, 1.00048828f, 1.00146484f, 3.14159f,  -2.5e38f,
-                               1e38f, 1e-40f, INFINITY,   -INFINITY,   1.0f + 0x1p-8f,
-                               1.0f + 0x1p-9f, 1.0f + 3 * 0x1p-9f, 1.0f + 0x1p-11f};
+  std::vector<float> values = {0.0f,
+                               -0.0f,
+                               1.0f,
+                               -1.0f,
+                               65504.0f,
+                               65520.0f,
+                               1e-8f,
+                               6e-5f,
+                               1.00048828f,
+                               1.00146484f,
+                               3.14159f,
+                               -2.5e38f,
+                               1e38f,
+                               1e-40f,
+                               INFINITY,
+                               -INFINITY,
+                               1.0f + 0x1p-8f,
+                               1.0f + 0x1p-9f,
+                               1.0f + 3 * 0x1p-9f,
+                               1.0f + 0x1p-11f};
   Random rng(82);
   for (int i = 0; i < 20000; ++i) {
-    values.push_back(static_cast<float>(rng.uniform(-1.0, 1.0) * std::pow(2.0, rng.uniform(-30, 17))));
+    values.push_back(
+        static_cast<float>(rng.uniform(-1.0, 1.0) * std::pow(2.0, rng.uniform(-30, 17))));
   }
   return values;
 }

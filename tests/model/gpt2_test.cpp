@@ -76,7 +76,12 @@ TEST(Gpt2, GradientsMatchPyTorchReference) {
   Gpt2 model(config, *backend, *allocator, B, T, DType::F32, true);
   Tensor input_tensor(inputs.data(), DType::I32, {B, T});
   Tensor target_tensor(targets.data(), DType::I32, {B, T});
+  // Logits first, from a forward without backward (a training forward overwrites the logits
+  // with their gradient).
+  const double eval_loss = model.forward(params, input_tensor, target_tensor, 0.0f, nullptr);
+  std::vector<float> our_logits(model.logits().f32(), model.logits().f32() + model.logits().numel());
   const double loss = model.forward(params, input_tensor, target_tensor, 1.0f / N, nullptr);
+  EXPECT_EQ(loss, eval_loss);
   model.backward(params, input_tensor, nullptr);
 
   const nlohmann::json expected = nlohmann::json::parse(slurp(kFixture + "expected.json"));
@@ -86,7 +91,7 @@ TEST(Gpt2, GradientsMatchPyTorchReference) {
   const SafetensorsFile logits_file = SafetensorsFile::open(kFixture + "logits0.safetensors");
   const std::vector<float> ref_logits = logits_file.read_f32(logits_file.names().front());
   ASSERT_EQ(ref_logits.size(), static_cast<size_t>(N * config.vocab_size));
-  const float* logits = model.logits().f32();
+  const float* logits = our_logits.data();
   double max_logit_error = 0.0;
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t v = 0; v < config.vocab_size; ++v) {
@@ -184,6 +189,49 @@ TEST(Gpt2, WholeModelGradientMatchesFiniteDifferences) {
     }
   }
   EXPECT_EQ(checked, 4 * int(layout.params().size()));
+}
+
+// Activation checkpointing changes what is kept, never the result: the gradients with full
+// and selective recompute are bitwise those without, and recompute saves memory.
+TEST(Gpt2, RecomputeGivesBitwiseIdenticalGradients) {
+  const ModelConfig config = small_config();
+  const ParamLayout layout(config);
+  const int64_t B = 3, T = 7, N = B * T;
+  Rng rng(21);
+  std::vector<int32_t> inputs(N), targets(N);
+  for (int64_t i = 0; i < N; ++i) {
+    inputs[i] = int32_t(rng.below(config.vocab_size));
+    targets[i] = int32_t(rng.below(config.vocab_size));
+  }
+  Tensor input_tensor(inputs.data(), DType::I32, {B, T});
+  Tensor target_tensor(targets.data(), DType::I32, {B, T});
+  auto backend = make_cpu_backend(2);
+  std::vector<std::vector<std::vector<float>>> grads;
+  std::vector<double> losses;
+  std::vector<size_t> activation_bytes;
+  for (Recompute mode : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+    TestParams params(layout);
+    std::vector<Tensor> flats;
+    for (int block = 0; block < layout.num_blocks(); ++block) flats.push_back(params.acquire_params(block));
+    init_gpt2_parameters(layout, config, 3, flats);
+    auto allocator = make_cpu_allocator();
+    Gpt2 model(config, *backend, *allocator, B, T, DType::F32, true, mode);
+    activation_bytes.push_back(allocator->stats().current[int(MemCategory::Activations)]);
+    // Two micro-batches accumulate, as in training.
+    for (int micro = 0; micro < 2; ++micro) {
+      losses.push_back(model.forward(params, input_tensor, target_tensor, 1.0f / N, nullptr));
+      model.backward(params, input_tensor, nullptr);
+    }
+    grads.push_back(params.grads);
+  }
+  for (size_t mode = 1; mode < grads.size(); ++mode) {
+    EXPECT_EQ(losses[2 * mode], losses[0]);
+    for (size_t block = 0; block < grads[0].size(); ++block) {
+      ASSERT_EQ(grads[mode][block], grads[0][block]) << "mode " << mode << " block " << block;
+    }
+  }
+  EXPECT_LT(activation_bytes[1], activation_bytes[0]);  // selective keeps less
+  EXPECT_LT(activation_bytes[2], activation_bytes[1]);  // full keeps least
 }
 
 TEST(ModelConfig, PresetsLoadAndCountParameters) {

@@ -1,0 +1,37 @@
+// The `topo` and `plan` commands, and the flag groups they share with other commands
+// (training takes the same machine and plan flags when it plans).
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <boost/program_options.hpp>
+
+#include "parallel/machine.h"
+#include "parallel/planner.h"
+
+namespace dstrain {
+
+// `dstrain topo [--json] [--topology FILE | --from-nvidia-smi FILE|-] [--gpu NAME]
+// [--host-memory SIZE]`: the machine's GPUs and links as a table (or JSON). Returns the exit
+// code; throws UserError (run_cli reports it).
+int run_topo_command(const std::vector<std::string>& args, std::ostream& out);
+
+// `dstrain plan --model M [--gpus N] [machine flags] [--global-batch-tokens K] [--seq-len T]
+// [--plan-json] [plan flags]`: the chosen plan, its memory and time, and the alternatives.
+int run_plan_command(const std::vector<std::string>& args, std::ostream& out);
+
+// --topology, --from-nvidia-smi, --gpu, --host-memory.
+boost::program_options::options_description machine_flags(MachineSource& source);
+// --dp, --tp, --pp, --zero, --offload [on|off], --recompute, --micro-batch: read them back
+// from the parsed values with read_plan_flags. Throws UserError on a bad --offload or
+// --recompute value.
+boost::program_options::options_description plan_flags();
+void read_plan_flags(const boost::program_options::variables_map& values, PlanRequest& request);
+
+// Parses `args` against `flags`; Boost's errors become one UserError sentence.
+boost::program_options::variables_map parse_command_flags(
+    const std::vector<std::string>& args, const boost::program_options::options_description& flags);
+
+}  // namespace dstrain

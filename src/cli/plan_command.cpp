@@ -1,0 +1,117 @@
+// `dstrain plan`: the parallel plan for a model on a machine, and the flags that fix parts
+// of a plan.
+#include <iostream>
+#include <optional>
+
+#include "cli/commands.h"
+#include "core/check.h"
+#include "model/config.h"
+#include "parallel/plan_report.h"
+
+namespace dstrain {
+
+namespace po = boost::program_options;
+
+po::options_description plan_flags() {
+  po::options_description flags("Fix parts of the plan (the planner chooses the rest)");
+  flags.add_options()
+      ("dp", po::value<int>()->value_name("N"), "data-parallel ranks")
+      ("tp", po::value<int>()->value_name("N"), "tensor-parallel ranks (inside an NVLink island)")
+      ("pp", po::value<int>()->value_name("N"), "pipeline stages")
+      ("zero", po::value<int>()->value_name("STAGE"),
+       "ZeRO stage: 0 replicated, 1 optimizer state sharded, 2 + gradients, 3 + parameters")
+      ("offload", po::value<std::string>()->implicit_value("on")->value_name("on|off"),
+       "fp32 master weights and Adam moments in host memory, the step on the host")
+      ("recompute", po::value<std::string>()->value_name("MODE"), "none | selective | full")
+      ("micro-batch", po::value<int64_t>()->value_name("B"), "sequences per micro-batch per rank");
+  return flags;
+}
+
+void read_plan_flags(const po::variables_map& values, PlanRequest& request) {
+  if (values.count("dp")) request.dp = values["dp"].as<int>();
+  if (values.count("tp")) request.tp = values["tp"].as<int>();
+  if (values.count("pp")) request.pp = values["pp"].as<int>();
+  if (values.count("zero")) request.zero = values["zero"].as<int>();
+  if (values.count("offload")) {
+    const std::string text = values["offload"].as<std::string>();
+    if (text == "on" || text == "yes" || text == "true" || text == "1") {
+      request.offload = true;
+    } else if (text == "off" || text == "no" || text == "false" || text == "0") {
+      request.offload = false;
+    } else {
+      DSTRAIN_USER_ERROR() << "--offload takes on or off, not '" << text << "'";
+    }
+  }
+  if (values.count("recompute")) {
+    request.recompute = parse_recompute(values["recompute"].as<std::string>());
+  }
+  if (values.count("micro-batch")) request.micro_batch = values["micro-batch"].as<int64_t>();
+}
+
+int run_plan_command(const std::vector<std::string>& args, std::ostream& out) {
+  std::string model, precision;
+  int gpus = 0;
+  int64_t global_batch_tokens = kDefaultGlobalBatchTokens, seq_len = 0;
+  int alternatives = 8;
+  MachineSource source;
+  po::options_description main_flags("dstrain plan");
+  main_flags.add_options()
+      ("model", po::value(&model)->value_name("NAME|PATH"), "preset name or path of a config.json")
+      ("gpus", po::value(&gpus)->value_name("N"), "GPUs to plan for (default: all of the machine's)")
+      ("global-batch-tokens", po::value(&global_batch_tokens)->default_value(global_batch_tokens)->value_name("K"),
+       "tokens per optimizer step over all ranks (GPT-2's 0.5M)")
+      ("seq-len", po::value(&seq_len)->value_name("T"), "tokens per sequence (default: min(1024, n_positions))")
+      ("precision", po::value(&precision)->value_name("fp32|fp16|bf16"),
+       "default: bf16 where the GPU has it (compute capability 8.0+), else fp16")
+      ("alternatives", po::value(&alternatives)->default_value(alternatives)->value_name("N"),
+       "fitting alternatives to show")
+      ("plan-json", "print the result as JSON")
+      ("help,h", "this help");
+  po::options_description flags;
+  flags.add(main_flags).add(machine_flags(source)).add(plan_flags());
+  const po::variables_map values = parse_command_flags(args, flags);
+  if (values.count("help")) {
+    out << "Usage: dstrain plan --model M [--gpus N] [--topology FILE | --from-nvidia-smi FILE "
+           "--gpu NAME --host-memory SIZE] [--global-batch-tokens K] [--seq-len T] [--plan-json]\n"
+        << "Chooses how to train M on the GPUs: data, tensor and pipeline parallelism, ZeRO "
+           "stage, optimizer offload, recompute and micro-batch, by predicted memory and step "
+           "time.\n\n"
+        << flags << "\n";
+    return 0;
+  }
+  DSTRAIN_USER_CHECK(!model.empty())
+      << "dstrain plan needs --model (a preset name or the path of a config.json)";
+  DSTRAIN_USER_CHECK(!values.count("gpus") || gpus >= 1) << "--gpus must be at least 1, not " << gpus;
+  DSTRAIN_USER_CHECK(!values.count("seq-len") || seq_len >= 1)
+      << "--seq-len must be at least 1, not " << seq_len;
+  DSTRAIN_USER_CHECK(alternatives >= 0) << "--alternatives must not be negative";
+
+  PlanRequest request;
+  request.gpus = gpus;
+  request.global_batch_tokens = global_batch_tokens;
+  request.seq_len = seq_len;
+  request.max_alternatives = alternatives;
+  if (!precision.empty()) {
+    const DType dtype = parse_dtype(precision);
+    DSTRAIN_USER_CHECK(dtype != DType::I32) << "--precision must be fp32, fp16 or bf16";
+    request.precision = dtype;
+  }
+  read_plan_flags(values, request);
+
+  const ModelConfig config = load_model_config(model);
+  std::string report;
+  const NodeTopology topology = load_machine(source, std::cin, &report);
+  DSTRAIN_USER_CHECK(source.names_a_machine() || topology.gpu_count() > 0)
+      << "dstrain plan found no GPU on this machine (" << report
+      << "); to plan for another machine give --topology FILE, or --from-nvidia-smi FILE "
+         "with --gpu NAME (and --host-memory SIZE for offload)";
+  const PlanResult result = choose_plan(config, topology, request);
+  if (values.count("plan-json")) {
+    out << plan_result_to_json(config, result).dump(2) << "\n";
+  } else {
+    out << format_plan_report(config, topology, result);
+  }
+  return 0;
+}
+
+}  // namespace dstrain

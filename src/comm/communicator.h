@@ -1,0 +1,82 @@
+// Communicator: the collectives ranks use. Two implementations: `local` (the ranks are
+// threads of this process; CPU memory, and CUDA memory through copies) and `nccl` (later).
+//
+// Conventions
+// - Every method is collective over the communicator's ranks unless it says otherwise: all
+//   ranks call it in the same order with matching sizes (SPMD).
+// - Reductions run in a fixed order, rank 0 first, then 1, 2, ... (acc = in0; acc += in1;
+//   ...), in fp32 for F32/F16/BF16 (16-bit inputs are widened, summed in fp32 and rounded
+//   once), so results never depend on thread timing and every rank gets the same bits.
+// - `stream`: on CUDA the operation is ordered on it; the local implementation finishes
+//   before it returns.
+// - Failure: when any rank of the world fails (throws) or a rank waits in a collective longer
+//   than the timeout, every rank blocked in or entering a collective throws dstrain::Error
+//   naming the failed rank and operation; no rank hangs.
+// - Max propagates NaN (a NaN on any rank gives NaN); I32 Sum wraps around on overflow.
+// - A communicator is used by one thread at a time (the rank's own thread, in call order).
+//
+// The local implementation (run_local_ranks) in particular
+// - moves CPU memory only so far (a CUDA tensor is an Error); `stream` is ignored.
+// - checks every collective across ranks before touching data: a different operation, dtype,
+//   count, reduce op or root on some rank, or two ranks passing overlapping buffers (ranks
+//   are threads of one address space), is a dstrain::Error on every rank naming each rank's
+//   call ("mismatched collectives at all_reduce #3 on group 'world': rank 0 called
+//   all_reduce(count 10, F32, sum), but rank 1 called all_reduce(count 12, F32, sum)");
+//   a send/recv pair of different dtype or count is an Error on both sides.
+// - times only the wait for the other ranks to arrive (the watchdog of NCCL): once all have
+//   arrived, the copies run to completion however long they take. A rank waiting for one
+//   that has already returned from its function fails at once, without waiting for the
+//   timeout. Messages name the group ('world', 'world/split0[color 1]' for the first split
+//   of the world), the call number on it, and for every missing rank what it is doing
+//   ("rank 3 never joined (it is in barrier #2 on group 'world')").
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+#include "kernels/ops.h"
+
+namespace dstrain {
+
+enum class ReduceOp { Sum, Max };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // buffer (n), in place: the elementwise reduction over ranks.
+  virtual void all_reduce(Tensor buffer, ReduceOp op, Stream stream) = 0;
+  // input (size * n) on every rank; output (n) on rank r = reduction over ranks of
+  // input[r*n : (r+1)*n]. output and input must not overlap.
+  virtual void reduce_scatter(Tensor output, Tensor input, ReduceOp op, Stream stream) = 0;
+  // input (n) on every rank; output (size * n) = concatenation of every rank's input in rank
+  // order. input may be output's own slice [rank*n, (rank+1)*n) (in-place gather).
+  virtual void all_gather(Tensor output, Tensor input, Stream stream) = 0;
+  // buffer (n): root's contents on every rank.
+  virtual void broadcast(Tensor buffer, int root, Stream stream) = 0;
+  // Point to point (not collective): send blocks until the peer has received it.
+  virtual void send(Tensor buffer, int peer, Stream stream) = 0;
+  virtual void recv(Tensor buffer, int peer, Stream stream) = 0;
+  virtual void barrier() = 0;
+  // Collective: ranks with the same color form a new communicator, ranked by (key, old rank).
+  // color < 0: this rank joins none and gets nullptr.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+};
+
+// Runs fn(communicator) on `world_size` threads, one rank each, sharing one local world.
+// Each thread's thread_error_context() names its rank. If any rank throws, the others are
+// released from their collectives with an error and the first error (the root cause, not
+// the follow-on "rank r failed" errors) is rethrown here, after every thread has joined.
+// timeout_seconds: how long a rank may wait inside one collective before the run fails with
+// a message naming the rank and the operation (like NCCL's watchdog). REQUIRES: > 0
+// (infinity: no timeout); world_size >= 1 (UserError otherwise). A rank that never calls
+// into the communicator again (an endless loop in its own code) cannot be interrupted: the
+// others fail at their timeout, and this call returns once that rank's function returns.
+void run_local_ranks(int world_size, double timeout_seconds,
+                     const std::function<void(Communicator&)>& fn);
+
+}  // namespace dstrain

@@ -1,0 +1,376 @@
+#include "parallel/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "core/check.h"
+#include "topology/bandwidth.h"
+#include "topology/gpu_table.h"
+
+namespace dstrain {
+
+namespace {
+
+// ---- Constants ------------------------------------------------------------------------------
+
+// ASSUMPTION: the best fraction of peak tensor FLOP/s a training step reaches, before the
+// shape penalties of gemm_efficiency. With 8192-token micro-batches and n_embd 4096 the model
+// gives 0.55 x 0.985 x 0.94 = 0.51, in line with published model-FLOPs utilization of large
+// GPT training: 44-52% of A100 peak (Narayanan et al., "Efficient Large-Scale Language Model
+// Training on GPU Clusters Using Megatron-LM", SC'21, table 1) and 46.2% for PaLM 540B
+// (Chowdhery et al. 2022, table 3). Elementwise ops, softmax and launch gaps are inside it.
+constexpr double kMaxPeakFraction = 0.55;
+// ASSUMPTION: GEMM utilization halves at 128 rows (tokens per micro-batch) and at a narrow side
+// of 256 (n_embd / tp): small GEMMs cannot fill the SMs' tiles (a 128x256 tile grid of a
+// 128 x 256 output is one tile for 100+ SMs). Shape of the curve: x / (x + half). With
+// seq_len 1024 a micro-batch has at least 1024 rows (0.89); 8192 rows give 0.985: past a few
+// thousand rows a bigger micro-batch buys little, as cuBLAS throughput curves show.
+constexpr double kHalfEfficiencyRows = 128;
+constexpr double kHalfEfficiencyWidth = 256;
+
+// ASSUMPTION: fp32 training runs on TF32 tensor cores at half the dense fp16/bf16 rate
+// (A100 datasheet: TF32 156 vs BF16 312 TFLOPS; H100 SXM: 494.7 vs 989.4 dense).
+constexpr double kFp32PeakFraction = 0.5;
+
+// Device memory bandwidth, datasheet values (bytes/s): GA102 whitepaper (RTX 3090 936 GB/s),
+// Ada whitepaper (RTX 4090 1008 GB/s), RTX Blackwell whitepaper (RTX 5090 1792 GB/s), A100
+// datasheet (40GB 1555 GB/s, 80GB SXM 2039 GB/s), H100 datasheet (SXM 3.35 TB/s, PCIe
+// 2 TB/s), H200 datasheet (4.8 TB/s), L40S datasheet (864 GB/s). They belong in the known-GPU
+// table (topology/gpu_table.h); until they are there, this list keyed by its keys.
+struct MemoryBandwidth {
+  const char* key;
+  double bytes_per_s;
+};
+constexpr MemoryBandwidth kMemoryBandwidth[] = {
+    {"rtx3090", 936e9},   {"rtx4090", 1008e9},   {"rtx5090", 1792e9},
+    {"a100-40gb", 1555e9}, {"a100-80gb", 2039e9}, {"h100-sxm", 3350e9},
+    {"h100-pcie", 2000e9}, {"h200", 4800e9},      {"l40s", 864e9},
+};
+// ASSUMPTION: streaming kernels (AdamW, layernorm, GELU) reach 80% of the datasheet
+// bandwidth (STREAM-like copies on GDDR6X and HBM measure 80-90%).
+constexpr double kMemoryEfficiency = 0.80;
+// An unknown GPU: the lowest of the table.
+constexpr double kDefaultMemoryBytesPerS = 864e9;
+
+// ASSUMPTION: the host AdamW (vectorized, multi-threaded) streams 40 GB/s per NUMA node: a
+// fifth of one socket's 8-channel DDR4-3200 (204.8 GB/s theoretical), leaving room for its
+// square roots and divisions, for the pinned transfers that share the memory, and for
+// slower hosts.
+constexpr double kHostOptimizerBytesPerSPerNuma = 40e9;
+
+// ASSUMPTION: fixed cost of one collective call (NCCL launch and ring latency on one node:
+// nccl-tests all_reduce of small messages takes 10-30 us on PCIe and NVLink machines).
+constexpr double kCollectiveSeconds = 20e-6;
+
+// Bytes AdamW reads and writes per element of its range: master, m and v read and written
+// (24) plus the gradient read and the working parameter written (2 x P). In fp32 without
+// offload the parameter is the master: 7 x 4 = 28.
+double adam_bytes_per_element(const Plan& plan) {
+  const double p = static_cast<double>(dtype_size(plan.param_dtype));
+  if (!plan.offload && plan.param_dtype == DType::F32) return 28;
+  return 24 + 2 * p;
+}
+
+// Ring collectives (Patarasuk and Yuan 2009; NCCL's "bus bandwidth" convention): bytes each
+// rank sends (and receives) for a buffer of `bytes`.
+double all_reduce_volume(double bytes, int n) { return n <= 1 ? 0 : 2.0 * (n - 1) / n * bytes; }
+double gather_volume(double bytes, int n) { return n <= 1 ? 0 : static_cast<double>(n - 1) / n * bytes; }
+
+// Collectives that run alongside `window` seconds of compute, block by block: the last
+// block's share cannot hide (nothing is left to compute), the rest hides up to the window.
+double exposed(double seconds, double window, int blocks) {
+  if (seconds <= 0) return 0;
+  return std::max(seconds - window, seconds / std::max(blocks, 1));
+}
+
+bool shares_switch(const Link& link) {
+  return link.kind == LinkKind::PCIe && link.path_known &&
+         (link.path == PciePath::PIX || link.path == PciePath::PXB);
+}
+
+// GPUs among `busy` (other than `gpu`) under the same PCIe switch as `gpu`, plus itself.
+int switch_sharers(const NodeTopology& topology, int gpu, const std::vector<int>& busy) {
+  int count = 1;
+  for (int other : busy) {
+    if (other != gpu && shares_switch(topology.link(gpu, other))) ++count;
+  }
+  return count;
+}
+
+std::string rate_text(double bytes_per_s) {
+  std::ostringstream text;
+  text.precision(3);
+  text << bytes_per_s / 1e9 << " GB/s";
+  return text.str();
+}
+
+}  // namespace
+
+ModelFlops model_flops(const ModelConfig& config, int64_t seq_len) {
+  const double C = static_cast<double>(config.n_embd), T = static_cast<double>(seq_len);
+  ModelFlops f;
+  f.layer_forward = 24 * C * C + 4 * T * C;
+  f.head_forward = 2 * C * static_cast<double>(config.padded_vocab());
+  return f;
+}
+
+GpuSpeed gpu_speed(const NodeTopology& topology, DType precision) {
+  DSTRAIN_CHECK(topology.gpu_count() > 0);
+  const std::string& name = topology.gpus[0].name;
+  const KnownGpu* known = find_known_gpu(name);
+  DSTRAIN_USER_CHECK(known != nullptr)
+      << "dstrain does not know the compute rate of GPU '" << (name.empty() ? "?" : name)
+      << "'; name a known GPU with --gpu (" << known_gpu_names() << ")";
+  GpuSpeed speed;
+  const double tflops = precision == DType::F16 ? known->fp16_tflops : known->bf16_tflops;
+  speed.peak_flops = tflops * 1e12 * (precision == DType::F32 ? kFp32PeakFraction : 1.0);
+  speed.memory_bytes_per_s = kDefaultMemoryBytesPerS * kMemoryEfficiency;
+  for (const MemoryBandwidth& m : kMemoryBandwidth) {
+    if (known->key == m.key) speed.memory_bytes_per_s = m.bytes_per_s * kMemoryEfficiency;
+  }
+  return speed;
+}
+
+double gemm_efficiency(int64_t rows, int64_t width) {
+  const double r = static_cast<double>(rows), w = static_cast<double>(width);
+  return kMaxPeakFraction * r / (r + kHalfEfficiencyRows) * w / (w + kHalfEfficiencyWidth);
+}
+
+double ring_bandwidth(const NodeTopology& topology, const std::vector<int>& group,
+                      const std::vector<int>& busy, std::string* route) {
+  DSTRAIN_CHECK(group.size() >= 2) << group.size();
+  double slowest = 0;
+  for (size_t i = 0; i < group.size(); ++i) {
+    const int a = group[i], b = group[(i + 1) % group.size()];
+    const PathBandwidth path = gpu_to_gpu_bandwidth(topology, a, b);
+    double rate = path.bytes_per_s;
+    std::string text = path.route;
+    const Link& link = topology.link(a, b);
+    const bool staged = link.kind == LinkKind::PCIe && !(link.peer_access_known && link.peer_access);
+    if (staged) {
+      const int sharers = switch_sharers(topology, a, busy);
+      const double uplink = gpu_to_host_bandwidth(topology, a).bytes_per_s / sharers;
+      if (uplink < rate) {
+        rate = uplink;
+        text += ", its switch's uplink shared by " + std::to_string(sharers) + " GPUs";
+      }
+    }
+    if (i == 0 || rate < slowest) {
+      slowest = rate;
+      if (route) *route = "GPU" + std::to_string(a) + "-GPU" + std::to_string(b) + ": " + text +
+                          " (" + rate_text(rate) + ")";
+    }
+  }
+  return slowest;
+}
+
+namespace {
+
+// Ranks of the plan as GPU indices (rank r runs on GPU r).
+int rank_of(const Plan& plan, int t, int d, int s) { return t + plan.tp * (d + plan.dp * s); }
+
+std::vector<int> all_ranks(const Plan& plan) {
+  std::vector<int> ranks;
+  for (int r = 0; r < plan.world(); ++r) ranks.push_back(r);
+  return ranks;
+}
+
+// The slowest of the concurrent groups of one kind.
+double slowest_groups(const NodeTopology& topology, const std::vector<std::vector<int>>& groups,
+                      const std::vector<int>& busy, std::string* route) {
+  double slowest = 0;
+  bool first = true;
+  for (const std::vector<int>& group : groups) {
+    if (group.size() < 2) continue;
+    std::string text;
+    const double rate = ring_bandwidth(topology, group, busy, &text);
+    if (first || rate < slowest) {
+      slowest = rate;
+      *route = text;
+      first = false;
+    }
+  }
+  return slowest;
+}
+
+}  // namespace
+
+StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topology,
+                           const Plan& plan) {
+  const ModelConfig& config = memory.config();
+  DSTRAIN_CHECK(plan.world() <= topology.gpu_count())
+      << plan.world() << " ranks on " << topology.gpu_count() << " GPUs";
+  const GpuSpeed speed = gpu_speed(topology, plan.param_dtype);
+  const ModelFlops flops = model_flops(config, plan.seq_len);
+  const double P = static_cast<double>(dtype_size(plan.param_dtype));
+  const double tokens = static_cast<double>(plan.micro_batch * plan.seq_len);
+  const double m = static_cast<double>(plan.grad_accum);
+  const std::vector<int> busy = all_ranks(plan);
+
+  StepCost cost;
+  cost.efficiency = gemm_efficiency(plan.micro_batch * plan.seq_len, config.n_embd / plan.tp);
+  const double rate = speed.peak_flops * cost.efficiency;
+
+  // Link rates of each kind of group (the slowest group of each kind).
+  std::vector<std::vector<int>> tp_groups, dp_groups;
+  for (int s = 0; s < plan.pp; ++s) {
+    for (int d = 0; d < plan.dp; ++d) {
+      std::vector<int> g;
+      for (int t = 0; t < plan.tp; ++t) g.push_back(rank_of(plan, t, d, s));
+      tp_groups.push_back(g);
+    }
+    for (int t = 0; t < plan.tp; ++t) {
+      std::vector<int> g;
+      for (int d = 0; d < plan.dp; ++d) g.push_back(rank_of(plan, t, d, s));
+      dp_groups.push_back(g);
+    }
+  }
+  const double tp_rate = slowest_groups(topology, tp_groups, busy, &cost.tp_route);
+  const double dp_rate = slowest_groups(topology, dp_groups, busy, &cost.dp_route);
+  // Pipeline neighbours: every (stage, stage + 1) pair of ranks with the same t and d.
+  auto pp_rate = [&](int s) {
+    double slowest = 0;
+    for (int d = 0; d < plan.dp; ++d) {
+      for (int t = 0; t < plan.tp; ++t) {
+        const int a = rank_of(plan, t, d, s), b = rank_of(plan, t, d, s + 1);
+        std::string text;
+        const double rate_ab = ring_bandwidth(topology, {a, b}, busy, &text);
+        if ((d == 0 && t == 0) || rate_ab < slowest) {
+          slowest = rate_ab;
+          cost.pp_route = text;
+        }
+      }
+    }
+    return slowest;
+  };
+  double host_rate = 0;
+  for (int r : busy) {
+    const PathBandwidth path = gpu_to_host_bandwidth(topology, r);
+    const int sharers = switch_sharers(topology, r, busy);
+    const double rate_r = path.bytes_per_s / sharers;
+    if (r == 0 || rate_r < host_rate) {
+      host_rate = rate_r;
+      cost.host_route = "GPU" + std::to_string(r) + ": " + path.route +
+                        (sharers > 1 ? ", its switch's uplink shared by " +
+                                           std::to_string(sharers) + " GPUs"
+                                     : "") +
+                        " (" + rate_text(rate_r) + ")";
+    }
+  }
+  const double host_optimizer_rate =
+      kHostOptimizerBytesPerSPerNuma * std::max(1, topology.numa_nodes);
+
+  // Per stage: time per micro-batch, and what the step adds once.
+  struct StageTime {
+    double micro = 0, compute = 0, tp = 0, pp = 0, dp_micro = 0;  // per micro-batch
+    double dp_step = 0, offload = 0, optimizer = 0;               // per step
+  };
+  std::vector<StageTime> stages(static_cast<size_t>(plan.pp));
+  const ShardingSpec spec{plan.zero, plan.dp, plan.offload, plan.param_dtype};
+  double host_optimizer_bytes = 0;  // all ranks together: they share the host's memory
+  for (int s = 0; s < plan.pp; ++s) {
+    StageTime& st = stages[static_cast<size_t>(s)];
+    const PipelineStage ps = pipeline_stage(config.n_layer, plan.pp, s);
+    const double layers = static_cast<double>(ps.end_layer - ps.first_layer);
+    const double forward =
+        tokens * (layers * flops.layer_forward / plan.tp + (ps.last ? flops.head_forward : 0));
+    const double recompute =
+        plan.recompute == Recompute::Full ? tokens * layers * flops.layer_forward / plan.tp : 0;
+    const double fwd_seconds = forward / rate;
+    const double bwd_seconds = (2 * forward + recompute) / rate;
+    st.compute = fwd_seconds + bwd_seconds;
+    if (plan.recompute == Recompute::Selective) {
+      // Two layernorms (read and write C each) and the GELU (4C / tp each way), again.
+      const double C = static_cast<double>(config.n_embd);
+      st.compute += tokens * layers * (4 * C + 8 * C / plan.tp) * P / speed.memory_bytes_per_s;
+    }
+    const double activation_bytes = tokens * static_cast<double>(config.n_embd) * P;
+    if (plan.tp > 1) {
+      const double count = layers * (plan.recompute == Recompute::Full ? 6 : 4);
+      st.tp = count * (all_reduce_volume(activation_bytes, plan.tp) / tp_rate + kCollectiveSeconds);
+    }
+    if (!ps.last) st.pp += activation_bytes / pp_rate(s);          // activation forward
+    if (!ps.first) st.pp += activation_bytes / pp_rate(s - 1);     // gradient backward
+
+    // Data parallelism over this stage's blocks.
+    const std::vector<int64_t> numels = memory.stage_block_numels(plan, s);
+    const int blocks = static_cast<int>(numels.size());
+    double padded = 0, optimizer_elements = 0;
+    for (int64_t n : numels) {
+      const BlockStateSizes b = block_state_sizes(n, spec);
+      padded += static_cast<double>(b.padded);
+      optimizer_elements += static_cast<double>(b.optimizer_numel);
+    }
+    const double state_bytes = padded * P;
+    if (plan.dp > 1) {
+      const double latency = blocks * kCollectiveSeconds;
+      const double all_reduce = all_reduce_volume(state_bytes, plan.dp) / dp_rate + latency;
+      const double gather = gather_volume(state_bytes, plan.dp) / dp_rate + latency;
+      switch (plan.zero) {
+        case 0:  // all-reduce once, under the last micro-batch's backward
+          st.dp_step = exposed(all_reduce, bwd_seconds, blocks);
+          break;
+        case 1:  // reduce-scatter once, then the updated shards all-gathered
+          st.dp_step = exposed(gather, bwd_seconds, blocks) + exposed(gather, fwd_seconds, blocks);
+          break;
+        case 2:  // reduce-scatter every micro-batch; all-gather after the step
+          st.dp_micro = exposed(gather, bwd_seconds, blocks);
+          st.dp_step = exposed(gather, fwd_seconds, blocks);
+          break;
+        default:  // 3: gather for forward, gather again + reduce-scatter in backward
+          st.dp_micro = exposed(gather, fwd_seconds, blocks) +
+                        exposed(2 * gather, bwd_seconds, blocks);
+          break;
+      }
+    }
+    const double adam_bytes = optimizer_elements * adam_bytes_per_element(plan);
+    if (plan.offload) {
+      // Gradients of the optimizer range down (hidden by the last backward where possible),
+      // the host step, and the updated weights up, block by block behind the host step.
+      const double down = optimizer_elements * P / host_rate;
+      const double up = optimizer_elements * P / host_rate;
+      st.offload = exposed(down, bwd_seconds, blocks) + up / std::max(blocks, 1);
+      host_optimizer_bytes += adam_bytes * plan.dp * plan.tp;
+      st.optimizer = 0;
+    } else {
+      st.optimizer = adam_bytes / speed.memory_bytes_per_s;
+    }
+    st.micro = st.compute + st.tp + st.pp + st.dp_micro;
+  }
+  // The host step: all ranks at once over the host's memory (the uploads run behind it).
+  const double host_step = host_optimizer_bytes / host_optimizer_rate;
+
+  size_t slowest = 0;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    if (stages[s].micro > stages[slowest].micro) slowest = s;
+  }
+  const StageTime& st = stages[slowest];
+  cost.compute_seconds = st.compute * m;
+  cost.tp_comm_seconds = st.tp * m;
+  cost.pp_comm_seconds = st.pp * m;
+  cost.bubble_seconds = st.micro * (plan.pp - 1);
+  // The per-step parts of the stage that takes longest over them.
+  double dp_step = 0, offload = 0, optimizer = 0;
+  for (const StageTime& stage : stages) {
+    if (stage.dp_step + stage.offload + stage.optimizer >= dp_step + offload + optimizer) {
+      dp_step = stage.dp_step;
+      offload = stage.offload;
+      optimizer = stage.optimizer;
+    }
+  }
+  cost.dp_comm_seconds = st.dp_micro * m + dp_step;
+  cost.offload_seconds = offload + host_step;
+  cost.optimizer_seconds = optimizer;
+  cost.step_seconds = cost.compute_seconds + cost.tp_comm_seconds + cost.pp_comm_seconds +
+                      cost.bubble_seconds + cost.dp_comm_seconds + cost.offload_seconds +
+                      cost.optimizer_seconds;
+  cost.tokens_per_second = static_cast<double>(plan.tokens_per_step()) / cost.step_seconds;
+  if (plan.dp == 1) cost.dp_route.clear();
+  if (plan.tp == 1) cost.tp_route.clear();
+  if (plan.pp == 1) cost.pp_route.clear();
+  if (!plan.offload) cost.host_route.clear();
+  return cost;
+}
+
+}  // namespace dstrain

@@ -1,0 +1,73 @@
+// The cost model: predicted time of one optimizer step of a Plan on a machine.
+//
+//   step = slowest pipeline stage's time per micro-batch x (grad_accum + pp - 1)     (1F1B)
+//        + what the step adds once (gradient / parameter collectives that backward and forward
+//          cannot hide, offload transfers, the optimizer on the device or the host)
+//   time per micro-batch = compute (forward + backward + recompute FLOPs at a fraction of the
+//        GPU's peak) + selective recompute's elementwise passes + tensor-parallel all-reduces
+//        + pipeline sends + the ZeRO-2/3 collectives of the micro-batch that compute cannot hide
+//
+// Bytes move at topology/bandwidth.h's achievable rates; ring collectives over N ranks move
+// 2(N-1)/N of the buffer per rank (all-reduce) or (N-1)/N (reduce-scatter, all-gather).
+// Every constant and its source is in cost_model.cpp. The model ranks plans; it does not
+// promise wall-clock seconds.
+#pragma once
+
+#include <string>
+
+#include "model/config.h"
+#include "parallel/memory_model.h"
+#include "parallel/plan.h"
+#include "topology/topology.h"
+
+namespace dstrain {
+
+// Floating-point work of GPT-2 per token (PaLM's model-FLOPs convention, Chowdhery et al.
+// 2022, appendix B: 2 FLOPs per multiply-add, attention counted without the causal halving).
+struct ModelFlops {
+  double layer_forward = 0;  // one layer: 24 C^2 (QKV 6, proj 2, fc 8, fc_proj 8) + 4 T C
+  double head_forward = 0;   // the tied LM head: 2 C Vp
+};
+ModelFlops model_flops(const ModelConfig& config, int64_t seq_len);
+
+// What the GPUs of a topology compute and move, from the known-GPU table by name.
+struct GpuSpeed {
+  double peak_flops = 0;          // dense tensor FLOP/s at the plan's precision
+  double memory_bytes_per_s = 0;  // achievable device memory bandwidth
+};
+// REQUIRES: GPU 0 has a name the known-GPU table knows (throws UserError otherwise).
+GpuSpeed gpu_speed(const NodeTopology& topology, DType precision);
+
+// Fraction of peak the GEMMs of a micro-batch reach: rows = tokens of the micro-batch,
+// width = the GEMMs' narrow side (n_embd / tp).
+double gemm_efficiency(int64_t rows, int64_t width);
+
+// Ring collective bandwidth (one direction, bytes/s) of a group of GPUs running at the same
+// time as the other `busy` GPUs: the slowest hop of the ring group[0] -> group[1] -> ... ->
+// group[0]. A hop without peer access is staged through host memory, so it also shares the
+// upstream PCIe link of its switch with the busy GPUs under the same switch (PIX/PXB).
+// `route` (optional) receives the slowest hop's description.
+double ring_bandwidth(const NodeTopology& topology, const std::vector<int>& group,
+                      const std::vector<int>& busy, std::string* route = nullptr);
+
+struct StepCost {
+  double step_seconds = 0;
+  double tokens_per_second = 0;
+  // Parts of step_seconds (they add up to it), on the slowest pipeline stage.
+  double compute_seconds = 0;       // forward + backward + recompute of all micro-batches
+  double bubble_seconds = 0;        // pipeline fill and drain
+  double tp_comm_seconds = 0;       // tensor-parallel all-reduces (never hidden)
+  double pp_comm_seconds = 0;       // pipeline sends (counted as not hidden)
+  double dp_comm_seconds = 0;       // data-parallel / ZeRO collectives not hidden by compute
+  double offload_seconds = 0;       // host transfers and the host optimizer step
+  double optimizer_seconds = 0;     // the optimizer step on the device
+  double efficiency = 0;            // the fraction of peak the GEMMs were given
+  std::string dp_route, tp_route, pp_route, host_route;  // slowest links, for people
+};
+
+// REQUIRES: plan.world() <= topology.gpu_count() (ranks are GPUs 0..world-1), the plan is
+// valid for the model (tp divides n_head, pp <= n_layer), GPU 0 is a known GPU.
+StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topology,
+                           const Plan& plan);
+
+}  // namespace dstrain

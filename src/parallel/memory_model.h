@@ -1,0 +1,209 @@
+// The memory model: the exact bytes one rank allocates under a Plan, by category.
+//
+// One source of truth. The functions here size every buffer a rank holds; the code that
+// allocates calls the same functions (or, where it does not yet, a test compares it with
+// them byte for byte: tests/parallel/memory_model_test.cpp runs ShardedModel + Gpt2 + the
+// token batch on the CPU allocators and checks every category against predict()).
+//
+//   model state per block      block_state_sizes()     (ZeRO stage, offload, precision)
+//   per-rank state buffers     rank_state_buffers()    (gathered blocks, reduce buffers)
+//   activations, workspace     activation_sizes()      (plan_gpt2_buffers with the plan's
+//                                                       recompute mode; its tensors selected
+//                                                       for the rank's pipeline stage and
+//                                                       tensor-parallel split)
+//   token batch                token_batch_bytes()
+//
+// Per parameter element of a block, for param bytes P (4 fp32, 2 fp16/bf16) and N the
+// data-parallel ranks the state is sharded over (ZeRO paper, Rajbhandari et al. 2020, with
+// K = 12 for mixed-precision Adam):
+//   stage 0   P params + P grads + (4 master if P = 2) + 8 Adam          all replicated
+//   stage 1   P params + P grads + (4 master + 8 Adam) / N
+//   stage 2   P params + (P grads + 4 master + 8 Adam) / N
+//   stage 3   (P params + P grads + 4 master + 8 Adam) / N
+//   offload   the master (always, fp32) and the Adam moments live in pinned host memory
+//             (OptimizerStateHost) instead; the device keeps the P-byte params and grads.
+// plus, per rank, buffers sized by the largest block (not per parameter): stage 3 gathers
+// each block into one of two full-block buffers (current, prefetched); stages 2-3 let
+// backward add each block's gradient into a full-block buffer before the reduce-scatter (one
+// held for the embedding block, whose tied head adds first and the embedding last; one for
+// the block at hand); stages 1-3 receive the reduce-scatter's shard into a buffer; offload
+// stages one shard's gradients down and updated weights up through a host buffer.
+//
+// Shards: each block's flat buffer is cut into N equal shards of shard_numel(n, N) =
+// ceil(n / N) elements (rank r owns [r*s, (r+1)*s), the last padded); full buffers of a
+// sharded group are padded to N * s elements so collectives run in place.
+//
+// Tensor and pipeline parallelism do not run yet; their sizes here are the design the code
+// will follow (see tp_block_numel and activation_sizes).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/allocator.h"
+#include "model/config.h"
+#include "model/layout.h"
+#include "parallel/plan.h"
+
+namespace dstrain {
+
+namespace memory_detail {
+struct ActivationTable;  // memory_model.cpp
+}
+
+// ---- Sizing functions (what a rank allocates) ------------------------------------------
+
+// One buffer: category, element type and count, and whether it lives in host memory.
+struct BufferSize {
+  MemCategory category = MemCategory::Workspace;
+  DType dtype = DType::F32;
+  int64_t numel = 0;  // 0: not allocated
+  bool host = false;  // pinned host memory (the host allocator), else the device
+  uint64_t bytes() const;
+};
+
+struct ShardingSpec {
+  int zero = 0;                   // ZeRO stage 0..3
+  int world = 1;                  // data-parallel ranks the state is sharded over
+  bool offload = false;           // fp32 master + Adam moments on the host
+  DType param_dtype = DType::F32; // params and grads; the master and the moments are fp32
+};
+
+// One block's model state on one rank.
+struct BlockStateSizes {
+  int64_t numel = 0;   // the block's elements (ParamLayout::block_numel, or tp_block_numel)
+  int64_t shard = 0;   // shard_numel(numel, world)
+  int64_t padded = 0;  // shard * world: a full buffer of the sharded group
+  int64_t optimizer_numel = 0;  // the range this rank's optimizer updates: padded at stage 0,
+                                // else its shard
+  BufferSize params;      // Parameters: padded; the shard at stage 3
+  BufferSize grads;       // Gradients: padded; the shard at stages 2-3
+  BufferSize master;      // fp32 master of the optimizer range: MasterWeights on the device
+                          // with mixed precision; OptimizerStateHost with offload; else none
+  BufferSize exp_avg, exp_avg_sq;  // fp32 Adam moments of the optimizer range:
+                                   // OptimizerState, or OptimizerStateHost with offload
+};
+// REQUIRES: 0 <= zero <= 3, world >= 1, block_numel >= 0.
+BlockStateSizes block_state_sizes(int64_t block_numel, const ShardingSpec& spec);
+
+// The per-rank buffers sized by the largest blocks the rank holds.
+struct RankStateBuffers {
+  std::array<BufferSize, 2> gathered_params;  // stage 3: the current and the prefetched block,
+                                              // each the largest padded block (GatheredParams)
+  BufferSize embedding_grads;  // stages 2-3: the embedding block's padded gradient, held
+                               // across backward (CommBuffers); none without that block
+  BufferSize block_grads;      // stages 2-3: the largest other padded block (CommBuffers)
+  BufferSize reduced_shard;    // stages 1-3: the largest shard, a reduce-scatter's output
+                               // (CommBuffers)
+  BufferSize host_staging;     // offload: the largest optimizer range, in host memory:
+                               // gradients down, updated weights up (CommBuffers, host)
+};
+// block_numels: the rank's blocks; embedding_position: index into block_numels of the
+// embedding block, or -1 when the rank does not hold it.
+RankStateBuffers rank_state_buffers(const std::vector<int64_t>& block_numels,
+                                    int embedding_position, const ShardingSpec& spec);
+
+// Elements of one tensor-parallel rank's part of a block, laid out like ParamLayout (each
+// tensor starts on a 32-element boundary). Layer blocks follow Megatron-LM's split:
+// attn.c_attn and mlp.c_fc by output columns (weight and bias / tp), attn.c_proj and
+// mlp.c_proj by input rows (weight / tp, bias whole), layernorms whole. The embedding block
+// and ln_f stay whole on every tensor-parallel rank (the tied LM head is not split).
+// tp = 1: exactly ParamLayout::block_numel. REQUIRES: tp divides n_head.
+int64_t tp_block_numel(const ParamLayout& layout, int block, int tp);
+
+// The layers of pipeline stage `stage` of `pp`: [first_layer, end_layer). Layers are dealt
+// evenly, the first (n_layer % pp) stages take one more: the last stage also runs the LM
+// head, about one layer's worth of work at GPT-2's vocabulary.
+struct PipelineStage {
+  int64_t first_layer = 0, end_layer = 0;
+  bool first = true, last = true;
+};
+PipelineStage pipeline_stage(int64_t n_layer, int pp, int stage);
+// The parameter blocks stage `stage` holds, in order: the embedding block on the first stage
+// (and a copy on the last, for the tied LM head, when pp > 1), its layers' blocks, ln_f on
+// the last stage.
+std::vector<int> pipeline_stage_blocks(const ParamLayout& layout, int pp, int stage);
+
+// The token batch a rank reads: inputs and targets, (B, T) int32 each (MemCategory::Data).
+// Held by the first pipeline stage (inputs) and the last (targets); a single stage holds both.
+uint64_t token_batch_bytes(int64_t micro_batch, int64_t seq_len);
+
+// Activations and workspace of one rank, built from plan_gpt2_buffers' tensor list with the
+// plan's recompute mode: exactly what Gpt2 allocates when tp = pp = 1.
+struct ActivationSizes {
+  uint64_t per_micro_batch = 0;   // Activations kept for one micro-batch
+  int64_t in_flight = 1;          // micro-batches whose activations are alive at once: 1F1B
+                                  // keeps min(pp - stage, grad_accum)
+  uint64_t recompute_buffer = 0;  // Activations: the buffers recomputed tensors share (one
+                                  // layer's worth, allocated once)
+  uint64_t workspace = 0;         // Workspace (logits, activation gradients, scratch)
+  uint64_t pipeline_buffers = 0;  // CommBuffers: the received activation / gradient
+  uint64_t without_recompute = 0; // what the activations would be with Recompute::None
+  uint64_t activations() const { return per_micro_batch * in_flight + recompute_buffer; }
+};
+ActivationSizes activation_sizes(const ModelConfig& config, const Plan& plan, int stage);
+
+// ---- Predictions (the sums the planner uses) -------------------------------------------
+
+struct MemoryItem {
+  MemCategory category = MemCategory::Workspace;
+  bool host = false;
+  std::string what;  // "Adam moments (fp32, 1/8 shard)"
+  uint64_t bytes = 0;
+};
+
+struct MemoryPrediction {
+  int stage = 0;  // the pipeline stage of the rank described
+  std::array<uint64_t, kNumMemCategories> device{};  // bytes by category on the GPU
+  std::array<uint64_t, kNumMemCategories> host{};    // bytes by category in host memory
+  std::vector<MemoryItem> items;                     // what makes up the sums
+  uint64_t activations_without_recompute = 0;        // device Activations with Recompute::None
+  uint64_t device_total() const;
+  uint64_t host_total() const;
+};
+
+// The memory model of one ModelConfig: keeps the layout and per-shape tables so that a
+// planner can ask for thousands of plans.
+class MemoryModel {
+ public:
+  explicit MemoryModel(const ModelConfig& config);
+  ~MemoryModel();
+  MemoryModel(const MemoryModel&) = delete;
+  MemoryModel& operator=(const MemoryModel&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  const ParamLayout& layout() const { return layout_; }
+
+  // The rank of pipeline stage `stage` (all its tensor- and data-parallel ranks are alike).
+  MemoryPrediction predict_stage(const Plan& plan, int stage) const;
+  // The stage whose ranks need the most device memory (ties: the first).
+  MemoryPrediction predict(const Plan& plan) const;
+  // Host memory of all world() ranks together (they share the machine's RAM).
+  uint64_t host_bytes_all_ranks(const Plan& plan) const;
+  // Elements of the blocks a rank of `stage` holds, tensor-parallel split (one entry per
+  // block of pipeline_stage_blocks).
+  std::vector<int64_t> stage_block_numels(const Plan& plan, int stage) const;
+
+ private:
+  int64_t tp_numel(int block, int tp) const;
+  const memory_detail::ActivationTable& activation_table(const Plan& plan) const;
+
+  ModelConfig config_;
+  ParamLayout layout_;
+  // Caches (not thread-safe): tp -> every block's numel; (B, T, dtype, tp, recompute) -> the
+  // tensors of plan_gpt2_buffers.
+  mutable std::map<int, std::vector<int64_t>> tp_numels_;
+  mutable std::map<std::tuple<int64_t, int64_t, DType, int, Recompute>,
+                   std::unique_ptr<memory_detail::ActivationTable>>
+      activation_tables_;
+};
+
+// Shortcuts that build a MemoryModel.
+MemoryPrediction predict_memory(const ModelConfig& config, const Plan& plan);
+
+}  // namespace dstrain

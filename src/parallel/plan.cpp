@@ -1,0 +1,51 @@
+#include "parallel/plan.h"
+
+#include <sstream>
+
+#include "core/check.h"
+
+namespace dstrain {
+
+
+const char* precision_name(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return "fp32";
+    case DType::F16: return "fp16";
+    case DType::BF16: return "bf16";
+    case DType::I32: break;
+  }
+  DSTRAIN_CHECK(false) << "not a precision: " << dtype_name(dtype);
+  return "?";
+}
+
+std::string describe(const Plan& plan) {
+  std::ostringstream text;
+  text << "dp " << plan.dp << " x tp " << plan.tp << " x pp " << plan.pp << ", ZeRO-"
+       << plan.zero << ", " << precision_name(plan.param_dtype) << ", "
+       << (plan.offload ? "optimizer offloaded to host" : "no offload") << ", ";
+  if (plan.recompute == Recompute::None) {
+    text << "no recompute";
+  } else {
+    text << recompute_name(plan.recompute) << " recompute";
+  }
+  text << ", micro-batch " << plan.micro_batch << " x " << plan.grad_accum
+       << " accumulation (seq " << plan.seq_len << ")";
+  return text.str();
+}
+
+nlohmann::json to_json(const Plan& plan) {
+  return nlohmann::json{{"dp", plan.dp},
+                        {"tp", plan.tp},
+                        {"pp", plan.pp},
+                        {"zero", plan.zero},
+                        {"offload", plan.offload},
+                        {"recompute", recompute_name(plan.recompute)},
+                        {"micro_batch", plan.micro_batch},
+                        {"grad_accum", plan.grad_accum},
+                        {"seq_len", plan.seq_len},
+                        {"precision", precision_name(plan.param_dtype)},
+                        {"world", plan.world()},
+                        {"tokens_per_step", plan.tokens_per_step()}};
+}
+
+}  // namespace dstrain

@@ -1,0 +1,55 @@
+// Plan: how one training step is laid out over the GPUs of a machine.
+//
+//   ranks = dp x tp x pp. Rank r has tensor-parallel index r % tp, data-parallel index
+//   (r / tp) % dp and pipeline stage r / (tp * dp): tensor parallelism is innermost (its
+//   groups are consecutive GPUs, so they can sit inside one NVLink island), the pipeline
+//   outermost (its point-to-point traffic is the lightest).
+//   ZeRO stage 0..3 shards state over the data-parallel group (parallel/memory_model.h).
+//   One optimizer step = grad_accum micro-batches of micro_batch sequences of seq_len tokens
+//   on each data-parallel rank: dp * micro_batch * grad_accum * seq_len tokens.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.h"
+#include "model/gpt2.h"
+
+namespace dstrain {
+
+// Recompute (none | selective | full) is the model's: model/gpt2.h, where the buffers it
+// saves are planned.
+
+struct Plan {
+  int dp = 1, tp = 1, pp = 1;
+  int zero = 0;            // ZeRO stage 0..3 over the data-parallel group
+  bool offload = false;    // fp32 master weights + Adam moments (and the step) in host memory
+  Recompute recompute = Recompute::None;
+  int64_t micro_batch = 1; // sequences per micro-batch per data-parallel rank
+  int64_t grad_accum = 1;  // micro-batches per optimizer step (the pipeline's micro-batches)
+  int64_t seq_len = 1024;  // T
+  // Precision of the working parameters, gradients and activations. F32: no master copy.
+  // F16 / BF16: mixed precision with an fp32 master copy (on the device, or on the host with
+  // offload).
+  DType param_dtype = DType::F32;
+
+  int world() const { return dp * tp * pp; }
+  int64_t tokens_per_step() const { return dp * micro_batch * grad_accum * seq_len; }
+  bool mixed_precision() const { return param_dtype != DType::F32; }
+};
+
+// "fp32", "fp16", "bf16".
+const char* precision_name(DType dtype);
+
+// One line for people: "dp 8 x tp 1 x pp 1, ZeRO-1, bf16, no offload, no recompute,
+// micro-batch 8 x 8 accumulation (seq 1024)".
+std::string describe(const Plan& plan);
+
+// {"dp", "tp", "pp", "zero", "offload", "recompute", "micro_batch", "grad_accum", "seq_len",
+//  "precision", "world", "tokens_per_step"}.
+nlohmann::json to_json(const Plan& plan);
+
+}  // namespace dstrain

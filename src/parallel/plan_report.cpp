@@ -1,0 +1,182 @@
+#include "parallel/plan_report.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+namespace dstrain {
+
+namespace {
+
+std::string seconds_text(double seconds) {
+  char text[32];
+  if (seconds >= 100) std::snprintf(text, sizeof text, "%.0f s", seconds);
+  else if (seconds >= 0.1) std::snprintf(text, sizeof text, "%.2f s", seconds);
+  else std::snprintf(text, sizeof text, "%.1f ms", seconds * 1e3);
+  return text;
+}
+
+std::string rate_text(double tokens_per_second) {
+  char text[32];
+  if (tokens_per_second >= 1e6) std::snprintf(text, sizeof text, "%.2fM", tokens_per_second / 1e6);
+  else if (tokens_per_second >= 1e3) std::snprintf(text, sizeof text, "%.1fk", tokens_per_second / 1e3);
+  else std::snprintf(text, sizeof text, "%.0f", tokens_per_second);
+  return text;
+}
+
+std::string padded(std::string text, size_t width) {
+  if (text.size() < width) text.append(width - text.size(), ' ');
+  return text;
+}
+
+// "compute 34.86 s, pipeline bubble 0.83 s, ...": the non-zero parts.
+std::string breakdown_text(const StepCost& c) {
+  std::ostringstream text;
+  const std::pair<const char*, double> parts[] = {
+      {"compute", c.compute_seconds},
+      {"pipeline bubble", c.bubble_seconds},
+      {"tensor-parallel all-reduces", c.tp_comm_seconds},
+      {"pipeline sends", c.pp_comm_seconds},
+      {"data-parallel collectives not hidden", c.dp_comm_seconds},
+      {"offload transfers and host optimizer", c.offload_seconds},
+      {"optimizer", c.optimizer_seconds}};
+  bool first = true;
+  for (const auto& [name, seconds] : parts) {
+    if (seconds <= 0) continue;
+    text << (first ? "" : ", ") << name << " " << seconds_text(seconds);
+    first = false;
+  }
+  return text.str();
+}
+
+}  // namespace
+
+std::string format_plan_report(const ModelConfig& config, const NodeTopology& topology,
+                               const PlanResult& result) {
+  const PlanCandidate& best = result.best;
+  const Plan& plan = best.plan;
+  const int gpus = plan.world();
+  std::ostringstream out;
+  out.precision(2);
+  out << std::fixed;
+  out << "dstrain plan: " << config.name << " (" << config.num_parameters() / 1e9
+      << "B parameters: " << config.n_layer << " layers, n_embd " << config.n_embd << ", "
+      << config.n_head << " heads) on " << gpus << " x " << result.machine << "\n";
+  out << "  machine: " << result.wiring << " Host memory "
+      << (result.host_memory_bytes ? format_bytes(result.host_memory_bytes) : "unknown")
+      << ".\n";
+  out << "  global batch: " << plan.tokens_per_step() << " tokens = "
+      << plan.dp * plan.micro_batch * plan.grad_accum << " sequences of " << plan.seq_len
+      << " tokens\n\n";
+
+  out << "plan: " << describe(plan) << "\n\n";
+
+  out << "memory per GPU";
+  if (plan.pp > 1) {
+    out << " (pipeline stage " << best.memory.stage << ", the fullest of " << plan.pp << ")";
+  }
+  out << ":\n";
+  std::vector<MemoryItem> items = best.memory.items;
+  std::stable_sort(items.begin(), items.end(), [](const MemoryItem& a, const MemoryItem& b) {
+    return std::make_pair(a.host, a.category) < std::make_pair(b.host, b.category);
+  });
+  constexpr size_t kWidth = 56;
+  for (const MemoryItem& item : items) {
+    if (item.host) continue;
+    out << "  " << padded(item.what, kWidth) << format_bytes(item.bytes) << "\n";
+  }
+  out << "  " << padded("total", kWidth) << format_bytes(best.memory.device_total()) << " of "
+      << format_bytes(result.usable_device_bytes) << " usable ("
+      << format_bytes(result.gpu_memory_bytes) << " less 10% and 1 GiB)\n";
+  if (plan.recompute != Recompute::None) {
+    out << "  (" << recompute_name(plan.recompute) << " recompute: the activations would take "
+        << format_bytes(best.memory.activations_without_recompute) << " without it)\n";
+  }
+  if (best.memory.host_total() > 0) {
+    out << "host memory per rank:\n";
+    for (const MemoryItem& item : items) {
+      if (!item.host) continue;
+      out << "  " << padded(item.what, kWidth) << format_bytes(item.bytes) << "\n";
+    }
+    out << "  " << padded("all " + std::to_string(gpus) + " ranks", kWidth)
+        << format_bytes(best.host_bytes) << " of " << format_bytes(result.usable_host_bytes)
+        << " usable (" << format_bytes(result.host_memory_bytes) << " less 20% and 8 GiB)\n";
+  }
+  out << "\n";
+
+  const StepCost& c = best.cost;
+  out << "step: " << seconds_text(c.step_seconds) << " predicted, "
+      << rate_text(c.tokens_per_second) << " tokens/s\n";
+  out << "  " << breakdown_text(c) << "\n";
+  out.precision(0);
+  out << "  GEMMs at " << c.efficiency * 100 << "% of "
+      << gpu_speed(topology, plan.param_dtype).peak_flops / 1e12 << " TFLOP/s "
+      << precision_name(plan.param_dtype) << " peak (an estimate: cost_model.cpp)\n";
+  const std::pair<const char*, const std::string*> routes[] = {
+      {"tensor parallel", &c.tp_route}, {"data parallel", &c.dp_route},
+      {"pipeline", &c.pp_route}, {"host", &c.host_route}};
+  for (const auto& [name, route] : routes) {
+    if (!route->empty()) out << "  slowest " << name << " link: " << *route << "\n";
+  }
+
+  if (!result.alternatives.empty()) {
+    out << "\nalternatives (the best of each other shape):\n";
+    for (const PlanCandidate& a : result.alternatives) {
+      out << "  " << describe(a.plan) << "\n      " << a.verdict << "\n";
+    }
+  }
+  if (!result.excluded.empty()) {
+    out << "\nnot possible here:\n";
+    for (const std::string& why : result.excluded) out << "  " << why << "\n";
+  }
+  return out.str();
+}
+
+nlohmann::json plan_result_to_json(const ModelConfig& config, const PlanResult& result) {
+  auto candidate_json = [](const PlanCandidate& c) {
+    nlohmann::json j = to_json(c.plan);
+    j["fits"] = c.fits();
+    j["memory_bytes_per_gpu"] = c.memory.device_total();
+    j["host_memory_bytes"] = c.host_bytes;
+    j["step_seconds"] = c.cost.step_seconds;
+    j["tokens_per_second"] = c.cost.tokens_per_second;
+    return j;
+  };
+  const PlanCandidate& best = result.best;
+  nlohmann::json j = candidate_json(best);
+  j["model"] = config.name;
+  j["gpus"] = best.plan.world();
+  j["global_batch_tokens"] = best.plan.tokens_per_step();
+  j["usable_memory_bytes_per_gpu"] = result.usable_device_bytes;
+  j["gpu_memory_bytes"] = result.gpu_memory_bytes;
+  j["pipeline_stage"] = best.memory.stage;
+  nlohmann::json device = nlohmann::json::object(), host = nlohmann::json::object();
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    const char* name = mem_category_name(static_cast<MemCategory>(c));
+    if (best.memory.device[static_cast<size_t>(c)]) device[name] = best.memory.device[static_cast<size_t>(c)];
+    if (best.memory.host[static_cast<size_t>(c)]) host[name] = best.memory.host[static_cast<size_t>(c)];
+  }
+  j["memory_by_category"] = device;
+  j["host_memory_by_category_per_rank"] = host;
+  j["activations_bytes_without_recompute"] = best.memory.activations_without_recompute;
+  const StepCost& c = best.cost;
+  j["step_breakdown"] = {{"compute", c.compute_seconds},
+                         {"bubble", c.bubble_seconds},
+                         {"tp_comm", c.tp_comm_seconds},
+                         {"pp_comm", c.pp_comm_seconds},
+                         {"dp_comm", c.dp_comm_seconds},
+                         {"offload", c.offload_seconds},
+                         {"optimizer", c.optimizer_seconds},
+                         {"gemm_efficiency", c.efficiency}};
+  j["alternatives"] = nlohmann::json::array();
+  for (const PlanCandidate& a : result.alternatives) {
+    nlohmann::json alternative = candidate_json(a);
+    alternative["why"] = a.verdict;
+    j["alternatives"].push_back(alternative);
+  }
+  j["excluded"] = result.excluded;
+  j["candidates_evaluated"] = result.candidates;
+  return j;
+}
+
+}  // namespace dstrain

@@ -1,0 +1,452 @@
+#include "parallel/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <tuple>
+
+#include "core/check.h"
+#include "topology/gpu_table.h"
+
+namespace dstrain {
+
+namespace {
+
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+
+// Device headroom. ASSUMPTION: 10% of the GPU's memory for what the model does not count:
+// the caching allocator's fragmentation and rounding, cuBLAS and NCCL workspaces that grow
+// with streams and channels, kernels' temporary buffers. Plus a fixed 1 GiB for the CUDA
+// context (the driver reserves ~300-600 MiB per process on Ampere/Ada/Hopper, more with
+// eager module loading), the cuBLAS handle and NCCL's communicator buffers (NCCL_BUFFSIZE
+// 4 MiB per channel and peer). On a datasheet "24 GB" RTX 4090 this leaves 20.6 GiB.
+constexpr double kDeviceHeadroomFraction = 0.10;
+constexpr uint64_t kDeviceReserveBytes = 1 * kGiB;
+// Host headroom. ASSUMPTION: pinned memory cannot be swapped or reclaimed, so keep 20% of RAM
+// and 8 GiB for the OS, the page cache of the token files, the data loader and the process.
+constexpr double kHostHeadroomFraction = 0.20;
+constexpr uint64_t kHostReserveBytes = 8 * kGiB;
+// A plan may overshoot the requested global batch by up to 1/16 (6.25%) when dp x micro-batch
+// does not divide it (6 GPUs and 512 sequences: 516).
+constexpr int64_t kOvershootDenominator = 16;
+// Non-fitting shapes predicted faster than the chosen plan that the alternatives show.
+constexpr int kMaxFasterNonFitting = 3;
+// ASSUMPTION: plans predicted within 2% of the fastest are a tie the cost model cannot
+// resolve (its efficiency curve and bandwidths are estimates): among them the planner takes
+// the one with the fewest moving parts (simplicity() below).
+constexpr double kTieMargin = 0.02;
+
+uint64_t usable(uint64_t total, double fraction, uint64_t reserve) {
+  const double left = static_cast<double>(total) * (1.0 - fraction) - static_cast<double>(reserve);
+  return left > 0 ? static_cast<uint64_t>(left) : 0;
+}
+
+// The first `n` GPUs of a topology, with their links.
+NodeTopology first_gpus(const NodeTopology& topology, int n) {
+  NodeTopology sub = make_topology(n);
+  for (int i = 0; i < n; ++i) sub.gpus[static_cast<size_t>(i)] = topology.gpus[static_cast<size_t>(i)];
+  for (int a = 0; a < n; ++a) {
+    for (int b = a + 1; b < n; ++b) sub.link(a, b) = topology.link(a, b);
+  }
+  sub.host_memory_bytes = topology.host_memory_bytes;
+  sub.numa_nodes = topology.numa_nodes;
+  sub.source = topology.source;
+  return sub;
+}
+
+uint64_t smallest_gpu_memory(const NodeTopology& topology) {
+  uint64_t smallest = 0;
+  for (const GpuInfo& gpu : topology.gpus) {
+    if (gpu.index == 0 || gpu.memory_bytes < smallest) smallest = gpu.memory_bytes;
+  }
+  return smallest;
+}
+
+// Why tensor parallelism over `tp` GPUs breaks a rule, or "" when it does not.
+std::string tp_rule_violation(const ModelConfig& config, const NodeTopology& topology, int tp) {
+  if (tp == 1) return "";
+  std::ostringstream why;
+  if (config.n_head % tp != 0) {
+    why << "tp " << tp << " does not divide the model's " << config.n_head << " attention heads";
+    return why.str();
+  }
+  for (int base = 0; base < topology.gpu_count(); base += tp) {
+    for (int a = base; a < base + tp; ++a) {
+      for (int b = a + 1; b < base + tp; ++b) {
+        if (topology.link(a, b).kind != LinkKind::NVLink) {
+          why << "tp " << tp << " would put GPU " << a << " and GPU " << b
+              << " in one tensor-parallel group, but they are joined by PCIe, not NVLink "
+                 "(tensor parallelism all-reduces activations in every layer, so it stays "
+                 "inside an NVLink island)";
+          return why.str();
+        }
+      }
+    }
+  }
+  return "";
+}
+
+std::string pp_rule_violation(const ModelConfig& config, int pp) {
+  if (pp <= config.n_layer) return "";
+  return "pp " + std::to_string(pp) + " is more pipeline stages than the model's " +
+         std::to_string(config.n_layer) + " layers (stages cut at block boundaries)";
+}
+
+std::vector<int> divisors(int n) {
+  std::vector<int> d;
+  for (int i = 1; i <= n; ++i) {
+    if (n % i == 0) d.push_back(i);
+  }
+  return d;
+}
+
+// Fewer moving parts first: no offload (host step and transfers), no recompute, no
+// pipeline, a lower ZeRO stage, no tensor parallelism, then fewer micro-batches.
+auto simplicity(const Plan& p) {
+  return std::make_tuple(p.offload, static_cast<int>(p.recompute), p.pp, p.zero, p.tp,
+                         -p.micro_batch);
+}
+
+bool faster(const PlanCandidate& a, const PlanCandidate& b) {
+  const double ta = a.seconds_per_token(), tb = b.seconds_per_token();
+  if (std::abs(ta - tb) > 1e-9 * std::max(ta, tb)) return ta < tb;
+  return simplicity(a.plan) < simplicity(b.plan);
+}
+
+auto shape(const Plan& p) {
+  return std::make_tuple(p.dp, p.tp, p.pp, p.zero, p.offload, static_cast<int>(p.recompute));
+}
+
+// How far a candidate is from fitting: device bytes over, then host bytes over.
+std::pair<uint64_t, uint64_t> overflow(const PlanCandidate& c, const PlanResult& r) {
+  const uint64_t device = c.memory.device_total();
+  return {device > r.usable_device_bytes ? device - r.usable_device_bytes : 0,
+          c.host_bytes > r.usable_host_bytes ? c.host_bytes - r.usable_host_bytes : 0};
+}
+
+std::string does_not_fit(const PlanCandidate& c, const PlanResult& r) {
+  std::ostringstream text;
+  if (!c.fits_device) {
+    text << "needs " << format_bytes(c.memory.device_total()) << " per GPU, "
+         << format_bytes(c.memory.device_total() - r.usable_device_bytes) << " more than the "
+         << format_bytes(r.usable_device_bytes) << " usable of " << format_bytes(r.gpu_memory_bytes);
+  } else if (r.host_memory_bytes == 0) {
+    text << "needs " << format_bytes(c.host_bytes)
+         << " of host memory for the offloaded optimizer, and the host memory is unknown "
+            "(give it with --host-memory)";
+  } else {
+    text << "needs " << format_bytes(c.host_bytes)
+         << " of host memory for the offloaded optimizer of all ranks, "
+         << format_bytes(c.host_bytes - r.usable_host_bytes) << " more than the "
+         << format_bytes(r.usable_host_bytes) << " usable of " << format_bytes(r.host_memory_bytes);
+  }
+  return text.str();
+}
+
+std::string verdict(const PlanCandidate& c, const PlanCandidate& best, const PlanResult& r) {
+  std::ostringstream text;
+  const double ratio = c.seconds_per_token() / best.seconds_per_token();
+  if (!c.fits()) {
+    text << "does not fit: " << does_not_fit(c, r);
+    if (ratio < 1) {
+      text.precision(1);
+      text << std::fixed << " (it would be " << (1 / ratio - 1) * 100 << "% faster)";
+    }
+    return text.str();
+  }
+  if (ratio < 1) {
+    text.precision(1);
+    text << std::fixed << "predicted " << (1 / ratio - 1) * 100
+         << "% faster, within the " << kTieMargin * 100
+         << "% the model cannot tell apart; the chosen plan has fewer moving parts";
+    return text.str();
+  }
+  if (ratio - 1 < 5e-4) return "as fast as predicted; the chosen plan has fewer moving parts";
+  text.precision(1);
+  text << std::fixed << "slower by " << (ratio - 1) * 100 << "%";
+  return text.str();
+}
+
+std::string fixed_parts(const PlanRequest& q) {
+  std::ostringstream text;
+  if (q.dp) text << " --dp " << *q.dp;
+  if (q.tp) text << " --tp " << *q.tp;
+  if (q.pp) text << " --pp " << *q.pp;
+  if (q.zero) text << " --zero " << *q.zero;
+  if (q.offload) text << " --offload " << (*q.offload ? "on" : "off");
+  if (q.recompute) text << " --recompute " << recompute_name(*q.recompute);
+  if (q.micro_batch) text << " --micro-batch " << *q.micro_batch;
+  return text.str();
+}
+
+std::string features(const Plan& p) {
+  std::ostringstream text;
+  text << "ZeRO-" << p.zero;
+  if (p.offload) text << " + optimizer offload";
+  if (p.recompute != Recompute::None) text << " + " << recompute_name(p.recompute) << " recompute";
+  if (p.pp > 1) text << " + " << p.pp << " pipeline stages";
+  if (p.tp > 1) text << " + tensor parallelism over " << p.tp;
+  text << " at micro-batch " << p.micro_batch;
+  return text.str();
+}
+
+// The one sentence for a request no plan satisfies.
+[[noreturn]] void explain_no_fit(const ModelConfig& config, const PlanRequest& request,
+                                 const std::vector<PlanCandidate>& all, const PlanResult& r,
+                                 int gpus) {
+  DSTRAIN_CHECK(!all.empty());
+  const PlanCandidate* least_device = &all[0];
+  const PlanCandidate* least_host = nullptr;  // among those that fit the GPUs
+  for (const PlanCandidate& c : all) {
+    if (overflow(c, r).first < overflow(*least_device, r).first) least_device = &c;
+    if (c.fits_device && (!least_host || c.host_bytes < least_host->host_bytes)) least_host = &c;
+  }
+  const std::string fixed = fixed_parts(request);
+  if (!fixed.empty()) {
+    const PlanCandidate& closest = least_host ? *least_host : *least_device;
+    DSTRAIN_USER_ERROR() << "the plan fixed by" << fixed << " does not fit " << gpus << " x "
+                         << r.machine << ": the closest, " << describe(closest.plan) << ", "
+                         << does_not_fit(closest, r);
+  }
+  if (least_host) {
+    DSTRAIN_USER_ERROR() << config.name << " fits " << gpus << " x " << r.machine
+                         << " only with the optimizer offloaded to host memory, "
+                         << "and the least that needs (" << features(least_host->plan) << ") "
+                         << does_not_fit(*least_host, r);
+  }
+  DSTRAIN_USER_ERROR() << config.name << " needs at least "
+                       << format_bytes(least_device->memory.device_total())
+                       << " per GPU on " << gpus << " GPUs even with "
+                       << features(least_device->plan) << "; these GPUs have "
+                       << format_bytes(r.gpu_memory_bytes) << " ("
+                       << format_bytes(r.usable_device_bytes) << " usable)"
+                       << (least_device->plan.offload && !least_device->fits_host
+                               ? " and that plan would also need " +
+                                     format_bytes(least_device->host_bytes) +
+                                     " of host memory (the host has " +
+                                     (r.host_memory_bytes ? format_bytes(r.host_memory_bytes)
+                                                          : std::string("an unknown amount")) +
+                                     ")"
+                               : std::string())
+                       << ": use more or larger GPUs, or a smaller model";
+}
+
+}  // namespace
+
+uint64_t usable_device_memory(uint64_t gpu_memory_bytes) {
+  return usable(gpu_memory_bytes, kDeviceHeadroomFraction, kDeviceReserveBytes);
+}
+
+uint64_t usable_host_memory(uint64_t host_memory_bytes) {
+  return usable(host_memory_bytes, kHostHeadroomFraction, kHostReserveBytes);
+}
+
+double PlanCandidate::seconds_per_token() const {
+  return cost.step_seconds / static_cast<double>(plan.tokens_per_step());
+}
+
+PlanCandidate evaluate_plan(const MemoryModel& memory, const NodeTopology& topology,
+                            const Plan& plan) {
+  PlanCandidate c;
+  c.plan = plan;
+  c.memory = memory.predict(plan);
+  c.host_bytes = plan.offload ? memory.host_bytes_all_ranks(plan) : 0;
+  c.cost = predict_step_cost(memory, topology, plan);
+  c.fits_device = c.memory.device_total() <= usable_device_memory(smallest_gpu_memory(topology));
+  c.fits_host = !plan.offload || (topology.host_memory_bytes > 0 &&
+                                  c.host_bytes <= usable_host_memory(topology.host_memory_bytes));
+  return c;
+}
+
+PlanResult choose_plan(const ModelConfig& config, const NodeTopology& whole,
+                       const PlanRequest& request) {
+  DSTRAIN_USER_CHECK(whole.gpu_count() > 0)
+      << "the topology has no GPU; plan for a machine with --topology FILE or "
+         "--from-nvidia-smi FILE --gpu NAME";
+  const int gpus = request.gpus > 0 ? request.gpus : whole.gpu_count();
+  DSTRAIN_USER_CHECK(request.gpus >= 0) << "--gpus must be at least 1, not " << request.gpus;
+  DSTRAIN_USER_CHECK(gpus <= whole.gpu_count())
+      << "--gpus " << gpus << " is more GPUs than the machine's " << whole.gpu_count();
+  const NodeTopology topology = first_gpus(whole, gpus);
+  for (const GpuInfo& gpu : topology.gpus) {
+    DSTRAIN_USER_CHECK(gpu.memory_bytes > 0)
+        << "the topology does not say how much memory GPU " << gpu.index
+        << " has; name the GPU model with --gpu (" << known_gpu_names() << ")";
+  }
+  const GpuInfo& gpu0 = topology.gpus[0];
+
+  PlanResult result;
+  result.gpu_memory_bytes = smallest_gpu_memory(topology);
+  result.usable_device_bytes = usable_device_memory(result.gpu_memory_bytes);
+  result.host_memory_bytes = topology.host_memory_bytes;
+  result.usable_host_bytes = usable_host_memory(topology.host_memory_bytes);
+  {
+    std::ostringstream text;
+    text << (gpu0.name.empty() ? "GPU" : gpu0.name) << " (" << format_bytes(result.gpu_memory_bytes)
+         << ")";
+    result.machine = text.str();
+    result.wiring = topology.classify().sentence();
+  }
+
+  const int64_t seq_len =
+      request.seq_len > 0 ? request.seq_len : std::min<int64_t>(1024, config.n_positions);
+  DSTRAIN_USER_CHECK(request.seq_len >= 0 && seq_len <= config.n_positions)
+      << "--seq-len " << request.seq_len << " is outside 1.." << config.n_positions
+      << " (the model's n_positions)";
+  DSTRAIN_USER_CHECK(request.global_batch_tokens >= seq_len &&
+                     request.global_batch_tokens % seq_len == 0)
+      << "--global-batch-tokens " << request.global_batch_tokens
+      << " must be a positive multiple of the sequence length " << seq_len;
+  const int64_t sequences = request.global_batch_tokens / seq_len;
+  result.global_batch_sequences = sequences;
+  const DType precision = request.precision.value_or(
+      gpu0.cc_major >= 8 ? DType::BF16 : DType::F16);
+  DSTRAIN_USER_CHECK(precision == DType::F32 || precision == DType::F16 ||
+                     precision == DType::BF16)
+      << "the precision must be fp32, fp16 or bf16";
+  DSTRAIN_USER_CHECK(precision != DType::BF16 || gpu0.cc_major == 0 || gpu0.cc_major >= 8)
+      << "bf16 needs compute capability 8.0 or newer; " << gpu0.name << " has "
+      << gpu0.cc_major << "." << gpu0.cc_minor << ": use fp16";
+
+  // The fixed parts, checked against the rules with the rule as the message.
+  for (const auto& [flag, value] : {std::pair{"--dp", request.dp}, std::pair{"--tp", request.tp},
+                                    std::pair{"--pp", request.pp}}) {
+    DSTRAIN_USER_CHECK(!value || (*value >= 1 && gpus % *value == 0))
+        << flag << " " << *value << " must be at least 1 and divide the " << gpus << " GPUs";
+  }
+  DSTRAIN_USER_CHECK(!request.zero || (*request.zero >= 0 && *request.zero <= 3))
+      << "--zero must be 0, 1, 2 or 3, not " << *request.zero;
+  DSTRAIN_USER_CHECK(!request.micro_batch || *request.micro_batch >= 1)
+      << "--micro-batch must be at least 1";
+  if (request.dp && request.tp && request.pp) {
+    DSTRAIN_USER_CHECK(*request.dp * *request.tp * *request.pp == gpus)
+        << "--dp " << *request.dp << " x --tp " << *request.tp << " x --pp " << *request.pp
+        << " = " << *request.dp * *request.tp * *request.pp << " ranks, but the plan is for "
+        << gpus << " GPUs";
+  }
+  if (request.tp) {
+    const std::string why = tp_rule_violation(config, topology, *request.tp);
+    DSTRAIN_USER_CHECK(why.empty()) << "--tp " << *request.tp << " is not possible here: " << why;
+  }
+  if (request.pp) {
+    const std::string why = pp_rule_violation(config, *request.pp);
+    DSTRAIN_USER_CHECK(why.empty()) << "--pp " << *request.pp << " is not possible: " << why;
+  }
+
+  const MemoryModel memory(config);
+  std::vector<PlanCandidate> all;
+  for (int tp : divisors(gpus)) {
+    if (request.tp && tp != *request.tp) continue;
+    if (const std::string why = tp_rule_violation(config, topology, tp); !why.empty()) {
+      result.excluded.push_back(why);
+      continue;
+    }
+    for (int pp : divisors(gpus / tp)) {
+      const int dp = gpus / tp / pp;
+      if ((request.pp && pp != *request.pp) || (request.dp && dp != *request.dp)) continue;
+      if (const std::string why = pp_rule_violation(config, pp); !why.empty()) {
+        if (tp == 1) result.excluded.push_back(why);
+        continue;
+      }
+      std::vector<int> zeros = {0};
+      if (dp > 1) zeros = {0, 1, 2, 3};
+      if (request.zero) zeros = {*request.zero};
+      std::vector<bool> offloads = {false, true};
+      if (request.offload) offloads = {*request.offload};
+      std::vector<Recompute> recomputes = {Recompute::None, Recompute::Selective, Recompute::Full};
+      if (request.recompute) recomputes = {*request.recompute};
+      std::vector<int64_t> micro_batches;
+      if (request.micro_batch) {
+        micro_batches = {*request.micro_batch};
+      } else {
+        const int64_t most = (sequences + dp - 1) / dp;
+        for (int64_t mb = 1; mb <= most; mb *= 2) micro_batches.push_back(mb);
+      }
+      for (int zero : zeros) {
+        for (bool offload : offloads) {
+          for (Recompute recompute : recomputes) {
+            for (int64_t mb : micro_batches) {
+              Plan plan;
+              plan.dp = dp;
+              plan.tp = tp;
+              plan.pp = pp;
+              plan.zero = zero;
+              plan.offload = offload;
+              plan.recompute = recompute;
+              plan.micro_batch = mb;
+              plan.grad_accum = (sequences + dp * mb - 1) / (dp * mb);
+              plan.seq_len = seq_len;
+              plan.param_dtype = precision;
+              const int64_t reached = dp * mb * plan.grad_accum;
+              if ((reached - sequences) * kOvershootDenominator > sequences) continue;
+              PlanCandidate c = evaluate_plan(memory, topology, plan);
+              const bool stop = !c.fits();  // larger micro-batches only need more
+              all.push_back(std::move(c));
+              if (stop) break;
+            }
+          }
+        }
+      }
+    }
+  }
+  result.candidates = static_cast<int>(all.size());
+  DSTRAIN_USER_CHECK(!all.empty())
+      << "no plan of " << gpus << " GPUs" << fixed_parts(request) << " reaches the global batch of "
+      << sequences << " sequences of " << seq_len
+      << " tokens; choose --global-batch-tokens as a multiple of dp x micro-batch x seq-len";
+
+  const PlanCandidate* fastest = nullptr;
+  for (const PlanCandidate& c : all) {
+    if (c.fits() && (!fastest || faster(c, *fastest))) fastest = &c;
+  }
+  if (!fastest) explain_no_fit(config, request, all, result, gpus);
+  const PlanCandidate* best = fastest;
+  for (const PlanCandidate& c : all) {
+    if (c.fits() && c.seconds_per_token() <= fastest->seconds_per_token() * (1 + kTieMargin) &&
+        simplicity(c.plan) < simplicity(best->plan)) {
+      best = &c;
+    }
+  }
+  result.best = *best;
+
+  // One representative per shape: its fastest fitting plan, else the one closest to fitting.
+  std::map<decltype(shape(Plan{})), const PlanCandidate*> representative;
+  for (const PlanCandidate& c : all) {
+    const auto key = shape(c.plan);
+    if (key == shape(best->plan)) continue;
+    const PlanCandidate*& r = representative[key];
+    if (!r) {
+      r = &c;
+    } else if (c.fits() != r->fits()) {
+      if (c.fits()) r = &c;
+    } else if (c.fits() ? faster(c, *r) : overflow(c, result) < overflow(*r, result)) {
+      r = &c;
+    }
+  }
+  std::vector<const PlanCandidate*> fitting, faster_but_too_big;
+  for (const auto& [key, c] : representative) {
+    if (c->fits()) {
+      fitting.push_back(c);
+    } else if (c->seconds_per_token() < best->seconds_per_token()) {
+      faster_but_too_big.push_back(c);
+    }
+  }
+  auto by_speed = [](const PlanCandidate* a, const PlanCandidate* b) { return faster(*a, *b); };
+  std::sort(fitting.begin(), fitting.end(), by_speed);
+  std::sort(faster_but_too_big.begin(), faster_but_too_big.end(), by_speed);
+  fitting.resize(std::min<size_t>(fitting.size(), static_cast<size_t>(request.max_alternatives)));
+  faster_but_too_big.resize(
+      std::min<size_t>(faster_but_too_big.size(), static_cast<size_t>(kMaxFasterNonFitting)));
+  std::vector<const PlanCandidate*> shown = faster_but_too_big;
+  shown.insert(shown.end(), fitting.begin(), fitting.end());
+  std::sort(shown.begin(), shown.end(), by_speed);
+  for (const PlanCandidate* c : shown) {
+    PlanCandidate alternative = *c;
+    alternative.verdict = verdict(alternative, result.best, result);
+    result.alternatives.push_back(std::move(alternative));
+  }
+  return result;
+}
+
+}  // namespace dstrain

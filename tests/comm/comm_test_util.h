@@ -1,0 +1,153 @@
+// Shared helpers of the communicator tests: per-rank host buffers with guard regions on both
+// sides, deterministic non-zero data that every rank can regenerate, and the reference
+// reduction written straight from the contract (acc = in0; acc op= in1; ...; round once).
+// Header-only: tests/comm/ compiles only *_test.cpp files.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+
+namespace dstrain::test {
+
+// For tests that do not test timeouts: long enough never to fire on a loaded machine, short
+// enough that a deadlock bug ends the test with a message instead of hanging it.
+constexpr double kNoTimeout = 60.0;
+// For tests that do test timeouts.
+constexpr double kShortTimeout = 0.25;
+
+// The value element i of rank `rank` holds in data set `seed`, as an fp32 (for I32 the exact
+// integer). Never all zero: floats in [-1, 1) scaled by 1 + rank, integers in [-1000, 1000].
+inline double test_value(DType dtype, uint64_t seed, int rank, int64_t i) {
+  uint64_t state = seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(rank) * 0x2545f491ull +
+                   static_cast<uint64_t>(i) * 0x632be59bd9b4e019ull;
+  const uint64_t bits = splitmix64(state);
+  if (dtype == DType::I32) return static_cast<double>(static_cast<int64_t>(bits % 2001) - 1000);
+  const double unit = static_cast<double>(bits >> 11) * 0x1p-53 * 2.0 - 1.0;
+  return round_through(dtype, static_cast<float>(unit * (1 + rank)));
+}
+
+// `count` elements of `dtype` between two guard regions filled with a sentinel byte: an
+// out-of-bounds write on either side shows up in guards_intact().
+class GuardedBuffer {
+ public:
+  static constexpr int64_t kGuardBytes = 256;
+  static constexpr unsigned char kSentinel = 0xA7;
+
+  GuardedBuffer() = default;
+  GuardedBuffer(DType dtype, int64_t count)
+      : dtype_(dtype),
+        count_(count),
+        bytes_(static_cast<size_t>(count) * dtype_size(dtype) + 2 * kGuardBytes, kSentinel) {
+    std::memset(data(), 0, static_cast<size_t>(count_) * dtype_size(dtype_));
+  }
+
+  DType dtype() const { return dtype_; }
+  int64_t count() const { return count_; }
+  void* data() { return bytes_.data() + kGuardBytes; }
+  const void* data() const { return bytes_.data() + kGuardBytes; }
+  Tensor tensor() { return Tensor(data(), dtype_, {count_}); }
+  Tensor slice(int64_t offset, int64_t count) { return tensor().slice(offset, {count}); }
+  size_t nbytes() const { return static_cast<size_t>(count_) * dtype_size(dtype_); }
+
+  bool guards_intact() const {
+    for (int64_t i = 0; i < kGuardBytes; ++i) {
+      if (bytes_[static_cast<size_t>(i)] != kSentinel) return false;
+      if (bytes_[bytes_.size() - 1 - static_cast<size_t>(i)] != kSentinel) return false;
+    }
+    return true;
+  }
+
+  // Element i as a double (fp32 value of a float dtype, the integer of I32).
+  double get(int64_t i) const {
+    const char* p = static_cast<const char*>(data()) + static_cast<size_t>(i) * dtype_size(dtype_);
+    switch (dtype_) {
+      case DType::F32: { float v; std::memcpy(&v, p, 4); return v; }
+      case DType::F16: { uint16_t b; std::memcpy(&b, p, 2); return fp16_bits_to_fp32(b); }
+      case DType::BF16: { uint16_t b; std::memcpy(&b, p, 2); return bf16_bits_to_fp32(b); }
+      case DType::I32: { int32_t v; std::memcpy(&v, p, 4); return v; }
+    }
+    return 0;
+  }
+  // Stores `value` rounded to the dtype (integers for I32).
+  void set(int64_t i, double value) {
+    char* p = static_cast<char*>(data()) + static_cast<size_t>(i) * dtype_size(dtype_);
+    switch (dtype_) {
+      case DType::F32: { const float v = static_cast<float>(value); std::memcpy(p, &v, 4); break; }
+      case DType::F16: {
+        const uint16_t b = fp32_to_fp16_bits(static_cast<float>(value));
+        std::memcpy(p, &b, 2);
+        break;
+      }
+      case DType::BF16: {
+        const uint16_t b = fp32_to_bf16_bits(static_cast<float>(value));
+        std::memcpy(p, &b, 2);
+        break;
+      }
+      case DType::I32: {
+        const int32_t v = static_cast<int32_t>(value);
+        std::memcpy(p, &v, 4);
+        break;
+      }
+    }
+  }
+  // Fills element i with test_value(dtype, seed, rank, first + i).
+  void fill(uint64_t seed, int rank, int64_t first = 0) {
+    for (int64_t i = 0; i < count_; ++i) set(i, test_value(dtype_, seed, rank, first + i));
+  }
+  bool same_bytes(const GuardedBuffer& other) const {
+    return nbytes() == other.nbytes() && std::memcmp(data(), other.data(), nbytes()) == 0;
+  }
+  bool any_nonzero() const {
+    for (int64_t i = 0; i < count_; ++i) {
+      if (get(i) != 0) return true;
+    }
+    return false;
+  }
+
+ private:
+  DType dtype_ = DType::F32;
+  int64_t count_ = 0;
+  std::vector<unsigned char> bytes_;
+};
+
+// The reduction of the contract for one element, over values given in rank order: fp32
+// accumulation left to right (int32 with wrap-around for I32), NaN-propagating max.
+inline double reference_reduce(DType dtype, ReduceOp op, const std::vector<double>& values) {
+  if (dtype == DType::I32) {
+    int32_t acc = static_cast<int32_t>(values[0]);
+    for (size_t r = 1; r < values.size(); ++r) {
+      const int32_t v = static_cast<int32_t>(values[r]);
+      acc = op == ReduceOp::Sum
+                ? static_cast<int32_t>(static_cast<uint32_t>(acc) + static_cast<uint32_t>(v))
+                : (v > acc ? v : acc);
+    }
+    return acc;
+  }
+  float acc = static_cast<float>(values[0]);
+  for (size_t r = 1; r < values.size(); ++r) {
+    const float v = static_cast<float>(values[r]);
+    if (op == ReduceOp::Sum) {
+      acc = acc + v;
+    } else if (std::isnan(v) || v > acc) {
+      acc = v;
+    }
+  }
+  return acc;  // set() rounds it once to the storage dtype
+}
+
+inline std::string case_name(DType dtype, ReduceOp op, int ranks, int64_t n) {
+  return std::string(dtype_name(dtype)) + (op == ReduceOp::Sum ? "_sum" : "_max") + "_" +
+         std::to_string(ranks) + "ranks_n" + std::to_string(n);
+}
+
+}  // namespace dstrain::test
