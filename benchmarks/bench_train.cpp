@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
         state.begin_step();
         model.forward(state, inputs, targets, 1.0f / float(c.batch * c.seq_len), nullptr);
         model.backward(state, inputs, nullptr);
-        state.finish_step(adam, 1e-4, step + 1);
+        state.finish_step(adam, 1e-4, step + 1, 1.0);
         const double seconds =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         if (step > 0) times.push_back(seconds);  // step 0 warms up

@@ -39,24 +39,39 @@ SyntheticCorpus::SyntheticCorpus(uint64_t seed, int vocab) : seed_(seed), vocab_
   const size_t K = static_cast<size_t>(vocab);
   const size_t pairs = K * K;
 
-  // The chain: for each context, a floor over all tokens plus 3 weighted successors.
+  // The chain: for each context, a floor over all tokens plus 3 weighted successors, chosen
+  // among a pool of kPoolSize tokens that depends on the previous token only. So the previous
+  // token alone narrows the next one to its pool (a model learns that first, in a few dozen
+  // steps), and the token two back picks the successors inside the pool (that takes
+  // attention, and gets the loss down to the entropy rate).
+  Rng pool_rng(seed, hash_name("synthetic.pool"));
+  std::vector<std::vector<int>> pools(K);
+  std::vector<int> tokens(K);
+  for (size_t b = 0; b < K; ++b) {
+    std::iota(tokens.begin(), tokens.end(), 0);
+    const size_t pool_size = std::min<size_t>(kPoolSize, K);
+    for (size_t s = 0; s < pool_size; ++s) {
+      const size_t j = s + static_cast<size_t>(pool_rng.below(K - s));
+      std::swap(tokens[s], tokens[j]);
+    }
+    pools[b].assign(tokens.begin(), tokens.begin() + static_cast<long>(pool_size));
+  }
   Rng rng(seed, hash_name("synthetic.chain"));
   next_.assign(pairs * K, kFloorMass / static_cast<double>(K));
-  std::vector<int> tokens(K);
   for (size_t context = 0; context < pairs; ++context) {
-    std::iota(tokens.begin(), tokens.end(), 0);
+    std::vector<int> pool = pools[context % K];  // context = a * K + b
     double weights[kSuccessors];
     double weight_sum = 0.0;
     for (int s = 0; s < kSuccessors; ++s) {
-      // Partial Fisher-Yates: tokens[s] becomes a successor not chosen before.
-      const size_t j = s + static_cast<size_t>(rng.below(K - s));
-      std::swap(tokens[s], tokens[j]);
+      // Partial Fisher-Yates: pool[s] becomes a successor not chosen before.
+      const size_t j = s + static_cast<size_t>(rng.below(pool.size() - s));
+      std::swap(pool[s], pool[j]);
       // Weights in [0.1, 1.1): no successor is negligible, and contexts differ in sharpness.
       weights[s] = 0.1 + rng.uniform();
       weight_sum += weights[s];
     }
     for (int s = 0; s < kSuccessors; ++s)
-      next_[context * K + tokens[s]] += (1.0 - kFloorMass) * weights[s] / weight_sum;
+      next_[context * K + pool[s]] += (1.0 - kFloorMass) * weights[s] / weight_sum;
   }
 
   // Stationary distribution over pair states: pi'(b, c) = sum_a pi(a, b) P(c | a, b).

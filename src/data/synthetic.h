@@ -5,9 +5,11 @@
 // previous tokens, the next token c is drawn from
 //   P(c | a, b) = kFloorMass / K  +  (1 - kFloorMass) * w_abc
 // where w_ab. puts all its weight on 3 distinct successors chosen at random for that context,
-// with random weights (core/rng.h, seeded). The successor sets of (a, b) and (a', b) are
-// unrelated, so the token two back matters: the conditional entropy given only the previous
-// token is far above the entropy rate and a model needs attention to reach the rate.
+// with random weights (core/rng.h, seeded), among a pool of 6 tokens that depends on b only.
+// So the previous token narrows the next to its pool (a model learns that fast: the loss
+// leaves ln K early), and the token two back picks which 3 of the 6: the conditional entropy
+// given only the previous token stays well above the entropy rate, and a model needs
+// attention to reach the rate.
 //
 // The floor makes every transition (a, b) -> (b, c) possible, so any pair state reaches any
 // other in exactly 2 steps: the pair chain is irreducible and aperiodic, its stationary
@@ -29,6 +31,7 @@ class SyntheticCorpus {
   static constexpr uint64_t kDefaultSeed = 1337;
   static constexpr int kDefaultVocab = 16;
   static constexpr int kSuccessors = 3;          // sparse successors per context
+  static constexpr int kPoolSize = 6;            // the previous token's candidates
   static constexpr double kFloorMass = 0.02;     // spread uniformly over all K tokens
 
   // Builds the chain for `seed` and computes its stationary distribution and entropies.

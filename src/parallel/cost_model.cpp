@@ -228,22 +228,27 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
   }
   const double tp_rate = slowest_groups(topology, tp_groups, busy, &cost.tp_route);
   const double dp_rate = slowest_groups(topology, dp_groups, busy, &cost.dp_route);
-  // Pipeline neighbours: every (stage, stage + 1) pair of ranks with the same t and d.
-  auto pp_rate = [&](int s) {
+  // Pipeline neighbours: per boundary (stage s, s + 1), the slowest pair of ranks with the
+  // same t and d.
+  std::vector<double> pp_rates;
+  double slowest_pp = 0;
+  for (int s = 0; s + 1 < plan.pp; ++s) {
     double slowest = 0;
     for (int d = 0; d < plan.dp; ++d) {
       for (int t = 0; t < plan.tp; ++t) {
-        const int a = rank_of(plan, t, d, s), b = rank_of(plan, t, d, s + 1);
         std::string text;
-        const double rate_ab = ring_bandwidth(topology, {a, b}, busy, &text);
-        if ((d == 0 && t == 0) || rate_ab < slowest) {
-          slowest = rate_ab;
+        const double rate_ab = ring_bandwidth(
+            topology, {rank_of(plan, t, d, s), rank_of(plan, t, d, s + 1)}, busy, &text);
+        const bool first_pair = d == 0 && t == 0;
+        if (first_pair || rate_ab < slowest) slowest = rate_ab;
+        if ((s == 0 && first_pair) || rate_ab < slowest_pp) {
+          slowest_pp = rate_ab;
           cost.pp_route = text;
         }
       }
     }
-    return slowest;
-  };
+    pp_rates.push_back(slowest);
+  }
   double host_rate = 0;
   for (int r : busy) {
     const PathBandwidth path = gpu_to_host_bandwidth(topology, r);
@@ -290,8 +295,8 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
       const double count = layers * (plan.recompute == Recompute::Full ? 6 : 4);
       st.tp = count * (all_reduce_volume(activation_bytes, plan.tp) / tp_rate + kCollectiveSeconds);
     }
-    if (!ps.last) st.pp += activation_bytes / pp_rate(s);          // activation forward
-    if (!ps.first) st.pp += activation_bytes / pp_rate(s - 1);     // gradient backward
+    if (!ps.last) st.pp += activation_bytes / pp_rates[static_cast<size_t>(s)];  // forward
+    if (!ps.first) st.pp += activation_bytes / pp_rates[static_cast<size_t>(s - 1)];  // backward
 
     // Data parallelism over this stage's blocks.
     const std::vector<int64_t> numels = memory.stage_block_numels(plan, s);

@@ -68,7 +68,10 @@ RankStateBuffers rank_state_buffers(const std::vector<int64_t>& block_numels,
     r.block_grads = {MemCategory::CommBuffers, p, max_other_padded, false};
   }
   if (spec.zero >= 1) r.reduced_shard = {MemCategory::CommBuffers, p, max_shard, false};
-  if (spec.offload) r.host_staging = {MemCategory::CommBuffers, p, max_optimizer, true};
+  if (spec.offload) {
+    r.host_grad_staging = {MemCategory::CommBuffers, p, max_optimizer, true};
+    r.host_param_staging = r.host_grad_staging;
+  }
   return r;
 }
 
@@ -396,7 +399,8 @@ MemoryPrediction MemoryModel::predict_stage(const Plan& plan, int stage) const {
   add(m, r.embedding_grads, "full-block gradient buffers before reduce-scatter");
   add(m, r.block_grads, "full-block gradient buffers before reduce-scatter");
   add(m, r.reduced_shard, "reduce-scatter output shard");
-  add(m, r.host_staging, "offload staging (host)");
+  add(m, r.host_grad_staging, "offload staging, gradients down and weights up (host)");
+  add(m, r.host_param_staging, "offload staging, gradients down and weights up (host)");
 
   Plan plain = plan;
   plain.recompute = Recompute::None;

@@ -27,11 +27,11 @@
 // backward add each block's gradient into a full-block buffer before the reduce-scatter (one
 // held for the embedding block, whose tied head adds first and the embedding last; one for
 // the block at hand); stages 1-3 receive the reduce-scatter's shard into a buffer; offload
-// stages one shard's gradients down and updated weights up through a host buffer.
+// stages one range's gradients down and updated weights up through two host buffers.
 //
 // Shards: each block's flat buffer is cut into N equal shards of shard_numel(n, N) =
 // ceil(n / N) elements (rank r owns [r*s, (r+1)*s), the last padded); full buffers of a
-// sharded group are padded to N * s elements so collectives run in place.
+// group (at every stage, 0 included) are padded to N * s elements so collectives run in place.
 //
 // Tensor and pipeline parallelism do not run yet; their sizes here are the design the code
 // will follow (see tp_block_numel and activation_sizes).
@@ -100,8 +100,9 @@ struct RankStateBuffers {
   BufferSize block_grads;      // stages 2-3: the largest other padded block (CommBuffers)
   BufferSize reduced_shard;    // stages 1-3: the largest shard, a reduce-scatter's output
                                // (CommBuffers)
-  BufferSize host_staging;     // offload: the largest optimizer range, in host memory:
-                               // gradients down, updated weights up (CommBuffers, host)
+  BufferSize host_grad_staging;   // offload: the largest optimizer range, in host memory:
+                                  // the gradients going down (CommBuffers, host)
+  BufferSize host_param_staging;  // offload: the same size: the updated weights going up
 };
 // block_numels: the rank's blocks; embedding_position: index into block_numels of the
 // embedding block, or -1 when the rank does not hold it.

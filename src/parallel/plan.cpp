@@ -6,7 +6,6 @@
 
 namespace dstrain {
 
-
 const char* precision_name(DType dtype) {
   switch (dtype) {
     case DType::F32: return "fp32";

@@ -11,7 +11,6 @@
 
 #include <cstdint>
 #include <string>
-#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -20,8 +19,8 @@
 
 namespace dstrain {
 
-// Recompute (none | selective | full) is the model's: model/gpt2.h, where the buffers it
-// saves are planned.
+// Recompute (none | selective | full) is the model's (model/gpt2.h): plan_gpt2_buffers plans
+// the buffers each mode keeps.
 
 struct Plan {
   int dp = 1, tp = 1, pp = 1;

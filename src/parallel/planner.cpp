@@ -211,13 +211,14 @@ std::string features(const Plan& p) {
   }
   if (least_host) {
     DSTRAIN_USER_ERROR() << config.name << " fits " << gpus << " x " << r.machine
-                         << " only with the optimizer offloaded to host memory, "
-                         << "and the least that needs (" << features(least_host->plan) << ") "
+                         << " only with the optimizer offloaded to host memory, and even the "
+                         << "plan that needs the least (" << features(least_host->plan) << ") "
                          << does_not_fit(*least_host, r);
   }
   DSTRAIN_USER_ERROR() << config.name << " needs at least "
                        << format_bytes(least_device->memory.device_total())
-                       << " per GPU on " << gpus << " GPUs even with "
+                       << " per GPU on " << gpus << (gpus == 1 ? " GPU" : " GPUs")
+                       << " even with "
                        << features(least_device->plan) << "; these GPUs have "
                        << format_bytes(r.gpu_memory_bytes) << " ("
                        << format_bytes(r.usable_device_bytes) << " usable)"

@@ -21,28 +21,35 @@ ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& shar
       backend_(backend),
       world_(comm.size()),
       rank_(comm.rank()),
+      dtype_(sharding.param_dtype),
       shard_optimizer_(sharding.zero >= 1),
       shard_grads_(sharding.zero >= 2),
       shard_params_(sharding.zero >= 3) {
   DSTRAIN_USER_CHECK(sharding.zero >= 0 && sharding.zero <= 3)
       << "--zero must be 0, 1, 2 or 3, not " << sharding.zero;
-  constexpr size_t kF32 = sizeof(float);
+  DSTRAIN_CHECK(dtype_ == DType::F32 || dtype_ == DType::F16 || dtype_ == DType::BF16);
+  const size_t width = dtype_size(dtype_), kF32 = sizeof(float);
+  // The params are the master weights only when they are fp32 and on the device.
+  const bool separate_master = dtype_ != DType::F32 || sharding.offload;
   Allocator& state_allocator = sharding.offload ? host : device;
   const MemCategory state_category =
       sharding.offload ? MemCategory::OptimizerStateHost : MemCategory::OptimizerState;
+  const MemCategory master_category =
+      sharding.offload ? MemCategory::OptimizerStateHost : MemCategory::MasterWeights;
   int64_t max_padded = 0, max_padded_layer = 0, max_shard = 0, max_optimizer = 0;
   for (int b = 0; b < layout_.num_blocks(); ++b) {
     Block block;
     block.numel = layout_.block_numel(b);
     block.shard = shard_numel(block.numel, world_);
     const int64_t padded = block.shard * world_;
+    // Stage 0 updates the whole block: its optimizer range is the padded full buffer.
     const int64_t optimizer_count = shard_optimizer_ ? block.shard : padded;
     block.params = device.allocate(MemCategory::Parameters,
-                                   (shard_params_ ? block.shard : padded) * kF32);
+                                   (shard_params_ ? block.shard : padded) * width);
     block.grads = device.allocate(MemCategory::Gradients,
-                                  (shard_grads_ ? block.shard : padded) * kF32);
-    if (sharding.offload) {
-      block.master = host.allocate(MemCategory::OptimizerStateHost, optimizer_count * kF32);
+                                  (shard_grads_ ? block.shard : padded) * width);
+    if (separate_master) {
+      block.master = state_allocator.allocate(master_category, optimizer_count * kF32);
     }
     block.exp_avg = state_allocator.allocate(state_category, optimizer_count * kF32);
     block.exp_avg_sq = state_allocator.allocate(state_category, optimizer_count * kF32);
@@ -58,25 +65,36 @@ ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& shar
   }
   if (shard_params_) {
     for (Buffer& buffer : gathered_) {
-      buffer = device.allocate(MemCategory::GatheredParams, max_padded * kF32);
+      buffer = device.allocate(MemCategory::GatheredParams, max_padded * width);
     }
   }
   if (shard_grads_) {
     const int64_t embedding_padded = blocks_[0].shard * world_;
-    block_grads_[0] = device.allocate(MemCategory::CommBuffers, embedding_padded * kF32);
-    block_grads_[1] = device.allocate(MemCategory::CommBuffers, max_padded_layer * kF32);
+    block_grads_[0] = device.allocate(MemCategory::CommBuffers, embedding_padded * width);
+    block_grads_[1] = device.allocate(MemCategory::CommBuffers, max_padded_layer * width);
   }
   if (shard_optimizer_) {
     // The shard a reduce-scatter delivers before it is added to (or copied into) the gradients.
-    reduced_ = device.allocate(MemCategory::CommBuffers, max_shard * kF32);
+    reduced_ = device.allocate(MemCategory::CommBuffers, max_shard * width);
   }
   if (sharding.offload) {
-    host_grads_ = host.allocate(MemCategory::CommBuffers, max_optimizer * kF32);
+    host_grads_ = host.allocate(MemCategory::CommBuffers, max_optimizer * width);
+    host_params_ = host.allocate(MemCategory::CommBuffers, max_optimizer * width);
   }
 }
 
-Tensor ShardedModel::flat(const Buffer& buffer, int64_t numel) const {
-  return buffer.view(DType::F32, {numel});
+Tensor ShardedModel::flat(const Buffer& buffer, int64_t numel, DType dtype) const {
+  return buffer.view(dtype, {numel});
+}
+
+Tensor ShardedModel::params_padded(int block) const {
+  const Block& b = blocks_[block];
+  return flat(b.params, shard_params_ ? b.shard : b.shard * world_, dtype_);
+}
+
+Tensor ShardedModel::grads_padded(int block) const {
+  const Block& b = blocks_[block];
+  return flat(b.grads, shard_grads_ ? b.shard : b.shard * world_, dtype_);
 }
 
 int64_t ShardedModel::shard_begin(int block) const {
@@ -93,18 +111,32 @@ FlatRange ShardedModel::optimizer_range(int block) const {
   return FlatRange{block, shard_begin(block), shard_count(block)};
 }
 
-Tensor ShardedModel::params_full(int block) const {
-  DSTRAIN_CHECK(!shard_params_);
-  return flat(blocks_[block].params, blocks_[block].numel);
+Tensor ShardedModel::range_params(int block) const {
+  const FlatRange range = optimizer_range(block);
+  return shard_params_ ? params_padded(block).slice(0, {range.numel})
+                       : params_padded(block).slice(range.begin, {range.numel});
+}
+
+Tensor ShardedModel::range_grads(int block) const {
+  const FlatRange range = optimizer_range(block);
+  return shard_grads_ ? grads_padded(block).slice(0, {range.numel})
+                      : grads_padded(block).slice(range.begin, {range.numel});
+}
+
+Tensor ShardedModel::master(int block) const {
+  const Block& b = blocks_[block];
+  const FlatRange range = optimizer_range(block);
+  if (b.master.empty()) return range_params(block);  // fp32 params on the device
+  return flat(b.master, range.numel);
 }
 
 Tensor ShardedModel::acquire_params(int block) {
   const Block& b = blocks_[block];
-  if (!shard_params_) return params_full(block);
+  if (!shard_params_) return params_padded(block).slice(0, {b.numel});
   const int slot = next_gather_slot_;
   next_gather_slot_ ^= 1;
-  Tensor gathered = flat(gathered_[slot], b.shard * world_);
-  comm_.all_gather(gathered, flat(b.params, b.shard), nullptr);
+  Tensor gathered = flat(gathered_[slot], b.shard * world_, dtype_);
+  comm_.all_gather(gathered, params_padded(block), nullptr);
   gathered_block_[slot] = block;
   return gathered.slice(0, {b.numel});
 }
@@ -113,9 +145,9 @@ void ShardedModel::release_params(int block) {}
 
 Tensor ShardedModel::acquire_grads(int block) {
   const Block& b = blocks_[block];
-  if (!shard_grads_) return flat(b.grads, b.numel);
+  if (!shard_grads_) return grads_padded(block).slice(0, {b.numel});
   const int slot = block == ParamLayout::embedding_block() ? 0 : 1;
-  Tensor full = flat(block_grads_[slot], b.shard * world_);
+  Tensor full = flat(block_grads_[slot], b.shard * world_, dtype_);
   if (block_grads_owner_[slot] != block) {
     DSTRAIN_CHECK(block_grads_owner_[slot] < 0)
         << "block " << block << " wants the gradient buffer block "
@@ -131,89 +163,99 @@ void ShardedModel::release_grads(int block) {
   const int slot = block == ParamLayout::embedding_block() ? 0 : 1;
   DSTRAIN_CHECK(block_grads_owner_[slot] == block);
   const Block& b = blocks_[block];
-  Tensor reduced = flat(reduced_, b.shard);
-  comm_.reduce_scatter(reduced, flat(block_grads_[slot], b.shard * world_), ReduceOp::Sum,
-                       nullptr);
-  backend_.accumulate(flat(b.grads, b.shard), reduced, nullptr);
+  Tensor reduced = flat(reduced_, b.shard, dtype_);
+  comm_.reduce_scatter(reduced, flat(block_grads_[slot], b.shard * world_, dtype_),
+                       ReduceOp::Sum, nullptr);
+  backend_.accumulate(grads_padded(block), reduced, nullptr);
   block_grads_owner_[slot] = -1;
 }
 
 void ShardedModel::begin_step() {
-  for (Block& block : blocks_) {
-    backend_.fill_zero(block.grads.view(DType::F32, {int64_t(block.grads.bytes() / 4)}), nullptr);
+  for (int block = 0; block < num_blocks(); ++block) {
+    backend_.fill_zero(grads_padded(block), nullptr);
   }
 }
 
-StepStats ShardedModel::finish_step(const AdamWConfig& adam, double lr, int64_t step) {
-  // 1. Finish the gradient reduction (stages 0 and 1 reduce once per step).
-  for (int block = 0; block < num_blocks(); ++block) {
-    Block& b = blocks_[block];
-    if (shard_grads_) continue;  // reduced block by block during backward
-    Tensor full = flat(b.grads, b.shard * world_);
-    if (!shard_optimizer_) {
-      comm_.all_reduce(full, ReduceOp::Sum, nullptr);
-    } else {
-      Tensor reduced = flat(reduced_, b.shard);
-      comm_.reduce_scatter(reduced, full, ReduceOp::Sum, nullptr);
-      backend_.copy(full.slice(rank_ * b.shard, {b.shard}), reduced, nullptr);
+void ShardedModel::inject_inf_gradient() {
+  Tensor grads = grads_padded(ParamLayout::layer_block(0));
+  const float inf = INFINITY;
+  backend_.copy(grads.slice(0, {1}), Tensor(const_cast<float*>(&inf), DType::F32, {1}), nullptr);
+}
+
+StepStats ShardedModel::finish_step(const AdamWConfig& adam, double lr, int64_t adam_step,
+                                    double loss_scale) {
+  // 1. Finish the gradient reduction (stages 0 and 1 reduce once per step; 2 and 3 did it
+  // block by block during backward).
+  if (!shard_grads_) {
+    for (int block = 0; block < num_blocks(); ++block) {
+      const Block& b = blocks_[block];
+      Tensor full = grads_padded(block);
+      if (!shard_optimizer_) {
+        comm_.all_reduce(full, ReduceOp::Sum, nullptr);
+      } else {
+        Tensor reduced = flat(reduced_, b.shard, dtype_);
+        comm_.reduce_scatter(reduced, full, ReduceOp::Sum, nullptr);
+        backend_.copy(full.slice(rank_ * b.shard, {b.shard}), reduced, nullptr);
+      }
     }
   }
-  // The gradient of this rank's optimizer range, per block.
-  auto range_grads = [&](int block) {
-    const Block& b = blocks_[block];
-    const FlatRange range = optimizer_range(block);
-    if (shard_grads_) return flat(b.grads, b.shard).slice(0, {range.numel});
-    return flat(b.grads, b.shard * world_).slice(range.begin, {range.numel});
-  };
 
-  // 2. The global norm: every rank sums the squares of its own shard of every block (at
-  // stage 0 the full gradients are identical everywhere, so each takes its shard's range).
+  // 2. Every rank looks at its own shard of every block (at stage 0 the reduced gradients are
+  // the same everywhere, so each takes its shard's range): inf/NaN anywhere, agreed by all
+  // ranks with a max, and the sum of squares for the global norm.
+  float found_inf = 0.0f;
   double squares = 0.0;
   for (int block = 0; block < num_blocks(); ++block) {
-    const Block& b = blocks_[block];
     const int64_t begin = shard_begin(block), count = shard_count(block);
     if (count == 0) continue;
-    Tensor grads = shard_grads_ ? flat(b.grads, b.shard).slice(0, {count})
-                                : flat(b.grads, b.shard * world_).slice(begin, {count});
+    Tensor grads = shard_grads_ ? grads_padded(block).slice(0, {count})
+                                : grads_padded(block).slice(begin, {count});
+    if (backend_.has_inf_or_nan(grads, nullptr)) found_inf = 1.0f;
     squares += backend_.sum_squares(grads, nullptr);
   }
+  StepStats stats;
+  if (world_ > 1) {
+    comm_.all_reduce(Tensor(&found_inf, DType::F32, {1}), ReduceOp::Max, nullptr);
+  }
+  stats.found_inf = found_inf != 0.0f;
+  if (stats.found_inf) return stats;  // skipped: no rank updates anything
   if (world_ > 1) {
     float partial = static_cast<float>(squares);
     comm_.all_reduce(Tensor(&partial, DType::F32, {1}), ReduceOp::Sum, nullptr);
     squares = partial;
   }
-  StepStats stats;
-  stats.grad_norm = std::sqrt(squares);
+  stats.grad_norm = std::sqrt(squares) / loss_scale;
   stats.clip = clip_coefficient(stats.grad_norm, adam.grad_clip);
+  const float grad_scale = static_cast<float>(stats.clip / loss_scale);
 
-  // 3. AdamW on this rank's range, on the device or (offload) on the host.
+  // 3. AdamW on this rank's range: on the device, or (offload) on the host with the
+  // gradients streamed down and the updated weights streamed back up.
   for (int block = 0; block < num_blocks(); ++block) {
     Block& b = blocks_[block];
     const FlatRange range = optimizer_range(block);
     if (range.numel == 0) continue;
     Tensor grads = range_grads(block);
     Tensor m = flat(b.exp_avg, range.numel), v = flat(b.exp_avg_sq, range.numel);
-    Tensor device_params =
-        shard_params_ ? flat(b.params, b.shard).slice(0, {range.numel})
-                      : flat(b.params, b.shard * world_).slice(range.begin, {range.numel});
+    Tensor device_params = range_params(block);
     if (sharding_.offload) {
-      Tensor staged = flat(host_grads_, range.numel);
-      backend_.copy_bytes(staged.data, grads.data, grads.nbytes(), nullptr);  // down
-      Tensor master = flat(b.master, range.numel);
-      adamw_update_range(backend_, layout_, range, master, staged, m, v, Tensor(), adam, lr,
-                         step, stats.clip, nullptr);
-      backend_.copy_bytes(device_params.data, master.data, master.nbytes(), nullptr);  // up
+      Tensor staged_grads = flat(host_grads_, range.numel, dtype_);
+      Tensor staged_params = flat(host_params_, range.numel, dtype_);
+      backend_.copy_bytes(staged_grads.data, grads.data, grads.nbytes(), nullptr);
+      adamw_update_range(backend_, layout_, range, master(block), staged_grads, m, v,
+                         staged_params, adam, lr, adam_step, grad_scale, nullptr);
+      backend_.copy_bytes(device_params.data, staged_params.data, staged_params.nbytes(), nullptr);
     } else {
-      adamw_update_range(backend_, layout_, range, device_params, grads, m, v, Tensor(), adam,
-                         lr, step, stats.clip, nullptr);
+      Tensor copy = b.master.empty() ? Tensor() : device_params;
+      adamw_update_range(backend_, layout_, range, master(block), grads, m, v, copy, adam, lr,
+                         adam_step, grad_scale, nullptr);
     }
   }
   // 4. Stages 1 and 2 hold full parameters: gather the updated shards.
   if (shard_optimizer_ && !shard_params_) {
     for (int block = 0; block < num_blocks(); ++block) {
-      Block& b = blocks_[block];
-      Tensor full = flat(b.params, b.shard * world_);
-      comm_.all_gather(full, full.slice(rank_ * b.shard, {b.shard}), nullptr);
+      Tensor full = params_padded(block);
+      const int64_t shard = blocks_[block].shard;
+      comm_.all_gather(full, full.slice(rank_ * shard, {shard}), nullptr);
     }
   }
   return stats;
@@ -222,24 +264,24 @@ StepStats ShardedModel::finish_step(const AdamWConfig& adam, double lr, int64_t 
 void ShardedModel::set_full_params(const std::vector<Tensor>& full_blocks) {
   DSTRAIN_CHECK(static_cast<int>(full_blocks.size()) == num_blocks());
   for (int block = 0; block < num_blocks(); ++block) {
-    Block& b = blocks_[block];
-    const float* full = full_blocks[block].f32();
-    DSTRAIN_CHECK(full_blocks[block].numel() == b.numel);
+    const Block& b = blocks_[block];
+    Tensor full = full_blocks[block];
+    DSTRAIN_CHECK(full.numel() == b.numel && full.dtype == DType::F32);
     const int64_t begin = shard_begin(block), count = shard_count(block);
     if (shard_params_) {
-      std::memcpy(b.params.data(), full + begin, count * sizeof(float));
+      backend_.copy(params_padded(block).slice(0, {count}), full.slice(begin, {count}), nullptr);
     } else {
-      std::memcpy(b.params.data(), full, b.numel * sizeof(float));
+      backend_.copy(params_padded(block).slice(0, {b.numel}), full, nullptr);
     }
-    if (sharding_.offload) {
+    if (!b.master.empty()) {
       const FlatRange range = optimizer_range(block);
-      std::memcpy(b.master.data(), full + range.begin, range.numel * sizeof(float));
+      std::memcpy(b.master.data(), full.f32() + range.begin, range.numel * sizeof(float));
     }
   }
 }
 
 namespace {
-// Gathers every rank's `count` elements at `local` into full[0, numel) (shards of `shard`).
+// Gathers every rank's `count` F32 elements at `local` into full[0, numel) (shards of `shard`).
 void gather_shards(Communicator& comm, const float* local, int64_t count, int64_t shard,
                    int64_t numel, float* full) {
   std::vector<float> mine(static_cast<size_t>(shard), 0.0f);
@@ -254,11 +296,11 @@ void gather_shards(Communicator& comm, const float* local, int64_t count, int64_
 void ShardedModel::get_full_params(const std::vector<Tensor>& full_blocks) {
   for (int block = 0; block < num_blocks(); ++block) {
     const Block& b = blocks_[block];
-    if (shard_params_) {
-      gather_shards(comm_, static_cast<const float*>(b.params.data()), shard_count(block),
-                    b.shard, b.numel, full_blocks[block].f32());
+    if (shard_optimizer_) {
+      gather_shards(comm_, master(block).f32(), shard_count(block), b.shard, b.numel,
+                    full_blocks[block].f32());
     } else {
-      std::memcpy(full_blocks[block].f32(), b.params.data(), b.numel * sizeof(float));
+      std::memcpy(full_blocks[block].f32(), master(block).f32(), b.numel * sizeof(float));
     }
   }
 }

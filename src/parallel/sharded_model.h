@@ -31,6 +31,9 @@ namespace dstrain {
 struct ShardingConfig {
   int zero = 0;          // ZeRO stage 0..3
   bool offload = false;  // master weights and Adam moments in host memory
+  // The working parameters and gradients (and the activations): F32, or F16/BF16 with an
+  // fp32 master copy of the optimizer's range.
+  DType param_dtype = DType::F32;
 };
 
 // Elements of each rank's shard of a block of `block_numel` elements over `world` ranks:
@@ -38,8 +41,9 @@ struct ShardingConfig {
 int64_t shard_numel(int64_t block_numel, int world);
 
 struct StepStats {
-  double grad_norm = 0.0;  // global, before clipping
+  double grad_norm = 0.0;  // global, of the unscaled gradients, before clipping
   float clip = 1.0f;       // the multiplier applied
+  bool found_inf = false;  // some rank's gradients held an inf or NaN: nothing was updated
 };
 
 class ShardedModel : public ParamProvider {
@@ -64,15 +68,21 @@ class ShardedModel : public ParamProvider {
 
   // Before the first micro-batch of a step: zeroes the gradients.
   void begin_step();
-  // After the last micro-batch: finishes the gradient reduction, computes the global norm,
-  // clips, takes the AdamW step (step is 1-based) on this rank's part and makes the updated
-  // parameters visible where they are needed. Collective.
-  StepStats finish_step(const AdamWConfig& adam, double lr, int64_t step);
+  // After the last micro-batch: finishes the gradient reduction, agrees with every rank on
+  // whether any gradient is inf/NaN (then nothing is updated: the step is skipped), computes
+  // the global norm of the gradients divided by loss_scale, clips, takes the AdamW step
+  // (adam_step is 1-based: the count of steps applied) on this rank's part and makes the
+  // updated parameters visible where they are needed. Collective.
+  StepStats finish_step(const AdamWConfig& adam, double lr, int64_t adam_step, double loss_scale);
 
-  // Fills the master weights from a full F32 copy of every block (e.g. init or a loaded
-  // checkpoint); each rank keeps its part.
+  // Testing: makes one gradient element of this rank +inf (as an fp16 overflow would).
+  void inject_inf_gradient();
+
+  // Fills the master weights (and the working parameters, rounded to their dtype) from a full
+  // F32 copy of every block (e.g. init or a loaded checkpoint); each rank keeps its part.
   void set_full_params(const std::vector<Tensor>& full_blocks);
-  // Gathers the full F32 parameters of every block into `full_blocks` (block_numel each). Collective.
+  // Gathers the full F32 master weights of every block into `full_blocks` (block_numel each).
+  // Collective.
   void get_full_params(const std::vector<Tensor>& full_blocks);
   // The same for the Adam moments (which = 0: exp_avg, 1: exp_avg_sq). Collective.
   void set_full_moments(int which, const std::vector<Tensor>& full_blocks);
@@ -82,16 +92,21 @@ class ShardedModel : public ParamProvider {
   struct Block {
     int64_t numel = 0;        // block_numel
     int64_t shard = 0;        // shard_numel
-    Buffer params;            // full padded (world * shard) unless stage 3: shard
-    Buffer grads;             // full padded unless stage >= 2: shard
-    Buffer master;            // with offload: fp32 master of the shard, on the host
-    Buffer exp_avg, exp_avg_sq;  // full (stage 0) or shard; on the host with offload
+    Buffer params;            // param_dtype: full padded (world * shard) unless stage 3: shard
+    Buffer grads;             // param_dtype: full padded unless stage >= 2: shard
+    Buffer master;            // F32 master of the optimizer range; on the host with offload;
+                              // empty when the params are F32 on the device (they are the master)
+    Buffer exp_avg, exp_avg_sq;  // F32, the optimizer range; on the host with offload
   };
-  Tensor params_full(int block) const;   // REQUIRES: parameters not sharded
-  Tensor flat(const Buffer& buffer, int64_t numel) const;
+  Tensor flat(const Buffer& buffer, int64_t numel, DType dtype = DType::F32) const;
+  Tensor params_padded(int block) const;  // all of the params buffer (param_dtype)
+  Tensor grads_padded(int block) const;   // all of the grads buffer (param_dtype)
+  // The working parameters / gradients of the optimizer range (param_dtype).
+  Tensor range_params(int block) const;
+  Tensor range_grads(int block) const;
+  Tensor master(int block) const;         // F32, the optimizer range
   // The optimizer's range of a block: the whole block at stage 0, this rank's shard above.
   FlatRange optimizer_range(int block) const;
-  void reduce_block_grads(int block, Tensor full_grads);
 
   ModelConfig config_;
   ParamLayout layout_;
@@ -99,6 +114,7 @@ class ShardedModel : public ParamProvider {
   Communicator& comm_;
   Backend& backend_;
   int world_, rank_;
+  DType dtype_;
   bool shard_optimizer_, shard_grads_, shard_params_;
   std::vector<Block> blocks_;
   // Stage 3: two gathered-block buffers (the current block and the next one).
@@ -112,8 +128,8 @@ class ShardedModel : public ParamProvider {
   int block_grads_owner_[2] = {-1, -1};
   // The shard a reduce-scatter delivers (stages >= 1).
   Buffer reduced_;
-  // Offload: host staging for a shard's gradients and updated weights.
-  Buffer host_grads_;
+  // Offload: host staging for a range's gradients (down) and updated weights (up).
+  Buffer host_grads_, host_params_;
 };
 
 }  // namespace dstrain

@@ -47,6 +47,9 @@ struct TrainOptions {
   std::string init_from;
   int64_t sample_tokens = 64;      // printed at the end; 0 disables
   bool quiet = false;              // no progress lines (the log and the summary remain)
+  // Testing: at this 1-based step, rank inject_inf_rank puts +inf into one gradient (0: never).
+  int64_t inject_inf_step = 0;
+  int inject_inf_rank = 0;
 };
 
 }  // namespace dstrain

@@ -21,6 +21,7 @@
 #include "kernels/ops.h"
 #include "model/gpt2.h"
 #include "optim/adamw.h"
+#include "optim/grad_scaler.h"
 #include "optim/schedule.h"
 #include "train/checkpoint.h"
 #include "train/jsonl_log.h"
@@ -139,9 +140,6 @@ void validate_options(const TrainOptions& options) {
   DSTRAIN_USER_CHECK(options.precision == "fp32" || options.precision == "fp16" ||
                      options.precision == "bf16")
       << "--precision must be fp32, fp16 or bf16, not '" << options.precision << "'";
-  DSTRAIN_USER_CHECK(options.precision == "fp32")
-      << "--precision " << options.precision << ": mixed-precision training (with the "
-      << "gradient scaler) is not implemented yet in this build; use --precision fp32";
   DSTRAIN_USER_CHECK(options.sample_tokens >= 0) << "--sample must not be negative";
 }
 
@@ -253,6 +251,8 @@ struct RunContext {
   const FullTrainingState* initial = nullptr;  // the starting weights (and moments on resume)
   bool have_moments = false;
   int64_t first_step = 0;
+  int64_t first_adam_step = 0;                 // optimizer steps applied before (skips excluded)
+  nlohmann::json scaler_state;                 // on resume, else null
   nlohmann::json data_state;                   // loader position on resume, else null
   nlohmann::json fingerprint;
   std::optional<CheckpointInfo> resume;
@@ -324,7 +324,8 @@ void run_rank(const RunContext& ctx, Communicator& comm) {
   std::unique_ptr<Allocator> device = make_cpu_allocator(rank);
   std::unique_ptr<Allocator> host = make_cpu_allocator(rank);
   ShardedModel state(config, ctx.sharding, comm, *backend, *device, *host);
-  Gpt2 model(config, *backend, *device, B, T, DType::F32, true, ctx.recompute);
+  const DType dtype = ctx.sharding.param_dtype;
+  Gpt2 model(config, *backend, *device, B, T, dtype, true, ctx.recompute);
   Buffer batch_buffer = device->allocate(MemCategory::Data, 2 * B * T * sizeof(int32_t));
   Tensor inputs = batch_buffer.view(DType::I32, {B, T});
   Tensor targets(static_cast<int32_t*>(batch_buffer.data()) + B * T, DType::I32, {B, T});
@@ -362,7 +363,8 @@ void run_rank(const RunContext& ctx, Communicator& comm) {
     text << "  plan: " << world << (world == 1 ? " rank" : " ranks") << " on the CPU backend ("
          << backend->name() << " each), ZeRO-" << ctx.sharding.zero
          << (ctx.sharding.offload ? ", optimizer offloaded to host memory" : "")
-         << ", recompute " << recompute_name(ctx.recompute) << ", fp32\n";
+         << ", recompute " << recompute_name(ctx.recompute) << ", " << options.precision
+         << (dtype == DType::F16 ? " with dynamic loss scaling" : "") << "\n";
     text << "  memory per rank (peak, largest over ranks):" << memory_line(memory);
     if (ctx.resume) text << "\n  resuming " << ctx.resume->dir << " at step " << ctx.first_step;
     if (ctx.data->entropy_floor) {
@@ -411,7 +413,9 @@ void run_rank(const RunContext& ctx, Communicator& comm) {
   TrainSummary& summary = *ctx.summary;
   const AdamWConfig adam{options.beta1, options.beta2, options.eps, options.weight_decay,
                          options.grad_clip};
-  const float dloss = 1.0f / static_cast<float>(B * T * accum * world);
+  GradScaler scaler(dtype == DType::F16);
+  if (!ctx.scaler_state.is_null()) scaler.restore(ctx.scaler_state);
+  int64_t adam_step = ctx.first_adam_step;
   const double tokens_per_step = static_cast<double>(B * T * accum * world);
   double train_seconds = 0.0, smoothed_step_seconds = 0.0;
 
@@ -419,17 +423,28 @@ void run_rank(const RunContext& ctx, Communicator& comm) {
     const auto start = Clock::now();
     state.begin_step();
     double local_loss = 0.0;
+    const double loss_scale = scaler.scale();
+    // The gradient of the mean loss over the global batch, times the loss scale.
+    const float dloss = static_cast<float>(loss_scale / static_cast<double>(B * T * accum * world));
     for (int64_t micro = 0; micro < accum; ++micro) {
       loader.next_batch(inputs, targets);
       local_loss += model.forward(state, inputs, targets, dloss, nullptr);
       model.backward(state, inputs, nullptr);
+    }
+    if (options.inject_inf_step == step + 1 && options.inject_inf_rank == rank) {
+      state.inject_inf_gradient();
     }
     const double loss = mean_over_ranks(comm, local_loss / static_cast<double>(accum));
     DSTRAIN_USER_CHECK(std::isfinite(loss))
         << "the loss became " << loss << " at step " << step + 1
         << "; training diverged (try a lower --lr or a --grad-clip)";
     const double lr = learning_rate(ctx.schedule, step);
-    const StepStats stats = state.finish_step(adam, lr, step + 1);
+    const StepStats stats = state.finish_step(adam, lr, adam_step + 1, loss_scale);
+    DSTRAIN_USER_CHECK(!stats.found_inf || scaler.enabled())
+        << "the gradients hold inf or NaN at step " << step + 1
+        << "; training diverged (try a lower --lr, a --grad-clip, or --precision fp32)";
+    const bool skipped = scaler.update(stats.found_inf);
+    if (!skipped) ++adam_step;
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     train_seconds += seconds;
     smoothed_step_seconds =
@@ -437,8 +452,20 @@ void run_rank(const RunContext& ctx, Communicator& comm) {
     const double tokens_per_s = tokens_per_step / seconds;
     if (leader) {
       summary.losses.push_back(loss);
-      ctx.log->write({{"step", step + 1}, {"loss", loss}, {"lr", lr},
-                      {"grad_norm", stats.grad_norm}, {"tokens_per_s", tokens_per_s}});
+      nlohmann::json record{{"step", step + 1}, {"loss", loss}, {"lr", lr},
+                            {"grad_norm", stats.grad_norm}, {"tokens_per_s", tokens_per_s}};
+      if (scaler.enabled()) {
+        record["loss_scale"] = loss_scale;
+        record["skipped"] = skipped;
+        if (skipped) ++summary.skipped_steps;
+      }
+      ctx.log->write(record);
+      if (skipped) {
+        std::ostringstream text;
+        text << "step " << step + 1 << ": gradients overflowed in fp16, step skipped; loss scale "
+             << loss_scale << " -> " << scaler.scale();
+        ctx.progress->message(text.str());
+      }
       ctx.progress->step(step, loss, lr, stats.grad_norm, tokens_per_s,
                          smoothed_step_seconds * static_cast<double>(options.steps - step - 1));
     }
@@ -462,8 +489,9 @@ void run_rank(const RunContext& ctx, Communicator& comm) {
         ((options.save_every > 0 && (step + 1) % options.save_every == 0) || last)) {
       gather_full_state();
       if (leader) {
-        const nlohmann::json trainer{{"step", step + 1}, {"data", loader.state()},
-                                     {"run", ctx.fingerprint}, {"seed", options.seed}};
+        const nlohmann::json trainer{{"step", step + 1},        {"adam_step", adam_step},
+                                     {"data", loader.state()},  {"scaler", scaler.state()},
+                                     {"run", ctx.fingerprint},  {"seed", options.seed}};
         summary.checkpoint = save_checkpoint(options.out, step + 1, config, gathered, trainer);
         ctx.progress->message("saved checkpoint " + summary.checkpoint);
       }
@@ -547,7 +575,7 @@ TrainSummary train(const TrainOptions& given, std::ostream& out) {
   if (options.min_lr < 0) options.min_lr = options.lr / 10;
   ctx.schedule = LrScheduleConfig{parse_lr_schedule(options.lr_schedule), options.lr,
                                   options.min_lr, options.warmup, options.steps};
-  ctx.sharding = ShardingConfig{options.zero, options.offload};
+  ctx.sharding = ShardingConfig{options.zero, options.offload, parse_dtype(options.precision)};
   ctx.recompute = parse_recompute(options.recompute);
   Datasets data = open_datasets(options, config, options.batch, options.seq_len, world);
   ctx.data = &data;
@@ -573,6 +601,8 @@ TrainSummary train(const TrainOptions& given, std::ostream& out) {
     DSTRAIN_USER_CHECK(trainer.contains("data"))
         << "checkpoint " << ctx.resume->dir << " has no data position in trainer.json";
     ctx.data_state = trainer["data"];
+    ctx.first_adam_step = trainer.value("adam_step", ctx.first_step);
+    if (trainer.contains("scaler")) ctx.scaler_state = trainer["scaler"];
     DSTRAIN_USER_CHECK(ctx.first_step < options.steps)
         << "checkpoint " << ctx.resume->dir << " is at step " << ctx.first_step
         << ", which already reaches --steps " << options.steps << "; raise --steps to train on";

@@ -18,6 +18,7 @@ struct TrainSummary {
   std::optional<double> final_eval_loss;
   std::optional<double> entropy_floor;  // synthetic data only
   double tokens_per_second = 0.0;
+  int64_t skipped_steps = 0;       // fp16 steps skipped for overflow
   std::string checkpoint;          // the last checkpoint written, if any
 };
 

@@ -216,10 +216,15 @@ TEST_F(CliTest, SyntheticRunLogsEntropyFloor) {
   EXPECT_NE(all.str().find("\"type\":\"memory\""), std::string::npos);
 }
 
-TEST_F(CliTest, UnimplementedPartsRefuseClearly) {
-  expect_user_error("--gpus 4 " + kSmall, "--gpus");
+TEST_F(CliTest, RanksAndPlanFlags) {
+  Result result = run_dstrain("--gpus 4 --zero 3 --offload --recompute full --precision fp16 " + kSmall, dir_);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("4 ranks"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("ZeRO-3"), std::string::npos) << result.out;
+  expect_user_error("--zero 4 " + kSmall, "--zero");
+  expect_user_error("--recompute some " + kSmall, "--recompute");
+  expect_user_error("--gpus 0 " + kSmall, "--gpus");
   expect_user_error("--device cuda " + kSmall, "CUDA");
-  expect_user_error("--precision fp16 " + kSmall, "fp16");
 }
 
 }  // namespace

@@ -2,11 +2,11 @@
 // paper's closed forms.
 //
 // Exactness: each rank builds what the trainer builds (src/train/trainer.cpp, run_rank):
-// ShardedModel on a device and a host CPU allocator, Gpt2 with the plan's recompute mode, and
-// the token batch; every category of both allocators must equal the prediction. Covered: one
-// rank (the plan the trainer has always run), and 2-4 ranks x ZeRO 0-3 x offload, on the
-// tiny preset and on odd configs (vocabulary, widths and sequence lengths that are not
-// multiples of anything), with odd micro-batches.
+// ShardedModel on a device and a host CPU allocator, Gpt2 with the plan's precision and
+// recompute mode, and the token batch; every category of both allocators must equal the
+// prediction. Covered: one rank (the plan the trainer has always run), and 2-4 ranks x ZeRO
+// 0-3 x offload x fp32/bf16/fp16, on the tiny preset and on odd configs (vocabulary, widths
+// and sequence lengths that are not multiples of anything), with odd micro-batches.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -65,9 +65,9 @@ int expect_allocations_match(const ModelConfig& config, const Plan& plan) {
     std::unique_ptr<Backend> backend = make_cpu_backend(1);
     std::unique_ptr<Allocator> device = make_cpu_allocator(comm.rank());
     std::unique_ptr<Allocator> host = make_cpu_allocator(comm.rank());
-    ShardedModel state(config, ShardingConfig{plan.zero, plan.offload}, comm, *backend, *device,
-                       *host);
-    Gpt2 model(config, *backend, *device, plan.micro_batch, plan.seq_len, DType::F32, true,
+    ShardedModel state(config, ShardingConfig{plan.zero, plan.offload, plan.param_dtype}, comm,
+                       *backend, *device, *host);
+    Gpt2 model(config, *backend, *device, plan.micro_batch, plan.seq_len, plan.param_dtype, true,
                plan.recompute);
     // As trainer.cpp: inputs and targets, (B, T) int32 each.
     Buffer batch = device->allocate(MemCategory::Data,
@@ -116,15 +116,19 @@ TEST(MemoryModel, RecomputeModesMatchAllocator) {
 TEST(MemoryModel, ShardedPlansMatchAllocatorEveryRankEveryStage) {
   // 37 * 24 and friends: no block divides evenly by 3 or 4, so shards are padded.
   const ModelConfig config = odd_config(37, 32, 24, 2, 3);
-  for (int ranks : {2, 3, 4}) {
-    for (int zero = 0; zero <= 3; ++zero) {
-      for (bool offload : {false, true}) {
-        Plan plan = one_rank_plan(2, 9);
-        plan.dp = ranks;
-        plan.zero = zero;
-        plan.offload = offload;
-        SCOPED_TRACE(describe(plan));
-        EXPECT_EQ(expect_allocations_match(config, plan), ranks);
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+    for (int ranks : {2, 3, 4}) {
+      for (int zero = 0; zero <= 3; ++zero) {
+        for (bool offload : {false, true}) {
+          Plan plan = one_rank_plan(2, 9);
+          plan.dp = ranks;
+          plan.zero = zero;
+          plan.offload = offload;
+          plan.param_dtype = dtype;
+          plan.recompute = zero == 1 ? Recompute::Full : Recompute::None;
+          SCOPED_TRACE(describe(plan));
+          EXPECT_EQ(expect_allocations_match(config, plan), ranks);
+        }
       }
     }
   }

@@ -1,0 +1,142 @@
+// `dstrain topo` and `dstrain plan` through the command-line entry point, in process: a
+// user's mistake is exit code 2 and one sentence; a plan prints as text and as JSON.
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/cli.h"
+
+namespace dstrain {
+namespace {
+
+struct CliResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+CliResult run(std::vector<std::string> args) {
+  args.insert(args.begin(), "dstrain");
+  std::vector<const char*> argv;
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  std::ostringstream out, err;
+  CliResult r;
+  r.exit_code = run_cli(static_cast<int>(argv.size()), argv.data(), out, err);
+  r.out = out.str();
+  r.err = err.str();
+  return r;
+}
+
+std::string fixture(const std::string& name) {
+  return std::string(DSTRAIN_SOURCE_DIR) + "/tests/topology/fixtures/" + name;
+}
+
+std::vector<std::string> rtx4090_x8(std::vector<std::string> more) {
+  std::vector<std::string> args = {"plan", "--from-nvidia-smi", fixture("rtx4090-8gpu-pcie.txt"),
+                                   "--gpu", "rtx4090", "--host-memory", "256G"};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+// Exit 2, nothing on stdout, and exactly one line "dstrain: error: ..." holding `fragment`.
+void expect_user_error(const std::vector<std::string>& args, const std::string& fragment) {
+  const CliResult r = run(args);
+  std::string joined;
+  for (const std::string& a : args) joined += a + " ";
+  EXPECT_EQ(r.exit_code, 2) << joined << "\nstderr: " << r.err;
+  EXPECT_EQ(r.err.rfind("dstrain: error: ", 0), 0u) << joined << "\nstderr: " << r.err;
+  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "one line: " << r.err;
+  EXPECT_NE(r.err.find(fragment), std::string::npos) << joined << "\nstderr: " << r.err;
+}
+
+TEST(PlanCli, PrintsThePlanMemoryTimeAndAlternatives) {
+  const CliResult r = run(rtx4090_x8({"--model", "6b"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* part : {"plan: dp ", "memory per GPU", "total", "step: ", "tokens/s",
+                           "alternatives", "slower by", "not possible here", "not NVLink"}) {
+    EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;
+  }
+}
+
+TEST(PlanCli, PlanJsonHasTheFieldsToolsRead) {
+  const CliResult r = run(rtx4090_x8({"--model", "gpt2-124m", "--plan-json"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  for (const char* key : {"dp", "tp", "pp", "zero", "offload", "recompute", "micro_batch",
+                          "grad_accum", "memory_bytes_per_gpu", "step_seconds", "alternatives"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_EQ(j["dp"].get<int>() * j["tp"].get<int>() * j["pp"].get<int>(), 8);
+  EXPECT_EQ(j["global_batch_tokens"], 524288);
+  EXPECT_GT(j["memory_bytes_per_gpu"].get<uint64_t>(), 0u);
+  EXPECT_TRUE(j["alternatives"][0].contains("why"));
+}
+
+TEST(PlanCli, FixedPartsAndDefaults) {
+  const CliResult r = run(rtx4090_x8({"--model", "gpt2-124m", "--plan-json", "--zero", "2",
+                                      "--micro-batch", "8", "--seq-len", "512", "--gpus", "4"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["zero"], 2);
+  EXPECT_EQ(j["micro_batch"], 8);
+  EXPECT_EQ(j["seq_len"], 512);
+  EXPECT_EQ(j["gpus"], 4);
+}
+
+TEST(PlanCli, MistakesAreOneSentenceAndExitTwo) {
+  expect_user_error(rtx4090_x8({"--model", "6b", "--gpus", "0"}), "--gpus must be at least 1");
+  expect_user_error(rtx4090_x8({"--model", "6b", "--gpus", "9"}), "more GPUs than the machine's 8");
+  expect_user_error({"plan", "--from-nvidia-smi", fixture("rtx4090-8gpu-pcie.txt"), "--gpu",
+                     "rtx9999", "--model", "6b"},
+                    "unknown GPU 'rtx9999'");
+  expect_user_error(rtx4090_x8({"--model", "6b", "--zero", "0", "--offload", "off", "--pp", "1"}),
+                    "does not fit");
+  expect_user_error(rtx4090_x8({"--model", "6b", "--tp", "2"}), "not NVLink");
+  expect_user_error(rtx4090_x8({"--model", "6b", "--recompute", "some"}), "none, selective or full");
+  expect_user_error(rtx4090_x8({"--model", "6b", "--offload", "maybe"}), "--offload takes on or off");
+  expect_user_error(rtx4090_x8({}), "needs --model");
+  expect_user_error(rtx4090_x8({"--model", "6b", "--bogus"}), "unknown flag --bogus");
+  expect_user_error({"plan", "--from-nvidia-smi", fixture("rtx4090-8gpu-pcie.txt"), "--model", "6b"},
+                    "--gpu");
+  expect_user_error({"plan", "--topology", fixture("nope.json"), "--model", "6b"}, "nope.json");
+}
+
+TEST(PlanCli, WithoutAMachineSaysWhatItNeeds) {
+  // This build has no CUDA and the test machines no driver: nothing to plan for.
+  const CliResult probe = run({"topo", "--json"});
+  ASSERT_EQ(probe.exit_code, 0) << probe.err;
+  if (!nlohmann::json::parse(probe.out)["gpus"].empty()) GTEST_SKIP() << "this machine has GPUs";
+  expect_user_error({"plan", "--model", "6b"}, "--from-nvidia-smi FILE with --gpu NAME");
+}
+
+TEST(TopoCli, ShowsAMachineFromNvidiaSmiText) {
+  const CliResult table =
+      run({"topo", "--from-nvidia-smi", fixture("rtx4090-8gpu-pcie.txt"), "--gpu", "4090"});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_NE(table.out.find("NVIDIA GeForce RTX 4090"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("SYS*"), std::string::npos) << table.out;
+
+  const CliResult json = run({"topo", "--json", "--from-nvidia-smi",
+                              fixture("h100-8gpu-nvswitch.txt"), "--gpu", "h100-sxm",
+                              "--host-memory", "2T"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const nlohmann::json j = nlohmann::json::parse(json.out);
+  EXPECT_EQ(j["gpus"].size(), 8u);
+  EXPECT_EQ(j["links"].size(), 28u);
+  EXPECT_EQ(j["links"][0]["kind"], "nvlink");
+  EXPECT_EQ(j["host_memory_bytes"], uint64_t{2} << 40);
+}
+
+TEST(TopoCli, ThisMachineWithoutGpusIsAStatementNotAnError) {
+  const CliResult r = run({"topo"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(r.out.find("No NVIDIA GPU found") != std::string::npos ||
+              r.out.find("GPU") != std::string::npos)
+      << r.out;
+}
+
+}  // namespace
+}  // namespace dstrain

@@ -1,0 +1,353 @@
+// The planner on real machines: each test names the plan it expects and why it is right.
+// Machines come from real `nvidia-smi topo -m` outputs (tests/topology/fixtures) completed
+// with --gpu and --host-memory, as a user would. Global batch: GPT-2's 524288 tokens (512 x
+// 1024). Precision: bf16 on every GPU here (compute capability >= 8.0).
+//
+// Numbers a reader needs (bf16 mixed-precision Adam: 2 params + 2 grads + 12 optimizer =
+// 16 bytes per parameter; usable memory = GPU memory less 10% and 1 GiB = 20.6 GiB of a
+// 24 GiB RTX 3090/4090, 71 GiB of an 80 GiB H100):
+//   gpt2-124m  0.12B params   2.0 GB of state
+//   gpt2-1.5b  1.56B params  25 GB of state
+//   6b         5.85B params  94 GB of state (28 layers, n_embd 4096)
+//   13b       12.85B params 206 GB of state (40 layers, n_embd 5120)
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <sstream>
+
+#include "core/check.h"
+#include "parallel/planner.h"
+#include "test_machines.h"
+
+namespace dstrain {
+namespace {
+
+NodeTopology machine(const std::string& fixture, const std::string& gpu,
+                     const std::string& host_memory) {
+  return testing::fixture_machine(fixture, gpu, host_memory);
+}
+
+NodeTopology rtx4090_x8() { return machine("rtx4090-8gpu-pcie.txt", "rtx4090", "256G"); }
+NodeTopology h100_x8() { return machine("h100-8gpu-nvswitch.txt", "h100-sxm", "2T"); }
+NodeTopology rtx3090_nvlink_pairs() {
+  return machine("rtx3090-4gpu-nvlink-pairs.txt", "rtx3090", "128G");
+}
+NodeTopology rtx4090_x2(const std::string& host = "128G") {
+  return machine("rtx4090-2gpu-ansi.txt", "rtx4090", host);
+}
+
+PlanResult plan(const std::string& model, const NodeTopology& topology,
+                const PlanRequest& request = {}) {
+  return choose_plan(load_model_config(model), topology, request);
+}
+
+struct Expected {
+  int dp, tp, pp, zero;
+  bool offload;
+  Recompute recompute;
+  int64_t micro_batch, grad_accum;
+};
+
+// The chosen plan is the expected one, and every result keeps the planner's contract.
+void expect_plan(const PlanResult& r, const Expected& e) {
+  const Plan& p = r.best.plan;
+  SCOPED_TRACE(describe(p));
+  EXPECT_EQ(p.dp, e.dp);
+  EXPECT_EQ(p.tp, e.tp);
+  EXPECT_EQ(p.pp, e.pp);
+  EXPECT_EQ(p.zero, e.zero);
+  EXPECT_EQ(p.offload, e.offload);
+  EXPECT_EQ(p.recompute, e.recompute);
+  EXPECT_EQ(p.micro_batch, e.micro_batch);
+  EXPECT_EQ(p.grad_accum, e.grad_accum);
+  EXPECT_EQ(p.param_dtype, DType::BF16);
+  EXPECT_EQ(p.tokens_per_step(), kDefaultGlobalBatchTokens);
+  EXPECT_TRUE(r.best.fits());
+  EXPECT_LE(r.best.memory.device_total(), r.usable_device_bytes);
+  EXPECT_GT(r.best.cost.step_seconds, 0);
+  // Every alternative says why it lost; the fitting ones are slower, or within the tie margin
+  // and more complicated.
+  for (const PlanCandidate& a : r.alternatives) {
+    EXPECT_FALSE(a.verdict.empty()) << describe(a.plan);
+    if (a.fits()) {
+      EXPECT_GE(a.seconds_per_token(), r.best.seconds_per_token() / 1.02 - 1e-15) << describe(a.plan);
+    } else {
+      EXPECT_NE(a.verdict.find("does not fit"), std::string::npos) << a.verdict;
+    }
+  }
+}
+
+bool any_excluded_mentions(const PlanResult& r, const std::string& text) {
+  for (const std::string& why : r.excluded) {
+    if (why.find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// ---- 8 x RTX 4090: PCIe only, no peer access, two sockets ----------------------------------
+// Every GPU-to-GPU byte goes up to host memory and down again, and four GPUs share each PCIe
+// switch's uplink: a data-parallel ring moves ~6 GB/s per GPU. Tensor parallelism would
+// all-reduce activations four times per layer over that, so the rules exclude it (no NVLink
+// island); what is left is data parallelism, ZeRO, offload and pipeline stages.
+
+TEST(Planner, Rtx4090x8Gpt2_124mIsPlainDataParallel) {
+  // 2 GB of state fits every GPU replicated: plain data parallelism (ZeRO-0). Its one
+  // all-reduce per step (248 MB of bf16 gradients) hides under the last micro-batch's
+  // backward. ZeRO-1/2 are predicted within 0.5% (less optimizer work per rank): a tie, so
+  // the plan with fewer moving parts wins. Micro-batch 32 is the largest power of two whose
+  // activations fit (64 would need ~28 GiB); 8 x 32 x 2 = 512 sequences.
+  const PlanResult r = plan("gpt2-124m", rtx4090_x8());
+  expect_plan(r, {8, 1, 1, 0, false, Recompute::None, 32, 2});
+  EXPECT_TRUE(any_excluded_mentions(r, "not NVLink"));
+}
+
+TEST(Planner, Rtx4090x8Gpt2_1_5bShardsTheOptimizer) {
+  // 25 GB of state does not fit 20.6 GiB replicated. ZeRO-1 shards the 12 optimizer bytes per
+  // parameter over 8 GPUs: 1.56B x (2 + 2 + 12/8) = 8.6 GB, leaving room for micro-batch 4
+  // without recompute. Its gradient reduce-scatter and parameter all-gather move as much as
+  // one all-reduce and hide under compute (~0.3 s exposed of ~9 s). ZeRO-2 + selective
+  // recompute at micro-batch 8 is predicted 1.8% faster: within the tie margin.
+  const PlanResult r = plan("gpt2-1.5b", rtx4090_x8());
+  expect_plan(r, {8, 1, 1, 1, false, Recompute::None, 4, 16});
+  EXPECT_TRUE(any_excluded_mentions(r, "does not divide the model's 25 attention heads"));
+}
+
+TEST(Planner, Rtx4090x8_6bUsesPipelineStagesAndZero1) {
+  // 94 GB of state does not fit 8 x 20.6 GiB replicated, and sharding it all (ZeRO-3 over 8)
+  // makes every micro-batch gather the whole model twice and reduce-scatter it once over
+  // ~6 GB/s links. Pipeline stages cut that: with 4 stages a GPU holds 7 of the 28 layers
+  // (plus the tied embedding at the ends), and only (1, 1024, 4096) activations cross the
+  // PCIe links between stages. dp 2 x ZeRO-1 halves the optimizer state of each stage within
+  // a PCIe switch. Selective recompute (layernorm and GELU outputs, no GEMM repeated) makes
+  // micro-batch 2 fit; with 128 micro-batches the pipeline bubble is 3/131 = 2.3%. Plain data
+  // parallelism would be no faster (and needs 33.8 GiB); dp 4 x pp 2 with offload is within
+  // 0.4% but adds the host step.
+  const PlanResult r = plan("6b", rtx4090_x8());
+  expect_plan(r, {2, 1, 4, 1, false, Recompute::Selective, 2, 128});
+  EXPECT_GT(r.best.cost.bubble_seconds, 0);
+  EXPECT_EQ(r.best.memory.stage, 0);  // the first stage holds the most micro-batches in flight
+}
+
+TEST(Planner, Rtx4090x8_13bOffloadsTheOptimizerToTheHost) {
+  // 206 GB of state does not fit even fully sharded over 8 x 20.6 GiB = 165 GiB: the fp32
+  // master weights and Adam moments (12 bytes/param, ~150 GiB over all ranks) must live in
+  // the 256 GB host. The device keeps bf16 params and gradients (4 bytes/param); 4 pipeline
+  // stages x dp 2 with ZeRO-1 keeps the per-GPU share at 19.5 GiB at micro-batch 1 with no
+  // recompute. The host step (AdamW over 206 GB of state at host-memory speed) costs ~5 s of
+  // a ~79 s step. 13b has 40 heads but no NVLink: no tensor parallelism.
+  const PlanResult r = plan("13b", rtx4090_x8());
+  expect_plan(r, {2, 1, 4, 1, true, Recompute::None, 1, 256});
+  EXPECT_LE(r.best.host_bytes, r.usable_host_bytes);
+  EXPECT_GT(r.best.cost.offload_seconds, 0);
+}
+
+// ---- 8 x H100 SXM on NVSwitch: every pair NV18 (360 GB/s achievable) --------------------------
+
+TEST(Planner, H100x8_6bIsDataParallelWithZero1) {
+  // 80 GB GPUs on NVSwitch: collectives are cheap (a 12 GB gradient reduce-scatter takes
+  // ~30 ms) and hide under compute. ZeRO-1 (2 + 2 + 12/8 = 5.5 bytes/param = 32 GB) leaves
+  // room for micro-batch 8 without recompute; replicated (94 GB) does not fit. Tensor
+  // parallelism is allowed here (one NVLink island) but splits n_embd 4096 into narrower
+  // GEMMs and adds 4 all-reduces per layer: slower. Pipeline stages add a bubble: slower.
+  const PlanResult r = plan("6b", h100_x8());
+  expect_plan(r, {8, 1, 1, 1, false, Recompute::None, 8, 8});
+  EXPECT_TRUE(r.excluded.empty());
+}
+
+TEST(Planner, H100x8_13bShardsEverythingWithZero3) {
+  // 206 GB of state: ZeRO-1 needs 4 + 12/8 = 5.5 bytes/param = 66 GiB before activations;
+  // ZeRO-3 needs 16/8 = 2 bytes/param = 24 GiB, leaving room for micro-batch 4 without
+  // recompute. Its per-micro-batch gathers (26 GB per rank) run at 360 GB/s under compute.
+  const PlanResult r = plan("13b", h100_x8());
+  expect_plan(r, {8, 1, 1, 3, false, Recompute::None, 4, 16});
+}
+
+// ---- 4 x RTX 3090: NVLink-bridged pairs {0,1} {2,3}, PCIe (PHB) between pairs --------------
+
+TEST(Planner, Rtx3090NvlinkPairsGpt2_1_5bIsDataParallelWithZero1) {
+  // gpt2-1.5b has 25 heads: no tensor parallelism over 2 or 4. ZeRO-1 over 4: 1.56B x
+  // (4 + 12/4) = 11 GB, micro-batch 4 fits (20.2 of 20.6 GiB). The data-parallel ring
+  // crosses PCIe between the pairs (staged through host, 12.6 GB/s) but hides under ~41 s
+  // of compute.
+  const PlanResult r = plan("gpt2-1.5b", rtx3090_nvlink_pairs());
+  expect_plan(r, {4, 1, 1, 1, false, Recompute::None, 4, 32});
+  EXPECT_TRUE(any_excluded_mentions(r, "does not divide"));
+}
+
+TEST(Planner, Rtx3090NvlinkPairs6bNeedsOffloadAndZero3) {
+  // 94 GB of state over 4 x 20.6 GiB = 82 GiB does not fit even fully sharded: offload is
+  // required (66 GiB of host state for all ranks, of 94 GiB usable of 128 GB). With the
+  // optimizer on the host, ZeRO-3 shards the bf16 params and grads too (4/4 bytes/param), so
+  // micro-batch 4 fits with selective recompute; its gathers over the PHB links hide under
+  // ~4 s of compute per micro-batch. Tensor parallelism inside the NVLink pairs is allowed
+  // but splits the GEMMs and leaves the LM head replicated: slower.
+  const PlanResult r = plan("6b", rtx3090_nvlink_pairs());
+  expect_plan(r, {4, 1, 1, 3, true, Recompute::Selective, 4, 32});
+  // tp 4 would span both pairs, across PCIe: excluded. tp 2 (inside a pair) is allowed.
+  EXPECT_TRUE(any_excluded_mentions(r, "tp 4"));
+  EXPECT_FALSE(any_excluded_mentions(r, "tp 2 "));
+}
+
+// ---- 2 x RTX 4090 ------------------------------------------------------------------------------
+
+TEST(Planner, Rtx4090x2_6bRunsWithTwoStagesAndOffload) {
+  // 94 GB of state on 2 x 20.6 GiB: only with the optimizer on the host (69 GiB of host
+  // state, 128 GB host). Two pipeline stages of 14 layers hold 2.9B params each: bf16 params +
+  // grads = 12 GB per GPU, with room for micro-batch 2. The alternative, ZeRO-3 over 2 GPUs,
+  // gathers the whole model twice per micro-batch over PCIe without peer access: 20%+ slower.
+  const PlanResult r = plan("6b", rtx4090_x2());
+  expect_plan(r, {1, 1, 2, 0, true, Recompute::None, 2, 256});
+}
+
+TEST(Planner, Rtx4090x2_6bWithoutEnoughHostMemorySaysWhatItNeeds) {
+  const std::string message = [&] {
+    try {
+      plan("6b", rtx4090_x2("32G"));
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  }();
+  EXPECT_NE(message.find("only with the optimizer offloaded to host memory"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("of host memory"), std::string::npos) << message;
+  EXPECT_NE(message.find("32.00 GiB"), std::string::npos) << message;
+}
+
+TEST(Planner, Rtx4090x2_13bDoesNotFitAndSaysWhatWouldBeNeeded) {
+  // 13b needs 4 bytes/param of bf16 params + grads on the GPUs even with everything else on
+  // the host: 12.85B x 4 / 2 GPUs = 25.7 GB > 20.6 GiB.
+  try {
+    plan("13b", rtx4090_x2("64G"));
+    FAIL() << "expected UserError";
+  } catch (const UserError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("13b needs at least"), std::string::npos) << message;
+    EXPECT_NE(message.find("per GPU on 2 GPUs"), std::string::npos) << message;
+    EXPECT_NE(message.find("these GPUs have 24.00 GiB"), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << "one sentence: " << message;
+  }
+}
+
+// ---- The search's contract -----------------------------------------------------------------------
+
+TEST(Planner, IsStableAcrossRunsAndSmallChangesOfTheMachine) {
+  const NodeTopology topology = rtx4090_x8();
+  const Plan first = plan("6b", topology).best.plan;
+  EXPECT_EQ(describe(plan("6b", topology).best.plan), describe(first));
+  // A few GB more or less host memory, or a GPU that reports 23.6 GiB, change nothing.
+  EXPECT_EQ(describe(plan("6b", machine("rtx4090-8gpu-pcie.txt", "rtx4090", "250G")).best.plan),
+            describe(first));
+  NodeTopology smaller = topology;
+  for (GpuInfo& gpu : smaller.gpus) gpu.memory_bytes = gpu.memory_bytes / 1000 * 984;
+  EXPECT_EQ(describe(plan("gpt2-1.5b", smaller).best.plan),
+            describe(plan("gpt2-1.5b", topology).best.plan));
+}
+
+TEST(Planner, FixedPartsConstrainTheSearch) {
+  PlanRequest request;
+  request.zero = 3;
+  request.pp = 1;
+  const PlanResult r = plan("6b", rtx4090_x8(), request);
+  EXPECT_EQ(r.best.plan.zero, 3);
+  EXPECT_EQ(r.best.plan.pp, 1);
+  EXPECT_EQ(r.best.plan.dp, 8);
+  for (const PlanCandidate& a : r.alternatives) {
+    EXPECT_EQ(a.plan.zero, 3);
+    EXPECT_EQ(a.plan.pp, 1);
+  }
+  PlanRequest micro;
+  micro.micro_batch = 1;
+  micro.recompute = Recompute::Full;
+  const PlanResult m = plan("gpt2-124m", rtx4090_x8(), micro);
+  EXPECT_EQ(m.best.plan.micro_batch, 1);
+  EXPECT_EQ(m.best.plan.grad_accum, 64);
+  EXPECT_EQ(m.best.plan.recompute, Recompute::Full);
+}
+
+std::string user_error(const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Planner, ImpossibleFixedPlansAreOneClearSentence) {
+  // Replicated 6b (ZeRO-0, no offload, no pipeline) on 24 GB GPUs: says by how much.
+  PlanRequest replicated;
+  replicated.zero = 0;
+  replicated.offload = false;
+  replicated.pp = 1;
+  std::string message = user_error([&] { plan("6b", rtx4090_x8(), replicated); });
+  EXPECT_NE(message.find("the plan fixed by --pp 1 --zero 0 --offload off does not fit"),
+            std::string::npos) << message;
+  EXPECT_NE(message.find("GiB more than the 20.60 GiB usable"), std::string::npos) << message;
+
+  PlanRequest tp;
+  tp.tp = 2;
+  message = user_error([&] { plan("6b", rtx4090_x8(), tp); });
+  EXPECT_NE(message.find("--tp 2 is not possible here"), std::string::npos) << message;
+  EXPECT_NE(message.find("not NVLink"), std::string::npos) << message;
+
+  PlanRequest product;
+  product.dp = 2;
+  product.tp = 1;
+  product.pp = 2;
+  message = user_error([&] { plan("6b", rtx4090_x8(), product); });
+  EXPECT_NE(message.find("= 4 ranks, but the plan is for 8 GPUs"), std::string::npos) << message;
+
+  message = user_error([&] { plan("tiny", machine("h100-8gpu-nvswitch.txt", "h100", "")); });
+  EXPECT_EQ(message, "no error");  // tiny plans fine on 8 GPUs
+  PlanRequest too_many_stages;
+  too_many_stages.pp = 4;
+  message = user_error([&] { plan("tiny", rtx4090_x8(), too_many_stages); });
+  EXPECT_NE(message.find("more pipeline stages than the model's 2 layers"), std::string::npos)
+      << message;
+
+  PlanRequest gpus;
+  gpus.gpus = 9;
+  message = user_error([&] { plan("6b", rtx4090_x8(), gpus); });
+  EXPECT_NE(message.find("more GPUs than the machine's 8"), std::string::npos) << message;
+}
+
+TEST(Planner, NeedsGpuMemoryFromTheSourceOrGpuFlag) {
+  const NodeTopology unnamed = machine("rtx4090-8gpu-pcie.txt", "", "256G");
+  const std::string message = user_error([&] { plan("6b", unnamed); });
+  EXPECT_NE(message.find("name the GPU model with --gpu"), std::string::npos) << message;
+}
+
+TEST(Planner, OffloadWithoutKnownHostMemoryIsNotChosen) {
+  // The 2-GPU machine without --host-memory: 6b needs offload, and offload needs to know the
+  // host holds it.
+  const std::string message = user_error([&] { plan("6b", rtx4090_x2("")); });
+  EXPECT_NE(message.find("host memory is unknown"), std::string::npos) << message;
+}
+
+TEST(Planner, UsableMemoryKeepsTheDocumentedHeadroom) {
+  constexpr uint64_t kGiB = uint64_t{1} << 30;
+  EXPECT_EQ(usable_device_memory(24 * kGiB), static_cast<uint64_t>(24 * kGiB * 0.9) - kGiB);
+  EXPECT_EQ(usable_host_memory(256 * kGiB), static_cast<uint64_t>(256 * kGiB * 0.8) - 8 * kGiB);
+  EXPECT_EQ(usable_device_memory(kGiB / 2), 0u);
+}
+
+TEST(Planner, GlobalBatchAndSequenceLength) {
+  PlanRequest request;
+  request.seq_len = 2048;
+  const PlanResult r = plan("6b", h100_x8(), request);
+  EXPECT_EQ(r.best.plan.seq_len, 2048);
+  EXPECT_EQ(r.best.plan.tokens_per_step(), kDefaultGlobalBatchTokens);
+  request.global_batch_tokens = 1000;  // not a multiple of 2048
+  EXPECT_NE(user_error([&] { plan("6b", h100_x8(), request); }).find("multiple of the sequence length"),
+            std::string::npos);
+  // 6 GPUs cannot split 512 sequences evenly: the planner overshoots by at most 1/16.
+  PlanRequest six;
+  six.gpus = 6;
+  const PlanResult s = plan("gpt2-124m", h100_x8(), six);
+  EXPECT_GE(s.best.plan.tokens_per_step(), kDefaultGlobalBatchTokens);
+  EXPECT_LE(s.best.plan.tokens_per_step() * 16, kDefaultGlobalBatchTokens * 17);
+}
+
+}  // namespace
+}  // namespace dstrain
