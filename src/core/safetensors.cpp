@@ -242,7 +242,8 @@ std::string SafetensorsTensorInfo::shape_str() const {
 // SafetensorsWriter
 
 void SafetensorsWriter::add_entry(std::string name, DType dtype, std::vector<int64_t> shape,
-                                  const void* data, std::vector<uint8_t>* owned_bytes) {
+                                  const void* data, std::vector<uint8_t>* owned_bytes,
+                                  bool header_only) {
   // Everything is checked before the entry exists: a failed add leaves the writer unchanged.
   DSTRAIN_CHECK(name != "__metadata__") << "'__metadata__' is reserved in safetensors";
   DSTRAIN_CHECK(!names_.contains(name)) << "tensor '" << name << "' added twice";
@@ -254,7 +255,7 @@ void SafetensorsWriter::add_entry(std::string name, DType dtype, std::vector<int
     DSTRAIN_CHECK(owned_bytes->size() == static_cast<uint64_t>(nbytes))
         << "tensor '" << name << "' of shape " << shape_text(shape) << " " << dtype_name(dtype)
         << " needs " << nbytes << " bytes, got " << owned_bytes->size();
-  } else {
+  } else if (!header_only) {
     DSTRAIN_CHECK(data != nullptr || nbytes == 0) << "tensor '" << name << "' has no data";
   }
   names_.insert(name);
@@ -265,6 +266,8 @@ void SafetensorsWriter::add_entry(std::string name, DType dtype, std::vector<int
   entry.info.offset = data_bytes_;
   entry.info.nbytes = static_cast<uint64_t>(nbytes);
   entry.data = data;
+  entry.header_only = header_only;
+  has_header_only_ = has_header_only_ || header_only;
   if (owned_bytes != nullptr) {
     entry.owns_bytes = true;
     entry.bytes = std::move(*owned_bytes);
@@ -275,6 +278,16 @@ void SafetensorsWriter::add_entry(std::string name, DType dtype, std::vector<int
 void SafetensorsWriter::add(std::string name, DType dtype, std::vector<int64_t> shape,
                             const void* data) {
   add_entry(std::move(name), dtype, std::move(shape), data, nullptr);
+}
+
+void SafetensorsWriter::describe(std::string name, DType dtype, std::vector<int64_t> shape) {
+  add_entry(std::move(name), dtype, std::move(shape), nullptr, nullptr, true);
+}
+
+std::vector<SafetensorsTensorInfo> SafetensorsWriter::infos() const {
+  std::vector<SafetensorsTensorInfo> result;
+  for (const Entry& entry : entries_) result.push_back(entry.info);
+  return result;
 }
 
 void SafetensorsWriter::add(std::string name, DType dtype, std::vector<int64_t> shape,
@@ -326,6 +339,8 @@ std::string SafetensorsWriter::header_bytes() const {
 uint64_t SafetensorsWriter::file_size() const { return header_bytes().size() + data_bytes_; }
 
 void SafetensorsWriter::write(const fs::path& path) const {
+  DSTRAIN_CHECK(!has_header_only_) << "write() of a writer with described-only tensors: "
+                                   << "their data is written elsewhere";
   AtomicFileWriter out(path);
   out.write(header_bytes());
   for (const Entry& entry : entries_) out.write(entry.bytes_begin(), entry.info.nbytes);

@@ -59,6 +59,11 @@ class SafetensorsWriter {
   void add(std::string name, const Tensor& tensor);
   // Written under "__metadata__" (sorted by key). A later value for a key replaces the earlier.
   void set_metadata(std::string key, std::string value);
+  // A tensor of the header whose data someone else writes (e.g. each rank its own part, at
+  // header_bytes().size() + infos()[i].offset). A writer holding one cannot write().
+  void describe(std::string name, DType dtype, std::vector<int64_t> shape);
+  // Every tensor added so far, with its offset in the data buffer.
+  std::vector<SafetensorsTensorInfo> infos() const;
 
   size_t size() const { return entries_.size(); }
   // The bytes in front of the data buffer: the 8-byte length and the padded JSON header.
@@ -74,17 +79,19 @@ class SafetensorsWriter {
     SafetensorsTensorInfo info;
     const void* data = nullptr;  // borrowed, unless owns_bytes
     bool owns_bytes = false;
+    bool header_only = false;    // describe(): the data is written elsewhere
     std::vector<uint8_t> bytes;  // owned
     const void* bytes_begin() const { return owns_bytes ? bytes.data() : data; }
   };
   // owned_bytes: taken when not null, else `data` is borrowed.
   void add_entry(std::string name, DType dtype, std::vector<int64_t> shape, const void* data,
-                 std::vector<uint8_t>* owned_bytes);
+                 std::vector<uint8_t>* owned_bytes, bool header_only = false);
 
   std::vector<Entry> entries_;
   std::set<std::string, std::less<>> names_;
   std::map<std::string, std::string> metadata_;
   uint64_t data_bytes_ = 0;
+  bool has_header_only_ = false;
 };
 
 // A safetensors file mapped read-only (mmap) and validated. Move-only; the pointers and

@@ -174,6 +174,24 @@ void DataLoader::reset() {
   next_round_ = 0;
 }
 
+nlohmann::json rebase_loader_state(const nlohmann::json& state, int ranks) {
+  DSTRAIN_USER_CHECK(state.is_object() && state.contains("ranks") &&
+                     state["ranks"].is_number_integer() && state.contains("next_round") &&
+                     state["next_round"].is_number_integer() && ranks >= 1)
+      << "the data loader state to resume from is malformed";
+  const int64_t old_ranks = state["ranks"].get<int64_t>();
+  if (old_ranks == ranks) return state;
+  const int64_t consumed = state["next_round"].get<int64_t>() * old_ranks;
+  DSTRAIN_USER_CHECK(old_ranks >= 1 && consumed % ranks == 0)
+      << "the checkpoint's data position (" << consumed << " windows into the epoch) is not a "
+      << "whole number of rounds for " << ranks << " ranks; resume with a number of ranks that "
+      << "divides it";
+  nlohmann::json rebased = state;
+  rebased["ranks"] = ranks;
+  rebased["next_round"] = consumed / ranks;
+  return rebased;
+}
+
 nlohmann::json DataLoader::state() const {
   return nlohmann::json{{"epoch", epoch_},           {"next_round", next_round_},
                         {"windows", num_windows_},   {"batch", options_.batch},

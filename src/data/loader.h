@@ -86,6 +86,11 @@ struct LoaderOptions {
   uint64_t seed = 0;     // shuffle seed; unused without shuffle
 };
 
+// A state saved with R ranks, expressed for `ranks` ranks: the same windows consumed, so a
+// run resumed on another number of ranks (with the same micro-batches per step) reads the
+// same data next. Throws UserError when the position is not on a round boundary of `ranks`.
+nlohmann::json rebase_loader_state(const nlohmann::json& state, int ranks);
+
 class DataLoader {
  public:
   // Throws UserError when the dataset holds fewer than R windows (the message says how many

@@ -1,6 +1,9 @@
 #include "optim/adamw.h"
 
 #include <algorithm>
+#include <cstring>
+
+#include "optim/host_adamw.h"
 
 namespace dstrain {
 
@@ -10,12 +13,7 @@ float clip_coefficient(double grad_norm, double max_norm) {
   return static_cast<float>(std::min(1.0, coefficient));
 }
 
-void adamw_update_range(Backend& backend, const ParamLayout& layout, const FlatRange& range,
-                        Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy,
-                        const AdamWConfig& config, double lr, int64_t step, float grad_scale,
-                        Stream stream) {
-  DSTRAIN_CHECK(param.numel() == range.numel && grad.numel() == range.numel &&
-                m.numel() == range.numel && v.numel() == range.numel);
+static AdamWStep adam_step(const AdamWConfig& config, double lr, int64_t step, float grad_scale) {
   AdamWStep adam;
   adam.lr = static_cast<float>(lr);
   adam.beta1 = static_cast<float>(config.beta1);
@@ -23,6 +21,12 @@ void adamw_update_range(Backend& backend, const ParamLayout& layout, const FlatR
   adam.eps = static_cast<float>(config.eps);
   adam.step = step;
   adam.grad_scale = grad_scale;
+  return adam;
+}
+
+void for_each_decay_piece(const ParamLayout& layout, const FlatRange& range,
+                          double weight_decay,
+                          const std::function<void(int64_t, int64_t, float)>& fn) {
   const int64_t range_end = range.begin + range.numel;
   for (int index : layout.block_params(range.block)) {
     const ParamSpec& spec = layout.params()[index];
@@ -30,12 +34,53 @@ void adamw_update_range(Backend& backend, const ParamLayout& layout, const FlatR
     const int64_t begin = std::max(range.begin, spec.offset);
     const int64_t end = std::min(range_end, spec.offset + spec.file_numel());
     if (begin >= end) continue;
-    adam.weight_decay = spec.weight_decay ? static_cast<float>(config.weight_decay) : 0.0f;
-    const int64_t local = begin - range.begin, count = end - begin;
+    fn(begin - range.begin, end - begin,
+       spec.weight_decay ? static_cast<float>(weight_decay) : 0.0f);
+  }
+}
+
+void adamw_update_range(Backend& backend, const ParamLayout& layout, const FlatRange& range,
+                        Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy,
+                        const AdamWConfig& config, double lr, int64_t step, float grad_scale,
+                        Stream stream) {
+  DSTRAIN_CHECK(param.numel() == range.numel && grad.numel() == range.numel &&
+                m.numel() == range.numel && v.numel() == range.numel);
+  AdamWStep adam = adam_step(config, lr, step, grad_scale);
+  for_each_decay_piece(layout, range, config.weight_decay,
+                       [&](int64_t local, int64_t count, float weight_decay) {
+    adam.weight_decay = weight_decay;
     backend.adamw(param.slice(local, {count}), grad.slice(local, {count}),
                   m.slice(local, {count}), v.slice(local, {count}),
                   param_copy.empty() ? Tensor() : param_copy.slice(local, {count}), adam, stream);
-  }
+  });
+}
+
+void host_adamw_update_range(const ParamLayout& layout, const FlatRange& range, Tensor param,
+                             Tensor grad, Tensor m, Tensor v, Tensor param_copy,
+                             const AdamWConfig& config, double lr, int64_t step,
+                             float grad_scale, int num_threads) {
+  DSTRAIN_CHECK(param.numel() == range.numel && grad.numel() == range.numel &&
+                m.numel() == range.numel && v.numel() == range.numel);
+  DSTRAIN_CHECK(param.device.is_cpu() && grad.device.is_cpu() && m.device.is_cpu() &&
+                v.device.is_cpu() && (param_copy.empty() || param_copy.device.is_cpu()))
+      << "the host AdamW works on host memory";
+  AdamWStep adam = adam_step(config, lr, step, grad_scale);
+  const size_t grad_width = dtype_size(grad.dtype);
+  for_each_decay_piece(layout, range, config.weight_decay,
+                       [&](int64_t local, int64_t count, float weight_decay) {
+    adam.weight_decay = weight_decay;
+    float* piece = param.f32() + local;
+    const void* grads = static_cast<const char*>(grad.data) + local * grad_width;
+    uint16_t* copy16 = nullptr;
+    if (!param_copy.empty() && param_copy.dtype != DType::F32) {
+      copy16 = static_cast<uint16_t*>(param_copy.data) + local;
+    }
+    host_adamw(piece, grads, grad.dtype, m.f32() + local, v.f32() + local, copy16,
+               param_copy.empty() ? DType::F32 : param_copy.dtype, count, adam, num_threads);
+    if (!param_copy.empty() && param_copy.dtype == DType::F32) {
+      std::memcpy(param_copy.f32() + local, piece, count * sizeof(float));
+    }
+  });
 }
 
 }  // namespace dstrain

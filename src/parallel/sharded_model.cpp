@@ -130,6 +130,18 @@ Tensor ShardedModel::master(int block) const {
   return flat(b.master, range.numel);
 }
 
+Tensor ShardedModel::master_part(int block) const {
+  const int64_t offset = shard_optimizer_ ? 0 : shard_begin(block);
+  return master(block).slice(offset, {shard_count(block)});
+}
+
+Tensor ShardedModel::moment_part(int which, int block) const {
+  const Block& b = blocks_[block];
+  const FlatRange range = optimizer_range(block);
+  const int64_t offset = shard_optimizer_ ? 0 : shard_begin(block);
+  return flat(which == 0 ? b.exp_avg : b.exp_avg_sq, range.numel).slice(offset, {shard_count(block)});
+}
+
 Tensor ShardedModel::acquire_params(int block) {
   const Block& b = blocks_[block];
   if (!shard_params_) return params_padded(block).slice(0, {b.numel});
@@ -241,8 +253,8 @@ StepStats ShardedModel::finish_step(const AdamWConfig& adam, double lr, int64_t 
       Tensor staged_grads = flat(host_grads_, range.numel, dtype_);
       Tensor staged_params = flat(host_params_, range.numel, dtype_);
       backend_.copy_bytes(staged_grads.data, grads.data, grads.nbytes(), nullptr);
-      adamw_update_range(backend_, layout_, range, master(block), staged_grads, m, v,
-                         staged_params, adam, lr, adam_step, grad_scale, nullptr);
+      host_adamw_update_range(layout_, range, master(block), staged_grads, m, v, staged_params,
+                              adam, lr, adam_step, grad_scale, sharding_.host_threads);
       backend_.copy_bytes(device_params.data, staged_params.data, staged_params.nbytes(), nullptr);
     } else {
       Tensor copy = b.master.empty() ? Tensor() : device_params;

@@ -34,6 +34,7 @@ struct ShardingConfig {
   // The working parameters and gradients (and the activations): F32, or F16/BF16 with an
   // fp32 master copy of the optimizer's range.
   DType param_dtype = DType::F32;
+  int host_threads = 1;  // threads of the host optimizer (offload)
 };
 
 // Elements of each rank's shard of a block of `block_numel` elements over `world` ranks:
@@ -77,6 +78,12 @@ class ShardedModel : public ParamProvider {
 
   // Testing: makes one gradient element of this rank +inf (as an fp16 overflow would).
   void inject_inf_gradient();
+
+  // This rank's part of block b, [shard_begin, shard_begin + shard_count), of the F32 master
+  // weights and of the Adam moments (which = 0: exp_avg, 1: exp_avg_sq): what it writes of a
+  // checkpoint. Every rank has one at every stage, so all write in parallel.
+  Tensor master_part(int block) const;
+  Tensor moment_part(int which, int block) const;
 
   // Fills the master weights (and the working parameters, rounded to their dtype) from a full
   // F32 copy of every block (e.g. init or a loaded checkpoint); each rank keeps its part.

@@ -15,23 +15,43 @@ std::string step_dir_name(int64_t step) {
   return name;
 }
 
-std::string save_checkpoint(const std::string& out_dir, int64_t step, const ModelConfig& config,
-                            const FullTrainingState& state, const nlohmann::json& trainer_state) {
-  const fs::path final_path = fs::path(out_dir) / step_dir_name(step);
-  const ParamLayout layout(config);
-  StagingDir staging(final_path);
-  save_weights(layout, state.params, (staging.path() / "model.safetensors").string());
-  save_optimizer(layout, state.exp_avg, state.exp_avg_sq,
-                 (staging.path() / "optimizer.safetensors").string());
-  write_file_atomic(staging.path() / "config.json", config.to_json().dump(2) + "\n");
-  // trainer.json last: its presence with "complete" marks a checkpoint written to the end.
+CheckpointWriter::CheckpointWriter(const std::string& out_dir, int64_t step,
+                                   const ModelConfig& config)
+    : out_dir_(out_dir),
+      step_(step),
+      config_(config),
+      layout_(config),
+      weights_(tensor_file_layout(layout_, {""}, {{"format", "pt"}})),
+      optimizer_(tensor_file_layout(layout_, {".exp_avg", ".exp_avg_sq"})) {
+  staging_ = std::make_unique<StagingDir>(fs::path(out_dir) / step_dir_name(step));
+  create_tensor_file((staging_->path() / "model.safetensors").string(), weights_);
+  create_tensor_file((staging_->path() / "optimizer.safetensors").string(), optimizer_);
+}
+
+CheckpointWriter::~CheckpointWriter() = default;
+
+void CheckpointWriter::write_part(const Part& part) const {
+  TensorFilePart weights((staging_->path() / "model.safetensors").string(), layout_, weights_);
+  TensorFilePart optimizer((staging_->path() / "optimizer.safetensors").string(), layout_,
+                           optimizer_);
+  for (int block = 0; block < layout_.num_blocks(); ++block) {
+    weights.write(0, block, part.begin[block], part.params[block]);
+    optimizer.write(0, block, part.begin[block], part.exp_avg[block]);
+    optimizer.write(1, block, part.begin[block], part.exp_avg_sq[block]);
+  }
+  weights.close();
+  optimizer.close();
+}
+
+std::string CheckpointWriter::finish(const nlohmann::json& trainer_state) {
+  write_file_atomic(staging_->path() / "config.json", config_.to_json().dump(2) + "\n");
   nlohmann::json trainer = trainer_state;
-  trainer["step"] = step;
+  trainer["step"] = step_;
   trainer["complete"] = true;
-  write_file_atomic(staging.path() / "trainer.json", trainer.dump(2) + "\n");
-  staging.commit();
-  write_file_atomic(fs::path(out_dir) / "latest", step_dir_name(step) + "\n");
-  return final_path.string();
+  write_file_atomic(staging_->path() / "trainer.json", trainer.dump(2) + "\n");
+  staging_->commit();
+  write_file_atomic(fs::path(out_dir_) / "latest", step_dir_name(step_) + "\n");
+  return (fs::path(out_dir_) / step_dir_name(step_)).string();
 }
 
 CheckpointInfo open_checkpoint(const std::string& path) {

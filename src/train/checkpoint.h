@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -23,9 +25,34 @@ struct FullTrainingState {
   HostBlocks params, exp_avg, exp_avg_sq;
 };
 
-// Writes OUT/step-<step>/ and then OUT/latest. Returns the checkpoint directory.
-std::string save_checkpoint(const std::string& out_dir, int64_t step, const ModelConfig& config,
-                            const FullTrainingState& state, const nlohmann::json& trainer_state);
+// A checkpoint being written by several ranks at once (each writes its own part of the same
+// files): begin() on one rank, write_part() on every rank, finish() on the first again, with
+// barriers between. The directory appears (renamed from its temp name) only in finish().
+class CheckpointWriter {
+ public:
+  // Creates the staging directory and the two tensor files at their full size.
+  CheckpointWriter(const std::string& out_dir, int64_t step, const ModelConfig& config);
+  ~CheckpointWriter();
+  const ParamLayout& layout() const { return layout_; }
+  // One rank's part: for each block, F32 master weights and Adam moments of the flat range
+  // [begin, begin + numel) the tensors hold.
+  struct Part {
+    std::vector<int64_t> begin;
+    std::vector<Tensor> params, exp_avg, exp_avg_sq;
+  };
+  void write_part(const Part& part) const;
+  // config.json, trainer.json, the rename, OUT/latest. Returns the checkpoint directory.
+  std::string finish(const nlohmann::json& trainer_state);
+
+ private:
+  std::string out_dir_;
+  int64_t step_;
+  ModelConfig config_;
+  ParamLayout layout_;
+  TensorFileLayout weights_, optimizer_;
+  std::unique_ptr<class StagingDir> staging_;
+};
+
 
 struct CheckpointInfo {
   std::string dir;              // the step directory

@@ -145,9 +145,11 @@ void validate_options(const TrainOptions& options) {
 
 // The hyper-parameters a resumed run must share with the run it continues.
 nlohmann::json run_fingerprint(const TrainOptions& options, const ModelConfig& config) {
+  // Ranks and accumulation may change on resume as long as their product does: the same
+  // micro-batches (windows of batch x seq_len tokens) make each step.
   return nlohmann::json{{"batch", options.batch},         {"seq_len", options.seq_len},
-                        {"grad_accum", options.grad_accum}, {"shuffle", options.shuffle},
-                        {"ranks", options.gpus},
+                        {"micro_batches_per_step", options.grad_accum * options.gpus},
+                        {"shuffle", options.shuffle},
                         {"seed", options.seed},           {"precision", options.precision},
                         {"data", options.data.empty() ? "synthetic" : options.data},
                         {"vocab_size", config.vocab_size}};
@@ -260,6 +262,8 @@ struct RunContext {
   ProgressPrinter* progress = nullptr;
   TrainSummary* summary = nullptr;
   std::ostream* out = nullptr;
+  // The checkpoint being written: made by rank 0, filled by every rank (between barriers).
+  std::unique_ptr<CheckpointWriter>* checkpoint = nullptr;
 };
 
 std::string memory_line(const std::array<size_t, kNumMemCategories>& bytes) {
@@ -318,12 +322,14 @@ void run_rank(const RunContext& ctx, Communicator& comm) {
   DataLoader loader(ctx.data->train,
                     LoaderOptions{B, T, world, rank, options.shuffle, options.seed});
   DataLoader val_loader(ctx.data->val, LoaderOptions{B, T, world, rank, false, 0});
-  if (!ctx.data_state.is_null()) loader.restore(ctx.data_state);
+  if (!ctx.data_state.is_null()) loader.restore(rebase_loader_state(ctx.data_state, world));
 
   std::unique_ptr<Backend> backend = make_cpu_backend(threads);
   std::unique_ptr<Allocator> device = make_cpu_allocator(rank);
   std::unique_ptr<Allocator> host = make_cpu_allocator(rank);
-  ShardedModel state(config, ctx.sharding, comm, *backend, *device, *host);
+  ShardingConfig sharding = ctx.sharding;
+  sharding.host_threads = threads;
+  ShardedModel state(config, sharding, comm, *backend, *device, *host);
   const DType dtype = ctx.sharding.param_dtype;
   Gpt2 model(config, *backend, *device, B, T, dtype, true, ctx.recompute);
   Buffer batch_buffer = device->allocate(MemCategory::Data, 2 * B * T * sizeof(int32_t));
@@ -403,12 +409,7 @@ void run_rank(const RunContext& ctx, Communicator& comm) {
     }
     return mean_over_ranks(comm, total / static_cast<double>(batches));
   };
-  FullTrainingState gathered(state.layout());
-  auto gather_full_state = [&]() {
-    state.get_full_params(gathered.params.tensors());
-    state.get_full_moments(0, gathered.exp_avg.tensors());
-    state.get_full_moments(1, gathered.exp_avg_sq.tensors());
-  };
+  HostBlocks gathered(state.layout());  // the full weights, for the sample at the end
 
   TrainSummary& summary = *ctx.summary;
   const AdamWConfig adam{options.beta1, options.beta2, options.eps, options.weight_decay,
@@ -487,12 +488,24 @@ void run_rank(const RunContext& ctx, Communicator& comm) {
     }
     if (!options.out.empty() &&
         ((options.save_every > 0 && (step + 1) % options.save_every == 0) || last)) {
-      gather_full_state();
+      // Each rank writes its own part of the same files, in parallel.
+      if (leader) *ctx.checkpoint = std::make_unique<CheckpointWriter>(options.out, step + 1, config);
+      comm.barrier();
+      CheckpointWriter::Part part;
+      for (int block = 0; block < state.num_blocks(); ++block) {
+        part.begin.push_back(state.shard_begin(block));
+        part.params.push_back(state.master_part(block));
+        part.exp_avg.push_back(state.moment_part(0, block));
+        part.exp_avg_sq.push_back(state.moment_part(1, block));
+      }
+      (*ctx.checkpoint)->write_part(part);
+      comm.barrier();
       if (leader) {
         const nlohmann::json trainer{{"step", step + 1},        {"adam_step", adam_step},
                                      {"data", loader.state()},  {"scaler", scaler.state()},
                                      {"run", ctx.fingerprint},  {"seed", options.seed}};
-        summary.checkpoint = save_checkpoint(options.out, step + 1, config, gathered, trainer);
+        summary.checkpoint = (*ctx.checkpoint)->finish(trainer);
+        ctx.checkpoint->reset();
         ctx.progress->message("saved checkpoint " + summary.checkpoint);
       }
       comm.barrier();  // nobody runs ahead of a checkpoint that failed on rank 0
@@ -506,7 +519,7 @@ void run_rank(const RunContext& ctx, Communicator& comm) {
   }
 
   // A sample from the trained model, on rank 0 with the gathered weights.
-  if (options.sample_tokens > 0) state.get_full_params(gathered.params.tensors());
+  if (options.sample_tokens > 0) state.get_full_params(gathered.tensors());
   if (!leader) return;
   const Datasets& data = *ctx.data;
   std::ostringstream text;
@@ -530,7 +543,7 @@ void run_rank(const RunContext& ctx, Communicator& comm) {
     DataLoader prompt_loader(data.val, LoaderOptions{B, T, 1, 0, false, 0});
     prompt_loader.next_batch(inputs, targets);
     std::copy(inputs.i32(), inputs.i32() + prompt.size(), prompt.begin());
-    HostParams weights(gathered.params);
+    HostParams weights(gathered);
     const std::vector<int32_t> tokens = sample_tokens(
         config, *backend, *device, weights, prompt, options.sample_tokens, T, options.seed);
     text << "\n  sample (" << prompt.size() << " prompt tokens, then " << options.sample_tokens
@@ -619,6 +632,8 @@ TrainSummary train(const TrainOptions& given, std::ostream& out) {
   TrainSummary summary;
   summary.first_step = ctx.first_step;
   summary.entropy_floor = data.entropy_floor;
+  std::unique_ptr<CheckpointWriter> checkpoint;
+  ctx.checkpoint = &checkpoint;
   ctx.log = &log;
   ctx.progress = &progress;
   ctx.summary = &summary;

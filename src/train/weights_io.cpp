@@ -1,5 +1,13 @@
 #include "train/weights_io.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
 #include "core/safetensors.h"
 
 namespace dstrain {
@@ -86,6 +94,94 @@ void load_optimizer(const ParamLayout& layout, const HostBlocks& exp_avg,
   const SafetensorsFile file = SafetensorsFile::open(path);
   read_tensors(file, layout, exp_avg, ".exp_avg");
   read_tensors(file, layout, exp_avg_sq, ".exp_avg_sq");
+}
+
+TensorFileLayout tensor_file_layout(const ParamLayout& layout,
+                                    const std::vector<std::string>& suffixes,
+                                    const std::map<std::string, std::string>& metadata) {
+  SafetensorsWriter writer;  // describes the file; the ranks write the data
+  TensorFileLayout file;
+  file.suffixes = suffixes;
+  for (const std::string& suffix : suffixes) {
+    for (const ParamSpec& spec : layout.params()) {
+      writer.describe(spec.name + suffix, DType::F32, spec.file_shape);
+    }
+  }
+  for (const auto& [key, value] : metadata) writer.set_metadata(key, value);
+  file.header = writer.header_bytes();
+  file.file_size = writer.file_size();
+  const std::vector<SafetensorsTensorInfo> infos = writer.infos();
+  const size_t count = layout.params().size();
+  for (size_t s = 0; s < suffixes.size(); ++s) {
+    file.file_offset.emplace_back();
+    for (size_t p = 0; p < count; ++p) {
+      file.file_offset.back().push_back(file.header.size() + infos[s * count + p].offset);
+    }
+  }
+  return file;
+}
+
+namespace {
+[[noreturn]] void io_error(const std::string& what, const std::string& path) {
+  DSTRAIN_USER_ERROR() << what << " " << path << " failed: " << std::strerror(errno);
+  std::abort();
+}
+}  // namespace
+
+void create_tensor_file(const std::string& path, const TensorFileLayout& file) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) io_error("creating", path);
+  const bool ok = ::pwrite(fd, file.header.data(), file.header.size(), 0) ==
+                      static_cast<ssize_t>(file.header.size()) &&
+                  ::ftruncate(fd, static_cast<off_t>(file.file_size)) == 0;
+  const int saved = errno;
+  ::close(fd);
+  errno = saved;
+  if (!ok) io_error("writing", path);
+}
+
+TensorFilePart::TensorFilePart(const std::string& path, const ParamLayout& layout,
+                               const TensorFileLayout& file)
+    : path_(path), layout_(layout), file_(file) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd_ < 0) io_error("opening", path);
+}
+
+TensorFilePart::~TensorFilePart() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void TensorFilePart::write(int suffix, int block, int64_t begin, Tensor values) {
+  const int64_t end = begin + values.numel();
+  const float* data = values.f32();
+  for (int index : layout_.block_params(block)) {
+    const ParamSpec& spec = layout_.params()[index];
+    // The part of this tensor's file rows inside [begin, end).
+    const int64_t first = std::max(begin, spec.offset);
+    const int64_t last = std::min(end, spec.offset + spec.file_numel());
+    if (first >= last) continue;
+    const size_t bytes = static_cast<size_t>(last - first) * sizeof(float);
+    const uint64_t at = file_.file_offset[suffix][index] +
+                        static_cast<uint64_t>(first - spec.offset) * sizeof(float);
+    const char* source = reinterpret_cast<const char*>(data + (first - begin));
+    size_t written = 0;
+    while (written < bytes) {
+      const ssize_t n = ::pwrite(fd_, source + written, bytes - written,
+                                 static_cast<off_t>(at + written));
+      if (n <= 0) io_error("writing", path_);
+      written += static_cast<size_t>(n);
+    }
+  }
+}
+
+void TensorFilePart::close() {
+  if (fd_ < 0) return;
+  const bool ok = ::fsync(fd_) == 0;
+  const int saved = errno;
+  ::close(fd_);
+  fd_ = -1;
+  errno = saved;
+  if (!ok) io_error("syncing", path_);
 }
 
 }  // namespace dstrain

@@ -3,6 +3,8 @@
 // names and file shapes (wte.weight holds the real vocabulary rows only).
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -34,5 +36,40 @@ void save_optimizer(const ParamLayout& layout, const HostBlocks& exp_avg,
                     const HostBlocks& exp_avg_sq, const std::string& path);
 void load_optimizer(const ParamLayout& layout, const HostBlocks& exp_avg,
                     const HostBlocks& exp_avg_sq, const std::string& path);
+
+// Where each tensor of a checkpoint file lies, computed from the layout alone, so every rank
+// can write its own part of the data in place, in parallel (pwrite), into one file.
+struct TensorFileLayout {
+  std::string header;                  // the bytes in front of the data buffer
+  uint64_t file_size = 0;
+  std::vector<std::string> suffixes;   // "" (weights) or ".exp_avg", ".exp_avg_sq"
+  // file_offset[s][p]: where tensor layout.params()[p] with suffix s starts in the file.
+  std::vector<std::vector<uint64_t>> file_offset;
+};
+// model.safetensors: suffixes {""}; optimizer.safetensors: {".exp_avg", ".exp_avg_sq"}.
+TensorFileLayout tensor_file_layout(const ParamLayout& layout,
+                                    const std::vector<std::string>& suffixes,
+                                    const std::map<std::string, std::string>& metadata = {});
+// Creates `path` holding the header and file_size bytes (the data zero), fsynced.
+void create_tensor_file(const std::string& path, const TensorFileLayout& file);
+
+// An open checkpoint file a rank writes its part of. Throws UserError on I/O errors.
+class TensorFilePart {
+ public:
+  TensorFilePart(const std::string& path, const ParamLayout& layout, const TensorFileLayout& file);
+  ~TensorFilePart();
+  TensorFilePart(const TensorFilePart&) = delete;
+  TensorFilePart& operator=(const TensorFilePart&) = delete;
+  // Writes F32 `values` of block `block`'s flat range [begin, begin + values.numel()) with
+  // suffix index `suffix` where those elements belong (only the rows files hold).
+  void write(int suffix, int block, int64_t begin, Tensor values);
+  void close();  // fsync and close
+
+ private:
+  std::string path_;
+  const ParamLayout& layout_;
+  const TensorFileLayout& file_;
+  int fd_ = -1;
+};
 
 }  // namespace dstrain

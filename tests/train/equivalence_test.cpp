@@ -135,6 +135,20 @@ TEST_P(Equivalence, SameLossesAndWeightsAsOneRank) {
   else EXPECT_EQ(many.memory["gathered_params"].get<size_t>(), 0u);
 }
 
+// Offload moves the optimizer to the host (a vectorized AdamW there) and recompute drops
+// activations: neither may change a bit.
+TEST(EquivalenceBitwise, OffloadAndRecomputeChangeNoBit) {
+  for (int zero : {0, 3}) {
+    const RunResult plain = run(2, zero, false, false);
+    const RunResult offload = run(2, zero, true, false);
+    const RunResult recompute = run(2, zero, false, true);
+    EXPECT_EQ(offload.losses, plain.losses) << "ZeRO-" << zero;
+    EXPECT_EQ(recompute.losses, plain.losses) << "ZeRO-" << zero;
+    EXPECT_EQ(offload.weights, plain.weights) << "ZeRO-" << zero;
+    EXPECT_EQ(recompute.weights, plain.weights) << "ZeRO-" << zero;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Plans, Equivalence,
     ::testing::Combine(::testing::Values(2, 4, 8), ::testing::Values(0, 1, 2, 3),

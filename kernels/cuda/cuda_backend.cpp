@@ -1,0 +1,306 @@
+// The CUDA backend: the Backend class (device, streams, cuBLAS handle, scratch pool, device
+// error word) and the helpers of cuda_ops.h. The kernels live in the .cu files.
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+#include "kernels/cuda/cuda_ops.h"
+
+namespace dstrain::cuda {
+
+bool is_float_dtype(DType dtype) {
+  return dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16;
+}
+
+static void check_on_device(const CudaContext& ctx, const Tensor& t, const char* name) {
+  DSTRAIN_CHECK(!t.empty()) << name << " is empty";
+  DSTRAIN_CHECK(t.device.is_cuda() && t.device.index == ctx.device)
+      << name << " " << t.shape_str() << " is on " << t.device.str()
+      << ", the CUDA backend of cuda:" << ctx.device << " needs memory of that GPU";
+}
+
+void check_float_tensor(const CudaContext& ctx, const Tensor& t, const char* name) {
+  check_on_device(ctx, t, name);
+  DSTRAIN_CHECK(is_float_dtype(t.dtype))
+      << name << " " << t.shape_str() << " must be F32, F16 or BF16";
+}
+
+void check_tensor_dtype(const CudaContext& ctx, const Tensor& t, DType dtype, const char* name) {
+  check_on_device(ctx, t, name);
+  DSTRAIN_CHECK(t.dtype == dtype) << name << " " << t.shape_str() << " must be "
+                                  << dtype_name(dtype);
+}
+
+void check_same_numel(const Tensor& a, const char* a_name, const Tensor& b, const char* b_name) {
+  DSTRAIN_CHECK(a.numel() == b.numel())
+      << a_name << " " << a.shape_str() << " and " << b_name << " " << b.shape_str()
+      << " must have the same number of elements";
+}
+
+int64_t cols_of(const Tensor& t) { return t.ndim == 0 ? 1 : t.shape[t.ndim - 1]; }
+
+int64_t rows_of(const Tensor& t) {
+  const int64_t cols = cols_of(t);
+  return cols == 0 ? 0 : t.numel() / cols;
+}
+
+Scratch::Scratch(const CudaContext& ctx, size_t bytes, cudaStream_t stream) : stream_(stream) {
+  if (bytes > 0) CUDA_CHECK(cudaMallocFromPoolAsync(&data_, bytes, ctx.scratch_pool, stream));
+}
+
+Scratch::~Scratch() {
+  // A destructor must not throw; a failure here means the context is broken and the next
+  // checked call reports it.
+  if (data_) cudaFreeAsync(data_, stream_);
+}
+
+namespace {
+
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;  // what cuBLAS asks for on Hopper
+// The pool keeps up to this much freed scratch instead of returning it to the driver at each
+// synchronization: the next step's scratch is then a pool hit, not a cudaMalloc.
+constexpr uint64_t kScratchPoolKeepBytes = uint64_t{256} << 20;
+
+// Makes the backend's device current for the calling thread during an op, so a rank thread
+// that switched devices (or a test) cannot launch on the wrong GPU.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    int current = -1;
+    CUDA_CHECK(cudaGetDevice(&current));
+    if (current != device) CUDA_CHECK(cudaSetDevice(device));
+  }
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) {
+    int count = 0;
+    const cudaError_t probe = cudaGetDeviceCount(&count);
+    if (probe != cudaSuccess) {
+      cudaGetLastError();
+      DSTRAIN_CHECK(false) << "no usable CUDA device for the CUDA backend: "
+                           << cudaGetErrorString(probe);
+    }
+    DSTRAIN_CHECK(device >= 0 && device < count)
+        << "CUDA device " << device << " does not exist (" << count << " devices)";
+    ctx_.device = device;
+    DeviceScope scope(device);
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    ctx_.sm_count = prop.multiProcessorCount;
+    name_ = "cuda:" + std::to_string(device) + " (" + prop.name + ", sm_" +
+            std::to_string(prop.major) + std::to_string(prop.minor) + ", cuBLAS)";
+
+    CUBLAS_CHECK(cublasCreate(&ctx_.cublas));
+    // No TF32 (F32 GEMMs stay exact fp32 like the CPU twin), fp32 accumulation, and no
+    // reduced-precision split-K reductions for fp16 outputs.
+    CUBLAS_CHECK(cublasSetMathMode(
+        ctx_.cublas, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                               CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+    // A workspace of our own: cuBLAS then picks the same algorithm on every stream, which keeps
+    // its results bitwise reproducible.
+    CUDA_CHECK(cudaMalloc(&ctx_.cublas_workspace, kCublasWorkspaceBytes));
+    ctx_.cublas_workspace_bytes = kCublasWorkspaceBytes;
+
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    CUDA_CHECK(cudaMemPoolCreate(&ctx_.scratch_pool, &props));
+    uint64_t keep = kScratchPoolKeepBytes;
+    CUDA_CHECK(cudaMemPoolSetAttribute(ctx_.scratch_pool, cudaMemPoolAttrReleaseThreshold, &keep));
+
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ctx_.error_word), sizeof(unsigned)));
+    CUDA_CHECK(cudaMemset(ctx_.error_word, 0, sizeof(unsigned)));
+  }
+
+  ~CudaBackend() override {
+    // Best effort: destructors do not throw, and a broken context cannot be repaired here.
+    int current = -1;
+    if (cudaGetDevice(&current) == cudaSuccess && current != ctx_.device) cudaSetDevice(ctx_.device);
+    cudaDeviceSynchronize();
+    if (ctx_.error_word) cudaFree(ctx_.error_word);
+    if (ctx_.scratch_pool) cudaMemPoolDestroy(ctx_.scratch_pool);
+    if (ctx_.cublas) cublasDestroy(ctx_.cublas);
+    if (ctx_.cublas_workspace) cudaFree(ctx_.cublas_workspace);
+  }
+
+  Device device() const override { return Device{Device::Kind::CUDA, ctx_.device}; }
+  std::string name() const override { return name_; }
+
+  void synchronize(Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    check_error_word(to_stream(stream));
+  }
+
+  void fill_zero(Tensor t, Stream stream) override {
+    if (t.empty() || t.numel() == 0) return;
+    DeviceScope scope(ctx_.device);
+    DSTRAIN_CHECK(t.device.is_cuda() && t.device.index == ctx_.device)
+        << "fill_zero of " << t.shape_str() << " on " << t.device.str();
+    // All-zero bits are +0 in every dtype.
+    CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), to_stream(stream)));
+  }
+
+  void copy(Tensor dst, Tensor src, Stream stream) override {
+    DSTRAIN_CHECK(dst.numel() == src.numel())
+        << "copy of " << src.shape_str() << " into " << dst.shape_str();
+    if (dst.numel() == 0) return;
+    DSTRAIN_CHECK(!dst.empty() && !src.empty()) << "copy with an empty tensor";
+    DeviceScope scope(ctx_.device);
+    if (dst.dtype == src.dtype) {
+      // Same dtype: bytes, and then either side may be host memory too.
+      if (dst.data != src.data) {
+        CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, dst.nbytes(), cudaMemcpyDefault,
+                                   to_stream(stream)));
+      }
+      return;
+    }
+    cuda::copy_convert(ctx_, dst, src, to_stream(stream));
+  }
+
+  void copy_bytes(void* dst, const void* src, size_t bytes, Stream stream) override {
+    if (bytes == 0 || dst == src) return;
+    DSTRAIN_CHECK(dst != nullptr && src != nullptr) << "copy_bytes of " << bytes << " bytes";
+    DeviceScope scope(ctx_.device);
+    // cudaMemcpyDefault: the direction follows from the pointers (unified addressing).
+    // Pageable host memory makes the copy synchronous; pinned memory keeps it asynchronous.
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, to_stream(stream)));
+  }
+
+  void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::embedding_forward(ctx_, out, tokens, wte, wpe, to_stream(stream));
+  }
+  void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens,
+                          Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::embedding_backward(ctx_, dwte, dwpe, dout, tokens, to_stream(stream));
+  }
+  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight,
+                         Tensor bias, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::layernorm_forward(ctx_, out, mean, rstd, inp, weight, bias, to_stream(stream));
+  }
+  void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
+                          Tensor weight, Tensor mean, Tensor rstd, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::layernorm_backward(ctx_, dinp, dweight, dbias, dout, inp, weight, mean, rstd,
+                             to_stream(stream));
+  }
+  void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool weight_out_by_in,
+                      Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::matmul_forward(ctx_, out, inp, weight, bias, weight_out_by_in, to_stream(stream));
+  }
+  void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
+                       Tensor weight, bool weight_out_by_in, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::matmul_backward(ctx_, dinp, dweight, dbias, dout, inp, weight, weight_out_by_in,
+                          to_stream(stream));
+  }
+  void attention_forward(Tensor out, Tensor lse, Tensor qkv, int n_head, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::attention_forward(ctx_, out, lse, qkv, n_head, to_stream(stream));
+  }
+  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int n_head,
+                          Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::attention_backward(ctx_, dqkv, dout, qkv, out, lse, n_head, to_stream(stream));
+  }
+  void gelu_forward(Tensor out, Tensor inp, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::gelu_forward(ctx_, out, inp, to_stream(stream));
+  }
+  void gelu_backward(Tensor dinp, Tensor dout, Tensor inp, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::gelu_backward(ctx_, dinp, dout, inp, to_stream(stream));
+  }
+  void residual_forward(Tensor out, Tensor a, Tensor b, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::residual_forward(ctx_, out, a, b, to_stream(stream));
+  }
+  void accumulate(Tensor dst, Tensor src, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::accumulate(ctx_, dst, src, to_stream(stream));
+  }
+  void softmax_cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, Tensor targets,
+                             int vocab, float dloss, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::softmax_cross_entropy(ctx_, losses, dlogits, logits, targets, vocab, dloss,
+                                to_stream(stream));
+  }
+  void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy,
+             const AdamWStep& step, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::adamw(ctx_, param, grad, m, v, param_copy, step, to_stream(stream));
+  }
+  double sum_squares(Tensor x, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    const double result = cuda::sum_squares(ctx_, x, to_stream(stream));
+    check_error_word(to_stream(stream));
+    return result;
+  }
+  void scale(Tensor x, float s, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::scale(ctx_, x, s, to_stream(stream));
+  }
+  bool has_inf_or_nan(Tensor x, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    const bool result = cuda::has_inf_or_nan(ctx_, x, to_stream(stream));
+    check_error_word(to_stream(stream));
+    return result;
+  }
+
+ private:
+  static cudaStream_t to_stream(Stream stream) { return static_cast<cudaStream_t>(stream); }
+
+  // Waits for `stream`, then: did a kernel flag bad data? Clears the word and says what was
+  // wrong. The read is ordered on `stream` itself (not the legacy default stream, which would
+  // also wait for every other blocking stream, e.g. a communication stream).
+  void check_error_word(cudaStream_t stream) {
+    unsigned word = 0;
+    CUDA_CHECK(cudaMemcpyAsync(&word, ctx_.error_word, sizeof word, cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (word == 0) return;
+    CUDA_CHECK(cudaMemsetAsync(ctx_.error_word, 0, sizeof word, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::ostringstream sentence;
+    if (word & kBadTokenId) {
+      sentence << "a token id is outside the model's vocabulary (found on " << where_running()
+               << " by the embedding): check that the data was tokenized for this model";
+    } else {
+      sentence << "a target id is outside the vocabulary (found on " << where_running()
+               << " by the cross-entropy): check that the data was tokenized for this model";
+    }
+    throw UserError(sentence.str());
+  }
+
+  CudaContext ctx_;
+  std::string name_;
+};
+
+}  // namespace
+}  // namespace dstrain::cuda
+
+namespace dstrain {
+
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  return std::make_unique<cuda::CudaBackend>(device);
+}
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: not an error for this question
+    return 0;
+  }
+  return count;
+}
+
+}  // namespace dstrain

@@ -1,0 +1,163 @@
+// CUDA embedding: forward gathers wte and wpe rows; backward is deterministic without
+// atomics on dwte:
+//   1. key each position (b,t) by its token id (bad ids get the key Vp and raise a flag),
+//   2. a stable radix sort (CUB) groups the positions by token, (b,t) order kept inside a group,
+//   3. one block column per group sums its dout rows in that order in fp32 and adds the sum to
+//      the token's dwte row once -- the same order and rounding as the CPU twin, so the result
+//      is bitwise the CPU's.
+// dwpe[t] += the sum over b of dout[b,t], b in order (bitwise the CPU's too).
+// Cost note: a group is summed by one block, so a token that fills most of a batch is summed
+// serially over its rows; with text data groups are a few hundred rows at most.
+#include <cub/device/device_radix_sort.cuh>
+
+#include <bit>
+#include <climits>
+#include <cmath>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace dstrain::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;  // channels per block
+
+// out (BT, C) = wte[ids] + wpe[t]; ids (BT); a bad id gives a NaN row and raises the flag.
+__global__ void embedding_forward_kernel(DeviceTensor out, const int32_t* ids, DeviceTensor wte,
+                                         DeviceTensor wpe, int64_t T, int64_t C, int64_t Vp,
+                                         unsigned* error_word) {
+  const int64_t row = blockIdx.x;
+  const int64_t c = blockIdx.y * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= C) return;
+  const int32_t id = ids[row];
+  if (id < 0 || id >= Vp) {
+    if (c == 0) atomicOr(error_word, kBadTokenId);
+    store(out, row * C + c, NAN);
+    return;
+  }
+  const int64_t t = row % T;
+  store(out, row * C + c, __fadd_rn(load(wte, id * C + c), load(wpe, t * C + c)));
+}
+
+// keys (BT) = the token id, or Vp for a bad one (sorted last, then skipped); rows (BT) = 0..BT-1.
+__global__ void embedding_keys_kernel(const int32_t* ids, int64_t BT, int64_t Vp, uint32_t* keys,
+                                      int32_t* rows, unsigned* error_word) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < BT;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int32_t id = ids[i];
+    const bool bad = id < 0 || id >= Vp;
+    if (bad) atomicOr(error_word, kBadTokenId);
+    keys[i] = bad ? static_cast<uint32_t>(Vp) : static_cast<uint32_t>(id);
+    rows[i] = static_cast<int32_t>(i);
+  }
+}
+
+// One block column per sorted position i that starts a group: dwte[key] += sum of the group's
+// dout rows, in sorted (= (b,t)) order. sorted_keys, sorted_rows (BT).
+__global__ void embedding_group_sum_kernel(DeviceTensor dwte, DeviceTensor dout,
+                                           const uint32_t* sorted_keys, const int32_t* sorted_rows,
+                                           int64_t BT, int64_t C, int64_t Vp) {
+  const int64_t i = blockIdx.x;
+  const uint32_t key = sorted_keys[i];
+  if (key >= Vp || (i > 0 && sorted_keys[i - 1] == key)) return;  // bad id, or not a group start
+  const int64_t c = blockIdx.y * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= C) return;
+  float sum = 0.0f;
+  for (int64_t j = i; j < BT && sorted_keys[j] == key; ++j) {
+    sum = __fadd_rn(sum, load(dout, sorted_rows[j] * C + c));
+  }
+  const int64_t dst = static_cast<int64_t>(key) * C + c;
+  store(dwte, dst, __fadd_rn(load(dwte, dst), sum));
+}
+
+// dwpe[t] += sum over b of dout[b, t], b in order. Grid (T, channel blocks).
+__global__ void embedding_position_sum_kernel(DeviceTensor dwpe, DeviceTensor dout, int64_t B,
+                                              int64_t T, int64_t C) {
+  const int64_t t = blockIdx.x;
+  const int64_t c = blockIdx.y * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= C) return;
+  float sum = 0.0f;
+  for (int64_t b = 0; b < B; ++b) sum = __fadd_rn(sum, load(dout, (b * T + t) * C + c));
+  store(dwpe, t * C + c, __fadd_rn(load(dwpe, t * C + c), sum));
+}
+
+struct EmbeddingShape {
+  int64_t B, T, C, Vp;
+};
+
+EmbeddingShape check_embedding(const CudaContext& ctx, const Tensor& x, const char* x_name,
+                               const Tensor& tokens, const Tensor& table, const char* table_name,
+                               const Tensor& positions, const char* positions_name) {
+  check_float_tensor(ctx, x, x_name);
+  check_float_tensor(ctx, table, table_name);
+  check_float_tensor(ctx, positions, positions_name);
+  check_tensor_dtype(ctx, tokens, DType::I32, "tokens");
+  DSTRAIN_CHECK(x.ndim == 3) << x_name << " " << x.shape_str() << " must be (B, T, C)";
+  const EmbeddingShape s{x.shape[0], x.shape[1], x.shape[2], table.ndim == 2 ? table.shape[0] : 0};
+  DSTRAIN_CHECK(table.ndim == 2 && table.shape[1] == s.C)
+      << table_name << " " << table.shape_str() << " must be (Vp, " << s.C << ")";
+  DSTRAIN_CHECK(positions.ndim == 2 && positions.shape[1] == s.C && positions.shape[0] >= s.T)
+      << positions_name << " " << positions.shape_str() << " must be (maxT >= " << s.T << ", "
+      << s.C << ")";
+  DSTRAIN_CHECK(tokens.ndim == 2 && tokens.shape[0] == s.B && tokens.shape[1] == s.T)
+      << "tokens " << tokens.shape_str() << " must be (" << s.B << ", " << s.T << ")";
+  DSTRAIN_CHECK(s.B * s.T <= INT_MAX && s.Vp < (int64_t{1} << 31))
+      << "embedding of " << s.B * s.T << " positions and " << s.Vp << " rows is too large";
+  return s;
+}
+
+}  // namespace
+
+void embedding_forward(const CudaContext& ctx, Tensor out, Tensor tokens, Tensor wte, Tensor wpe,
+                       cudaStream_t stream) {
+  const EmbeddingShape s =
+      check_embedding(ctx, out, "embedding out", tokens, wte, "wte", wpe, "wpe");
+  if (s.B * s.T == 0 || s.C == 0) return;
+  const dim3 grid(static_cast<unsigned>(s.B * s.T), ceil_div(s.C, kThreads));
+  embedding_forward_kernel<<<grid, kThreads, 0, stream>>>(
+      device_tensor(out), static_cast<const int32_t*>(tokens.data), device_tensor(wte),
+      device_tensor(wpe), s.T, s.C, s.Vp, ctx.error_word);
+  CUDA_CHECK_LAUNCH();
+}
+
+void embedding_backward(const CudaContext& ctx, Tensor dwte, Tensor dwpe, Tensor dout,
+                        Tensor tokens, cudaStream_t stream) {
+  const EmbeddingShape s =
+      check_embedding(ctx, dout, "embedding dout", tokens, dwte, "dwte", dwpe, "dwpe");
+  const int64_t BT = s.B * s.T;
+  if (BT == 0 || s.C == 0) return;
+  const int items = static_cast<int>(BT);
+  // Keys are < Vp + 1: sort only the bits that can differ.
+  const int end_bit = std::bit_width(static_cast<uint64_t>(s.Vp));
+  size_t sort_bytes = 0;
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<uint32_t*>(nullptr),
+                                             static_cast<uint32_t*>(nullptr),
+                                             static_cast<int32_t*>(nullptr),
+                                             static_cast<int32_t*>(nullptr), items, 0, end_bit,
+                                             stream));
+  const size_t array_bytes = align_up(static_cast<size_t>(BT) * 4);
+  Scratch scratch(ctx, 4 * array_bytes + align_up(sort_bytes), stream);
+  char* base = scratch.as<char>();
+  auto* keys = reinterpret_cast<uint32_t*>(base);
+  auto* sorted_keys = reinterpret_cast<uint32_t*>(base + array_bytes);
+  auto* rows = reinterpret_cast<int32_t*>(base + 2 * array_bytes);
+  auto* sorted_rows = reinterpret_cast<int32_t*>(base + 3 * array_bytes);
+  void* sort_temp = base + 4 * array_bytes;
+
+  embedding_keys_kernel<<<grid_for(ctx, BT, kThreads), kThreads, 0, stream>>>(
+      static_cast<const int32_t*>(tokens.data), BT, s.Vp, keys, rows, ctx.error_word);
+  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_temp, sort_bytes, keys, sorted_keys, rows,
+                                             sorted_rows, items, 0, end_bit, stream));
+  const unsigned channel_blocks = ceil_div(s.C, kThreads);
+  embedding_group_sum_kernel<<<dim3(static_cast<unsigned>(BT), channel_blocks), kThreads, 0,
+                               stream>>>(device_tensor(dwte), device_tensor(dout), sorted_keys,
+                                         sorted_rows, BT, s.C, s.Vp);
+  CUDA_CHECK_LAUNCH();
+  embedding_position_sum_kernel<<<dim3(static_cast<unsigned>(s.T), channel_blocks), kThreads, 0,
+                                  stream>>>(device_tensor(dwpe), device_tensor(dout), s.B, s.T,
+                                            s.C);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dstrain::cuda

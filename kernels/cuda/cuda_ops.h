@@ -1,0 +1,119 @@
+// Internal to the CUDA backend (kernels/cuda/): the context every launcher gets, stream-ordered
+// scratch, argument checks, and the entry points the Backend methods forward to (one .cu file
+// per op family). Shapes and semantics are those of kernels/ops.h.
+//
+// How kernels see storage: each float tensor reaches a kernel as a DeviceTensor (pointer +
+// dtype) and is read and written through load()/store() (cuda_common.cuh), which convert to
+// and from fp32 with round-to-nearest-even. So every kernel is compiled once, whatever mix of
+// F32/F16/BF16 its tensors have (the dtype branch is uniform across a warp).
+#pragma once
+
+#include <cublas_api.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/check.h"
+#include "core/tensor.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/ops.h"
+
+namespace dstrain::cuda {
+
+// Bits of the backend's device error word (set by kernels, read after the stream is waited on).
+enum DeviceErrorBits : unsigned {
+  kBadTokenId = 1u,   // embedding: a token id outside [0, Vp)
+  kBadTargetId = 2u,  // cross-entropy: a target id outside [0, V)
+};
+
+struct CudaContext {
+  int device = 0;
+  int sm_count = 1;
+  cublasHandle_t cublas = nullptr;
+  void* cublas_workspace = nullptr;  // cublas_workspace_bytes of device memory
+  size_t cublas_workspace_bytes = 0;
+  cudaMemPool_t scratch_pool = nullptr;
+  unsigned* error_word = nullptr;  // device view of a mapped pinned word (DeviceErrorBits)
+};
+
+// Device memory for the duration of one op, allocated and freed in stream order from the
+// backend's pool: no synchronization, and no race with another stream's scratch.
+class Scratch {
+ public:
+  Scratch(const CudaContext& ctx, size_t bytes, cudaStream_t stream);
+  ~Scratch();
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  void* data_ = nullptr;
+  cudaStream_t stream_;
+};
+
+// Round `bytes` up to 256 so several arrays can share one Scratch, each aligned.
+inline size_t align_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// ---- argument checks (throw dstrain::Error naming the argument) ----
+bool is_float_dtype(DType dtype);
+// `t` is non-empty, on this backend's GPU, and a float dtype (resp. exactly `dtype`).
+void check_float_tensor(const CudaContext& ctx, const Tensor& t, const char* name);
+void check_tensor_dtype(const CudaContext& ctx, const Tensor& t, DType dtype, const char* name);
+void check_same_numel(const Tensor& a, const char* a_name, const Tensor& b, const char* b_name);
+int64_t rows_of(const Tensor& t);  // numel / last dim
+int64_t cols_of(const Tensor& t);  // the last dim
+
+// ---- launchers, one family per .cu file ----
+// cuda_elementwise.cu
+void copy_convert(const CudaContext& ctx, Tensor dst, Tensor src, cudaStream_t stream);
+void gelu_forward(const CudaContext& ctx, Tensor out, Tensor inp, cudaStream_t stream);
+void gelu_backward(const CudaContext& ctx, Tensor dinp, Tensor dout, Tensor inp,
+                   cudaStream_t stream);
+void residual_forward(const CudaContext& ctx, Tensor out, Tensor a, Tensor b, cudaStream_t stream);
+void accumulate(const CudaContext& ctx, Tensor dst, Tensor src, cudaStream_t stream);
+void scale(const CudaContext& ctx, Tensor x, float s, cudaStream_t stream);
+
+// cuda_embedding.cu
+void embedding_forward(const CudaContext& ctx, Tensor out, Tensor tokens, Tensor wte, Tensor wpe,
+                       cudaStream_t stream);
+void embedding_backward(const CudaContext& ctx, Tensor dwte, Tensor dwpe, Tensor dout,
+                        Tensor tokens, cudaStream_t stream);
+
+// cuda_layernorm.cu
+void layernorm_forward(const CudaContext& ctx, Tensor out, Tensor mean, Tensor rstd, Tensor inp,
+                       Tensor weight, Tensor bias, cudaStream_t stream);
+void layernorm_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias,
+                        Tensor dout, Tensor inp, Tensor weight, Tensor mean, Tensor rstd,
+                        cudaStream_t stream);
+// dsum (cols) += column sums of x (rows, cols), rows added in a fixed order: deterministic.
+// Used for matmul's dbias.
+void column_sums_accumulate(const CudaContext& ctx, Tensor dsum, Tensor x, cudaStream_t stream);
+
+// cuda_matmul.cu
+void matmul_forward(const CudaContext& ctx, Tensor out, Tensor inp, Tensor weight, Tensor bias,
+                    bool weight_out_by_in, cudaStream_t stream);
+void matmul_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias,
+                     Tensor dout, Tensor inp, Tensor weight, bool weight_out_by_in,
+                     cudaStream_t stream);
+
+// cuda_attention_forward.cu / cuda_attention_backward.cu
+void attention_forward(const CudaContext& ctx, Tensor out, Tensor lse, Tensor qkv, int n_head,
+                       cudaStream_t stream);
+void attention_backward(const CudaContext& ctx, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,
+                        Tensor lse, int n_head, cudaStream_t stream);
+
+// cuda_cross_entropy.cu
+void softmax_cross_entropy(const CudaContext& ctx, Tensor losses, Tensor dlogits, Tensor logits,
+                           Tensor targets, int vocab, float dloss, cudaStream_t stream);
+
+// cuda_optim.cu
+void adamw(const CudaContext& ctx, Tensor param, Tensor grad, Tensor m, Tensor v,
+           Tensor param_copy, const AdamWStep& step, cudaStream_t stream);
+double sum_squares(const CudaContext& ctx, Tensor x, cudaStream_t stream);  // waits
+bool has_inf_or_nan(const CudaContext& ctx, Tensor x, cudaStream_t stream);  // waits
+
+}  // namespace dstrain::cuda
