@@ -118,8 +118,13 @@ int run_train(const std::vector<std::string>& args, std::ostream& out) {
     print_usage(out, flags);
     return 0;
   }
-  train(options, out);
-  return 0;
+  options.explicit_flags.emplace();
+  for (const auto& [name, value] : values) {
+    if (!value.defaulted()) options.explicit_flags->insert(name);
+  }
+  const TrainSummary summary = train(options, out);
+  // Interrupted: the conventional exit code of the signal (the checkpoint, if any, is whole).
+  return summary.interrupted_by != 0 ? 128 + summary.interrupted_by : 0;
 }
 
 int run_prepare(const std::vector<std::string>& args, std::ostream& out) {

@@ -2,7 +2,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <set>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 namespace dstrain {
 
@@ -47,9 +51,16 @@ struct TrainOptions {
   std::string init_from;
   int64_t sample_tokens = 64;      // printed at the end; 0 disables
   bool quiet = false;              // no progress lines (the log and the summary remain)
+  // The flags the user gave (command-line names). On --resume, every setting of the run not
+  // given again is taken from the checkpoint. nullopt (a library caller): all are given.
+  std::optional<std::set<std::string>> explicit_flags;
   // Testing: at this 1-based step, rank inject_inf_rank puts +inf into one gradient (0: never).
   int64_t inject_inf_step = 0;
   int inject_inf_rank = 0;
 };
+
+// The settings a checkpoint remembers (under their flag names), and taking them back.
+nlohmann::json resumable_options(const TrainOptions& options);
+void apply_resumable_options(TrainOptions& options, const nlohmann::json& saved);
 
 }  // namespace dstrain

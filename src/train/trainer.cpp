@@ -1,6 +1,9 @@
 #include "train/trainer.h"
 
+#include <signal.h>
 #include <unistd.h>
+
+#include <atomic>
 
 #include <algorithm>
 #include <array>
@@ -34,6 +37,39 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// SIGINT / SIGTERM: the first asks the run to stop after the current step (with a checkpoint
+// when --out is set); a second one exits at once. A checkpoint directory only appears whole
+// (renamed from its temp name), so exiting at once never corrupts the last good one.
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void on_stop_signal(int signal) {
+  if (g_stop_signal.exchange(signal) != 0) {
+    static const char message[] = "\ndstrain: second signal, exiting now\n";
+    (void)!::write(STDERR_FILENO, message, sizeof message - 1);
+    ::_exit(128 + signal);
+  }
+}
+
+// Installs the handlers for the life of a run, and restores the previous ones after.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal = 0;
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    ::sigaction(SIGINT, &action, &old_int_);
+    ::sigaction(SIGTERM, &action, &old_term_);
+  }
+  ~StopSignals() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
 // The synthetic corpus: its seed is fixed (the corpus is part of the benchmark, not of the
 // run), so every run and every resume sees the same data whatever --seed is.
 constexpr uint64_t kSyntheticCorpusSeed = 20240520;
@@ -59,10 +95,9 @@ Datasets open_datasets(const TrainOptions& options, const ModelConfig& config, i
     DSTRAIN_USER_CHECK(config.vocab_size >= corpus.vocab_size())
         << "the synthetic corpus has " << corpus.vocab_size() << " tokens but the model's "
         << "vocab_size is " << config.vocab_size;
-    // Enough tokens that the run rarely repeats a window, within a bounded memory.
-    const int64_t wanted = options.steps * options.grad_accum * world * B * T + 1;
-    const size_t train_tokens = static_cast<size_t>(
-        std::clamp<int64_t>(wanted, 1 << 20, int64_t{1} << 25));
+    // A fixed length (not derived from --steps: a resumed run must see the same windows),
+    // more than a CPU run consumes.
+    const size_t train_tokens = size_t{1} << 24;
     const size_t val_tokens = std::max<size_t>(window * static_cast<size_t>(options.eval_batches),
                                                1 << 16);
     data.train = TokenDataset::from_tokens(corpus.generate(train_tokens, 1), config.vocab_size,
@@ -422,6 +457,7 @@ void run_rank(const RunContext& ctx, Communicator& comm) {
 
   for (int64_t step = ctx.first_step; step < options.steps; ++step) {
     const auto start = Clock::now();
+    summary.steps = step + 1;
     state.begin_step();
     double local_loss = 0.0;
     const double loss_scale = scaler.scale();
@@ -471,8 +507,13 @@ void run_rank(const RunContext& ctx, Communicator& comm) {
                          smoothed_step_seconds * static_cast<double>(options.steps - step - 1));
     }
 
-    const bool last = step + 1 == options.steps;
-    if (options.eval_every > 0 && ((step + 1) % options.eval_every == 0 || last)) {
+    // A stop signal, agreed by every rank (they may see it at different moments).
+    float stop = g_stop_signal.load() != 0 ? 1.0f : 0.0f;
+    if (world > 1) comm.all_reduce(Tensor(&stop, DType::F32, {1}), ReduceOp::Max, nullptr);
+    const bool interrupted = stop != 0.0f && step + 1 < options.steps;
+    const bool last = step + 1 == options.steps || interrupted;
+    if (options.eval_every > 0 &&
+        ((step + 1) % options.eval_every == 0 || step + 1 == options.steps)) {
       const double eval_loss = evaluate();
       if (leader) {
         summary.final_eval_loss = eval_loss;
@@ -503,23 +544,29 @@ void run_rank(const RunContext& ctx, Communicator& comm) {
       if (leader) {
         const nlohmann::json trainer{{"step", step + 1},        {"adam_step", adam_step},
                                      {"data", loader.state()},  {"scaler", scaler.state()},
-                                     {"run", ctx.fingerprint},  {"seed", options.seed}};
+                                     {"run", ctx.fingerprint},  {"seed", options.seed},
+                                     {"options", resumable_options(options)}};
         summary.checkpoint = (*ctx.checkpoint)->finish(trainer);
         ctx.checkpoint->reset();
         ctx.progress->message("saved checkpoint " + summary.checkpoint);
       }
       comm.barrier();  // nobody runs ahead of a checkpoint that failed on rank 0
     }
+    if (interrupted) {
+      summary.interrupted_by = g_stop_signal.load();
+      if (summary.interrupted_by == 0) summary.interrupted_by = SIGINT;  // another rank saw it
+      break;
+    }
   }
-  summary.steps = options.steps;
-  const int64_t steps_run = options.steps - ctx.first_step;
+  const int64_t steps_run = summary.steps - ctx.first_step;
   if (leader) {
     summary.tokens_per_second =
         train_seconds > 0 ? tokens_per_step * static_cast<double>(steps_run) / train_seconds : 0.0;
   }
 
   // A sample from the trained model, on rank 0 with the gathered weights.
-  if (options.sample_tokens > 0) state.get_full_params(gathered.tensors());
+  const bool sample = options.sample_tokens > 0 && summary.interrupted_by == 0;
+  if (sample) state.get_full_params(gathered.tensors());
   if (!leader) return;
   const Datasets& data = *ctx.data;
   std::ostringstream text;
@@ -532,13 +579,23 @@ void run_rank(const RunContext& ctx, Communicator& comm) {
     text << "\n  entropy floor " << *data.entropy_floor << " nats: the model is "
          << *summary.final_eval_loss - *data.entropy_floor << " nats above it";
   }
-  nlohmann::json summary_record{{"type", "summary"}, {"steps", options.steps},
+  nlohmann::json summary_record{{"type", "summary"}, {"steps", summary.steps},
+                                {"interrupted", summary.interrupted_by != 0},
                                 {"tokens_per_s", summary.tokens_per_second},
                                 {"train_seconds", train_seconds}};
   if (!summary.losses.empty()) summary_record["final_loss"] = summary.losses.back();
   if (summary.final_eval_loss) summary_record["final_eval_loss"] = *summary.final_eval_loss;
   ctx.log->write(summary_record);
-  if (options.sample_tokens > 0) {
+  if (summary.interrupted_by != 0) {
+    text << "\n  interrupted (" << (summary.interrupted_by == SIGTERM ? "SIGTERM" : "SIGINT")
+         << ") after step " << summary.steps;
+    if (!summary.checkpoint.empty()) {
+      text << "; continue with: dstrain --resume " << options.out << " --steps " << options.steps;
+    } else {
+      text << "; no checkpoint written (no --out)";
+    }
+  }
+  if (sample) {
     std::vector<int32_t> prompt(static_cast<size_t>(std::min<int64_t>(8, T)));
     DataLoader prompt_loader(data.val, LoaderOptions{B, T, 1, 0, false, 0});
     prompt_loader.next_batch(inputs, targets);
@@ -561,15 +618,82 @@ void run_rank(const RunContext& ctx, Communicator& comm) {
 
 }  // namespace
 
+// Each remembered setting: its flag name and the field.
+template <class Fn>
+void for_each_resumable(TrainOptions& o, Fn&& fn) {
+  fn("data", o.data);
+  fn("val-data", o.val_data);
+  fn("shuffle", o.shuffle);
+  fn("batch", o.batch);
+  fn("seq-len", o.seq_len);
+  fn("grad-accum", o.grad_accum);
+  fn("gpus", o.gpus);
+  fn("steps", o.steps);
+  fn("lr", o.lr);
+  fn("lr-schedule", o.lr_schedule);
+  fn("warmup", o.warmup);
+  fn("min-lr", o.min_lr);
+  fn("weight-decay", o.weight_decay);
+  fn("beta1", o.beta1);
+  fn("beta2", o.beta2);
+  fn("eps", o.eps);
+  fn("grad-clip", o.grad_clip);
+  fn("seed", o.seed);
+  fn("precision", o.precision);
+  fn("zero", o.zero);
+  fn("offload", o.offload);
+  fn("recompute", o.recompute);
+  fn("eval-every", o.eval_every);
+  fn("eval-batches", o.eval_batches);
+  fn("save-every", o.save_every);
+  fn("out", o.out);
+  fn("log", o.log);
+}
+
+nlohmann::json resumable_options(const TrainOptions& options) {
+  TrainOptions copy = options;
+  nlohmann::json saved = nlohmann::json::object();
+  for_each_resumable(copy, [&](const char* flag, auto& field) { saved[flag] = field; });
+  return saved;
+}
+
+void apply_resumable_options(TrainOptions& options, const nlohmann::json& saved) {
+  if (!options.explicit_flags || !saved.is_object()) return;
+  const std::set<std::string>& given = *options.explicit_flags;
+  const bool ranks_given = given.count("gpus") != 0, accum_given = given.count("grad-accum") != 0;
+  const int64_t micro_batches = saved.value("grad-accum", int64_t{1}) * saved.value("gpus", int64_t{1});
+  for_each_resumable(options, [&](const char* flag, auto& field) {
+    if (given.count(flag) || !saved.contains(flag)) return;
+    try {
+      saved.at(flag).get_to(field);
+    } catch (const nlohmann::json::exception&) {
+      DSTRAIN_USER_ERROR() << "the checkpoint's remembered setting --" << flag << " is malformed";
+    }
+  });
+  // Other ranks than before, same micro-batches per step: the accumulation follows.
+  if (ranks_given && !accum_given) {
+    DSTRAIN_USER_CHECK(micro_batches % options.gpus == 0)
+        << "the checkpoint's run makes each step of " << micro_batches << " micro-batches, which "
+        << options.gpus << " ranks cannot share evenly; give --grad-accum too";
+    options.grad_accum = micro_batches / options.gpus;
+  }
+}
+
 TrainSummary train(const TrainOptions& given, std::ostream& out) {
   RunContext ctx;
   ctx.options = given;
   TrainOptions& options = ctx.options;
-  validate_options(options);
 
-  // The model: from the checkpoint on resume (a different --model is an error).
+  // The model: from the checkpoint on resume (a different --model is an error), and the run's
+  // settings not given again.
   if (!options.resume.empty()) {
     ctx.resume = open_checkpoint(options.resume);
+    if (ctx.resume->trainer_state.contains("options")) {
+      apply_resumable_options(options, ctx.resume->trainer_state["options"]);
+    }
+  }
+  validate_options(options);
+  if (ctx.resume) {
     ctx.config = ctx.resume->config;
     if (!options.model.empty()) {
       const ModelConfig asked = load_model_config(options.model);
@@ -638,6 +762,7 @@ TrainSummary train(const TrainOptions& given, std::ostream& out) {
   ctx.progress = &progress;
   ctx.summary = &summary;
   ctx.out = &out;
+  StopSignals stop_signals;
   run_local_ranks(world, options.comm_timeout,
                   [&ctx](Communicator& comm) { run_rank(ctx, comm); });
   return summary;

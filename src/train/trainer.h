@@ -19,6 +19,7 @@ struct TrainSummary {
   std::optional<double> entropy_floor;  // synthetic data only
   double tokens_per_second = 0.0;
   int64_t skipped_steps = 0;       // fp16 steps skipped for overflow
+  int interrupted_by = 0;          // SIGINT or SIGTERM when a signal stopped the run early
   std::string checkpoint;          // the last checkpoint written, if any
 };
 

@@ -1,0 +1,121 @@
+// CUDA causal self-attention forward, flash-attention style (see cuda_attention.cuh for the
+// tiling): each block owns query rows of one (b, head); key/value tiles stream through shared
+// memory; per query row a running max, a running sum and the output row (in registers) are
+// rescaled as each tile arrives (online softmax). Saves lse = max + log(sum) per row.
+#include <cmath>
+
+#include "kernels/cuda/cuda_attention.cuh"
+
+namespace dstrain::cuda {
+
+namespace {
+
+using namespace attention;
+
+// out (B,T,C), lse (B,NH,T), qkv (B,T,3C). Grid (query blocks, B*NH), block 32*warps.
+template <int kDPerLane>
+__global__ void attention_forward_kernel(DeviceTensor out, float* lse, DeviceTensor qkv, int64_t T,
+                                         int64_t C, int64_t NH, int64_t hd, float scale) {
+  extern __shared__ float shared[];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int owned = (blockDim.x / 32) * kRowsPerWarp;  // query rows of this block
+  const int64_t b = blockIdx.y / NH, h = blockIdx.y % NH;
+  const int64_t q0 = blockIdx.x * int64_t{owned};
+  const int64_t stride = stream_stride(hd);
+  float* q_tile = shared;                       // (owned, hd)
+  float* k_tile = q_tile + owned * hd;          // (32, stride)
+  float* v_tile = k_tile + kStreamRows * stride;  // (32, hd)
+  const int64_t width = 3 * C;
+
+  load_rows(q_tile, hd, qkv, b, T, width, h * hd, q0, owned, hd);
+
+  float o[kRowsPerWarp][kDPerLane];
+  float row_max[kRowsPerWarp], row_sum[kRowsPerWarp];
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    row_max[rr] = -INFINITY;
+    row_sum[rr] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kDPerLane; ++k) o[rr][k] = 0.0f;
+  }
+
+  const int64_t last_query = min(q0 + owned, T) - 1;
+  for (int64_t k0 = 0; k0 <= last_query; k0 += kStreamRows) {
+    __syncthreads();  // the previous tile (and the q tile load) is complete
+    load_rows(k_tile, stride, qkv, b, T, width, C + h * hd, k0, kStreamRows, hd);
+    load_rows(v_tile, hd, qkv, b, T, width, 2 * C + h * hd, k0, kStreamRows, hd);
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+      const int r = warp * kRowsPerWarp + rr;
+      const int64_t i = q0 + r;
+      if (i >= T || k0 > i) continue;  // warp-uniform
+      const int64_t j = k0 + lane;
+      const bool visible = j <= i;
+      const float score =
+          visible ? dot_rows(q_tile + r * hd, k_tile + lane * stride, hd) * scale : -INFINITY;
+      const float new_max = fmaxf(row_max[rr], warp_max(score));  // finite: key k0 <= i
+      const float p = visible ? expf(score - new_max) : 0.0f;
+      const float correction = expf(row_max[rr] - new_max);  // 0 on the first tile
+      row_sum[rr] = row_sum[rr] * correction + warp_sum(p);
+      row_max[rr] = new_max;
+#pragma unroll
+      for (int k = 0; k < kDPerLane; ++k) o[rr][k] *= correction;
+      const int keys = static_cast<int>(min(int64_t{kStreamRows}, i - k0 + 1));
+      for (int jj = 0; jj < keys; ++jj) {
+        const float pj = __shfl_sync(0xffffffffu, p, jj);
+        const float* v_row = v_tile + jj * hd;
+#pragma unroll
+        for (int k = 0; k < kDPerLane; ++k) {
+          const int64_t d = lane + 32 * k;
+          if (d < hd) o[rr][k] += pj * v_row[d];
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    const int64_t i = q0 + warp * kRowsPerWarp + rr;
+    if (i >= T) continue;
+    const float inv_sum = 1.0f / row_sum[rr];
+#pragma unroll
+    for (int k = 0; k < kDPerLane; ++k) {
+      const int64_t d = lane + 32 * k;
+      if (d < hd) store(out, (b * T + i) * C + h * hd + d, o[rr][k] * inv_sum);
+    }
+    if (lane == 0) lse[(b * NH + h) * T + i] = row_max[rr] + logf(row_sum[rr]);
+  }
+}
+
+template <int kDPerLane>
+void launch_forward(const Shape& s, Tensor out, Tensor lse, Tensor qkv, cudaStream_t stream) {
+  const int warps = warps_for(s.hd);
+  const int owned = warps * kRowsPerWarp;
+  const size_t shared_bytes =
+      static_cast<size_t>(owned * s.hd + kStreamRows * stream_stride(s.hd) + kStreamRows * s.hd) *
+      sizeof(float);
+  allow_shared_memory(attention_forward_kernel<kDPerLane>, shared_bytes);
+  const dim3 grid(ceil_div(s.T, owned), static_cast<unsigned>(s.B * s.NH));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
+  attention_forward_kernel<kDPerLane><<<grid, 32 * warps, shared_bytes, stream>>>(
+      device_tensor(out), lse.f32(), device_tensor(qkv), s.T, s.C, s.NH, s.hd, scale);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void attention_forward(const CudaContext& ctx, Tensor out, Tensor lse, Tensor qkv, int n_head,
+                       cudaStream_t stream) {
+  const Shape s = check_attention(ctx, qkv, out, lse, n_head);
+  if (s.B == 0 || s.T == 0 || s.hd == 0) return;
+  if (s.hd <= 64) {
+    launch_forward<2>(s, out, lse, qkv, stream);
+  } else if (s.hd <= 128) {
+    launch_forward<4>(s, out, lse, qkv, stream);
+  } else {
+    launch_forward<8>(s, out, lse, qkv, stream);
+  }
+}
+
+}  // namespace dstrain::cuda

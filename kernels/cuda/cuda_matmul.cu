@@ -1,0 +1,235 @@
+// CUDA matmul through cuBLAS (cublasGemmEx, fp32 compute: F16/BF16 operands on tensor cores
+// with fp32 accumulation, F32 operands in exact fp32 -- no TF32, like the CPU twin).
+//
+// Row-major to cuBLAS's column-major: a row-major (M,N) matrix is the column-major (N,M) matrix
+// of the same memory, so C = op(A) @ op(B) row-major is C^T = op(B)^T @ op(A)^T column-major:
+// swap the operands and keep each one's transpose flag.
+//
+// Storage dtypes are independent per tensor. cuBLAS wants both operands in one dtype and the
+// output in that dtype or F32; anything else goes through fp32 scratch:
+// - operands of different dtypes are both converted to F32 first (exact: every stored value is
+//   an fp32 value);
+// - an output whose dtype cuBLAS cannot write, or a bias of another dtype than the output, is
+//   computed into fp32 scratch and rounded once by an epilogue kernel.
+// A bias of the output's dtype is broadcast into the output first and added by the GEMM itself
+// (beta = 1): cuBLAS adds it in fp32 and rounds the sum once, as the CPU does.
+// dbias comes from the deterministic column sums of cuda_layernorm.cu.
+#include <cublas_v2.h>
+
+#include <climits>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace dstrain::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+cudaDataType_t cuda_type(DType dtype) {
+  switch (dtype) {
+    case DType::F16:
+      return CUDA_R_16F;
+    case DType::BF16:
+      return CUDA_R_16BF;
+    default:
+      return CUDA_R_32F;
+  }
+}
+
+// op(X) of a row-major matrix: `data` holds X (or X^T when `transposed`) with leading dimension
+// `ld`, in `dtype`. Mirrors the CPU twin's Operand.
+struct Operand {
+  const void* data;
+  DType dtype;
+  int64_t ld;
+  bool transposed;
+};
+
+// c (M,N) row-major in c_dtype = op(a) (M,K) @ op(b) (K,N) + beta * c.
+// REQUIRES: a.dtype == b.dtype, c_dtype is that dtype or F32.
+void gemm(const CudaContext& ctx, void* c, DType c_dtype, int64_t M, int64_t N, int64_t K,
+          Operand a, Operand b, float beta, cudaStream_t stream) {
+  if (M == 0 || N == 0) return;
+  DSTRAIN_CHECK(a.dtype == b.dtype && (c_dtype == a.dtype || c_dtype == DType::F32))
+      << "gemm of " << dtype_name(a.dtype) << " x " << dtype_name(b.dtype) << " into "
+      << dtype_name(c_dtype);
+  DSTRAIN_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && a.ld <= INT_MAX && b.ld <= INT_MAX)
+      << "matmul (" << M << ", " << N << ", " << K << ") too large for 32-bit cuBLAS sizes";
+  // cublasSetStream resets the workspace to cuBLAS's own pool: set ours after it.
+  CUBLAS_CHECK(cublasSetStream(ctx.cublas, stream));
+  CUBLAS_CHECK(cublasSetWorkspace(ctx.cublas, ctx.cublas_workspace, ctx.cublas_workspace_bytes));
+  const float alpha = 1.0f;
+  CUBLAS_CHECK(cublasGemmEx(ctx.cublas, b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N,
+                            a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
+                            static_cast<int>(M), static_cast<int>(K), &alpha, b.data,
+                            cuda_type(b.dtype), static_cast<int>(b.ld), a.data, cuda_type(a.dtype),
+                            static_cast<int>(a.ld), &beta, c, cuda_type(c_dtype),
+                            static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// out (rows, cols) = bias (cols) broadcast, stored values copied as they are.
+__global__ void broadcast_rows_kernel(DeviceTensor out, DeviceTensor bias, int64_t rows,
+                                      int64_t cols) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    store(out, i, load(bias, i % cols));
+  }
+}
+
+// out (rows, cols) = round(acc + bias) (bias optional), or out = round(out + acc) when
+// `accumulate`. acc (rows, cols) fp32.
+__global__ void gemm_epilogue_kernel(DeviceTensor out, const float* acc, DeviceTensor bias,
+                                     int64_t rows, int64_t cols, bool accumulate) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    float value = acc[i];
+    if (bias.data) value += load(bias, i % cols);
+    if (accumulate) value = load(out, i) + value;
+    store(out, i, value);
+  }
+}
+
+// The operands of one GEMM in a dtype cuBLAS takes: as they are when both share one, else both
+// converted to F32 scratch.
+class GemmOperands {
+ public:
+  GemmOperands(const CudaContext& ctx, const Tensor& x, const Tensor& y, cudaStream_t stream)
+      : x_(x), y_(y) {
+    if (x.dtype == y.dtype) return;
+    const size_t x_bytes = x.dtype == DType::F32 ? 0 : align_up(x.numel() * sizeof(float));
+    const size_t y_bytes = y.dtype == DType::F32 ? 0 : align_up(y.numel() * sizeof(float));
+    scratch_ = std::make_unique<Scratch>(ctx, x_bytes + y_bytes, stream);
+    char* base = scratch_->as<char>();
+    const Device device{Device::Kind::CUDA, ctx.device};
+    if (x_bytes) {
+      x_ = Tensor(base, DType::F32, {x.numel()}, device);
+      copy_convert(ctx, x_, x.reshape({x.numel()}), stream);
+    }
+    if (y_bytes) {
+      y_ = Tensor(base + x_bytes, DType::F32, {y.numel()}, device);
+      copy_convert(ctx, y_, y.reshape({y.numel()}), stream);
+    }
+  }
+  const Tensor& x() const { return x_; }
+  const Tensor& y() const { return y_; }
+  DType dtype() const { return x_.dtype; }
+
+ private:
+  Tensor x_, y_;
+  std::unique_ptr<Scratch> scratch_;
+};
+
+// out (M,N) = op(a) @ op(b) [+ bias], or out += op(a) @ op(b) when `accumulate`, for any dtype of
+// out and bias: directly into out when cuBLAS can write it, else through fp32 scratch.
+void gemm_into(const CudaContext& ctx, const Tensor& out, int64_t M, int64_t N, int64_t K,
+               Operand a, Operand b, DType operand_dtype, const Tensor& bias, bool accumulate,
+               cudaStream_t stream) {
+  if (M == 0 || N == 0) return;
+  const bool writable = out.dtype == operand_dtype || out.dtype == DType::F32;
+  const bool bias_in_place = bias.empty() || bias.dtype == out.dtype;
+  if (writable && bias_in_place) {
+    if (!bias.empty()) {
+      broadcast_rows_kernel<<<grid_for(ctx, M * N, kThreads), kThreads, 0, stream>>>(
+          device_tensor(out), device_tensor(bias), M, N);
+      CUDA_CHECK_LAUNCH();
+    }
+    gemm(ctx, out.data, out.dtype, M, N, K, a, b, (accumulate || !bias.empty()) ? 1.0f : 0.0f,
+         stream);
+    return;
+  }
+  Scratch acc(ctx, static_cast<size_t>(M * N) * sizeof(float), stream);
+  gemm(ctx, acc.as<float>(), DType::F32, M, N, K, a, b, 0.0f, stream);
+  gemm_epilogue_kernel<<<grid_for(ctx, M * N, kThreads), kThreads, 0, stream>>>(
+      device_tensor(out), acc.as<float>(),
+      bias.empty() ? DeviceTensor{nullptr, DType::F32} : device_tensor(bias), M, N, accumulate);
+  CUDA_CHECK_LAUNCH();
+}
+
+struct MatmulShape {
+  int64_t N, C, OC;
+};
+
+MatmulShape check_matmul(const CudaContext& ctx, const Tensor& inp, const Tensor& weight,
+                         bool weight_out_by_in) {
+  check_float_tensor(ctx, inp, "matmul inp");
+  check_float_tensor(ctx, weight, "matmul weight");
+  DSTRAIN_CHECK(weight.ndim == 2) << "matmul weight " << weight.shape_str() << " must be 2-D";
+  const int64_t C = cols_of(inp);
+  const int64_t weight_in = weight_out_by_in ? weight.shape[1] : weight.shape[0];
+  const int64_t OC = weight_out_by_in ? weight.shape[0] : weight.shape[1];
+  DSTRAIN_CHECK(C > 0 && weight_in == C)
+      << "matmul inp " << inp.shape_str() << " does not match weight " << weight.shape_str()
+      << (weight_out_by_in ? " (OC, C)" : " (C, OC)");
+  return {rows_of(inp), C, OC};
+}
+
+void check_rows_cols(const CudaContext& ctx, const Tensor& t, const char* name, int64_t rows,
+                     int64_t cols) {
+  check_float_tensor(ctx, t, name);
+  DSTRAIN_CHECK(cols_of(t) == cols && rows_of(t) == rows)
+      << name << " " << t.shape_str() << " must be (" << rows << ", " << cols << ")";
+}
+
+}  // namespace
+
+void matmul_forward(const CudaContext& ctx, Tensor out, Tensor inp, Tensor weight, Tensor bias,
+                    bool weight_out_by_in, cudaStream_t stream) {
+  const MatmulShape s = check_matmul(ctx, inp, weight, weight_out_by_in);
+  check_rows_cols(ctx, out, "matmul out", s.N, s.OC);
+  if (!bias.empty()) {
+    check_float_tensor(ctx, bias, "matmul bias");
+    DSTRAIN_CHECK(bias.numel() == s.OC)
+        << "matmul bias " << bias.shape_str() << " must have " << s.OC << " elements";
+  }
+  const GemmOperands ops(ctx, inp, weight, stream);
+  // out = inp @ weight (C,OC), or inp @ weight^T for weight (OC,C).
+  const Operand a{ops.x().data, ops.dtype(), s.C, false};
+  const Operand b = weight_out_by_in ? Operand{ops.y().data, ops.dtype(), s.C, true}
+                                     : Operand{ops.y().data, ops.dtype(), s.OC, false};
+  gemm_into(ctx, out, s.N, s.OC, s.C, a, b, ops.dtype(), bias, false, stream);
+}
+
+void matmul_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias,
+                     Tensor dout, Tensor inp, Tensor weight, bool weight_out_by_in,
+                     cudaStream_t stream) {
+  const MatmulShape s = check_matmul(ctx, inp, weight, weight_out_by_in);
+  check_rows_cols(ctx, dout, "matmul dout", s.N, s.OC);
+  if (!dinp.empty()) check_rows_cols(ctx, dinp, "matmul dinp", s.N, s.C);
+  check_float_tensor(ctx, dweight, "matmul dweight");
+  DSTRAIN_CHECK(dweight.ndim == 2 && dweight.shape[0] == weight.shape[0] &&
+                dweight.shape[1] == weight.shape[1])
+      << "matmul dweight " << dweight.shape_str() << " must match weight " << weight.shape_str();
+  if (!dbias.empty()) {
+    check_float_tensor(ctx, dbias, "matmul dbias");
+    DSTRAIN_CHECK(dbias.numel() == s.OC)
+        << "matmul dbias " << dbias.shape_str() << " must have " << s.OC << " elements";
+  }
+  if (!dinp.empty()) {
+    // dinp (N,C) = dout (N,OC) @ W^T: weight (C,OC) transposed, or weight (OC,C) as is.
+    const GemmOperands ops(ctx, dout, weight, stream);
+    const Operand a{ops.x().data, ops.dtype(), s.OC, false};
+    const Operand b = weight_out_by_in ? Operand{ops.y().data, ops.dtype(), s.C, false}
+                                       : Operand{ops.y().data, ops.dtype(), s.OC, true};
+    gemm_into(ctx, dinp, s.N, s.C, s.OC, a, b, ops.dtype(), Tensor(), false, stream);
+  }
+  {
+    const GemmOperands ops(ctx, dout, inp, stream);  // x: dout (N,OC), y: inp (N,C)
+    if (weight_out_by_in) {
+      // dweight (OC,C) += dout^T (OC,N) @ inp (N,C)
+      gemm_into(ctx, dweight, s.OC, s.C, s.N, Operand{ops.x().data, ops.dtype(), s.OC, true},
+                Operand{ops.y().data, ops.dtype(), s.C, false}, ops.dtype(), Tensor(), true,
+                stream);
+    } else {
+      // dweight (C,OC) += inp^T (C,N) @ dout (N,OC)
+      gemm_into(ctx, dweight, s.C, s.OC, s.N, Operand{ops.y().data, ops.dtype(), s.C, true},
+                Operand{ops.x().data, ops.dtype(), s.OC, false}, ops.dtype(), Tensor(), true,
+                stream);
+    }
+  }
+  if (!dbias.empty()) column_sums_accumulate(ctx, dbias, dout, stream);
+}
+
+}  // namespace dstrain::cuda

@@ -1,0 +1,119 @@
+// SIGINT / SIGTERM during training: the first stops the run after the current step with a
+// checkpoint and the signal's exit code; a second exits at once, and the last good
+// checkpoint stays loadable.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+class SignalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("dstrain_signal_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Starts dstrain with `args`, its output going to files in dir_.
+  pid_t start(const std::vector<std::string>& args) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      const std::string out = (dir_ / "stdout.txt").string(), err = (dir_ / "stderr.txt").string();
+      (void)!std::freopen(out.c_str(), "w", stdout);
+      (void)!std::freopen(err.c_str(), "w", stderr);
+      std::vector<char*> argv{const_cast<char*>(DSTRAIN_BINARY)};
+      for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+      argv.push_back(nullptr);
+      ::execv(DSTRAIN_BINARY, argv.data());
+      ::_exit(127);
+    }
+    return pid;
+  }
+  // Waits until the log has at least `steps` step records (or 120 s pass).
+  bool wait_for_steps(const fs::path& log, int steps) {
+    for (int i = 0; i < 1200; ++i) {
+      std::ifstream file(log);
+      int count = 0;
+      for (std::string line; std::getline(file, line);) {
+        if (line.find("\"loss\"") != std::string::npos) ++count;
+      }
+      if (count >= steps) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
+  }
+  int wait_exit(pid_t pid) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  std::string read(const fs::path& path) {
+    std::ifstream file(path);
+    return std::string(std::istreambuf_iterator<char>(file), {});
+  }
+  fs::path dir_;
+};
+
+std::vector<std::string> long_run(const fs::path& dir) {
+  return {"--gpus", "2", "--zero", "3", "--batch", "8", "--seq-len", "64", "--steps", "100000",
+          "--eval-every", "0", "--sample", "0", "--out", (dir / "run").string(),
+          "--log", (dir / "log.jsonl").string()};
+}
+
+TEST_F(SignalTest, FirstSignalSavesACheckpointAndExitsCleanly) {
+  for (int signal : {SIGINT, SIGTERM}) {
+    fs::remove_all(dir_ / "run");
+    fs::remove(dir_ / "log.jsonl");
+    const pid_t pid = start(long_run(dir_));
+    ASSERT_TRUE(wait_for_steps(dir_ / "log.jsonl", 3)) << read(dir_ / "stderr.txt");
+    ::kill(pid, signal);
+    EXPECT_EQ(wait_exit(pid), 128 + signal) << read(dir_ / "stderr.txt");
+    const std::string latest = read(dir_ / "run/latest");
+    ASSERT_FALSE(latest.empty());
+    const fs::path checkpoint = dir_ / "run" / latest.substr(0, latest.size() - 1);
+    EXPECT_TRUE(fs::exists(checkpoint / "trainer.json"));
+    EXPECT_NE(read(dir_ / "stdout.txt").find("interrupted"), std::string::npos);
+
+    // The run continues from it.
+    const int steps = std::stoi(latest.substr(5)) + 2;
+    // Only the new end: every other setting of the run comes from the checkpoint.
+    const pid_t resumed = start({"--resume", (dir_ / "run").string(), "--steps",
+                                 std::to_string(steps), "--quiet"});
+    EXPECT_EQ(wait_exit(resumed), 0) << read(dir_ / "stderr.txt");
+  }
+}
+
+TEST_F(SignalTest, SecondSignalExitsAtOnceAndKeepsTheLastGoodCheckpoint) {
+  std::vector<std::string> args = long_run(dir_);
+  args.push_back("--save-every");
+  args.push_back("1");
+  const pid_t pid = start(args);
+  ASSERT_TRUE(wait_for_steps(dir_ / "log.jsonl", 3)) << read(dir_ / "stderr.txt");
+  ::kill(pid, SIGINT);
+  ::kill(pid, SIGINT);
+  EXPECT_EQ(wait_exit(pid), 128 + SIGINT);
+  // Whatever step it died in, `latest` names a whole checkpoint that resumes.
+  const std::string latest = read(dir_ / "run/latest");
+  ASSERT_FALSE(latest.empty());
+  const int steps = std::stoi(latest.substr(5)) + 1;
+  const pid_t resumed = start({"--resume", (dir_ / "run").string(), "--steps",
+                               std::to_string(steps), "--sample", "0", "--quiet"});
+  EXPECT_EQ(wait_exit(resumed), 0) << read(dir_ / "stderr.txt");
+}
+
+}  // namespace

@@ -1,0 +1,109 @@
+// Helpers of the CUDA kernel tests: every CUDA op runs against its CPU twin (the reference
+// backend of tests/kernels/kernel_test_util.h) on the same random host data.
+//
+//   REQUIRE_CUDA_DEVICE();                    GTEST_SKIP() << "no CUDA device" without a GPU
+//   GpuRun run;                               device copies of host tensors, data AND guard
+//   cuda_backend().gelu_forward(run(out_gpu), run(x_gpu), nullptr);
+//   run.finish();                             synchronize; copy every tensor (and its guard)
+//                                             back into its host tensor
+//   EXPECT_TRUE(all_close(out_gpu.values(), out_cpu.values(), tol));
+//   EXPECT_TRUE(guards_intact({&out_gpu}));   an out-of-bounds device write shows up here
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <vector>
+
+#include "core/allocator.h"
+#include "kernels/cuda/cuda_allocator.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace dstrain::test {
+
+inline bool have_cuda_device() { return cuda_device_count() > 0; }
+
+#define REQUIRE_CUDA_DEVICE()                                                   \
+  do {                                                                          \
+    if (!::dstrain::test::have_cuda_device()) GTEST_SKIP() << "no CUDA device"; \
+  } while (0)
+
+// The backend under test (device 0) and the CPU reference twin.
+inline Backend& cuda_backend() {
+  static std::unique_ptr<Backend> backend = make_cuda_backend(0);
+  return *backend;
+}
+inline Backend& cpu_backend() { return *test_backend(); }
+
+inline Allocator& cuda_test_allocator() {
+  static std::unique_ptr<Allocator> allocator = make_cuda_allocator(0);
+  return *allocator;
+}
+
+// Device copies of host tensors for one op: operator() uploads a HostTensor's data and its
+// guard region and returns the device view; finish() waits for the backend and downloads every
+// copy (guard included) back into the HostTensor it came from.
+class GpuRun {
+ public:
+  Tensor operator()(HostTensor& host) {
+    const size_t bytes = stored_bytes(host);
+    Buffer buffer = cuda_test_allocator().allocate(MemCategory::Workspace, bytes);
+    cuda_backend().copy_bytes(buffer.data(), host.t().data, bytes, nullptr);
+    Tensor device = host.t();
+    device.data = buffer.data();
+    device.device = Device{Device::Kind::CUDA, 0};
+    mirrors_.push_back({&host, std::move(buffer)});
+    return device;
+  }
+  void finish() {
+    cuda_backend().synchronize(nullptr);
+    for (Mirror& mirror : mirrors_) {
+      cuda_backend().copy_bytes(mirror.host->t().data, mirror.buffer.data(),
+                                stored_bytes(*mirror.host), nullptr);
+    }
+    cuda_backend().synchronize(nullptr);
+    mirrors_.clear();
+  }
+
+ private:
+  // The tensor's bytes and the guard region after them (one allocation in HostTensor).
+  static size_t stored_bytes(const HostTensor& host) {
+    return host.t().nbytes() + HostTensor::kGuardElements * dtype_size(host.dtype());
+  }
+  struct Mirror {
+    HostTensor* host;
+    Buffer buffer;
+  };
+  std::vector<Mirror> mirrors_;
+};
+
+inline HostTensor random_tensor(Random& rng, DType dtype, const std::vector<int64_t>& dims,
+                                double lo = -1.0, double hi = 1.0) {
+  HostTensor t(dtype, dims);
+  t.fill_random(rng, lo, hi);
+  return t;
+}
+
+inline HostTensor nan_tensor(DType dtype, const std::vector<int64_t>& dims) {
+  HostTensor t(dtype, dims);
+  t.fill_nan();
+  return t;
+}
+
+// Token ids in [0, vocab) with repeats (ids drawn from the first `distinct` values).
+inline HostTensor random_ids(Random& rng, const std::vector<int64_t>& dims, int64_t distinct) {
+  HostTensor t(DType::I32, dims);
+  for (int64_t i = 0; i < t.numel(); ++i) t.i32()[i] = static_cast<int32_t>(rng.integer(distinct));
+  return t;
+}
+
+inline double norm_squared(const std::vector<double>& values) {
+  double sum = 0.0;
+  for (double v : values) sum += v * v;
+  return sum;
+}
+
+inline const char* dtype_case(DType dtype) { return dtype_name(dtype); }
+
+}  // namespace dstrain::test
