@@ -64,6 +64,13 @@ po::options_description train_flags(TrainOptions& o) {
       ("zero", po::value(&o.zero)->default_value(o.zero)->value_name("STAGE"), "ZeRO stage: 0 replicated, 1 optimizer state sharded, 2 + gradients, 3 + parameters")
       ("recompute", po::value(&o.recompute)->default_value(o.recompute)->value_name("MODE"), "activation checkpointing: none | selective (layernorm, GELU) | full (whole layers)")
       ("offload", po::bool_switch(&o.offload), "keep fp32 master weights and Adam moments in host memory and step there")
+      ("tp", po::value(&o.tp)->default_value(o.tp)->value_name("N"), "tensor parallel degree (only 1 runs today; the planner may choose otherwise)")
+      ("pp", po::value(&o.pp)->default_value(o.pp)->value_name("N"), "pipeline parallel degree (only 1 runs today)")
+      ("global-batch-tokens", po::value(&o.global_batch_tokens)->value_name("K"), "tokens per optimizer step, for the planner (default: batch x seq-len x grad-accum x gpus, or 524288)")
+      ("topology", po::value(&o.topology_file)->value_name("FILE"), "plan for the machine this file describes (`dstrain topo --json`, or `nvidia-smi topo -m` text)")
+      ("from-nvidia-smi", po::value(&o.nvidia_smi_file)->value_name("FILE|-"), "plan for the machine of this `nvidia-smi topo -m` text")
+      ("gpu", po::value(&o.gpu_model)->value_name("NAME"), "the GPU model, for what the topology source does not say")
+      ("host-memory", po::value(&o.host_memory)->value_name("SIZE"), "host RAM for the planner, e.g. 256G")
       ("comm-timeout", po::value(&o.comm_timeout)->default_value(o.comm_timeout, "600")->value_name("SECONDS"), "fail a rank stuck in a collective after this long");
   po::options_description output("Output");
   output.add_options()

@@ -41,6 +41,11 @@ struct TrainOptions {
   bool offload = false;            // optimizer state and step on the host
   std::string recompute = "none";  // none | selective | full
   double comm_timeout = 600.0;     // seconds a rank may wait in one collective
+  // The machine to plan for (parallel/machine.h): --topology, --from-nvidia-smi, --gpu,
+  // --host-memory. Without one, the GPUs of this machine (none: the CPU backend, no planning).
+  std::string topology_file, nvidia_smi_file, gpu_model, host_memory;
+  int64_t global_batch_tokens = 0; // for the planner; 0: batch x seq-len x grad-accum x gpus
+  int tp = 1, pp = 1;              // tensor / pipeline parallel degrees (only 1 runs today)
   // output
   std::string log;                 // JSONL file
   int64_t eval_every = 250;        // 0 disables

@@ -28,7 +28,10 @@
 #include "optim/schedule.h"
 #include "train/checkpoint.h"
 #include "train/jsonl_log.h"
+#include "parallel/machine.h"
+#include "parallel/planner.h"
 #include "parallel/sharded_model.h"
+#include "topology/probe.h"
 #include "comm/communicator.h"
 
 namespace dstrain {
@@ -170,8 +173,6 @@ void validate_options(const TrainOptions& options) {
   DSTRAIN_USER_CHECK(options.device == "auto" || options.device == "cpu" ||
                      options.device == "cuda")
       << "--device must be auto, cpu or cuda, not '" << options.device << "'";
-  DSTRAIN_USER_CHECK(options.device != "cuda")
-      << "--device cuda: the CUDA backend is not implemented yet in this build; use --device cpu";
   DSTRAIN_USER_CHECK(options.precision == "fp32" || options.precision == "fp16" ||
                      options.precision == "bf16")
       << "--precision must be fp32, fp16 or bf16, not '" << options.precision << "'";
@@ -679,6 +680,81 @@ void apply_resumable_options(TrainOptions& options, const nlohmann::json& saved)
   }
 }
 
+// The planner's part of a run. With a machine to plan for (described with --topology /
+// --from-nvidia-smi, or GPUs found on this one), the planner chooses what the user did not fix
+// (ranks, ZeRO stage, offload, recompute, micro-batch, accumulation, precision) and the run
+// takes it; parts this build cannot run yet are refused with a sentence. Without GPUs and
+// without a description, the CPU backend runs what the flags say.
+void plan_run(TrainOptions& options, const ModelConfig& config, std::ostream& out) {
+  const bool library_call = !options.explicit_flags.has_value();
+  auto given = [&](const char* flag) { return library_call || options.explicit_flags->count(flag); };
+  MachineSource source{options.topology_file, options.nvidia_smi_file, options.gpu_model,
+                       options.host_memory};
+  std::optional<NodeTopology> machine;
+  std::string report;
+  if (source.names_a_machine()) {
+    machine = load_machine(source, std::cin, &report);
+  } else if (options.device != "cpu") {
+    NodeTopology local = probe_local_topology(&report);
+    if (!local.gpus.empty()) machine = std::move(local);
+  }
+  DSTRAIN_USER_CHECK(options.device != "cuda" || (machine && !source.names_a_machine()))
+      << "--device cuda: no CUDA device was found (" << report << ")";
+  if (!machine) {
+    DSTRAIN_USER_CHECK(options.tp == 1 && options.pp == 1)
+        << "tensor and pipeline parallelism (--tp, --pp) are not implemented yet; use 1";
+    return;  // the CPU backend, as the flags say
+  }
+
+  PlanRequest request;
+  if (given("gpus")) request.gpus = options.gpus;
+  const int gpus = request.gpus > 0 ? request.gpus : static_cast<int>(machine->gpus.size());
+  if (given("seq-len")) request.seq_len = options.seq_len;
+  if (given("global-batch-tokens") && options.global_batch_tokens > 0) {
+    request.global_batch_tokens = options.global_batch_tokens;
+  } else if (given("batch") || given("grad-accum")) {
+    const int64_t T = given("seq-len") ? options.seq_len : std::min<int64_t>(1024, config.n_positions);
+    request.global_batch_tokens = options.batch * T * options.grad_accum * gpus;
+  }
+  if (given("precision")) request.precision = parse_dtype(options.precision);
+  if (given("zero")) request.zero = options.zero;
+  if (given("offload")) request.offload = options.offload;
+  if (given("recompute")) request.recompute = parse_recompute(options.recompute);
+  if (given("batch")) request.micro_batch = options.batch;
+  if (given("tp")) request.tp = options.tp;
+  if (given("pp")) request.pp = options.pp;
+  PlanResult result = choose_plan(config, *machine, request);
+  if (result.best.plan.tp > 1 || result.best.plan.pp > 1) {
+    // This build runs data parallelism and ZeRO only: say what would be best, take the best
+    // plan without tensor and pipeline parallelism.
+    DSTRAIN_USER_CHECK(!given("tp") && !given("pp"))
+        << "tensor and pipeline parallelism (--tp, --pp) are not implemented yet; use 1";
+    out << "the best plan for this machine, " << describe(result.best.plan) << ", uses "
+        << (result.best.plan.pp > 1 ? "pipeline" : "tensor")
+        << " parallelism, which this build cannot run yet; planning without it\n";
+    request.tp = 1;
+    request.pp = 1;
+    result = choose_plan(config, *machine, request);
+  }
+  const Plan& plan = result.best.plan;
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%.3g", result.best.cost.step_seconds);
+  out << "plan for " << gpus << " x " << result.machine << ": " << describe(plan)
+      << "\n  predicted " << format_bytes(result.best.memory.device_total()) << " per GPU, "
+      << seconds << " s per step there (`dstrain plan` shows the alternatives)\n";
+  DSTRAIN_USER_CHECK(options.device == "cpu")
+      << "the CUDA backend is not implemented yet in this build: run the plan on simulated "
+      << "ranks with --device cpu";
+  options.gpus = plan.dp;
+  options.zero = plan.zero;
+  options.offload = plan.offload;
+  options.recompute = recompute_name(plan.recompute);
+  options.batch = plan.micro_batch;
+  options.grad_accum = plan.grad_accum;
+  options.seq_len = plan.seq_len;
+  options.precision = precision_name(plan.param_dtype);
+}
+
 TrainSummary train(const TrainOptions& given, std::ostream& out) {
   RunContext ctx;
   ctx.options = given;
@@ -705,6 +781,7 @@ TrainSummary train(const TrainOptions& given, std::ostream& out) {
     ctx.config = load_model_config(options.model.empty() ? "tiny" : options.model);
   }
   const ModelConfig& config = ctx.config;
+  if (!ctx.resume) plan_run(options, config, out);
   const int world = options.gpus;
   DSTRAIN_USER_CHECK(options.seq_len <= config.n_positions)
       << "--seq-len " << options.seq_len << " is longer than the model's n_positions "

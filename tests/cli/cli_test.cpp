@@ -216,6 +216,25 @@ TEST_F(CliTest, SyntheticRunLogsEntropyFloor) {
   EXPECT_NE(all.str().find("\"type\":\"memory\""), std::string::npos);
 }
 
+TEST_F(CliTest, TrainingTakesThePlannersPlan) {
+  const std::string fixture = std::string(DSTRAIN_SOURCE_DIR) + "/tests/topology/fixtures/";
+  // 8 x RTX 4090: the planner chooses, the CPU backend runs it on 8 simulated ranks, and the
+  // prediction per GPU is what the allocator then reports (both printed).
+  Result result = run_dstrain("--from-nvidia-smi " + fixture + "rtx4090-8gpu-pcie.txt --gpu rtx4090 "
+                              "--host-memory 256G --device cpu --batch 4 --steps 2 --eval-every 0 "
+                              "--sample 0 --log log.jsonl", dir_);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("plan for 8 x NVIDIA GeForce RTX 4090"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("8 ranks"), std::string::npos) << result.out;
+  // Without --device cpu there is no backend for those GPUs yet: one sentence.
+  expect_user_error("--from-nvidia-smi " + fixture + "rtx4090-8gpu-pcie.txt --gpu rtx4090 "
+                    "--host-memory 256G --steps 1", "--device cpu");
+  // A fixed plan that cannot fit says by how much.
+  expect_user_error("--model 13b --zero 0 --from-nvidia-smi " + fixture + "rtx4090-8gpu-pcie.txt "
+                    "--gpu rtx4090 --host-memory 256G --device cpu --steps 1", "GiB");
+  expect_user_error("--tp 2 " + kSmall, "--tp");
+}
+
 TEST_F(CliTest, RanksAndPlanFlags) {
   Result result = run_dstrain("--gpus 4 --zero 3 --offload --recompute full --precision fp16 " + kSmall, dir_);
   ASSERT_EQ(result.exit_code, 0) << result.err;

@@ -1,0 +1,91 @@
+// Layernorm forward and backward against the CPU twin. The row sums run in another order
+// (warp butterfly vs sequential), so results agree within a tolerance:
+//   out, dinp: F32 {atol 2e-5, rtol 1e-4, nmse 1e-10}; F16/BF16 storage_tolerance
+//   mean, rstd: {1e-6, 1e-5, 1e-12}
+//   dweight, dbias (sums over N rows, in partials): F32 {1e-4, 1e-4, 1e-9};
+//   F16/BF16 storage_tolerance
+#include "cuda_test_util.h"
+
+namespace dstrain::test {
+namespace {
+
+struct LayernormCase {
+  std::vector<int64_t> shape;  // (..., C)
+};
+
+const LayernormCase kCases[] = {{{64, 768}}, {{5, 7, 13}}, {{300, 1600}}};
+
+Tolerance value_tolerance(DType dtype) {
+  return dtype == DType::F32 ? Tolerance{2e-5, 1e-4, 1e-10} : storage_tolerance(dtype);
+}
+
+Tolerance column_sum_tolerance(DType dtype) {
+  return dtype == DType::F32 ? Tolerance{1e-4, 1e-4, 1e-9} : storage_tolerance(dtype);
+}
+
+TEST(CudaLayernorm, ForwardMatchesCpu) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : kFloatDTypes) {
+    for (const LayernormCase& c : kCases) {
+      const int64_t C = c.shape.back(), N = HostTensor(DType::F32, c.shape).numel() / C;
+      Random rng(31);
+      HostTensor inp = random_tensor(rng, dtype, c.shape, -2.0, 3.0);
+      HostTensor weight = random_tensor(rng, dtype, {C}, 0.5, 1.5);
+      HostTensor bias = random_tensor(rng, DType::F32, {C});
+      HostTensor out_cpu = nan_tensor(dtype, c.shape), out_gpu = out_cpu.clone();
+      HostTensor mean_cpu = nan_tensor(DType::F32, {N}), mean_gpu = mean_cpu.clone();
+      HostTensor rstd_cpu = nan_tensor(DType::F32, {N}), rstd_gpu = rstd_cpu.clone();
+      cpu_backend().layernorm_forward(out_cpu, mean_cpu, rstd_cpu, inp, weight, bias, nullptr);
+      HostTensor inp_gpu = inp.clone();
+      GpuRun run;
+      cuda_backend().layernorm_forward(run(out_gpu), run(mean_gpu), run(rstd_gpu), run(inp_gpu),
+                                       run(weight), run(bias), nullptr);
+      run.finish();
+      const std::string where = std::string(dtype_name(dtype)) + " " + inp.t().shape_str();
+      EXPECT_TRUE(all_close(out_gpu.values(), out_cpu.values(), value_tolerance(dtype))) << where;
+      EXPECT_TRUE(all_close(mean_gpu.values(), mean_cpu.values(), {1e-6, 1e-5, 1e-12})) << where;
+      EXPECT_TRUE(all_close(rstd_gpu.values(), rstd_cpu.values(), {1e-6, 1e-5, 1e-12})) << where;
+      EXPECT_TRUE(bitwise_equal(inp_gpu, inp));
+      EXPECT_TRUE(guards_intact({&out_gpu, &mean_gpu, &rstd_gpu, &inp_gpu}));
+    }
+  }
+}
+
+TEST(CudaLayernorm, BackwardMatchesCpu) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : kFloatDTypes) {
+    for (const LayernormCase& c : kCases) {
+      const int64_t C = c.shape.back(), N = HostTensor(DType::F32, c.shape).numel() / C;
+      Random rng(32);
+      HostTensor inp = random_tensor(rng, dtype, c.shape, -2.0, 3.0);
+      HostTensor weight = random_tensor(rng, dtype, {C}, 0.5, 1.5);
+      HostTensor bias = random_tensor(rng, dtype, {C});
+      HostTensor out = nan_tensor(dtype, c.shape);
+      HostTensor mean = nan_tensor(DType::F32, {N}), rstd = nan_tensor(DType::F32, {N});
+      cpu_backend().layernorm_forward(out, mean, rstd, inp, weight, bias, nullptr);
+      HostTensor dout = random_tensor(rng, dtype, c.shape);
+      // All three gradients accumulate: start from non-zero values.
+      HostTensor dinp_cpu = random_tensor(rng, dtype, c.shape), dinp_gpu = dinp_cpu.clone();
+      HostTensor dweight_cpu = random_tensor(rng, DType::F32, {C}), dweight_gpu = dweight_cpu.clone();
+      HostTensor dbias_cpu = random_tensor(rng, dtype, {C}), dbias_gpu = dbias_cpu.clone();
+      cpu_backend().layernorm_backward(dinp_cpu, dweight_cpu, dbias_cpu, dout, inp, weight, mean,
+                                       rstd, nullptr);
+      GpuRun run;
+      cuda_backend().layernorm_backward(run(dinp_gpu), run(dweight_gpu), run(dbias_gpu),
+                                        run(dout), run(inp), run(weight), run(mean), run(rstd),
+                                        nullptr);
+      run.finish();
+      const std::string where = std::string(dtype_name(dtype)) + " " + inp.t().shape_str();
+      EXPECT_TRUE(all_close(dinp_gpu.values(), dinp_cpu.values(), value_tolerance(dtype)))
+          << "dinp " << where;
+      EXPECT_TRUE(all_close(dweight_gpu.values(), dweight_cpu.values(), column_sum_tolerance(DType::F32)))
+          << "dweight " << where;
+      EXPECT_TRUE(all_close(dbias_gpu.values(), dbias_cpu.values(), column_sum_tolerance(dtype)))
+          << "dbias " << where;
+      EXPECT_TRUE(guards_intact({&dinp_gpu, &dweight_gpu, &dbias_gpu}));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dstrain::test
