@@ -65,8 +65,9 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;  // what cuBLAS asks 
 // synchronization: the next step's scratch is then a pool hit, not a cudaMalloc.
 constexpr uint64_t kScratchPoolKeepBytes = uint64_t{256} << 20;
 
-// Makes the backend's device current for the calling thread during an op, so a rank thread
-// that switched devices (or a test) cannot launch on the wrong GPU.
+// Makes the backend's device current for the calling thread before an op (and leaves it
+// current: a rank thread works on one device), so a thread that switched devices cannot launch
+// on the wrong GPU.
 class DeviceScope {
  public:
   explicit DeviceScope(int device) {
@@ -79,6 +80,18 @@ class DeviceScope {
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) {
+    try {
+      initialize(device);
+    } catch (...) {
+      release();  // a half-built backend must not leak its handle, pool or workspace
+      throw;
+    }
+  }
+
+  ~CudaBackend() override { release(); }
+
+ private:
+  void initialize(int device) {
     int count = 0;
     const cudaError_t probe = cudaGetDeviceCount(&count);
     if (probe != cudaSuccess) {
@@ -119,17 +132,21 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemset(ctx_.error_word, 0, sizeof(unsigned)));
   }
 
-  ~CudaBackend() override {
-    // Best effort: destructors do not throw, and a broken context cannot be repaired here.
+  // Best effort: called from the destructor (which must not throw); a broken context cannot be
+  // repaired here.
+  void release() {
     int current = -1;
     if (cudaGetDevice(&current) == cudaSuccess && current != ctx_.device) cudaSetDevice(ctx_.device);
-    cudaDeviceSynchronize();
+    cudaDeviceSynchronize();  // no kernel of ours may still use what is freed below
     if (ctx_.error_word) cudaFree(ctx_.error_word);
     if (ctx_.scratch_pool) cudaMemPoolDestroy(ctx_.scratch_pool);
     if (ctx_.cublas) cublasDestroy(ctx_.cublas);
     if (ctx_.cublas_workspace) cudaFree(ctx_.cublas_workspace);
+    ctx_ = CudaContext{};
+    cudaGetLastError();
   }
 
+ public:
   Device device() const override { return Device{Device::Kind::CUDA, ctx_.device}; }
   std::string name() const override { return name_; }
 

@@ -403,7 +403,7 @@ void run_rank(const RunContext& ctx, Communicator& comm) {
          << " tokens per step; " << options.steps << " steps, lr " << lr_text << " ("
          << options.lr_schedule << ", warmup " << options.warmup << ")\n";
     text << "  plan: " << world << (world == 1 ? " rank" : " ranks") << " on the CPU backend ("
-         << backend->name() << " each), ZeRO-" << ctx.sharding.zero
+         << backend->name() << (world > 1 ? " each" : "") << "), ZeRO-" << ctx.sharding.zero
          << (ctx.sharding.offload ? ", optimizer offloaded to host memory" : "")
          << ", recompute " << recompute_name(ctx.recompute) << ", " << options.precision
          << (dtype == DType::F16 ? " with dynamic loss scaling" : "") << "\n";
