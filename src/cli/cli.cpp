@@ -64,6 +64,8 @@ po::options_description train_flags(TrainOptions& o) {
       ("zero", po::value(&o.zero)->default_value(o.zero)->value_name("STAGE"), "ZeRO stage: 0 replicated, 1 optimizer state sharded, 2 + gradients, 3 + parameters")
       ("recompute", po::value(&o.recompute)->default_value(o.recompute)->value_name("MODE"), "activation checkpointing: none | selective (layernorm, GELU) | full (whole layers)")
       ("offload", po::bool_switch(&o.offload), "keep fp32 master weights and Adam moments in host memory and step there")
+      ("dp", po::value(&o.dp)->value_name("N"), "data parallel degree (the planner's; --gpus = dp x tp x pp)")
+      ("micro-batch", po::value<int64_t>()->value_name("B"), "the same as --batch: sequences per micro-batch per rank")
       ("tp", po::value(&o.tp)->default_value(o.tp)->value_name("N"), "tensor parallel degree (only 1 runs today; the planner may choose otherwise)")
       ("pp", po::value(&o.pp)->default_value(o.pp)->value_name("N"), "pipeline parallel degree (only 1 runs today)")
       ("global-batch-tokens", po::value(&o.global_batch_tokens)->value_name("K"), "tokens per optimizer step, for the planner (default: batch x seq-len x grad-accum x gpus, or 524288)")
@@ -128,6 +130,12 @@ int run_train(const std::vector<std::string>& args, std::ostream& out) {
   options.explicit_flags.emplace();
   for (const auto& [name, value] : values) {
     if (!value.defaulted()) options.explicit_flags->insert(name);
+  }
+  if (values.count("micro-batch")) {
+    DSTRAIN_USER_CHECK(!options.explicit_flags->count("batch"))
+        << "--batch and --micro-batch are the same setting: give one";
+    options.batch = values["micro-batch"].as<int64_t>();
+    options.explicit_flags->insert("batch");
   }
   const TrainSummary summary = train(options, out);
   // Interrupted: the conventional exit code of the signal (the checkpoint, if any, is whole).

@@ -45,6 +45,7 @@ struct TrainOptions {
   // --host-memory. Without one, the GPUs of this machine (none: the CPU backend, no planning).
   std::string topology_file, nvidia_smi_file, gpu_model, host_memory;
   int64_t global_batch_tokens = 0; // for the planner; 0: batch x seq-len x grad-accum x gpus
+  int dp = 0;                      // data parallel degree; 0: gpus / (tp x pp)
   int tp = 1, pp = 1;              // tensor / pipeline parallel degrees (only 1 runs today)
   // output
   std::string log;                 // JSONL file

@@ -703,6 +703,12 @@ void plan_run(TrainOptions& options, const ModelConfig& config, std::ostream& ou
   if (!machine) {
     DSTRAIN_USER_CHECK(options.tp == 1 && options.pp == 1)
         << "tensor and pipeline parallelism (--tp, --pp) are not implemented yet; use 1";
+    if (options.dp > 0) {
+      DSTRAIN_USER_CHECK(!given("gpus") || options.gpus == options.dp)
+          << "--dp " << options.dp << " and --gpus " << options.gpus << " disagree (with "
+          << "--tp 1 --pp 1, the data parallel degree is the number of ranks)";
+      options.gpus = options.dp;
+    }
     return;  // the CPU backend, as the flags say
   }
 
@@ -720,7 +726,8 @@ void plan_run(TrainOptions& options, const ModelConfig& config, std::ostream& ou
   if (given("zero")) request.zero = options.zero;
   if (given("offload")) request.offload = options.offload;
   if (given("recompute")) request.recompute = parse_recompute(options.recompute);
-  if (given("batch")) request.micro_batch = options.batch;
+  if (given("batch") || given("micro-batch")) request.micro_batch = options.batch;
+  if (given("dp") && options.dp > 0) request.dp = options.dp;
   if (given("tp")) request.tp = options.tp;
   if (given("pp")) request.pp = options.pp;
   PlanResult result = choose_plan(config, *machine, request);
