@@ -5,17 +5,22 @@
 // How to use it
 // - One backend per device and per thread (a rank thread): it owns a cuBLAS handle whose
 //   stream is set per call, so two threads must not share one backend.
+// - Each op first makes the backend's device current on the calling thread (and leaves it so).
 // - `Stream` is a cudaStream_t (nullptr: the legacy default stream). Ops are asynchronous:
 //   they enqueue work on the stream and return; sum_squares, has_inf_or_nan and synchronize
 //   wait for the stream.
 // - Every tensor argument must be device memory of this backend's GPU (Device{CUDA, device}),
 //   e.g. a view of a Buffer from make_cuda_allocator(device). copy_bytes accepts host memory
 //   on either side (pinned host memory from make_pinned_host_allocator() for async copies).
-// - Op scratch (sort buffers of embedding_backward, partial sums, fp32 staging of mixed-dtype
-//   GEMMs, the flag word) comes from a stream-ordered memory pool owned by the backend, not
-//   from an Allocator: at most a few (N, OC) fp32 tiles at a time; the cuBLAS workspace is
-//   32 MiB.
-// - Bad token or target ids are detected on the device (the kernel skips them and raises a
+// - Op scratch comes from a stream-ordered memory pool owned by the backend (no sync, no race
+//   between streams), not from an Allocator, so the Allocator's stats do not count it:
+//   embedding_backward 16 B per position + CUB's sort space; layernorm_backward and dbias
+//   ceil(N/128) * C * 4 B (x2 for layernorm); attention_backward B*NH*T*4 B; a matmul whose
+//   operands differ in dtype, or whose output dtype cuBLAS cannot write from them (e.g. F16 out
+//   of F32 operands, or a bias of another dtype than the output), stages in fp32: up to
+//   4 B * (N*C + C*OC + N*OC). Same-dtype GEMMs need none. The pool keeps up to 256 MiB of
+//   freed scratch for reuse. Fixed: the cuBLAS workspace (32 MiB) and a 4-byte flag word.
+// - Bad token or target ids are detected on the device (NaN where they were used, and a
 //   flag): the next call that waits for the stream (synchronize, sum_squares, has_inf_or_nan)
 //   throws UserError saying which kind of id was out of range.
 #pragma once

@@ -65,6 +65,9 @@ struct TrainOptions {
   int inject_inf_rank = 0;
 };
 
+// Throws UserError naming the flag when a setting is out of range.
+void validate_options(const TrainOptions& options);
+
 // The settings a checkpoint remembers (under their flag names), and taking them back.
 nlohmann::json resumable_options(const TrainOptions& options);
 void apply_resumable_options(TrainOptions& options, const nlohmann::json& saved);

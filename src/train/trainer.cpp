@@ -3,36 +3,32 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <atomic>
-
 #include <algorithm>
 #include <array>
-#include <thread>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <iostream>
 #include <memory>
 #include <sstream>
+#include <thread>
 
+#include "comm/communicator.h"
 #include "core/allocator.h"
 #include "core/rng.h"
 #include "data/loader.h"
-#include "data/synthetic.h"
 #include "data/tokenizer.h"
 #include "kernels/ops.h"
 #include "model/gpt2.h"
 #include "optim/adamw.h"
 #include "optim/grad_scaler.h"
 #include "optim/schedule.h"
-#include "train/checkpoint.h"
-#include "train/jsonl_log.h"
-#include "parallel/machine.h"
-#include "parallel/planner.h"
 #include "parallel/sharded_model.h"
-#include "topology/probe.h"
-#include "comm/communicator.h"
+#include "train/checkpoint.h"
+#include "train/datasets.h"
+#include "train/jsonl_log.h"
+#include "train/plan_run.h"
+#include "train/progress.h"
 
 namespace dstrain {
 
@@ -73,112 +69,6 @@ class StopSignals {
   struct sigaction old_int_ {}, old_term_ {};
 };
 
-// The synthetic corpus: its seed is fixed (the corpus is part of the benchmark, not of the
-// run), so every run and every resume sees the same data whatever --seed is.
-constexpr uint64_t kSyntheticCorpusSeed = 20240520;
-constexpr int kSyntheticVocab = 16;
-
-struct Datasets {
-  TokenDataset train;
-  TokenDataset val;
-  std::optional<double> entropy_floor;
-  std::optional<double> entropy_previous_only;
-  bool synthetic = false;
-  std::string description;
-};
-
-Datasets open_datasets(const TrainOptions& options, const ModelConfig& config, int64_t B,
-                       int64_t T, int world) {
-  Datasets data;
-  const size_t window = static_cast<size_t>(world * B * T + 1);
-  if (options.data.empty() || options.data == "synthetic") {
-    DSTRAIN_USER_CHECK(options.val_data.empty())
-        << "--val-data needs --data (the synthetic corpus makes its own validation stream)";
-    const SyntheticCorpus corpus(kSyntheticCorpusSeed, kSyntheticVocab);
-    DSTRAIN_USER_CHECK(config.vocab_size >= corpus.vocab_size())
-        << "the synthetic corpus has " << corpus.vocab_size() << " tokens but the model's "
-        << "vocab_size is " << config.vocab_size;
-    // A fixed length (not derived from --steps: a resumed run must see the same windows),
-    // more than a CPU run consumes.
-    const size_t train_tokens = size_t{1} << 24;
-    const size_t val_tokens = std::max<size_t>(window * static_cast<size_t>(options.eval_batches),
-                                               1 << 16);
-    data.train = TokenDataset::from_tokens(corpus.generate(train_tokens, 1), config.vocab_size,
-                                           "synthetic train stream");
-    data.val = TokenDataset::from_tokens(corpus.generate(val_tokens, 2), config.vocab_size,
-                                         "synthetic validation stream");
-    data.entropy_floor = corpus.entropy_rate();
-    data.entropy_previous_only = corpus.entropy_given_previous_only();
-    data.synthetic = true;
-    std::ostringstream text;
-    text << "synthetic corpus (no --data given): order-2 Markov source over "
-         << corpus.vocab_size() << " tokens, entropy floor " << *data.entropy_floor << " nats";
-    data.description = text.str();
-    return data;
-  }
-  TokenDataset all = TokenDataset::open(options.data, config.vocab_size);
-  if (!options.val_data.empty()) {
-    data.train = std::move(all);
-    data.val = TokenDataset::open(options.val_data, config.vocab_size);
-    data.description = options.data + " (validation: " + options.val_data + ")";
-  } else {
-    TrainValViews views = held_out_split(all, 0.1, window);
-    data.train = std::move(views.train);
-    data.val = std::move(views.val);
-    data.description = options.data + " (validation: the last 10% held out)";
-  }
-  return data;
-}
-
-std::string format_duration(double seconds) {
-  const long total = std::lround(std::max(0.0, seconds));
-  char text[32];
-  if (total >= 3600) std::snprintf(text, sizeof text, "%ld:%02ld:%02ld", total / 3600, total / 60 % 60, total % 60);
-  else std::snprintf(text, sizeof text, "%ld:%02ld", total / 60, total % 60);
-  return text;
-}
-
-std::string format_rate(double tokens_per_second) {
-  char text[32];
-  if (tokens_per_second >= 1e6) std::snprintf(text, sizeof text, "%.2fM", tokens_per_second / 1e6);
-  else if (tokens_per_second >= 1e3) std::snprintf(text, sizeof text, "%.1fk", tokens_per_second / 1e3);
-  else std::snprintf(text, sizeof text, "%.0f", tokens_per_second);
-  return text;
-}
-
-void validate_options(const TrainOptions& options) {
-  DSTRAIN_USER_CHECK(options.batch >= 1) << "--batch must be at least 1";
-  DSTRAIN_USER_CHECK(options.seq_len >= 1) << "--seq-len must be at least 1";
-  DSTRAIN_USER_CHECK(options.grad_accum >= 1) << "--grad-accum must be at least 1";
-  DSTRAIN_USER_CHECK(options.steps >= 1) << "--steps must be at least 1";
-  DSTRAIN_USER_CHECK(options.lr > 0 && std::isfinite(options.lr)) << "--lr must be positive";
-  DSTRAIN_USER_CHECK(options.warmup >= 0) << "--warmup must not be negative";
-  DSTRAIN_USER_CHECK(options.weight_decay >= 0) << "--weight-decay must not be negative";
-  DSTRAIN_USER_CHECK(options.beta1 >= 0 && options.beta1 < 1) << "--beta1 must be in [0, 1)";
-  DSTRAIN_USER_CHECK(options.beta2 >= 0 && options.beta2 < 1) << "--beta2 must be in [0, 1)";
-  DSTRAIN_USER_CHECK(options.eps > 0) << "--eps must be positive";
-  DSTRAIN_USER_CHECK(options.grad_clip >= 0) << "--grad-clip must not be negative (0 disables)";
-  DSTRAIN_USER_CHECK(options.eval_every >= 0) << "--eval-every must not be negative (0 disables)";
-  DSTRAIN_USER_CHECK(options.eval_batches >= 1) << "--eval-batches must be at least 1";
-  DSTRAIN_USER_CHECK(options.save_every >= 0) << "--save-every must not be negative";
-  DSTRAIN_USER_CHECK(options.save_every == 0 || !options.out.empty())
-      << "--save-every needs --out (the directory checkpoints go to)";
-  DSTRAIN_USER_CHECK(options.resume.empty() || options.init_from.empty())
-      << "--resume and --init-from exclude each other (a resume restores the weights)";
-  DSTRAIN_USER_CHECK(options.gpus >= 1) << "--gpus must be at least 1";
-  DSTRAIN_USER_CHECK(options.gpus <= 64) << "--gpus " << options.gpus << " is more ranks than one machine holds (at most 64)";
-  DSTRAIN_USER_CHECK(options.zero >= 0 && options.zero <= 3)
-      << "--zero must be 0, 1, 2 or 3, not " << options.zero;
-  DSTRAIN_USER_CHECK(options.comm_timeout > 0) << "--comm-timeout must be positive (seconds)";
-  DSTRAIN_USER_CHECK(options.device == "auto" || options.device == "cpu" ||
-                     options.device == "cuda")
-      << "--device must be auto, cpu or cuda, not '" << options.device << "'";
-  DSTRAIN_USER_CHECK(options.precision == "fp32" || options.precision == "fp16" ||
-                     options.precision == "bf16")
-      << "--precision must be fp32, fp16 or bf16, not '" << options.precision << "'";
-  DSTRAIN_USER_CHECK(options.sample_tokens >= 0) << "--sample must not be negative";
-}
-
 // The hyper-parameters a resumed run must share with the run it continues.
 nlohmann::json run_fingerprint(const TrainOptions& options, const ModelConfig& config) {
   // Ranks and accumulation may change on resume as long as their product does: the same
@@ -203,43 +93,6 @@ class HostParams : public ParamProvider {
 
  private:
   const HostBlocks& blocks_;
-};
-
-class ProgressPrinter {
- public:
-  ProgressPrinter(std::ostream& out, int64_t total_steps, bool quiet)
-      : out_(out), total_(total_steps), quiet_(quiet), tty_(isatty(STDOUT_FILENO) != 0 && &out == &std::cout) {
-    every_ = std::max<int64_t>(1, total_steps / 25);
-  }
-  // One line per step: rewritten in place on a terminal, every `every_`-th kept.
-  void step(int64_t step, double loss, double lr, double norm, double tokens_per_s,
-            double eta_seconds) {
-    if (quiet_) return;
-    char line[200];
-    std::snprintf(line, sizeof line,
-                  "step %*lld/%lld | loss %.4f | lr %.2e | norm %.3f | %s tok/s | ETA %s",
-                  width(), static_cast<long long>(step + 1), static_cast<long long>(total_),
-                  loss, lr, norm, format_rate(tokens_per_s).c_str(),
-                  format_duration(eta_seconds).c_str());
-    const bool keep = (step + 1) % every_ == 0 || step + 1 == total_ || step == 0;
-    if (tty_) {
-      out_ << "\r\033[K" << line << (keep ? "\n" : "") << std::flush;
-    } else if (keep) {
-      out_ << line << "\n" << std::flush;
-    }
-  }
-  void message(const std::string& text) {
-    if (tty_) out_ << "\r\033[K";
-    out_ << text << "\n" << std::flush;
-  }
-
- private:
-  int width() const { return static_cast<int>(std::to_string(total_).size()); }
-  std::ostream& out_;
-  int64_t total_;
-  bool quiet_;
-  bool tty_;
-  int64_t every_;
 };
 
 // Samples `count` tokens after `prompt` with temperature 1, seeded: the model in action.
@@ -618,149 +471,6 @@ void run_rank(const RunContext& ctx, Communicator& comm) {
 }
 
 }  // namespace
-
-// Each remembered setting: its flag name and the field.
-template <class Fn>
-void for_each_resumable(TrainOptions& o, Fn&& fn) {
-  fn("data", o.data);
-  fn("val-data", o.val_data);
-  fn("shuffle", o.shuffle);
-  fn("batch", o.batch);
-  fn("seq-len", o.seq_len);
-  fn("grad-accum", o.grad_accum);
-  fn("gpus", o.gpus);
-  fn("steps", o.steps);
-  fn("lr", o.lr);
-  fn("lr-schedule", o.lr_schedule);
-  fn("warmup", o.warmup);
-  fn("min-lr", o.min_lr);
-  fn("weight-decay", o.weight_decay);
-  fn("beta1", o.beta1);
-  fn("beta2", o.beta2);
-  fn("eps", o.eps);
-  fn("grad-clip", o.grad_clip);
-  fn("seed", o.seed);
-  fn("precision", o.precision);
-  fn("zero", o.zero);
-  fn("offload", o.offload);
-  fn("recompute", o.recompute);
-  fn("eval-every", o.eval_every);
-  fn("eval-batches", o.eval_batches);
-  fn("save-every", o.save_every);
-  fn("out", o.out);
-  fn("log", o.log);
-}
-
-nlohmann::json resumable_options(const TrainOptions& options) {
-  TrainOptions copy = options;
-  nlohmann::json saved = nlohmann::json::object();
-  for_each_resumable(copy, [&](const char* flag, auto& field) { saved[flag] = field; });
-  return saved;
-}
-
-void apply_resumable_options(TrainOptions& options, const nlohmann::json& saved) {
-  if (!options.explicit_flags || !saved.is_object()) return;
-  const std::set<std::string>& given = *options.explicit_flags;
-  const bool ranks_given = given.count("gpus") != 0, accum_given = given.count("grad-accum") != 0;
-  const int64_t micro_batches = saved.value("grad-accum", int64_t{1}) * saved.value("gpus", int64_t{1});
-  for_each_resumable(options, [&](const char* flag, auto& field) {
-    if (given.count(flag) || !saved.contains(flag)) return;
-    try {
-      saved.at(flag).get_to(field);
-    } catch (const nlohmann::json::exception&) {
-      DSTRAIN_USER_ERROR() << "the checkpoint's remembered setting --" << flag << " is malformed";
-    }
-  });
-  // Other ranks than before, same micro-batches per step: the accumulation follows.
-  if (ranks_given && !accum_given) {
-    DSTRAIN_USER_CHECK(micro_batches % options.gpus == 0)
-        << "the checkpoint's run makes each step of " << micro_batches << " micro-batches, which "
-        << options.gpus << " ranks cannot share evenly; give --grad-accum too";
-    options.grad_accum = micro_batches / options.gpus;
-  }
-}
-
-// The planner's part of a run. With a machine to plan for (described with --topology /
-// --from-nvidia-smi, or GPUs found on this one), the planner chooses what the user did not fix
-// (ranks, ZeRO stage, offload, recompute, micro-batch, accumulation, precision) and the run
-// takes it; parts this build cannot run yet are refused with a sentence. Without GPUs and
-// without a description, the CPU backend runs what the flags say.
-void plan_run(TrainOptions& options, const ModelConfig& config, std::ostream& out) {
-  const bool library_call = !options.explicit_flags.has_value();
-  auto given = [&](const char* flag) { return library_call || options.explicit_flags->count(flag); };
-  MachineSource source{options.topology_file, options.nvidia_smi_file, options.gpu_model,
-                       options.host_memory};
-  std::optional<NodeTopology> machine;
-  std::string report;
-  if (source.names_a_machine()) {
-    machine = load_machine(source, std::cin, &report);
-  } else if (options.device != "cpu") {
-    NodeTopology local = probe_local_topology(&report);
-    if (!local.gpus.empty()) machine = std::move(local);
-  }
-  DSTRAIN_USER_CHECK(options.device != "cuda" || (machine && !source.names_a_machine()))
-      << "--device cuda: no CUDA device was found (" << report << ")";
-  if (!machine) {
-    DSTRAIN_USER_CHECK(options.tp == 1 && options.pp == 1)
-        << "tensor and pipeline parallelism (--tp, --pp) are not implemented yet; use 1";
-    if (options.dp > 0) {
-      DSTRAIN_USER_CHECK(!given("gpus") || options.gpus == options.dp)
-          << "--dp " << options.dp << " and --gpus " << options.gpus << " disagree (with "
-          << "--tp 1 --pp 1, the data parallel degree is the number of ranks)";
-      options.gpus = options.dp;
-    }
-    return;  // the CPU backend, as the flags say
-  }
-
-  PlanRequest request;
-  if (given("gpus")) request.gpus = options.gpus;
-  const int gpus = request.gpus > 0 ? request.gpus : static_cast<int>(machine->gpus.size());
-  if (given("seq-len")) request.seq_len = options.seq_len;
-  if (given("global-batch-tokens") && options.global_batch_tokens > 0) {
-    request.global_batch_tokens = options.global_batch_tokens;
-  } else if (given("batch") || given("grad-accum")) {
-    const int64_t T = given("seq-len") ? options.seq_len : std::min<int64_t>(1024, config.n_positions);
-    request.global_batch_tokens = options.batch * T * options.grad_accum * gpus;
-  }
-  if (given("precision")) request.precision = parse_dtype(options.precision);
-  if (given("zero")) request.zero = options.zero;
-  if (given("offload")) request.offload = options.offload;
-  if (given("recompute")) request.recompute = parse_recompute(options.recompute);
-  if (given("batch") || given("micro-batch")) request.micro_batch = options.batch;
-  if (given("dp") && options.dp > 0) request.dp = options.dp;
-  if (given("tp")) request.tp = options.tp;
-  if (given("pp")) request.pp = options.pp;
-  PlanResult result = choose_plan(config, *machine, request);
-  if (result.best.plan.tp > 1 || result.best.plan.pp > 1) {
-    // This build runs data parallelism and ZeRO only: say what would be best, take the best
-    // plan without tensor and pipeline parallelism.
-    DSTRAIN_USER_CHECK(!given("tp") && !given("pp"))
-        << "tensor and pipeline parallelism (--tp, --pp) are not implemented yet; use 1";
-    out << "the best plan for this machine, " << describe(result.best.plan) << ", uses "
-        << (result.best.plan.pp > 1 ? "pipeline" : "tensor")
-        << " parallelism, which this build cannot run yet; planning without it\n";
-    request.tp = 1;
-    request.pp = 1;
-    result = choose_plan(config, *machine, request);
-  }
-  const Plan& plan = result.best.plan;
-  char seconds[32];
-  std::snprintf(seconds, sizeof seconds, "%.3g", result.best.cost.step_seconds);
-  out << "plan for " << gpus << " x " << result.machine << ": " << describe(plan)
-      << "\n  predicted " << format_bytes(result.best.memory.device_total()) << " per GPU, "
-      << seconds << " s per step there (`dstrain plan` shows the alternatives)\n";
-  DSTRAIN_USER_CHECK(options.device == "cpu")
-      << "the CUDA backend is not implemented yet in this build: run the plan on simulated "
-      << "ranks with --device cpu";
-  options.gpus = plan.dp;
-  options.zero = plan.zero;
-  options.offload = plan.offload;
-  options.recompute = recompute_name(plan.recompute);
-  options.batch = plan.micro_batch;
-  options.grad_accum = plan.grad_accum;
-  options.seq_len = plan.seq_len;
-  options.precision = precision_name(plan.param_dtype);
-}
 
 TrainSummary train(const TrainOptions& given, std::ostream& out) {
   RunContext ctx;

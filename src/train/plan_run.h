@@ -1,0 +1,18 @@
+// The planner's part of a training run.
+#pragma once
+
+#include <ostream>
+
+#include "model/config.h"
+#include "train/options.h"
+
+namespace dstrain {
+
+// With a machine to plan for (described with --topology / --from-nvidia-smi, or GPUs found on
+// this one), the planner chooses what the user did not fix (ranks, ZeRO stage, offload,
+// recompute, micro-batch, accumulation, precision) and `options` take it; parts this build
+// cannot run yet are refused with a sentence (UserError). Without GPUs and without a
+// description, the CPU backend runs what the flags say and `options` stay as they are.
+void plan_run(TrainOptions& options, const ModelConfig& config, std::ostream& out);
+
+}  // namespace dstrain

@@ -1,0 +1,31 @@
+// What a run prints while it trains: one line per step (rewritten in place on a terminal,
+// every few steps kept), and messages.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+namespace dstrain {
+
+std::string format_duration(double seconds);        // "1:05", "2:03:04"
+std::string format_rate(double tokens_per_second);  // "812", "41.7k", "1.25M"
+
+class ProgressPrinter {
+ public:
+  ProgressPrinter(std::ostream& out, int64_t total_steps, bool quiet);
+  // step is 0-based.
+  void step(int64_t step, double loss, double lr, double norm, double tokens_per_s,
+            double eta_seconds);
+  void message(const std::string& text);
+
+ private:
+  int width() const { return static_cast<int>(std::to_string(total_).size()); }
+  std::ostream& out_;
+  int64_t total_;
+  bool quiet_;
+  bool tty_;
+  int64_t every_;
+};
+
+}  // namespace dstrain
