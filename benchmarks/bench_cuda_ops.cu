@@ -142,8 +142,9 @@ void print_row(const Row& row, double peak_gbs, double peak_tflops) {
 int run(const Options& options) {
   const int devices = cuda_device_count();
   if (devices == 0) {
-    std::printf("bench_cuda_ops: no CUDA device (no GPU or no driver on this machine); nothing to "
-                "measure\n");
+    std::printf(
+        "bench_cuda_ops: no CUDA device (no GPU or no driver on this machine); nothing to "
+        "measure\n");
     return 0;
   }
   auto backend = make_cuda_backend(0);
@@ -154,8 +155,8 @@ int run(const Options& options) {
                 V = 50257, Vp = 50304, N = B * T;
   const int warmup = 2, runs = options.quick ? 3 : 10;
   Workspace ws(be);
-  std::printf("device: %s\nshapes: B=%ld T=%ld C=%ld NH=%ld Vp=%ld, dtype %s\n\n", be.name().c_str(),
-              static_cast<long>(B), static_cast<long>(T), static_cast<long>(C),
+  std::printf("device: %s\nshapes: B=%ld T=%ld C=%ld NH=%ld Vp=%ld, dtype %s\n\n",
+              be.name().c_str(), static_cast<long>(B), static_cast<long>(T), static_cast<long>(C),
               static_cast<long>(NH), static_cast<long>(Vp), dtype_name(dt));
 
   // ---- peaks, measured in this run ----
@@ -163,8 +164,8 @@ int run(const Options& options) {
   Tensor copy_src = ws.allocate(DType::F32, {copy_bytes / 4});
   Tensor copy_dst = ws.allocate(DType::F32, {copy_bytes / 4});
   be.fill_zero(copy_src, nullptr);
-  const double copy_ms = time_ms([&] { be.copy_bytes(copy_dst.data, copy_src.data, copy_bytes, nullptr); },
-                                 warmup, runs);
+  const double copy_ms = time_ms(
+      [&] { be.copy_bytes(copy_dst.data, copy_src.data, copy_bytes, nullptr); }, warmup, runs);
   const double peak_gbs = 2.0 * static_cast<double>(copy_bytes) / (copy_ms * 1e-3) / 1e9;
   const int64_t G = options.quick ? 2048 : 8192;
   Tensor ga = ws.random(dt, {G, G}), gb = ws.random(dt, {G, G}), gc = ws.allocate(dt, {G, G});
@@ -179,7 +180,8 @@ int run(const Options& options) {
   // ---- the ops ----
   Tensor tokens = ws.ids({B, T}, V), targets = ws.ids({B, T}, V);
   Tensor wte = ws.random(dt, {Vp, C}), wpe = ws.random(dt, {T, C});
-  Tensor x = ws.random(dt, {B, T, C}), dx = ws.random(dt, {B, T, C}), y = ws.allocate(dt, {B, T, C});
+  Tensor x = ws.random(dt, {B, T, C}), dx = ws.random(dt, {B, T, C}),
+         y = ws.allocate(dt, {B, T, C});
   Tensor ln_w = ws.random(dt, {C}), ln_b = ws.random(dt, {C});
   Tensor mean = ws.allocate(DType::F32, {N}), rstd = ws.allocate(DType::F32, {N});
   Tensor dwte = ws.random(DType::F32, {Vp, C}), dwpe = ws.random(DType::F32, {T, C});
@@ -191,7 +193,8 @@ int run(const Options& options) {
   Tensor att = ws.allocate(dt, {B, T, C}), lse = ws.allocate(DType::F32, {B, NH, T});
   Tensor logits = ws.random(dt, {N, Vp}, -4.0f, 4.0f), losses = ws.allocate(DType::F32, {N});
   const int64_t P = 124'000'000 / (options.quick ? 10 : 1);
-  Tensor param = ws.random(DType::F32, {P}), grad = ws.random(dt, {P}), m = ws.random(DType::F32, {P});
+  Tensor param = ws.random(DType::F32, {P}), grad = ws.random(dt, {P}),
+         m = ws.random(DType::F32, {P});
   Tensor v = ws.random(DType::F32, {P}, 0.0f, 1.0f), param_copy = ws.allocate(dt, {P});
   be.layernorm_forward(y, mean, rstd, x, ln_w, ln_b, nullptr);
   be.attention_forward(att, lse, qkv, static_cast<int>(NH), nullptr);
@@ -208,7 +211,8 @@ int run(const Options& options) {
     std::function<void()> f;
   };
   const std::vector<Op> ops = {
-      {"embedding_forward", 3 * act, 0, [&] { be.embedding_forward(y, tokens, wte, wpe, nullptr); }},
+      {"embedding_forward", 3 * act, 0,
+       [&] { be.embedding_forward(y, tokens, wte, wpe, nullptr); }},
       {"embedding_backward", act + 2.0 * N * C * 4, 0,
        [&] { be.embedding_backward(dwte, dwpe, dx, tokens, nullptr); }},
       {"layernorm_forward", 2 * act + 8.0 * N, 0,
@@ -229,8 +233,10 @@ int run(const Options& options) {
       {"gelu_backward (4C)", 12 * act, 0, [&] { be.gelu_backward(dfc, dfc, fc, nullptr); }},
       {"residual_forward", 3 * act, 0, [&] { be.residual_forward(y, x, dx, nullptr); }},
       {"softmax_cross_entropy (in place)", 2.0 * N * Vp * es + 8.0 * N, 0,
-       [&] { be.softmax_cross_entropy(losses, logits, logits, targets, static_cast<int>(V),
-                                      1.0f / N, nullptr); }},
+       [&] {
+         be.softmax_cross_entropy(losses, logits, logits, targets, static_cast<int>(V), 1.0f / N,
+                                  nullptr);
+       }},
       {"adamw (124M params)", P * (24.0 + 2.0 * es), 0,
        [&] { be.adamw(param, grad, m, v, param_copy, step, nullptr); }},
       {"sum_squares (124M)", static_cast<double>(P * es), 0,

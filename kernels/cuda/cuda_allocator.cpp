@@ -80,7 +80,9 @@ class PinnedHostAllocator final : public Allocator {
     CUDA_CHECK(error);
     return pointer;
   }
-  void raw_free(void* pointer) override { report_free_error(cudaFreeHost(pointer), "cudaFreeHost"); }
+  void raw_free(void* pointer) override {
+    report_free_error(cudaFreeHost(pointer), "cudaFreeHost");
+  }
 };
 
 }  // namespace

@@ -45,17 +45,17 @@ inline Shape check_attention(const CudaContext& ctx, const Tensor& qkv, const Te
   DSTRAIN_CHECK(n_head > 0 && s.C % n_head == 0)
       << "attention: C = " << s.C << " is not divisible by n_head = " << n_head;
   s.hd = s.C / n_head;
-  DSTRAIN_CHECK(s.hd <= kMaxHeadDim) << "attention: head dim " << s.hd << " (C = " << s.C
-                                     << ", n_head = " << n_head
-                                     << ") is above the CUDA kernels' maximum of " << kMaxHeadDim;
+  DSTRAIN_CHECK(s.hd <= kMaxHeadDim)
+      << "attention: head dim " << s.hd << " (C = " << s.C << ", n_head = " << n_head
+      << ") is above the CUDA kernels' maximum of " << kMaxHeadDim;
   DSTRAIN_CHECK(out.ndim == 3 && out.shape[0] == s.B && out.shape[1] == s.T && out.shape[2] == s.C)
       << "attention out " << out.shape_str() << " must be (" << s.B << ", " << s.T << ", " << s.C
       << ")";
   DSTRAIN_CHECK(lse.ndim == 3 && lse.shape[0] == s.B && lse.shape[1] == s.NH && lse.shape[2] == s.T)
       << "attention lse " << lse.shape_str() << " must be (" << s.B << ", " << s.NH << ", " << s.T
       << ")";
-  DSTRAIN_CHECK(s.B * s.NH <= 65535) << "attention: B * n_head = " << s.B * s.NH
-                                     << " is above the grid limit of 65535";
+  DSTRAIN_CHECK(s.B * s.NH <= 65535)
+      << "attention: B * n_head = " << s.B * s.NH << " is above the grid limit of 65535";
   return s;
 }
 

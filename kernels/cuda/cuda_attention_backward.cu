@@ -16,8 +16,8 @@ namespace {
 using namespace attention;
 
 // delta (B,NH,T) = sum_d dout * out per (b, head, t); one warp per (b, t, head).
-__global__ void attention_delta_kernel(float* delta, DeviceTensor dout, DeviceTensor out,
-                                       int64_t B, int64_t T, int64_t C, int64_t NH, int64_t hd) {
+__global__ void attention_delta_kernel(float* delta, DeviceTensor dout, DeviceTensor out, int64_t B,
+                                       int64_t T, int64_t C, int64_t NH, int64_t hd) {
   const int64_t row = blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32;  // (b, t, h)
   if (row >= B * T * NH) return;
   const int lane = threadIdx.x % 32;

@@ -22,8 +22,8 @@ __global__ void attention_forward_kernel(DeviceTensor out, float* lse, DeviceTen
   const int64_t b = blockIdx.y / NH, h = blockIdx.y % NH;
   const int64_t q0 = blockIdx.x * int64_t{owned};
   const int64_t stride = stream_stride(hd);
-  float* q_tile = shared;                       // (owned, hd)
-  float* k_tile = q_tile + owned * hd;          // (32, stride)
+  float* q_tile = shared;                         // (owned, hd)
+  float* k_tile = q_tile + owned * hd;            // (32, stride)
   float* v_tile = k_tile + kStreamRows * stride;  // (32, hd)
   const int64_t width = 3 * C;
 

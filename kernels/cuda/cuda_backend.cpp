@@ -136,7 +136,8 @@ class CudaBackend final : public Backend {
   // repaired here.
   void release() {
     int current = -1;
-    if (cudaGetDevice(&current) == cudaSuccess && current != ctx_.device) cudaSetDevice(ctx_.device);
+    if (cudaGetDevice(&current) == cudaSuccess && current != ctx_.device)
+      cudaSetDevice(ctx_.device);
     cudaDeviceSynchronize();  // no kernel of ours may still use what is freed below
     if (ctx_.error_word) cudaFree(ctx_.error_word);
     if (ctx_.scratch_pool) cudaMemPoolDestroy(ctx_.scratch_pool);
@@ -190,7 +191,8 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, to_stream(stream)));
   }
 
-  void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, Stream stream) override {
+  void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe,
+                         Stream stream) override {
     DeviceScope scope(ctx_.device);
     cuda::embedding_forward(ctx_, out, tokens, wte, wpe, to_stream(stream));
   }
@@ -282,7 +284,8 @@ class CudaBackend final : public Backend {
   // also wait for every other blocking stream, e.g. a communication stream).
   void check_error_word(cudaStream_t stream) {
     unsigned word = 0;
-    CUDA_CHECK(cudaMemcpyAsync(&word, ctx_.error_word, sizeof word, cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(
+        cudaMemcpyAsync(&word, ctx_.error_word, sizeof word, cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
     if (word == 0) return;
     CUDA_CHECK(cudaMemsetAsync(ctx_.error_word, 0, sizeof word, stream));

@@ -30,17 +30,15 @@ void raise_cuda_error(cudaError_t error, const char* statement, const char* file
     throw UserError(sentence.str());
   }
   std::ostringstream full;
-  full << "CUDA error " << cudaGetErrorName(error) << " (" << cudaGetErrorString(error)
-       << ") in `" << statement << "` at " << file << ":" << line << " [" << where << "]";
+  full << "CUDA error " << cudaGetErrorName(error) << " (" << cudaGetErrorString(error) << ") in `"
+       << statement << "` at " << file << ":" << line << " [" << where << "]";
   throw Error(full.str());
 }
 
-void raise_cublas_error(cublasStatus_t status, const char* statement, const char* file,
-                        int line) {
+void raise_cublas_error(cublasStatus_t status, const char* statement, const char* file, int line) {
   std::ostringstream full;
   full << "cuBLAS error " << cublasGetStatusName(status) << " (" << cublasGetStatusString(status)
-       << ") in `" << statement << "` at " << file << ":" << line << " [" << where_running()
-       << "]";
+       << ") in `" << statement << "` at " << file << ":" << line << " [" << where_running() << "]";
   throw Error(full.str());
 }
 

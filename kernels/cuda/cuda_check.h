@@ -23,8 +23,8 @@ namespace dstrain::cuda {
 // Throw with the statement, where it failed, and who was running. Never return.
 [[noreturn]] void raise_cuda_error(cudaError_t error, const char* statement, const char* file,
                                    int line);
-[[noreturn]] void raise_cublas_error(cublasStatus_t status, const char* statement,
-                                     const char* file, int line);
+[[noreturn]] void raise_cublas_error(cublasStatus_t status, const char* statement, const char* file,
+                                     int line);
 
 // "cuda:3 (rank 1)" or "cuda:3": the current device of this thread and, inside a rank, its
 // rank. Used by the messages above; never throws.
@@ -32,17 +32,17 @@ std::string where_running();
 
 }  // namespace dstrain::cuda
 
-#define CUDA_CHECK(expr)                                                     \
-  do {                                                                       \
-    const cudaError_t dstrain_cuda_status_ = (expr);                         \
-    if (dstrain_cuda_status_ != cudaSuccess)                                 \
+#define CUDA_CHECK(expr)                                                                  \
+  do {                                                                                    \
+    const cudaError_t dstrain_cuda_status_ = (expr);                                      \
+    if (dstrain_cuda_status_ != cudaSuccess)                                              \
       ::dstrain::cuda::raise_cuda_error(dstrain_cuda_status_, #expr, __FILE__, __LINE__); \
   } while (0)
 
-#define CUBLAS_CHECK(expr)                                                   \
-  do {                                                                       \
-    const cublasStatus_t dstrain_cublas_status_ = (expr);                    \
-    if (dstrain_cublas_status_ != CUBLAS_STATUS_SUCCESS)                     \
+#define CUBLAS_CHECK(expr)                                                                    \
+  do {                                                                                        \
+    const cublasStatus_t dstrain_cublas_status_ = (expr);                                     \
+    if (dstrain_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                      \
       ::dstrain::cuda::raise_cublas_error(dstrain_cublas_status_, #expr, __FILE__, __LINE__); \
   } while (0)
 

@@ -51,12 +51,14 @@ __device__ __forceinline__ void store(const DeviceTensor& t, int64_t i, float va
 // every run.
 __device__ __forceinline__ float warp_sum(float value) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  for (int offset = 16; offset > 0; offset >>= 1)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
   return value;
 }
 __device__ __forceinline__ double warp_sum(double value) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  for (int offset = 16; offset > 0; offset >>= 1)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
   return value;
 }
 __device__ __forceinline__ float warp_max(float value) {

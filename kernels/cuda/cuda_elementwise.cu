@@ -36,8 +36,8 @@ __global__ void gelu_backward_kernel(DeviceTensor dinp, DeviceTensor dout, Devic
     const float tanh_out = tanhf(kGeluScale * (x + cube));
     // sech^2 as 1 - tanh^2: no cosh overflow for large |x| (as the CPU twin).
     const float sech2 = 1.0f - tanh_out * tanh_out;
-    const float local_grad =
-        0.5f * (1.0f + tanh_out) + x * 0.5f * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+    const float local_grad = 0.5f * (1.0f + tanh_out) +
+                             x * 0.5f * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
     store(dinp, i, local_grad * load(dout, i));
   }
 }
@@ -64,7 +64,7 @@ void copy_convert(const CudaContext& ctx, Tensor dst, Tensor src, cudaStream_t s
   check_float_tensor(ctx, src, "copy src");
   const int64_t n = dst.numel();
   convert_kernel<<<grid_for(ctx, n, kThreads), kThreads, 0, stream>>>(device_tensor(dst),
-                                                                     device_tensor(src), n);
+                                                                      device_tensor(src), n);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -73,8 +73,8 @@ void gelu_forward(const CudaContext& ctx, Tensor out, Tensor inp, cudaStream_t s
   check_float_tensor(ctx, inp, "gelu inp");
   check_same_numel(out, "gelu out", inp, "inp");
   const int64_t n = out.numel();
-  gelu_forward_kernel<<<grid_for(ctx, n, kThreads), kThreads, 0, stream>>>(
-      device_tensor(out), device_tensor(inp), n);
+  gelu_forward_kernel<<<grid_for(ctx, n, kThreads), kThreads, 0, stream>>>(device_tensor(out),
+                                                                           device_tensor(inp), n);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -91,8 +91,7 @@ void gelu_backward(const CudaContext& ctx, Tensor dinp, Tensor dout, Tensor inp,
   CUDA_CHECK_LAUNCH();
 }
 
-void residual_forward(const CudaContext& ctx, Tensor out, Tensor a, Tensor b,
-                      cudaStream_t stream) {
+void residual_forward(const CudaContext& ctx, Tensor out, Tensor a, Tensor b, cudaStream_t stream) {
   check_float_tensor(ctx, out, "residual out");
   check_float_tensor(ctx, a, "residual a");
   check_float_tensor(ctx, b, "residual b");

@@ -8,11 +8,10 @@
 // dwpe[t] += the sum over b of dout[b,t], b in order (bitwise the CPU's too).
 // Cost note: a group is summed by one block, so a token that fills most of a batch is summed
 // serially over its rows; with text data groups are a few hundred rows at most.
-#include <cub/device/device_radix_sort.cuh>
-
 #include <bit>
 #include <climits>
 #include <cmath>
+#include <cub/device/device_radix_sort.cuh>
 
 #include "kernels/cuda/cuda_common.cuh"
 
@@ -130,11 +129,9 @@ void embedding_backward(const CudaContext& ctx, Tensor dwte, Tensor dwpe, Tensor
   // Keys are < Vp + 1: sort only the bits that can differ.
   const int end_bit = std::bit_width(static_cast<uint64_t>(s.Vp));
   size_t sort_bytes = 0;
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<uint32_t*>(nullptr),
-                                             static_cast<uint32_t*>(nullptr),
-                                             static_cast<int32_t*>(nullptr),
-                                             static_cast<int32_t*>(nullptr), items, 0, end_bit,
-                                             stream));
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, sort_bytes, static_cast<uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+      static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr), items, 0, end_bit, stream));
   const size_t array_bytes = align_up(static_cast<size_t>(BT) * 4);
   Scratch scratch(ctx, 4 * array_bytes + align_up(sort_bytes), stream);
   char* base = scratch.as<char>();

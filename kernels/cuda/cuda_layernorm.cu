@@ -13,7 +13,7 @@ namespace dstrain::cuda {
 namespace {
 
 constexpr float kLayernormEps = 1e-5f;
-constexpr int kRowsPerBlock = 8;  // warps per block of the row kernels
+constexpr int kRowsPerBlock = 8;   // warps per block of the row kernels
 constexpr int kPartialRows = 128;  // rows per partial of the column sums
 constexpr int kColumnThreadsY = 8;
 
@@ -131,9 +131,9 @@ void column_sums(const CudaContext& ctx, Tensor dy_sum, Tensor dw_sum, Tensor do
     column_partials_kernel<true><<<grid, block, 0, stream>>>(
         partial_dy, partial_dw, device_tensor(dout), device_tensor(inp), mean, rstd, N, C);
   } else {
-    column_partials_kernel<false><<<grid, block, 0, stream>>>(
-        partial_dy, nullptr, device_tensor(dout), DeviceTensor{nullptr, DType::F32}, nullptr,
-        nullptr, N, C);
+    column_partials_kernel<false>
+        <<<grid, block, 0, stream>>>(partial_dy, nullptr, device_tensor(dout),
+                                     DeviceTensor{nullptr, DType::F32}, nullptr, nullptr, N, C);
   }
   CUDA_CHECK_LAUNCH();
   add_partials_kernel<<<ceil_div(C, 256), 256, 0, stream>>>(device_tensor(dy_sum), partial_dy,

@@ -192,9 +192,8 @@ void matmul_forward(const CudaContext& ctx, Tensor out, Tensor inp, Tensor weigh
   gemm_into(ctx, out, s.N, s.OC, s.C, a, b, ops.dtype(), bias, false, stream);
 }
 
-void matmul_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias,
-                     Tensor dout, Tensor inp, Tensor weight, bool weight_out_by_in,
-                     cudaStream_t stream) {
+void matmul_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout,
+                     Tensor inp, Tensor weight, bool weight_out_by_in, cudaStream_t stream) {
   const MatmulShape s = check_matmul(ctx, inp, weight, weight_out_by_in);
   check_rows_cols(ctx, dout, "matmul dout", s.N, s.OC);
   if (!dinp.empty()) check_rows_cols(ctx, dinp, "matmul dinp", s.N, s.C);

@@ -96,9 +96,8 @@ void column_sums_accumulate(const CudaContext& ctx, Tensor dsum, Tensor x, cudaS
 // cuda_matmul.cu
 void matmul_forward(const CudaContext& ctx, Tensor out, Tensor inp, Tensor weight, Tensor bias,
                     bool weight_out_by_in, cudaStream_t stream);
-void matmul_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias,
-                     Tensor dout, Tensor inp, Tensor weight, bool weight_out_by_in,
-                     cudaStream_t stream);
+void matmul_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout,
+                     Tensor inp, Tensor weight, bool weight_out_by_in, cudaStream_t stream);
 
 // cuda_attention_forward.cu / cuda_attention_backward.cu
 void attention_forward(const CudaContext& ctx, Tensor out, Tensor lse, Tensor qkv, int n_head,
@@ -111,9 +110,9 @@ void softmax_cross_entropy(const CudaContext& ctx, Tensor losses, Tensor dlogits
                            Tensor targets, int vocab, float dloss, cudaStream_t stream);
 
 // cuda_optim.cu
-void adamw(const CudaContext& ctx, Tensor param, Tensor grad, Tensor m, Tensor v,
-           Tensor param_copy, const AdamWStep& step, cudaStream_t stream);
-double sum_squares(const CudaContext& ctx, Tensor x, cudaStream_t stream);  // waits
+void adamw(const CudaContext& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy,
+           const AdamWStep& step, cudaStream_t stream);
+double sum_squares(const CudaContext& ctx, Tensor x, cudaStream_t stream);   // waits
 bool has_inf_or_nan(const CudaContext& ctx, Tensor x, cudaStream_t stream);  // waits
 
 }  // namespace dstrain::cuda

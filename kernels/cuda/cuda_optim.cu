@@ -39,7 +39,8 @@ __global__ void adamw_kernel(float* param, DeviceTensor grad, float* m, float* v
         k.lerp_weight_small
             ? __fadd_rn(m_old, __fmul_rn(k.lerp_weight, __fsub_rn(g, m_old)))
             : __fsub_rn(g, __fmul_rn(__fsub_rn(g, m_old), __fsub_rn(1.0f, k.lerp_weight)));
-    const float v_new = __fadd_rn(__fmul_rn(v[i], k.beta2), __fmul_rn(__fmul_rn(k.one_minus_beta2, g), g));
+    const float v_new =
+        __fadd_rn(__fmul_rn(v[i], k.beta2), __fmul_rn(__fmul_rn(k.one_minus_beta2, g), g));
     const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v_new), k.bias_correction2_sqrt), k.eps);
     const float p = __fadd_rn(param_decayed, __fdiv_rn(__fmul_rn(k.neg_step_size, m_new), denom));
     param[i] = p;
@@ -82,8 +83,8 @@ __global__ void inf_nan_kernel(unsigned* found, DeviceTensor x, int64_t n) {
 
 }  // namespace
 
-void adamw(const CudaContext& ctx, Tensor param, Tensor grad, Tensor m, Tensor v,
-           Tensor param_copy, const AdamWStep& step, cudaStream_t stream) {
+void adamw(const CudaContext& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy,
+           const AdamWStep& step, cudaStream_t stream) {
   check_tensor_dtype(ctx, param, DType::F32, "adamw param");
   check_tensor_dtype(ctx, m, DType::F32, "adamw m");
   check_tensor_dtype(ctx, v, DType::F32, "adamw v");
@@ -134,8 +135,8 @@ double sum_squares(const CudaContext& ctx, Tensor x, cudaStream_t stream) {
   sum_partials_kernel<<<1, 1024, 0, stream>>>(result, partials, blocks);
   CUDA_CHECK_LAUNCH();
   double host_result = 0.0;
-  CUDA_CHECK(cudaMemcpyAsync(&host_result, result, sizeof host_result, cudaMemcpyDeviceToHost,
-                             stream));
+  CUDA_CHECK(
+      cudaMemcpyAsync(&host_result, result, sizeof host_result, cudaMemcpyDeviceToHost, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
   return host_result;
 }
@@ -150,8 +151,8 @@ bool has_inf_or_nan(const CudaContext& ctx, Tensor x, cudaStream_t stream) {
   inf_nan_kernel<<<grid_for(ctx, n, kThreads), kThreads, 0, stream>>>(found, device_tensor(x), n);
   CUDA_CHECK_LAUNCH();
   unsigned host_found = 0;
-  CUDA_CHECK(cudaMemcpyAsync(&host_found, found, sizeof host_found, cudaMemcpyDeviceToHost,
-                             stream));
+  CUDA_CHECK(
+      cudaMemcpyAsync(&host_found, found, sizeof host_found, cudaMemcpyDeviceToHost, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
   return host_found != 0;
 }

@@ -83,6 +83,7 @@ po::options_description train_flags(TrainOptions& o) {
       ("save-every", po::value(&o.save_every)->default_value(o.save_every)->value_name("N"), "also checkpoint every N steps")
       ("resume", po::value(&o.resume)->value_name("DIR"), "continue from a checkpoint (a run directory or a step-NNNNNN in it)")
       ("sample", po::value(&o.sample_tokens)->default_value(o.sample_tokens)->value_name("N"), "tokens to sample at the end (0: none)")
+      ("print-every", po::value(&o.print_every)->default_value(o.print_every)->value_name("N"), "keep a progress line every N steps (a terminal also shows every step in place; 0: about 25 per run)")
       ("quiet", po::bool_switch(&o.quiet), "no progress lines");
   po::options_description all;
   all.add(model).add(optim).add(hardware).add(output);

@@ -253,6 +253,9 @@ StepStats ShardedModel::finish_step(const AdamWConfig& adam, double lr, int64_t 
       Tensor staged_grads = flat(host_grads_, range.numel, dtype_);
       Tensor staged_params = flat(host_params_, range.numel, dtype_);
       backend_.copy_bytes(staged_grads.data, grads.data, grads.nbytes(), nullptr);
+      // The update writes only the tensors' elements: the gaps between them (alignment,
+      // padded vocabulary rows) must go up as the zeros they are.
+      std::memset(staged_params.data, 0, staged_params.nbytes());
       host_adamw_update_range(layout_, range, master(block), staged_grads, m, v, staged_params,
                               adam, lr, adam_step, grad_scale, sharding_.host_threads);
       backend_.copy_bytes(device_params.data, staged_params.data, staged_params.nbytes(), nullptr);

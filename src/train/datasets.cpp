@@ -15,8 +15,8 @@ constexpr int kSyntheticVocab = 16;
 
 }  // namespace
 
-Datasets open_datasets(const TrainOptions& options, const ModelConfig& config, int64_t B,
-                       int64_t T, int world) {
+Datasets open_datasets(const TrainOptions& options, const ModelConfig& config, int64_t B, int64_t T,
+                       int world) {
   Datasets data;
   const size_t window = static_cast<size_t>(world * B * T + 1);
   if (options.data.empty() || options.data == "synthetic") {
@@ -29,8 +29,8 @@ Datasets open_datasets(const TrainOptions& options, const ModelConfig& config, i
     // A fixed length (not derived from --steps: a resumed run must see the same windows),
     // more than a CPU run consumes.
     const size_t train_tokens = size_t{1} << 24;
-    const size_t val_tokens = std::max<size_t>(window * static_cast<size_t>(options.eval_batches),
-                                               1 << 16);
+    const size_t val_tokens =
+        std::max<size_t>(window * static_cast<size_t>(options.eval_batches), 1 << 16);
     data.train = TokenDataset::from_tokens(corpus.generate(train_tokens, 1), config.vocab_size,
                                            "synthetic train stream");
     data.val = TokenDataset::from_tokens(corpus.generate(val_tokens, 2), config.vocab_size,
@@ -39,8 +39,8 @@ Datasets open_datasets(const TrainOptions& options, const ModelConfig& config, i
     data.entropy_previous_only = corpus.entropy_given_previous_only();
     data.synthetic = true;
     std::ostringstream text;
-    text << "synthetic corpus (no --data given): order-2 Markov source over "
-         << corpus.vocab_size() << " tokens, entropy floor " << *data.entropy_floor << " nats";
+    text << "synthetic corpus (no --data given): order-2 Markov source over " << corpus.vocab_size()
+         << " tokens, entropy floor " << *data.entropy_floor << " nats";
     data.description = text.str();
     return data;
   }

@@ -26,7 +26,8 @@ void validate_options(const TrainOptions& options) {
   DSTRAIN_USER_CHECK(options.resume.empty() || options.init_from.empty())
       << "--resume and --init-from exclude each other (a resume restores the weights)";
   DSTRAIN_USER_CHECK(options.gpus >= 1) << "--gpus must be at least 1";
-  DSTRAIN_USER_CHECK(options.gpus <= 64) << "--gpus " << options.gpus << " is more ranks than one machine holds (at most 64)";
+  DSTRAIN_USER_CHECK(options.gpus <= 64)
+      << "--gpus " << options.gpus << " is more ranks than one machine holds (at most 64)";
   DSTRAIN_USER_CHECK(options.zero >= 0 && options.zero <= 3)
       << "--zero must be 0, 1, 2 or 3, not " << options.zero;
   DSTRAIN_USER_CHECK(options.comm_timeout > 0) << "--comm-timeout must be positive (seconds)";
@@ -86,7 +87,8 @@ void apply_resumable_options(TrainOptions& options, const nlohmann::json& saved)
   if (!options.explicit_flags || !saved.is_object()) return;
   const std::set<std::string>& given = *options.explicit_flags;
   const bool ranks_given = given.count("gpus") != 0, accum_given = given.count("grad-accum") != 0;
-  const int64_t micro_batches = saved.value("grad-accum", int64_t{1}) * saved.value("gpus", int64_t{1});
+  const int64_t micro_batches =
+      saved.value("grad-accum", int64_t{1}) * saved.value("gpus", int64_t{1});
   for_each_resumable(options, [&](const char* flag, auto& field) {
     if (given.count(flag) || !saved.contains(flag)) return;
     try {

@@ -57,6 +57,7 @@ struct TrainOptions {
   std::string init_from;
   int64_t sample_tokens = 64;      // printed at the end; 0 disables
   bool quiet = false;              // no progress lines (the log and the summary remain)
+  int64_t print_every = 0;         // progress lines kept every N steps; 0: ~25 per run
   // The flags the user gave (command-line names). On --resume, every setting of the run not
   // given again is taken from the checkpoint. nullopt (a library caller): all are given.
   std::optional<std::set<std::string>> explicit_flags;

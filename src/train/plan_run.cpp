@@ -14,7 +14,9 @@ namespace dstrain {
 
 void plan_run(TrainOptions& options, const ModelConfig& config, std::ostream& out) {
   const bool library_call = !options.explicit_flags.has_value();
-  auto given = [&](const char* flag) { return library_call || options.explicit_flags->count(flag); };
+  auto given = [&](const char* flag) {
+    return library_call || options.explicit_flags->count(flag);
+  };
   MachineSource source{options.topology_file, options.nvidia_smi_file, options.gpu_model,
                        options.host_memory};
   std::optional<NodeTopology> machine;
@@ -46,7 +48,8 @@ void plan_run(TrainOptions& options, const ModelConfig& config, std::ostream& ou
   if (given("global-batch-tokens") && options.global_batch_tokens > 0) {
     request.global_batch_tokens = options.global_batch_tokens;
   } else if (given("batch") || given("grad-accum")) {
-    const int64_t T = given("seq-len") ? options.seq_len : std::min<int64_t>(1024, config.n_positions);
+    const int64_t T =
+        given("seq-len") ? options.seq_len : std::min<int64_t>(1024, config.n_positions);
     request.global_batch_tokens = options.batch * T * options.grad_accum * gpus;
   }
   if (given("precision")) request.precision = parse_dtype(options.precision);

@@ -13,7 +13,9 @@ std::string format_rate(double tokens_per_second);  // "812", "41.7k", "1.25M"
 
 class ProgressPrinter {
  public:
-  ProgressPrinter(std::ostream& out, int64_t total_steps, bool quiet);
+  // keep_every: every how many steps a line stays (piped output prints only those);
+  // 0: about 25 lines per run.
+  ProgressPrinter(std::ostream& out, int64_t total_steps, bool quiet, int64_t keep_every = 0);
   // step is 0-based.
   void step(int64_t step, double loss, double lr, double norm, double tokens_per_s,
             double eta_seconds);

@@ -546,7 +546,7 @@ TrainSummary train(const TrainOptions& given, std::ostream& out) {
 
   JsonlLog log;
   if (!options.log.empty()) log = JsonlLog(options.log, ctx.resume.has_value());
-  ProgressPrinter progress(out, options.steps, options.quiet);
+  ProgressPrinter progress(out, options.steps, options.quiet, options.print_every);
   TrainSummary summary;
   summary.first_step = ctx.first_step;
   summary.entropy_floor = data.entropy_floor;

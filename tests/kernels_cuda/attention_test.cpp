@@ -23,8 +23,9 @@ const AttentionCase kCases[] = {
 };
 
 std::string case_name(const AttentionCase& c, DType dtype) {
-  return std::string(dtype_name(dtype)) + " B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
-         " NH=" + std::to_string(c.NH) + " hd=" + std::to_string(c.hd);
+  return std::string(dtype_name(dtype)) + " B=" + std::to_string(c.B) +
+         " T=" + std::to_string(c.T) + " NH=" + std::to_string(c.NH) +
+         " hd=" + std::to_string(c.hd);
 }
 
 TEST(CudaAttention, ForwardMatchesCpu) {
@@ -43,7 +44,8 @@ TEST(CudaAttention, ForwardMatchesCpu) {
       run.finish();
       const Tolerance tol =
           dtype == DType::F32 ? Tolerance{1e-5, 1e-4, 1e-10} : storage_tolerance(dtype);
-      EXPECT_TRUE(all_close(out_gpu.values(), out_cpu.values(), tol)) << "out " << case_name(c, dtype);
+      EXPECT_TRUE(all_close(out_gpu.values(), out_cpu.values(), tol))
+          << "out " << case_name(c, dtype);
       EXPECT_TRUE(all_close(lse_gpu.values(), lse_cpu.values(), {1e-5, 1e-5, 1e-11}))
           << "lse " << case_name(c, dtype);
       EXPECT_TRUE(bitwise_equal(qkv_gpu, qkv));

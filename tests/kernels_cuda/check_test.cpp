@@ -26,7 +26,8 @@ TEST(CudaCheck, ReportsStatementErrorFileLineAndRank) {
   const std::string text = message_of([] { CUDA_CHECK(cudaErrorInvalidValue); });
   thread_error_context().rank = -1;
   EXPECT_NE(text.find("cudaErrorInvalidValue"), std::string::npos) << text;
-  EXPECT_NE(text.find("in `cudaErrorInvalidValue`"), std::string::npos) << "the statement: " << text;
+  EXPECT_NE(text.find("in `cudaErrorInvalidValue`"), std::string::npos)
+      << "the statement: " << text;
   EXPECT_NE(text.find("check_test.cpp:"), std::string::npos) << text;
   EXPECT_NE(text.find("rank 3"), std::string::npos) << text;
   EXPECT_EQ(text.rfind("user: ", 0), std::string::npos) << "an internal error, not a user error";

@@ -49,11 +49,13 @@ TEST(CudaCrossEntropy, LossesAndGradientMatchCpu) {
         EXPECT_TRUE(all_close(losses_gpu.values(), losses_cpu.values(), {1e-5, 1e-5, 1e-11}))
             << "losses " << where;
         if (with_grad) {
-          EXPECT_TRUE(all_close(dlogits_gpu.values(), dlogits_cpu.values(), dlogits_tolerance(dtype)))
+          EXPECT_TRUE(
+              all_close(dlogits_gpu.values(), dlogits_cpu.values(), dlogits_tolerance(dtype)))
               << "dlogits " << where;
           for (int64_t n = 0; n < c.N; ++n) {
             for (int64_t j = c.V; j < c.Vp; ++j) {
-              ASSERT_EQ(dlogits_gpu.get(n * c.Vp + j), 0.0) << "padded column " << j << " " << where;
+              ASSERT_EQ(dlogits_gpu.get(n * c.Vp + j), 0.0)
+                  << "padded column " << j << " " << where;
             }
           }
         } else {

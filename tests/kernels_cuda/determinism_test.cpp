@@ -42,19 +42,25 @@ TEST(CudaDeterminism, BackwardOpsRepeatBitwise) {
     std::vector<HostTensor> grads;
     grads.push_back(random_tensor(rng, DType::F32, {Vp, C}));
     grads.push_back(random_tensor(rng, DType::F32, {T, C}));
-    expect_repeatable(grads, [&](GpuRun& run, std::vector<Tensor>& g) {
-      cuda_backend().embedding_backward(g[0], g[1], run(dx), run(tokens), nullptr);
-    }, "embedding_backward");
+    expect_repeatable(
+        grads,
+        [&](GpuRun& run, std::vector<Tensor>& g) {
+          cuda_backend().embedding_backward(g[0], g[1], run(dx), run(tokens), nullptr);
+        },
+        "embedding_backward");
   }
   {
     std::vector<HostTensor> grads;
     grads.push_back(random_tensor(rng, DType::BF16, {B, T, C}));
     grads.push_back(random_tensor(rng, DType::F32, {C}));
     grads.push_back(random_tensor(rng, DType::F32, {C}));
-    expect_repeatable(grads, [&](GpuRun& run, std::vector<Tensor>& g) {
-      cuda_backend().layernorm_backward(g[0], g[1], g[2], run(dx), run(x), run(weight), run(mean),
-                                        run(rstd), nullptr);
-    }, "layernorm_backward");
+    expect_repeatable(
+        grads,
+        [&](GpuRun& run, std::vector<Tensor>& g) {
+          cuda_backend().layernorm_backward(g[0], g[1], g[2], run(dx), run(x), run(weight),
+                                            run(mean), run(rstd), nullptr);
+        },
+        "layernorm_backward");
   }
   {
     HostTensor w = random_tensor(rng, DType::BF16, {C, 3 * C});
@@ -63,10 +69,13 @@ TEST(CudaDeterminism, BackwardOpsRepeatBitwise) {
     grads.push_back(nan_tensor(DType::BF16, {N, C}));
     grads.push_back(random_tensor(rng, DType::F32, {C, 3 * C}));
     grads.push_back(random_tensor(rng, DType::F32, {3 * C}));
-    expect_repeatable(grads, [&](GpuRun& run, std::vector<Tensor>& g) {
-      cuda_backend().matmul_backward(g[0], g[1], g[2], run(dout), run(ln_out), run(w), false,
-                                     nullptr);
-    }, "matmul_backward");
+    expect_repeatable(
+        grads,
+        [&](GpuRun& run, std::vector<Tensor>& g) {
+          cuda_backend().matmul_backward(g[0], g[1], g[2], run(dout), run(ln_out), run(w), false,
+                                         nullptr);
+        },
+        "matmul_backward");
   }
   {
     HostTensor qkv = random_tensor(rng, DType::BF16, {B, T, 3 * C});
@@ -76,11 +85,14 @@ TEST(CudaDeterminism, BackwardOpsRepeatBitwise) {
     outputs.push_back(nan_tensor(DType::BF16, {B, T, C}));
     outputs.push_back(nan_tensor(DType::F32, {B, NH, T}));
     outputs.push_back(nan_tensor(DType::BF16, {B, T, 3 * C}));
-    expect_repeatable(outputs, [&](GpuRun& run, std::vector<Tensor>& o) {
-      cuda_backend().attention_forward(o[0], o[1], run(qkv), static_cast<int>(NH), nullptr);
-      cuda_backend().attention_backward(o[2], run(dx), run(qkv), run(out), run(lse),
-                                        static_cast<int>(NH), nullptr);
-    }, "attention");
+    expect_repeatable(
+        outputs,
+        [&](GpuRun& run, std::vector<Tensor>& o) {
+          cuda_backend().attention_forward(o[0], o[1], run(qkv), static_cast<int>(NH), nullptr);
+          cuda_backend().attention_backward(o[2], run(dx), run(qkv), run(out), run(lse),
+                                            static_cast<int>(NH), nullptr);
+        },
+        "attention");
   }
 }
 

@@ -77,7 +77,8 @@ TEST(CudaElementwise, ResidualAccumulateScaleBitwiseEqualCpu) {
     for (DType in_dtype : kFloatDTypes) {
       for (const auto& shape : kShapes) {
         Random rng(14);
-        HostTensor a = random_tensor(rng, in_dtype, shape), b = random_tensor(rng, out_dtype, shape);
+        HostTensor a = random_tensor(rng, in_dtype, shape),
+                   b = random_tensor(rng, out_dtype, shape);
         // residual: out = a + b
         HostTensor out_cpu = nan_tensor(out_dtype, shape), out_gpu = out_cpu.clone();
         cpu_backend().residual_forward(out_cpu, a, b, nullptr);

@@ -11,8 +11,8 @@ struct EmbeddingCase {
 };
 
 const EmbeddingCase kCases[] = {
-    {4, 64, 128, 512, 64, 40},  // round
-    {3, 7, 13, 11, 9, 5},       // odd, maxT > T
+    {4, 64, 128, 512, 64, 40},       // round
+    {3, 7, 13, 11, 9, 5},            // odd, maxT > T
     {2, 33, 300, 70000, 40, 70000},  // a C above one channel block, many distinct ids
 };
 
@@ -57,8 +57,10 @@ TEST(CudaEmbedding, BackwardBitwiseEqualCpu) {
                                         run(tokens_gpu), nullptr);
       run.finish();
       EXPECT_FALSE(bitwise_equal(dwte_cpu, dwte_before)) << "the reference did not change";
-      EXPECT_TRUE(bitwise_equal(dwte_gpu, dwte_cpu)) << "dwte " << dtype_name(dtype) << " C=" << c.C;
-      EXPECT_TRUE(bitwise_equal(dwpe_gpu, dwpe_cpu)) << "dwpe " << dtype_name(dtype) << " C=" << c.C;
+      EXPECT_TRUE(bitwise_equal(dwte_gpu, dwte_cpu))
+          << "dwte " << dtype_name(dtype) << " C=" << c.C;
+      EXPECT_TRUE(bitwise_equal(dwpe_gpu, dwpe_cpu))
+          << "dwpe " << dtype_name(dtype) << " C=" << c.C;
       EXPECT_TRUE(bitwise_equal(tokens_gpu, tokens));
       EXPECT_TRUE(guards_intact({&dwte_gpu, &dwpe_gpu, &tokens_gpu, &dout_gpu}));
     }

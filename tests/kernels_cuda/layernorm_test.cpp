@@ -66,19 +66,20 @@ TEST(CudaLayernorm, BackwardMatchesCpu) {
       HostTensor dout = random_tensor(rng, dtype, c.shape);
       // All three gradients accumulate: start from non-zero values.
       HostTensor dinp_cpu = random_tensor(rng, dtype, c.shape), dinp_gpu = dinp_cpu.clone();
-      HostTensor dweight_cpu = random_tensor(rng, DType::F32, {C}), dweight_gpu = dweight_cpu.clone();
+      HostTensor dweight_cpu = random_tensor(rng, DType::F32, {C}),
+                 dweight_gpu = dweight_cpu.clone();
       HostTensor dbias_cpu = random_tensor(rng, dtype, {C}), dbias_gpu = dbias_cpu.clone();
       cpu_backend().layernorm_backward(dinp_cpu, dweight_cpu, dbias_cpu, dout, inp, weight, mean,
                                        rstd, nullptr);
       GpuRun run;
-      cuda_backend().layernorm_backward(run(dinp_gpu), run(dweight_gpu), run(dbias_gpu),
-                                        run(dout), run(inp), run(weight), run(mean), run(rstd),
-                                        nullptr);
+      cuda_backend().layernorm_backward(run(dinp_gpu), run(dweight_gpu), run(dbias_gpu), run(dout),
+                                        run(inp), run(weight), run(mean), run(rstd), nullptr);
       run.finish();
       const std::string where = std::string(dtype_name(dtype)) + " " + inp.t().shape_str();
       EXPECT_TRUE(all_close(dinp_gpu.values(), dinp_cpu.values(), value_tolerance(dtype)))
           << "dinp " << where;
-      EXPECT_TRUE(all_close(dweight_gpu.values(), dweight_cpu.values(), column_sum_tolerance(DType::F32)))
+      EXPECT_TRUE(
+          all_close(dweight_gpu.values(), dweight_cpu.values(), column_sum_tolerance(DType::F32)))
           << "dweight " << where;
       EXPECT_TRUE(all_close(dbias_gpu.values(), dbias_cpu.values(), column_sum_tolerance(dtype)))
           << "dbias " << where;

@@ -21,7 +21,7 @@ Tolerance output_tolerance(DType out, DType operands) {
 }
 
 struct Dtypes {
-  DType inp, weight, out, bias;     // forward
+  DType inp, weight, out, bias;      // forward
   DType dinp, dweight, dout, dbias;  // backward
   DType operands() const { return inp == weight ? inp : DType::F32; }
 };
@@ -63,7 +63,8 @@ void check_backward(const MatmulCase& c, const Dtypes& d, bool weight_out_by_in,
   HostTensor dout = random_tensor(rng, d.dout, {c.N, c.OC});
   HostTensor dinp_cpu = nan_tensor(d.dinp, {c.N, c.C}), dinp_gpu = dinp_cpu.clone();
   // Parameter gradients accumulate: start from non-zero values.
-  HostTensor dweight_cpu = random_tensor(rng, d.dweight, weight_shape), dweight_gpu = dweight_cpu.clone();
+  HostTensor dweight_cpu = random_tensor(rng, d.dweight, weight_shape),
+             dweight_gpu = dweight_cpu.clone();
   HostTensor dbias_cpu = random_tensor(rng, d.dbias, {c.OC}), dbias_gpu = dbias_cpu.clone();
   cpu_backend().matmul_backward(with_dinp ? dinp_cpu.t() : Tensor(), dweight_cpu,
                                 with_bias ? dbias_cpu.t() : Tensor(), dout, inp, weight,
@@ -81,8 +82,8 @@ void check_backward(const MatmulCase& c, const Dtypes& d, bool weight_out_by_in,
   const DType dinp_operands = d.dout == d.weight ? d.dout : DType::F32;
   const DType dweight_operands = d.dout == d.inp ? d.dout : DType::F32;
   if (with_dinp) {
-    EXPECT_TRUE(all_close(dinp_gpu.values(), dinp_cpu.values(),
-                          output_tolerance(d.dinp, dinp_operands)))
+    EXPECT_TRUE(
+        all_close(dinp_gpu.values(), dinp_cpu.values(), output_tolerance(d.dinp, dinp_operands)))
         << "dinp " << dtype_name(d.dinp) << where;
   } else {
     for (int64_t i = 0; i < dinp_gpu.numel(); ++i) {
@@ -93,11 +94,13 @@ void check_backward(const MatmulCase& c, const Dtypes& d, bool weight_out_by_in,
                         output_tolerance(d.dweight, dweight_operands)))
       << "dweight " << dtype_name(d.dweight) << where;
   if (with_bias) {
-    const Tolerance tol = d.dbias == DType::F32 ? Tolerance{1e-4, 1e-4, 1e-9} : storage_tolerance(d.dbias);
+    const Tolerance tol =
+        d.dbias == DType::F32 ? Tolerance{1e-4, 1e-4, 1e-9} : storage_tolerance(d.dbias);
     EXPECT_TRUE(all_close(dbias_gpu.values(), dbias_cpu.values(), tol))
         << "dbias " << dtype_name(d.dbias) << where;
   }
-  EXPECT_TRUE(guards_intact({&dinp_gpu, &dweight_gpu, &dbias_gpu, &dout_gpu, &inp_gpu, &weight_gpu}));
+  EXPECT_TRUE(
+      guards_intact({&dinp_gpu, &dweight_gpu, &dbias_gpu, &dout_gpu, &inp_gpu, &weight_gpu}));
 }
 
 TEST(CudaMatmul, ForwardEveryDTypeLayoutAndBias) {
@@ -105,7 +108,8 @@ TEST(CudaMatmul, ForwardEveryDTypeLayoutAndBias) {
   for (DType dtype : kFloatDTypes) {
     for (const MatmulCase& c : kCases) {
       for (bool weight_out_by_in : {false, true}) {
-        for (bool with_bias : {false, true}) check_forward(c, uniform(dtype), weight_out_by_in, with_bias);
+        for (bool with_bias : {false, true})
+          check_forward(c, uniform(dtype), weight_out_by_in, with_bias);
       }
     }
   }
@@ -128,7 +132,7 @@ TEST(CudaMatmul, BackwardEveryDTypeLayoutAndBias) {
 // of BF16 activations (written by cuBLAS directly).
 TEST(CudaMatmul, MixedDTypes) {
   REQUIRE_CUDA_DEVICE();
-  const Dtypes mixed{DType::BF16, DType::F32, DType::F16, DType::F32,
+  const Dtypes mixed{DType::BF16, DType::F32, DType::F16,  DType::F32,
                      DType::F32,  DType::F32, DType::BF16, DType::F32};
   const Dtypes f16_out_of_f32{DType::F32, DType::F32, DType::F16, DType::F16,
                               DType::F16, DType::F16, DType::F32, DType::F16};

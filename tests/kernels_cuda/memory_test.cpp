@@ -82,10 +82,11 @@ TEST(CudaMemory, FillZeroEveryDType) {
 // many magnitudes: the GPU's __float2half_rn / __float2bfloat16_rn must give the CPU's bits.
 TEST(CudaMemory, CopyConvertsBitwiseLikeTheCpu) {
   REQUIRE_CUDA_DEVICE();
-  std::vector<double> values = {0.0,        -0.0,          1.0,         -1.0,  65504.0, 65520.0,
-                                1e-8,       6e-5,          1.00048828,  3.14159, -2.5e38, 1e38,
-                                1e-40,      1.0 + 0x1p-8,  1.0 + 0x1p-9, 1.0 + 3 * 0x1p-9,
-                                1.0 + 0x1p-11, INFINITY, -INFINITY};
+  std::vector<double> values = {0.0,           -0.0,         1.0,          -1.0,
+                                65504.0,       65520.0,      1e-8,         6e-5,
+                                1.00048828,    3.14159,      -2.5e38,      1e38,
+                                1e-40,         1.0 + 0x1p-8, 1.0 + 0x1p-9, 1.0 + 3 * 0x1p-9,
+                                1.0 + 0x1p-11, INFINITY,     -INFINITY};
   Random rng(82);
   for (int i = 0; i < 5000; ++i) {
     values.push_back(rng.uniform(-1.0, 1.0) * std::pow(2.0, rng.uniform(-30, 17)));
