@@ -2,6 +2,8 @@
 // non-zero exit, never a crash or a stack trace; --help and prepare work.
 #include <gtest/gtest.h>
 
+#include "tests/common/temp_dir.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,14 +43,8 @@ Result run_dstrain(const std::string& args, const fs::path& dir) {
 
 class CliTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("dstrain_cli_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  dstrain::testing::TempDir temp_;
+  const fs::path& dir_ = temp_.path();
   fs::path file(const std::string& name) const { return dir_ / name; }
   void write(const std::string& name, const std::string& bytes) const {
     std::ofstream(file(name), std::ios::binary) << bytes;
@@ -63,7 +59,6 @@ class CliTest : public ::testing::Test {
         << args << "\nexpected '" << fragment << "' in: " << result.err;
     EXPECT_EQ(result.err.find("terminate"), std::string::npos) << result.err;
   }
-  fs::path dir_;
 };
 
 // An llm.c uint16 shard: 256 int32 header, then the tokens.

@@ -3,6 +3,8 @@
 // checkpoint stays loadable.
 #include <gtest/gtest.h>
 
+#include "tests/common/temp_dir.h"
+
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,14 +22,8 @@ namespace fs = std::filesystem;
 
 class SignalTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("dstrain_signal_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  dstrain::testing::TempDir temp_;
+  const fs::path& dir_ = temp_.path();
 
   // Starts dstrain with `args`, its output going to files in dir_.
   pid_t start(const std::vector<std::string>& args) {
@@ -66,7 +62,6 @@ class SignalTest : public ::testing::Test {
     std::ifstream file(path);
     return std::string(std::istreambuf_iterator<char>(file), {});
   }
-  fs::path dir_;
 };
 
 std::vector<std::string> long_run(const fs::path& dir) {

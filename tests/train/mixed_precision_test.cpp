@@ -2,6 +2,8 @@
 // on one rank skipping the step everywhere, and fp16 training reaching fp32's loss.
 #include <gtest/gtest.h>
 
+#include "tests/common/temp_dir.h"
+
 #include <unistd.h>
 
 #include <filesystem>
@@ -50,15 +52,8 @@ TEST(GradScaler, PyTorchDefaultsBackoffAndGrowth) {
 
 class MixedPrecisionTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("dstrain_mixed_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
+  testing::TempDir temp_;
+  const fs::path& dir_ = temp_.path();
 };
 
 std::vector<nlohmann::json> step_records(const std::string& path) {

@@ -2,6 +2,8 @@
 // determinism, bit-identical resume, checkpoints that refuse to load when broken.
 #include <gtest/gtest.h>
 
+#include "tests/common/temp_dir.h"
+
 #include <filesystem>
 #include <functional>
 #include <iomanip>
@@ -24,16 +26,8 @@ const std::string kFixture = DSTRAIN_SOURCE_DIR "/tests/reference/gpt2_tiny/";
 
 class TrainTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("dstrain_train_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
+  std::string path(const std::string& name) const { return temp_.file(name); }
+  testing::TempDir temp_;
 };
 
 std::string slurp(const std::string& path) {
