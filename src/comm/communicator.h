@@ -1,5 +1,7 @@
 // Communicator: the collectives ranks use. Two implementations: `local` (the ranks are
-// threads of this process; CPU memory, and CUDA memory through copies) and `nccl` (later).
+// threads of this process; CPU memory, and CUDA memory through copies with the wrapper of
+// comm/staged_communicator.h) and `nccl` (comm/nccl_communicator.h: one GPU per rank, built
+// with NCCL).
 //
 // Conventions
 // - Every method is collective over the communicator's ranks unless it says otherwise: all
@@ -16,7 +18,8 @@
 // - A communicator is used by one thread at a time (the rank's own thread, in call order).
 //
 // The local implementation (run_local_ranks) in particular
-// - moves CPU memory only so far (a CUDA tensor is an Error); `stream` is ignored.
+// - moves CPU memory only (a CUDA tensor is an Error; make_staged_communicator wraps it for
+//   device memory, through host copies); `stream` is ignored.
 // - checks every collective across ranks before touching data: a different operation, dtype,
 //   count, reduce op or root on some rank, or two ranks passing overlapping buffers (ranks
 //   are threads of one address space), is a dstrain::Error on every rank naming each rank's

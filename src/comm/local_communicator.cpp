@@ -14,11 +14,11 @@
 #include <cstring>
 #include <numeric>
 #include <sstream>
-#include <thread>
 
 #include "comm/communicator.h"
 #include "comm/local_reduce.h"
 #include "comm/local_world.h"
+#include "comm/rank_threads.h"
 #include "core/check.h"
 
 namespace dstrain {
@@ -554,22 +554,13 @@ void run_local_ranks(int world_size, double timeout_seconds,
   std::vector<int> world_ranks(static_cast<size_t>(world_size));
   std::iota(world_ranks.begin(), world_ranks.end(), 0);
   auto group = std::make_shared<Group>(0, "world", std::move(world_ranks));
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<size_t>(world_size));
-  try {
-    for (int rank = 0; rank < world_size; ++rank) {
-      threads.emplace_back(run_rank, world, group, rank, std::cref(fn));
-    }
-  } catch (...) {
-    // Could not start every rank: release the started ones, then join them.
-    {
-      std::lock_guard<std::mutex> lock(world->mutex);
-      world->record_failure(-1, std::current_exception());
-    }
-    for (std::thread& thread : threads) thread.join();
-    throw;
-  }
-  for (std::thread& thread : threads) thread.join();
+  comm_detail::run_rank_threads(
+      world_size, [&](int rank) { run_rank(world, group, rank, fn); },
+      [&](std::exception_ptr error) {
+        // Could not start every rank: release the started ones before they are joined.
+        std::lock_guard<std::mutex> lock(world->mutex);
+        world->record_failure(-1, std::move(error));
+      });
   if (world->root_error) std::rethrow_exception(world->root_error);
 }
 

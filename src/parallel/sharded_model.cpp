@@ -3,8 +3,73 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace dstrain {
+
+// Where memory lives. The buffers a rank holds are either device memory (the device
+// allocator's: the backend's ops work on it) or host memory (the host allocator's: offload
+// state and staging; and on the CPU backend, everything). Host memory is written by the CPU
+// (memset/memcpy); device memory only through the backend (fill_zero, copy, copy_bytes), so
+// the same code runs on the CPU backend and on a GPU. On the CPU backend every buffer is host
+// memory and every path below is the plain memset/memcpy it always was.
+
+void ShardedModel::zero_buffer(const Buffer& buffer) {
+  if (buffer.empty()) return;
+  if (buffer.device().is_cpu()) {
+    std::memset(buffer.data(), 0, buffer.bytes());
+    return;
+  }
+  // Every buffer here holds 2- or 4-byte elements: view the bytes as 16-bit words.
+  DSTRAIN_CHECK(buffer.bytes() % 2 == 0) << buffer.bytes() << " bytes";
+  backend_.fill_zero(buffer.view(DType::F16, {static_cast<int64_t>(buffer.bytes() / 2)}), nullptr);
+}
+
+void ShardedModel::copy_and_wait(void* dst, Device dst_device, const void* src,
+                                 Device src_device, size_t bytes) const {
+  if (bytes == 0) return;
+  if (dst_device.is_cpu() && src_device.is_cpu()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  // Either side on the device: the backend copies, and the host side is usable on return.
+  backend_.copy_bytes(dst, src, bytes, nullptr);
+  backend_.synchronize(nullptr);
+}
+
+void ShardedModel::store_from_host(Tensor dst, Tensor host_f32) {
+  DSTRAIN_CHECK(host_f32.device.is_cpu() && host_f32.dtype == DType::F32 &&
+                dst.numel() == host_f32.numel());
+  if (dst.device.is_cpu()) {
+    backend_.copy(dst, host_f32, nullptr);  // the CPU backend converts in place
+    return;
+  }
+  if (dst.dtype == DType::F32) {
+    copy_and_wait(dst.data, dst.device, host_f32.data, host_f32.device, dst.nbytes());
+    return;
+  }
+  // A GPU's copy converts device memory only: round on the host (the same RNE as the
+  // device's __float2half_rn / __float2bfloat16_rn, core/dtype.h) and copy the bits up.
+  DSTRAIN_CHECK(dst.dtype == DType::F16 || dst.dtype == DType::BF16) << dst.shape_str();
+  std::vector<uint16_t> rounded(static_cast<size_t>(dst.numel()));
+  const float* values = host_f32.f32();
+  for (size_t i = 0; i < rounded.size(); ++i) {
+    rounded[i] = dst.dtype == DType::F16 ? fp32_to_fp16_bits(values[i])
+                                         : fp32_to_bf16_bits(values[i]);
+  }
+  copy_and_wait(dst.data, dst.device, rounded.data(), Device{}, dst.nbytes());
+}
+
+Tensor ShardedModel::on_host(Tensor part, int slot, int block) const {
+  if (part.device.is_cpu() || part.numel() == 0) return part;
+  Buffer& staging = part_staging_[slot][static_cast<size_t>(block)];
+  if (staging.bytes() < part.nbytes()) {
+    staging = host_.allocate(MemCategory::CommBuffers, part.nbytes());
+  }
+  Tensor host = staging.view(part.dtype, {part.numel()});
+  copy_and_wait(host.data, host.device, part.data, part.device, part.nbytes());
+  return host;
+}
 
 int64_t shard_numel(int64_t block_numel, int world) {
   DSTRAIN_CHECK(world >= 1 && block_numel >= 0);
@@ -24,7 +89,8 @@ ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& shar
       dtype_(sharding.param_dtype),
       shard_optimizer_(sharding.zero >= 1),
       shard_grads_(sharding.zero >= 2),
-      shard_params_(sharding.zero >= 3) {
+      shard_params_(sharding.zero >= 3),
+      host_(host) {
   DSTRAIN_USER_CHECK(sharding.zero >= 0 && sharding.zero <= 3)
       << "--zero must be 0, 1, 2 or 3, not " << sharding.zero;
   DSTRAIN_CHECK(dtype_ == DType::F32 || dtype_ == DType::F16 || dtype_ == DType::BF16);
@@ -55,7 +121,7 @@ ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& shar
     block.exp_avg_sq = state_allocator.allocate(state_category, optimizer_count * kF32);
     for (Buffer* buffer : {&block.params, &block.grads, &block.master, &block.exp_avg,
                            &block.exp_avg_sq}) {
-      if (!buffer->empty()) std::memset(buffer->data(), 0, buffer->bytes());
+      zero_buffer(*buffer);
     }
     max_padded = std::max(max_padded, padded);
     if (b != ParamLayout::embedding_block()) max_padded_layer = std::max(max_padded_layer, padded);
@@ -63,6 +129,7 @@ ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& shar
     max_optimizer = std::max(max_optimizer, optimizer_count);
     blocks_.push_back(std::move(block));
   }
+  for (std::vector<Buffer>& staging : part_staging_) staging.resize(blocks_.size());
   if (shard_params_) {
     for (Buffer& buffer : gathered_) {
       buffer = device.allocate(MemCategory::GatheredParams, max_padded * width);
@@ -132,14 +199,16 @@ Tensor ShardedModel::master(int block) const {
 
 Tensor ShardedModel::master_part(int block) const {
   const int64_t offset = shard_optimizer_ ? 0 : shard_begin(block);
-  return master(block).slice(offset, {shard_count(block)});
+  return on_host(master(block).slice(offset, {shard_count(block)}), 0, block);
 }
 
 Tensor ShardedModel::moment_part(int which, int block) const {
   const Block& b = blocks_[block];
   const FlatRange range = optimizer_range(block);
   const int64_t offset = shard_optimizer_ ? 0 : shard_begin(block);
-  return flat(which == 0 ? b.exp_avg : b.exp_avg_sq, range.numel).slice(offset, {shard_count(block)});
+  return on_host(
+      flat(which == 0 ? b.exp_avg : b.exp_avg_sq, range.numel).slice(offset, {shard_count(block)}),
+      1 + which, block);
 }
 
 Tensor ShardedModel::acquire_params(int block) {
@@ -189,9 +258,14 @@ void ShardedModel::begin_step() {
 }
 
 void ShardedModel::inject_inf_gradient() {
-  Tensor grads = grads_padded(ParamLayout::layer_block(0));
-  const float inf = INFINITY;
-  backend_.copy(grads.slice(0, {1}), Tensor(const_cast<float*>(&inf), DType::F32, {1}), nullptr);
+  Tensor grads = grads_padded(ParamLayout::layer_block(0)).slice(0, {1});
+  // +inf in the gradients' own dtype, written as bytes (a GPU's copy converts device memory
+  // only): fp32 0x7f800000, fp16 0x7c00, bf16 0x7f80.
+  const float inf32 = INFINITY;
+  const uint16_t inf16 = grads.dtype == DType::F16 ? fp32_to_fp16_bits(inf32)
+                                                   : fp32_to_bf16_bits(inf32);
+  const void* inf = grads.dtype == DType::F32 ? static_cast<const void*>(&inf32) : &inf16;
+  copy_and_wait(grads.data, grads.device, inf, Device{}, grads.nbytes());
 }
 
 StepStats ShardedModel::finish_step(const AdamWConfig& adam, double lr, int64_t adam_step,
@@ -252,13 +326,18 @@ StepStats ShardedModel::finish_step(const AdamWConfig& adam, double lr, int64_t 
     if (sharding_.offload) {
       Tensor staged_grads = flat(host_grads_, range.numel, dtype_);
       Tensor staged_params = flat(host_params_, range.numel, dtype_);
-      backend_.copy_bytes(staged_grads.data, grads.data, grads.nbytes(), nullptr);
+      // Down: the host reads the gradients only once the copy has landed.
+      copy_and_wait(staged_grads.data, staged_grads.device, grads.data, grads.device,
+                    grads.nbytes());
       // The update writes only the tensors' elements: the gaps between them (alignment,
       // padded vocabulary rows) must go up as the zeros they are.
       std::memset(staged_params.data, 0, staged_params.nbytes());
       host_adamw_update_range(layout_, range, master(block), staged_grads, m, v, staged_params,
                               adam, lr, adam_step, grad_scale, sharding_.host_threads);
-      backend_.copy_bytes(device_params.data, staged_params.data, staged_params.nbytes(), nullptr);
+      // Up: waits too, since the next block reuses the staging buffer. (Overlapping the
+      // transfers with the host step, double-buffered, is a later optimization.)
+      copy_and_wait(device_params.data, device_params.device, staged_params.data,
+                    staged_params.device, staged_params.nbytes());
     } else {
       Tensor copy = b.master.empty() ? Tensor() : device_params;
       adamw_update_range(backend_, layout_, range, master(block), grads, m, v, copy, adam, lr,
@@ -284,39 +363,39 @@ void ShardedModel::set_full_params(const std::vector<Tensor>& full_blocks) {
     DSTRAIN_CHECK(full.numel() == b.numel && full.dtype == DType::F32);
     const int64_t begin = shard_begin(block), count = shard_count(block);
     if (shard_params_) {
-      backend_.copy(params_padded(block).slice(0, {count}), full.slice(begin, {count}), nullptr);
+      store_from_host(params_padded(block).slice(0, {count}), full.slice(begin, {count}));
     } else {
-      backend_.copy(params_padded(block).slice(0, {b.numel}), full, nullptr);
+      store_from_host(params_padded(block).slice(0, {b.numel}), full);
     }
     if (!b.master.empty()) {
       const FlatRange range = optimizer_range(block);
-      std::memcpy(b.master.data(), full.f32() + range.begin, range.numel * sizeof(float));
+      copy_and_wait(b.master.data(), b.master.device(), full.f32() + range.begin, full.device,
+                    range.numel * sizeof(float));
     }
   }
 }
 
-namespace {
-// Gathers every rank's `count` F32 elements at `local` into full[0, numel) (shards of `shard`).
-void gather_shards(Communicator& comm, const float* local, int64_t count, int64_t shard,
-                   int64_t numel, float* full) {
-  std::vector<float> mine(static_cast<size_t>(shard), 0.0f);
-  std::memcpy(mine.data(), local, count * sizeof(float));
-  std::vector<float> all(static_cast<size_t>(shard * comm.size()));
-  comm.all_gather(Tensor(all.data(), DType::F32, {shard * comm.size()}),
-                  Tensor(mine.data(), DType::F32, {shard}), nullptr);
-  std::memcpy(full, all.data(), numel * sizeof(float));
+void ShardedModel::gather_to_host(Tensor local, int block, Tensor full) const {
+  const Block& b = blocks_[block];
+  DSTRAIN_CHECK(full.device.is_cpu() && full.dtype == DType::F32 && full.numel() >= b.numel);
+  if (!shard_optimizer_) {
+    copy_and_wait(full.data, full.device, local.data, local.device, b.numel * sizeof(float));
+    return;
+  }
+  // Every rank's shard_count F32 elements, gathered through host memory (shards of b.shard,
+  // the last padded with zeros).
+  std::vector<float> mine(static_cast<size_t>(b.shard), 0.0f);
+  copy_and_wait(mine.data(), Device{}, local.data, local.device,
+                shard_count(block) * sizeof(float));
+  std::vector<float> all(static_cast<size_t>(b.shard * comm_.size()));
+  comm_.all_gather(Tensor(all.data(), DType::F32, {b.shard * comm_.size()}),
+                   Tensor(mine.data(), DType::F32, {b.shard}), nullptr);
+  std::memcpy(full.data, all.data(), b.numel * sizeof(float));
 }
-}  // namespace
 
 void ShardedModel::get_full_params(const std::vector<Tensor>& full_blocks) {
   for (int block = 0; block < num_blocks(); ++block) {
-    const Block& b = blocks_[block];
-    if (shard_optimizer_) {
-      gather_shards(comm_, master(block).f32(), shard_count(block), b.shard, b.numel,
-                    full_blocks[block].f32());
-    } else {
-      std::memcpy(full_blocks[block].f32(), master(block).f32(), b.numel * sizeof(float));
-    }
+    gather_to_host(master(block), block, full_blocks[block]);
   }
 }
 
@@ -325,20 +404,18 @@ void ShardedModel::set_full_moments(int which, const std::vector<Tensor>& full_b
     Block& b = blocks_[block];
     const FlatRange range = optimizer_range(block);
     Buffer& moment = which == 0 ? b.exp_avg : b.exp_avg_sq;
-    std::memcpy(moment.data(), full_blocks[block].f32() + range.begin, range.numel * sizeof(float));
+    const Tensor full = full_blocks[block];
+    copy_and_wait(moment.data(), moment.device(), full.f32() + range.begin, full.device,
+                  range.numel * sizeof(float));
   }
 }
 
 void ShardedModel::get_full_moments(int which, const std::vector<Tensor>& full_blocks) {
   for (int block = 0; block < num_blocks(); ++block) {
     const Block& b = blocks_[block];
-    const Buffer& moment = which == 0 ? b.exp_avg : b.exp_avg_sq;
-    if (shard_optimizer_) {
-      gather_shards(comm_, static_cast<const float*>(moment.data()), shard_count(block),
-                    b.shard, b.numel, full_blocks[block].f32());
-    } else {
-      std::memcpy(full_blocks[block].f32(), moment.data(), b.numel * sizeof(float));
-    }
+    const FlatRange range = optimizer_range(block);
+    gather_to_host(flat(which == 0 ? b.exp_avg : b.exp_avg_sq, range.numel), block,
+                   full_blocks[block]);
   }
 }
 

@@ -11,6 +11,13 @@
 // elements (the last padded with zeros); rank r owns [r*s, (r+1)*s). With offload, the fp32
 // master weights and Adam moments of the shard live in host memory and the optimizer step
 // runs on the host; gradients go down, updated weights come back.
+//
+// Device-agnostic: the buffers of the device allocator are touched only through the backend
+// (fill_zero, copy, copy_bytes), those of the host allocator by the CPU, so the same code runs
+// on the CPU backend (where both allocators hand out host memory) and on a GPU. Every method
+// that hands tensors to or takes them from the caller (set_full_*, get_full_*, master_part,
+// moment_part) works with host memory whatever the backend. The transfers wait for the
+// backend (the legacy stream, nullptr) before they return.
 #pragma once
 
 #include <cstdint>
@@ -82,6 +89,9 @@ class ShardedModel : public ParamProvider {
   // This rank's part of block b, [shard_begin, shard_begin + shard_count), of the F32 master
   // weights and of the Adam moments (which = 0: exp_avg, 1: exp_avg_sq): what it writes of a
   // checkpoint. Every rank has one at every stage, so all write in parallel.
+  // Host memory: a view of the state when it lives on the host (CPU backend, offload), else a
+  // host copy (a staging buffer of the host allocator kept per part and reused), valid until
+  // the next call for the same part. Not collective.
   Tensor master_part(int block) const;
   Tensor moment_part(int which, int block) const;
 
@@ -114,6 +124,18 @@ class ShardedModel : public ParamProvider {
   Tensor master(int block) const;         // F32, the optimizer range
   // The optimizer's range of a block: the whole block at stage 0, this rank's shard above.
   FlatRange optimizer_range(int block) const;
+  // Memory by where it lives (see the top of the file): zeroes a buffer; copies bytes between
+  // any two of device and host memory and returns once the destination holds them.
+  void zero_buffer(const Buffer& buffer);
+  void copy_and_wait(void* dst, Device dst_device, const void* src, Device src_device,
+                     size_t bytes) const;
+  // dst (n) param dtype, host or device = host_f32 (n) F32, rounded (RNE) to dst's dtype.
+  void store_from_host(Tensor dst, Tensor host_f32);
+  // `part` itself when it is host memory, else its copy in part_staging_[slot][block].
+  Tensor on_host(Tensor part, int slot, int block) const;
+  // full (>= block_numel) F32 host = the optimizer-range tensor `local` (F32, host or device)
+  // of every rank, gathered when the optimizer state is sharded. Collective then.
+  void gather_to_host(Tensor local, int block, Tensor full) const;
 
   ModelConfig config_;
   ParamLayout layout_;
@@ -137,6 +159,10 @@ class ShardedModel : public ParamProvider {
   Buffer reduced_;
   // Offload: host staging for a range's gradients (down) and updated weights (up).
   Buffer host_grads_, host_params_;
+  Allocator& host_;
+  // Host copies of the checkpoint parts when the state lives on the device: [0] master,
+  // [1] exp_avg, [2] exp_avg_sq, by block; allocated on first use.
+  mutable std::vector<Buffer> part_staging_[3];
 };
 
 }  // namespace dstrain

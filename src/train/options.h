@@ -64,6 +64,9 @@ struct TrainOptions {
   // Testing: at this 1-based step, rank inject_inf_rank puts +inf into one gradient (0: never).
   int64_t inject_inf_step = 0;
   int inject_inf_rank = 0;
+  // Testing: on CUDA, use at most this many GPUs (0: as many as the ranks, up to all found);
+  // more ranks than GPUs share them, joined by the local communicator through host copies.
+  int max_gpus = 0;
 };
 
 // Throws UserError naming the flag when a setting is out of range.

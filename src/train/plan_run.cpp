@@ -9,6 +9,7 @@
 #include "parallel/machine.h"
 #include "parallel/planner.h"
 #include "topology/probe.h"
+#include "train/devices.h"
 
 namespace dstrain {
 
@@ -17,6 +18,12 @@ void plan_run(TrainOptions& options, const ModelConfig& config, std::ostream& ou
   auto given = [&](const char* flag) {
     return library_call || options.explicit_flags->count(flag);
   };
+  if (options.max_gpus > 0) {
+    // Testing: the ranks share at most max_gpus GPUs of this machine; the flags are the plan.
+    DSTRAIN_USER_CHECK(options.tp == 1 && options.pp == 1)
+        << "tensor and pipeline parallelism (--tp, --pp) are not implemented yet; use 1";
+    return;
+  }
   MachineSource source{options.topology_file, options.nvidia_smi_file, options.gpu_model,
                        options.host_memory};
   std::optional<NodeTopology> machine;
@@ -30,6 +37,7 @@ void plan_run(TrainOptions& options, const ModelConfig& config, std::ostream& ou
   DSTRAIN_USER_CHECK(options.device != "cuda" || (machine && !source.names_a_machine()))
       << "--device cuda: no CUDA device was found (" << report << ")";
   if (!machine) {
+    if (options.device == "auto") options.device = "cpu";  // nothing found: the CPU backend
     DSTRAIN_USER_CHECK(options.tp == 1 && options.pp == 1)
         << "tensor and pipeline parallelism (--tp, --pp) are not implemented yet; use 1";
     if (options.dp > 0) {
@@ -79,9 +87,22 @@ void plan_run(TrainOptions& options, const ModelConfig& config, std::ostream& ou
   out << "plan for " << gpus << " x " << result.machine << ": " << describe(plan)
       << "\n  predicted " << format_bytes(result.best.memory.device_total()) << " per GPU, "
       << seconds << " s per step there (`dstrain plan` shows the alternatives)\n";
-  DSTRAIN_USER_CHECK(options.device == "cpu")
-      << "the CUDA backend is not implemented yet in this build: run the plan on simulated "
-      << "ranks with --device cpu";
+  if (options.device != "cpu") {
+    // The GPUs found here run the plan; a described machine is not this one.
+    DSTRAIN_USER_CHECK(!source.names_a_machine())
+        << "the machine described (--topology, --from-nvidia-smi, --gpu) is not this one: run "
+        << "its plan on simulated ranks with --device cpu";
+    DSTRAIN_USER_CHECK(cuda_backend_built())
+        << "this dstrain was built without the CUDA backend (DSTRAIN_CUDA=OFF): rebuild it with "
+        << "the CUDA toolkit to train on the GPUs found, or run the plan on simulated ranks with "
+        << "--device cpu";
+    const int usable = usable_cuda_devices();
+    DSTRAIN_USER_CHECK(usable >= plan.dp)
+        << "the plan needs " << plan.dp << " GPUs, but the CUDA runtime can use " << usable
+        << " here (check the driver and CUDA_VISIBLE_DEVICES), or run the plan on simulated "
+        << "ranks with --device cpu";
+    options.device = "cuda";
+  }
   options.gpus = plan.dp;
   options.zero = plan.zero;
   options.offload = plan.offload;

@@ -26,6 +26,7 @@
 #include "parallel/sharded_model.h"
 #include "train/checkpoint.h"
 #include "train/datasets.h"
+#include "train/devices.h"
 #include "train/jsonl_log.h"
 #include "train/plan_run.h"
 #include "train/progress.h"
@@ -136,6 +137,7 @@ struct RunContext {
   TrainOptions options;
   ModelConfig config;
   LrScheduleConfig schedule;
+  RunDevices devices;  // the backend, memory and communicator of every rank
   ShardingConfig sharding;
   Recompute recompute = Recompute::None;
   Datasets* data = nullptr;
@@ -199,10 +201,10 @@ double mean_over_ranks(Communicator& comm, double value) {
   return static_cast<double>(local) / comm.size();
 }
 
-void run_rank(const RunContext& ctx, Communicator& comm) {
+void run_rank(const RunContext& ctx, Communicator& launched) {
   const TrainOptions& options = ctx.options;
   const ModelConfig& config = ctx.config;
-  const int rank = comm.rank(), world = comm.size();
+  const int rank = launched.rank(), world = launched.size();
   const bool leader = rank == 0;
   const int64_t B = options.batch, T = options.seq_len, accum = options.grad_accum;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -213,17 +215,39 @@ void run_rank(const RunContext& ctx, Communicator& comm) {
   DataLoader val_loader(ctx.data->val, LoaderOptions{B, T, world, rank, false, 0});
   if (!ctx.data_state.is_null()) loader.restore(rebase_loader_state(ctx.data_state, world));
 
-  std::unique_ptr<Backend> backend = make_cpu_backend(threads);
-  std::unique_ptr<Allocator> device = make_cpu_allocator(rank);
-  std::unique_ptr<Allocator> host = make_cpu_allocator(rank);
+  RankDevices rank_devices = make_rank_devices(ctx.devices, launched, threads);
+  Backend* backend = rank_devices.backend.get();
+  Allocator* device = rank_devices.device.get();
+  Allocator* host = rank_devices.host.get();
+  Communicator& comm = *rank_devices.comm;
   ShardingConfig sharding = ctx.sharding;
   sharding.host_threads = threads;
   ShardedModel state(config, sharding, comm, *backend, *device, *host);
   const DType dtype = ctx.sharding.param_dtype;
   Gpt2 model(config, *backend, *device, B, T, dtype, true, ctx.recompute);
-  Buffer batch_buffer = device->allocate(MemCategory::Data, 2 * B * T * sizeof(int32_t));
+  // The token batch the model reads (B, T) inputs + (B, T) targets, I32, in device memory. The
+  // loader writes host memory: on a GPU it fills a host copy that then goes up.
+  const size_t batch_bytes = 2 * B * T * sizeof(int32_t);
+  Buffer batch_buffer = device->allocate(MemCategory::Data, batch_bytes);
+  Buffer host_batch_buffer;
+  if (!batch_buffer.device().is_cpu()) {
+    host_batch_buffer = host->allocate(MemCategory::Data, batch_bytes);
+  }
+  const Buffer& loaded_buffer = host_batch_buffer.empty() ? batch_buffer : host_batch_buffer;
   Tensor inputs = batch_buffer.view(DType::I32, {B, T});
-  Tensor targets(static_cast<int32_t*>(batch_buffer.data()) + B * T, DType::I32, {B, T});
+  Tensor targets = inputs;
+  targets.data = static_cast<int32_t*>(batch_buffer.data()) + B * T;
+  Tensor host_inputs = loaded_buffer.view(DType::I32, {B, T});
+  Tensor host_targets(static_cast<int32_t*>(loaded_buffer.data()) + B * T, DType::I32, {B, T});
+  // Reads the next batch into host memory and, on a GPU, copies it up on the stream the model
+  // runs on. No wait is needed before the host copy is overwritten by the next call: every
+  // Gpt2::forward waits for the stream before it returns (it reads the losses back).
+  auto next_batch = [&](DataLoader& from) {
+    from.next_batch(host_inputs, host_targets);
+    if (loaded_buffer.data() != batch_buffer.data()) {
+      backend->copy_bytes(batch_buffer.data(), loaded_buffer.data(), batch_bytes, nullptr);
+    }
+  };
 
   state.set_full_params(ctx.initial->params.tensors());
   if (ctx.have_moments) {
@@ -233,7 +257,7 @@ void run_rank(const RunContext& ctx, Communicator& comm) {
 
   // Peak bytes by category, the largest over ranks (device and host allocators together).
   std::array<size_t, kNumMemCategories> mine{};
-  for (const Allocator* allocator : {device.get(), host.get()}) {
+  for (const Allocator* allocator : {device, host}) {
     const MemoryStats stats = allocator->stats();
     for (int c = 0; c < kNumMemCategories; ++c) mine[c] += stats.peak[c];
   }
@@ -255,8 +279,9 @@ void run_rank(const RunContext& ctx, Communicator& comm) {
          << (world == 1 ? " rank" : " ranks") << " = " << B * T * accum * world
          << " tokens per step; " << options.steps << " steps, lr " << lr_text << " ("
          << options.lr_schedule << ", warmup " << options.warmup << ")\n";
-    text << "  plan: " << world << (world == 1 ? " rank" : " ranks") << " on the CPU backend ("
-         << backend->name() << (world > 1 ? " each" : "") << "), ZeRO-" << ctx.sharding.zero
+    text << "  plan: " << world << (world == 1 ? " rank" : " ranks") << " on "
+         << ctx.devices.describe() << " (" << backend->name() << (world > 1 ? " each" : "")
+         << "), ZeRO-" << ctx.sharding.zero
          << (ctx.sharding.offload ? ", optimizer offloaded to host memory" : "")
          << ", recompute " << recompute_name(ctx.recompute) << ", " << options.precision
          << (dtype == DType::F16 ? " with dynamic loss scaling" : "") << "\n";
@@ -293,7 +318,7 @@ void run_rank(const RunContext& ctx, Communicator& comm) {
                                                 val_loader.rounds_per_epoch());
     double total = 0.0;
     for (int64_t i = 0; i < batches; ++i) {
-      val_loader.next_batch(inputs, targets);
+      next_batch(val_loader);
       total += model.forward(state, inputs, targets, 0.0f, nullptr);
     }
     return mean_over_ranks(comm, total / static_cast<double>(batches));
@@ -318,7 +343,7 @@ void run_rank(const RunContext& ctx, Communicator& comm) {
     // The gradient of the mean loss over the global batch, times the loss scale.
     const float dloss = static_cast<float>(loss_scale / static_cast<double>(B * T * accum * world));
     for (int64_t micro = 0; micro < accum; ++micro) {
-      loader.next_batch(inputs, targets);
+      next_batch(loader);
       local_loss += model.forward(state, inputs, targets, dloss, nullptr);
       model.backward(state, inputs, nullptr);
     }
@@ -452,11 +477,21 @@ void run_rank(const RunContext& ctx, Communicator& comm) {
   if (sample) {
     std::vector<int32_t> prompt(static_cast<size_t>(std::min<int64_t>(8, T)));
     DataLoader prompt_loader(data.val, LoaderOptions{B, T, 1, 0, false, 0});
-    prompt_loader.next_batch(inputs, targets);
-    std::copy(inputs.i32(), inputs.i32() + prompt.size(), prompt.begin());
+    prompt_loader.next_batch(host_inputs, host_targets);
+    std::copy(host_inputs.i32(), host_inputs.i32() + prompt.size(), prompt.begin());
     HostParams weights(gathered);
+    // The gathered weights are host memory: the sample runs on a CPU backend (the run's own
+    // when it is one).
+    std::unique_ptr<Backend> sample_backend;
+    std::unique_ptr<Allocator> sample_allocator;
+    if (ctx.devices.cuda) {
+      sample_backend = make_cpu_backend(threads);
+      sample_allocator = make_cpu_allocator(rank);
+    }
     const std::vector<int32_t> tokens = sample_tokens(
-        config, *backend, *device, weights, prompt, options.sample_tokens, T, options.seed);
+        config, sample_backend ? *sample_backend : *backend,
+        sample_allocator ? *sample_allocator : *device, weights, prompt, options.sample_tokens, T,
+        options.seed);
     text << "\n  sample (" << prompt.size() << " prompt tokens, then " << options.sample_tokens
          << " sampled):\n    ";
     if (!data.synthetic && config.vocab_size <= 256) {
@@ -507,6 +542,7 @@ TrainSummary train(const TrainOptions& given, std::ostream& out) {
   ctx.schedule = LrScheduleConfig{parse_lr_schedule(options.lr_schedule), options.lr,
                                   options.min_lr, options.warmup, options.steps};
   ctx.sharding = ShardingConfig{options.zero, options.offload, parse_dtype(options.precision)};
+  ctx.devices = choose_devices(options.device, world, options.max_gpus);
   ctx.recompute = parse_recompute(options.recompute);
   Datasets data = open_datasets(options, config, options.batch, options.seq_len, world);
   ctx.data = &data;
@@ -557,8 +593,8 @@ TrainSummary train(const TrainOptions& given, std::ostream& out) {
   ctx.summary = &summary;
   ctx.out = &out;
   StopSignals stop_signals;
-  run_local_ranks(world, options.comm_timeout,
-                  [&ctx](Communicator& comm) { run_rank(ctx, comm); });
+  launch_ranks(ctx.devices, options.comm_timeout,
+               [&ctx](Communicator& comm) { run_rank(ctx, comm); });
   return summary;
 }
 

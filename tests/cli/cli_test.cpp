@@ -221,7 +221,7 @@ TEST_F(CliTest, TrainingTakesThePlannersPlan) {
   ASSERT_EQ(result.exit_code, 0) << result.err;
   EXPECT_NE(result.out.find("plan for 8 x NVIDIA GeForce RTX 4090"), std::string::npos) << result.out;
   EXPECT_NE(result.out.find("8 ranks"), std::string::npos) << result.out;
-  // Without --device cpu there is no backend for those GPUs yet: one sentence.
+  // A described machine is not this one: its plan runs only on simulated ranks (--device cpu).
   expect_user_error("--from-nvidia-smi " + fixture + "rtx4090-8gpu-pcie.txt --gpu rtx4090 "
                     "--host-memory 256G --steps 1", "--device cpu");
   // A fixed plan that cannot fit says by how much.

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/safetensors.h"
+#include "tests/train/small_model.h"
 #include "train/trainer.h"
 
 namespace dstrain {
@@ -31,16 +32,10 @@ const fs::path kDir = fs::temp_directory_path() / ("dstrain_equivalence_" + std:
 const struct Cleanup {
   ~Cleanup() { fs::remove_all(kDir); }
 } cleanup;
-constexpr int kSteps = 20;
-constexpr int kGlobalMicroBatches = 8;
+constexpr int kSteps = test::kSmallRunSteps;
+constexpr int kGlobalMicroBatches = test::kSmallRunMicroBatches;
 
-std::string small_model_config() {
-  fs::create_directories(kDir);
-  const fs::path path = kDir / "config.json";
-  std::ofstream(path) << R"({"model_type": "gpt2", "vocab_size": 37, "n_positions": 32,
-                            "n_embd": 24, "n_layer": 2, "n_head": 3})";
-  return path.string();
-}
+std::string small_model_config() { return test::write_small_model_config(kDir); }
 
 struct RunResult {
   std::vector<double> losses;
@@ -51,24 +46,11 @@ struct RunResult {
 RunResult run(int ranks, int zero, bool offload, bool recompute) {
   const std::string name = "r" + std::to_string(ranks) + "_z" + std::to_string(zero) +
                            (offload ? "_offload" : "") + (recompute ? "_recompute" : "");
-  TrainOptions options;
-  options.model = small_model_config();
-  options.batch = 2;
-  options.seq_len = 16;
-  options.gpus = ranks;
-  options.grad_accum = kGlobalMicroBatches / ranks;
+  TrainOptions options = test::small_run_options(kDir, name, ranks);
   options.zero = zero;
   options.offload = offload;
   options.recompute = recompute ? "full" : "none";
-  options.steps = kSteps;
-  options.lr = 3e-3;
-  options.warmup = 2;
-  options.eval_every = 0;
-  options.sample_tokens = 0;
-  options.quiet = true;
   options.threads = ranks;  // one thread per rank
-  options.log = (kDir / (name + ".jsonl")).string();
-  options.out = (kDir / name).string();
   std::ostringstream out;
   train(options, out);
 
@@ -79,8 +61,7 @@ RunResult run(int ranks, int zero, bool offload, bool recompute) {
     if (record.contains("loss")) result.losses.push_back(record["loss"]);
     if (record.value("type", "") == "memory") result.memory = record["peak_bytes"];
   }
-  const SafetensorsFile file = SafetensorsFile::open(options.out + "/step-000020/model.safetensors");
-  for (const std::string& tensor : file.names()) result.weights[tensor] = file.read_f32(tensor);
+  result.weights = test::final_weights(options);
   return result;
 }
 
@@ -164,6 +145,7 @@ TEST(EquivalenceResume, AnotherRankCountOrZeroStageContinuesTheSameRun) {
     const std::string base = (kDir / ("resume" + std::to_string(index++))).string();
     auto options_for = [&](const Leg& leg, const std::string& name) {
       TrainOptions options;
+      options.device = "cpu";
       options.model = small_model_config();
       options.batch = 2;
       options.seq_len = 16;

@@ -74,6 +74,7 @@ std::string slurp(const fs::path& path) {
 TEST_F(MixedPrecisionTest, OverflowOnOneRankSkipsTheStepEverywhere) {
   for (int zero : {0, 3}) {
     TrainOptions options;
+    options.device = "cpu";
     options.model = "tiny";
     options.precision = "fp16";
     options.gpus = 4;
@@ -121,6 +122,7 @@ TEST_F(MixedPrecisionTest, Fp16AndBf16ReachTheFp32Loss) {
   // to below 2.0 in this many steps.
   auto run = [&](const std::string& precision) {
     TrainOptions options;
+    options.device = "cpu";
     options.model = "tiny";
     options.precision = precision;
     options.batch = 8;

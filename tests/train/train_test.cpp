@@ -54,6 +54,7 @@ std::vector<nlohmann::json> step_records(const std::vector<nlohmann::json>& log)
 
 TrainOptions quiet_options() {
   TrainOptions options;
+  options.device = "cpu";  // the CPU backend's own tests, on a machine with a GPU too
   options.quiet = true;
   options.sample_tokens = 0;
   options.threads = 2;

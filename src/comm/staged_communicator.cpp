@@ -1,0 +1,122 @@
+#include "comm/staged_communicator.h"
+
+#include <utility>
+#include <vector>
+
+#include "core/check.h"
+
+namespace dstrain {
+namespace {
+
+bool on_device(const Tensor& t) { return !t.device.is_cpu(); }
+
+class StagedCommunicator final : public Communicator {
+ public:
+  StagedCommunicator(Communicator& inner, std::unique_ptr<Communicator> owned, CopyAndWait copy)
+      : inner_(inner), owned_(std::move(owned)), copy_(std::move(copy)) {
+    DSTRAIN_CHECK(copy_) << "a staged communicator needs a copy function";
+  }
+
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+
+  void all_reduce(Tensor buffer, ReduceOp op, Stream stream) override {
+    if (!on_device(buffer)) return inner_.all_reduce(buffer, op, stream);
+    Tensor host = host_twin(buffer, 0);
+    transfer(host.data, buffer.data, buffer.nbytes(), stream);
+    inner_.all_reduce(host, op, stream);
+    transfer(buffer.data, host.data, buffer.nbytes(), stream);
+  }
+
+  void reduce_scatter(Tensor output, Tensor input, ReduceOp op, Stream stream) override {
+    Tensor host_input = input, host_output = output;
+    if (on_device(input)) {
+      host_input = host_twin(input, 0);
+      transfer(host_input.data, input.data, input.nbytes(), stream);
+    }
+    if (on_device(output)) host_output = host_twin(output, 1);
+    inner_.reduce_scatter(host_output, host_input, op, stream);
+    if (on_device(output)) transfer(output.data, host_output.data, output.nbytes(), stream);
+  }
+
+  void all_gather(Tensor output, Tensor input, Stream stream) override {
+    const int64_t n = input.numel();
+    const size_t slice_offset = static_cast<size_t>(n) * rank() * dtype_size(input.dtype);
+    const bool in_place = n > 0 && input.device == output.device &&
+                          input.data == static_cast<char*>(output.data) + slice_offset;
+    Tensor host_input = input, host_output = output;
+    if (on_device(output)) host_output = host_twin(output, 0);
+    if (in_place && on_device(output)) {
+      // Stay in place on the staged copy: only this rank's slice needs to go down.
+      host_input = input;
+      host_input.data = static_cast<char*>(host_output.data) + slice_offset;
+      host_input.device = host_output.device;
+      transfer(host_input.data, input.data, input.nbytes(), stream);
+    } else if (on_device(input)) {
+      host_input = host_twin(input, 1);
+      transfer(host_input.data, input.data, input.nbytes(), stream);
+    }
+    inner_.all_gather(host_output, host_input, stream);
+    if (on_device(output)) transfer(output.data, host_output.data, output.nbytes(), stream);
+  }
+
+  void broadcast(Tensor buffer, int root, Stream stream) override {
+    if (!on_device(buffer)) return inner_.broadcast(buffer, root, stream);
+    Tensor host = host_twin(buffer, 0);
+    if (rank() == root) transfer(host.data, buffer.data, buffer.nbytes(), stream);
+    inner_.broadcast(host, root, stream);
+    if (rank() != root) transfer(buffer.data, host.data, buffer.nbytes(), stream);
+  }
+
+  void send(Tensor buffer, int peer, Stream stream) override {
+    if (!on_device(buffer)) return inner_.send(buffer, peer, stream);
+    Tensor host = host_twin(buffer, 0);
+    transfer(host.data, buffer.data, buffer.nbytes(), stream);
+    inner_.send(host, peer, stream);
+  }
+
+  void recv(Tensor buffer, int peer, Stream stream) override {
+    if (!on_device(buffer)) return inner_.recv(buffer, peer, stream);
+    Tensor host = host_twin(buffer, 0);
+    inner_.recv(host, peer, stream);
+    transfer(buffer.data, host.data, buffer.nbytes(), stream);
+  }
+
+  void barrier() override { inner_.barrier(); }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    std::unique_ptr<Communicator> child = inner_.split(color, key);
+    if (!child) return nullptr;
+    Communicator& inner = *child;
+    return std::make_unique<StagedCommunicator>(inner, std::move(child), copy_);
+  }
+
+ private:
+  void transfer(void* dst, const void* src, size_t bytes, Stream stream) {
+    if (bytes > 0) copy_(dst, src, bytes, stream);
+  }
+
+  // A host tensor of t's dtype and shape in staging slot `slot` (0 or 1: a call needs at most
+  // an input and an output).
+  Tensor host_twin(const Tensor& t, int slot) {
+    std::vector<char>& bytes = staging_[slot];
+    if (bytes.size() < t.nbytes()) bytes.resize(t.nbytes());
+    Tensor host = t;
+    host.data = bytes.data();
+    host.device = Device{};
+    return host;
+  }
+
+  Communicator& inner_;
+  std::unique_ptr<Communicator> owned_;  // split children: the wrapper owns its inner
+  CopyAndWait copy_;
+  std::vector<char> staging_[2];
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_staged_communicator(Communicator& inner, CopyAndWait copy) {
+  return std::make_unique<StagedCommunicator>(inner, nullptr, std::move(copy));
+}
+
+}  // namespace dstrain

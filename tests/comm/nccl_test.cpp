@@ -1,0 +1,173 @@
+// The NCCL communicator (comm/nccl_communicator.h) on the GPUs of this machine: every
+// collective against the contract's reference, host tensors staged through the device, splits,
+// point to point, and a failing rank releasing the others. Skips without NCCL or a GPU.
+#include "comm/nccl_communicator.h"
+#include "comm_test_util.h"
+
+#ifdef DSTRAIN_WITH_NCCL
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <stdexcept>
+#endif
+
+namespace dstrain::test {
+namespace {
+
+#ifdef DSTRAIN_WITH_NCCL
+
+int usable_gpus() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+#define REQUIRE_CUDA_DEVICE()                                 \
+  do {                                                        \
+    if (usable_gpus() == 0) GTEST_SKIP() << "no CUDA device"; \
+  } while (0)
+
+// A device copy of a GuardedBuffer's elements on the current GPU; back() copies them back.
+class DeviceCopy {
+ public:
+  DeviceCopy(GuardedBuffer& host, int device) : host_(host), device_(device) {
+    EXPECT_EQ(cudaMalloc(&data_, std::max<size_t>(host.nbytes(), 1)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(data_, host.data(), host.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~DeviceCopy() { cudaFree(data_); }
+  Tensor tensor() const {
+    Tensor t(data_, host_.dtype(), {host_.count()}, Device{Device::Kind::CUDA, device_});
+    return t;
+  }
+  void back() {
+    EXPECT_EQ(cudaMemcpy(host_.data(), data_, host_.nbytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+
+ private:
+  GuardedBuffer& host_;
+  int device_;
+  void* data_ = nullptr;
+};
+
+int test_ranks() { return std::min(usable_gpus(), 4); }
+
+TEST(Nccl, CollectivesMatchTheReference) {
+  REQUIRE_CUDA_DEVICE();
+  const int ranks = test_ranks();
+  constexpr int64_t n = 1001;
+  for (DType dtype : {DType::F32, DType::F16, DType::BF16, DType::I32}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    std::vector<GuardedBuffer> reduced, gathered, inputs, broadcast;
+    for (int r = 0; r < ranks; ++r) {
+      reduced.emplace_back(dtype, n);
+      reduced.back().fill(1, r);
+      inputs.emplace_back(dtype, n);
+      inputs.back().fill(2, r);
+      gathered.emplace_back(dtype, n * ranks);
+      broadcast.emplace_back(dtype, n);
+      broadcast.back().fill(3, r);
+    }
+    GuardedBuffer expected_sum(dtype, n);
+    std::vector<double> values(static_cast<size_t>(ranks));
+    for (int64_t i = 0; i < n; ++i) {
+      for (int r = 0; r < ranks; ++r) values[static_cast<size_t>(r)] = reduced[r].get(i);
+      expected_sum.set(i, reference_reduce(dtype, ReduceOp::Sum, values));
+    }
+    ASSERT_TRUE(expected_sum.any_nonzero());
+    const GuardedBuffer& root_values = broadcast[0];
+    std::vector<double> root_copy(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) root_copy[static_cast<size_t>(i)] = root_values.get(i);
+    run_nccl_ranks(ranks, kNoTimeout, [&](Communicator& comm) {
+      const int r = comm.rank();
+      DeviceCopy red(reduced[r], r), gat(gathered[r], r), in(inputs[r], r), bro(broadcast[r], r);
+      comm.all_reduce(red.tensor(), ReduceOp::Sum, nullptr);
+      comm.all_gather(gat.tensor(), in.tensor(), nullptr);
+      comm.broadcast(bro.tensor(), 0, nullptr);
+      red.back();
+      gat.back();
+      bro.back();
+    });
+    // NCCL's order is not rank order: exact for I32, within a few roundings for floats.
+    const double tolerance = dtype == DType::I32 ? 0.0 : dtype == DType::F32 ? 1e-6 : 2e-2;
+    for (int r = 0; r < ranks; ++r) {
+      EXPECT_TRUE(reduced[r].guards_intact());
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_NEAR(reduced[r].get(i), expected_sum.get(i),
+                    tolerance * (1.0 + std::abs(expected_sum.get(i))))
+            << "all_reduce rank " << r << " [" << i << "]";
+        ASSERT_EQ(broadcast[r].get(i), root_copy[static_cast<size_t>(i)]) << "broadcast";
+      }
+      for (int s = 0; s < ranks; ++s) {
+        for (int64_t i = 0; i < n; ++i) {
+          ASSERT_EQ(gathered[r].get(s * n + i), inputs[s].get(i)) << "all_gather";
+        }
+      }
+      // Every rank holds the same bits (one result, copied to all).
+      EXPECT_TRUE(reduced[r].same_bytes(reduced[0])) << "rank " << r;
+    }
+  }
+}
+
+TEST(Nccl, HostTensorsSplitsAndPointToPoint) {
+  REQUIRE_CUDA_DEVICE();
+  const int ranks = test_ranks();
+  std::vector<float> maxima(static_cast<size_t>(ranks));
+  std::vector<int32_t> received(static_cast<size_t>(ranks), -1);
+  std::vector<int> split_sizes(static_cast<size_t>(ranks));
+  run_nccl_ranks(ranks, kNoTimeout, [&](Communicator& comm) {
+    const int r = comm.rank();
+    float flag = static_cast<float>(r);  // host memory: staged through the device
+    comm.all_reduce(Tensor(&flag, DType::F32, {1}), ReduceOp::Max, nullptr);
+    maxima[static_cast<size_t>(r)] = flag;
+    std::unique_ptr<Communicator> half = comm.split(r % 2, r);
+    split_sizes[static_cast<size_t>(r)] = half->size();
+    half->barrier();
+    if (ranks > 1) {
+      int32_t value = 100 + r;
+      if (r == 0) comm.send(Tensor(&value, DType::I32, {1}), 1, nullptr);
+      if (r == 1) {
+        comm.recv(Tensor(&value, DType::I32, {1}), 0, nullptr);
+        received[1] = value;
+      }
+    }
+    comm.barrier();
+  });
+  for (int r = 0; r < ranks; ++r) {
+    EXPECT_EQ(maxima[static_cast<size_t>(r)], static_cast<float>(ranks - 1));
+    EXPECT_EQ(split_sizes[static_cast<size_t>(r)], (ranks + 1 - r % 2) / 2);
+  }
+  if (ranks > 1) {
+    EXPECT_EQ(received[1], 100);
+  }
+}
+
+TEST(Nccl, AFailingRankReleasesTheOthers) {
+  REQUIRE_CUDA_DEVICE();
+  const int ranks = test_ranks();
+  if (ranks < 2) GTEST_SKIP() << "needs 2 GPUs";
+  try {
+    run_nccl_ranks(ranks, kNoTimeout, [&](Communicator& comm) {
+      if (comm.rank() == 1) throw std::runtime_error("rank 1 gives up");
+      float value = 1.0f;
+      comm.all_reduce(Tensor(&value, DType::F32, {1}), ReduceOp::Sum, nullptr);
+    });
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 gives up"), std::string::npos) << e.what();
+  }
+}
+
+#else  // no NCCL in this build
+
+TEST(Nccl, CollectivesMatchTheReference) {
+  EXPECT_FALSE(nccl_available());
+  GTEST_SKIP() << "no CUDA device (this build has no NCCL)";
+}
+
+#endif
+
+}  // namespace
+}  // namespace dstrain::test

@@ -1,0 +1,146 @@
+// Training on the CUDA backend against the CPU backend: the same 20-step run, the same data,
+// the same initial weights. Skips without a GPU (and in a build without the CUDA backend).
+//
+// Tolerances
+// - fp32: per-step loss within 1e-4 relative. The kernels compute in fp32 like the CPU twins
+//   but sum in other orders (tiled GEMMs, block reductions), so the runs drift apart by
+//   rounding only.
+// - fp16: per-step loss within 1e-2 relative. Every stored activation and gradient is
+//   rounded to fp16 (2^-11 relative); a different summation order before a rounding can flip
+//   it by one unit, and 20 steps of AdamW carry such differences into the weights. Both runs
+//   must skip the same steps for overflow (the scaler's decisions depend on magnitudes, far
+//   from the rounding level).
+// - 2 simulated ranks sharing one GPU with ZeRO-3 + offload (the local communicator through
+//   host copies): against 1 rank on the GPU, the equivalence test's own tolerances (losses
+//   1e-6 relative, weights 1e-5 absolute: only the order of adding micro-batch gradients
+//   differs); against the same plan on the CPU backend, 1e-4 relative per-step loss.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tests/common/temp_dir.h"
+#include "tests/train/small_model.h"
+#include "train/devices.h"
+#include "train/trainer.h"
+
+namespace dstrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+#define REQUIRE_CUDA_DEVICE()                                         \
+  do {                                                                \
+    if (usable_cuda_devices() == 0) GTEST_SKIP() << "no CUDA device"; \
+  } while (0)
+
+constexpr int kSteps = test::kSmallRunSteps;
+
+struct Run {
+  std::string device = "cpu";
+  std::string precision = "fp32";
+  int ranks = 1;
+  int zero = 0;
+  bool offload = false;
+};
+
+struct RunResult {
+  std::vector<double> losses;
+  std::vector<bool> skipped;
+  std::map<std::string, std::vector<float>> weights;
+};
+
+RunResult train_run(const fs::path& dir, const Run& run) {
+  const std::string name = run.device + "_" + run.precision + "_r" + std::to_string(run.ranks) +
+                           "_z" + std::to_string(run.zero) + (run.offload ? "_offload" : "");
+  TrainOptions options = test::small_run_options(dir, name, run.ranks);
+  options.device = run.device;
+  // One GPU, and the flags are the plan (plan_run does not plan when ranks share GPUs).
+  options.max_gpus = run.device == "cuda" ? 1 : 0;
+  options.precision = run.precision;
+  options.zero = run.zero;
+  options.offload = run.offload;
+  options.threads = 2;
+  std::ostringstream out;
+  train(options, out);
+
+  RunResult result;
+  std::ifstream log(options.log);
+  for (std::string line; std::getline(log, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (!record.contains("loss")) continue;
+    result.losses.push_back(record["loss"]);
+    result.skipped.push_back(record.value("skipped", false));
+  }
+  result.weights = test::final_weights(options);
+  return result;
+}
+
+void expect_losses_near(const RunResult& got, const RunResult& want, double relative,
+                        const std::string& what) {
+  ASSERT_EQ(got.losses.size(), size_t(kSteps)) << what;
+  ASSERT_EQ(want.losses.size(), size_t(kSteps)) << what;
+  for (int step = 0; step < kSteps; ++step) {
+    EXPECT_NEAR(got.losses[step], want.losses[step], relative * want.losses[step])
+        << what << ", step " << step + 1;
+  }
+}
+
+double max_weight_difference(const RunResult& a, const RunResult& b) {
+  double worst = 0.0;
+  for (const auto& [name, expected] : b.weights) {
+    const std::vector<float>& got = a.weights.at(name);
+    EXPECT_EQ(got.size(), expected.size()) << name;
+    for (size_t i = 0; i < std::min(got.size(), expected.size()); ++i) {
+      worst = std::max(worst, std::abs(double(got[i]) - expected[i]));
+    }
+  }
+  return worst;
+}
+
+TEST(CudaTraining, Fp32TwentyStepsMatchTheCpuBackend) {
+  REQUIRE_CUDA_DEVICE();
+  const testing::TempDir dir;
+  const RunResult cpu = train_run(dir.path(), {"cpu", "fp32"});
+  const RunResult cuda = train_run(dir.path(), {"cuda", "fp32"});
+  // The loss moves: not a comparison of two untrained models.
+  ASSERT_LT(cpu.losses.back(), cpu.losses.front() - 0.1);
+  expect_losses_near(cuda, cpu, 1e-4, "fp32 CUDA vs CPU");
+  std::cout << "  fp32: max |weight difference| CUDA vs CPU " << max_weight_difference(cuda, cpu)
+            << "\n";
+}
+
+TEST(CudaTraining, Fp16TwentyStepsMatchTheCpuBackend) {
+  REQUIRE_CUDA_DEVICE();
+  const testing::TempDir dir;
+  const RunResult cpu = train_run(dir.path(), {"cpu", "fp16"});
+  const RunResult cuda = train_run(dir.path(), {"cuda", "fp16"});
+  ASSERT_LT(cpu.losses.back(), cpu.losses.front() - 0.1);
+  expect_losses_near(cuda, cpu, 1e-2, "fp16 CUDA vs CPU");
+  EXPECT_EQ(cuda.skipped, cpu.skipped) << "the scaler skipped other steps";
+}
+
+TEST(CudaTraining, TwoRanksSharingOneGpuZero3OffloadMatchOneRank) {
+  REQUIRE_CUDA_DEVICE();
+  const testing::TempDir dir;
+  const RunResult one = train_run(dir.path(), {"cuda", "fp32", 1, 0, false});
+  const RunResult shared = train_run(dir.path(), {"cuda", "fp32", 2, 3, true});
+  const RunResult cpu = train_run(dir.path(), {"cpu", "fp32", 2, 3, true});
+  ASSERT_LT(one.losses.back(), one.losses.front() - 0.1);
+  // The equivalence test's tolerances (tests/train/equivalence_test.cpp), now on the GPU.
+  expect_losses_near(shared, one, 1e-6, "2 ranks sharing the GPU vs 1 rank");
+  const double error = max_weight_difference(shared, one);
+  EXPECT_LT(error, 1e-5);
+  expect_losses_near(shared, cpu, 1e-4, "2 ranks on the GPU vs 2 ranks on the CPU backend");
+  std::cout << "  2 ranks sharing one GPU, ZeRO-3 + offload: max |weight difference| vs 1 rank "
+            << error << "\n";
+}
+
+}  // namespace
+}  // namespace dstrain

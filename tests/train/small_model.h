@@ -1,0 +1,64 @@
+// The small model and run of the training tests that compare plans or backends
+// (tests/train/equivalence_test.cpp, cuda_train_test.cpp): 2 layers, 24 channels, 3 heads, a
+// vocabulary of 37; 20 fp32 steps of 8 micro-batches of 2 x 16 tokens. Small enough for many
+// plans in seconds, long enough that the loss falls clearly.
+#pragma once
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/safetensors.h"
+#include "train/options.h"
+
+namespace dstrain::test {
+
+constexpr int kSmallRunSteps = 20;
+constexpr int kSmallRunMicroBatches = 8;  // per step, over all ranks
+
+// Writes the model's config.json into `dir` (created if needed); returns its path.
+inline std::string write_small_model_config(const std::filesystem::path& dir) {
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path path = dir / "config.json";
+  std::ofstream(path) << R"({"model_type": "gpt2", "vocab_size": 37, "n_positions": 32,
+                            "n_embd": 24, "n_layer": 2, "n_head": 3})";
+  return path.string();
+}
+
+// The run on `ranks` CPU ranks (the same global batch for every rank count), its log at
+// dir/name.jsonl and its final checkpoint under dir/name.
+inline TrainOptions small_run_options(const std::filesystem::path& dir, const std::string& name,
+                                      int ranks) {
+  TrainOptions options;
+  options.device = "cpu";  // the CPU backend's simulated ranks, on a machine with a GPU too
+  options.model = write_small_model_config(dir);
+  options.batch = 2;
+  options.seq_len = 16;
+  options.gpus = ranks;
+  options.grad_accum = kSmallRunMicroBatches / ranks;
+  options.steps = kSmallRunSteps;
+  options.lr = 3e-3;
+  options.warmup = 2;
+  options.eval_every = 0;
+  options.sample_tokens = 0;
+  options.quiet = true;
+  options.log = (dir / (name + ".jsonl")).string();
+  options.out = (dir / name).string();
+  return options;
+}
+
+// Every tensor of the run's final checkpoint, as fp32.
+inline std::map<std::string, std::vector<float>> final_weights(const TrainOptions& options) {
+  char step[16];
+  std::snprintf(step, sizeof step, "%06lld", static_cast<long long>(options.steps));
+  const SafetensorsFile file =
+      SafetensorsFile::open(options.out + "/step-" + step + "/model.safetensors");
+  std::map<std::string, std::vector<float>> weights;
+  for (const std::string& tensor : file.names()) weights[tensor] = file.read_f32(tensor);
+  return weights;
+}
+
+}  // namespace dstrain::test
