@@ -33,6 +33,7 @@
 #include "core/rng.h"
 #include "kernels/ops.h"
 #include "optim/host_adamw.h"
+#include "benchmarks/bench_main.h"
 
 namespace dstrain {
 namespace {
@@ -250,14 +251,5 @@ void run(const Options& options) {
 }  // namespace dstrain
 
 int main(int argc, char** argv) {
-  try {
-    dstrain::run(dstrain::parse_options(argc, argv));
-  } catch (const dstrain::UserError& e) {
-    std::fprintf(stderr, "bench_host_adamw: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_host_adamw: internal error: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+  return dstrain::benchmark_main("bench_host_adamw", [&] { dstrain::run(dstrain::parse_options(argc, argv)); });
 }

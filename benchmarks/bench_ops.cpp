@@ -20,6 +20,7 @@
 #include "core/allocator.h"
 #include "core/check.h"
 #include "kernels/ops.h"
+#include "benchmarks/bench_main.h"
 
 namespace dstrain {
 namespace {
@@ -331,14 +332,5 @@ void run_benchmarks(const Options& options) {
 }  // namespace dstrain
 
 int main(int argc, char** argv) {
-  try {
-    dstrain::run_benchmarks(dstrain::parse_options(argc, argv));
-  } catch (const dstrain::UserError& e) {
-    std::fprintf(stderr, "bench_ops: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_ops: internal error: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+  return dstrain::benchmark_main("bench_ops", [&] { dstrain::run_benchmarks(dstrain::parse_options(argc, argv)); });
 }
