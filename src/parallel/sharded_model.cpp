@@ -218,7 +218,6 @@ Tensor ShardedModel::acquire_params(int block) {
   next_gather_slot_ ^= 1;
   Tensor gathered = flat(gathered_[slot], b.shard * world_, dtype_);
   comm_.all_gather(gathered, params_padded(block), nullptr);
-  gathered_block_[slot] = block;
   return gathered.slice(0, {b.numel});
 }
 

@@ -148,7 +148,6 @@ class ShardedModel : public ParamProvider {
   std::vector<Block> blocks_;
   // Stage 3: two gathered-block buffers (the current block and the next one).
   Buffer gathered_[2];
-  int gathered_block_[2] = {-1, -1};
   int next_gather_slot_ = 0;
   // Stage >= 2: full-size block gradient buffers that backward accumulates into before the
   // reduce-scatter: one for the embedding block (held across the whole backward: the tied
