@@ -1,5 +1,7 @@
 #include "parallel/sharded_model.h"
 
+#include "parallel/memory_model.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -94,60 +96,41 @@ ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& shar
   DSTRAIN_USER_CHECK(sharding.zero >= 0 && sharding.zero <= 3)
       << "--zero must be 0, 1, 2 or 3, not " << sharding.zero;
   DSTRAIN_CHECK(dtype_ == DType::F32 || dtype_ == DType::F16 || dtype_ == DType::BF16);
-  const size_t width = dtype_size(dtype_), kF32 = sizeof(float);
-  // The params are the master weights only when they are fp32 and on the device.
-  const bool separate_master = dtype_ != DType::F32 || sharding.offload;
-  Allocator& state_allocator = sharding.offload ? host : device;
-  const MemCategory state_category =
-      sharding.offload ? MemCategory::OptimizerStateHost : MemCategory::OptimizerState;
-  const MemCategory master_category =
-      sharding.offload ? MemCategory::OptimizerStateHost : MemCategory::MasterWeights;
-  int64_t max_padded = 0, max_padded_layer = 0, max_shard = 0, max_optimizer = 0;
+  // Every buffer is sized by the memory model's functions: the planner's prediction and
+  // what this allocates are the same numbers by construction (parallel/memory_model.h).
+  const ShardingSpec spec{sharding.zero, world_, sharding.offload, dtype_};
+  auto allocate = [&](const BufferSize& size) {
+    if (size.numel == 0) return Buffer();
+    return (size.host ? host : device).allocate(size.category, size.bytes());
+  };
+  std::vector<int64_t> block_numels;
   for (int b = 0; b < layout_.num_blocks(); ++b) {
+    const BlockStateSizes sizes = block_state_sizes(layout_.block_numel(b), spec);
     Block block;
-    block.numel = layout_.block_numel(b);
-    block.shard = shard_numel(block.numel, world_);
-    const int64_t padded = block.shard * world_;
-    // Stage 0 updates the whole block: its optimizer range is the padded full buffer.
-    const int64_t optimizer_count = shard_optimizer_ ? block.shard : padded;
-    block.params = device.allocate(MemCategory::Parameters,
-                                   (shard_params_ ? block.shard : padded) * width);
-    block.grads = device.allocate(MemCategory::Gradients,
-                                  (shard_grads_ ? block.shard : padded) * width);
-    if (separate_master) {
-      block.master = state_allocator.allocate(master_category, optimizer_count * kF32);
-    }
-    block.exp_avg = state_allocator.allocate(state_category, optimizer_count * kF32);
-    block.exp_avg_sq = state_allocator.allocate(state_category, optimizer_count * kF32);
+    block.numel = sizes.numel;
+    block.shard = sizes.shard;
+    block.params = allocate(sizes.params);
+    block.grads = allocate(sizes.grads);
+    block.master = allocate(sizes.master);  // none when the fp32 params on the device are it
+    block.exp_avg = allocate(sizes.exp_avg);
+    block.exp_avg_sq = allocate(sizes.exp_avg_sq);
     for (Buffer* buffer : {&block.params, &block.grads, &block.master, &block.exp_avg,
                            &block.exp_avg_sq}) {
       zero_buffer(*buffer);
     }
-    max_padded = std::max(max_padded, padded);
-    if (b != ParamLayout::embedding_block()) max_padded_layer = std::max(max_padded_layer, padded);
-    max_shard = std::max(max_shard, block.shard);
-    max_optimizer = std::max(max_optimizer, optimizer_count);
+    block_numels.push_back(block.numel);
     blocks_.push_back(std::move(block));
   }
   for (std::vector<Buffer>& staging : part_staging_) staging.resize(blocks_.size());
-  if (shard_params_) {
-    for (Buffer& buffer : gathered_) {
-      buffer = device.allocate(MemCategory::GatheredParams, max_padded * width);
-    }
-  }
-  if (shard_grads_) {
-    const int64_t embedding_padded = blocks_[0].shard * world_;
-    block_grads_[0] = device.allocate(MemCategory::CommBuffers, embedding_padded * width);
-    block_grads_[1] = device.allocate(MemCategory::CommBuffers, max_padded_layer * width);
-  }
-  if (shard_optimizer_) {
-    // The shard a reduce-scatter delivers before it is added to (or copied into) the gradients.
-    reduced_ = device.allocate(MemCategory::CommBuffers, max_shard * width);
-  }
-  if (sharding.offload) {
-    host_grads_ = host.allocate(MemCategory::CommBuffers, max_optimizer * width);
-    host_params_ = host.allocate(MemCategory::CommBuffers, max_optimizer * width);
-  }
+  const RankStateBuffers buffers =
+      rank_state_buffers(block_numels, ParamLayout::embedding_block(), spec);
+  gathered_[0] = allocate(buffers.gathered_params[0]);
+  gathered_[1] = allocate(buffers.gathered_params[1]);
+  block_grads_[0] = allocate(buffers.embedding_grads);
+  block_grads_[1] = allocate(buffers.block_grads);
+  reduced_ = allocate(buffers.reduced_shard);
+  host_grads_ = allocate(buffers.host_grad_staging);
+  host_params_ = allocate(buffers.host_param_staging);
 }
 
 Tensor ShardedModel::flat(const Buffer& buffer, int64_t numel, DType dtype) const {
