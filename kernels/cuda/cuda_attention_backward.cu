@@ -35,7 +35,7 @@ template <int kDPerLane>
 __global__ void attention_dkdv_kernel(DeviceTensor dqkv, DeviceTensor dout, DeviceTensor qkv,
                                       const float* lse, const float* delta, int64_t T, int64_t C,
                                       int64_t NH, int64_t hd, float scale) {
-  extern __shared__ float shared[];
+  DSTRAIN_DYNAMIC_SHARED(float, shared);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int owned = (blockDim.x / 32) * kRowsPerWarp;  // key rows of this block
   const int64_t b = blockIdx.y / NH, h = blockIdx.y % NH;
@@ -120,7 +120,7 @@ template <int kDPerLane>
 __global__ void attention_dq_kernel(DeviceTensor dqkv, DeviceTensor dout, DeviceTensor qkv,
                                     const float* lse, const float* delta, int64_t T, int64_t C,
                                     int64_t NH, int64_t hd, float scale) {
-  extern __shared__ float shared[];
+  DSTRAIN_DYNAMIC_SHARED(float, shared);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int owned = (blockDim.x / 32) * kRowsPerWarp;  // query rows of this block
   const int64_t b = blockIdx.y / NH, h = blockIdx.y % NH;
@@ -200,14 +200,14 @@ void launch_backward(const Shape& s, Tensor dqkv, Tensor dout, Tensor qkv, const
   const dim3 grid(ceil_div(s.T, owned), static_cast<unsigned>(s.B * s.NH));
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
   allow_shared_memory(attention_dkdv_kernel<kDPerLane>, shared_bytes);
-  attention_dkdv_kernel<kDPerLane><<<grid, 32 * warps, shared_bytes, stream>>>(
-      device_tensor(dqkv), device_tensor(dout), device_tensor(qkv), lse, delta, s.T, s.C, s.NH,
-      s.hd, scale);
+  DSTRAIN_LAUNCH(attention_dkdv_kernel<kDPerLane>, grid, 32 * warps, shared_bytes, stream)
+  (device_tensor(dqkv), device_tensor(dout), device_tensor(qkv), lse, delta, s.T, s.C, s.NH, s.hd,
+   scale);
   CUDA_CHECK_LAUNCH();
   allow_shared_memory(attention_dq_kernel<kDPerLane>, shared_bytes);
-  attention_dq_kernel<kDPerLane><<<grid, 32 * warps, shared_bytes, stream>>>(
-      device_tensor(dqkv), device_tensor(dout), device_tensor(qkv), lse, delta, s.T, s.C, s.NH,
-      s.hd, scale);
+  DSTRAIN_LAUNCH(attention_dq_kernel<kDPerLane>, grid, 32 * warps, shared_bytes, stream)
+  (device_tensor(dqkv), device_tensor(dout), device_tensor(qkv), lse, delta, s.T, s.C, s.NH, s.hd,
+   scale);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -228,8 +228,8 @@ void attention_backward(const CudaContext& ctx, Tensor dqkv, Tensor dout, Tensor
   const int64_t rows = s.B * s.T * s.NH;
   Scratch delta(ctx, static_cast<size_t>(rows) * sizeof(float), stream);
   constexpr int kDeltaWarps = 8;
-  attention_delta_kernel<<<ceil_div(rows, kDeltaWarps), 32 * kDeltaWarps, 0, stream>>>(
-      delta.as<float>(), device_tensor(dout), device_tensor(out), s.B, s.T, s.C, s.NH, s.hd);
+  DSTRAIN_LAUNCH(attention_delta_kernel, ceil_div(rows, kDeltaWarps), 32 * kDeltaWarps, 0, stream)
+  (delta.as<float>(), device_tensor(dout), device_tensor(out), s.B, s.T, s.C, s.NH, s.hd);
   CUDA_CHECK_LAUNCH();
   if (s.hd <= 64) {
     launch_backward<2>(s, dqkv, dout, qkv, lse.f32(), delta.as<float>(), stream);

@@ -16,7 +16,7 @@ using namespace attention;
 template <int kDPerLane>
 __global__ void attention_forward_kernel(DeviceTensor out, float* lse, DeviceTensor qkv, int64_t T,
                                          int64_t C, int64_t NH, int64_t hd, float scale) {
-  extern __shared__ float shared[];
+  DSTRAIN_DYNAMIC_SHARED(float, shared);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int owned = (blockDim.x / 32) * kRowsPerWarp;  // query rows of this block
   const int64_t b = blockIdx.y / NH, h = blockIdx.y % NH;
@@ -98,8 +98,8 @@ void launch_forward(const Shape& s, Tensor out, Tensor lse, Tensor qkv, cudaStre
   allow_shared_memory(attention_forward_kernel<kDPerLane>, shared_bytes);
   const dim3 grid(ceil_div(s.T, owned), static_cast<unsigned>(s.B * s.NH));
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
-  attention_forward_kernel<kDPerLane><<<grid, 32 * warps, shared_bytes, stream>>>(
-      device_tensor(out), lse.f32(), device_tensor(qkv), s.T, s.C, s.NH, s.hd, scale);
+  DSTRAIN_LAUNCH(attention_forward_kernel<kDPerLane>, grid, 32 * warps, shared_bytes, stream)
+  (device_tensor(out), lse.f32(), device_tensor(qkv), s.T, s.C, s.NH, s.hd, scale);
   CUDA_CHECK_LAUNCH();
 }
 

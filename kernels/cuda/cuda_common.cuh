@@ -12,6 +12,16 @@
 #include "core/dtype.h"
 #include "kernels/cuda/cuda_ops.h"
 
+// A kernel launch, `DSTRAIN_LAUNCH(kernel, grid, block, shared_bytes, stream)(args...)`, and the
+// block's dynamic shared memory, `DSTRAIN_DYNAMIC_SHARED(float, name);`: the CUDA syntax for
+// nvcc; the CUDA emulator's build (kernels/cuda_emu/emu_device.h, included before this header)
+// runs the same kernels on the host and defines both its own way.
+#ifndef DSTRAIN_CUDA_EMULATION
+#define DSTRAIN_LAUNCH(kernel, grid, block, shared_bytes, stream) \
+  kernel<<<grid, block, shared_bytes, stream>>>
+#define DSTRAIN_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#endif
+
 namespace dstrain::cuda {
 
 // A float tensor as a kernel sees it: where, and in which storage dtype.

@@ -107,10 +107,10 @@ void softmax_cross_entropy(const CudaContext& ctx, Tensor losses, Tensor dlogits
   }
   if (N == 0) return;
   DSTRAIN_CHECK(N <= INT32_MAX) << "cross-entropy over " << N << " rows";
-  softmax_cross_entropy_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(
-      losses.f32(), with_grad ? device_tensor(dlogits) : DeviceTensor{nullptr, DType::F32},
-      device_tensor(logits), static_cast<const int32_t*>(targets.data), Vp, V, dloss, with_grad,
-      ctx.error_word);
+  DSTRAIN_LAUNCH(softmax_cross_entropy_kernel, static_cast<unsigned>(N), kThreads, 0, stream)
+  (losses.f32(), with_grad ? device_tensor(dlogits) : DeviceTensor{nullptr, DType::F32},
+   device_tensor(logits), static_cast<const int32_t*>(targets.data), Vp, V, dloss, with_grad,
+   ctx.error_word);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -63,8 +63,8 @@ void copy_convert(const CudaContext& ctx, Tensor dst, Tensor src, cudaStream_t s
   check_float_tensor(ctx, dst, "copy dst");
   check_float_tensor(ctx, src, "copy src");
   const int64_t n = dst.numel();
-  convert_kernel<<<grid_for(ctx, n, kThreads), kThreads, 0, stream>>>(device_tensor(dst),
-                                                                      device_tensor(src), n);
+  DSTRAIN_LAUNCH(convert_kernel, grid_for(ctx, n, kThreads), kThreads, 0, stream)
+  (device_tensor(dst), device_tensor(src), n);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -73,8 +73,8 @@ void gelu_forward(const CudaContext& ctx, Tensor out, Tensor inp, cudaStream_t s
   check_float_tensor(ctx, inp, "gelu inp");
   check_same_numel(out, "gelu out", inp, "inp");
   const int64_t n = out.numel();
-  gelu_forward_kernel<<<grid_for(ctx, n, kThreads), kThreads, 0, stream>>>(device_tensor(out),
-                                                                           device_tensor(inp), n);
+  DSTRAIN_LAUNCH(gelu_forward_kernel, grid_for(ctx, n, kThreads), kThreads, 0, stream)
+  (device_tensor(out), device_tensor(inp), n);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -86,8 +86,8 @@ void gelu_backward(const CudaContext& ctx, Tensor dinp, Tensor dout, Tensor inp,
   check_same_numel(dinp, "gelu dinp", inp, "inp");
   check_same_numel(dout, "gelu dout", inp, "inp");
   const int64_t n = dinp.numel();
-  gelu_backward_kernel<<<grid_for(ctx, n, kThreads), kThreads, 0, stream>>>(
-      device_tensor(dinp), device_tensor(dout), device_tensor(inp), n);
+  DSTRAIN_LAUNCH(gelu_backward_kernel, grid_for(ctx, n, kThreads), kThreads, 0, stream)
+  (device_tensor(dinp), device_tensor(dout), device_tensor(inp), n);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -98,8 +98,8 @@ void residual_forward(const CudaContext& ctx, Tensor out, Tensor a, Tensor b, cu
   check_same_numel(out, "residual out", a, "a");
   check_same_numel(out, "residual out", b, "b");
   const int64_t n = out.numel();
-  add_kernel<<<grid_for(ctx, n, kThreads), kThreads, 0, stream>>>(
-      device_tensor(out), device_tensor(a), device_tensor(b), n);
+  DSTRAIN_LAUNCH(add_kernel, grid_for(ctx, n, kThreads), kThreads, 0, stream)
+  (device_tensor(out), device_tensor(a), device_tensor(b), n);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -108,8 +108,8 @@ void accumulate(const CudaContext& ctx, Tensor dst, Tensor src, cudaStream_t str
   check_float_tensor(ctx, src, "accumulate src");
   check_same_numel(dst, "accumulate dst", src, "src");
   const int64_t n = dst.numel();
-  add_kernel<<<grid_for(ctx, n, kThreads), kThreads, 0, stream>>>(
-      device_tensor(dst), device_tensor(dst), device_tensor(src), n);
+  DSTRAIN_LAUNCH(add_kernel, grid_for(ctx, n, kThreads), kThreads, 0, stream)
+  (device_tensor(dst), device_tensor(dst), device_tensor(src), n);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -117,7 +117,8 @@ void scale(const CudaContext& ctx, Tensor x, float s, cudaStream_t stream) {
   if (x.numel() == 0) return;
   check_float_tensor(ctx, x, "scale x");
   const int64_t n = x.numel();
-  scale_kernel<<<grid_for(ctx, n, kThreads), kThreads, 0, stream>>>(device_tensor(x), s, n);
+  DSTRAIN_LAUNCH(scale_kernel, grid_for(ctx, n, kThreads), kThreads, 0, stream)
+  (device_tensor(x), s, n);
   CUDA_CHECK_LAUNCH();
 }
 

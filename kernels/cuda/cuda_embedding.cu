@@ -113,9 +113,9 @@ void embedding_forward(const CudaContext& ctx, Tensor out, Tensor tokens, Tensor
       check_embedding(ctx, out, "embedding out", tokens, wte, "wte", wpe, "wpe");
   if (s.B * s.T == 0 || s.C == 0) return;
   const dim3 grid(static_cast<unsigned>(s.B * s.T), ceil_div(s.C, kThreads));
-  embedding_forward_kernel<<<grid, kThreads, 0, stream>>>(
-      device_tensor(out), static_cast<const int32_t*>(tokens.data), device_tensor(wte),
-      device_tensor(wpe), s.T, s.C, s.Vp, ctx.error_word);
+  DSTRAIN_LAUNCH(embedding_forward_kernel, grid, kThreads, 0, stream)
+  (device_tensor(out), static_cast<const int32_t*>(tokens.data), device_tensor(wte),
+   device_tensor(wpe), s.T, s.C, s.Vp, ctx.error_word);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -141,19 +141,19 @@ void embedding_backward(const CudaContext& ctx, Tensor dwte, Tensor dwpe, Tensor
   auto* sorted_rows = reinterpret_cast<int32_t*>(base + 3 * array_bytes);
   void* sort_temp = base + 4 * array_bytes;
 
-  embedding_keys_kernel<<<grid_for(ctx, BT, kThreads), kThreads, 0, stream>>>(
-      static_cast<const int32_t*>(tokens.data), BT, s.Vp, keys, rows, ctx.error_word);
+  DSTRAIN_LAUNCH(embedding_keys_kernel, grid_for(ctx, BT, kThreads), kThreads, 0, stream)
+  (static_cast<const int32_t*>(tokens.data), BT, s.Vp, keys, rows, ctx.error_word);
   CUDA_CHECK_LAUNCH();
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_temp, sort_bytes, keys, sorted_keys, rows,
                                              sorted_rows, items, 0, end_bit, stream));
   const unsigned channel_blocks = ceil_div(s.C, kThreads);
-  embedding_group_sum_kernel<<<dim3(static_cast<unsigned>(BT), channel_blocks), kThreads, 0,
-                               stream>>>(device_tensor(dwte), device_tensor(dout), sorted_keys,
-                                         sorted_rows, BT, s.C, s.Vp);
+  DSTRAIN_LAUNCH(embedding_group_sum_kernel, dim3(static_cast<unsigned>(BT), channel_blocks),
+                 kThreads, 0, stream)
+  (device_tensor(dwte), device_tensor(dout), sorted_keys, sorted_rows, BT, s.C, s.Vp);
   CUDA_CHECK_LAUNCH();
-  embedding_position_sum_kernel<<<dim3(static_cast<unsigned>(s.T), channel_blocks), kThreads, 0,
-                                  stream>>>(device_tensor(dwpe), device_tensor(dout), s.B, s.T,
-                                            s.C);
+  DSTRAIN_LAUNCH(embedding_position_sum_kernel, dim3(static_cast<unsigned>(s.T), channel_blocks),
+                 kThreads, 0, stream)
+  (device_tensor(dwpe), device_tensor(dout), s.B, s.T, s.C);
   CUDA_CHECK_LAUNCH();
 }
 

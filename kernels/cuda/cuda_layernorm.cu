@@ -128,20 +128,20 @@ void column_sums(const CudaContext& ctx, Tensor dy_sum, Tensor dw_sum, Tensor do
   const dim3 grid(ceil_div(C, 32), static_cast<unsigned>(chunks));
   const dim3 block(32, kColumnThreadsY);
   if (with_norm) {
-    column_partials_kernel<true><<<grid, block, 0, stream>>>(
-        partial_dy, partial_dw, device_tensor(dout), device_tensor(inp), mean, rstd, N, C);
+    DSTRAIN_LAUNCH(column_partials_kernel<true>, grid, block, 0, stream)
+    (partial_dy, partial_dw, device_tensor(dout), device_tensor(inp), mean, rstd, N, C);
   } else {
-    column_partials_kernel<false>
-        <<<grid, block, 0, stream>>>(partial_dy, nullptr, device_tensor(dout),
-                                     DeviceTensor{nullptr, DType::F32}, nullptr, nullptr, N, C);
+    DSTRAIN_LAUNCH(column_partials_kernel<false>, grid, block, 0, stream)
+    (partial_dy, nullptr, device_tensor(dout), DeviceTensor{nullptr, DType::F32}, nullptr, nullptr,
+     N, C);
   }
   CUDA_CHECK_LAUNCH();
-  add_partials_kernel<<<ceil_div(C, 256), 256, 0, stream>>>(device_tensor(dy_sum), partial_dy,
-                                                            chunks, C);
+  DSTRAIN_LAUNCH(add_partials_kernel, ceil_div(C, 256), 256, 0, stream)
+  (device_tensor(dy_sum), partial_dy, chunks, C);
   CUDA_CHECK_LAUNCH();
   if (with_norm) {
-    add_partials_kernel<<<ceil_div(C, 256), 256, 0, stream>>>(device_tensor(dw_sum), partial_dw,
-                                                              chunks, C);
+    DSTRAIN_LAUNCH(add_partials_kernel, ceil_div(C, 256), 256, 0, stream)
+    (device_tensor(dw_sum), partial_dw, chunks, C);
     CUDA_CHECK_LAUNCH();
   }
 }
@@ -167,9 +167,10 @@ void layernorm_forward(const CudaContext& ctx, Tensor out, Tensor mean, Tensor r
       << "layernorm weight " << weight.shape_str() << " and bias " << bias.shape_str()
       << " must have " << C << " elements";
   if (N == 0) return;
-  layernorm_forward_kernel<<<ceil_div(N, kRowsPerBlock), 32 * kRowsPerBlock, 0, stream>>>(
-      device_tensor(out), mean.f32(), rstd.f32(), device_tensor(inp), device_tensor(weight),
-      device_tensor(bias), N, C);
+  DSTRAIN_LAUNCH(layernorm_forward_kernel, ceil_div(N, kRowsPerBlock), 32 * kRowsPerBlock, 0,
+                 stream)
+  (device_tensor(out), mean.f32(), rstd.f32(), device_tensor(inp), device_tensor(weight),
+   device_tensor(bias), N, C);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -197,9 +198,10 @@ void layernorm_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Ten
       << "layernorm weight " << weight.shape_str() << ", dweight " << dweight.shape_str()
       << ", dbias " << dbias.shape_str() << " must have " << C << " elements";
   if (N == 0) return;
-  layernorm_backward_dinp_kernel<<<ceil_div(N, kRowsPerBlock), 32 * kRowsPerBlock, 0, stream>>>(
-      device_tensor(dinp), device_tensor(dout), device_tensor(inp), device_tensor(weight),
-      mean.f32(), rstd.f32(), N, C);
+  DSTRAIN_LAUNCH(layernorm_backward_dinp_kernel, ceil_div(N, kRowsPerBlock), 32 * kRowsPerBlock, 0,
+                 stream)
+  (device_tensor(dinp), device_tensor(dout), device_tensor(inp), device_tensor(weight), mean.f32(),
+   rstd.f32(), N, C);
   CUDA_CHECK_LAUNCH();
   column_sums(ctx, dbias, dweight, dout, inp, mean.f32(), rstd.f32(), N, C, stream);
 }

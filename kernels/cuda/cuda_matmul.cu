@@ -132,8 +132,8 @@ void gemm_into(const CudaContext& ctx, const Tensor& out, int64_t M, int64_t N, 
   const bool bias_in_place = bias.empty() || bias.dtype == out.dtype;
   if (writable && bias_in_place) {
     if (!bias.empty()) {
-      broadcast_rows_kernel<<<grid_for(ctx, M * N, kThreads), kThreads, 0, stream>>>(
-          device_tensor(out), device_tensor(bias), M, N);
+      DSTRAIN_LAUNCH(broadcast_rows_kernel, grid_for(ctx, M * N, kThreads), kThreads, 0, stream)
+      (device_tensor(out), device_tensor(bias), M, N);
       CUDA_CHECK_LAUNCH();
     }
     gemm(ctx, out.data, out.dtype, M, N, K, a, b, (accumulate || !bias.empty()) ? 1.0f : 0.0f,
@@ -142,9 +142,9 @@ void gemm_into(const CudaContext& ctx, const Tensor& out, int64_t M, int64_t N, 
   }
   Scratch acc(ctx, static_cast<size_t>(M * N) * sizeof(float), stream);
   gemm(ctx, acc.as<float>(), DType::F32, M, N, K, a, b, 0.0f, stream);
-  gemm_epilogue_kernel<<<grid_for(ctx, M * N, kThreads), kThreads, 0, stream>>>(
-      device_tensor(out), acc.as<float>(),
-      bias.empty() ? DeviceTensor{nullptr, DType::F32} : device_tensor(bias), M, N, accumulate);
+  DSTRAIN_LAUNCH(gemm_epilogue_kernel, grid_for(ctx, M * N, kThreads), kThreads, 0, stream)
+  (device_tensor(out), acc.as<float>(),
+   bias.empty() ? DeviceTensor{nullptr, DType::F32} : device_tensor(bias), M, N, accumulate);
   CUDA_CHECK_LAUNCH();
 }
 

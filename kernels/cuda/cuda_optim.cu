@@ -115,9 +115,9 @@ void adamw(const CudaContext& ctx, Tensor param, Tensor grad, Tensor m, Tensor v
   k.neg_step_size = static_cast<float>(-(lr / bias_correction1));
   k.eps = step.eps;
   k.grad_scale = step.grad_scale;
-  adamw_kernel<<<grid_for(ctx, n, kThreads), kThreads, 0, stream>>>(
-      param.f32(), device_tensor(grad), m.f32(), v.f32(),
-      param_copy.empty() ? DeviceTensor{nullptr, DType::F32} : device_tensor(param_copy), k, n);
+  DSTRAIN_LAUNCH(adamw_kernel, grid_for(ctx, n, kThreads), kThreads, 0, stream)
+  (param.f32(), device_tensor(grad), m.f32(), v.f32(),
+   param_copy.empty() ? DeviceTensor{nullptr, DType::F32} : device_tensor(param_copy), k, n);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -129,10 +129,10 @@ double sum_squares(const CudaContext& ctx, Tensor x, cudaStream_t stream) {
   Scratch scratch(ctx, static_cast<size_t>(blocks + 1) * sizeof(double), stream);
   double* partials = scratch.as<double>();
   double* result = partials + blocks;
-  sum_squares_partials_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      partials, device_tensor(x), n);
+  DSTRAIN_LAUNCH(sum_squares_partials_kernel, static_cast<unsigned>(blocks), kThreads, 0, stream)
+  (partials, device_tensor(x), n);
   CUDA_CHECK_LAUNCH();
-  sum_partials_kernel<<<1, 1024, 0, stream>>>(result, partials, blocks);
+  DSTRAIN_LAUNCH(sum_partials_kernel, 1, 1024, 0, stream)(result, partials, blocks);
   CUDA_CHECK_LAUNCH();
   double host_result = 0.0;
   CUDA_CHECK(
@@ -148,7 +148,8 @@ bool has_inf_or_nan(const CudaContext& ctx, Tensor x, cudaStream_t stream) {
   Scratch scratch(ctx, sizeof(unsigned), stream);
   unsigned* found = scratch.as<unsigned>();
   CUDA_CHECK(cudaMemsetAsync(found, 0, sizeof(unsigned), stream));
-  inf_nan_kernel<<<grid_for(ctx, n, kThreads), kThreads, 0, stream>>>(found, device_tensor(x), n);
+  DSTRAIN_LAUNCH(inf_nan_kernel, grid_for(ctx, n, kThreads), kThreads, 0, stream)
+  (found, device_tensor(x), n);
   CUDA_CHECK_LAUNCH();
   unsigned host_found = 0;
   CUDA_CHECK(

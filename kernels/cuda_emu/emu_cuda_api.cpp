@@ -1,0 +1,358 @@
+// The CUDA runtime API as the emulator provides it: the functions dstrain's CUDA host code calls,
+// with the declarations of the toolkit's own cuda_runtime_api.h (so the host code compiles
+// unchanged), defined on host memory. "Device" memory is host memory; every stream runs its work
+// at once, in issue order, on the calling thread, so a copy or kernel has finished when its call
+// returns (a legal schedule of CUDA's stream semantics). One emulated device by default;
+// DSTRAIN_CUDA_EMU_DEVICES=N gives N, DSTRAIN_CUDA_EMU_MEMORY=BYTES caps each device's memory
+// (for out-of-memory tests).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <new>
+
+#include "kernels/cuda_emu/emu_runtime.h"
+
+namespace dstrain::emu {
+
+namespace {
+
+constexpr size_t kAlignment = 256;  // what cudaMalloc guarantees
+
+thread_local cudaError_t t_last_error = cudaSuccess;
+thread_local int t_device = 0;
+
+int device_count() {
+  static const int count = [] {
+    const char* text = std::getenv("DSTRAIN_CUDA_EMU_DEVICES");
+    const int n = text ? std::atoi(text) : 1;
+    return std::clamp(n, 0, 64);
+  }();
+  return count;
+}
+
+size_t device_memory() {
+  static const size_t bytes = [] {
+    const char* text = std::getenv("DSTRAIN_CUDA_EMU_MEMORY");
+    return text ? static_cast<size_t>(std::strtoull(text, nullptr, 10)) : size_t{16} << 30;
+  }();
+  return bytes;
+}
+
+// Device allocations: pointer -> (device, bytes), for cudaMemGetInfo and the memory cap.
+struct Allocations {
+  std::mutex mutex;
+  std::map<const void*, std::pair<int, size_t>> sizes;
+  std::map<int, size_t> used;
+};
+Allocations& allocations() {
+  static Allocations* all = new Allocations;  // outlives static destructors that free memory
+  return *all;
+}
+
+cudaError_t fail(cudaError_t error) {
+  t_last_error = error;
+  return error;
+}
+
+cudaError_t device_malloc(void** pointer, size_t bytes) {
+  if (!pointer) return fail(cudaErrorInvalidValue);
+  *pointer = nullptr;
+  if (device_count() == 0) return fail(cudaErrorNoDevice);
+  Allocations& all = allocations();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  if (all.used[t_device] + bytes > device_memory()) return fail(cudaErrorMemoryAllocation);
+  void* memory =
+      ::operator new (std::max<size_t>(bytes, 1), std::align_val_t{kAlignment}, std::nothrow);
+  if (!memory) return fail(cudaErrorMemoryAllocation);
+  all.sizes[memory] = {t_device, bytes};
+  all.used[t_device] += bytes;
+  *pointer = memory;
+  return cudaSuccess;
+}
+
+cudaError_t device_free(void* pointer) {
+  if (!pointer) return cudaSuccess;
+  Allocations& all = allocations();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  auto it = all.sizes.find(pointer);
+  if (it == all.sizes.end()) return fail(cudaErrorInvalidValue);
+  all.used[it->second.first] -= it->second.second;
+  all.sizes.erase(it);
+  ::operator delete (pointer, std::align_val_t{kAlignment});
+  return cudaSuccess;
+}
+
+struct Event {
+  std::chrono::steady_clock::time_point time;
+  bool recorded = false;
+};
+
+std::atomic<uintptr_t> g_next_handle{1};
+
+}  // namespace
+
+void set_last_error(cudaError_t error) { t_last_error = error; }
+
+}  // namespace dstrain::emu
+
+using namespace dstrain::emu;
+
+extern "C" {
+
+cudaError_t CUDARTAPI cudaGetDeviceCount(int* count) {
+  if (!count) return fail(cudaErrorInvalidValue);
+  *count = device_count();
+  if (*count == 0) return fail(cudaErrorNoDevice);
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaSetDevice(int device) {
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
+  t_device = device;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaGetDevice(int* device) {
+  if (!device) return fail(cudaErrorInvalidValue);
+  if (device_count() == 0) return fail(cudaErrorNoDevice);
+  *device = t_device;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (!prop) return fail(cudaErrorInvalidValue);
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
+  *prop = cudaDeviceProp{};
+  std::snprintf(prop->name, sizeof prop->name, "dstrain CUDA emulator");
+  prop->totalGlobalMem = device_memory();
+  prop->sharedMemPerBlock = kDefaultSharedBytes;
+  prop->sharedMemPerBlockOptin = kOptinSharedBytes;
+  prop->regsPerBlock = 65536;
+  prop->warpSize = 32;
+  prop->maxThreadsPerBlock = kMaxThreadsPerBlock;
+  prop->maxThreadsDim[0] = prop->maxThreadsDim[1] = 1024;
+  prop->maxThreadsDim[2] = 64;
+  prop->maxGridSize[0] = 0x7fffffff;
+  prop->maxGridSize[1] = static_cast<int>(kMaxGridY);
+  prop->maxGridSize[2] = static_cast<int>(kMaxGridZ);
+  // Few "SMs": grid-stride kernels then launch few blocks, and each block does more of the work.
+  prop->multiProcessorCount = 2;
+  prop->major = 8;
+  prop->minor = 9;
+  prop->pciBusID = device;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (!value) return fail(cudaErrorInvalidValue);
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount:
+      *value = 2;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = 8;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = 9;
+      return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = static_cast<int>(kOptinSharedBytes);
+      return cudaSuccess;
+    default:
+      return fail(cudaErrorInvalidValue);
+  }
+}
+
+cudaError_t CUDARTAPI cudaDeviceCanAccessPeer(int* can, int device, int peer) {
+  if (!can) return fail(cudaErrorInvalidValue);
+  *can = 0;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaDeviceSynchronize(void) { return cudaSuccess; }
+
+cudaError_t CUDARTAPI cudaGetLastError(void) {
+  const cudaError_t error = t_last_error;
+  t_last_error = cudaSuccess;
+  return error;
+}
+
+cudaError_t CUDARTAPI cudaPeekAtLastError(void) { return t_last_error; }
+
+const char* CUDARTAPI cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
+    default:
+      return "cudaErrorUnknown";
+  }
+}
+
+const char* CUDARTAPI cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected";
+    case cudaErrorNotReady:
+      return "device not ready";
+    default:
+      return "unknown error";
+  }
+}
+
+// ---- memory ----
+cudaError_t CUDARTAPI cudaMalloc(void** pointer, size_t bytes) {
+  return device_malloc(pointer, bytes);
+}
+cudaError_t CUDARTAPI cudaFree(void* pointer) { return device_free(pointer); }
+cudaError_t CUDARTAPI cudaMallocAsync(void** pointer, size_t bytes, cudaStream_t) {
+  return device_malloc(pointer, bytes);
+}
+cudaError_t CUDARTAPI cudaFreeAsync(void* pointer, cudaStream_t) { return device_free(pointer); }
+cudaError_t CUDARTAPI cudaMallocFromPoolAsync(void** pointer, size_t bytes, cudaMemPool_t,
+                                              cudaStream_t) {
+  return device_malloc(pointer, bytes);
+}
+
+cudaError_t CUDARTAPI cudaMemPoolCreate(cudaMemPool_t* pool, const cudaMemPoolProps* props) {
+  if (!pool || !props) return fail(cudaErrorInvalidValue);
+  *pool = reinterpret_cast<cudaMemPool_t>(g_next_handle.fetch_add(1));
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaMemPoolDestroy(cudaMemPool_t) { return cudaSuccess; }
+cudaError_t CUDARTAPI cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void* value) {
+  return value ? cudaSuccess : fail(cudaErrorInvalidValue);
+}
+
+cudaError_t CUDARTAPI cudaHostAlloc(void** pointer, size_t bytes, unsigned int) {
+  if (!pointer) return fail(cudaErrorInvalidValue);
+  *pointer =
+      ::operator new (std::max<size_t>(bytes, 1), std::align_val_t{kAlignment}, std::nothrow);
+  return *pointer ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+}
+cudaError_t CUDARTAPI cudaMallocHost(void** pointer, size_t bytes) {
+  return cudaHostAlloc(pointer, bytes, 0);
+}
+cudaError_t CUDARTAPI cudaFreeHost(void* pointer) {
+  if (pointer) ::operator delete (pointer, std::align_val_t{kAlignment});
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaHostGetDevicePointer(void** device_pointer, void* host_pointer,
+                                               unsigned int) {
+  if (!device_pointer || !host_pointer) return fail(cudaErrorInvalidValue);
+  *device_pointer = host_pointer;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  Allocations& all = allocations();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  if (total_bytes) *total_bytes = device_memory();
+  if (free_bytes) *free_bytes = device_memory() - all.used[t_device];
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  if (bytes && (!dst || !src)) return fail(cudaErrorInvalidValue);
+  if (bytes) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                                      cudaStream_t) {
+  return cudaMemcpy(dst, src, bytes, kind);
+}
+cudaError_t CUDARTAPI cudaMemset(void* dst, int value, size_t bytes) {
+  if (bytes && !dst) return fail(cudaErrorInvalidValue);
+  if (bytes) std::memset(dst, value, bytes);
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
+  return cudaMemset(dst, value, bytes);
+}
+
+// ---- streams and events: work is done when issued ----
+cudaError_t CUDARTAPI cudaStreamCreate(cudaStream_t* stream) {
+  if (!stream) return fail(cudaErrorInvalidValue);
+  *stream = reinterpret_cast<cudaStream_t>(g_next_handle.fetch_add(1));
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
+  return cudaStreamCreate(stream);
+}
+cudaError_t CUDARTAPI cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int, int) {
+  return cudaStreamCreate(stream);
+}
+cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t CUDARTAPI cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
+cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) {
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaEventCreate(cudaEvent_t* event) {
+  if (!event) return fail(cudaErrorInvalidValue);
+  *event = reinterpret_cast<cudaEvent_t>(new Event);
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
+  return cudaEventCreate(event);
+}
+cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event) {
+  delete reinterpret_cast<Event*>(event);
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+  if (!event) return fail(cudaErrorInvalidValue);
+  auto* e = reinterpret_cast<Event*>(event);
+  e->time = std::chrono::steady_clock::now();
+  e->recorded = true;
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+cudaError_t CUDARTAPI cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (!ms || !start || !end) return fail(cudaErrorInvalidValue);
+  auto* a = reinterpret_cast<Event*>(start);
+  auto* b = reinterpret_cast<Event*>(end);
+  if (!a->recorded || !b->recorded) return fail(cudaErrorInvalidResourceHandle);
+  *ms = std::chrono::duration<float, std::milli>(b->time - a->time).count();
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaFuncSetAttribute(const void* kernel, cudaFuncAttribute attr, int value) {
+  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+    const cudaError_t error = set_max_dynamic_shared(kernel, value);
+    return error == cudaSuccess ? error : fail(error);
+  }
+  return cudaSuccess;
+}
+
+}  // extern "C"

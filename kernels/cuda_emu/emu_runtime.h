@@ -1,0 +1,101 @@
+// The CUDA emulator's execution engine: runs a kernel's grid on the calling host thread, one
+// block at a time, every GPU thread of the block as a fiber (Boost.Context). A fiber runs until
+// it reaches a synchronization point (__syncthreads, a warp shuffle or vote, __syncwarp) and
+// waits there until every thread that must take part has arrived, as on the GPU.
+//
+// What this is for: the kernels of kernels/cuda/ compiled as host C++ (emu_device.h) run in CI
+// on machines without a GPU, against the same tests as on a GPU. It checks a kernel's indexing,
+// arithmetic, shared-memory use and barrier structure: a barrier some threads never reach, a
+// shuffle whose partner lane has exited, or a launch the smallest release GPU could not run
+// (threads, grid, shared memory) is reported as an error naming the kernel. It does not model
+// timing, memory coalescing, or races between threads that a schedule of whole fibers hides.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+
+namespace dstrain::emu {
+
+// Limits the emulator enforces at launch: those of the smallest release architecture (sm_86 /
+// sm_89: 99 KiB of opt-in dynamic shared memory per block), so a launch that passes here runs
+// on every GPU dstrain is built for.
+constexpr int kMaxThreadsPerBlock = 1024;
+constexpr size_t kDefaultSharedBytes = 48 * 1024;
+constexpr size_t kOptinSharedBytes = 99 * 1024;
+constexpr unsigned kMaxGridY = 65535, kMaxGridZ = 65535;
+
+// The per-GPU-thread and per-block state a kernel reads through threadIdx, blockIdx, ...
+struct ThreadIndex {
+  uint3 thread_idx;
+  uint3 block_idx;
+  dim3 block_dim;
+  dim3 grid_dim;
+};
+const ThreadIndex& current();
+
+// Dynamic shared memory of the running block (the launch's shared_bytes).
+void* dynamic_shared();
+
+// __syncthreads(): waits for every live thread of the block.
+void sync_block();
+// __syncwarp(mask)
+void sync_warp(unsigned mask);
+
+// Exchange within a warp: every lane of `mask` offers `value` (up to 8 bytes) and receives the
+// value of lane `source(lane)`; `vote` also returns the OR (bit 0) and AND (bit 1) of the
+// lanes' (value != 0). One implementation for shuffles and votes.
+enum class ShuffleKind { kIndex, kXor, kDown, kUp };
+uint64_t shuffle(unsigned mask, uint64_t value, ShuffleKind kind, int operand, int width);
+unsigned ballot(unsigned mask, bool predicate);
+
+// A kernel launch: checks the configuration (an invalid one sets the sticky launch error that
+// cudaGetLastError returns, as CUDA does) and runs `body` once per GPU thread of the grid.
+void launch(const void* kernel, const char* name, dim3 grid, dim3 block, size_t shared_bytes,
+            cudaStream_t stream, const std::function<void()>& body);
+
+// cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes).
+cudaError_t set_max_dynamic_shared(const void* kernel, int bytes);
+
+// The runtime's error state (emu_cuda_api.cpp): sticky per host thread, like the runtime's
+// last error.
+void set_last_error(cudaError_t error);
+
+// `kernel<<<grid, block, shared, stream>>>(args...)` as an object: Launch(...)(args...).
+template <class... Params>
+class Launch {
+ public:
+  Launch(void (*kernel)(Params...), const char* name, dim3 grid, dim3 block, size_t shared_bytes,
+         cudaStream_t stream)
+      : kernel_(kernel),
+        name_(name),
+        grid_(grid),
+        block_(block),
+        shared_(shared_bytes),
+        stream_(stream) {}
+
+  template <class... Args>
+  void operator()(Args&&... args) const {
+    static_assert(sizeof...(Args) == sizeof...(Params), "kernel launch: wrong argument count");
+    // Each GPU thread gets its own copy of the parameters, as on the GPU.
+    const std::tuple<std::decay_t<Params>...> params(std::forward<Args>(args)...);
+    auto kernel = kernel_;
+    launch(reinterpret_cast<const void*>(kernel), name_, grid_, block_, shared_, stream_,
+           [&] { std::apply(kernel, params); });
+  }
+
+ private:
+  void (*kernel_)(Params...);
+  const char* name_;
+  dim3 grid_, block_;
+  size_t shared_;
+  cudaStream_t stream_;
+};
+
+}  // namespace dstrain::emu

@@ -1,0 +1,291 @@
+// The CUDA emulator itself (kernels/cuda_emu/): the semantics the CUDA kernel tests rely on when
+// they run without a GPU -- thread and block indices, shared memory per block, barriers, warp
+// shuffles and votes, parameters copied per thread, launch limits -- and the errors it reports
+// for kernels a GPU would hang on or answer with garbage.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "core/check.h"
+#include "kernels/cuda_emu/emu_device.h"
+
+namespace {
+
+// ---- kernels under test ----
+
+// out[b] = sum of in[b * n .. b * n + n) through static shared memory and a tree over warps.
+__global__ void block_sum_kernel(const float* in, float* out, int n) {
+  __shared__ float warp_sums[32];
+  float value = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) value += in[blockIdx.x * n + i];
+  for (int offset = 16; offset > 0; offset >>= 1)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = value;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float total = threadIdx.x < blockDim.x / 32 ? warp_sums[threadIdx.x] : 0.0f;
+    for (int offset = 16; offset > 0; offset >>= 1)
+      total += __shfl_xor_sync(0xffffffffu, total, offset);
+    if (threadIdx.x == 0) out[blockIdx.x] = total;
+  }
+}
+
+// Every shuffle flavour, one warp: out[4 * lane + k].
+__global__ void shuffle_kernel(int* out) {
+  const int lane = threadIdx.x;
+  const int value = 100 + lane;
+  out[4 * lane + 0] = __shfl_sync(0xffffffffu, value, 7);
+  out[4 * lane + 1] = __shfl_xor_sync(0xffffffffu, value, 3);
+  out[4 * lane + 2] = __shfl_down_sync(0xffffffffu, value, 2, 16);
+  out[4 * lane + 3] = __shfl_up_sync(0xffffffffu, value, 1, 8);
+}
+
+__global__ void vote_kernel(unsigned* out) {
+  const int lane = threadIdx.x % 32;
+  const unsigned ballot = __ballot_sync(0xffffffffu, lane % 3 == 0);
+  const int any = __any_sync(0xffffffffu, lane == 31);
+  const int all = __all_sync(0xffffffffu, lane < 31);
+  if (lane == 0) {
+    out[3 * (threadIdx.x / 32) + 0] = ballot;
+    out[3 * (threadIdx.x / 32) + 1] = static_cast<unsigned>(any);
+    out[3 * (threadIdx.x / 32) + 2] = static_cast<unsigned>(all);
+  }
+}
+
+// 2-D grid and block: each thread writes its flat coordinates.
+__global__ void index_kernel(int* out) {
+  const int x = blockIdx.x * blockDim.x + threadIdx.x;
+  const int y = blockIdx.y * blockDim.y + threadIdx.y;
+  const int width = gridDim.x * blockDim.x;
+  out[y * width + x] = y * 1000 + x;
+}
+
+// Reverses a block's slice through dynamic shared memory (needs the barrier between write and
+// read: lanes read what other warps wrote).
+__global__ void reverse_kernel(const float* in, float* out) {
+  DSTRAIN_DYNAMIC_SHARED(float, tile);
+  const int i = threadIdx.x, n = blockDim.x;
+  tile[i] = in[blockIdx.x * n + i];
+  __syncthreads();
+  out[blockIdx.x * n + i] = tile[n - 1 - i];
+}
+
+__global__ void read_shared_first_kernel(float* out) {
+  DSTRAIN_DYNAMIC_SHARED(float, tile);
+  out[threadIdx.x] = tile[threadIdx.x];
+}
+
+// Parameters are per thread: a thread that changes its copy changes nobody else's.
+__global__ void parameter_copy_kernel(int* out, int base) {
+  base += threadIdx.x;
+  out[threadIdx.x] = base;
+}
+
+__global__ void count_kernel(unsigned* counter) { atomicAdd(counter, 1u); }
+
+__global__ void noop_kernel(int) {}
+
+// Half the warp waits at __syncwarp for lanes that wait at __syncthreads: a GPU hangs.
+__global__ void deadlock_kernel() {
+  if (threadIdx.x < 16) {
+    __syncwarp();
+  } else {
+    __syncthreads();
+  }
+}
+
+// Lane 5 leaves before a full-mask shuffle: undefined on a GPU.
+__global__ void exited_lane_shuffle_kernel(float* out) {
+  if (threadIdx.x == 5) return;
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+}
+
+// Lanes 16..31 exit while 0..15 wait for them in a full-mask shuffle.
+__global__ void lane_exits_during_shuffle_kernel(float* out) {
+  if (threadIdx.x >= 16) return;
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+}
+
+std::vector<float> random_floats(size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<float> values(n);
+  for (float& v : values) v = uniform(rng);
+  return values;
+}
+
+TEST(CudaEmulator, BlockSumWithSharedMemoryAndShuffles) {
+  for (int threads : {32, 96, 1024}) {
+    const int blocks = 5, n = 777;
+    const std::vector<float> in = random_floats(size_t(blocks) * n, 7);
+    std::vector<float> out(blocks, NAN);
+    DSTRAIN_LAUNCH(block_sum_kernel, blocks, threads, 0, nullptr)(in.data(), out.data(), n);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    for (int b = 0; b < blocks; ++b) {
+      double expected = 0.0;
+      for (int i = 0; i < n; ++i) expected += in[size_t(b) * n + i];
+      EXPECT_NEAR(out[b], expected, 1e-4) << "threads " << threads << " block " << b;
+    }
+  }
+}
+
+TEST(CudaEmulator, ShufflesFollowCudaLaneRules) {
+  std::vector<int> out(128, -1);
+  DSTRAIN_LAUNCH(shuffle_kernel, 1, 32, 0, nullptr)(out.data());
+  for (int lane = 0; lane < 32; ++lane) {
+    EXPECT_EQ(out[4 * lane + 0], 107) << lane;
+    EXPECT_EQ(out[4 * lane + 1], 100 + (lane ^ 3)) << lane;
+    // down by 2 within segments of 16: the last 2 lanes of a segment keep their own value.
+    const int down = (lane % 16) + 2 < 16 ? lane + 2 : lane;
+    EXPECT_EQ(out[4 * lane + 2], 100 + down) << lane;
+    // up by 1 within segments of 8: the first lane of a segment keeps its own value.
+    const int up = lane % 8 == 0 ? lane : lane - 1;
+    EXPECT_EQ(out[4 * lane + 3], 100 + up) << lane;
+  }
+}
+
+TEST(CudaEmulator, VotesPerWarp) {
+  std::vector<unsigned> out(6, 12345);
+  DSTRAIN_LAUNCH(vote_kernel, 1, 64, 0, nullptr)(out.data());
+  unsigned expected_ballot = 0;
+  for (int lane = 0; lane < 32; lane += 3) expected_ballot |= 1u << lane;
+  for (int warp = 0; warp < 2; ++warp) {
+    EXPECT_EQ(out[3 * warp + 0], expected_ballot);
+    EXPECT_EQ(out[3 * warp + 1], 1u);
+    EXPECT_EQ(out[3 * warp + 2], 0u);
+  }
+}
+
+TEST(CudaEmulator, TwoDimensionalIndices) {
+  const dim3 grid(3, 2), block(8, 4);
+  const int width = 24, height = 8;
+  std::vector<int> out(width * height, -1);
+  DSTRAIN_LAUNCH(index_kernel, grid, block, 0, nullptr)(out.data());
+  for (int y = 0; y < height; ++y) {
+    for (int x = 0; x < width; ++x) EXPECT_EQ(out[y * width + x], y * 1000 + x);
+  }
+}
+
+TEST(CudaEmulator, DynamicSharedMemoryIsPerBlockAndPoisoned) {
+  const int blocks = 4, n = 256;
+  const std::vector<float> in = random_floats(blocks * n, 3);
+  std::vector<float> out(blocks * n, 0.0f);
+  DSTRAIN_LAUNCH(reverse_kernel, blocks, n, n * sizeof(float), nullptr)(in.data(), out.data());
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  for (int b = 0; b < blocks; ++b) {
+    for (int i = 0; i < n; ++i) EXPECT_EQ(out[b * n + i], in[b * n + n - 1 - i]);
+  }
+  // Read before any write: the emulator's poison (NaN), never a previous block's data.
+  std::vector<float> first(64, 0.0f);
+  DSTRAIN_LAUNCH(read_shared_first_kernel, 1, 64, 64 * sizeof(float), nullptr)(first.data());
+  for (float v : first) EXPECT_TRUE(std::isnan(v));
+}
+
+TEST(CudaEmulator, ParametersAreCopiedPerThread) {
+  std::vector<int> out(64, -1);
+  DSTRAIN_LAUNCH(parameter_copy_kernel, 1, 64, 0, nullptr)(out.data(), 10);
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(out[i], 10 + i);
+}
+
+TEST(CudaEmulator, HostThreadsLaunchConcurrently) {
+  // Simulated ranks share the emulated GPU: each host thread runs its own blocks, with its own
+  // shared memory; atomics are real atomics.
+  unsigned counter = 0;
+  std::vector<std::thread> threads;
+  std::vector<std::vector<float>> results(4);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      const std::vector<float> in = random_floats(3 * 500, 100 + t);
+      std::vector<float> out(3, NAN);
+      for (int repeat = 0; repeat < 5; ++repeat) {
+        DSTRAIN_LAUNCH(block_sum_kernel, 3, 128, 0, nullptr)(in.data(), out.data(), 500);
+        DSTRAIN_LAUNCH(count_kernel, 2, 64, 0, nullptr)(&counter);
+      }
+      for (int b = 0; b < 3; ++b) {
+        double expected = 0.0;
+        for (int i = 0; i < 500; ++i) expected += in[b * 500 + i];
+        results[t].push_back(std::fabs(out[b] - float(expected)));
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(counter, 4u * 5u * 128u);
+  for (const auto& errors : results) {
+    for (float e : errors) EXPECT_LT(e, 1e-4f);
+  }
+}
+
+TEST(CudaEmulator, InvalidLaunchConfigurationsSetTheLastError) {
+  cudaGetLastError();
+  DSTRAIN_LAUNCH(noop_kernel, 1, 2048, 0, nullptr)(0);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  DSTRAIN_LAUNCH(noop_kernel, dim3(1, 70000), 32, 0, nullptr)(0);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // read once, then cleared
+}
+
+TEST(CudaEmulator, SharedMemoryAboveDefaultNeedsOptInUpToTheSmallestReleaseGpu) {
+  cudaGetLastError();
+  std::vector<float> in(64, 1.0f), out(64, 0.0f);
+  const size_t big = 64 * 1024;
+  DSTRAIN_LAUNCH(reverse_kernel, 1, 64, big, nullptr)(in.data(), out.data());
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue) << "64 KiB without the opt-in";
+  ASSERT_EQ(cudaFuncSetAttribute(reverse_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(big)),
+            cudaSuccess);
+  DSTRAIN_LAUNCH(reverse_kernel, 1, 64, big, nullptr)(in.data(), out.data());
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  // sm_86 / sm_89 allow 99 KiB per block: more fails, whatever the GPU of the day allows.
+  EXPECT_NE(
+      cudaFuncSetAttribute(reverse_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024),
+      cudaSuccess);
+  cudaGetLastError();
+}
+
+TEST(CudaEmulator, DeadlockIsReportedNotHung) {
+  try {
+    DSTRAIN_LAUNCH(deadlock_kernel, 1, 64, 0, nullptr)();
+    FAIL() << "no error";
+  } catch (const dstrain::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("deadlock"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("deadlock_kernel"), std::string::npos) << e.what();
+  }
+  // The emulator is usable after the error.
+  std::vector<int> out(64, -1);
+  DSTRAIN_LAUNCH(parameter_copy_kernel, 1, 64, 0, nullptr)(out.data(), 0);
+  EXPECT_EQ(out[63], 63);
+}
+
+TEST(CudaEmulator, ShuffleWithAnExitedLaneIsAnError) {
+  std::vector<float> out(32, 0.0f);
+  EXPECT_THROW(DSTRAIN_LAUNCH(exited_lane_shuffle_kernel, 1, 32, 0, nullptr)(out.data()),
+               dstrain::Error);
+  EXPECT_THROW(DSTRAIN_LAUNCH(lane_exits_during_shuffle_kernel, 1, 32, 0, nullptr)(out.data()),
+               dstrain::Error);
+}
+
+TEST(CudaEmulator, IndicesOutsideAKernelAreAnError) {
+  EXPECT_THROW((void)threadIdx.x, dstrain::Error);
+}
+
+TEST(CudaEmulator, DeviceMemoryIsCountedAndFreed) {
+  size_t free_before = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, 1 << 20), cudaSuccess);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 256, 0u);
+  size_t free_during = 0;
+  cudaMemGetInfo(&free_during, &total);
+  EXPECT_EQ(free_before - free_during, size_t{1} << 20);
+  EXPECT_EQ(cudaFree(p), cudaSuccess);
+  EXPECT_NE(cudaFree(p), cudaSuccess) << "a double free is reported";
+  cudaGetLastError();
+  EXPECT_EQ(cudaMalloc(&p, total + 1), cudaErrorMemoryAllocation);
+  cudaGetLastError();
+}
+
+}  // namespace
