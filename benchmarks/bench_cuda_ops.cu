@@ -1,26 +1,35 @@
-// bench_cuda_ops: times every op of the CUDA backend at GPT-2 124M shapes (B=8, T=1024, C=768,
-// NH=12, Vp=50304) on random data and prints a table: the median of several runs after a
-// warm-up (CUDA events on one stream), with TFLOP/s for matmul and attention (FLOPs from the
-// shape; causal attention counts half the square; backward as 2.5x forward, the
+// bench_cuda_ops: times every op of the CUDA backend at GPT-2 shapes (default 124M: B=8,
+// T=1024, C=768, NH=12, Vp=50304) on random data and prints a table: the median of several
+// runs after a warm-up (CUDA events on the legacy stream), with TFLOP/s for matmul and attention
+// (FLOPs from the shape; causal attention counts half the square; backward as 2.5x forward, the
 // flash-attention convention) and GB/s for memory-bound ops (the bytes the op must read and
-// write at least, once each). Next to them, the same run measures the peaks: a large
-// device-to-device copy (GB/s) and a large cuBLAS GEMM in the chosen dtype (TFLOP/s).
+// write at least, once each). Parameter gradients are in the working dtype, as in training.
 //
-//   bench_cuda_ops [--dtype fp32|fp16|bf16] [--quick] [--only NAME]
+// Next to each rate, the peak the same run measures, as a percentage:
+//   copy   a large device-to-device cudaMemcpyAsync (read + write bytes / time)
+//   GEMM   a large square cublasGemmEx (2 n^3 FLOPs / time), fp32 accumulate, in bf16 and fp16
+//          (and in fp32 for an fp32 run); the ops are compared with the run's dtype's GEMM.
+//
+//   bench_cuda_ops [--dtype fp32|fp16|bf16] [--quick] [--only NAME] [--batch B] [--seq-len T]
+//                  [--channels C] [--heads NH] [--json FILE]
 //
 // Without a GPU it says so and exits 0: there is nothing to measure.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "bench_main.h"
 #include "core/allocator.h"
 #include "core/check.h"
 #include "kernels/cuda/cuda_allocator.h"
@@ -31,30 +40,72 @@
 namespace dstrain {
 namespace {
 
+constexpr const char* kUsage =
+    "usage: bench_cuda_ops [--dtype fp32|fp16|bf16] [--quick] [--only NAME] [--batch B] "
+    "[--seq-len T] [--channels C] [--heads NH] [--json FILE]";
+
 struct Options {
   DType dtype = DType::BF16;
   bool quick = false;
   std::string only;
+  int64_t batch = 0, seq_len = 0;  // 0: 8 x 1024 (--quick: 2 x 256)
+  int64_t channels = 768, heads = 12;
+  std::string json;
 };
+
+int64_t parse_positive(const std::string& flag, const char* text) {
+  char* end = nullptr;
+  const long long value = std::strtoll(text, &end, 10);
+  DSTRAIN_USER_CHECK(end != text && *end == '\0' && value > 0)
+      << flag << " takes a positive integer, not '" << text << "'";
+  return value;
+}
 
 Options parse_options(int argc, char** argv) {
   Options options;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
+    const bool has_value = i + 1 < argc;
     if (arg == "--quick") {
       options.quick = true;
-    } else if (arg == "--only" && i + 1 < argc) {
+    } else if (arg == "--only" && has_value) {
       options.only = argv[++i];
-    } else if (arg == "--dtype" && i + 1 < argc) {
-      options.dtype = parse_dtype(argv[++i]);
-      DSTRAIN_USER_CHECK(options.dtype != DType::I32) << "--dtype takes fp32, fp16 or bf16";
+    } else if (arg == "--dtype" && has_value) {
+      const std::string name = argv[++i];
+      DSTRAIN_USER_CHECK(name == "fp32" || name == "fp16" || name == "bf16")
+          << "--dtype takes fp32, fp16 or bf16, not '" << name << "'";
+      options.dtype = parse_dtype(name);
+    } else if (arg == "--batch" && has_value) {
+      options.batch = parse_positive(arg, argv[++i]);
+    } else if (arg == "--seq-len" && has_value) {
+      options.seq_len = parse_positive(arg, argv[++i]);
+    } else if (arg == "--channels" && has_value) {
+      options.channels = parse_positive(arg, argv[++i]);
+    } else if (arg == "--heads" && has_value) {
+      options.heads = parse_positive(arg, argv[++i]);
+    } else if (arg == "--json" && has_value) {
+      options.json = argv[++i];
     } else {
-      DSTRAIN_USER_ERROR() << "unknown argument '" << arg
-                           << "'; usage: bench_cuda_ops [--dtype fp32|fp16|bf16] [--quick] "
-                              "[--only NAME]";
+      DSTRAIN_USER_ERROR() << "unknown argument '" << arg << "' (or a flag without its value); "
+                           << kUsage;
     }
   }
+  DSTRAIN_USER_CHECK(options.channels % options.heads == 0)
+      << "--channels " << options.channels << " is not a multiple of --heads " << options.heads;
   return options;
+}
+
+// x[i] = lo + (hi - lo) * u(seed, i), u uniform in [0, 1) from a splitmix64 hash: random data
+// made on the device, so a run does not spend its time drawing gigabytes on the host.
+__global__ void fill_uniform_kernel(float* x, int64_t n, uint64_t seed, float lo, float hi) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    uint64_t z = seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(i + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    x[i] = lo + (hi - lo) * static_cast<float>(z >> 40) * 0x1p-24f;
+  }
 }
 
 // Device tensors filled with uniform random values (never zeros), freed at the end.
@@ -65,12 +116,12 @@ class Workspace {
   Tensor random(DType dtype, std::initializer_list<int64_t> dims, float lo = -1.0f,
                 float hi = 1.0f) {
     Tensor t = allocate(dtype, dims);
-    std::vector<float> values(static_cast<size_t>(t.numel()));
-    std::uniform_real_distribution<float> uniform(lo, hi);
-    for (float& v : values) v = uniform(engine_);
-    Buffer staging = allocator_->allocate(MemCategory::Workspace, values.size() * sizeof(float));
+    Buffer staging = allocator_->allocate(MemCategory::Workspace,
+                                          static_cast<size_t>(t.numel()) * sizeof(float));
     Tensor device_f32(staging.data(), DType::F32, {t.numel()}, t.device);
-    backend_.copy_bytes(staging.data(), values.data(), values.size() * sizeof(float), nullptr);
+    fill_uniform_kernel<<<1024, 256>>>(static_cast<float*>(staging.data()), t.numel(), ++seed_, lo,
+                                       hi);
+    CUDA_CHECK_LAUNCH();
     backend_.copy(t.reshape({t.numel()}), device_f32, nullptr);
     backend_.synchronize(nullptr);
     return t;
@@ -96,6 +147,7 @@ class Workspace {
   std::unique_ptr<Allocator> allocator_;
   std::vector<Buffer> buffers_;
   std::mt19937_64 engine_{1234};
+  uint64_t seed_ = 1234;
 };
 
 // Median milliseconds of `runs` calls of f after `warmup` calls, by events on the legacy stream.
@@ -120,23 +172,44 @@ double time_ms(const std::function<void()>& f, int warmup, int runs) {
   return times[times.size() / 2];
 }
 
-struct Row {
-  std::string name;
-  double ms;
-  double bytes;  // 0: compute-bound op
-  double flops;  // 0: memory-bound op
-};
-
-void print_row(const Row& row, double peak_gbs, double peak_tflops) {
-  if (row.flops > 0) {
-    const double tflops = row.flops / (row.ms * 1e-3) / 1e12;
-    std::printf("%-34s %10.3f %12.1f TFLOP/s %6.1f%% of GEMM peak\n", row.name.c_str(), row.ms,
-                tflops, 100.0 * tflops / peak_tflops);
-  } else {
-    const double gbs = row.bytes / (row.ms * 1e-3) / 1e9;
-    std::printf("%-34s %10.3f %12.1f GB/s    %6.1f%% of copy peak\n", row.name.c_str(), row.ms, gbs,
-                100.0 * gbs / peak_gbs);
+// "bf16", "fp16", "fp32": the names of the flags.
+const char* flag_name(DType dtype) {
+  switch (dtype) {
+    case DType::F16:
+      return "fp16";
+    case DType::BF16:
+      return "bf16";
+    default:
+      return "fp32";
   }
+}
+
+cudaDataType_t cuda_type(DType dtype) {
+  switch (dtype) {
+    case DType::F16:
+      return CUDA_R_16F;
+    case DType::BF16:
+      return CUDA_R_16BF;
+    default:
+      return CUDA_R_32F;
+  }
+}
+
+// TFLOP/s of an n x n x n cublasGemmEx (C = A B, fp32 accumulate) on random operands.
+double gemm_peak_tflops(Workspace& ws, cublasHandle_t cublas, DType dtype, int64_t n, int warmup,
+                        int runs) {
+  Tensor a = ws.random(dtype, {n, n}), b = ws.random(dtype, {n, n}), c = ws.allocate(dtype, {n, n});
+  const float alpha = 1.0f, beta = 0.0f;
+  const int dim = static_cast<int>(n);
+  const cudaDataType_t type = cuda_type(dtype);
+  const double ms = time_ms(
+      [&] {
+        CUBLAS_CHECK(cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, dim, dim, dim, &alpha, a.data,
+                                  type, dim, b.data, type, dim, &beta, c.data, type, dim,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      },
+      warmup, runs);
+  return 2.0 * static_cast<double>(n) * n * n / (ms * 1e-3) / 1e12;
 }
 
 int run(const Options& options) {
@@ -151,8 +224,9 @@ int run(const Options& options) {
   Backend& be = *backend;
   const DType dt = options.dtype;
   const int64_t es = static_cast<int64_t>(dtype_size(dt));
-  const int64_t B = options.quick ? 2 : 8, T = options.quick ? 256 : 1024, C = 768, NH = 12,
-                V = 50257, Vp = 50304, N = B * T;
+  const int64_t B = options.batch ? options.batch : (options.quick ? 2 : 8);
+  const int64_t T = options.seq_len ? options.seq_len : (options.quick ? 256 : 1024);
+  const int64_t C = options.channels, NH = options.heads, V = 50257, Vp = 50304, N = B * T;
   const int warmup = 2, runs = options.quick ? 3 : 10;
   Workspace ws(be);
   std::printf("device: %s\nshapes: B=%ld T=%ld C=%ld NH=%ld Vp=%ld, dtype %s\n\n",
@@ -161,21 +235,34 @@ int run(const Options& options) {
 
   // ---- peaks, measured in this run ----
   const int64_t copy_bytes = options.quick ? (int64_t{256} << 20) : (int64_t{2} << 30);
-  Tensor copy_src = ws.allocate(DType::F32, {copy_bytes / 4});
+  Tensor copy_src = ws.random(DType::F32, {copy_bytes / 4});
   Tensor copy_dst = ws.allocate(DType::F32, {copy_bytes / 4});
-  be.fill_zero(copy_src, nullptr);
   const double copy_ms = time_ms(
-      [&] { be.copy_bytes(copy_dst.data, copy_src.data, copy_bytes, nullptr); }, warmup, runs);
+      [&] {
+        CUDA_CHECK(cudaMemcpyAsync(copy_dst.data, copy_src.data, static_cast<size_t>(copy_bytes),
+                                   cudaMemcpyDeviceToDevice, nullptr));
+      },
+      warmup, runs);
   const double peak_gbs = 2.0 * static_cast<double>(copy_bytes) / (copy_ms * 1e-3) / 1e9;
   const int64_t G = options.quick ? 2048 : 8192;
-  Tensor ga = ws.random(dt, {G, G}), gb = ws.random(dt, {G, G}), gc = ws.allocate(dt, {G, G});
-  const double gemm_ms =
-      time_ms([&] { be.matmul_forward(gc, ga, gb, Tensor(), false, nullptr); }, warmup, runs);
-  const double peak_tflops = 2.0 * G * G * G / (gemm_ms * 1e-3) / 1e12;
-  std::printf("peak copy  (%ld MiB device to device): %8.1f GB/s (read + write)\n",
+  cublasHandle_t cublas;
+  CUBLAS_CHECK(cublasCreate(&cublas));
+  std::vector<DType> gemm_dtypes = {DType::BF16, DType::F16};
+  if (dt == DType::F32) gemm_dtypes.push_back(DType::F32);
+  nlohmann::json peaks{{"copy_bytes", copy_bytes}, {"copy_gb_per_s", peak_gbs}, {"gemm_n", G}};
+  double peak_tflops = 0;
+  std::printf("peak copy  (%ld MiB device to device, cudaMemcpyAsync): %8.1f GB/s (read + write)\n",
               static_cast<long>(copy_bytes >> 20), peak_gbs);
-  std::printf("peak GEMM  (%ld^3 %s, cuBLAS):        %8.1f TFLOP/s\n\n", static_cast<long>(G),
-              dtype_name(dt), peak_tflops);
+  for (DType gemm_dtype : gemm_dtypes) {
+    const double tflops = gemm_peak_tflops(ws, cublas, gemm_dtype, G, warmup, runs);
+    if (gemm_dtype == dt) peak_tflops = tflops;
+    peaks[std::string("gemm_tflops_") + flag_name(gemm_dtype)] = tflops;
+    std::printf("peak GEMM  (%ld^3 %s, cublasGemmEx, fp32 accumulate):   %8.1f TFLOP/s%s\n",
+                static_cast<long>(G), dtype_name(gemm_dtype), tflops,
+                gemm_dtype == dt ? "  <- the ops' reference" : "");
+  }
+  CUBLAS_CHECK(cublasDestroy(cublas));
+  std::printf("\n");
 
   // ---- the ops ----
   Tensor tokens = ws.ids({B, T}, V), targets = ws.ids({B, T}, V);
@@ -184,12 +271,20 @@ int run(const Options& options) {
          y = ws.allocate(dt, {B, T, C});
   Tensor ln_w = ws.random(dt, {C}), ln_b = ws.random(dt, {C});
   Tensor mean = ws.allocate(DType::F32, {N}), rstd = ws.allocate(DType::F32, {N});
-  Tensor dwte = ws.random(DType::F32, {Vp, C}), dwpe = ws.random(DType::F32, {T, C});
-  Tensor dln_w = ws.random(DType::F32, {C}), dln_b = ws.random(DType::F32, {C});
+  // Parameter gradients in the working dtype: what ShardedModel hands the backward.
+  Tensor dwte = ws.random(dt, {Vp, C}), dwpe = ws.random(dt, {T, C});
+  Tensor dln_w = ws.random(dt, {C}), dln_b = ws.random(dt, {C});
   Tensor qkv = ws.random(dt, {B, T, 3 * C}), dqkv = ws.random(dt, {B, T, 3 * C});
   Tensor w_qkv = ws.random(dt, {C, 3 * C}), b_qkv = ws.random(dt, {3 * C});
-  Tensor dw_qkv = ws.random(DType::F32, {C, 3 * C}), db_qkv = ws.random(DType::F32, {3 * C});
-  Tensor fc = ws.random(dt, {B, T, 4 * C}, -3.0f, 3.0f), dfc = ws.allocate(dt, {B, T, 4 * C});
+  Tensor dw_qkv = ws.random(dt, {C, 3 * C}), db_qkv = ws.random(dt, {3 * C});
+  Tensor w_proj = ws.random(dt, {C, C}), b_proj = ws.random(dt, {C});
+  Tensor dw_proj = ws.random(dt, {C, C}), db_proj = ws.random(dt, {C});
+  Tensor w_fc = ws.random(dt, {C, 4 * C}), b_fc = ws.random(dt, {4 * C});
+  Tensor dw_fc = ws.random(dt, {C, 4 * C}), db_fc = ws.random(dt, {4 * C});
+  Tensor w_fcp = ws.random(dt, {4 * C, C}), b_fcp = ws.random(dt, {C});
+  Tensor dw_fcp = ws.random(dt, {4 * C, C}), db_fcp = ws.random(dt, {C});
+  Tensor fc = ws.random(dt, {B, T, 4 * C}, -3.0f, 3.0f), dfc = ws.random(dt, {B, T, 4 * C});
+  Tensor fc_out = ws.allocate(dt, {B, T, 4 * C});
   Tensor att = ws.allocate(dt, {B, T, C}), lse = ws.allocate(DType::F32, {B, NH, T});
   Tensor logits = ws.random(dt, {N, Vp}, -4.0f, 4.0f), losses = ws.allocate(DType::F32, {N});
   const int64_t P = 124'000'000 / (options.quick ? 10 : 1);
@@ -205,33 +300,49 @@ int run(const Options& options) {
 
   const double act = static_cast<double>(N * C * es);
   const double attention_flops = 4.0 * B * NH * static_cast<double>(T) * T * (C / NH) * 0.5;
+  const double nd = static_cast<double>(N), cd = static_cast<double>(C);
   struct Op {
     std::string name;
-    double bytes, flops;
+    double bytes, flops;  // one of them: > 0
     std::function<void()> f;
   };
   const std::vector<Op> ops = {
       {"embedding_forward", 3 * act, 0,
        [&] { be.embedding_forward(y, tokens, wte, wpe, nullptr); }},
-      {"embedding_backward", act + 2.0 * N * C * 4, 0,
+      {"embedding_backward", act + 2.0 * N * C * es, 0,
        [&] { be.embedding_backward(dwte, dwpe, dx, tokens, nullptr); }},
       {"layernorm_forward", 2 * act + 8.0 * N, 0,
        [&] { be.layernorm_forward(y, mean, rstd, x, ln_w, ln_b, nullptr); }},
       {"layernorm_backward", 4 * act + 8.0 * N, 0,
        [&] { be.layernorm_backward(y, dln_w, dln_b, dx, x, ln_w, mean, rstd, nullptr); }},
-      {"matmul_forward qkv (C->3C)", 0, 2.0 * N * C * 3 * C,
+      {"matmul_forward qkv (C->3C)", 0, 2.0 * nd * cd * 3 * cd,
        [&] { be.matmul_forward(qkv, x, w_qkv, b_qkv, false, nullptr); }},
-      {"matmul_backward qkv", 0, 4.0 * N * C * 3 * C,
+      {"matmul_backward qkv", 0, 4.0 * nd * cd * 3 * cd,
        [&] { be.matmul_backward(y, dw_qkv, db_qkv, dqkv, x, w_qkv, false, nullptr); }},
-      {"matmul_forward lm_head (C->Vp)", 0, 2.0 * N * C * Vp,
+      {"matmul_forward attn_proj (C->C)", 0, 2.0 * nd * cd * cd,
+       [&] { be.matmul_forward(y, att, w_proj, b_proj, false, nullptr); }},
+      {"matmul_backward attn_proj", 0, 4.0 * nd * cd * cd,
+       [&] { be.matmul_backward(dx, dw_proj, db_proj, y, att, w_proj, false, nullptr); }},
+      {"matmul_forward fc (C->4C)", 0, 2.0 * nd * cd * 4 * cd,
+       [&] { be.matmul_forward(fc_out, x, w_fc, b_fc, false, nullptr); }},
+      {"matmul_backward fc", 0, 4.0 * nd * cd * 4 * cd,
+       [&] { be.matmul_backward(dx, dw_fc, db_fc, dfc, x, w_fc, false, nullptr); }},
+      {"matmul_forward fc_proj (4C->C)", 0, 2.0 * nd * 4 * cd * cd,
+       [&] { be.matmul_forward(y, fc, w_fcp, b_fcp, false, nullptr); }},
+      {"matmul_backward fc_proj", 0, 4.0 * nd * 4 * cd * cd,
+       [&] { be.matmul_backward(dfc, dw_fcp, db_fcp, dx, fc, w_fcp, false, nullptr); }},
+      {"matmul_forward lm_head (C->Vp)", 0, 2.0 * nd * cd * Vp,
        [&] { be.matmul_forward(logits, x, wte, Tensor(), true, nullptr); }},
+      {"matmul_backward lm_head", 0, 4.0 * nd * cd * Vp,
+       [&] { be.matmul_backward(y, dwte, Tensor(), logits, x, wte, true, nullptr); }},
       {"attention_forward", 0, attention_flops,
        [&] { be.attention_forward(att, lse, qkv, static_cast<int>(NH), nullptr); }},
       {"attention_backward", 0, 2.5 * attention_flops,
        [&] { be.attention_backward(dqkv, dx, qkv, att, lse, static_cast<int>(NH), nullptr); }},
-      {"gelu_forward (4C)", 8 * act, 0, [&] { be.gelu_forward(dfc, fc, nullptr); }},
-      {"gelu_backward (4C)", 12 * act, 0, [&] { be.gelu_backward(dfc, dfc, fc, nullptr); }},
+      {"gelu_forward (4C)", 8 * act, 0, [&] { be.gelu_forward(fc_out, fc, nullptr); }},
+      {"gelu_backward (4C)", 12 * act, 0, [&] { be.gelu_backward(fc_out, dfc, fc, nullptr); }},
       {"residual_forward", 3 * act, 0, [&] { be.residual_forward(y, x, dx, nullptr); }},
+      {"accumulate", 3 * act, 0, [&] { be.accumulate(y, x, nullptr); }},
       {"softmax_cross_entropy (in place)", 2.0 * N * Vp * es + 8.0 * N, 0,
        [&] {
          be.softmax_cross_entropy(losses, logits, logits, targets, static_cast<int>(V), 1.0f / N,
@@ -241,13 +352,48 @@ int run(const Options& options) {
        [&] { be.adamw(param, grad, m, v, param_copy, step, nullptr); }},
       {"sum_squares (124M)", static_cast<double>(P * es), 0,
        [&] { (void)be.sum_squares(grad, nullptr); }},
+      {"has_inf_or_nan (124M)", static_cast<double>(P * es), 0,
+       [&] { (void)be.has_inf_or_nan(grad, nullptr); }},
   };
-  std::printf("%-34s %10s %20s\n", "op", "ms", "achieved");
+  std::printf("%-34s %10s %20s %24s\n", "op", "ms", "achieved", "of the measured peak");
+  nlohmann::json rows = nlohmann::json::array();
   for (const Op& op : ops) {
     if (!options.only.empty() && op.name.find(options.only) == std::string::npos) continue;
-    print_row({op.name, time_ms(op.f, warmup, runs), op.bytes, op.flops}, peak_gbs, peak_tflops);
+    const double ms = time_ms(op.f, warmup, runs);
+    nlohmann::json row{{"op", op.name}, {"ms", ms}};
+    if (op.flops > 0) {
+      const double tflops = op.flops / (ms * 1e-3) / 1e12;
+      std::printf("%-34s %10.3f %12.1f TFLOP/s %6.1f%% of GEMM peak\n", op.name.c_str(), ms, tflops,
+                  100.0 * tflops / peak_tflops);
+      row["tflops"] = tflops;
+      row["fraction_of_peak"] = tflops / peak_tflops;
+    } else {
+      const double gbs = op.bytes / (ms * 1e-3) / 1e9;
+      std::printf("%-34s %10.3f %12.1f GB/s    %6.1f%% of copy peak\n", op.name.c_str(), ms, gbs,
+                  100.0 * gbs / peak_gbs);
+      row["gb_per_s"] = gbs;
+      row["fraction_of_peak"] = gbs / peak_gbs;
+    }
+    std::fflush(stdout);
+    rows.push_back(row);
   }
   be.synchronize(nullptr);
+  std::printf(
+      "\nms: median of %d runs after %d warm-up runs (CUDA events). GB/s: the bytes an op must "
+      "read and write at least, once each; TFLOP/s: 2 per multiply-add, causal attention half "
+      "the square, its backward 2.5x forward.\n",
+      runs, warmup);
+  if (!options.json.empty()) {
+    const nlohmann::json out{{"program", "bench_cuda_ops"},
+                             {"device", be.name()},
+                             {"dtype", flag_name(dt)},
+                             {"shape", {{"B", B}, {"T", T}, {"C", C}, {"NH", NH}, {"Vp", Vp}}},
+                             {"peaks", peaks},
+                             {"ops", rows}};
+    std::ofstream file(options.json);
+    file << out.dump(2) << "\n";
+    DSTRAIN_USER_CHECK(file.good()) << "cannot write --json " << options.json;
+  }
   return 0;
 }
 
@@ -255,13 +401,6 @@ int run(const Options& options) {
 }  // namespace dstrain
 
 int main(int argc, char** argv) {
-  try {
-    return dstrain::run(dstrain::parse_options(argc, argv));
-  } catch (const dstrain::UserError& e) {
-    std::fprintf(stderr, "bench_cuda_ops: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_cuda_ops: internal error: %s\n", e.what());
-    return 1;
-  }
+  return dstrain::benchmark_main("bench_cuda_ops",
+                                 [&] { dstrain::run(dstrain::parse_options(argc, argv)); });
 }

@@ -1,6 +1,21 @@
 #!/usr/bin/env bash
-# Builds dstrain and runs the whole test suite.
+# Builds dstrain and runs the whole test suite; with the CUDA toolkit (no GPU needed), runs it
+# a second time on the CUDA emulator, where the trainer's CUDA code path is taken.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j"$(nproc)"
+
+# With the CUDA toolkit, build/ also has the CUDA kernel tests on the emulator
+# (tests_kernels_cuda_emu, run above). build-emulator/ (DSTRAIN_CUDA=EMULATOR) is the whole
+# trainer with one emulated GPU as its CUDA device: there every test that trains with
+# `--device auto` trains on it, and the CUDA tests that skip above run (20 steps on the CUDA
+# backend against the CPU backend, two ranks sharing the GPU with ZeRO-3 + offload, the staged
+# communicator).
+if [ -x build/tests_kernels_cuda_emu ]; then
+  echo "== the whole suite again, on the CUDA emulator (build-emulator/)"
+  cmake -S . -B build-emulator -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSTRAIN_CUDA=EMULATOR \
+    >/dev/null
+  cmake --build build-emulator -j"$(nproc)"
+  ctest --test-dir build-emulator --output-on-failure -j"$(nproc)"
+fi

@@ -20,7 +20,11 @@ class StagedCommunicator final : public Communicator {
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
 
+  // One rank (a single GPU without NCCL): every collective is the identity, so no byte goes
+  // through host memory -- a training step's gradient all-reduce would otherwise copy every
+  // gradient down and up again.
   void all_reduce(Tensor buffer, ReduceOp op, Stream stream) override {
+    if (size() == 1 && on_device(buffer)) return;
     if (!on_device(buffer)) return inner_.all_reduce(buffer, op, stream);
     Tensor host = host_twin(buffer, 0);
     transfer(host.data, buffer.data, buffer.nbytes(), stream);
@@ -29,6 +33,8 @@ class StagedCommunicator final : public Communicator {
   }
 
   void reduce_scatter(Tensor output, Tensor input, ReduceOp op, Stream stream) override {
+    if (size() == 1 && on_device(output) && on_device(input))
+      return copy_on_device(output, input, stream);
     Tensor host_input = input, host_output = output;
     if (on_device(input)) {
       host_input = host_twin(input, 0);
@@ -40,6 +46,8 @@ class StagedCommunicator final : public Communicator {
   }
 
   void all_gather(Tensor output, Tensor input, Stream stream) override {
+    if (size() == 1 && on_device(output) && on_device(input))
+      return copy_on_device(output, input, stream);
     const int64_t n = input.numel();
     const size_t slice_offset = static_cast<size_t>(n) * rank() * dtype_size(input.dtype);
     const bool in_place = n > 0 && input.device == output.device &&
@@ -61,6 +69,7 @@ class StagedCommunicator final : public Communicator {
   }
 
   void broadcast(Tensor buffer, int root, Stream stream) override {
+    if (size() == 1 && on_device(buffer)) return;
     if (!on_device(buffer)) return inner_.broadcast(buffer, root, stream);
     Tensor host = host_twin(buffer, 0);
     if (rank() == root) transfer(host.data, buffer.data, buffer.nbytes(), stream);
@@ -92,6 +101,13 @@ class StagedCommunicator final : public Communicator {
   }
 
  private:
+  // output = input on the device (a one-rank reduce-scatter or all-gather).
+  void copy_on_device(const Tensor& output, const Tensor& input, Stream stream) {
+    DSTRAIN_CHECK(output.nbytes() == input.nbytes() && output.dtype == input.dtype)
+        << "one-rank collective of " << input.shape_str() << " into " << output.shape_str();
+    if (output.data != input.data) copy_(output.data, input.data, output.nbytes(), stream);
+  }
+
   void transfer(void* dst, const void* src, size_t bytes, Stream stream) {
     if (bytes > 0) copy_(dst, src, bytes, stream);
   }

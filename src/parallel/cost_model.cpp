@@ -43,7 +43,7 @@ struct MemoryBandwidth {
   double bytes_per_s;
 };
 constexpr MemoryBandwidth kMemoryBandwidth[] = {
-    {"rtx3090", 936e9},   {"rtx4090", 1008e9},   {"rtx5090", 1792e9},
+    {"rtx3090", 936e9},    {"rtx4090", 1008e9},   {"rtx5090", 1792e9},
     {"a100-40gb", 1555e9}, {"a100-80gb", 2039e9}, {"h100-sxm", 3350e9},
     {"h100-pcie", 2000e9}, {"h200", 4800e9},      {"l40s", 864e9},
 };
@@ -75,7 +75,9 @@ double adam_bytes_per_element(const Plan& plan) {
 // Ring collectives (Patarasuk and Yuan 2009; NCCL's "bus bandwidth" convention): bytes each
 // rank sends (and receives) for a buffer of `bytes`.
 double all_reduce_volume(double bytes, int n) { return n <= 1 ? 0 : 2.0 * (n - 1) / n * bytes; }
-double gather_volume(double bytes, int n) { return n <= 1 ? 0 : static_cast<double>(n - 1) / n * bytes; }
+double gather_volume(double bytes, int n) {
+  return n <= 1 ? 0 : static_cast<double>(n - 1) / n * bytes;
+}
 
 // Collectives that run alongside `window` seconds of compute, block by block: the last
 // block's share cannot hide (nothing is left to compute), the rest hides up to the window.
@@ -105,6 +107,43 @@ std::string rate_text(double bytes_per_s) {
   return text.str();
 }
 
+// Dense fp16/bf16 tensor FLOPs per SM per clock with fp32 accumulation, by compute capability
+// (peak / (SMs x boost clock) of the known GPUs: A100 312 TFLOP/s = 108 x 1.41 GHz x 2048; RTX 3090
+// and 4090 = SMs x clock x 512; H100 SXM 989 TFLOP/s = 132 x 1.83 GHz x 4096; B200 ~8192).
+double tensor_flops_per_sm_clock(int cc_major, int cc_minor) {
+  if (cc_major == 7) return 1024;                        // Volta / Turing
+  if (cc_major == 8) return cc_minor == 0 ? 2048 : 512;  // A100 / GA10x, AD10x
+  if (cc_major == 9) return 4096;                        // Hopper
+  if (cc_major == 10) return 8192;                       // Blackwell datacenter
+  if (cc_major >= 11) return 512;                        // Blackwell consumer (sm_120)
+  return 256;
+}
+constexpr double kAssumedClockHz = 1.7e9;        // a typical boost clock
+constexpr double kUnknownGpuPeakFlops = 100e12;  // when not even the SM count is known
+
+GpuSpeed estimated_gpu_speed(const GpuInfo& gpu, DType precision) {
+  GpuSpeed speed;
+  std::ostringstream note;
+  const std::string name = gpu.name.empty() ? "?" : gpu.name;
+  if (gpu.sm_count > 0 && gpu.cc_major > 0) {
+    speed.peak_flops =
+        gpu.sm_count * tensor_flops_per_sm_clock(gpu.cc_major, gpu.cc_minor) * kAssumedClockHz;
+    note << "GPU '" << name << "' is not in dstrain's GPU table: its peak is estimated from "
+         << gpu.sm_count << " SMs of compute capability " << gpu.cc_major << "." << gpu.cc_minor
+         << " at an assumed " << kAssumedClockHz / 1e9 << " GHz";
+  } else {
+    speed.peak_flops = kUnknownGpuPeakFlops;
+    note << "GPU '" << name << "' is not in dstrain's GPU table and its SM count is unknown: "
+         << "its peak is assumed to be " << kUnknownGpuPeakFlops / 1e12 << " TFLOP/s";
+  }
+  note << "; name the closest known GPU with --gpu (" << known_gpu_names()
+       << ") for better time estimates";
+  if (precision == DType::F32) speed.peak_flops *= kFp32PeakFraction;
+  speed.memory_bytes_per_s = kDefaultMemoryBytesPerS * kMemoryEfficiency;
+  speed.estimate_note = note.str();
+  return speed;
+}
+
 }  // namespace
 
 ModelFlops model_flops(const ModelConfig& config, int64_t seq_len) {
@@ -119,9 +158,7 @@ GpuSpeed gpu_speed(const NodeTopology& topology, DType precision) {
   DSTRAIN_CHECK(topology.gpu_count() > 0);
   const std::string& name = topology.gpus[0].name;
   const KnownGpu* known = find_known_gpu(name);
-  DSTRAIN_USER_CHECK(known != nullptr)
-      << "dstrain does not know the compute rate of GPU '" << (name.empty() ? "?" : name)
-      << "'; name a known GPU with --gpu (" << known_gpu_names() << ")";
+  if (known == nullptr) return estimated_gpu_speed(topology.gpus[0], precision);
   GpuSpeed speed;
   const double tflops = precision == DType::F16 ? known->fp16_tflops : known->bf16_tflops;
   speed.peak_flops = tflops * 1e12 * (precision == DType::F32 ? kFp32PeakFraction : 1.0);
@@ -147,7 +184,8 @@ double ring_bandwidth(const NodeTopology& topology, const std::vector<int>& grou
     double rate = path.bytes_per_s;
     std::string text = path.route;
     const Link& link = topology.link(a, b);
-    const bool staged = link.kind == LinkKind::PCIe && !(link.peer_access_known && link.peer_access);
+    const bool staged =
+        link.kind == LinkKind::PCIe && !(link.peer_access_known && link.peer_access);
     if (staged) {
       const int sharers = switch_sharers(topology, a, busy);
       const double uplink = gpu_to_host_bandwidth(topology, a).bytes_per_s / sharers;
@@ -158,8 +196,9 @@ double ring_bandwidth(const NodeTopology& topology, const std::vector<int>& grou
     }
     if (i == 0 || rate < slowest) {
       slowest = rate;
-      if (route) *route = "GPU" + std::to_string(a) + "-GPU" + std::to_string(b) + ": " + text +
-                          " (" + rate_text(rate) + ")";
+      if (route)
+        *route = "GPU" + std::to_string(a) + "-GPU" + std::to_string(b) + ": " + text + " (" +
+                 rate_text(rate) + ")";
     }
   }
   return slowest;
@@ -256,11 +295,11 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
     const double rate_r = path.bytes_per_s / sharers;
     if (r == 0 || rate_r < host_rate) {
       host_rate = rate_r;
-      cost.host_route = "GPU" + std::to_string(r) + ": " + path.route +
-                        (sharers > 1 ? ", its switch's uplink shared by " +
-                                           std::to_string(sharers) + " GPUs"
-                                     : "") +
-                        " (" + rate_text(rate_r) + ")";
+      cost.host_route =
+          "GPU" + std::to_string(r) + ": " + path.route +
+          (sharers > 1 ? ", its switch's uplink shared by " + std::to_string(sharers) + " GPUs"
+                       : "") +
+          " (" + rate_text(rate_r) + ")";
     }
   }
   const double host_optimizer_rate =
@@ -295,7 +334,7 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
       const double count = layers * (plan.recompute == Recompute::Full ? 6 : 4);
       st.tp = count * (all_reduce_volume(activation_bytes, plan.tp) / tp_rate + kCollectiveSeconds);
     }
-    if (!ps.last) st.pp += activation_bytes / pp_rates[static_cast<size_t>(s)];  // forward
+    if (!ps.last) st.pp += activation_bytes / pp_rates[static_cast<size_t>(s)];       // forward
     if (!ps.first) st.pp += activation_bytes / pp_rates[static_cast<size_t>(s - 1)];  // backward
 
     // Data parallelism over this stage's blocks.
@@ -324,8 +363,8 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
           st.dp_step = exposed(gather, fwd_seconds, blocks);
           break;
         default:  // 3: gather for forward, gather again + reduce-scatter in backward
-          st.dp_micro = exposed(gather, fwd_seconds, blocks) +
-                        exposed(2 * gather, bwd_seconds, blocks);
+          st.dp_micro =
+              exposed(gather, fwd_seconds, blocks) + exposed(2 * gather, bwd_seconds, blocks);
           break;
       }
     }

@@ -34,8 +34,13 @@ ModelFlops model_flops(const ModelConfig& config, int64_t seq_len);
 struct GpuSpeed {
   double peak_flops = 0;          // dense tensor FLOP/s at the plan's precision
   double memory_bytes_per_s = 0;  // achievable device memory bandwidth
+  // Empty for a GPU of the known-GPU table. For any other GPU: how the numbers above were
+  // estimated (from its SM count and compute capability), a sentence for the plan report.
+  std::string estimate_note;
 };
-// REQUIRES: GPU 0 has a name the known-GPU table knows (throws UserError otherwise).
+// GPU 0's speed: from the known-GPU table, or for an unknown GPU estimated from its SM count and
+// compute capability (tensor FLOPs per SM per clock of its architecture at an assumed clock), so
+// that a GPU newer than the table still trains with no flags.
 GpuSpeed gpu_speed(const NodeTopology& topology, DType precision);
 
 // Fraction of peak the GEMMs of a micro-batch reach: rows = tokens of the micro-batch,
@@ -54,14 +59,14 @@ struct StepCost {
   double step_seconds = 0;
   double tokens_per_second = 0;
   // Parts of step_seconds (they add up to it), on the slowest pipeline stage.
-  double compute_seconds = 0;       // forward + backward + recompute of all micro-batches
-  double bubble_seconds = 0;        // pipeline fill and drain
-  double tp_comm_seconds = 0;       // tensor-parallel all-reduces (never hidden)
-  double pp_comm_seconds = 0;       // pipeline sends (counted as not hidden)
-  double dp_comm_seconds = 0;       // data-parallel / ZeRO collectives not hidden by compute
-  double offload_seconds = 0;       // host transfers and the host optimizer step
-  double optimizer_seconds = 0;     // the optimizer step on the device
-  double efficiency = 0;            // the fraction of peak the GEMMs were given
+  double compute_seconds = 0;    // forward + backward + recompute of all micro-batches
+  double bubble_seconds = 0;     // pipeline fill and drain
+  double tp_comm_seconds = 0;    // tensor-parallel all-reduces (never hidden)
+  double pp_comm_seconds = 0;    // pipeline sends (counted as not hidden)
+  double dp_comm_seconds = 0;    // data-parallel / ZeRO collectives not hidden by compute
+  double offload_seconds = 0;    // host transfers and the host optimizer step
+  double optimizer_seconds = 0;  // the optimizer step on the device
+  double efficiency = 0;         // the fraction of peak the GEMMs were given
   std::string dp_route, tp_route, pp_route, host_route;  // slowest links, for people
 };
 

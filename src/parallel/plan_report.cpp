@@ -10,17 +10,23 @@ namespace {
 
 std::string seconds_text(double seconds) {
   char text[32];
-  if (seconds >= 100) std::snprintf(text, sizeof text, "%.0f s", seconds);
-  else if (seconds >= 0.1) std::snprintf(text, sizeof text, "%.2f s", seconds);
-  else std::snprintf(text, sizeof text, "%.1f ms", seconds * 1e3);
+  if (seconds >= 100)
+    std::snprintf(text, sizeof text, "%.0f s", seconds);
+  else if (seconds >= 0.1)
+    std::snprintf(text, sizeof text, "%.2f s", seconds);
+  else
+    std::snprintf(text, sizeof text, "%.1f ms", seconds * 1e3);
   return text;
 }
 
 std::string rate_text(double tokens_per_second) {
   char text[32];
-  if (tokens_per_second >= 1e6) std::snprintf(text, sizeof text, "%.2fM", tokens_per_second / 1e6);
-  else if (tokens_per_second >= 1e3) std::snprintf(text, sizeof text, "%.1fk", tokens_per_second / 1e3);
-  else std::snprintf(text, sizeof text, "%.0f", tokens_per_second);
+  if (tokens_per_second >= 1e6)
+    std::snprintf(text, sizeof text, "%.2fM", tokens_per_second / 1e6);
+  else if (tokens_per_second >= 1e3)
+    std::snprintf(text, sizeof text, "%.1fk", tokens_per_second / 1e3);
+  else
+    std::snprintf(text, sizeof text, "%.0f", tokens_per_second);
   return text;
 }
 
@@ -63,11 +69,10 @@ std::string format_plan_report(const ModelConfig& config, const NodeTopology& to
       << "B parameters: " << config.n_layer << " layers, n_embd " << config.n_embd << ", "
       << config.n_head << " heads) on " << gpus << " x " << result.machine << "\n";
   out << "  machine: " << result.wiring << " Host memory "
-      << (result.host_memory_bytes ? format_bytes(result.host_memory_bytes) : "unknown")
-      << ".\n";
-  out << "  global batch: " << plan.tokens_per_step() << " tokens = "
-      << plan.dp * plan.micro_batch * plan.grad_accum << " sequences of " << plan.seq_len
-      << " tokens\n\n";
+      << (result.host_memory_bytes ? format_bytes(result.host_memory_bytes) : "unknown") << ".\n";
+  out << "  global batch: " << plan.tokens_per_step()
+      << " tokens = " << plan.dp * plan.micro_batch * plan.grad_accum << " sequences of "
+      << plan.seq_len << " tokens\n\n";
 
   out << "plan: " << describe(plan) << "\n\n";
 
@@ -109,12 +114,14 @@ std::string format_plan_report(const ModelConfig& config, const NodeTopology& to
       << rate_text(c.tokens_per_second) << " tokens/s\n";
   out << "  " << breakdown_text(c) << "\n";
   out.precision(0);
-  out << "  GEMMs at " << c.efficiency * 100 << "% of "
-      << gpu_speed(topology, plan.param_dtype).peak_flops / 1e12 << " TFLOP/s "
+  const GpuSpeed speed = gpu_speed(topology, plan.param_dtype);
+  out << "  GEMMs at " << c.efficiency * 100 << "% of " << speed.peak_flops / 1e12 << " TFLOP/s "
       << precision_name(plan.param_dtype) << " peak (an estimate: cost_model.cpp)\n";
-  const std::pair<const char*, const std::string*> routes[] = {
-      {"tensor parallel", &c.tp_route}, {"data parallel", &c.dp_route},
-      {"pipeline", &c.pp_route}, {"host", &c.host_route}};
+  if (!speed.estimate_note.empty()) out << "  note: " << speed.estimate_note << "\n";
+  const std::pair<const char*, const std::string*> routes[] = {{"tensor parallel", &c.tp_route},
+                                                               {"data parallel", &c.dp_route},
+                                                               {"pipeline", &c.pp_route},
+                                                               {"host", &c.host_route}};
   for (const auto& [name, route] : routes) {
     if (!route->empty()) out << "  slowest " << name << " link: " << *route << "\n";
   }
@@ -153,21 +160,19 @@ nlohmann::json plan_result_to_json(const ModelConfig& config, const PlanResult& 
   nlohmann::json device = nlohmann::json::object(), host = nlohmann::json::object();
   for (int c = 0; c < kNumMemCategories; ++c) {
     const char* name = mem_category_name(static_cast<MemCategory>(c));
-    if (best.memory.device[static_cast<size_t>(c)]) device[name] = best.memory.device[static_cast<size_t>(c)];
-    if (best.memory.host[static_cast<size_t>(c)]) host[name] = best.memory.host[static_cast<size_t>(c)];
+    if (best.memory.device[static_cast<size_t>(c)])
+      device[name] = best.memory.device[static_cast<size_t>(c)];
+    if (best.memory.host[static_cast<size_t>(c)])
+      host[name] = best.memory.host[static_cast<size_t>(c)];
   }
   j["memory_by_category"] = device;
   j["host_memory_by_category_per_rank"] = host;
   j["activations_bytes_without_recompute"] = best.memory.activations_without_recompute;
   const StepCost& c = best.cost;
-  j["step_breakdown"] = {{"compute", c.compute_seconds},
-                         {"bubble", c.bubble_seconds},
-                         {"tp_comm", c.tp_comm_seconds},
-                         {"pp_comm", c.pp_comm_seconds},
-                         {"dp_comm", c.dp_comm_seconds},
-                         {"offload", c.offload_seconds},
-                         {"optimizer", c.optimizer_seconds},
-                         {"gemm_efficiency", c.efficiency}};
+  j["step_breakdown"] = {{"compute", c.compute_seconds},     {"bubble", c.bubble_seconds},
+                         {"tp_comm", c.tp_comm_seconds},     {"pp_comm", c.pp_comm_seconds},
+                         {"dp_comm", c.dp_comm_seconds},     {"offload", c.offload_seconds},
+                         {"optimizer", c.optimizer_seconds}, {"gemm_efficiency", c.efficiency}};
   j["alternatives"] = nlohmann::json::array();
   for (const PlanCandidate& a : result.alternatives) {
     nlohmann::json alternative = candidate_json(a);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/common/temp_dir.h"
+#include "train/devices.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -231,14 +232,21 @@ TEST_F(CliTest, TrainingTakesThePlannersPlan) {
 }
 
 TEST_F(CliTest, RanksAndPlanFlags) {
-  Result result = run_dstrain("--gpus 4 --zero 3 --offload --recompute full --precision fp16 " + kSmall, dir_);
+  // 4 simulated ranks on the CPU backend, whatever GPUs this machine has.
+  Result result = run_dstrain(
+      "--device cpu --gpus 4 --zero 3 --offload --recompute full --precision fp16 " + kSmall, dir_);
   ASSERT_EQ(result.exit_code, 0) << result.err;
   EXPECT_NE(result.out.find("4 ranks"), std::string::npos) << result.out;
   EXPECT_NE(result.out.find("ZeRO-3"), std::string::npos) << result.out;
   expect_user_error("--zero 4 " + kSmall, "--zero");
   expect_user_error("--recompute some " + kSmall, "--recompute");
   expect_user_error("--gpus 0 " + kSmall, "--gpus");
-  expect_user_error("--device cuda " + kSmall, "CUDA");
+  if (dstrain::usable_cuda_devices() == 0) {
+    expect_user_error("--device cuda " + kSmall, "CUDA");
+  } else {
+    Result on_gpu = run_dstrain("--device cuda " + kSmall, dir_);
+    EXPECT_EQ(on_gpu.exit_code, 0) << on_gpu.err;
+  }
 }
 
 }  // namespace

@@ -65,7 +65,8 @@ class SignalTest : public ::testing::Test {
 };
 
 std::vector<std::string> long_run(const fs::path& dir) {
-  return {"--gpus", "2", "--zero", "3", "--batch", "8", "--seq-len", "64", "--steps", "100000",
+  // Simulated ranks on the CPU backend whatever GPUs the machine has: this is about signals.
+  return {"--device", "cpu", "--gpus", "2", "--zero", "3", "--batch", "8", "--seq-len", "64", "--steps", "100000",
           "--eval-every", "0", "--sample", "0", "--out", (dir / "run").string(),
           "--log", (dir / "log.jsonl").string()};
 }

@@ -118,6 +118,28 @@ TEST(StagedCommunicator, DeviceTensorsGiveTheLocalCommunicatorsBits) {
   }
 }
 
+TEST(StagedCommunicator, OneRankMovesNoByteThroughTheHost) {
+  // A single GPU without NCCL: all-reduce and broadcast are the identity, reduce-scatter and
+  // all-gather one device copy each (the bit-level results are checked with 1 rank above).
+  CopyCounter counter;
+  GuardedBuffer grads(DType::F32, 37), scattered(DType::F32, 37), gathered(DType::F32, 37);
+  grads.fill(1, 0);
+  run_local_ranks(1, kNoTimeout, [&](Communicator& launched) {
+    auto comm = make_staged_communicator(launched, counter.function());
+    comm->all_reduce(on_fake_gpu(grads), ReduceOp::Sum, nullptr);
+    comm->broadcast(on_fake_gpu(grads), 0, nullptr);
+    EXPECT_EQ(counter.copies.load(), 0);
+    comm->reduce_scatter(on_fake_gpu(scattered), on_fake_gpu(grads), ReduceOp::Sum, nullptr);
+    comm->all_gather(on_fake_gpu(gathered), on_fake_gpu(scattered), nullptr);
+    Tensor in_place = on_fake_gpu(gathered);
+    comm->all_gather(in_place, in_place, nullptr);
+  });
+  EXPECT_EQ(counter.copies.load(), 2);
+  EXPECT_TRUE(grads.any_nonzero());
+  EXPECT_TRUE(gathered.same_bytes(grads));
+  EXPECT_TRUE(gathered.guards_intact());
+}
+
 TEST(StagedCommunicator, HostTensorsPassThroughWithoutCopies) {
   CopyCounter counter;
   std::vector<GuardedBuffer> flags;

@@ -81,7 +81,9 @@ TEST(AdamW, BlockUpdateDecaysOnlyMatricesAndSkipsPadding) {
     }
     // Alignment gaps between tensors are not parameters: untouched.
     for (int64_t i = 0; i < n; ++i) {
-      if (!covered[i]) ASSERT_EQ(param[i], before[i]);
+      if (!covered[i]) {
+        ASSERT_EQ(param[i], before[i]);
+      }
     }
   }
 }

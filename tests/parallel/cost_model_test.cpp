@@ -160,6 +160,31 @@ TEST(CostModel, Fp32RunsAtHalfTheTensorPeak) {
   const NodeTopology h100 = machine("h100-8gpu-nvswitch.txt", "h100-sxm");
   EXPECT_DOUBLE_EQ(gpu_speed(h100, DType::BF16).peak_flops, 989.4e12);
   EXPECT_DOUBLE_EQ(gpu_speed(h100, DType::F32).peak_flops, 989.4e12 / 2);
+  EXPECT_TRUE(gpu_speed(h100, DType::BF16).estimate_note.empty());
+}
+
+TEST(CostModel, UnknownGpuIsEstimatedFromItsSmsAndComputeCapability) {
+  // A GPU newer than the table trains with no flags: its peak comes from its architecture's
+  // tensor FLOPs per SM per clock. Checked against a known GPU: an H100 SXM described only by
+  // its SMs and compute capability lands within 10% of its table peak (989.4 TFLOP/s).
+  NodeTopology machine_with_unknown = machine("h100-8gpu-nvswitch.txt", "h100-sxm");
+  for (GpuInfo& gpu : machine_with_unknown.gpus) {
+    gpu.name = "NVIDIA H100 Next";
+    gpu.sm_count = 132;
+    gpu.cc_major = 9;
+    gpu.cc_minor = 0;
+  }
+  const GpuSpeed estimated = gpu_speed(machine_with_unknown, DType::BF16);
+  EXPECT_NEAR(estimated.peak_flops, 989.4e12, 0.1 * 989.4e12);
+  EXPECT_NE(estimated.estimate_note.find("NVIDIA H100 Next"), std::string::npos);
+  EXPECT_NE(estimated.estimate_note.find("--gpu"), std::string::npos);
+  EXPECT_DOUBLE_EQ(gpu_speed(machine_with_unknown, DType::F32).peak_flops,
+                   estimated.peak_flops / 2);
+  // Nothing known about it at all: a stated assumption, still a plan.
+  for (GpuInfo& gpu : machine_with_unknown.gpus) gpu.sm_count = 0;
+  EXPECT_GT(gpu_speed(machine_with_unknown, DType::BF16).peak_flops, 0);
+  EXPECT_NE(gpu_speed(machine_with_unknown, DType::BF16).estimate_note.find("assumed"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -1,0 +1,315 @@
+#!/usr/bin/env bash
+# The GPU measurements of issue 5 in one call (a device machine gives at most 10 minutes):
+# build for sm_90, run the CUDA tests, time every kernel against the measured copy and GEMM
+# peaks, time dstrain's training step and the same model trained by PyTorch (eager and
+# torch.compile) for gpt2-124m and gpt2-1.5b in fp16 and bf16, and write the summary.
+#
+#   bash benchmarks/gpu_session.sh              from the repository root; results go to $OUT
+#   bash benchmarks/gpu_session.sh --dry-run    print what would run, run nothing
+#   bash benchmarks/gpu_session.sh --fetch-deps on a Debian 12 machine with apt (this project's
+#        dev machine): download the build dependencies as .deb files into .gpu-deps/ (ignored by
+#        git), for a device machine that lacks them: carry .gpu-deps there with the call.
+#
+# $OUT (default ./gpu-out) receives four files: session.log (every step's output), status.tsv
+# (step, exit status, seconds, a test binary's tally), results.json (every benchmark's rows) and
+# summary.md (the tables, with the dstrain / PyTorch ratios). A failed step is recorded and the
+# next one runs. Each step runs under `timeout`, capped by what is left of DEADLINE_S (default
+# 540 s, the whole session, build included); a step with too little time left is recorded as
+# skipped.
+#
+# Settings (environment):
+#   OUT, BUILD (build-gpu), JOBS (all cores), BUILD_TIMEOUT (360 s), DEADLINE_S (540 s)
+#   COMMIT         the commit measured; pass it where the tree has no .git:
+#                  COMMIT=$(git rev-parse --short HEAD)
+#   PYTHON         python3
+#   SEQ, STEPS, WARMUP          1024 tokens, 10 timed steps after 3 untimed
+#   BATCH_124M, BATCH_1_5B      32 and 16: they fit dstrain and PyTorch eager on a 141 GB H200
+#                  (dstrain's planner: 14.7 and 63.1 GiB per GPU in bf16, no recompute)
+#   COMPILE_SCOPE  blocks: each transformer block and the head torch.compile'd on their own,
+#                  one compilation shared by all blocks (a 48-layer model compiles inside the
+#                  budget); model: the whole model as one graph
+#   PREWARM        1: fill PyTorch's compile caches in the background during the build and the
+#                  tests, so the timed torch.compile runs compile from cache
+#   NCCL_FROM_PIP  1: when the CUDA toolkit has no NCCL, build against the NCCL of python's
+#                  nvidia-nccl package if it has one
+#   DEPS           .gpu-deps: carried .deb files of the build dependencies (see --fetch-deps)
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+
+usage="usage: bash benchmarks/gpu_session.sh [--dry-run | --fetch-deps]"
+dry_run=0
+fetch_deps=0
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) dry_run=1 ;;
+    --fetch-deps) fetch_deps=1 ;;
+    -h | --help)
+      echo "$usage"
+      exit 0
+      ;;
+    *)
+      echo "gpu_session.sh: unknown argument '$arg'; $usage" >&2
+      exit 2
+      ;;
+  esac
+done
+
+OUT=${OUT:-./gpu-out}
+BUILD=${BUILD:-build-gpu}
+JOBS=${JOBS:-$(nproc)}
+DEADLINE_S=${DEADLINE_S:-540}
+PYTHON=${PYTHON:-python3}
+SEQ=${SEQ:-1024}
+STEPS=${STEPS:-10}
+WARMUP=${WARMUP:-3}
+BATCH_124M=${BATCH_124M:-32}
+BATCH_1_5B=${BATCH_1_5B:-16}
+PREWARM=${PREWARM:-1}
+COMPILE_SCOPE=${COMPILE_SCOPE:-blocks}
+NCCL_FROM_PIP=${NCCL_FROM_PIP:-1}
+DEPS=${DEPS:-.gpu-deps}
+COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+export PYTHONUNBUFFERED=1
+# Debian 12 names of what CMakeLists.txt finds (scripts/install-deps.sh installs the same with
+# apt): Boost.Program_options, nlohmann-json, OpenBLAS (pthreads), GoogleTest, pkg-config.
+deb_packages=(libboost1.74-dev libboost-program-options1.74-dev libboost-program-options1.74.0
+              nlohmann-json3-dev libopenblas-pthread-dev libopenblas0-pthread libgfortran5
+              libquadmath0 libgtest-dev pkgconf pkgconf-bin libpkgconf3)
+
+if ((fetch_deps)); then
+  mkdir -p "$DEPS" || exit 1
+  (cd "$DEPS" && apt-get download "${deb_packages[@]}") || {
+    echo "gpu_session.sh: apt-get download failed; run --fetch-deps on a Debian 12 machine" >&2
+    exit 1
+  }
+  # Ignored by git (a worktree's exclude file lies in the common git directory).
+  exclude=$(git rev-parse --git-path info/exclude 2>/dev/null)
+  if [ -n "$exclude" ] && ! grep -qx "/$DEPS/" "$exclude" 2>/dev/null; then
+    mkdir -p "$(dirname "$exclude")" && echo "/$DEPS/" >>"$exclude"
+  fi
+  echo "gpu_session.sh: $(find "$DEPS" -name '*.deb' | wc -l) packages in $DEPS/" \
+    "($(du -sh "$DEPS" | cut -f1)); carry '$DEPS' with the device call"
+  exit 0
+fi
+
+work=$(mktemp -d /tmp/dstrain-gpu-session.XXXXXX)
+log=$OUT/session.log
+status=$OUT/status.tsv
+if ((!dry_run)); then
+  mkdir -p "$OUT" || exit 1
+  : >"$log"
+  : >"$status"
+fi
+
+# say TEXT: a line on stdout and in the log.
+say() {
+  if ((dry_run)); then echo "$*"; else echo "$*" | tee -a "$log"; fi
+}
+
+# run_step NAME BUDGET_S COMMAND...: runs COMMAND under timeout (BUDGET_S, or less when the
+# session's deadline is nearer), its output into the log; records NAME, exit status, seconds.
+run_step() {
+  local name=$1 budget=$2
+  shift 2
+  local left=$((DEADLINE_S - SECONDS - 10))  # 10 s kept for the summary
+  if ((budget > left)); then budget=$left; fi
+  if ((dry_run)); then
+    echo "[$name] (at most ${budget} s) $*"
+    return 0
+  fi
+  if ((budget < 15)); then
+    say "=== $name: skipped, $((DEADLINE_S - SECONDS)) s left of DEADLINE_S=$DEADLINE_S"
+    printf '%s\tskipped (out of time)\t0\t\n' "$name" >>"$status"
+    return 0
+  fi
+  say "=== $name (timeout ${budget} s, at ${SECONDS} s): $*"
+  local start=$SECONDS
+  timeout --kill-after=10 "$budget" "$@" 2>&1 | tee -a "$log" "$work/step.out"
+  local rc=${PIPESTATUS[0]}
+  local seconds=$((SECONDS - start))
+  local text=$rc
+  if ((rc == 124 || rc == 137)); then text="$rc (timed out after ${budget} s)"; fi
+  # A GoogleTest binary's tally: a GPU test skips without a GPU, so "0" alone says little.
+  local tally
+  tally=$(grep -oE '^\[ +(PASSED|SKIPPED|FAILED) +\] [0-9]+ tests?' "$work/step.out" |
+    sed -E 's/^\[ +([A-Z]+) +\] ([0-9]+) tests?/\2 \L\1/' | paste -sd, - | sed 's/,/, /g')
+  : >"$work/step.out"
+  say "=== $name: exit status $text after ${seconds} s${tally:+ ($tally)}"
+  printf '%s\t%s\t%s\t%s\n' "$name" "$text" "$seconds" "$tally" >>"$status"
+  return "$rc"
+}
+
+# record NAME TEXT: a step that was not a command (a missing tool, a skipped part).
+record() {
+  local name=$1
+  shift
+  if ((dry_run)); then
+    echo "[$name] $*"
+  else
+    say "=== $name: $*"
+    printf '%s\t%s\t0\t\n' "$name" "$*" >>"$status"
+  fi
+}
+
+# ---- what this machine has ------------------------------------------------------------------
+say "gpu_session.sh: commit $COMMIT, $(date -u '+%Y-%m-%d %H:%M UTC'), $JOBS cores, OUT=$OUT"
+if ((!dry_run)); then
+  {
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1
+    nvcc --version 2>&1 | tail -1
+    cmake --version 2>&1 | head -1
+    ninja --version 2>&1 | sed 's/^/ninja /'
+    g++ --version 2>&1 | head -1
+    "$PYTHON" --version 2>&1
+  } | tee -a "$log"
+fi
+
+# ---- build dependencies: carried .debs, NCCL from pip ---------------------------------------
+if ((dry_run)) && compgen -G "$DEPS/*.deb" >/dev/null; then
+  echo "[deps] would unpack the $(compgen -G "$DEPS/*.deb" | wc -l) packages of $DEPS"
+elif compgen -G "$DEPS/*.deb" >/dev/null; then
+  # A fixed place, kept after the script: the build records these paths (CMake cache, RPATH).
+  prefix=/tmp/dstrain-deps
+  rm -rf "$prefix"
+  for deb in "$DEPS"/*.deb; do dpkg-deb -x "$deb" "$prefix"; done
+  # Their pkg-config files and the libraries' paths name /usr: point them at the prefix.
+  find "$prefix" -name '*.pc' -exec sed -i "s|/usr/|$prefix/usr/|g" {} +
+  triplet_lib=$prefix/usr/lib/x86_64-linux-gnu
+  export CMAKE_PREFIX_PATH=$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+  pc_path=$triplet_lib/openblas-pthread/pkgconfig:$triplet_lib/pkgconfig
+  export PKG_CONFIG_PATH=$pc_path${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+  lib_path=$triplet_lib/openblas-pthread:$triplet_lib
+  export LD_LIBRARY_PATH=$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export PATH=$PATH:$prefix/usr/bin  # pkg-config, only where the machine has none
+  record deps "unpacked $(compgen -G "$DEPS/*.deb" | wc -l) carried packages of $DEPS into $prefix"
+fi
+nvcc_path=$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
+cuda_include=$(dirname "$(dirname "$nvcc_path")")/include
+if ((NCCL_FROM_PIP && !dry_run)) && [ ! -e "$cuda_include/nccl.h" ] &&
+  [ ! -e /usr/include/nccl.h ]; then
+  # NCCL is not part of the CUDA toolkit; PyTorch's pip package nvidia-nccl brings one.
+  site_text=$("$PYTHON" -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null)
+  read -r -a site <<<"$site_text"
+  nccl_header=$(find "${site[@]}" -path '*nvidia*' -name nccl.h 2>/dev/null | head -1)
+  nccl_library=$(find "${site[@]}" -path '*nvidia*' -name 'libnccl.so*' 2>/dev/null | head -1)
+  if [ -n "$nccl_header" ] && [ -n "$nccl_library" ]; then
+    nccl=/tmp/dstrain-nccl  # kept after the script, like the deps
+    mkdir -p "$nccl/lib"
+    ln -sfn "$(dirname "$nccl_header")" "$nccl/include"
+    ln -sf "$nccl_library" "$nccl/lib/libnccl.so"
+    ln -sf "$nccl_library" "$nccl/lib/libnccl.so.2"
+    export CMAKE_PREFIX_PATH=$nccl${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+    export LD_LIBRARY_PATH=$nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    record nccl "from pip: $nccl_library"
+  else
+    record nccl "none in the CUDA toolkit or pip: built without NCCL (one rank then uses the" \
+      "local communicator)"
+  fi
+fi
+
+# ---- PyTorch: there or not, and its compile caches warmed while the build runs --------------
+torch_ok=0
+torch_probe='import torch; print(torch.__version__, "CUDA", torch.cuda.is_available())'
+if torch_version=$("$PYTHON" -c "$torch_probe" 2>&1); then
+  torch_ok=1
+  say "torch: $torch_version"
+else
+  record pytorch "python3 -c 'import torch' failed: $(echo "$torch_version" | tail -1)"
+fi
+dtypes=fp16,bf16
+pytorch=("$PYTHON" benchmarks/pytorch_gpt2.py --device cuda --seq-len "$SEQ" --dtype "$dtypes"
+         --compile-scope "$COMPILE_SCOPE")
+prewarm_pid=""
+if ((torch_ok && PREWARM)); then
+  # One untimed step per case with --mode compile: the timed runs later find the FX graph,
+  # AOTAutograd and Triton caches filled. Runs beside the build and the tests (which time
+  # nothing); it is waited for, or stopped, before the first timed benchmark.
+  once="--mode compile --steps 1 --warmup 1"
+  prewarm=(bash -c "timeout 400 ${pytorch[*]} --model gpt2-1.5b --batch $BATCH_1_5B $once;
+                    timeout 300 ${pytorch[*]} --model gpt2-124m --batch $BATCH_124M $once")
+  if ((dry_run)); then
+    echo "[prewarm] (background) ${prewarm[*]}"
+  else
+    "${prewarm[@]}" >"$work/prewarm.log" 2>&1 &
+    prewarm_pid=$!
+    say "=== prewarm: started in the background (pid $prewarm_pid)"
+  fi
+fi
+
+# ---- build ------------------------------------------------------------------------------------
+targets=(tests_kernels_cuda tests_comm tests_train bench_cuda_ops bench_train)
+run_step configure 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DDSTRAIN_CUDA=ON -DDSTRAIN_CUDA_ARCHITECTURES=90
+run_step build "${BUILD_TIMEOUT:-360}" ninja -C "$BUILD" -j"$JOBS" "${targets[@]}"
+
+# ---- tests (a GPU test that cannot run skips with its reason) ---------------------------------
+run_step tests_kernels_cuda 120 "$BUILD/tests_kernels_cuda"
+run_step tests_comm 60 "$BUILD/tests_comm" --gtest_filter='Nccl*:StagedCommunicator*'
+run_step tests_train 90 "$BUILD/tests_train" --gtest_filter='CudaTraining*'
+
+# ---- nothing else on the GPU while the timed benchmarks run -----------------------------------
+if [ -n "$prewarm_pid" ]; then
+  limit=$((SECONDS + 60))
+  while kill -0 "$prewarm_pid" 2>/dev/null && ((SECONDS < limit)); do sleep 1; done
+  if kill -0 "$prewarm_pid" 2>/dev/null; then
+    pkill -TERM -P "$prewarm_pid" 2>/dev/null
+    kill -TERM "$prewarm_pid" 2>/dev/null
+    wait "$prewarm_pid" 2>/dev/null
+    record prewarm "stopped unfinished at ${SECONDS} s"
+  else
+    wait "$prewarm_pid"
+    record prewarm "finished (exit status $?) by ${SECONDS} s"
+  fi
+  {
+    echo "--- prewarm output ---"
+    cat "$work/prewarm.log"
+  } >>"$log"
+fi
+
+# ---- benchmarks -------------------------------------------------------------------------------
+json=$work/json
+mkdir -p "$json"
+run_step bench_cuda_ops_bf16 60 "$BUILD/bench_cuda_ops" --dtype bf16 --json "$json/ops_bf16.json"
+run_step bench_cuda_ops_fp16 60 "$BUILD/bench_cuda_ops" --dtype fp16 --json "$json/ops_fp16.json"
+
+# The peak PyTorch's MFU is taken against: the one bench_train used (the GPU table's).
+peak_of() {
+  "$PYTHON" -c 'import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+print(next((r["peak_tflops"] for r in rows if r.get("peak_tflops")), ""))' "$1" 2>/dev/null
+}
+for case in "gpt2-1.5b $BATCH_1_5B" "gpt2-124m $BATCH_124M"; do
+  read -r model batch <<<"$case"
+  run_step "bench_train_$model" 180 "$BUILD/bench_train" --device cuda --models "$model" \
+    --dtype "$dtypes" --batch "$batch" --seq-len "$SEQ" --steps "$STEPS" --warmup "$WARMUP" \
+    --json "$json/dstrain_$model.json"
+  if ((torch_ok)); then
+    peak=$(peak_of "$json/dstrain_$model.json")
+    run_step "pytorch_$model" 240 "${pytorch[@]}" --model "$model" --batch "$batch" \
+      --mode both --steps "$STEPS" --warmup "$WARMUP" ${peak:+--peak-tflops "$peak"} \
+      --json "$json/pytorch_$model.json"
+  else
+    record "pytorch_$model" "not run: torch is not importable"
+  fi
+done
+# Last, as the least needed: the kernels at the shapes of gpt2-1.5b (C=1600, 25 heads).
+run_step bench_cuda_ops_bf16_1.5b_shapes 60 "$BUILD/bench_cuda_ops" --dtype bf16 --batch \
+  "$BATCH_1_5B" --channels 1600 --heads 25 --json "$json/ops_bf16_c1600.json"
+
+# ---- the summary and the combined results -----------------------------------------------------
+if ((dry_run)); then
+  echo "[summary] $PYTHON benchmarks/pytorch_gpt2.py summarize --out $OUT/summary.md" \
+    "--merged $OUT/results.json ... $json/*.json"
+  rm -rf "$work"
+  exit 0
+fi
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+"$PYTHON" benchmarks/pytorch_gpt2.py summarize --out "$OUT/summary.md" \
+  --merged "$OUT/results.json" --commit "$COMMIT" --date "$(date -u +%Y-%m-%d)" \
+  --gpu "$gpu_name" \
+  --status "$status" "$json"/*.json 2>&1 | tee -a "$log"
+if [ ! -s "$OUT/summary.md" ]; then
+  echo "summary: python could not write it; see status.tsv and session.log" >"$OUT/summary.md"
+fi
+say "gpu_session.sh: done in ${SECONDS} s; $OUT holds $(cd "$OUT" && echo *)"
+rm -rf "$work"
