@@ -35,6 +35,7 @@
 #include "kernels/cuda/cuda_allocator.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
 
 namespace dstrain {
@@ -184,24 +185,13 @@ const char* flag_name(DType dtype) {
   }
 }
 
-cudaDataType_t cuda_type(DType dtype) {
-  switch (dtype) {
-    case DType::F16:
-      return CUDA_R_16F;
-    case DType::BF16:
-      return CUDA_R_16BF;
-    default:
-      return CUDA_R_32F;
-  }
-}
-
 // TFLOP/s of an n x n x n cublasGemmEx (C = A B, fp32 accumulate) on random operands.
 double gemm_peak_tflops(Workspace& ws, cublasHandle_t cublas, DType dtype, int64_t n, int warmup,
                         int runs) {
   Tensor a = ws.random(dtype, {n, n}), b = ws.random(dtype, {n, n}), c = ws.allocate(dtype, {n, n});
   const float alpha = 1.0f, beta = 0.0f;
   const int dim = static_cast<int>(n);
-  const cudaDataType_t type = cuda_type(dtype);
+  const cudaDataType_t type = cuda::cuda_data_type(dtype);
   const double ms = time_ms(
       [&] {
         CUBLAS_CHECK(cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, dim, dim, dim, &alpha, a.data,

@@ -26,17 +26,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-cudaDataType_t cuda_type(DType dtype) {
-  switch (dtype) {
-    case DType::F16:
-      return CUDA_R_16F;
-    case DType::BF16:
-      return CUDA_R_16BF;
-    default:
-      return CUDA_R_32F;
-  }
-}
-
 // op(X) of a row-major matrix: `data` holds X (or X^T when `transposed`) with leading dimension
 // `ld`, in `dtype`. Mirrors the CPU twin's Operand.
 struct Operand {
@@ -60,12 +49,12 @@ void gemm(const CudaContext& ctx, void* c, DType c_dtype, int64_t M, int64_t N, 
   CUBLAS_CHECK(cublasSetStream(ctx.cublas, stream));
   CUBLAS_CHECK(cublasSetWorkspace(ctx.cublas, ctx.cublas_workspace, ctx.cublas_workspace_bytes));
   const float alpha = 1.0f;
-  CUBLAS_CHECK(cublasGemmEx(ctx.cublas, b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N,
-                            a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
-                            static_cast<int>(M), static_cast<int>(K), &alpha, b.data,
-                            cuda_type(b.dtype), static_cast<int>(b.ld), a.data, cuda_type(a.dtype),
-                            static_cast<int>(a.ld), &beta, c, cuda_type(c_dtype),
-                            static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  CUBLAS_CHECK(cublasGemmEx(
+      ctx.cublas, b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N,
+      a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M),
+      static_cast<int>(K), &alpha, b.data, cuda_data_type(b.dtype), static_cast<int>(b.ld), a.data,
+      cuda_data_type(a.dtype), static_cast<int>(a.ld), &beta, c, cuda_data_type(c_dtype),
+      static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 // out (rows, cols) = bias (cols) broadcast, stored values copied as they are.

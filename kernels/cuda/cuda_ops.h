@@ -55,6 +55,18 @@ class Scratch {
   cudaStream_t stream_;
 };
 
+// The cuBLAS / CUDA library type of a float storage dtype (F32 for F32).
+inline cudaDataType_t cuda_data_type(DType dtype) {
+  switch (dtype) {
+    case DType::F16:
+      return CUDA_R_16F;
+    case DType::BF16:
+      return CUDA_R_16BF;
+    default:
+      return CUDA_R_32F;
+  }
+}
+
 // Round `bytes` up to 256 so several arrays can share one Scratch, each aligned.
 inline size_t align_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 

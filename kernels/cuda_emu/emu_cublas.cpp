@@ -43,6 +43,30 @@ void store(void* data, cudaDataType type, int64_t i, float value) {
   }
 }
 
+// The statuses the emulated cuBLAS returns, with cuBLAS's names and sentences.
+struct StatusText {
+  cublasStatus_t status;
+  const char* name;
+  const char* text;
+};
+constexpr StatusText kStatuses[] = {
+    {CUBLAS_STATUS_SUCCESS, "CUBLAS_STATUS_SUCCESS", "success"},
+    {CUBLAS_STATUS_NOT_INITIALIZED, "CUBLAS_STATUS_NOT_INITIALIZED",
+     "the library was not initialized"},
+    {CUBLAS_STATUS_INVALID_VALUE, "CUBLAS_STATUS_INVALID_VALUE",
+     "an invalid numeric value was used as an argument"},
+    {CUBLAS_STATUS_NOT_SUPPORTED, "CUBLAS_STATUS_NOT_SUPPORTED",
+     "the functionality requested is not supported"},
+};
+const StatusText& describe(cublasStatus_t status) {
+  static constexpr StatusText kUnknown{CUBLAS_STATUS_INTERNAL_ERROR, "CUBLAS_STATUS_UNKNOWN",
+                                       "unknown error"};
+  for (const StatusText& s : kStatuses) {
+    if (s.status == status) return s;
+  }
+  return kUnknown;
+}
+
 }  // namespace
 
 extern "C" {
@@ -66,32 +90,10 @@ cublasStatus_t CUBLASWINAPI cublasSetMathMode(cublasHandle_t handle, cublasMath_
 }
 
 const char* CUBLASWINAPI cublasGetStatusName(cublasStatus_t status) {
-  switch (status) {
-    case CUBLAS_STATUS_SUCCESS:
-      return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED:
-      return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_INVALID_VALUE:
-      return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_NOT_SUPPORTED:
-      return "CUBLAS_STATUS_NOT_SUPPORTED";
-    default:
-      return "CUBLAS_STATUS_UNKNOWN";
-  }
+  return describe(status).name;
 }
 const char* CUBLASWINAPI cublasGetStatusString(cublasStatus_t status) {
-  switch (status) {
-    case CUBLAS_STATUS_SUCCESS:
-      return "success";
-    case CUBLAS_STATUS_NOT_INITIALIZED:
-      return "the library was not initialized";
-    case CUBLAS_STATUS_INVALID_VALUE:
-      return "an invalid numeric value was used as an argument";
-    case CUBLAS_STATUS_NOT_SUPPORTED:
-      return "the functionality requested is not supported";
-    default:
-      return "unknown error";
-  }
+  return describe(status).text;
 }
 
 // C (m,n) = alpha * op(A) (m,k) @ op(B) (k,n) + beta * C, column-major.

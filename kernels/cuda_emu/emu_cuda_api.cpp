@@ -88,6 +88,37 @@ cudaError_t device_free(void* pointer) {
   return cudaSuccess;
 }
 
+// The errors the emulator returns, with the runtime's names and sentences.
+struct ErrorText {
+  cudaError_t error;
+  const char* name;
+  const char* text;
+};
+constexpr ErrorText kErrors[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration",
+     "invalid configuration argument"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+};
+const ErrorText& describe(cudaError_t error) {
+  static constexpr ErrorText kUnknown{cudaErrorUnknown, "cudaErrorUnknown", "unknown error"};
+  for (const ErrorText& e : kErrors) {
+    if (e.error == error) return e;
+  }
+  return kUnknown;
+}
+
+// The emulated GPU: few "SMs", so grid-stride kernels launch few blocks and each block does
+// more of the work; compute capability 8.9, the release architecture with the least shared
+// memory per block (kOptinSharedBytes).
+constexpr int kSmCount = 2;
+constexpr int kCcMajor = 8, kCcMinor = 9;
+
 struct Event {
   std::chrono::steady_clock::time_point time;
   bool recorded = false;
@@ -141,10 +172,9 @@ cudaError_t CUDARTAPI cudaGetDeviceProperties(cudaDeviceProp* prop, int device) 
   prop->maxGridSize[0] = 0x7fffffff;
   prop->maxGridSize[1] = static_cast<int>(kMaxGridY);
   prop->maxGridSize[2] = static_cast<int>(kMaxGridZ);
-  // Few "SMs": grid-stride kernels then launch few blocks, and each block does more of the work.
-  prop->multiProcessorCount = 2;
-  prop->major = 8;
-  prop->minor = 9;
+  prop->multiProcessorCount = kSmCount;
+  prop->major = kCcMajor;
+  prop->minor = kCcMinor;
   prop->pciBusID = device;
   return cudaSuccess;
 }
@@ -154,13 +184,13 @@ cudaError_t CUDARTAPI cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, in
   if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
   switch (attr) {
     case cudaDevAttrMultiProcessorCount:
-      *value = 2;
+      *value = kSmCount;
       return cudaSuccess;
     case cudaDevAttrComputeCapabilityMajor:
-      *value = 8;
+      *value = kCcMajor;
       return cudaSuccess;
     case cudaDevAttrComputeCapabilityMinor:
-      *value = 9;
+      *value = kCcMinor;
       return cudaSuccess;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin:
       *value = static_cast<int>(kOptinSharedBytes);
@@ -186,47 +216,8 @@ cudaError_t CUDARTAPI cudaGetLastError(void) {
 
 cudaError_t CUDARTAPI cudaPeekAtLastError(void) { return t_last_error; }
 
-const char* CUDARTAPI cudaGetErrorName(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "cudaSuccess";
-    case cudaErrorInvalidValue:
-      return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation:
-      return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration:
-      return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidDevice:
-      return "cudaErrorInvalidDevice";
-    case cudaErrorNoDevice:
-      return "cudaErrorNoDevice";
-    case cudaErrorNotReady:
-      return "cudaErrorNotReady";
-    default:
-      return "cudaErrorUnknown";
-  }
-}
-
-const char* CUDARTAPI cudaGetErrorString(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "no error";
-    case cudaErrorInvalidValue:
-      return "invalid argument";
-    case cudaErrorMemoryAllocation:
-      return "out of memory";
-    case cudaErrorInvalidConfiguration:
-      return "invalid configuration argument";
-    case cudaErrorInvalidDevice:
-      return "invalid device ordinal";
-    case cudaErrorNoDevice:
-      return "no CUDA-capable device is detected";
-    case cudaErrorNotReady:
-      return "device not ready";
-    default:
-      return "unknown error";
-  }
-}
+const char* CUDARTAPI cudaGetErrorName(cudaError_t error) { return describe(error).name; }
+const char* CUDARTAPI cudaGetErrorString(cudaError_t error) { return describe(error).text; }
 
 // ---- memory ----
 cudaError_t CUDARTAPI cudaMalloc(void** pointer, size_t bytes) {
