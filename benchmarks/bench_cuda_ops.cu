@@ -274,7 +274,7 @@ int run(const Options& options) {
   Tensor w_fcp = ws.random(dt, {4 * C, C}), b_fcp = ws.random(dt, {C});
   Tensor dw_fcp = ws.random(dt, {4 * C, C}), db_fcp = ws.random(dt, {C});
   Tensor fc = ws.random(dt, {B, T, 4 * C}, -3.0f, 3.0f), dfc = ws.random(dt, {B, T, 4 * C});
-  Tensor fc_out = ws.allocate(dt, {B, T, 4 * C});
+  Tensor fc_out = ws.allocate(dt, {B, T, 4 * C}), fc_gelu = ws.allocate(dt, {B, T, 4 * C});
   Tensor att = ws.allocate(dt, {B, T, C}), lse = ws.allocate(DType::F32, {B, NH, T});
   Tensor logits = ws.random(dt, {N, Vp}, -4.0f, 4.0f), losses = ws.allocate(DType::F32, {N});
   const int64_t P = 124'000'000 / (options.quick ? 10 : 1);
@@ -315,6 +315,9 @@ int run(const Options& options) {
        [&] { be.matmul_backward(dx, dw_proj, db_proj, y, att, w_proj, false, nullptr); }},
       {"matmul_forward fc (C->4C)", 0, 2.0 * nd * cd * 4 * cd,
        [&] { be.matmul_forward(fc_out, x, w_fc, b_fc, false, nullptr); }},
+      // The GEMM's FLOPs only: compare with matmul_forward fc + gelu_forward.
+      {"matmul_gelu_forward fc (C->4C)", 0, 2.0 * nd * cd * 4 * cd,
+       [&] { be.matmul_gelu_forward(fc_gelu, fc_out, x, w_fc, b_fc, nullptr); }},
       {"matmul_backward fc", 0, 4.0 * nd * cd * 4 * cd,
        [&] { be.matmul_backward(dx, dw_fc, db_fc, dfc, x, w_fc, false, nullptr); }},
       {"matmul_forward fc_proj (4C->C)", 0, 2.0 * nd * 4 * cd * cd,

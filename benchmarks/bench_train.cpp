@@ -203,7 +203,8 @@ Result run_case(const Options& o, const RunDevices& devices, const ModelConfig& 
     ShardingConfig sharding;
     sharding.param_dtype = dtype;
     sharding.host_threads = o.threads;
-    ShardedModel state(config, sharding, *rank.comm, backend, *rank.device, *rank.host);
+    const Stream compute = rank.compute.get();
+    ShardedModel state(config, sharding, *rank.comm, backend, *rank.device, *rank.host, compute);
     state.set_full_params(initial.tensors());
     Gpt2 model(config, backend, *rank.device, B, T, dtype, true, parse_recompute(o.recompute));
 
@@ -215,10 +216,10 @@ Result run_case(const Options& o, const RunDevices& devices, const ModelConfig& 
       token = static_cast<int32_t>(rng.below(uint64_t(config.vocab_size)));
     const size_t batch_bytes = 2 * static_cast<size_t>(B * T) * sizeof(int32_t);
     Buffer batch = rank.device->allocate(MemCategory::Data, batch_bytes);
-    backend.copy_bytes(batch.data(), tokens.data(), batch_bytes / 2, nullptr);
+    backend.copy_bytes(batch.data(), tokens.data(), batch_bytes / 2, compute);
     backend.copy_bytes(static_cast<int32_t*>(batch.data()) + B * T, tokens.data() + 1,
-                       batch_bytes / 2, nullptr);
-    backend.synchronize(nullptr);
+                       batch_bytes / 2, compute);
+    backend.synchronize(compute);
     Tensor inputs = batch.view(DType::I32, {B, T});
     Tensor targets = inputs;
     targets.data = static_cast<int32_t*>(batch.data()) + B * T;
@@ -239,13 +240,14 @@ Result run_case(const Options& o, const RunDevices& devices, const ModelConfig& 
       const double loss_scale = scaler.scale();
       state.begin_step();
       const double loss = model.forward(state, inputs, targets,
-                                        static_cast<float>(loss_scale / double(B * T)), nullptr);
-      model.backward(state, inputs, nullptr);
+                                        static_cast<float>(loss_scale / double(B * T)), compute);
+      state.last_micro_batch();
+      model.backward(state, inputs, compute);
       const StepStats stats =
           state.finish_step(adam, learning_rate(schedule, step), adam_step + 1, loss_scale);
       const bool skipped = scaler.update(stats.found_inf);
       if (!skipped) ++adam_step;
-      backend.synchronize(nullptr);
+      backend.synchronize(compute);
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       DSTRAIN_CHECK(std::isfinite(loss)) << "the loss became " << loss << " at step " << step + 1;

@@ -22,12 +22,14 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "core/tensor.h"
 
 namespace dstrain {
 
 using Stream = void*;  // cudaStream_t on CUDA; nullptr on the CPU backend
+using Event = void*;   // cudaEvent_t on CUDA; nullptr on the CPU backend
 
 struct AdamWStep {
   float lr = 0.0f;
@@ -45,6 +47,23 @@ class Backend {
   virtual Device device() const = 0;
   virtual std::string name() const = 0;  // "cpu (2 threads, OpenBLAS)"
   virtual void synchronize(Stream stream) = 0;
+
+  // ---- streams and events ----
+  // Work on two streams is unordered unless an event orders it. The defaults are those of a
+  // backend whose ops finish before they return (the CPU backend): no streams, no events, and
+  // nothing to order. CUDA: a non-blocking cudaStream_t (no implicit ordering with the legacy
+  // stream, nullptr) and a cudaEvent_t without timing.
+  virtual Stream create_stream() { return nullptr; }
+  virtual void destroy_stream(Stream stream) {}
+  virtual Event create_event() { return nullptr; }
+  virtual void destroy_event(Event event) {}
+  // The event captures the work queued on `stream` so far (replacing what it captured before).
+  virtual void record_event(Event event, Stream stream) {}
+  // Work queued on `stream` from now on runs after what the event captured (nothing when it was
+  // never recorded).
+  virtual void wait_event(Stream stream, Event event) {}
+  // The host waits for what the event captured.
+  virtual void synchronize_event(Event event) {}
 
   // ---- memory ----
   // t = 0
@@ -84,6 +103,17 @@ class Backend {
   virtual void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout,
                                Tensor inp, Tensor weight, bool weight_out_by_in,
                                Stream stream) = 0;
+  // The MLP up-projection: pre_gelu (N,OC) = inp (N,C) @ weight (C,OC) + bias (OC; may be
+  // empty), rounded to pre_gelu's dtype; out (N,OC) = gelu (tanh approximation, below) of
+  // pre_gelu AS STORED, rounded to out's dtype. Bitwise what matmul_forward(pre_gelu, inp,
+  // weight, bias, false) then gelu_forward(out, pre_gelu) give on the same backend, whatever
+  // the dtypes: backward (gelu_backward) and selective recompute (gelu_forward from the kept
+  // pre_gelu) see exactly these bits. That is why cuBLASLt's GELU_AUX_BIAS epilogue, whose
+  // GELU reads the fp32 sum before pre_gelu is rounded and uses its own tanh, is not used;
+  // a backend may fuse the bias and the loads/stores, not change the numbers.
+  // REQUIRES: out and pre_gelu do not overlap each other or the inputs.
+  virtual void matmul_gelu_forward(Tensor out, Tensor pre_gelu, Tensor inp, Tensor weight,
+                                   Tensor bias, Stream stream) = 0;
 
   // ---- causal self-attention ----
   // qkv (B,T,3C): per position [q | k | v], each C = NH * hd, head h at columns h*hd.
@@ -130,6 +160,47 @@ class Backend {
   virtual void scale(Tensor x, float s, Stream stream) = 0;
   // True when x holds any inf or NaN. Waits for the stream.
   virtual bool has_inf_or_nan(Tensor x, Stream stream) = 0;
+};
+
+// A stream or event of a backend, destroyed with this object (the backend must outlive it).
+class OwnedStream {
+ public:
+  OwnedStream() = default;
+  explicit OwnedStream(Backend& backend) : backend_(&backend), stream_(backend.create_stream()) {}
+  OwnedStream(OwnedStream&& other) noexcept { *this = std::move(other); }
+  OwnedStream& operator=(OwnedStream&& other) noexcept {
+    std::swap(backend_, other.backend_);
+    std::swap(stream_, other.stream_);
+    return *this;
+  }
+  ~OwnedStream() {
+    if (backend_) backend_->destroy_stream(stream_);
+  }
+  Stream get() const { return stream_; }
+
+ private:
+  Backend* backend_ = nullptr;
+  Stream stream_ = nullptr;
+};
+
+class OwnedEvent {
+ public:
+  OwnedEvent() = default;
+  explicit OwnedEvent(Backend& backend) : backend_(&backend), event_(backend.create_event()) {}
+  OwnedEvent(OwnedEvent&& other) noexcept { *this = std::move(other); }
+  OwnedEvent& operator=(OwnedEvent&& other) noexcept {
+    std::swap(backend_, other.backend_);
+    std::swap(event_, other.event_);
+    return *this;
+  }
+  ~OwnedEvent() {
+    if (backend_) backend_->destroy_event(event_);
+  }
+  Event get() const { return event_; }
+
+ private:
+  Backend* backend_ = nullptr;
+  Event event_ = nullptr;
 };
 
 // The CPU backend: fp32 compute, OpenBLAS GEMM, OpenMP threads (num_threads <= 0: all cores).

@@ -11,7 +11,8 @@ ctest --test-dir build --output-on-failure -j"$(nproc)"
 # trainer with one emulated GPU as its CUDA device: there every test that trains with
 # `--device auto` trains on it, and the CUDA tests that skip above run (20 steps on the CUDA
 # backend against the CPU backend, two ranks sharing the GPU with ZeRO-3 + offload, the staged
-# communicator).
+# communicator). The comm, train and cuda_emu tests get 4 emulated GPUs (CMakeLists.txt) for the
+# NCCL communicator on the emulator's NCCL, one GPU per rank.
 if [ -x build/tests_kernels_cuda_emu ]; then
   echo "== the whole suite again, on the CUDA emulator (build-emulator/)"
   cmake -S . -B build-emulator -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSTRAIN_CUDA=EMULATOR \

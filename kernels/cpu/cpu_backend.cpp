@@ -128,6 +128,10 @@ class CpuBackend final : public Backend {
                        Tensor weight, bool weight_out_by_in, Stream) override {
     cpu::matmul_backward(ctx_, dinp, dweight, dbias, dout, inp, weight, weight_out_by_in);
   }
+  void matmul_gelu_forward(Tensor out, Tensor pre_gelu, Tensor inp, Tensor weight, Tensor bias,
+                           Stream) override {
+    cpu::matmul_gelu_forward(ctx_, out, pre_gelu, inp, weight, bias);
+  }
   void attention_forward(Tensor out, Tensor lse, Tensor qkv, int n_head, Stream) override {
     cpu::attention_forward(ctx_, out, lse, qkv, n_head);
   }

@@ -179,4 +179,15 @@ void matmul_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tensor 
   }
 }
 
+void matmul_gelu_forward(const CpuContext& ctx, Tensor out, Tensor pre_gelu, Tensor inp,
+                         Tensor weight, Tensor bias) {
+  const MatmulShape s = check_matmul(inp, weight, false);
+  check_rows_cols(out, "matmul_gelu out", s.N, s.OC);
+  DSTRAIN_CHECK(!overlaps(out, pre_gelu))
+      << "matmul_gelu out " << out.shape_str() << " overlaps pre_gelu " << pre_gelu.shape_str();
+  // The definition itself (kernels/ops.h): GELU of pre_gelu as stored, by gelu_forward's code.
+  matmul_forward(ctx, pre_gelu, inp, weight, bias, false);
+  gelu_forward(ctx, out, pre_gelu);
+}
+
 }  // namespace dstrain::cpu

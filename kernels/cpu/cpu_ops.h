@@ -177,6 +177,8 @@ void matmul_forward(const CpuContext& ctx, Tensor out, Tensor inp, Tensor weight
                     bool weight_out_by_in);
 void matmul_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout,
                      Tensor inp, Tensor weight, bool weight_out_by_in);
+void matmul_gelu_forward(const CpuContext& ctx, Tensor out, Tensor pre_gelu, Tensor inp,
+                         Tensor weight, Tensor bias);
 
 void attention_forward(const CpuContext& ctx, Tensor out, Tensor lse, Tensor qkv, int n_head);
 void attention_backward(const CpuContext& ctx, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,

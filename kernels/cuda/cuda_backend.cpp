@@ -115,6 +115,8 @@ class CudaBackend final : public Backend {
     CUBLAS_CHECK(cublasSetMathMode(
         ctx_.cublas, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
                                                CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+    // cuBLASLt for the GEMMs with a bias epilogue; no state of its own besides the handle.
+    CUBLAS_CHECK(cublasLtCreate(&ctx_.cublaslt));
     // A workspace of our own: cuBLAS then picks the same algorithm on every stream, which keeps
     // its results bitwise reproducible.
     CUDA_CHECK(cudaMalloc(&ctx_.cublas_workspace, kCublasWorkspaceBytes));
@@ -130,6 +132,9 @@ class CudaBackend final : public Backend {
 
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ctx_.error_word), sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(ctx_.error_word, 0, sizeof(unsigned)));
+    // That memset is on the legacy stream, which the backend's non-blocking streams do not
+    // wait for: finish it before any of them reads the word.
+    CUDA_CHECK(cudaDeviceSynchronize());
   }
 
   // Best effort: called from the destructor (which must not throw); a broken context cannot be
@@ -142,6 +147,7 @@ class CudaBackend final : public Backend {
     if (ctx_.error_word) cudaFree(ctx_.error_word);
     if (ctx_.scratch_pool) cudaMemPoolDestroy(ctx_.scratch_pool);
     if (ctx_.cublas) cublasDestroy(ctx_.cublas);
+    if (ctx_.cublaslt) cublasLtDestroy(ctx_.cublaslt);
     if (ctx_.cublas_workspace) cudaFree(ctx_.cublas_workspace);
     ctx_ = CudaContext{};
     cudaGetLastError();
@@ -154,6 +160,42 @@ class CudaBackend final : public Backend {
   void synchronize(Stream stream) override {
     DeviceScope scope(ctx_.device);
     check_error_word(to_stream(stream));
+  }
+
+  // Streams and events of this backend's device.
+  Stream create_stream() override {
+    DeviceScope scope(ctx_.device);
+    cudaStream_t stream = nullptr;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    return stream;
+  }
+  void destroy_stream(Stream stream) override {
+    if (stream == nullptr) return;
+    DeviceScope scope(ctx_.device);
+    cudaStreamDestroy(to_stream(stream));  // best effort: called from destructors
+  }
+  Event create_event() override {
+    DeviceScope scope(ctx_.device);
+    cudaEvent_t event = nullptr;
+    CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    return event;
+  }
+  void destroy_event(Event event) override {
+    if (event == nullptr) return;
+    DeviceScope scope(ctx_.device);
+    cudaEventDestroy(static_cast<cudaEvent_t>(event));  // best effort: called from destructors
+  }
+  void record_event(Event event, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), to_stream(stream)));
+  }
+  void wait_event(Stream stream, Event event) override {
+    DeviceScope scope(ctx_.device);
+    CUDA_CHECK(cudaStreamWaitEvent(to_stream(stream), static_cast<cudaEvent_t>(event), 0));
+  }
+  void synchronize_event(Event event) override {
+    DeviceScope scope(ctx_.device);
+    CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
   }
 
   void fill_zero(Tensor t, Stream stream) override {
@@ -222,6 +264,11 @@ class CudaBackend final : public Backend {
     DeviceScope scope(ctx_.device);
     cuda::matmul_backward(ctx_, dinp, dweight, dbias, dout, inp, weight, weight_out_by_in,
                           to_stream(stream));
+  }
+  void matmul_gelu_forward(Tensor out, Tensor pre_gelu, Tensor inp, Tensor weight, Tensor bias,
+                           Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::matmul_gelu_forward(ctx_, out, pre_gelu, inp, weight, bias, to_stream(stream));
   }
   void attention_forward(Tensor out, Tensor lse, Tensor qkv, int n_head, Stream stream) override {
     DeviceScope scope(ctx_.device);

@@ -1,6 +1,6 @@
 // The CUDA backend: every op of kernels/ops.h on one GPU, with hand-written kernels
-// (kernels/cuda/*.cu) and cuBLAS for the GEMMs. Include only in builds with
-// DSTRAIN_WITH_CUDA; this header itself includes no CUDA header.
+// (kernels/cuda/*.cu) and cuBLAS / cuBLASLt (bias epilogue) for the GEMMs. Include only in builds
+// with DSTRAIN_WITH_CUDA; this header itself includes no CUDA header.
 //
 // How to use it
 // - One backend per device and per thread (a rank thread): it owns a cuBLAS handle whose

@@ -11,12 +11,29 @@
 //   an fp32 value);
 // - an output whose dtype cuBLAS cannot write, or a bias of another dtype than the output, is
 //   computed into fp32 scratch and rounded once by an epilogue kernel.
-// A bias of the output's dtype is broadcast into the output first and added by the GEMM itself
-// (beta = 1): cuBLAS adds it in fp32 and rounds the sum once, as the CPU does.
+// A bias of the output's dtype is added by cuBLASLt's BIAS epilogue (cublasLtMatmul): the fp32
+// sum plus the bias, rounded once, as the CPU does, with no extra pass over the output. Where
+// cuBLASLt has no algorithm for the case, the bias is broadcast into the output first and added
+// by the GEMM itself (beta = 1), with the same single rounding.
 // dbias comes from the deterministic column sums of cuda_layernorm.cu.
+//
+// matmul_gelu_forward is that GEMM into pre_gelu, then the GELU kernel of cuda_elementwise.cu on
+// the stored pre_gelu: bitwise matmul_forward + gelu_forward, as kernels/ops.h requires.
+// cuBLASLt's GELU epilogues (GELU_AUX_BIAS: aux = pre-GELU matrix in D's dtype, ld a multiple
+// of 8) are not used: their GELU -- the tanh approximation, as PyTorch's non-cuBLASLt fallback
+// for the same epilogue assumes; cuBLAS's documentation names no formula -- reads the fp32 sum
+// before it is rounded to pre_gelu's dtype and is computed with cuBLASLt's own tanh, so neither
+// gelu_backward's input nor selective recompute (gelu_forward from the kept pre_gelu) would see
+// the bits the forward used.
+//
+// Determinism: cuBLASLt's algorithm comes from its heuristic for the call's shapes, dtypes,
+// pointer alignments and our fixed workspace, with split-K partials only in fp32 (no in-place
+// or output-dtype reductions): the same call gets the same algorithm, and the same bits.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
 #include <climits>
+#include <cstdint>
 
 #include "kernels/cuda/cuda_common.cuh"
 
@@ -55,6 +72,103 @@ void gemm(const CudaContext& ctx, void* c, DType c_dtype, int64_t M, int64_t N, 
       static_cast<int>(K), &alpha, b.data, cuda_data_type(b.dtype), static_cast<int>(b.ld), a.data,
       cuda_data_type(a.dtype), static_cast<int>(a.ld), &beta, c, cuda_data_type(c_dtype),
       static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// Owns one cuBLASLt descriptor for the duration of a call: destroyed also when a check throws.
+template <class Handle, cublasStatus_t (*destroy)(Handle)>
+class LtOwned {
+ public:
+  LtOwned() = default;
+  ~LtOwned() {
+    if (handle_) destroy(handle_);
+  }
+  LtOwned(const LtOwned&) = delete;
+  LtOwned& operator=(const LtOwned&) = delete;
+  Handle* out() { return &handle_; }
+  Handle get() const { return handle_; }
+
+ private:
+  Handle handle_ = nullptr;
+};
+using LtMatmulDesc = LtOwned<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
+using LtLayout = LtOwned<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
+using LtPreference = LtOwned<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
+
+// Attribute setters: the value's own type is the attribute's (cuBLASLt checks the size).
+template <class T>
+void set_attribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute,
+                   const T& value) {
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof value));
+}
+template <class T>
+void set_attribute(cublasLtMatmulPreference_t preference,
+                   cublasLtMatmulPreferenceAttributes_t attribute, const T& value) {
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &value, sizeof value));
+}
+
+// The alignment of `data` in bytes, up to the 256 cuBLASLt's heuristic assumes by default: it
+// must only offer algorithms that can read and write our (possibly offset) tensor views.
+uint32_t alignment_of(const void* data) {
+  const auto address = reinterpret_cast<uintptr_t>(data);
+  uint32_t alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+// c (M,N) row-major in c_dtype = op(a) (M,K) @ op(b) (K,N) + bias (N) broadcast over the rows,
+// by cuBLASLt's BIAS epilogue (fp32 sum + bias, one rounding). Returns false, having enqueued
+// nothing, when cuBLASLt has no algorithm for the case; the caller then takes the cuBLAS path.
+// REQUIRES: a.dtype == b.dtype, c_dtype is that dtype or F32, bias (N) in c_dtype.
+bool gemm_bias_lt(const CudaContext& ctx, void* c, DType c_dtype, int64_t M, int64_t N, int64_t K,
+                  Operand a, Operand b, const void* bias, cudaStream_t stream) {
+  // Column-major, as in gemm(): D (N,M) = op(b)^T (N,K) @ op(a)^T (K,M), D's rows the bias.
+  LtMatmulDesc desc;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(desc.out(), CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  set_attribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA,
+                static_cast<int32_t>(b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N));
+  set_attribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB,
+                static_cast<int32_t>(a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N));
+  set_attribute(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t{CUBLASLT_EPILOGUE_BIAS});
+  set_attribute(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  const auto rows = [](int64_t n) { return static_cast<uint64_t>(n); };
+  LtLayout a_layout, b_layout, d_layout;  // cuBLASLt's A is our b, its B our a
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(a_layout.out(), cuda_data_type(b.dtype),
+                                          rows(b.transposed ? K : N), rows(b.transposed ? N : K),
+                                          b.ld));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(b_layout.out(), cuda_data_type(a.dtype),
+                                          rows(a.transposed ? M : K), rows(a.transposed ? K : M),
+                                          a.ld));
+  CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(d_layout.out(), cuda_data_type(c_dtype), rows(N), rows(M), N));
+
+  LtPreference preference;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(preference.out()));
+  set_attribute(preference.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                uint64_t{ctx.cublas_workspace_bytes});
+  // Split-K partials in fp32 only: no reduction in the output's dtype (in place or staged),
+  // like CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION on the cuBLAS handle.
+  set_attribute(preference.get(), CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                uint32_t{CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE});
+  set_attribute(preference.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(b.data));
+  set_attribute(preference.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(a.data));
+  set_attribute(preference.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(c));
+  set_attribute(preference.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(c));
+
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      ctx.cublaslt, desc.get(), a_layout.get(), b_layout.get(), d_layout.get(), d_layout.get(),
+      preference.get(), 1, &heuristic, &found);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && found == 0)) {
+    return false;
+  }
+  CUBLAS_CHECK(status);
+  const float alpha = 1.0f, beta = 0.0f;  // host pointer mode: read before cublasLtMatmul returns
+  CUBLAS_CHECK(cublasLtMatmul(ctx.cublaslt, desc.get(), &alpha, b.data, a_layout.get(), a.data,
+                              b_layout.get(), &beta, c, d_layout.get(), c, d_layout.get(),
+                              &heuristic.algo, ctx.cublas_workspace, ctx.cublas_workspace_bytes,
+                              stream));
+  return true;
 }
 
 // out (rows, cols) = bias (cols) broadcast, stored values copied as they are.
@@ -120,6 +234,10 @@ void gemm_into(const CudaContext& ctx, const Tensor& out, int64_t M, int64_t N, 
   const bool writable = out.dtype == operand_dtype || out.dtype == DType::F32;
   const bool bias_in_place = bias.empty() || bias.dtype == out.dtype;
   if (writable && bias_in_place) {
+    if (!bias.empty() && !accumulate &&
+        gemm_bias_lt(ctx, out.data, out.dtype, M, N, K, a, b, bias.data, stream)) {
+      return;
+    }
     if (!bias.empty()) {
       DSTRAIN_LAUNCH(broadcast_rows_kernel, grid_for(ctx, M * N, kThreads), kThreads, 0, stream)
       (device_tensor(out), device_tensor(bias), M, N);
@@ -218,6 +336,18 @@ void matmul_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Tensor
     }
   }
   if (!dbias.empty()) column_sums_accumulate(ctx, dbias, dout, stream);
+}
+
+void matmul_gelu_forward(const CudaContext& ctx, Tensor out, Tensor pre_gelu, Tensor inp,
+                         Tensor weight, Tensor bias, cudaStream_t stream) {
+  const MatmulShape s = check_matmul(ctx, inp, weight, false);
+  check_rows_cols(ctx, out, "matmul_gelu out", s.N, s.OC);
+  DSTRAIN_CHECK(!overlaps(out, pre_gelu))
+      << "matmul_gelu out " << out.shape_str() << " overlaps pre_gelu " << pre_gelu.shape_str();
+  // pre_gelu (N,OC) = inp @ weight + bias (the BIAS epilogue), then the GELU kernel on the
+  // stored pre_gelu: the same two launchers as matmul_forward + gelu_forward, so the same bits.
+  matmul_forward(ctx, pre_gelu, inp, weight, bias, false, stream);
+  gelu_forward(ctx, out, pre_gelu, stream);
 }
 
 }  // namespace dstrain::cuda

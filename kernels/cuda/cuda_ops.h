@@ -8,6 +8,7 @@
 // F32/F16/BF16 its tensors have (the dtype branch is uniform across a warp).
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_api.h>
 #include <cuda_runtime_api.h>
 
@@ -31,7 +32,9 @@ struct CudaContext {
   int device = 0;
   int sm_count = 1;
   cublasHandle_t cublas = nullptr;
-  void* cublas_workspace = nullptr;  // cublas_workspace_bytes of device memory
+  cublasLtHandle_t cublaslt = nullptr;  // the GEMMs with a bias epilogue (cuda_matmul.cu)
+  // cublas_workspace_bytes of device memory, shared by cuBLAS and cuBLASLt (stream-ordered).
+  void* cublas_workspace = nullptr;
   size_t cublas_workspace_bytes = 0;
   cudaMemPool_t scratch_pool = nullptr;
   unsigned* error_word = nullptr;  // device view of a mapped pinned word (DeviceErrorBits)
@@ -110,6 +113,8 @@ void matmul_forward(const CudaContext& ctx, Tensor out, Tensor inp, Tensor weigh
                     bool weight_out_by_in, cudaStream_t stream);
 void matmul_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout,
                      Tensor inp, Tensor weight, bool weight_out_by_in, cudaStream_t stream);
+void matmul_gelu_forward(const CudaContext& ctx, Tensor out, Tensor pre_gelu, Tensor inp,
+                         Tensor weight, Tensor bias, cudaStream_t stream);
 
 // cuda_attention_forward.cu / cuda_attention_backward.cu
 void attention_forward(const CudaContext& ctx, Tensor out, Tensor lse, Tensor qkv, int n_head,

@@ -1,10 +1,12 @@
 // The CUDA runtime API as the emulator provides it: the functions dstrain's CUDA host code calls,
 // with the declarations of the toolkit's own cuda_runtime_api.h (so the host code compiles
-// unchanged), defined on host memory. "Device" memory is host memory; every stream runs its work
-// at once, in issue order, on the calling thread, so a copy or kernel has finished when its call
-// returns (a legal schedule of CUDA's stream semantics). One emulated device by default;
-// DSTRAIN_CUDA_EMU_DEVICES=N gives N, DSTRAIN_CUDA_EMU_MEMORY=BYTES caps each device's memory
-// (for out-of-memory tests).
+// unchanged), defined on host memory. "Device" memory is host memory. Streams queue their work
+// and run it lazily (emu_streams.h): as late as CUDA's rules allow, so a missing wait shows up.
+// Copies follow the runtime's synchronization rules by memory kind: an asynchronous copy
+// from pageable host memory reads its source before it returns, one into pageable memory
+// returns once it has landed, and copies between device and pinned memory (cudaHostAlloc) are
+// truly asynchronous. One emulated device by default; DSTRAIN_CUDA_EMU_DEVICES=N gives N,
+// DSTRAIN_CUDA_EMU_MEMORY=BYTES caps each device's memory (for out-of-memory tests).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -13,10 +15,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <new>
+#include <vector>
 
 #include "kernels/cuda_emu/emu_runtime.h"
+#include "kernels/cuda_emu/emu_streams.h"
 
 namespace dstrain::emu {
 
@@ -44,11 +49,13 @@ size_t device_memory() {
   return bytes;
 }
 
-// Device allocations: pointer -> (device, bytes), for cudaMemGetInfo and the memory cap.
+// Device allocations: pointer -> (device, bytes), for cudaMemGetInfo and the memory cap; and
+// pinned host allocations: pointer -> bytes.
 struct Allocations {
   std::mutex mutex;
   std::map<const void*, std::pair<int, size_t>> sizes;
   std::map<int, size_t> used;
+  std::map<const void*, size_t> pinned;
 };
 Allocations& allocations() {
   static Allocations* all = new Allocations;  // outlives static destructors that free memory
@@ -70,6 +77,9 @@ cudaError_t device_malloc(void** pointer, size_t bytes) {
   void* memory =
       ::operator new (std::max<size_t>(bytes, 1), std::align_val_t{kAlignment}, std::nothrow);
   if (!memory) return fail(cudaErrorMemoryAllocation);
+  // Poisoned (0xFF bytes: NaN as floats) as the runtime promises nothing about new memory: a
+  // read before the first write shows up in the results.
+  std::memset(memory, 0xFF, bytes);
   all.sizes[memory] = {t_device, bytes};
   all.used[t_device] += bytes;
   *pointer = memory;
@@ -85,6 +95,53 @@ cudaError_t device_free(void* pointer) {
   all.used[it->second.first] -= it->second.second;
   all.sizes.erase(it);
   ::operator delete (pointer, std::align_val_t{kAlignment});
+  return cudaSuccess;
+}
+
+// The entry of `map` (base -> allocation) whose allocation holds [pointer, pointer + bytes), or
+// nullptr. REQUIRES: the allocations' mutex held.
+template <class Map, class Size>
+const typename Map::mapped_type* find_allocation(const Map& map, const void* pointer, size_t bytes,
+                                                 Size size_of) {
+  auto it = map.upper_bound(pointer);
+  if (it == map.begin()) return nullptr;
+  --it;
+  const char* base = static_cast<const char*>(it->first);
+  const char* p = static_cast<const char*>(pointer);
+  const size_t size = std::max<size_t>(size_of(it->second), 1);
+  if (p < base || p >= base + size || bytes > size - static_cast<size_t>(p - base)) return nullptr;
+  return &it->second;
+}
+const std::pair<int, size_t>* find_device_allocation(const Allocations& all, const void* pointer,
+                                                     size_t bytes) {
+  return find_allocation(all.sizes, pointer, bytes,
+                         [](const std::pair<int, size_t>& entry) { return entry.second; });
+}
+bool in_pinned_allocation(const Allocations& all, const void* pointer, size_t bytes) {
+  return find_allocation(all.pinned, pointer, bytes, [](size_t size) { return size; }) != nullptr;
+}
+
+// Whether `pointer` lies in pageable host memory: neither a device nor a pinned allocation.
+bool is_pageable(const void* pointer) {
+  Allocations& all = allocations();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  return !find_device_allocation(all, pointer, 1) && !in_pinned_allocation(all, pointer, 1);
+}
+
+// A copy queued on `stream` with the runtime's rules for pageable memory (see the top).
+cudaError_t queue_copy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  if (bytes && (!dst || !src)) return fail(cudaErrorInvalidValue);
+  if (bytes == 0) return cudaSuccess;
+  if (!is_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  StreamMark mark;
+  if (is_pageable(src)) {
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                      static_cast<const char*>(src) + bytes);
+    mark = enqueue_work(stream, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+  } else {
+    mark = enqueue_work(stream, [dst, src, bytes] { std::memmove(dst, src, bytes); });
+  }
+  if (is_pageable(dst)) synchronize_mark(mark);
   return cudaSuccess;
 }
 
@@ -119,9 +176,13 @@ const ErrorText& describe(cudaError_t error) {
 constexpr int kSmCount = 2;
 constexpr int kCcMajor = 8, kCcMinor = 9;
 
+// An event: the position its last record captured, and the time that record ran (shared with
+// the queued record, which may run after the event is destroyed).
 struct Event {
-  std::chrono::steady_clock::time_point time;
+  StreamMark mark;
   bool recorded = false;
+  std::shared_ptr<std::chrono::steady_clock::time_point> time =
+      std::make_shared<std::chrono::steady_clock::time_point>();
 };
 
 std::atomic<uintptr_t> g_next_handle{1};
@@ -129,6 +190,15 @@ std::atomic<uintptr_t> g_next_handle{1};
 }  // namespace
 
 void set_last_error(cudaError_t error) { t_last_error = error; }
+
+int allocation_device(const void* pointer, size_t bytes) {
+  Allocations& all = allocations();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  if (const auto* device = find_device_allocation(all, pointer, bytes)) return device->first;
+  return in_pinned_allocation(all, pointer, bytes) ? kPinnedHost : kNotAllocated;
+}
+
+int current_device() { return t_device; }
 
 }  // namespace dstrain::emu
 
@@ -206,7 +276,10 @@ cudaError_t CUDARTAPI cudaDeviceCanAccessPeer(int* can, int device, int peer) {
   return cudaSuccess;
 }
 
-cudaError_t CUDARTAPI cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t CUDARTAPI cudaDeviceSynchronize(void) {
+  synchronize_device(t_device);
+  return cudaSuccess;
+}
 
 cudaError_t CUDARTAPI cudaGetLastError(void) {
   const cudaError_t error = t_last_error;
@@ -223,11 +296,21 @@ const char* CUDARTAPI cudaGetErrorString(cudaError_t error) { return describe(er
 cudaError_t CUDARTAPI cudaMalloc(void** pointer, size_t bytes) {
   return device_malloc(pointer, bytes);
 }
-cudaError_t CUDARTAPI cudaFree(void* pointer) { return device_free(pointer); }
+// cudaFree waits for the device: no queued work may still use the memory.
+cudaError_t CUDARTAPI cudaFree(void* pointer) {
+  synchronize_device(t_device);
+  return device_free(pointer);
+}
 cudaError_t CUDARTAPI cudaMallocAsync(void** pointer, size_t bytes, cudaStream_t) {
   return device_malloc(pointer, bytes);
 }
-cudaError_t CUDARTAPI cudaFreeAsync(void* pointer, cudaStream_t) { return device_free(pointer); }
+// Stream-ordered: freed once the stream's earlier work has run.
+cudaError_t CUDARTAPI cudaFreeAsync(void* pointer, cudaStream_t stream) {
+  if (!pointer) return cudaSuccess;
+  if (!is_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  enqueue_work(stream, [pointer] { device_free(pointer); });
+  return cudaSuccess;
+}
 cudaError_t CUDARTAPI cudaMallocFromPoolAsync(void** pointer, size_t bytes, cudaMemPool_t,
                                               cudaStream_t) {
   return device_malloc(pointer, bytes);
@@ -247,13 +330,22 @@ cudaError_t CUDARTAPI cudaHostAlloc(void** pointer, size_t bytes, unsigned int) 
   if (!pointer) return fail(cudaErrorInvalidValue);
   *pointer =
       ::operator new (std::max<size_t>(bytes, 1), std::align_val_t{kAlignment}, std::nothrow);
-  return *pointer ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+  if (!*pointer) return fail(cudaErrorMemoryAllocation);
+  Allocations& all = allocations();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  all.pinned[*pointer] = bytes;
+  return cudaSuccess;
 }
 cudaError_t CUDARTAPI cudaMallocHost(void** pointer, size_t bytes) {
   return cudaHostAlloc(pointer, bytes, 0);
 }
 cudaError_t CUDARTAPI cudaFreeHost(void* pointer) {
-  if (pointer) ::operator delete (pointer, std::align_val_t{kAlignment});
+  if (!pointer) return cudaSuccess;
+  synchronize_device(t_device);
+  Allocations& all = allocations();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  if (all.pinned.erase(pointer) == 0) return fail(cudaErrorInvalidValue);
+  ::operator delete (pointer, std::align_val_t{kAlignment});
   return cudaSuccess;
 }
 cudaError_t CUDARTAPI cudaHostGetDevicePointer(void** device_pointer, void* host_pointer,
@@ -271,40 +363,56 @@ cudaError_t CUDARTAPI cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   return cudaSuccess;
 }
 
+// Synchronous: on the legacy stream, and returns once the copy has landed.
 cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
-  if (bytes && (!dst || !src)) return fail(cudaErrorInvalidValue);
-  if (bytes) std::memmove(dst, src, bytes);
-  return cudaSuccess;
+  const cudaError_t error = queue_copy(dst, src, bytes, nullptr);
+  if (error == cudaSuccess) synchronize_stream(nullptr);
+  return error;
 }
-cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
-                                      cudaStream_t) {
-  return cudaMemcpy(dst, src, bytes, kind);
+cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
+                                      cudaStream_t stream) {
+  return queue_copy(dst, src, bytes, stream);
 }
-cudaError_t CUDARTAPI cudaMemset(void* dst, int value, size_t bytes) {
+cudaError_t CUDARTAPI cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
   if (bytes && !dst) return fail(cudaErrorInvalidValue);
-  if (bytes) std::memset(dst, value, bytes);
+  if (!is_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  if (bytes) enqueue_work(stream, [dst, value, bytes] { std::memset(dst, value, bytes); });
   return cudaSuccess;
 }
-cudaError_t CUDARTAPI cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
-  return cudaMemset(dst, value, bytes);
+// Asynchronous to the host for device memory, like the runtime's: on the legacy stream.
+cudaError_t CUDARTAPI cudaMemset(void* dst, int value, size_t bytes) {
+  return cudaMemsetAsync(dst, value, bytes, nullptr);
 }
 
-// ---- streams and events: work is done when issued ----
-cudaError_t CUDARTAPI cudaStreamCreate(cudaStream_t* stream) {
+// ---- streams and events (emu_streams.h) ----
+cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
   if (!stream) return fail(cudaErrorInvalidValue);
-  *stream = reinterpret_cast<cudaStream_t>(g_next_handle.fetch_add(1));
+  *stream = create_stream(t_device, (flags & cudaStreamNonBlocking) == 0);
   return cudaSuccess;
 }
-cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
-  return cudaStreamCreate(stream);
+cudaError_t CUDARTAPI cudaStreamCreate(cudaStream_t* stream) {
+  return cudaStreamCreateWithFlags(stream, cudaStreamDefault);
 }
-cudaError_t CUDARTAPI cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int, int) {
-  return cudaStreamCreate(stream);
+cudaError_t CUDARTAPI cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags, int) {
+  return cudaStreamCreateWithFlags(stream, flags);
 }
-cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t CUDARTAPI cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
-cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) {
+cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream) {
+  return destroy_stream(stream) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
+  if (!is_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  synchronize_stream(stream);
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaStreamQuery(cudaStream_t stream) {
+  if (!is_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  return query_stream(stream) ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
+  if (!is_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  const auto* e = reinterpret_cast<const Event*>(event);
+  if (e->recorded) enqueue_wait(stream, e->mark);  // a never-recorded event: nothing to wait for
   return cudaSuccess;
 }
 
@@ -317,24 +425,36 @@ cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int)
   return cudaEventCreate(event);
 }
 cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event) {
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
   delete reinterpret_cast<Event*>(event);
   return cudaSuccess;
 }
-cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t) {
-  if (!event) return fail(cudaErrorInvalidValue);
+cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
+  if (!is_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
   auto* e = reinterpret_cast<Event*>(event);
-  e->time = std::chrono::steady_clock::now();
+  e->mark = enqueue_work(stream, [time = e->time] { *time = std::chrono::steady_clock::now(); });
   e->recorded = true;
   return cudaSuccess;
 }
-cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
-cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
+  const auto* e = reinterpret_cast<const Event*>(event);
+  if (e->recorded) synchronize_mark(e->mark);
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t event) {
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
+  const auto* e = reinterpret_cast<const Event*>(event);
+  return !e->recorded || query_mark(e->mark) ? cudaSuccess : cudaErrorNotReady;
+}
 cudaError_t CUDARTAPI cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   if (!ms || !start || !end) return fail(cudaErrorInvalidValue);
   auto* a = reinterpret_cast<Event*>(start);
   auto* b = reinterpret_cast<Event*>(end);
   if (!a->recorded || !b->recorded) return fail(cudaErrorInvalidResourceHandle);
-  *ms = std::chrono::duration<float, std::milli>(b->time - a->time).count();
+  if (!query_mark(a->mark) || !query_mark(b->mark)) return fail(cudaErrorNotReady);
+  *ms = std::chrono::duration<float, std::milli>(*b->time - *a->time).count();
   return cudaSuccess;
 }
 

@@ -336,8 +336,11 @@ cudaError_t set_max_dynamic_shared(const void* kernel, int bytes) {
   return cudaSuccess;
 }
 
+void run_grid(const char* name, dim3 grid, dim3 block_dim, size_t shared_bytes,
+              const std::function<void()>& body);
+
 void launch(const void* kernel, const char* name, dim3 grid, dim3 block_dim, size_t shared_bytes,
-            cudaStream_t stream, const std::function<void()>& body) {
+            cudaStream_t stream, std::function<void()> body) {
   DSTRAIN_CHECK(t_lane == nullptr)
       << "CUDA emulator: kernel " << name << " launched from inside a kernel (not supported)";
   const uint64_t threads = uint64_t{block_dim.x} * block_dim.y * block_dim.z;
@@ -358,6 +361,15 @@ void launch(const void* kernel, const char* name, dim3 grid, dim3 block_dim, siz
     set_last_error(cudaErrorInvalidValue);
     return;
   }
+  // The grid runs when its stream reaches it (emu_streams.h), on whichever host thread that is.
+  enqueue(stream, [name, grid, block_dim, shared_bytes, body = std::move(body)] {
+    run_grid(name, grid, block_dim, shared_bytes, body);
+  });
+}
+
+void run_grid(const char* name, dim3 grid, dim3 block_dim, size_t shared_bytes,
+              const std::function<void()>& body) {
+  const uint64_t threads = uint64_t{block_dim.x} * block_dim.y * block_dim.z;
   if (shared_bytes > t_shared_bytes) {
     t_shared.reset(new std::max_align_t[(shared_bytes + sizeof(std::max_align_t) - 1) /
                                         sizeof(std::max_align_t)]);

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
+#include <library_types.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -57,8 +58,10 @@ unsigned ballot(unsigned mask, bool predicate);
 
 // A kernel launch: checks the configuration (an invalid one sets the sticky launch error that
 // cudaGetLastError returns, as CUDA does) and runs `body` once per GPU thread of the grid.
+// The grid runs when the stream reaches it (see enqueue below): `body` owns copies of the
+// arguments.
 void launch(const void* kernel, const char* name, dim3 grid, dim3 block, size_t shared_bytes,
-            cudaStream_t stream, const std::function<void()>& body);
+            cudaStream_t stream, std::function<void()> body);
 
 // cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes).
 cudaError_t set_max_dynamic_shared(const void* kernel, int bytes);
@@ -66,6 +69,26 @@ cudaError_t set_max_dynamic_shared(const void* kernel, int bytes);
 // The runtime's error state (emu_cuda_api.cpp): sticky per host thread, like the runtime's
 // last error.
 void set_last_error(cudaError_t error);
+
+// Where [pointer, pointer + bytes) lies (emu_cuda_api.cpp): inside one device allocation (its
+// device), inside one pinned host allocation (kPinnedHost), or neither (kNotAllocated: pageable
+// memory, freed memory, or a range running past the end of its allocation). For the emulated
+// libraries' argument checks (emu_nccl_calls.cpp).
+constexpr int kPinnedHost = -1, kNotAllocated = -2;
+int allocation_device(const void* pointer, size_t bytes);
+
+// ---- stream-ordered work (emu_streams.cpp) ----
+// Queues `work` on `stream` (nullptr or cudaStreamLegacy: the calling thread's device's legacy
+// stream). Work runs lazily -- when the host waits for it (cudaStreamSynchronize, an event, a
+// synchronous copy...) or for later work of another stream that depends on it -- so a missing
+// wait between two streams, or a host read of memory an async copy has not written yet, shows
+// up as wrong data, as it can on a GPU. `ready` (optional) gates the work: it runs only once
+// ready() returns true (e.g. an emulated NCCL collective waiting for its peers); call
+// notify_progress() when something a ready() reads may have changed.
+// `work` runs with the emulator's stream lock held, on whichever host thread forces it: it must
+// not call the emulated CUDA API itself. An exception it throws reaches that host call.
+void enqueue(cudaStream_t stream, std::function<void()> work, std::function<bool()> ready = {});
+void notify_progress();
 
 // `kernel<<<grid, block, shared, stream>>>(args...)` as an object: Launch(...)(args...).
 template <class... Params>
@@ -83,11 +106,12 @@ class Launch {
   template <class... Args>
   void operator()(Args&&... args) const {
     static_assert(sizeof...(Args) == sizeof...(Params), "kernel launch: wrong argument count");
-    // Each GPU thread gets its own copy of the parameters, as on the GPU.
-    const std::tuple<std::decay_t<Params>...> params(std::forward<Args>(args)...);
+    // The launch keeps a copy of the arguments (the kernel may run later), and each GPU thread
+    // gets its own copy of those, as on the GPU.
+    std::tuple<std::decay_t<Params>...> params(std::forward<Args>(args)...);
     auto kernel = kernel_;
     launch(reinterpret_cast<const void*>(kernel), name_, grid_, block_, shared_, stream_,
-           [&] { std::apply(kernel, params); });
+           [kernel, params = std::move(params)] { std::apply(kernel, params); });
   }
 
  private:

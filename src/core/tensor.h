@@ -58,4 +58,12 @@ struct Tensor {
   Tensor reshape(std::initializer_list<int64_t> dims) const;
 };
 
+// True when the bytes of `a` and `b` share an address (two views of one buffer may).
+inline bool overlaps(const Tensor& a, const Tensor& b) {
+  if (a.empty() || b.empty() || !(a.device == b.device)) return false;
+  const auto a_begin = reinterpret_cast<uintptr_t>(a.data);
+  const auto b_begin = reinterpret_cast<uintptr_t>(b.data);
+  return a_begin < b_begin + b.nbytes() && b_begin < a_begin + a.nbytes();
+}
+
 }  // namespace dstrain

@@ -152,8 +152,7 @@ void Gpt2::layer_forward(int layer, const std::vector<Tensor>& w, int64_t b, int
   backend_.residual_forward(residual2, input, scratch, stream);
   backend_.layernorm_forward(ln2, act(a.ln2_mean, {N}), act(a.ln2_rstd, {N}), residual2,
                              w[kLn2Weight], w[kLn2Bias], stream);
-  backend_.matmul_forward(fch, ln2, w[kFcWeight], w[kFcBias], false, stream);
-  backend_.gelu_forward(fch_gelu, fch, stream);
+  backend_.matmul_gelu_forward(fch_gelu, fch, ln2, w[kFcWeight], w[kFcBias], stream);
   backend_.matmul_forward(scratch, fch_gelu, w[kFcProjWeight], w[kFcProjBias], false, stream);
   backend_.residual_forward(act(a.output, {N, C}), residual2, scratch, stream);
 }
@@ -175,22 +174,26 @@ double Gpt2::forward(ParamProvider& params, Tensor tokens, Tensor targets, float
     Tensor wte = ParamLayout::view(layout_.find("wte.weight"), flat);
     Tensor wpe = ParamLayout::view(layout_.find("wpe.weight"), flat);
     backend_.embedding_forward(act(plan_.encoded, {b, t, C}), tokens, wte, wpe, stream);
+    params.prefetch_params(config_.n_layer > 0 ? ParamLayout::layer_block(0)
+                                               : layout_.final_block());
     params.release_params(embed_block);
   }
 
+  const int final_block = layout_.final_block();
   for (int l = 0; l < config_.n_layer; ++l) {
     const int block = ParamLayout::layer_block(l);
     layer_forward(l, layer_tensors(layout_, block, params.acquire_params(block)), b, t, stream);
+    params.prefetch_params(l + 1 < config_.n_layer ? ParamLayout::layer_block(l + 1) : final_block);
     params.release_params(block);
   }
 
-  const int final_block = layout_.final_block();
   {
     const std::vector<Tensor> w = layer_tensors(layout_, final_block,
                                                 params.acquire_params(final_block));
     backend_.layernorm_forward(act(plan_.lnf, {N, C}), act(plan_.lnf_mean, {N}), act(plan_.lnf_rstd, {N}),
                                layer_input(static_cast<int>(config_.n_layer), b, t).reshape({N, C}),
                                w[0], w[1], stream);
+    params.prefetch_params(embed_block);
     params.release_params(final_block);
   }
   {
@@ -236,6 +239,7 @@ void Gpt2::backward(ParamProvider& params, Tensor tokens, Stream stream) {
     backend_.matmul_backward(dbtc, ParamLayout::view(wte_spec, grads), Tensor(),
                              work(plan_.logits, {N, Vp}), act(plan_.lnf, {N, C}),
                              ParamLayout::view(wte_spec, flat), true, stream);
+    params.prefetch_params(final_block);
     params.release_params(embed_block);
   }
   {
@@ -248,6 +252,8 @@ void Gpt2::backward(ParamProvider& params, Tensor tokens, Stream stream) {
         dresidual, g[0], g[1], dbtc,
         layer_input(static_cast<int>(config_.n_layer), b, t).reshape({N, C}), w[0],
         act(plan_.lnf_mean, {N}), act(plan_.lnf_rstd, {N}), stream);
+    if (config_.n_layer > 0)
+      params.prefetch_params(ParamLayout::layer_block(static_cast<int>(config_.n_layer) - 1));
     params.release_grads(final_block);
     params.release_params(final_block);
   }
@@ -294,6 +300,7 @@ void Gpt2::backward(ParamProvider& params, Tensor tokens, Stream stream) {
                                 w[kLn1Weight], act(a.ln1_mean, {N}), act(a.ln1_rstd, {N}),
                                 stream);
     // dresidual holds dL/d(input of layer l).
+    if (l > 0) params.prefetch_params(ParamLayout::layer_block(l - 1));
     params.release_grads(block);
     params.release_params(block);
   }

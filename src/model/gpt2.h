@@ -25,6 +25,10 @@ class ParamProvider {
   // release_params(block).
   virtual Tensor acquire_params(int block) = 0;
   virtual void release_params(int block) {}
+  // A hint: `block` is the next one whose parameters will be acquired. Called once the work of
+  // the block in hand is queued, before it is released, so a provider that gathers (ZeRO-3)
+  // can fetch the next block while that work runs.
+  virtual void prefetch_params(int block) {}
   // The block's full flat gradient buffer; backward adds (+=) into it.
   virtual Tensor acquire_grads(int block) = 0;
   // Backward has finished adding this micro-batch's gradient of the block.

@@ -65,11 +65,11 @@ RankStateBuffers rank_state_buffers(const std::vector<int64_t>& block_numels,
   }
   if (spec.zero >= 2) {
     r.embedding_grads = {MemCategory::CommBuffers, p, embedding_padded, false};
-    r.block_grads = {MemCategory::CommBuffers, p, max_other_padded, false};
+    for (BufferSize& b : r.block_grads) b = {MemCategory::CommBuffers, p, max_other_padded, false};
   }
   if (spec.zero >= 1) r.reduced_shard = {MemCategory::CommBuffers, p, max_shard, false};
   if (spec.offload) {
-    r.host_grad_staging = {MemCategory::CommBuffers, p, max_optimizer, true};
+    for (BufferSize& b : r.host_grad_staging) b = {MemCategory::CommBuffers, p, max_optimizer, true};
     r.host_param_staging = r.host_grad_staging;
   }
   return r;
@@ -397,10 +397,13 @@ MemoryPrediction MemoryModel::predict_stage(const Plan& plan, int stage) const {
   add(m, r.gathered_params[0], "gathered-block buffers (current + prefetched)");
   add(m, r.gathered_params[1], "gathered-block buffers (current + prefetched)");
   add(m, r.embedding_grads, "full-block gradient buffers before reduce-scatter");
-  add(m, r.block_grads, "full-block gradient buffers before reduce-scatter");
+  for (const BufferSize& b : r.block_grads)
+    add(m, b, "full-block gradient buffers before reduce-scatter");
   add(m, r.reduced_shard, "reduce-scatter output shard");
-  add(m, r.host_grad_staging, "offload staging, gradients down and weights up (host)");
-  add(m, r.host_param_staging, "offload staging, gradients down and weights up (host)");
+  for (int i = 0; i < 2; ++i) {
+    add(m, r.host_grad_staging[i], "offload staging, gradients down and weights up (host)");
+    add(m, r.host_param_staging[i], "offload staging, gradients down and weights up (host)");
+  }
 
   Plan plain = plan;
   plain.recompute = Recompute::None;

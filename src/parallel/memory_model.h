@@ -97,12 +97,15 @@ struct RankStateBuffers {
                                               // each the largest padded block (GatheredParams)
   BufferSize embedding_grads;  // stages 2-3: the embedding block's padded gradient, held
                                // across backward (CommBuffers); none without that block
-  BufferSize block_grads;      // stages 2-3: the largest other padded block (CommBuffers)
-  BufferSize reduced_shard;    // stages 1-3: the largest shard, a reduce-scatter's output
-                               // (CommBuffers)
-  BufferSize host_grad_staging;   // offload: the largest optimizer range, in host memory:
-                                  // the gradients going down (CommBuffers, host)
-  BufferSize host_param_staging;  // offload: the same size: the updated weights going up
+  // stages 2-3: two of the largest other padded block, one filling while the other's
+  // reduce-scatter runs (CommBuffers)
+  std::array<BufferSize, 2> block_grads;
+  BufferSize reduced_shard;  // stages 1-3: the largest shard, a reduce-scatter's output
+                             // (CommBuffers)
+  // offload: two of the largest optimizer range each, in host memory (double-buffered): the
+  // gradients going down and the updated weights going up (CommBuffers, host)
+  std::array<BufferSize, 2> host_grad_staging;
+  std::array<BufferSize, 2> host_param_staging;
 };
 // block_numels: the rank's blocks; embedding_position: index into block_numels of the
 // embedding block, or -1 when the rank does not hold it.

@@ -24,7 +24,7 @@ void ShardedModel::zero_buffer(const Buffer& buffer) {
   }
   // Every buffer here holds 2- or 4-byte elements: view the bytes as 16-bit words.
   DSTRAIN_CHECK(buffer.bytes() % 2 == 0) << buffer.bytes() << " bytes";
-  backend_.fill_zero(buffer.view(DType::F16, {static_cast<int64_t>(buffer.bytes() / 2)}), nullptr);
+  backend_.fill_zero(buffer.view(DType::F16, {static_cast<int64_t>(buffer.bytes() / 2)}), compute_);
 }
 
 void ShardedModel::copy_and_wait(void* dst, Device dst_device, const void* src,
@@ -35,15 +35,15 @@ void ShardedModel::copy_and_wait(void* dst, Device dst_device, const void* src,
     return;
   }
   // Either side on the device: the backend copies, and the host side is usable on return.
-  backend_.copy_bytes(dst, src, bytes, nullptr);
-  backend_.synchronize(nullptr);
+  backend_.copy_bytes(dst, src, bytes, compute_);
+  backend_.synchronize(compute_);
 }
 
 void ShardedModel::store_from_host(Tensor dst, Tensor host_f32) {
   DSTRAIN_CHECK(host_f32.device.is_cpu() && host_f32.dtype == DType::F32 &&
                 dst.numel() == host_f32.numel());
   if (dst.device.is_cpu()) {
-    backend_.copy(dst, host_f32, nullptr);  // the CPU backend converts in place
+    backend_.copy(dst, host_f32, compute_);  // the CPU backend converts in place
     return;
   }
   if (dst.dtype == DType::F32) {
@@ -80,7 +80,7 @@ int64_t shard_numel(int64_t block_numel, int world) {
 
 ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& sharding,
                            Communicator& comm, Backend& backend, Allocator& device,
-                           Allocator& host)
+                           Allocator& host, Stream compute)
     : config_(config),
       layout_(config),
       sharding_(sharding),
@@ -92,6 +92,11 @@ ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& shar
       shard_optimizer_(sharding.zero >= 1),
       shard_grads_(sharding.zero >= 2),
       shard_params_(sharding.zero >= 3),
+      compute_(compute),
+      comm_stream_(backend),
+      compute_mark_(backend),
+      comm_mark_(backend),
+      params_written_(backend),
       host_(host) {
   DSTRAIN_USER_CHECK(sharding.zero >= 0 && sharding.zero <= 3)
       << "--zero must be 0, 1, 2 or 3, not " << sharding.zero;
@@ -124,13 +129,38 @@ ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& shar
   for (std::vector<Buffer>& staging : part_staging_) staging.resize(blocks_.size());
   const RankStateBuffers buffers =
       rank_state_buffers(block_numels, ParamLayout::embedding_block(), spec);
-  gathered_[0] = allocate(buffers.gathered_params[0]);
-  gathered_[1] = allocate(buffers.gathered_params[1]);
-  block_grads_[0] = allocate(buffers.embedding_grads);
-  block_grads_[1] = allocate(buffers.block_grads);
+  for (int s = 0; s < 2; ++s) {
+    gather_slots_[s].buffer = allocate(buffers.gathered_params[s]);
+    gather_slots_[s].gathered = OwnedEvent(backend);
+    gather_slots_[s].released = OwnedEvent(backend);
+  }
+  grad_slots_[0].buffer = allocate(buffers.embedding_grads);
+  grad_slots_[1].buffer = allocate(buffers.block_grads[0]);
+  grad_slots_[2].buffer = allocate(buffers.block_grads[1]);
+  for (GradSlot& slot : grad_slots_) {
+    slot.filled = OwnedEvent(backend);
+    slot.reduced = OwnedEvent(backend);
+  }
   reduced_ = allocate(buffers.reduced_shard);
-  host_grads_ = allocate(buffers.host_grad_staging);
-  host_params_ = allocate(buffers.host_param_staging);
+  for (OwnedEvent& event : replicated_filled_) event = OwnedEvent(backend);
+  replicated_event_of_.assign(blocks_.size(), 0);
+  reduced_in_backward_.assign(blocks_.size(), false);
+  for (int s = 0; s < 2; ++s) {
+    host_grads_[s] = allocate(buffers.host_grad_staging[s]);
+    host_params_[s] = allocate(buffers.host_param_staging[s]);
+    down_[s] = OwnedEvent(backend);
+    up_[s] = OwnedEvent(backend);
+  }
+}
+
+void ShardedModel::compute_waits_for_comm() {
+  backend_.record_event(comm_mark_.get(), comm_stream_.get());
+  backend_.wait_event(compute_, comm_mark_.get());
+}
+
+void ShardedModel::comm_waits_for_compute() {
+  backend_.record_event(compute_mark_.get(), compute_);
+  backend_.wait_event(comm_stream_.get(), compute_mark_.get());
 }
 
 Tensor ShardedModel::flat(const Buffer& buffer, int64_t numel, DType dtype) const {
@@ -194,79 +224,195 @@ Tensor ShardedModel::moment_part(int which, int block) const {
       1 + which, block);
 }
 
+void ShardedModel::gather_into(int s, int block) {
+  GatherSlot& slot = gather_slots_[s];
+  const Block& b = blocks_[block];
+  const Stream comm = comm_stream_.get();
+  slot.block = -1;
+  // Not before compute has finished with the block the buffer held, nor before the shards were
+  // last written; but not after the work queued since (the block in hand): that is the overlap.
+  backend_.wait_event(comm, slot.released.get());
+  backend_.wait_event(comm, params_written_.get());
+  comm_.all_gather(flat(slot.buffer, b.shard * world_, dtype_), params_padded(block), comm);
+  backend_.record_event(slot.gathered.get(), comm);
+  slot.block = block;
+}
+
 Tensor ShardedModel::acquire_params(int block) {
   const Block& b = blocks_[block];
   if (!shard_params_) return params_padded(block).slice(0, {b.numel});
-  const int slot = next_gather_slot_;
-  next_gather_slot_ ^= 1;
-  Tensor gathered = flat(gathered_[slot], b.shard * world_, dtype_);
-  comm_.all_gather(gathered, params_padded(block), nullptr);
-  return gathered.slice(0, {b.numel});
+  int s = gather_slots_[0].block == block ? 0 : gather_slots_[1].block == block ? 1 : -1;
+  if (s < 0) {
+    // A free buffer, preferably one that holds no prefetched block.
+    const bool free0 = !gather_slots_[0].in_use, free1 = !gather_slots_[1].in_use;
+    DSTRAIN_CHECK(free0 || free1) << "block " << block << " acquired while two others are held";
+    s = free0 && (!free1 || gather_slots_[0].block < 0) ? 0 : 1;
+    gather_into(s, block);
+  }
+  GatherSlot& slot = gather_slots_[s];
+  DSTRAIN_CHECK(!slot.in_use) << "block " << block << " acquired twice";
+  slot.in_use = true;
+  backend_.wait_event(compute_, slot.gathered.get());
+  return flat(slot.buffer, b.shard * world_, dtype_).slice(0, {b.numel});
 }
 
-void ShardedModel::release_params(int block) {}
+void ShardedModel::prefetch_params(int block) {
+  if (!shard_params_ || gather_slots_[0].block == block || gather_slots_[1].block == block) return;
+  for (int s = 0; s < 2; ++s) {
+    if (!gather_slots_[s].in_use) return gather_into(s, block);
+  }
+}
+
+void ShardedModel::release_params(int block) {
+  if (!shard_params_) return;
+  for (GatherSlot& slot : gather_slots_) {
+    if (slot.block == block && slot.in_use) {
+      backend_.record_event(slot.released.get(), compute_);
+      slot.in_use = false;
+      return;
+    }
+  }
+  DSTRAIN_CHECK(false) << "release of block " << block << ", which is not acquired";
+}
+
+ShardedModel::GradSlot& ShardedModel::grad_slot_of(int block) {
+  for (GradSlot& slot : grad_slots_) {
+    if (slot.owner == block && !slot.pending) return slot;
+  }
+  if (block == ParamLayout::embedding_block()) {
+    if (grad_slots_[0].pending) flush_reductions();
+    return grad_slots_[0];
+  }
+  for (int s = 1; s <= 2; ++s) {
+    if (grad_slots_[s].owner < 0) return grad_slots_[s];
+  }
+  flush_reductions();  // both rotating buffers wait for their reduce-scatter: issue them
+  return grad_slots_[1];
+}
 
 Tensor ShardedModel::acquire_grads(int block) {
   const Block& b = blocks_[block];
   if (!shard_grads_) return grads_padded(block).slice(0, {b.numel});
-  const int slot = block == ParamLayout::embedding_block() ? 0 : 1;
-  Tensor full = flat(block_grads_[slot], b.shard * world_, dtype_);
-  if (block_grads_owner_[slot] != block) {
-    DSTRAIN_CHECK(block_grads_owner_[slot] < 0)
-        << "block " << block << " wants the gradient buffer block "
-        << block_grads_owner_[slot] << " still holds";
-    backend_.fill_zero(full, nullptr);
-    block_grads_owner_[slot] = block;
+  GradSlot& slot = grad_slot_of(block);
+  Tensor full = flat(slot.buffer, b.shard * world_, dtype_);
+  if (slot.owner != block) {
+    DSTRAIN_CHECK(slot.owner < 0) << "block " << block << " wants the gradient buffer block "
+                                  << slot.owner << " still holds";
+    // Zeroed once its last reduce-scatter has read it.
+    backend_.wait_event(compute_, slot.reduced.get());
+    backend_.fill_zero(full, compute_);
+    slot.owner = block;
   }
   return full.slice(0, {b.numel});
 }
 
-void ShardedModel::release_grads(int block) {
-  if (!shard_grads_) return;
-  const int slot = block == ParamLayout::embedding_block() ? 0 : 1;
-  DSTRAIN_CHECK(block_grads_owner_[slot] == block);
+void ShardedModel::last_micro_batch() {
+  if (!shard_grads_) reduce_in_backward_ = true;
+}
+
+void ShardedModel::reduce_replicated(int block) {
   const Block& b = blocks_[block];
-  Tensor reduced = flat(reduced_, b.shard, dtype_);
-  comm_.reduce_scatter(reduced, flat(block_grads_[slot], b.shard * world_, dtype_),
-                       ReduceOp::Sum, nullptr);
-  backend_.accumulate(grads_padded(block), reduced, nullptr);
-  block_grads_owner_[slot] = -1;
+  const Stream comm = comm_stream_.get();
+  Tensor full = grads_padded(block);
+  if (!shard_optimizer_) {
+    comm_.all_reduce(full, ReduceOp::Sum, comm);
+  } else {
+    Tensor reduced = flat(reduced_, b.shard, dtype_);
+    comm_.reduce_scatter(reduced, full, ReduceOp::Sum, comm);
+    backend_.copy(full.slice(rank_ * b.shard, {b.shard}), reduced, comm);
+  }
+  reduced_in_backward_[static_cast<size_t>(block)] = true;
+}
+
+void ShardedModel::release_grads(int block) {
+  if (!shard_grads_) {
+    if (!reduce_in_backward_) return;
+    // As at stages 2-3 below: the previous block's reduction goes now, this one's at the next
+    // release (the embedding block, the last, at once).
+    const int e = next_replicated_event_;
+    next_replicated_event_ ^= 1;
+    backend_.record_event(replicated_filled_[e].get(), compute_);
+    replicated_event_of_[static_cast<size_t>(block)] = e;
+    flush_reductions();
+    replicated_pending_.push_back(block);
+    if (block == ParamLayout::embedding_block()) flush_reductions();
+    return;
+  }
+  GradSlot* released = nullptr;
+  for (GradSlot& slot : grad_slots_) {
+    if (slot.owner == block && !slot.pending) released = &slot;
+  }
+  DSTRAIN_CHECK(released != nullptr) << "release of the gradients of block " << block
+                                     << ", which are not acquired";
+  backend_.record_event(released->filled.get(), compute_);
+  // The previous block's reduce-scatter goes now, while this block's backward (just queued)
+  // computes; this block's waits for the next release. The embedding block is the last of a
+  // backward: nothing comes to overlap with, so it goes at once.
+  flush_reductions();
+  released->pending = true;
+  if (block == ParamLayout::embedding_block()) flush_reductions();
+}
+
+void ShardedModel::flush_reductions() {
+  const Stream comm = comm_stream_.get();
+  for (int block : replicated_pending_) {
+    backend_.wait_event(comm, replicated_filled_[replicated_event_of_[block]].get());
+    reduce_replicated(block);
+  }
+  replicated_pending_.clear();
+  for (GradSlot& slot : grad_slots_) {
+    if (!slot.pending) continue;
+    const int block = slot.owner;
+    const Block& b = blocks_[block];
+    Tensor reduced = flat(reduced_, b.shard, dtype_);
+    backend_.wait_event(comm, slot.filled.get());
+    comm_.reduce_scatter(reduced, flat(slot.buffer, b.shard * world_, dtype_), ReduceOp::Sum,
+                         comm);
+    backend_.record_event(slot.reduced.get(), comm);
+    backend_.accumulate(grads_padded(block), reduced, comm);
+    slot.pending = false;
+    slot.owner = -1;
+  }
 }
 
 void ShardedModel::begin_step() {
   for (int block = 0; block < num_blocks(); ++block) {
-    backend_.fill_zero(grads_padded(block), nullptr);
+    backend_.fill_zero(grads_padded(block), compute_);
   }
 }
 
 void ShardedModel::inject_inf_gradient() {
-  Tensor grads = grads_padded(ParamLayout::layer_block(0)).slice(0, {1});
+  // In this rank's own range, the part finish_step checks (the gradients may be reduced
+  // already: last_micro_batch()).
+  const int block = ParamLayout::layer_block(0);
+  Tensor grads = grads_padded(block).slice(shard_grads_ ? 0 : shard_begin(block), {1});
   // +inf in the gradients' own dtype, written as bytes (a GPU's copy converts device memory
   // only): fp32 0x7f800000, fp16 0x7c00, bf16 0x7f80.
   const float inf32 = INFINITY;
   const uint16_t inf16 = grads.dtype == DType::F16 ? fp32_to_fp16_bits(inf32)
                                                    : fp32_to_bf16_bits(inf32);
   const void* inf = grads.dtype == DType::F32 ? static_cast<const void*>(&inf32) : &inf16;
+  flush_reductions();
+  compute_waits_for_comm();  // after the reduce-scatters that add into these gradients
   copy_and_wait(grads.data, grads.device, inf, Device{}, grads.nbytes());
 }
 
 StepStats ShardedModel::finish_step(const AdamWConfig& adam, double lr, int64_t adam_step,
                                     double loss_scale) {
+  const Stream comm = comm_stream_.get();
   // 1. Finish the gradient reduction (stages 0 and 1 reduce once per step; 2 and 3 did it
-  // block by block during backward).
+  // block by block during backward: the last of those may still be queued).
+  flush_reductions();
   if (!shard_grads_) {
+    // Whatever last_micro_batch() did not have reduced during backward (all of it without it).
+    comm_waits_for_compute();
     for (int block = 0; block < num_blocks(); ++block) {
-      const Block& b = blocks_[block];
-      Tensor full = grads_padded(block);
-      if (!shard_optimizer_) {
-        comm_.all_reduce(full, ReduceOp::Sum, nullptr);
-      } else {
-        Tensor reduced = flat(reduced_, b.shard, dtype_);
-        comm_.reduce_scatter(reduced, full, ReduceOp::Sum, nullptr);
-        backend_.copy(full.slice(rank_ * b.shard, {b.shard}), reduced, nullptr);
-      }
+      if (!reduced_in_backward_[static_cast<size_t>(block)]) reduce_replicated(block);
     }
+    std::fill(reduced_in_backward_.begin(), reduced_in_backward_.end(), false);
+    reduce_in_backward_ = false;
   }
+  compute_waits_for_comm();
 
   // 2. Every rank looks at its own shard of every block (at stage 0 the reduced gradients are
   // the same everywhere, so each takes its shard's range): inf/NaN anywhere, agreed by all
@@ -278,67 +424,101 @@ StepStats ShardedModel::finish_step(const AdamWConfig& adam, double lr, int64_t 
     if (count == 0) continue;
     Tensor grads = shard_grads_ ? grads_padded(block).slice(0, {count})
                                 : grads_padded(block).slice(begin, {count});
-    if (backend_.has_inf_or_nan(grads, nullptr)) found_inf = 1.0f;
-    squares += backend_.sum_squares(grads, nullptr);
+    if (backend_.has_inf_or_nan(grads, compute_)) found_inf = 1.0f;
+    squares += backend_.sum_squares(grads, compute_);
   }
   StepStats stats;
   if (world_ > 1) {
-    comm_.all_reduce(Tensor(&found_inf, DType::F32, {1}), ReduceOp::Max, nullptr);
+    comm_.all_reduce(Tensor(&found_inf, DType::F32, {1}), ReduceOp::Max, comm);
   }
   stats.found_inf = found_inf != 0.0f;
   if (stats.found_inf) return stats;  // skipped: no rank updates anything
   if (world_ > 1) {
     float partial = static_cast<float>(squares);
-    comm_.all_reduce(Tensor(&partial, DType::F32, {1}), ReduceOp::Sum, nullptr);
+    comm_.all_reduce(Tensor(&partial, DType::F32, {1}), ReduceOp::Sum, comm);
     squares = partial;
   }
   stats.grad_norm = std::sqrt(squares) / loss_scale;
   stats.clip = clip_coefficient(stats.grad_norm, adam.grad_clip);
   const float grad_scale = static_cast<float>(stats.clip / loss_scale);
 
-  // 3. AdamW on this rank's range: on the device, or (offload) on the host with the
-  // gradients streamed down and the updated weights streamed back up.
-  for (int block = 0; block < num_blocks(); ++block) {
-    Block& b = blocks_[block];
-    const FlatRange range = optimizer_range(block);
-    if (range.numel == 0) continue;
-    Tensor grads = range_grads(block);
-    Tensor m = flat(b.exp_avg, range.numel), v = flat(b.exp_avg_sq, range.numel);
-    Tensor device_params = range_params(block);
-    if (sharding_.offload) {
-      Tensor staged_grads = flat(host_grads_, range.numel, dtype_);
-      Tensor staged_params = flat(host_params_, range.numel, dtype_);
-      // Down: the host reads the gradients only once the copy has landed.
-      copy_and_wait(staged_grads.data, staged_grads.device, grads.data, grads.device,
-                    grads.nbytes());
-      // The update writes only the tensors' elements: the gaps between them (alignment,
-      // padded vocabulary rows) must go up as the zeros they are.
-      std::memset(staged_params.data, 0, staged_params.nbytes());
-      host_adamw_update_range(layout_, range, master(block), staged_grads, m, v, staged_params,
-                              adam, lr, adam_step, grad_scale, sharding_.host_threads);
-      // Up: waits too, since the next block reuses the staging buffer. (Overlapping the
-      // transfers with the host step, double-buffered, is a later optimization.)
-      copy_and_wait(device_params.data, device_params.device, staged_params.data,
-                    staged_params.device, staged_params.nbytes());
-    } else {
-      Tensor copy = b.master.empty() ? Tensor() : device_params;
-      adamw_update_range(backend_, layout_, range, master(block), grads, m, v, copy, adam, lr,
-                         adam_step, grad_scale, nullptr);
+  // 3. AdamW on this rank's range: on the device, or (offload) on the host.
+  if (sharding_.offload) {
+    offload_step(adam, lr, adam_step, grad_scale);
+  } else {
+    for (int block = 0; block < num_blocks(); ++block) {
+      Block& b = blocks_[block];
+      const FlatRange range = optimizer_range(block);
+      if (range.numel == 0) continue;
+      Tensor m = flat(b.exp_avg, range.numel), v = flat(b.exp_avg_sq, range.numel);
+      Tensor copy = b.master.empty() ? Tensor() : range_params(block);
+      adamw_update_range(backend_, layout_, range, master(block), range_grads(block), m, v, copy,
+                         adam, lr, adam_step, grad_scale, compute_);
     }
   }
   // 4. Stages 1 and 2 hold full parameters: gather the updated shards.
   if (shard_optimizer_ && !shard_params_) {
+    comm_waits_for_compute();
     for (int block = 0; block < num_blocks(); ++block) {
       Tensor full = params_padded(block);
       const int64_t shard = blocks_[block].shard;
-      comm_.all_gather(full, full.slice(rank_ * shard, {shard}), nullptr);
+      comm_.all_gather(full, full.slice(rank_ * shard, {shard}), comm);
     }
   }
+  params_changed();
   return stats;
+}
+
+void ShardedModel::params_changed() {
+  compute_waits_for_comm();
+  backend_.record_event(params_written_.get(), compute_);
+  for (GatherSlot& slot : gather_slots_) slot.block = -1;  // what they hold is stale
+}
+
+void ShardedModel::offload_step(const AdamWConfig& adam, double lr, int64_t adam_step,
+                                float grad_scale) {
+  // A pipeline over the blocks with a range, two staging buffers each way: block k+1's
+  // gradients go down while the host updates block k, and block k's weights go up while the
+  // host updates block k+1.
+  const Stream comm = comm_stream_.get();
+  std::vector<int> order;
+  for (int block = 0; block < num_blocks(); ++block) {
+    if (optimizer_range(block).numel > 0) order.push_back(block);
+  }
+  auto go_down = [&](size_t i) {
+    const int block = order[i];
+    Tensor grads = range_grads(block);
+    Tensor staged = flat(host_grads_[i % 2], grads.numel(), dtype_);
+    backend_.copy_bytes(staged.data, grads.data, grads.nbytes(), comm);
+    backend_.record_event(down_[i % 2].get(), comm);
+  };
+  comm_waits_for_compute();
+  if (!order.empty()) go_down(0);
+  for (size_t i = 0; i < order.size(); ++i) {
+    const int block = order[i];
+    Block& b = blocks_[block];
+    const FlatRange range = optimizer_range(block);
+    // Staging i+1 % 2 held block i-1's gradients, which the host has finished with.
+    if (i + 1 < order.size()) go_down(i + 1);
+    Tensor staged_grads = flat(host_grads_[i % 2], range.numel, dtype_);
+    Tensor staged_params = flat(host_params_[i % 2], range.numel, dtype_);
+    backend_.synchronize_event(down_[i % 2].get());  // block i's gradients have landed
+    backend_.synchronize_event(up_[i % 2].get());    // block i-2's weights have left
+    // The update writes only the tensors' elements: the gaps between them (alignment,
+    // padded vocabulary rows) must go up as the zeros they are.
+    std::memset(staged_params.data, 0, staged_params.nbytes());
+    Tensor m = flat(b.exp_avg, range.numel), v = flat(b.exp_avg_sq, range.numel);
+    host_adamw_update_range(layout_, range, master(block), staged_grads, m, v, staged_params,
+                            adam, lr, adam_step, grad_scale, sharding_.host_threads);
+    Tensor device_params = range_params(block);
+    backend_.copy_bytes(device_params.data, staged_params.data, staged_params.nbytes(), comm);
+    backend_.record_event(up_[i % 2].get(), comm);
+  }
 }
 
 void ShardedModel::set_full_params(const std::vector<Tensor>& full_blocks) {
   DSTRAIN_CHECK(static_cast<int>(full_blocks.size()) == num_blocks());
+  backend_.synchronize(comm_stream_.get());  // no gather still reads what is overwritten
   for (int block = 0; block < num_blocks(); ++block) {
     const Block& b = blocks_[block];
     Tensor full = full_blocks[block];
@@ -355,6 +535,7 @@ void ShardedModel::set_full_params(const std::vector<Tensor>& full_blocks) {
                     range.numel * sizeof(float));
     }
   }
+  params_changed();
 }
 
 void ShardedModel::gather_to_host(Tensor local, int block, Tensor full) const {

@@ -16,8 +16,18 @@
 // (fill_zero, copy, copy_bytes), those of the host allocator by the CPU, so the same code runs
 // on the CPU backend (where both allocators hand out host memory) and on a GPU. Every method
 // that hands tensors to or takes them from the caller (set_full_*, get_full_*, master_part,
-// moment_part) works with host memory whatever the backend. The transfers wait for the
-// backend (the legacy stream, nullptr) before they return.
+// moment_part) works with host memory whatever the backend, and waits for its transfers.
+//
+// Streams. The model's ops (Gpt2's, the optimizer's) run on the compute stream the caller
+// names; collectives and offload transfers on a communication stream of this object's own,
+// ordered against compute with events, so that on a GPU they overlap:
+// - stage 3: while block i computes, block i+1 is gathered (prefetch_params) into the other
+//   of two gather buffers;
+// - stages 2-3: block i's reduce-scatter is issued once block i-1's backward is queued, and
+//   runs while it computes (two rotating full-block gradient buffers);
+// - offload: block k+1's gradients go down while the host updates block k, and block k's
+//   weights go up while the host updates block k+1 (double-buffered pinned staging).
+// The arithmetic is the same in every order: results do not depend on the overlap.
 #pragma once
 
 #include <cstdint>
@@ -56,8 +66,9 @@ struct StepStats {
 
 class ShardedModel : public ParamProvider {
  public:
+  // compute: the stream the caller runs the model on (nullptr: the backend's default).
   ShardedModel(const ModelConfig& config, const ShardingConfig& sharding, Communicator& comm,
-               Backend& backend, Allocator& device, Allocator& host);
+               Backend& backend, Allocator& device, Allocator& host, Stream compute = nullptr);
 
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -70,12 +81,18 @@ class ShardedModel : public ParamProvider {
 
   // ParamProvider (called by Gpt2 forward/backward).
   Tensor acquire_params(int block) override;
+  void prefetch_params(int block) override;
   void release_params(int block) override;
   Tensor acquire_grads(int block) override;
   void release_grads(int block) override;
 
   // Before the first micro-batch of a step: zeroes the gradients.
   void begin_step();
+  // Before the backward of the step's last micro-batch (optional): stages 0 and 1 then reduce
+  // each block's gradients during that backward, a block at a time as at stages 2-3, instead
+  // of all at once in finish_step -- on a GPU the reduction overlaps the backward. The same
+  // collectives on the same data: the results are the same bits.
+  void last_micro_batch();
   // After the last micro-batch: finishes the gradient reduction, agrees with every rank on
   // whether any gradient is inf/NaN (then nothing is updated: the step is skipped), computes
   // the global norm of the gradients divided by loss_scale, clips, takes the AdamW step
@@ -146,18 +163,68 @@ class ShardedModel : public ParamProvider {
   DType dtype_;
   bool shard_optimizer_, shard_grads_, shard_params_;
   std::vector<Block> blocks_;
-  // Stage 3: two gathered-block buffers (the current block and the next one).
-  Buffer gathered_[2];
-  int next_gather_slot_ = 0;
-  // Stage >= 2: full-size block gradient buffers that backward accumulates into before the
-  // reduce-scatter: one for the embedding block (held across the whole backward: the tied
-  // head adds first, the embedding last) and one rotating for the other blocks.
-  Buffer block_grads_[2];
-  int block_grads_owner_[2] = {-1, -1};
+  // Stage 3: a buffer for a gathered block. `block` is the block it holds (-1: none, or
+  // stale); `gathered` is recorded on the communication stream after its gather, `released` on
+  // the compute stream when the block is released (the next gather into it waits for it).
+  struct GatherSlot {
+    Buffer buffer;
+    int block = -1;
+    bool in_use = false;
+    OwnedEvent gathered, released;
+  };
+  // Stages >= 2: a full-size block gradient buffer that backward accumulates into before the
+  // reduce-scatter. `filled` is recorded on compute when the block's backward is queued,
+  // `reduced` on the communication stream once its reduce-scatter has read it.
+  struct GradSlot {
+    Buffer buffer;
+    int owner = -1;     // the block accumulating into it
+    bool pending = false;  // released, its reduce-scatter not issued yet
+    OwnedEvent filled, reduced;
+  };
+  // Stage 3: gathers `block` into slot s on the communication stream.
+  void gather_into(int slot, int block);
+  // Stages >= 2: the slot a block's gradients go into (0: the embedding block, held across the
+  // whole backward -- the tied head adds first, the embedding last; 1 and 2 rotate for the
+  // others, one being filled while the other's reduce-scatter runs).
+  GradSlot& grad_slot_of(int block);
+  // Issues the reduce-scatter of every released gradient slot.
+  void flush_reductions();
+  // After the working parameters were written: later gathers read them, and gathered copies
+  // are stale.
+  void params_changed();
+  // finish_step's AdamW with offload: on the host, the transfers pipelined.
+  void offload_step(const AdamWConfig& adam, double lr, int64_t adam_step, float grad_scale);
+  // The compute stream waits for everything queued on the communication stream so far.
+  void compute_waits_for_comm();
+  // The communication stream waits for everything queued on the compute stream so far.
+  void comm_waits_for_compute();
+
+  Stream compute_;
+  OwnedStream comm_stream_;
+  OwnedEvent compute_mark_, comm_mark_;  // for the two waits above
+  // Recorded on compute after the working parameters were last written (the optimizer step,
+  // set_full_params): a gather reads them after it.
+  OwnedEvent params_written_;
+  GatherSlot gather_slots_[2];
+  GradSlot grad_slots_[3];
+  // Stages 0-1 after last_micro_batch(): blocks whose backward is queued and whose reduction
+  // is not issued yet (at most two: see release_grads), with the event recorded after each
+  // backward; and which blocks are reduced already this step.
+  bool reduce_in_backward_ = false;
+  std::vector<int> replicated_pending_;
+  OwnedEvent replicated_filled_[2];
+  int next_replicated_event_ = 0;
+  std::vector<int> replicated_event_of_;
+  std::vector<bool> reduced_in_backward_;
+  // Stages 0-1: the reduction of one block's full gradients (all-reduce, or reduce-scatter
+  // into this rank's slice), on the communication stream.
+  void reduce_replicated(int block);
   // The shard a reduce-scatter delivers (stages >= 1).
   Buffer reduced_;
-  // Offload: host staging for a range's gradients (down) and updated weights (up).
-  Buffer host_grads_, host_params_;
+  // Offload: host staging for a range's gradients (down) and updated weights (up), two of
+  // each; `down` / `up` are recorded on the communication stream after each copy.
+  Buffer host_grads_[2], host_params_[2];
+  OwnedEvent down_[2], up_[2];
   Allocator& host_;
   // Host copies of the checkpoint parts when the state lives on the device: [0] master,
   // [1] exp_avg, [2] exp_avg_sq, by block; allocated on first use.

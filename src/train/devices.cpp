@@ -96,6 +96,7 @@ RankDevices make_rank_devices(const RunDevices& devices, Communicator& launched,
         });
     rank.comm = rank.comm_wrapper.get();
   }
+  rank.compute = OwnedStream(*rank.backend);
   return rank;
 #else
   DSTRAIN_CHECK(false) << "a CUDA run in a build without the CUDA backend";

@@ -53,6 +53,8 @@ struct RankDevices {
   std::unique_ptr<Allocator> host;    // host memory: offload state and staging
   Communicator* comm = nullptr;       // the rank's communicator: the launcher's or comm_wrapper
   std::unique_ptr<Communicator> comm_wrapper;
+  OwnedStream compute;  // the stream the rank's model runs on (ShardedModel adds its own for
+                        // communication); nullptr on the CPU backend
 };
 
 // Runs fn(communicator) on one thread per rank (devices.ranks of them), connected as `devices`

@@ -222,7 +222,10 @@ void run_rank(const RunContext& ctx, Communicator& launched) {
   Communicator& comm = *rank_devices.comm;
   ShardingConfig sharding = ctx.sharding;
   sharding.host_threads = threads;
-  ShardedModel state(config, sharding, comm, *backend, *device, *host);
+  // The model and the optimizer run on the rank's compute stream; ShardedModel's collectives and
+  // offload copies on a stream of its own.
+  const Stream compute = rank_devices.compute.get();
+  ShardedModel state(config, sharding, comm, *backend, *device, *host, compute);
   const DType dtype = ctx.sharding.param_dtype;
   Gpt2 model(config, *backend, *device, B, T, dtype, true, ctx.recompute);
   // The token batch the model reads (B, T) inputs + (B, T) targets, I32, in device memory. The
@@ -245,7 +248,7 @@ void run_rank(const RunContext& ctx, Communicator& launched) {
   auto next_batch = [&](DataLoader& from) {
     from.next_batch(host_inputs, host_targets);
     if (loaded_buffer.data() != batch_buffer.data()) {
-      backend->copy_bytes(batch_buffer.data(), loaded_buffer.data(), batch_bytes, nullptr);
+      backend->copy_bytes(batch_buffer.data(), loaded_buffer.data(), batch_bytes, compute);
     }
   };
 
@@ -319,7 +322,7 @@ void run_rank(const RunContext& ctx, Communicator& launched) {
     double total = 0.0;
     for (int64_t i = 0; i < batches; ++i) {
       next_batch(val_loader);
-      total += model.forward(state, inputs, targets, 0.0f, nullptr);
+      total += model.forward(state, inputs, targets, 0.0f, compute);
     }
     return mean_over_ranks(comm, total / static_cast<double>(batches));
   };
@@ -344,8 +347,9 @@ void run_rank(const RunContext& ctx, Communicator& launched) {
     const float dloss = static_cast<float>(loss_scale / static_cast<double>(B * T * accum * world));
     for (int64_t micro = 0; micro < accum; ++micro) {
       next_batch(loader);
-      local_loss += model.forward(state, inputs, targets, dloss, nullptr);
-      model.backward(state, inputs, nullptr);
+      local_loss += model.forward(state, inputs, targets, dloss, compute);
+      if (micro == accum - 1) state.last_micro_batch();  // reduce during this backward
+      model.backward(state, inputs, compute);
     }
     if (options.inject_inf_step == step + 1 && options.inject_inf_rank == rank) {
       state.inject_inf_gradient();

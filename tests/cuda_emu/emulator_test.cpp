@@ -4,9 +4,13 @@
 // for kernels a GPU would hang on or answer with garbage.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -110,6 +114,18 @@ __global__ void lane_exits_during_shuffle_kernel(float* out) {
   out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
 }
 
+// out[i] = base + i
+__global__ void iota_kernel(float* out, int n, float base) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    out[i] = base + static_cast<float>(i);
+}
+
+// out[i] = 2 * in[i]
+__global__ void double_kernel(const float* in, float* out, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    out[i] = 2.0f * in[i];
+}
+
 std::vector<float> random_floats(size_t n, unsigned seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
@@ -124,6 +140,7 @@ TEST(CudaEmulator, BlockSumWithSharedMemoryAndShuffles) {
     const std::vector<float> in = random_floats(size_t(blocks) * n, 7);
     std::vector<float> out(blocks, NAN);
     DSTRAIN_LAUNCH(block_sum_kernel, blocks, threads, 0, nullptr)(in.data(), out.data(), n);
+    cudaDeviceSynchronize();  // the kernel runs when its stream is waited for
     ASSERT_EQ(cudaGetLastError(), cudaSuccess);
     for (int b = 0; b < blocks; ++b) {
       double expected = 0.0;
@@ -136,6 +153,7 @@ TEST(CudaEmulator, BlockSumWithSharedMemoryAndShuffles) {
 TEST(CudaEmulator, ShufflesFollowCudaLaneRules) {
   std::vector<int> out(128, -1);
   DSTRAIN_LAUNCH(shuffle_kernel, 1, 32, 0, nullptr)(out.data());
+  cudaDeviceSynchronize();  // the kernel runs when its stream is waited for
   for (int lane = 0; lane < 32; ++lane) {
     EXPECT_EQ(out[4 * lane + 0], 107) << lane;
     EXPECT_EQ(out[4 * lane + 1], 100 + (lane ^ 3)) << lane;
@@ -151,6 +169,7 @@ TEST(CudaEmulator, ShufflesFollowCudaLaneRules) {
 TEST(CudaEmulator, VotesPerWarp) {
   std::vector<unsigned> out(6, 12345);
   DSTRAIN_LAUNCH(vote_kernel, 1, 64, 0, nullptr)(out.data());
+  cudaDeviceSynchronize();  // the kernel runs when its stream is waited for
   unsigned expected_ballot = 0;
   for (int lane = 0; lane < 32; lane += 3) expected_ballot |= 1u << lane;
   for (int warp = 0; warp < 2; ++warp) {
@@ -165,6 +184,7 @@ TEST(CudaEmulator, TwoDimensionalIndices) {
   const int width = 24, height = 8;
   std::vector<int> out(width * height, -1);
   DSTRAIN_LAUNCH(index_kernel, grid, block, 0, nullptr)(out.data());
+  cudaDeviceSynchronize();  // the kernel runs when its stream is waited for
   for (int y = 0; y < height; ++y) {
     for (int x = 0; x < width; ++x) EXPECT_EQ(out[y * width + x], y * 1000 + x);
   }
@@ -175,6 +195,7 @@ TEST(CudaEmulator, DynamicSharedMemoryIsPerBlockAndPoisoned) {
   const std::vector<float> in = random_floats(blocks * n, 3);
   std::vector<float> out(blocks * n, 0.0f);
   DSTRAIN_LAUNCH(reverse_kernel, blocks, n, n * sizeof(float), nullptr)(in.data(), out.data());
+  cudaDeviceSynchronize();  // the kernel runs when its stream is waited for
   ASSERT_EQ(cudaGetLastError(), cudaSuccess);
   for (int b = 0; b < blocks; ++b) {
     for (int i = 0; i < n; ++i) EXPECT_EQ(out[b * n + i], in[b * n + n - 1 - i]);
@@ -182,12 +203,14 @@ TEST(CudaEmulator, DynamicSharedMemoryIsPerBlockAndPoisoned) {
   // Read before any write: the emulator's poison (NaN), never a previous block's data.
   std::vector<float> first(64, 0.0f);
   DSTRAIN_LAUNCH(read_shared_first_kernel, 1, 64, 64 * sizeof(float), nullptr)(first.data());
+  cudaDeviceSynchronize();  // the kernel runs when its stream is waited for
   for (float v : first) EXPECT_TRUE(std::isnan(v));
 }
 
 TEST(CudaEmulator, ParametersAreCopiedPerThread) {
   std::vector<int> out(64, -1);
   DSTRAIN_LAUNCH(parameter_copy_kernel, 1, 64, 0, nullptr)(out.data(), 10);
+  cudaDeviceSynchronize();  // the kernel runs when its stream is waited for
   for (int i = 0; i < 64; ++i) EXPECT_EQ(out[i], 10 + i);
 }
 
@@ -203,7 +226,9 @@ TEST(CudaEmulator, HostThreadsLaunchConcurrently) {
       std::vector<float> out(3, NAN);
       for (int repeat = 0; repeat < 5; ++repeat) {
         DSTRAIN_LAUNCH(block_sum_kernel, 3, 128, 0, nullptr)(in.data(), out.data(), 500);
+        cudaDeviceSynchronize();  // the kernel runs when its stream is waited for
         DSTRAIN_LAUNCH(count_kernel, 2, 64, 0, nullptr)(&counter);
+        cudaDeviceSynchronize();  // the kernel runs when its stream is waited for
       }
       for (int b = 0; b < 3; ++b) {
         double expected = 0.0;
@@ -238,6 +263,7 @@ TEST(CudaEmulator, SharedMemoryAboveDefaultNeedsOptInUpToTheSmallestReleaseGpu) 
                                  static_cast<int>(big)),
             cudaSuccess);
   DSTRAIN_LAUNCH(reverse_kernel, 1, 64, big, nullptr)(in.data(), out.data());
+  cudaDeviceSynchronize();  // the kernel runs when its stream is waited for
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   // sm_86 / sm_89 allow 99 KiB per block: more fails, whatever the GPU of the day allows.
   EXPECT_NE(
@@ -249,6 +275,7 @@ TEST(CudaEmulator, SharedMemoryAboveDefaultNeedsOptInUpToTheSmallestReleaseGpu) 
 TEST(CudaEmulator, DeadlockIsReportedNotHung) {
   try {
     DSTRAIN_LAUNCH(deadlock_kernel, 1, 64, 0, nullptr)();
+    cudaDeviceSynchronize();  // the kernel runs when its stream is waited for
     FAIL() << "no error";
   } catch (const dstrain::Error& e) {
     EXPECT_NE(std::string(e.what()).find("deadlock"), std::string::npos) << e.what();
@@ -257,15 +284,25 @@ TEST(CudaEmulator, DeadlockIsReportedNotHung) {
   // The emulator is usable after the error.
   std::vector<int> out(64, -1);
   DSTRAIN_LAUNCH(parameter_copy_kernel, 1, 64, 0, nullptr)(out.data(), 0);
+  cudaDeviceSynchronize();  // the kernel runs when its stream is waited for
   EXPECT_EQ(out[63], 63);
 }
 
 TEST(CudaEmulator, ShuffleWithAnExitedLaneIsAnError) {
   std::vector<float> out(32, 0.0f);
-  EXPECT_THROW(DSTRAIN_LAUNCH(exited_lane_shuffle_kernel, 1, 32, 0, nullptr)(out.data()),
-               dstrain::Error);
-  EXPECT_THROW(DSTRAIN_LAUNCH(lane_exits_during_shuffle_kernel, 1, 32, 0, nullptr)(out.data()),
-               dstrain::Error);
+  // The error comes when the kernel runs: at the wait for its stream.
+  EXPECT_THROW(
+      {
+        DSTRAIN_LAUNCH(exited_lane_shuffle_kernel, 1, 32, 0, nullptr)(out.data());
+        cudaDeviceSynchronize();
+      },
+      dstrain::Error);
+  EXPECT_THROW(
+      {
+        DSTRAIN_LAUNCH(lane_exits_during_shuffle_kernel, 1, 32, 0, nullptr)(out.data());
+        cudaDeviceSynchronize();
+      },
+      dstrain::Error);
 }
 
 TEST(CudaEmulator, IndicesOutsideAKernelAreAnError) {
@@ -286,6 +323,165 @@ TEST(CudaEmulator, DeviceMemoryIsCountedAndFreed) {
   cudaGetLastError();
   EXPECT_EQ(cudaMalloc(&p, total + 1), cudaErrorMemoryAllocation);
   cudaGetLastError();
+}
+
+// ---- streams: lazy, with CUDA's ordering rules ----
+
+// The tests of laziness itself: not with DSTRAIN_CUDA_EMU_STREAMS=eager (emu_streams.h).
+#define REQUIRE_LAZY_STREAMS()                                                        \
+  do {                                                                                \
+    const char* mode = std::getenv("DSTRAIN_CUDA_EMU_STREAMS");                       \
+    if (mode != nullptr && std::string(mode) == "eager") GTEST_SKIP() << "eager streams"; \
+  } while (0)
+
+// n floats of emulated device memory set to `value` (synchronously).
+float* device_floats(int n, float value) {
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, n * sizeof(float)), cudaSuccess);
+  const std::vector<float> host(n, value);
+  EXPECT_EQ(cudaMemcpy(p, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  return static_cast<float*>(p);
+}
+
+std::vector<float> to_host(const float* device, int n) {
+  std::vector<float> host(n);
+  EXPECT_EQ(cudaMemcpy(host.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  return host;
+}
+
+TEST(CudaEmulatorStreams, AMissingWaitBetweenStreamsShowsUpAndAnEventWaitFixesIt) {
+  REQUIRE_LAZY_STREAMS();
+  const int n = 300;
+  float* a = device_floats(n, -1.0f);
+  float* b = device_floats(n, 0.0f);
+  cudaStream_t producer, consumer;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking), cudaSuccess);
+
+  // No wait: the consumer may run first, and the emulator makes it (the latest legal schedule).
+  DSTRAIN_LAUNCH(iota_kernel, 2, 64, 0, producer)(a, n, 1.0f);
+  DSTRAIN_LAUNCH(double_kernel, 2, 64, 0, consumer)(a, b, n);
+  ASSERT_EQ(cudaStreamSynchronize(consumer), cudaSuccess);
+  EXPECT_EQ(to_host(b, n)[7], -2.0f) << "the consumer read a before the producer wrote it";
+  ASSERT_EQ(cudaStreamSynchronize(producer), cudaSuccess);
+  EXPECT_EQ(to_host(a, n)[7], 8.0f);
+
+  // With an event between them, the consumer sees the producer's data.
+  cudaEvent_t written;
+  ASSERT_EQ(cudaEventCreateWithFlags(&written, cudaEventDisableTiming), cudaSuccess);
+  DSTRAIN_LAUNCH(iota_kernel, 2, 64, 0, producer)(a, n, 10.0f);
+  ASSERT_EQ(cudaEventRecord(written, producer), cudaSuccess);
+  DSTRAIN_LAUNCH(double_kernel, 2, 64, 0, consumer)(a, b, n);  // before the wait: still stale
+  ASSERT_EQ(cudaStreamWaitEvent(consumer, written, 0), cudaSuccess);
+  DSTRAIN_LAUNCH(double_kernel, 2, 64, 0, consumer)(a, b, n);
+  ASSERT_EQ(cudaStreamSynchronize(consumer), cudaSuccess);
+  EXPECT_EQ(cudaEventQuery(written), cudaSuccess) << "the consumer's wait ran the producer";
+  const std::vector<float> doubled = to_host(b, n);
+  for (int i = 0; i < n; ++i) ASSERT_EQ(doubled[i], 2.0f * (10.0f + i)) << i;
+
+  cudaEventDestroy(written);
+  cudaStreamDestroy(producer);
+  cudaStreamDestroy(consumer);
+  cudaFree(a);
+  cudaFree(b);
+}
+
+TEST(CudaEmulatorStreams, TheLegacyStreamWaitsForBlockingStreamsOnly) {
+  REQUIRE_LAZY_STREAMS();
+  const int n = 64;
+  float* a = device_floats(n, -1.0f);
+  float* b = device_floats(n, 0.0f);
+  cudaStream_t blocking, non_blocking;
+  ASSERT_EQ(cudaStreamCreate(&blocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&non_blocking, cudaStreamNonBlocking), cudaSuccess);
+
+  DSTRAIN_LAUNCH(iota_kernel, 1, 64, 0, blocking)(a, n, 1.0f);
+  DSTRAIN_LAUNCH(double_kernel, 1, 64, 0, nullptr)(a, b, n);  // legacy: after `blocking`
+  ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  EXPECT_EQ(to_host(b, n)[3], 8.0f);
+
+  DSTRAIN_LAUNCH(iota_kernel, 1, 64, 0, non_blocking)(a, n, 100.0f);
+  DSTRAIN_LAUNCH(double_kernel, 1, 64, 0, nullptr)(a, b, n);  // not ordered with it
+  ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  EXPECT_EQ(to_host(b, n)[3], 8.0f) << "the legacy stream waited for a non-blocking stream";
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(to_host(a, n)[3], 103.0f);
+
+  cudaStreamDestroy(blocking);
+  cudaStreamDestroy(non_blocking);
+  cudaFree(a);
+  cudaFree(b);
+}
+
+TEST(CudaEmulatorStreams, CopiesFollowTheRuntimesRulesForPinnedAndPageableMemory) {
+  REQUIRE_LAZY_STREAMS();
+  const int n = 32;
+  float* device = device_floats(n, 5.0f);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const size_t bytes = n * sizeof(float);
+
+  // Into pinned memory: asynchronous, landed only once the stream is waited for.
+  float* pinned = nullptr;
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&pinned), bytes, cudaHostAllocDefault),
+            cudaSuccess);
+  for (int i = 0; i < n; ++i) pinned[i] = 0.0f;
+  ASSERT_EQ(cudaMemcpyAsync(pinned, device, bytes, cudaMemcpyDeviceToHost, stream), cudaSuccess);
+  EXPECT_EQ(pinned[0], 0.0f) << "read before the wait: not landed yet";
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(pinned[0], 5.0f);
+
+  // Into pageable memory: the call returns once the copy has landed.
+  std::vector<float> pageable(n, 0.0f);
+  ASSERT_EQ(cudaMemcpyAsync(pageable.data(), device, bytes, cudaMemcpyDeviceToHost, stream),
+            cudaSuccess);
+  EXPECT_EQ(pageable[0], 5.0f);
+
+  // From pageable memory: the source is read during the call, so it may change right after.
+  std::vector<float> source(n, 7.0f);
+  ASSERT_EQ(cudaMemcpyAsync(device, source.data(), bytes, cudaMemcpyHostToDevice, stream),
+            cudaSuccess);
+  source.assign(n, -7.0f);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(to_host(device, n)[0], 7.0f);
+
+  // From pinned memory: read when the copy runs.
+  for (int i = 0; i < n; ++i) pinned[i] = 9.0f;
+  ASSERT_EQ(cudaMemcpyAsync(device, pinned, bytes, cudaMemcpyHostToDevice, stream), cudaSuccess);
+  for (int i = 0; i < n; ++i) pinned[i] = 11.0f;  // a race on a GPU; the emulator runs it late
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(to_host(device, n)[0], 11.0f);
+
+  cudaFreeHost(pinned);
+  cudaStreamDestroy(stream);
+  cudaFree(device);
+}
+
+TEST(CudaEmulatorStreams, GatedWorkWaitsForItsConditionAndQueriesDoNotBlock) {
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  std::atomic<bool> open{false};
+  std::atomic<int> ran{0};
+  dstrain::emu::enqueue(stream, [&] { ran = 1; }, [&] { return open.load(); });
+  cudaEvent_t after;
+  ASSERT_EQ(cudaEventCreate(&after), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(after, stream), cudaSuccess);
+  EXPECT_EQ(cudaStreamQuery(stream), cudaErrorNotReady);
+  EXPECT_EQ(cudaEventQuery(after), cudaErrorNotReady);
+  EXPECT_EQ(ran.load(), 0);
+  // Another thread opens the gate while this one waits for the stream.
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    open = true;
+    dstrain::emu::notify_progress();
+  });
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  opener.join();
+  EXPECT_EQ(ran.load(), 1);
+  EXPECT_EQ(cudaEventQuery(after), cudaSuccess);
+  cudaEventDestroy(after);
+  cudaStreamDestroy(stream);
 }
 
 }  // namespace

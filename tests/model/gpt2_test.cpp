@@ -192,8 +192,11 @@ TEST(Gpt2, WholeModelGradientMatchesFiniteDifferences) {
 }
 
 // Activation checkpointing changes what is kept, never the result: the gradients with full
-// and selective recompute are bitwise those without, and recompute saves memory.
-TEST(Gpt2, RecomputeGivesBitwiseIdenticalGradients) {
+// and selective recompute are bitwise those without, and recompute saves memory. 16-bit
+// activations too: the MLP's GELU (matmul_gelu_forward) reads the stored, rounded pre-GELU, as
+// selective recompute's gelu_forward does.
+void check_recompute_is_bitwise(DType act_dtype) {
+  SCOPED_TRACE(dtype_name(act_dtype));
   const ModelConfig config = small_config();
   const ParamLayout layout(config);
   const int64_t B = 3, T = 7, N = B * T;
@@ -215,7 +218,7 @@ TEST(Gpt2, RecomputeGivesBitwiseIdenticalGradients) {
     for (int block = 0; block < layout.num_blocks(); ++block) flats.push_back(params.acquire_params(block));
     init_gpt2_parameters(layout, config, 3, flats);
     auto allocator = make_cpu_allocator();
-    Gpt2 model(config, *backend, *allocator, B, T, DType::F32, true, mode);
+    Gpt2 model(config, *backend, *allocator, B, T, act_dtype, true, mode);
     activation_bytes.push_back(allocator->stats().current[int(MemCategory::Activations)]);
     // Two micro-batches accumulate, as in training.
     for (int micro = 0; micro < 2; ++micro) {
@@ -232,6 +235,12 @@ TEST(Gpt2, RecomputeGivesBitwiseIdenticalGradients) {
   }
   EXPECT_LT(activation_bytes[1], activation_bytes[0]);  // selective keeps less
   EXPECT_LT(activation_bytes[2], activation_bytes[1]);  // full keeps least
+}
+
+TEST(Gpt2, RecomputeGivesBitwiseIdenticalGradients) {
+  for (DType act_dtype : {DType::F32, DType::BF16, DType::F16}) {
+    check_recompute_is_bitwise(act_dtype);
+  }
 }
 
 TEST(ModelConfig, PresetsLoadAndCountParameters) {

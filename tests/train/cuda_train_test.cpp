@@ -10,10 +10,12 @@
 //   it by one unit, and 20 steps of AdamW carry such differences into the weights. Both runs
 //   must skip the same steps for overflow (the scaler's decisions depend on magnitudes, far
 //   from the rounding level).
-// - 2 simulated ranks sharing one GPU with ZeRO-3 + offload (the local communicator through
-//   host copies): against 1 rank on the GPU, the equivalence test's own tolerances (losses
+// - 2 simulated ranks sharing one GPU with ZeRO-3 (or 2) + offload (the local communicator
+//   through host copies): against 1 rank on the GPU, the equivalence test's own tolerances (losses
 //   1e-6 relative, weights 1e-5 absolute: only the order of adding micro-batch gradients
 //   differs); against the same plan on the CPU backend, 1e-4 relative per-step loss.
+// - 2 ranks with a GPU each, joined by NCCL (2 or more GPUs, a build with NCCL; on the emulator
+//   its NCCL, with the GPUs ctest gives tests_train): against 1 rank, the same tolerances.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -48,21 +50,25 @@ struct Run {
   int ranks = 1;
   int zero = 0;
   bool offload = false;
+  bool gpu_per_rank = false;  // cuda: one GPU per rank (NCCL), else the ranks share one GPU
 };
 
 struct RunResult {
   std::vector<double> losses;
   std::vector<bool> skipped;
   std::map<std::string, std::vector<float>> weights;
+  std::string output;  // what train() printed: its plan names the devices and communicator
 };
 
 RunResult train_run(const fs::path& dir, const Run& run) {
   const std::string name = run.device + "_" + run.precision + "_r" + std::to_string(run.ranks) +
-                           "_z" + std::to_string(run.zero) + (run.offload ? "_offload" : "");
+                           "_z" + std::to_string(run.zero) + (run.offload ? "_offload" : "") +
+                           (run.gpu_per_rank ? "_gpus" : "");
   TrainOptions options = test::small_run_options(dir, name, run.ranks);
   options.device = run.device;
-  // One GPU, and the flags are the plan (plan_run does not plan when ranks share GPUs).
-  options.max_gpus = run.device == "cuda" ? 1 : 0;
+  // One GPU (or one per rank), and the flags are the plan (plan_run does not plan with
+  // max_gpus).
+  options.max_gpus = run.device != "cuda" ? 0 : run.gpu_per_rank ? run.ranks : 1;
   options.precision = run.precision;
   options.zero = run.zero;
   options.offload = run.offload;
@@ -79,6 +85,7 @@ RunResult train_run(const fs::path& dir, const Run& run) {
     result.skipped.push_back(record.value("skipped", false));
   }
   result.weights = test::final_weights(options);
+  result.output = out.str();
   return result;
 }
 
@@ -140,6 +147,47 @@ TEST(CudaTraining, TwoRanksSharingOneGpuZero3OffloadMatchOneRank) {
   expect_losses_near(shared, cpu, 1e-4, "2 ranks on the GPU vs 2 ranks on the CPU backend");
   std::cout << "  2 ranks sharing one GPU, ZeRO-3 + offload: max |weight difference| vs 1 rank "
             << error << "\n";
+}
+
+// ZeRO-2 + offload: the lagged per-block reduce-scatter on the communication stream, the
+// pipelined offload copies, and a forward that reads the updated full parameters directly
+// (ZeRO-3 reads only gathered copies), each ordered with events against the compute stream.
+// The emulator runs streams as late as CUDA allows, so a missing wait changes the numbers.
+TEST(CudaTraining, Zero2AndOffloadOverlapMatchOneRank) {
+  REQUIRE_CUDA_DEVICE();
+  const testing::TempDir dir;
+  const RunResult one = train_run(dir.path(), {"cuda", "fp32", 1, 0, false});
+  const RunResult shared = train_run(dir.path(), {"cuda", "fp32", 2, 2, true});
+  ASSERT_LT(one.losses.back(), one.losses.front() - 0.1);
+  expect_losses_near(shared, one, 1e-6, "2 ranks sharing the GPU (ZeRO-2 + offload) vs 1 rank");
+  EXPECT_LT(max_weight_difference(shared, one), 1e-5);
+  // One rank with offload: no collective synchronizes the communication stream, only events
+  // order the weights going up before the next forward reads them. Offload changes no bit.
+  const RunResult offload = train_run(dir.path(), {"cuda", "fp32", 1, 0, true});
+  expect_losses_near(offload, one, 0.0, "1 rank with offload vs without");
+  EXPECT_EQ(max_weight_difference(offload, one), 0.0);
+}
+
+TEST(CudaTraining, TwoRanksWithAGpuEachThroughNcclZero3MatchOneRank) {
+  REQUIRE_CUDA_DEVICE();
+  if (usable_cuda_devices() < 2) {
+    GTEST_SKIP() << "needs 2 GPUs (on the emulator: DSTRAIN_CUDA_EMU_DEVICES=2 or more, as "
+                    "ctest sets for tests_train)";
+  }
+  if (!choose_devices("cuda", 2, 2).nccl) GTEST_SKIP() << "this build has no NCCL";
+  const testing::TempDir dir;
+  const RunResult one = train_run(dir.path(), {"cuda", "fp32", 1, 0, false});
+  ASSERT_LT(one.losses.back(), one.losses.front() - 0.1);
+  for (const bool offload : {false, true}) {
+    const std::string what =
+        std::string("2 ranks on 2 GPUs through NCCL, ZeRO-3") + (offload ? " + offload" : "");
+    const RunResult nccl = train_run(dir.path(), {"cuda", "fp32", 2, 3, offload, true});
+    EXPECT_NE(nccl.output.find("on CUDA on 2 GPUs, NCCL"), std::string::npos) << nccl.output;
+    expect_losses_near(nccl, one, 1e-6, what + " vs 1 rank");
+    const double error = max_weight_difference(nccl, one);
+    EXPECT_LT(error, 1e-5) << what;
+    std::cout << "  " << what << ": max |weight difference| vs 1 rank " << error << "\n";
+  }
 }
 
 }  // namespace
