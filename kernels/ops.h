@@ -163,45 +163,28 @@ class Backend {
 };
 
 // A stream or event of a backend, destroyed with this object (the backend must outlive it).
-class OwnedStream {
+template <void* (Backend::*Create)(), void (Backend::*Destroy)(void*)>
+class BackendHandle {
  public:
-  OwnedStream() = default;
-  explicit OwnedStream(Backend& backend) : backend_(&backend), stream_(backend.create_stream()) {}
-  OwnedStream(OwnedStream&& other) noexcept { *this = std::move(other); }
-  OwnedStream& operator=(OwnedStream&& other) noexcept {
+  BackendHandle() = default;
+  explicit BackendHandle(Backend& backend) : backend_(&backend), handle_((backend.*Create)()) {}
+  BackendHandle(BackendHandle&& other) noexcept { *this = std::move(other); }
+  BackendHandle& operator=(BackendHandle&& other) noexcept {
     std::swap(backend_, other.backend_);
-    std::swap(stream_, other.stream_);
+    std::swap(handle_, other.handle_);
     return *this;
   }
-  ~OwnedStream() {
-    if (backend_) backend_->destroy_stream(stream_);
+  ~BackendHandle() {
+    if (backend_) (backend_->*Destroy)(handle_);
   }
-  Stream get() const { return stream_; }
+  void* get() const { return handle_; }
 
  private:
   Backend* backend_ = nullptr;
-  Stream stream_ = nullptr;
+  void* handle_ = nullptr;
 };
-
-class OwnedEvent {
- public:
-  OwnedEvent() = default;
-  explicit OwnedEvent(Backend& backend) : backend_(&backend), event_(backend.create_event()) {}
-  OwnedEvent(OwnedEvent&& other) noexcept { *this = std::move(other); }
-  OwnedEvent& operator=(OwnedEvent&& other) noexcept {
-    std::swap(backend_, other.backend_);
-    std::swap(event_, other.event_);
-    return *this;
-  }
-  ~OwnedEvent() {
-    if (backend_) backend_->destroy_event(event_);
-  }
-  Event get() const { return event_; }
-
- private:
-  Backend* backend_ = nullptr;
-  Event event_ = nullptr;
-};
+using OwnedStream = BackendHandle<&Backend::create_stream, &Backend::destroy_stream>;
+using OwnedEvent = BackendHandle<&Backend::create_event, &Backend::destroy_event>;
 
 // The CPU backend: fp32 compute, OpenBLAS GEMM, OpenMP threads (num_threads <= 0: all cores).
 std::unique_ptr<Backend> make_cpu_backend(int num_threads = 0);
