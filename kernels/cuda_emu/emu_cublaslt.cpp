@@ -140,15 +140,12 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t 
     case CUBLASLT_MATMUL_DESC_POINTER_MODE:
       return read_attribute(d.pointer_mode, buf, size);
     case CUBLASLT_MATMUL_DESC_TRANSA:
-      status = read_attribute(d.transa, buf, size);
-      return status == CUBLAS_STATUS_SUCCESS && !is_operation(d.transa)
-                 ? CUBLAS_STATUS_NOT_SUPPORTED
-                 : status;
-    case CUBLASLT_MATMUL_DESC_TRANSB:
-      status = read_attribute(d.transb, buf, size);
-      return status == CUBLAS_STATUS_SUCCESS && !is_operation(d.transb)
-                 ? CUBLAS_STATUS_NOT_SUPPORTED
-                 : status;
+    case CUBLASLT_MATMUL_DESC_TRANSB: {
+      int32_t& op = attr == CUBLASLT_MATMUL_DESC_TRANSA ? d.transa : d.transb;
+      status = read_attribute(op, buf, size);
+      return status == CUBLAS_STATUS_SUCCESS && !is_operation(op) ? CUBLAS_STATUS_NOT_SUPPORTED
+                                                                   : status;
+    }
     case CUBLASLT_MATMUL_DESC_EPILOGUE:
       return read_attribute(d.epilogue, buf, size);
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER:

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "core/format.h"
+
 namespace dstrain {
 
 namespace {
@@ -16,17 +18,6 @@ std::string seconds_text(double seconds) {
     std::snprintf(text, sizeof text, "%.2f s", seconds);
   else
     std::snprintf(text, sizeof text, "%.1f ms", seconds * 1e3);
-  return text;
-}
-
-std::string rate_text(double tokens_per_second) {
-  char text[32];
-  if (tokens_per_second >= 1e6)
-    std::snprintf(text, sizeof text, "%.2fM", tokens_per_second / 1e6);
-  else if (tokens_per_second >= 1e3)
-    std::snprintf(text, sizeof text, "%.1fk", tokens_per_second / 1e3);
-  else
-    std::snprintf(text, sizeof text, "%.0f", tokens_per_second);
   return text;
 }
 
@@ -111,7 +102,7 @@ std::string format_plan_report(const ModelConfig& config, const NodeTopology& to
 
   const StepCost& c = best.cost;
   out << "step: " << seconds_text(c.step_seconds) << " predicted, "
-      << rate_text(c.tokens_per_second) << " tokens/s\n";
+      << format_rate(c.tokens_per_second) << " tokens/s\n";
   out << "  " << breakdown_text(c) << "\n";
   out.precision(0);
   const GpuSpeed speed = gpu_speed(topology, plan.param_dtype);

@@ -19,17 +19,6 @@ std::string format_duration(double seconds) {
   return text;
 }
 
-std::string format_rate(double tokens_per_second) {
-  char text[32];
-  if (tokens_per_second >= 1e6)
-    std::snprintf(text, sizeof text, "%.2fM", tokens_per_second / 1e6);
-  else if (tokens_per_second >= 1e3)
-    std::snprintf(text, sizeof text, "%.1fk", tokens_per_second / 1e3);
-  else
-    std::snprintf(text, sizeof text, "%.0f", tokens_per_second);
-  return text;
-}
-
 ProgressPrinter::ProgressPrinter(std::ostream& out, int64_t total_steps, bool quiet,
                                  int64_t keep_every)
     : out_(out),

@@ -6,10 +6,11 @@
 #include <ostream>
 #include <string>
 
+#include "core/format.h"  // format_rate
+
 namespace dstrain {
 
-std::string format_duration(double seconds);        // "1:05", "2:03:04"
-std::string format_rate(double tokens_per_second);  // "812", "41.7k", "1.25M"
+std::string format_duration(double seconds);  // "1:05", "2:03:04"
 
 class ProgressPrinter {
  public:
