@@ -25,7 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include "bench_main.h"
+#include "benchmarks/bench_main.h"
 #include "comm/communicator.h"
 #include "core/allocator.h"
 #include "core/check.h"
@@ -64,28 +64,6 @@ struct Options {
   double peak_tflops = 0;           // 0: from the GPU table (cuda), else none
   std::string json;
 };
-
-std::vector<std::string> split_list(const std::string& text) {
-  std::vector<std::string> items;
-  std::stringstream list(text);
-  for (std::string item; std::getline(list, item, ',');) {
-    if (!item.empty()) items.push_back(item);
-  }
-  return items;
-}
-
-int64_t parse_int(const std::string& flag, const std::string& text, int64_t min) {
-  size_t used = 0;
-  int64_t value = 0;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  DSTRAIN_USER_CHECK(used == text.size() && !text.empty() && value >= min)
-      << flag << " takes an integer of at least " << min << ", not '" << text << "'";
-  return value;
-}
 
 Options parse_options(int argc, char** argv) {
   Options o;

@@ -23,6 +23,8 @@
 #                  COMMIT=$(git rev-parse --short HEAD)
 #   PYTHON         python3
 #   SEQ, STEPS, WARMUP          1024 tokens, 10 timed steps after 3 untimed
+#   MODELS         the models timed, in order (default "gpt2-1.5b gpt2-124m")
+#   PYTORCH        0: time dstrain only (no PyTorch runs, no prewarm)
 #   BATCH_124M, BATCH_1_5B      32 and 16: they fit dstrain and PyTorch eager on a 141 GB H200
 #                  (dstrain's planner: 14.7 and 63.1 GiB per GPU in bf16, no recompute)
 #   COMPILE_SCOPE  blocks: each transformer block and the head torch.compile'd on their own,
@@ -65,6 +67,8 @@ WARMUP=${WARMUP:-3}
 BATCH_124M=${BATCH_124M:-32}
 BATCH_1_5B=${BATCH_1_5B:-16}
 PREWARM=${PREWARM:-1}
+MODELS=${MODELS:-gpt2-1.5b gpt2-124m}
+PYTORCH=${PYTORCH:-1}
 COMPILE_SCOPE=${COMPILE_SCOPE:-blocks}
 NCCL_FROM_PIP=${NCCL_FROM_PIP:-1}
 DEPS=${DEPS:-.gpu-deps}
@@ -210,7 +214,9 @@ fi
 # ---- PyTorch: there or not, and its compile caches warmed while the build runs --------------
 torch_ok=0
 torch_probe='import torch; print(torch.__version__, "CUDA", torch.cuda.is_available())'
-if torch_version=$("$PYTHON" -c "$torch_probe" 2>&1); then
+if ((!PYTORCH)); then
+  record pytorch "not run (PYTORCH=0)"
+elif torch_version=$("$PYTHON" -c "$torch_probe" 2>&1); then
   torch_ok=1
   say "torch: $torch_version"
 else
@@ -278,8 +284,9 @@ peak_of() {
 rows = json.load(open(sys.argv[1]))["rows"]
 print(next((r["peak_tflops"] for r in rows if r.get("peak_tflops")), ""))' "$1" 2>/dev/null
 }
-for case in "gpt2-1.5b $BATCH_1_5B" "gpt2-124m $BATCH_124M"; do
-  read -r model batch <<<"$case"
+for model in $MODELS; do
+  batch=$BATCH_124M
+  if [ "$model" = gpt2-1.5b ]; then batch=$BATCH_1_5B; fi
   run_step "bench_train_$model" 180 "$BUILD/bench_train" --device cuda --models "$model" \
     --dtype "$dtypes" --batch "$batch" --seq-len "$SEQ" --steps "$STEPS" --warmup "$WARMUP" \
     --json "$json/dstrain_$model.json"

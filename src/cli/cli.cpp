@@ -41,7 +41,7 @@ po::options_description train_flags(TrainOptions& o) {
        "start from a Hugging Face GPT-2 model.safetensors");
   po::options_description optim("Batch and optimization");
   optim.add_options()
-      ("batch", po::value(&o.batch)->default_value(o.batch)->value_name("B"), "sequences per micro-batch per rank")
+      ("batch", po::value(&o.batch)->default_value(o.batch)->value_name("B"), "sequences per micro-batch per data-parallel rank")
       ("seq-len", po::value(&o.seq_len)->default_value(o.seq_len)->value_name("T"), "tokens per sequence")
       ("grad-accum", po::value(&o.grad_accum)->default_value(o.grad_accum)->value_name("N"), "micro-batches per optimizer step")
       ("steps", po::value(&o.steps)->default_value(o.steps)->value_name("N"), "total optimizer steps of the run (a resume continues up to it)")
@@ -55,11 +55,11 @@ po::options_description train_flags(TrainOptions& o) {
       ("eps", po::value(&o.eps)->default_value(o.eps, "1e-8"), "AdamW epsilon")
       ("grad-clip", po::value(&o.grad_clip)->default_value(o.grad_clip, "1.0"), "clip the global gradient norm to this (0 disables)")
       ("seed", po::value(&o.seed)->default_value(o.seed), "seed of initialization, shuffling and sampling")
-      ("precision", po::value(&o.precision)->default_value(o.precision), "fp32 (fp16 | bf16 arrive with the gradient scaler)");
+      ("precision", po::value(&o.precision)->default_value(o.precision), "fp32 | fp16 (with dynamic loss scaling) | bf16");
   po::options_description hardware("Hardware");
   hardware.add_options()
       ("device", po::value(&o.device)->default_value(o.device), "auto | cpu | cuda")
-      ("gpus", po::value(&o.gpus)->default_value(o.gpus)->value_name("N"), "number of ranks: GPUs, or on the CPU backend threads that act as ranks")
+      ("gpus", po::value(&o.gpus)->default_value(o.gpus)->value_name("N"), "number of ranks (dp x pp): GPUs, or on the CPU backend threads that act as ranks")
       ("threads", po::value(&o.threads)->default_value(o.threads)->value_name("N"), "CPU backend threads in all, shared by the ranks (0: all cores)")
       ("zero", po::value(&o.zero)->default_value(o.zero)->value_name("STAGE"), "ZeRO stage: 0 replicated, 1 optimizer state sharded, 2 + gradients, 3 + parameters")
       ("recompute", po::value(&o.recompute)->default_value(o.recompute)->value_name("MODE"), "activation checkpointing: none | selective (layernorm, GELU) | full (whole layers)")
@@ -67,7 +67,9 @@ po::options_description train_flags(TrainOptions& o) {
       ("dp", po::value(&o.dp)->value_name("N"), "data parallel degree (the planner's; --gpus = dp x tp x pp)")
       ("micro-batch", po::value<int64_t>()->value_name("B"), "the same as --batch: sequences per micro-batch per rank")
       ("tp", po::value(&o.tp)->default_value(o.tp)->value_name("N"), "tensor parallel degree (only 1 runs today; the planner may choose otherwise)")
-      ("pp", po::value(&o.pp)->default_value(o.pp)->value_name("N"), "pipeline parallel degree (only 1 runs today)")
+      ("pp", po::value(&o.pp)->default_value(o.pp)->value_name("N"), "pipeline stages (--gpus = dp x pp; --pp alone: one rank per stage)")
+      ("pp-schedule", po::value(&o.pp_schedule)->default_value(o.pp_schedule)->value_name("KIND"), "pipeline schedule: 1f1b (at most pp micro-batches in flight) | gpipe (all forwards, then all backwards)")
+      ("pp-split", po::value(&o.pp_split)->value_name("N,N,..."), "layers per pipeline stage, e.g. 7,7,7,7 (default: balanced, counting the embedding and the head)")
       ("global-batch-tokens", po::value(&o.global_batch_tokens)->value_name("K"), "tokens per optimizer step, for the planner (default: batch x seq-len x grad-accum x gpus, or 524288)")
       ("topology", po::value(&o.topology_file)->value_name("FILE"), "plan for the machine this file describes (`dstrain topo --json`, or `nvidia-smi topo -m` text)")
       ("from-nvidia-smi", po::value(&o.nvidia_smi_file)->value_name("FILE|-"), "plan for the machine of this `nvidia-smi topo -m` text")

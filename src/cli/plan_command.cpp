@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "core/check.h"
 #include "model/config.h"
+#include "parallel/pipeline_split.h"
 #include "parallel/plan_report.h"
 
 namespace dstrain {
@@ -23,7 +24,10 @@ po::options_description plan_flags() {
       ("offload", po::value<std::string>()->implicit_value("on")->value_name("on|off"),
        "fp32 master weights and Adam moments in host memory, the step on the host")
       ("recompute", po::value<std::string>()->value_name("MODE"), "none | selective | full")
-      ("micro-batch", po::value<int64_t>()->value_name("B"), "sequences per micro-batch per rank");
+      ("micro-batch", po::value<int64_t>()->value_name("B"), "sequences per micro-batch per rank")
+      ("pp-schedule", po::value<std::string>()->value_name("KIND"), "pipeline schedule: 1f1b | gpipe")
+      ("pp-split", po::value<std::string>()->value_name("N,N,..."),
+       "layers per pipeline stage, e.g. 7,7,7,7 (default: balanced, counting the embedding and the head)");
   return flags;
 }
 
@@ -46,6 +50,12 @@ void read_plan_flags(const po::variables_map& values, PlanRequest& request) {
     request.recompute = parse_recompute(values["recompute"].as<std::string>());
   }
   if (values.count("micro-batch")) request.micro_batch = values["micro-batch"].as<int64_t>();
+  if (values.count("pp-schedule")) {
+    request.pp_schedule = parse_pipeline_schedule(values["pp-schedule"].as<std::string>());
+  }
+  if (values.count("pp-split")) {
+    request.pp_split = parse_pipeline_split(values["pp-split"].as<std::string>());
+  }
 }
 
 int run_plan_command(const std::vector<std::string>& args, std::ostream& out) {

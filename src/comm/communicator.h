@@ -26,6 +26,14 @@
 //   call ("mismatched collectives at all_reduce #3 on group 'world': rank 0 called
 //   all_reduce(count 10, F32, sum), but rank 1 called all_reduce(count 12, F32, sum)");
 //   a send/recv pair of different dtype or count is an Error on both sides.
+// - exchange: posts every send (each lent to its receiver), then takes every receive in the
+//   order given, then waits until every send has been received; one timeout covers the whole
+//   call. A failure, timeout, abort or mismatch of one of its operations is the Error
+//   send/recv would give for it ("send #2 from rank 0 to rank 1 on group 'world' timed
+//   out ..."); the exchange then ends at once: its sends not yet received are withdrawn (their
+//   receivers are released by the failure of this rank, or by their own timeout). A receive
+//   buffer overlapping another buffer of the same exchange is an Error (the peer would read
+//   while this rank writes).
 // - times only the wait for the other ranks to arrive (the watchdog of NCCL): once all have
 //   arrived, the copies run to completion however long they take. A rank waiting for one
 //   that has already returned from its function fails at once, without waiting for the
@@ -34,9 +42,11 @@
 //   ("rank 3 never joined (it is in barrier #2 on group 'world')").
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 #include "kernels/ops.h"
@@ -44,6 +54,14 @@
 namespace dstrain {
 
 enum class ReduceOp { Sum, Max };
+
+// One point-to-point operation of an exchange().
+struct P2POp {
+  enum class Kind : uint8_t { Send, Recv };
+  Kind kind = Kind::Send;
+  Tensor buffer;
+  int peer = -1;
+};
 
 class Communicator {
  public:
@@ -64,7 +82,18 @@ class Communicator {
   // Point to point (not collective): send blocks until the peer has received it.
   virtual void send(Tensor buffer, int peer, Stream stream) = 0;
   virtual void recv(Tensor buffer, int peer, Stream stream) = 0;
+  // Point to point (not collective): every operation of `ops` at once, as one group (torch's
+  // batch_isend_irecv, NCCL's ncclGroupStart/ncclGroupEnd): all sends are posted, all receives
+  // taken, and it returns when every one is done. Each matches the peer's send or recv (plain or
+  // inside its own exchange) in per-pair order, exactly as send/recv do. REQUIRES: at most one
+  // Send and at most one Recv per peer in one call; no peer is this rank.
+  virtual void exchange(const std::vector<P2POp>& ops, Stream stream) = 0;
   virtual void barrier() = 0;
+  // Not collective: a label of what this rank is doing in its own code ("pipeline stage 1
+  // (rank 3), forward of micro-batch 5"), for the messages about it. The local implementation
+  // names it when another rank times out waiting for this one; others may ignore it. Empty
+  // clears it. Any communicator of the world may set it (it belongs to the rank).
+  virtual void annotate(const std::string& what) {}
   // Collective: ranks with the same color form a new communicator, ranked by (key, old rank).
   // color < 0: this rank joins none and gets nullptr.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;

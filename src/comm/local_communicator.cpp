@@ -51,6 +51,17 @@ void copy_bytes(void* dst, const void* src, size_t bytes) {
   if (bytes > 0 && dst != src) std::memcpy(dst, src, bytes);
 }
 
+// One message of this rank: a send, a recv, or one operation of an exchange (all three are
+// run by LocalCommunicator::transfer).
+struct Message {
+  bool sending = true;
+  Tensor buffer;
+  int peer = -1;            // group rank
+  uint64_t index = 0;       // number of the message on its (source, destination) pair, from 1
+  std::string what;         // "send #2 from rank 0 to rank 1 on group 'world'"
+  bool in_channel = false;  // a posted send not yet received: withdrawn if the call fails
+};
+
 class LocalCommunicator final : public Communicator {
  public:
   LocalCommunicator(std::shared_ptr<World> world, std::shared_ptr<Group> group, int rank)
@@ -70,7 +81,9 @@ class LocalCommunicator final : public Communicator {
   void broadcast(Tensor buffer, int root, Stream) override;
   void send(Tensor buffer, int peer, Stream) override;
   void recv(Tensor buffer, int peer, Stream) override;
+  void exchange(const std::vector<P2POp>& ops, Stream) override;
   void barrier() override;
+  void annotate(const std::string& what) override;
   std::unique_ptr<Communicator> split(int color, int key) override;
 
  private:
@@ -83,6 +96,24 @@ class LocalCommunicator final : public Communicator {
   // REQUIRES: lock held. Throws when the world aborted, `peer` returned, or `deadline` passed.
   void check_waiting(const std::string& what, int peer, Clock::time_point deadline,
                      const std::string& peer_missing);
+  // REQUIRES: lock held. Until the world changes or `deadline` passes.
+  void wait_for_change(std::unique_lock<std::mutex>& lock, Clock::time_point deadline);
+  // The operations of a send, recv or exchange (`op`, for messages): checked, then numbered.
+  void check_ops(const std::vector<P2POp>& ops, const char* op) const;
+  std::vector<Message> number_messages(const std::vector<P2POp>& ops, const char* op);
+  // Posts every send, takes every receive, then waits until every send was received: one
+  // implementation for send, recv and exchange. `op` and `index` name the call in this rank's
+  // activity, `what` in the error of a world that aborted before it.
+  void transfer(std::vector<Message>& messages, const char* op, uint64_t index,
+                const std::string& what);
+  // REQUIRES (the four below): lock held. They throw what send/recv throw on failure.
+  void post(Message& send);
+  void take(std::unique_lock<std::mutex>& lock, const Message& recv, const char* op,
+            Clock::time_point deadline);
+  void await_received(std::unique_lock<std::mutex>& lock, Message& send, const char* op,
+                      Clock::time_point deadline);
+  // After a failure: takes `send` back out of its channel (Empty again) unless it was received.
+  void withdraw(std::unique_lock<std::mutex>& lock, Message& send);
   // The same call on every rank, and no rank writing into another rank's buffers.
   void validate(const std::vector<CallSlot>& slots, const std::string& what) const;
   void check_buffer(const Tensor& tensor, const char* op, const char* name) const;
@@ -95,6 +126,7 @@ class LocalCommunicator final : public Communicator {
   const int rank_;        // in the group
   const int world_rank_;
   uint64_t calls_ = 0;    // collectives called on this group, the current one included
+  uint64_t exchanges_ = 0;  // exchanges called on this group, the current one included
   int splits_ = 0;
   std::vector<uint64_t> sends_, recvs_;  // messages to / from each group rank
 };
@@ -111,6 +143,11 @@ void LocalCommunicator::set_activity(Activity::Kind kind, const char* op, uint64
   a.group = group_;
   a.index = index;
   a.peer = peer;
+}
+
+void LocalCommunicator::annotate(const std::string& what) {
+  std::lock_guard<std::mutex> lock(world_->mutex);
+  world_->activity[static_cast<size_t>(world_rank_)].label = what;
 }
 
 void LocalCommunicator::end_activity(const char* op, uint64_t index) {
@@ -147,6 +184,15 @@ void LocalCommunicator::check_waiting(const std::string& what, int peer,
          << world.timeout_seconds << " s, but " << member_name(*group_, peer) << " never "
          << peer_missing << " (it " << world.describe_activity(peer_world_rank) << ")";
     world.fail(world_rank_, text.str());
+  }
+}
+
+void LocalCommunicator::wait_for_change(std::unique_lock<std::mutex>& lock,
+                                        Clock::time_point deadline) {
+  if (world_->has_deadline()) {
+    world_->changed.wait_until(lock, deadline);
+  } else {
+    world_->changed.wait(lock);
   }
 }
 
@@ -198,11 +244,7 @@ void LocalCommunicator::arrive(std::unique_lock<std::mutex>& lock, bool abortabl
       }
       world.fail(world_rank_, text.str());
     }
-    if (world.has_deadline()) {
-      world.changed.wait_until(lock, deadline);
-    } else {
-      world.changed.wait(lock);
-    }
+    wait_for_change(lock, deadline);
   }
 }
 
@@ -431,87 +473,115 @@ std::unique_ptr<Communicator> LocalCommunicator::split(int color, int key) {
   return child;
 }
 
-void LocalCommunicator::send(Tensor buffer, int peer, Stream) {
-  check_buffer(buffer, "send", "buffer");
-  DSTRAIN_CHECK(peer >= 0 && peer < size() && peer != rank_)
-      << "send: peer " << peer << " is not another rank of a group of " << size();
-  World& world = *world_;
-  const uint64_t index = ++sends_[static_cast<size_t>(peer)];
-  const std::string what = "send #" + std::to_string(index) + " from " +
-                           member_name(*group_, rank_) + " to " + member_name(*group_, peer) +
-                           " on group '" + group_->name + "'";
-  std::unique_lock<std::mutex> lock(world.mutex);
-  if (world.aborted) world.throw_aborted(what);
-  Channel& channel = group_->channels[{rank_, peer}];
-  DSTRAIN_CHECK(channel.state == Channel::State::Empty) << what << ": channel busy";
-  set_activity(Activity::Kind::Send, "send", index, peer);
-  channel.state = Channel::State::Posted;
-  channel.data = buffer.data;
-  channel.dtype = buffer.dtype;
-  channel.count = buffer.numel();
-  channel.index = index;
-  world.changed.notify_all();
-  const Clock::time_point deadline = world.deadline_from_now();
-  while (channel.state == Channel::State::Posted || channel.state == Channel::State::Taken) {
-    if (channel.state == Channel::State::Taken) {
-      world.changed.wait(lock);  // the receiver is copying: that always ends
-      continue;
-    }
-    try {
-      check_waiting(what, peer, deadline, "received it");
-    } catch (...) {
-      channel.state = Channel::State::Empty;  // withdrawn: nobody will read the buffer now
-      throw;
-    }
-    if (world.has_deadline()) {
-      world.changed.wait_until(lock, deadline);
-    } else {
-      world.changed.wait(lock);
+// ---- point to point ----
+//
+// A message travels through the channel of its (source, destination) pair: the sender posts
+// a pointer to its buffer, the receiver copies out of it, and the sender leaves only once the
+// copy is Done (or Rejected), so the buffer outlives every read and a channel holds at most
+// one message. send, recv and exchange are all transfer(): posting never waits, so a rank
+// that posts every send of an exchange before taking its receives cannot deadlock with a
+// neighbour doing the same.
+
+void LocalCommunicator::check_ops(const std::vector<P2POp>& ops, const char* op) const {
+  std::vector<int> sends_to(static_cast<size_t>(size()), 0), recvs_from(sends_to);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const P2POp& o = ops[i];
+    const bool sending = o.kind == P2POp::Kind::Send;
+    check_buffer(o.buffer, op, "buffer");
+    DSTRAIN_CHECK(o.peer >= 0 && o.peer < size() && o.peer != rank_)
+        << op << ": peer " << o.peer << " is not another rank of a group of " << size();
+    DSTRAIN_CHECK(++(sending ? sends_to : recvs_from)[static_cast<size_t>(o.peer)] == 1)
+        << op << ": two " << (sending ? "sends to " : "receives from ")
+        << member_name(*group_, o.peer) << " in one call (at most one of each per peer)";
+    for (size_t j = 0; j < ops.size() && !sending; ++j) {
+      // The peer reads a send buffer while this rank writes its receive buffers.
+      DSTRAIN_CHECK(j == i || !byte_range(o.buffer).overlaps(byte_range(ops[j].buffer)))
+          << op << ": the receive buffer of operation " << i << " overlaps the buffer of "
+          << "operation " << j;
     }
   }
-  const bool rejected = channel.state == Channel::State::Rejected;
-  const std::string error = channel.error;
-  channel = Channel{};
-  end_activity("send", index);
-  if (rejected) throw Error(error);
 }
 
-void LocalCommunicator::recv(Tensor buffer, int peer, Stream) {
-  check_buffer(buffer, "recv", "buffer");
-  DSTRAIN_CHECK(peer >= 0 && peer < size() && peer != rank_)
-      << "recv: peer " << peer << " is not another rank of a group of " << size();
+std::vector<Message> LocalCommunicator::number_messages(const std::vector<P2POp>& ops,
+                                                        const char* op) {
+  // Numbered only once every operation passed its checks: a rejected call sends nothing.
+  check_ops(ops, op);
+  std::vector<Message> messages(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    Message& m = messages[i];
+    m.sending = ops[i].kind == P2POp::Kind::Send;
+    m.buffer = ops[i].buffer;
+    m.peer = ops[i].peer;
+    m.index = ++(m.sending ? sends_ : recvs_)[static_cast<size_t>(m.peer)];
+    m.what = (m.sending ? "send #" : "recv #") + std::to_string(m.index) +
+             (m.sending ? " from " : " by ") + member_name(*group_, rank_) +
+             (m.sending ? " to " : " from ") + member_name(*group_, m.peer) + " on group '" +
+             group_->name + "'";
+  }
+  return messages;
+}
+
+void LocalCommunicator::transfer(std::vector<Message>& messages, const char* op, uint64_t index,
+                                 const std::string& what) {
   World& world = *world_;
-  const uint64_t index = ++recvs_[static_cast<size_t>(peer)];
-  const std::string what = "recv #" + std::to_string(index) + " by " +
-                           member_name(*group_, rank_) + " from " +
-                           member_name(*group_, peer) + " on group '" + group_->name + "'";
   std::unique_lock<std::mutex> lock(world.mutex);
   if (world.aborted) world.throw_aborted(what);
-  Channel& channel = group_->channels[{peer, rank_}];
-  set_activity(Activity::Kind::Recv, "recv", index, peer);
-  const Clock::time_point deadline = world.deadline_from_now();
-  while (channel.state != Channel::State::Posted) {
-    check_waiting(what, peer, deadline, "sent it");
-    if (world.has_deadline()) {
-      world.changed.wait_until(lock, deadline);
-    } else {
-      world.changed.wait(lock);
+  try {
+    for (Message& m : messages) {
+      if (m.sending) post(m);
     }
+    world.changed.notify_all();
+    // One deadline for the whole call: the timeout bounds how long the rank waits in it.
+    const Clock::time_point deadline = world.deadline_from_now();
+    for (const Message& m : messages) {
+      if (!m.sending) take(lock, m, op, deadline);
+    }
+    for (Message& m : messages) {
+      if (m.sending) await_received(lock, m, op, deadline);
+    }
+  } catch (...) {
+    for (Message& m : messages) withdraw(lock, m);
+    end_activity(op, index);
+    throw;
   }
-  DSTRAIN_CHECK(channel.index == index)
-      << what << ": got message #" << channel.index << " instead";
+  end_activity(op, index);
+}
+
+void LocalCommunicator::post(Message& send) {
+  Channel& channel = group_->channels[{rank_, send.peer}];
+  DSTRAIN_CHECK(channel.state == Channel::State::Empty) << send.what << ": channel busy";
+  channel.state = Channel::State::Posted;
+  channel.data = send.buffer.data;
+  channel.dtype = send.buffer.dtype;
+  channel.count = send.buffer.numel();
+  channel.index = send.index;
+  send.in_channel = true;
+}
+
+void LocalCommunicator::take(std::unique_lock<std::mutex>& lock, const Message& recv,
+                             const char* op, Clock::time_point deadline) {
+  World& world = *world_;
+  Channel& channel = group_->channels[{recv.peer, rank_}];
+  set_activity(Activity::Kind::Recv, op, recv.index, recv.peer);
+  while (channel.state != Channel::State::Posted) {
+    check_waiting(recv.what, recv.peer, deadline, "sent it");
+    wait_for_change(lock, deadline);
+  }
+  DSTRAIN_CHECK(channel.index == recv.index)
+      << recv.what << ": got message #" << channel.index << " instead";
+  const Tensor& buffer = recv.buffer;
   if (channel.dtype != buffer.dtype || channel.count != buffer.numel()) {
     std::ostringstream text;
-    text << "mismatched send/recv: " << what << " expects " << buffer.numel() << " "
+    text << "mismatched send/recv: " << recv.what << " expects " << buffer.numel() << " "
          << dtype_name(buffer.dtype) << " elements, but the sender sent " << channel.count
          << " " << dtype_name(channel.dtype);
     channel.state = Channel::State::Rejected;
     channel.error = text.str();
     world.changed.notify_all();
-    end_activity("recv", index);
     throw Error(text.str());
   }
-  // The sender stays in send until Done, so its buffer lives while we copy without the lock.
+  // The sender stays in its call until Done, so its buffer lives while we copy without the
+  // lock.
   channel.state = Channel::State::Taken;
   const void* source = channel.data;
   lock.unlock();
@@ -519,7 +589,54 @@ void LocalCommunicator::recv(Tensor buffer, int peer, Stream) {
   lock.lock();
   channel.state = Channel::State::Done;
   world.changed.notify_all();
-  end_activity("recv", index);
+}
+
+void LocalCommunicator::await_received(std::unique_lock<std::mutex>& lock, Message& send,
+                                       const char* op, Clock::time_point deadline) {
+  World& world = *world_;
+  Channel& channel = group_->channels[{rank_, send.peer}];
+  set_activity(Activity::Kind::Send, op, send.index, send.peer);
+  while (channel.state == Channel::State::Posted || channel.state == Channel::State::Taken) {
+    if (channel.state == Channel::State::Taken) {
+      world.changed.wait(lock);  // the receiver is copying: that always ends
+      continue;
+    }
+    check_waiting(send.what, send.peer, deadline, "received it");
+    wait_for_change(lock, deadline);
+  }
+  const bool rejected = channel.state == Channel::State::Rejected;
+  const std::string error = channel.error;
+  channel = Channel{};
+  send.in_channel = false;
+  if (rejected) throw Error(error);
+}
+
+void LocalCommunicator::withdraw(std::unique_lock<std::mutex>& lock, Message& send) {
+  if (!send.in_channel) return;
+  Channel& channel = group_->channels[{rank_, send.peer}];
+  // A receiver copying out of the buffer finishes first: the caller may free it on return.
+  world_->changed.wait(lock, [&] { return channel.state != Channel::State::Taken; });
+  // Posted: nobody will read the buffer now; Done or Rejected: the receiver is finished with it.
+  channel = Channel{};
+  send.in_channel = false;
+}
+
+void LocalCommunicator::send(Tensor buffer, int peer, Stream) {
+  std::vector<Message> messages =
+      number_messages({P2POp{P2POp::Kind::Send, buffer, peer}}, "send");
+  transfer(messages, "send", messages[0].index, messages[0].what);
+}
+
+void LocalCommunicator::recv(Tensor buffer, int peer, Stream) {
+  std::vector<Message> messages =
+      number_messages({P2POp{P2POp::Kind::Recv, buffer, peer}}, "recv");
+  transfer(messages, "recv", messages[0].index, messages[0].what);
+}
+
+void LocalCommunicator::exchange(const std::vector<P2POp>& ops, Stream) {
+  std::vector<Message> messages = number_messages(ops, "exchange");
+  const uint64_t index = ++exchanges_;
+  transfer(messages, "exchange", index, call_label("exchange", index));
 }
 
 void run_rank(const std::shared_ptr<World>& world, const std::shared_ptr<Group>& group,

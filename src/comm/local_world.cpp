@@ -134,12 +134,23 @@ void World::throw_aborted(const std::string& what) const {
 
 std::string World::describe_activity(int world_rank) const {
   const Activity& a = activity[static_cast<size_t>(world_rank)];
+  std::string text = describe_call(a);
+  if (!a.label.empty() && a.kind != Activity::Kind::Starting && a.kind != Activity::Kind::Finished) {
+    text += ": " + a.label;
+  }
+  return text;
+}
+
+std::string World::describe_call(const Activity& a) {
   const auto on_group = [](const std::shared_ptr<const Group>& group) {
     return group ? " on group '" + group->name + "'" : std::string();
   };
   const auto peer = [](const Activity& a) {
     return a.group ? member_name(*a.group, a.peer) : "rank " + std::to_string(a.peer);
   };
+  // A send or receive inside an exchange (Communicator::exchange) says so.
+  const std::string in = std::string("is in ") +
+                         (std::string(a.op) == "exchange" ? "an exchange, at " : "");
   switch (a.kind) {
     case Activity::Kind::Starting:
       return "has not started yet";
@@ -150,9 +161,9 @@ std::string World::describe_activity(int world_rank) const {
     case Activity::Kind::Collective:
       return "is in " + std::string(a.op) + " #" + std::to_string(a.index) + on_group(a.group);
     case Activity::Kind::Send:
-      return "is in send #" + std::to_string(a.index) + " to " + peer(a) + on_group(a.group);
+      return in + "send #" + std::to_string(a.index) + " to " + peer(a) + on_group(a.group);
     case Activity::Kind::Recv:
-      return "is in recv #" + std::to_string(a.index) + " from " + peer(a) + on_group(a.group);
+      return in + "recv #" + std::to_string(a.index) + " from " + peer(a) + on_group(a.group);
     case Activity::Kind::Finished:
       return "has returned from its function";
     case Activity::Kind::Failed:

@@ -66,6 +66,7 @@ struct Activity {
   const char* last_op = nullptr;
   std::shared_ptr<const Group> last_group;
   uint64_t last_index = 0;
+  std::string label;  // Communicator::annotate's: what the rank's own code is doing
 };
 
 // One direction of point-to-point traffic (src -> dst within a group). send blocks until
@@ -137,6 +138,8 @@ class World {
   // REQUIRES: mutex held. "is in barrier #2 on group 'world'", "has returned from its
   // function", ...: completes "rank 3 ...".
   std::string describe_activity(int world_rank) const;
+  // The call part of it (without the rank's annotate() label).
+  static std::string describe_call(const Activity& activity);
 
  private:
   bool has_deadline_ = true;

@@ -17,7 +17,6 @@
 #include <atomic>
 #include <chrono>
 #include <exception>
-#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -245,6 +244,31 @@ class NcclCommunicator final : public Communicator {
     staging.out(buffer, data);
   }
 
+  void exchange(const std::vector<P2POp>& ops, Stream stream) override {
+    const std::string what = enter("exchange");
+    std::vector<Tensor> buffers;  // those with elements: NCCL moves nothing for the others
+    for (const P2POp& op : ops) {
+      check_peer(op.peer, what);
+      if (op.buffer.numel() > 0) buffers.push_back(op.buffer);
+    }
+    if (buffers.empty()) return;
+    const cudaStream_t s = to_stream(stream);
+    Staging staging(*this, s, what, buffers);
+    std::vector<void*> data(ops.size(), nullptr);
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].buffer.numel() > 0) {
+        data[i] = staging.in(ops[i].buffer, /*copy_in=*/ops[i].kind == P2POp::Kind::Send);
+      }
+    }
+    issue_group(ops, data, s, what);
+    wait(s, true, what);
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (data[i] != nullptr && ops[i].kind == P2POp::Kind::Recv) {
+        staging.out(ops[i].buffer, data[i]);
+      }
+    }
+  }
+
   void barrier() override {
     const std::string what = enter("barrier");
     // NCCL has no barrier: a one-element all-reduce every rank must join.
@@ -284,6 +308,31 @@ class NcclCommunicator final : public Communicator {
     return what;
   }
 
+  // The sends and receives of an exchange as one NCCL group: NCCL starts them together, so
+  // two neighbours each sending to the other do not wait for each other's receive.
+  void issue_group(const std::vector<P2POp>& ops, const std::vector<void*>& data, cudaStream_t s,
+                   const std::string& what) {
+    NCCL_CHECK(ncclGroupStart(), what);
+    try {
+      for (size_t i = 0; i < ops.size(); ++i) {
+        if (data[i] == nullptr) continue;
+        const Tensor& buffer = ops[i].buffer;
+        const size_t count = static_cast<size_t>(buffer.numel());
+        if (ops[i].kind == P2POp::Kind::Send) {
+          NCCL_CHECK(ncclSend(data[i], count, nccl_dtype(buffer.dtype), ops[i].peer, comm_, s),
+                     what);
+        } else {
+          NCCL_CHECK(ncclRecv(data[i], count, nccl_dtype(buffer.dtype), ops[i].peer, comm_, s),
+                     what);
+        }
+      }
+    } catch (...) {
+      ncclGroupEnd();  // this thread's group must be closed, whatever it reports now
+      throw;
+    }
+    NCCL_CHECK(ncclGroupEnd(), what);
+  }
+
   void check_peer(int peer, const std::string& what) const {
     DSTRAIN_CHECK(peer >= 0 && peer < size_ && peer != rank_)
         << what << ": peer " << peer << " is not another rank of a group of " << size_;
@@ -311,7 +360,7 @@ class NcclCommunicator final : public Communicator {
    public:
     // `tensors`: those of the call that in() will be asked for.
     Staging(NcclCommunicator& owner, cudaStream_t stream, const std::string& what,
-            std::initializer_list<Tensor> tensors)
+            const std::vector<Tensor>& tensors)
         : owner_(owner), stream_(stream), what_(what) {
       size_t total = 0;
       for (const Tensor& t : tensors) {

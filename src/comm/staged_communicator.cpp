@@ -91,7 +91,29 @@ class StagedCommunicator final : public Communicator {
     transfer(buffer.data, host.data, buffer.nbytes(), stream);
   }
 
+  // Each device buffer gets its own staging slot: sends are copied down before the inner
+  // exchange, receives copied back after it.
+  void exchange(const std::vector<P2POp>& ops, Stream stream) override {
+    std::vector<P2POp> host_ops = ops;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const Tensor& buffer = ops[i].buffer;
+      if (!on_device(buffer)) continue;
+      host_ops[i].buffer = host_twin(buffer, i);
+      if (ops[i].kind == P2POp::Kind::Send) {
+        transfer(host_ops[i].buffer.data, buffer.data, buffer.nbytes(), stream);
+      }
+    }
+    inner_.exchange(host_ops, stream);
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const Tensor& buffer = ops[i].buffer;
+      if (on_device(buffer) && ops[i].kind == P2POp::Kind::Recv) {
+        transfer(buffer.data, host_ops[i].buffer.data, buffer.nbytes(), stream);
+      }
+    }
+  }
+
   void barrier() override { inner_.barrier(); }
+  void annotate(const std::string& what) override { inner_.annotate(what); }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
     std::unique_ptr<Communicator> child = inner_.split(color, key);
@@ -112,9 +134,10 @@ class StagedCommunicator final : public Communicator {
     if (bytes > 0) copy_(dst, src, bytes, stream);
   }
 
-  // A host tensor of t's dtype and shape in staging slot `slot` (0 or 1: a call needs at most
-  // an input and an output).
-  Tensor host_twin(const Tensor& t, int slot) {
+  // A host tensor of t's dtype and shape in staging slot `slot` (a collective needs at most an
+  // input and an output, an exchange one per operation).
+  Tensor host_twin(const Tensor& t, size_t slot) {
+    if (staging_.size() <= slot) staging_.resize(slot + 1);
     std::vector<char>& bytes = staging_[slot];
     if (bytes.size() < t.nbytes()) bytes.resize(t.nbytes());
     Tensor host = t;
@@ -126,7 +149,7 @@ class StagedCommunicator final : public Communicator {
   Communicator& inner_;
   std::unique_ptr<Communicator> owned_;  // split children: the wrapper owns its inner
   CopyAndWait copy_;
-  std::vector<char> staging_[2];
+  std::vector<std::vector<char>> staging_;  // by slot, each grown to the largest use, kept
 };
 
 }  // namespace

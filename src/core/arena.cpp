@@ -16,6 +16,11 @@ int ArenaPlan::add(std::string name, DType dtype, std::vector<int64_t> shape) {
   return static_cast<int>(entries_.size()) - 1;
 }
 
+size_t ArenaPlan::entry_bytes(int id) const {
+  const size_t end = id + 1 < size() ? entries_.at(static_cast<size_t>(id) + 1).offset : bytes_;
+  return end - entries_.at(static_cast<size_t>(id)).offset;
+}
+
 Tensor ArenaPlan::view(int id, void* base, Device device) const {
   const Entry& entry = entries_.at(id);
   Tensor tensor(static_cast<char*>(base) + entry.offset, entry.dtype, {}, device);

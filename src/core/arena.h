@@ -18,6 +18,8 @@ class ArenaPlan {
   size_t bytes() const { return bytes_; }
   int size() const { return static_cast<int>(entries_.size()); }
   const std::string& name(int id) const { return entries_.at(id).name; }
+  // The bytes entry `id` takes of bytes() (its size rounded up to the alignment).
+  size_t entry_bytes(int id) const;
   // The tensor `id` inside an allocation of bytes() at `base`.
   Tensor view(int id, void* base, Device device) const;
 

@@ -146,14 +146,6 @@ GpuSpeed estimated_gpu_speed(const GpuInfo& gpu, DType precision) {
 
 }  // namespace
 
-ModelFlops model_flops(const ModelConfig& config, int64_t seq_len) {
-  const double C = static_cast<double>(config.n_embd), T = static_cast<double>(seq_len);
-  ModelFlops f;
-  f.layer_forward = 24 * C * C + 4 * T * C;
-  f.head_forward = 2 * C * static_cast<double>(config.padded_vocab());
-  return f;
-}
-
 GpuSpeed gpu_speed(const NodeTopology& topology, DType precision) {
   DSTRAIN_CHECK(topology.gpu_count() > 0);
   const std::string& name = topology.gpus[0].name;
@@ -315,8 +307,8 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
   double host_optimizer_bytes = 0;  // all ranks together: they share the host's memory
   for (int s = 0; s < plan.pp; ++s) {
     StageTime& st = stages[static_cast<size_t>(s)];
-    const PipelineStage ps = pipeline_stage(config.n_layer, plan.pp, s);
-    const double layers = static_cast<double>(ps.end_layer - ps.first_layer);
+    const StageRange ps = memory.stage_range(plan, s);
+    const double layers = static_cast<double>(ps.layers());
     const double forward =
         tokens * (layers * flops.layer_forward / plan.tp + (ps.last ? flops.head_forward : 0));
     const double recompute =

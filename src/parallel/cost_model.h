@@ -17,18 +17,13 @@
 
 #include "model/config.h"
 #include "parallel/memory_model.h"
+#include "parallel/model_flops.h"
 #include "parallel/plan.h"
 #include "topology/topology.h"
 
 namespace dstrain {
 
-// Floating-point work of GPT-2 per token (PaLM's model-FLOPs convention, Chowdhery et al.
-// 2022, appendix B: 2 FLOPs per multiply-add, attention counted without the causal halving).
-struct ModelFlops {
-  double layer_forward = 0;  // one layer: 24 C^2 (QKV 6, proj 2, fc 8, fc_proj 8) + 4 T C
-  double head_forward = 0;   // the tied LM head: 2 C Vp
-};
-ModelFlops model_flops(const ModelConfig& config, int64_t seq_len);
+// model_flops (parallel/model_flops.h): the work the step is made of.
 
 // What the GPUs of a topology compute and move, from the known-GPU table by name.
 struct GpuSpeed {

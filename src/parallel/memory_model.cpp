@@ -8,8 +8,6 @@
 
 #include "core/arena.h"
 #include "core/check.h"
-#include "model/gpt2.h"
-#include "parallel/sharded_model.h"  // shard_numel: the sharded model's own cut
 
 namespace dstrain {
 
@@ -18,6 +16,11 @@ uint64_t BufferSize::bytes() const {
 }
 
 // ---- Model state --------------------------------------------------------------------------
+
+int64_t shard_numel(int64_t block_numel, int world) {
+  DSTRAIN_CHECK(world >= 1 && block_numel >= 0);
+  return (block_numel + world - 1) / world;
+}
 
 BlockStateSizes block_state_sizes(int64_t block_numel, const ShardingSpec& spec) {
   DSTRAIN_CHECK(spec.zero >= 0 && spec.zero <= 3) << "ZeRO stage " << spec.zero;
@@ -104,85 +107,24 @@ int64_t tp_block_numel(const ParamLayout& layout, int block, int tp) {
   return total;
 }
 
-PipelineStage pipeline_stage(int64_t n_layer, int pp, int stage) {
-  DSTRAIN_CHECK(pp >= 1 && pp <= n_layer && stage >= 0 && stage < pp)
-      << "stage " << stage << " of " << pp << " over " << n_layer << " layers";
-  const int64_t base = n_layer / pp, extra = n_layer % pp;
-  PipelineStage s;
-  s.first_layer = stage * base + std::min<int64_t>(stage, extra);
-  s.end_layer = s.first_layer + base + (stage < extra ? 1 : 0);
-  s.first = stage == 0;
-  s.last = stage == pp - 1;
-  return s;
-}
-
-std::vector<int> pipeline_stage_blocks(const ParamLayout& layout, int pp, int stage) {
-  const int64_t n_layer = layout.num_blocks() - 2;
-  const PipelineStage s = pipeline_stage(n_layer, pp, stage);
-  std::vector<int> blocks;
-  if (s.first || s.last) blocks.push_back(ParamLayout::embedding_block());
-  for (int64_t l = s.first_layer; l < s.end_layer; ++l) {
-    blocks.push_back(ParamLayout::layer_block(static_cast<int>(l)));
-  }
-  if (s.last) blocks.push_back(layout.final_block());
-  return blocks;
-}
-
 uint64_t token_batch_bytes(int64_t micro_batch, int64_t seq_len) {
   return 2 * static_cast<uint64_t>(micro_batch * seq_len) * sizeof(int32_t);
 }
 
 // ---- Activations ----------------------------------------------------------------------------
 //
-// The tensors come from plan_gpt2_buffers(config, B, T, dtype, true, recompute), the function
-// Gpt2 allocates with, planned for a 1-layer model. Its activations are of three kinds:
-// per-layer tensors it keeps ("h.<l>.ln1", the same shapes for every layer), tensors that
-// backward recomputes into buffers all layers share ("recompute.ln1", once), and the rest
-// ("encoded", "lnf", ...). So one layer's list gives any number of layers exactly (ArenaPlan
-// sizes add tensor by tensor). What this file adds is the selection for the parts that do
-// not run yet: which non-layer tensors a pipeline stage holds, and which tensors tensor
-// parallelism splits (planned again with n_embd / tp and n_head / tp). Once pipeline stages
-// and tensor parallelism are written in the model, plan_gpt2_buffers can take the layer range
-// and tp and this selection goes away.
+// The stage's own plan (model/stage.h, plan_stage_buffers): what ModelStage allocates. What
+// this file adds is the estimate for tensor parallelism, which does not run yet: the tensors
+// it splits (the attention heads and the MLP's hidden units, Megatron-LM without sequence
+// parallelism) take their size from the same stage planned with n_embd / tp and n_head / tp.
 
 namespace memory_detail {
 
-enum class EntryKind : uint8_t { Layer, Recomputed, Other };
-
-struct ArenaEntry {  // one tensor of an ArenaPlan
-  std::string name;  // without the "h.0." / "recompute." prefix
-  uint64_t bytes = 0;
-  EntryKind kind = EntryKind::Other;
+struct ActivationTable {  // one stage shape's bytes
+  uint64_t slot = 0, recomputed = 0, workspace = 0;
 };
 
 namespace {
-
-// Each tensor's share of the arena (its aligned size), read from the plan's own offsets.
-std::vector<ArenaEntry> arena_entries(const ArenaPlan& plan) {
-  alignas(256) static char base[1];
-  std::vector<uint64_t> offsets;
-  for (int id = 0; id < plan.size(); ++id) {
-    const Tensor view = plan.view(id, base, Device{});
-    offsets.push_back(static_cast<uint64_t>(static_cast<const char*>(view.data) - base));
-  }
-  offsets.push_back(plan.bytes());
-  std::vector<ArenaEntry> entries;
-  for (int id = 0; id < plan.size(); ++id) {
-    ArenaEntry e;
-    e.name = plan.name(id);
-    e.bytes = offsets[static_cast<size_t>(id) + 1] - offsets[static_cast<size_t>(id)];
-    for (const auto& [prefix, kind] : {std::pair{"h.0.", EntryKind::Layer},
-                                       std::pair{"recompute.", EntryKind::Recomputed}}) {
-      const std::string_view p = prefix;
-      if (e.name.starts_with(p)) {
-        e.kind = kind;
-        e.name = e.name.substr(p.size());
-      }
-    }
-    entries.push_back(std::move(e));
-  }
-  return entries;
-}
 
 bool is_one_of(const std::string& name, std::initializer_list<const char*> names) {
   for (const char* n : names) {
@@ -191,90 +133,50 @@ bool is_one_of(const std::string& name, std::initializer_list<const char*> names
   return false;
 }
 
-// Split across tensor-parallel ranks (Megatron-LM without sequence parallelism): the
-// attention heads and the MLP's hidden units; the residual stream stays whole.
+// The tensor's name without "h.<layer>." or "recompute.".
+std::string base_name(const std::string& name) {
+  if (name.starts_with("recompute.")) return name.substr(10);
+  if (name.starts_with("h.")) return name.substr(name.find('.', 2) + 1);
+  return name;
+}
+
 bool tp_split(const std::string& name) {
-  return is_one_of(name, {"qkv", "atty", "att_lse", "fch", "fch_gelu", "dqkv", "dfch",
-                          "dfch_gelu"});
-}
-// Non-layer tensors of the last stage only (the rest: every stage; "encoded" is the first
-// stage's embedding output and the received input of the others).
-bool last_stage_only(const std::string& name) {
-  return is_one_of(name, {"lnf", "lnf_mean", "lnf_rstd", "losses", "logits", "dlogits"});
+  return is_one_of(base_name(name), {"qkv", "atty", "att_lse", "fch", "fch_gelu", "dqkv", "dfch",
+                                     "dfch_gelu"});
 }
 
-}  // namespace
+// `whole`'s bytes, with the tensor-parallel tensors at their size in `split`.
+uint64_t arena_bytes(const ArenaPlan& whole, const ArenaPlan* split) {
+  if (split == nullptr) return whole.bytes();
+  DSTRAIN_CHECK(split->size() == whole.size());
+  uint64_t bytes = 0;
+  for (int id = 0; id < whole.size(); ++id) {
+    bytes += tp_split(whole.name(id)) ? split->entry_bytes(id) : whole.entry_bytes(id);
+  }
+  return bytes;
+}
 
-struct ActivationTable {
-  std::vector<ArenaEntry> activations;  // one layer + the shared recompute buffers + the rest
-  std::vector<ArenaEntry> workspace;
-  uint64_t stage_input = 0;             // "encoded": (B, T, C)
-};
-
-namespace {
-
-ActivationTable make_activation_table(const ModelConfig& config, const Plan& plan) {
-  ModelConfig one_layer = config;
-  one_layer.n_layer = 1;
-  const Gpt2Buffers whole = plan_gpt2_buffers(one_layer, plan.micro_batch, plan.seq_len,
-                                              plan.param_dtype, true, plan.recompute);
-  ActivationTable table;
-  table.activations = arena_entries(whole.activations);
-  table.workspace = arena_entries(whole.workspace);
+ActivationTable make_activation_table(const Architecture& arch, const Plan& plan,
+                                      const StageRange& range, Recompute recompute) {
+  const StageBuffers whole = plan_stage_buffers(arch, range, plan.micro_batch, plan.seq_len,
+                                                plan.param_dtype, true, recompute, 1);
+  std::unique_ptr<Architecture> split_arch;
+  std::unique_ptr<StageBuffers> split;
   if (plan.tp > 1) {
+    const ModelConfig& config = arch.config();
     DSTRAIN_CHECK(config.n_head % plan.tp == 0) << config.n_head << " heads over tp " << plan.tp;
-    ModelConfig split = one_layer;
-    split.n_embd = config.n_embd / plan.tp;
-    split.n_head = config.n_head / plan.tp;
-    const Gpt2Buffers part = plan_gpt2_buffers(split, plan.micro_batch, plan.seq_len,
-                                               plan.param_dtype, true, plan.recompute);
-    auto take_split = [](std::vector<ArenaEntry>& entries, const std::vector<ArenaEntry>& from) {
-      for (ArenaEntry& e : entries) {
-        if (!tp_split(e.name)) continue;
-        for (const ArenaEntry& f : from) {
-          if (f.name == e.name && f.kind == e.kind) e.bytes = f.bytes;
-        }
-      }
-    };
-    take_split(table.activations, arena_entries(part.activations));
-    take_split(table.workspace, arena_entries(part.workspace));
+    ModelConfig part = config;
+    part.n_embd = config.n_embd / plan.tp;
+    part.n_head = config.n_head / plan.tp;
+    split_arch = make_architecture(part);
+    split = std::make_unique<StageBuffers>(plan_stage_buffers(
+        *split_arch, range, plan.micro_batch, plan.seq_len, plan.param_dtype, true, recompute, 1));
   }
-  for (const ArenaEntry& e : table.activations) {
-    if (e.kind == EntryKind::Other && e.name == "encoded") table.stage_input = e.bytes;
-  }
-  DSTRAIN_CHECK(table.stage_input > 0) << "plan_gpt2_buffers has no 'encoded' tensor";
+  ActivationTable table;
+  table.slot = arena_bytes(whole.slot, split ? &split->slot : nullptr);
+  table.recomputed = arena_bytes(whole.recomputed, split ? &split->recomputed : nullptr);
+  table.workspace = arena_bytes(whole.workspace, split ? &split->workspace : nullptr);
   return table;
-}
-
-// Activations of one stage from the tables of the plan's recompute mode and of none.
-ActivationSizes sizes_from_tables(const ActivationTable& table, const ActivationTable& none,
-                                  const ModelConfig& config, const Plan& plan, int stage) {
-  const PipelineStage s = pipeline_stage(config.n_layer, plan.pp, stage);
-  const uint64_t layers = static_cast<uint64_t>(s.end_layer - s.first_layer);
-  // (per micro-batch, shared recompute buffers) of a table for this stage.
-  auto sum = [&](const ActivationTable& t) {
-    uint64_t per_micro_batch = 0, recomputed = 0;
-    for (const ArenaEntry& e : t.activations) {
-      switch (e.kind) {
-        case EntryKind::Layer: per_micro_batch += layers * e.bytes; break;
-        case EntryKind::Recomputed: recomputed += e.bytes; break;
-        case EntryKind::Other:
-          if (!last_stage_only(e.name) || s.last) per_micro_batch += e.bytes;
-          break;
-      }
-    }
-    return std::make_pair(per_micro_batch, recomputed);
-  };
-  ActivationSizes a;
-  std::tie(a.per_micro_batch, a.recompute_buffer) = sum(table);
-  a.in_flight = std::min<int64_t>(plan.pp - stage, plan.grad_accum);
-  a.without_recompute = sum(none).first * static_cast<uint64_t>(a.in_flight);
-  for (const ArenaEntry& e : table.workspace) {
-    if (!last_stage_only(e.name) || s.last) a.workspace += e.bytes;
-  }
-  if (!s.first) a.pipeline_buffers += table.stage_input;  // receives activations
-  if (!s.last) a.pipeline_buffers += table.stage_input;   // receives gradients
-  return a;
 }
 
 void check_plan(const ModelConfig& config, const Plan& plan) {
@@ -289,12 +191,55 @@ void check_plan(const ModelConfig& config, const Plan& plan) {
 
 using namespace memory_detail;
 
+const ActivationTable& MemoryModel::activation_table(const Plan& plan, const StageRange& range,
+                                                     Recompute recompute) const {
+  const auto key = std::make_tuple(plan.micro_batch, plan.seq_len, plan.param_dtype, plan.tp,
+                                   recompute, range.layers(), range.first, range.last);
+  auto it = activation_tables_.find(key);
+  if (it == activation_tables_.end()) {
+    // The bytes depend on the number of layers, not on which: plan them from layer 0.
+    const StageRange from_zero{0, range.layers(), range.first, range.last};
+    it = activation_tables_
+             .emplace(key, std::make_unique<ActivationTable>(
+                               make_activation_table(*arch_, plan, from_zero, recompute)))
+             .first;
+  }
+  return *it->second;
+}
+
+const std::vector<int64_t>& MemoryModel::split(const Plan& plan) const {
+  if (!plan.pp_split.empty()) {
+    check_pipeline_split(config_, plan.pp, plan.pp_split);
+    given_split_ = plan.pp_split;
+    return given_split_;
+  }
+  auto it = splits_.find({plan.pp, plan.seq_len});
+  if (it == splits_.end()) {
+    it = splits_.emplace(std::make_pair(plan.pp, plan.seq_len), pipeline_split(config_, plan)).first;
+  }
+  return it->second;
+}
+
+StageRange MemoryModel::stage_range(const Plan& plan, int stage) const {
+  return stage_of_split(split(plan), stage);
+}
+
+ActivationSizes MemoryModel::activation_sizes(const Plan& plan, int stage) const {
+  check_plan(config_, plan);
+  const StageRange range = stage_range(plan, stage);
+  const ActivationTable& table = activation_table(plan, range, plan.recompute);
+  ActivationSizes a;
+  a.per_micro_batch = table.slot;
+  a.in_flight = activation_slots(plan.pp_schedule, plan.pp, stage, static_cast<int>(plan.grad_accum));
+  a.recompute_buffer = table.recomputed;
+  a.workspace = table.workspace;
+  a.without_recompute =
+      activation_table(plan, range, Recompute::None).slot * static_cast<uint64_t>(a.in_flight);
+  return a;
+}
+
 ActivationSizes activation_sizes(const ModelConfig& config, const Plan& plan, int stage) {
-  check_plan(config, plan);
-  Plan plain = plan;
-  plain.recompute = Recompute::None;
-  return sizes_from_tables(make_activation_table(config, plan),
-                           make_activation_table(config, plain), config, plan, stage);
+  return MemoryModel(config).activation_sizes(plan, stage);
 }
 
 // ---- Predictions --------------------------------------------------------------------------
@@ -311,20 +256,9 @@ uint64_t MemoryPrediction::host_total() const {
   return total;
 }
 
-MemoryModel::MemoryModel(const ModelConfig& config) : config_(config), layout_(config) {}
+MemoryModel::MemoryModel(const ModelConfig& config)
+    : config_(config), layout_(config), arch_(make_architecture(config)) {}
 MemoryModel::~MemoryModel() = default;
-
-const ActivationTable& MemoryModel::activation_table(const Plan& plan) const {
-  const auto key = std::make_tuple(plan.micro_batch, plan.seq_len, plan.param_dtype, plan.tp,
-                                   plan.recompute);
-  auto it = activation_tables_.find(key);
-  if (it == activation_tables_.end()) {
-    it = activation_tables_
-             .emplace(key, std::make_unique<ActivationTable>(make_activation_table(config_, plan)))
-             .first;
-  }
-  return *it->second;
-}
 
 int64_t MemoryModel::tp_numel(int block, int tp) const {
   auto it = tp_numels_.find(tp);
@@ -338,7 +272,7 @@ int64_t MemoryModel::tp_numel(int block, int tp) const {
 
 std::vector<int64_t> MemoryModel::stage_block_numels(const Plan& plan, int stage) const {
   std::vector<int64_t> numels;
-  for (int block : pipeline_stage_blocks(layout_, plan.pp, stage)) {
+  for (int block : pipeline_stage_blocks(layout_, stage_range(plan, stage))) {
     numels.push_back(tp_numel(block, plan.tp));
   }
   return numels;
@@ -376,7 +310,7 @@ MemoryPrediction MemoryModel::predict_stage(const Plan& plan, int stage) const {
   MemoryPrediction m;
   m.stage = stage;
 
-  const std::vector<int> blocks = pipeline_stage_blocks(layout_, plan.pp, stage);
+  const std::vector<int> blocks = pipeline_stage_blocks(layout_, stage_range(plan, stage));
   const std::vector<int64_t> numels = stage_block_numels(plan, stage);
   const std::string host = plan.offload ? ", host" : "";
   const std::string params_what = "parameters (" + p + shard_text(3, plan) + ")";
@@ -405,10 +339,7 @@ MemoryPrediction MemoryModel::predict_stage(const Plan& plan, int stage) const {
     add(m, r.host_param_staging[i], "offload staging, gradients down and weights up (host)");
   }
 
-  Plan plain = plan;
-  plain.recompute = Recompute::None;
-  const ActivationSizes a =
-      sizes_from_tables(activation_table(plan), activation_table(plain), config_, plan, stage);
+  const ActivationSizes a = activation_sizes(plan, stage);
   std::ostringstream what;
   what << "activations (" << a.in_flight << " micro-batch" << (a.in_flight == 1 ? "" : "es")
        << " of " << plan.micro_batch << " x " << plan.seq_len
@@ -417,12 +348,12 @@ MemoryPrediction MemoryModel::predict_stage(const Plan& plan, int stage) const {
   add(m, MemCategory::Activations, false, "recompute buffers (one layer's, shared)",
       a.recompute_buffer);
   add(m, MemCategory::Workspace, false, "workspace (logits, activation gradients)", a.workspace);
-  add(m, MemCategory::CommBuffers, false, "pipeline receive buffers", a.pipeline_buffers);
   m.activations_without_recompute = a.without_recompute;
 
-  const PipelineStage s = pipeline_stage(config_.n_layer, plan.pp, stage);
+  const StageRange s = stage_range(plan, stage);
   if (s.first || s.last) {
-    add(m, MemCategory::Data, false, "token batch", token_batch_bytes(plan.micro_batch, plan.seq_len));
+    add(m, MemCategory::Data, false, "token batches (one per micro-batch in flight)",
+        token_batch_bytes(plan.micro_batch, plan.seq_len) * static_cast<uint64_t>(a.in_flight));
   }
   return m;
 }

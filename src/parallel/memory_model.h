@@ -1,16 +1,16 @@
 // The memory model: the exact bytes one rank allocates under a Plan, by category.
 //
 // One source of truth. The functions here size every buffer a rank holds; the code that
-// allocates calls the same functions (or, where it does not yet, a test compares it with
-// them byte for byte: tests/parallel/memory_model_test.cpp runs ShardedModel + Gpt2 + the
-// token batch on the CPU allocators and checks every category against predict()).
+// allocates calls the same functions, and a test compares the two byte for byte
+// (tests/parallel/memory_model_test.cpp runs ShardedModel + ModelStage + the token batch of
+// every pipeline stage on the CPU allocators and checks every category against predict()).
 //
 //   model state per block      block_state_sizes()     (ZeRO stage, offload, precision)
 //   per-rank state buffers     rank_state_buffers()    (gathered blocks, reduce buffers)
-//   activations, workspace     activation_sizes()      (plan_gpt2_buffers with the plan's
-//                                                       recompute mode; its tensors selected
-//                                                       for the rank's pipeline stage and
-//                                                       tensor-parallel split)
+//   activations, workspace     activation_sizes()      (model/stage.h's plan_stage_buffers
+//                                                       for the rank's pipeline stage, its
+//                                                       micro-batch slots from the schedule;
+//                                                       tensor-parallel splits estimated)
 //   token batch                token_batch_bytes()
 //
 // Per parameter element of a block, for param bytes P (4 fp32, 2 fp16/bf16) and N the
@@ -33,8 +33,8 @@
 // ceil(n / N) elements (rank r owns [r*s, (r+1)*s), the last padded); full buffers of a
 // group (at every stage, 0 included) are padded to N * s elements so collectives run in place.
 //
-// Tensor and pipeline parallelism do not run yet; their sizes here are the design the code
-// will follow (see tp_block_numel and activation_sizes).
+// Tensor parallelism does not run yet; its sizes here are the design the code will follow
+// (see tp_block_numel and activation_sizes).
 #pragma once
 
 #include <array>
@@ -48,6 +48,8 @@
 #include "core/allocator.h"
 #include "model/config.h"
 #include "model/layout.h"
+#include "model/stage.h"
+#include "parallel/pipeline_split.h"
 #include "parallel/plan.h"
 
 namespace dstrain {
@@ -73,6 +75,10 @@ struct ShardingSpec {
   bool offload = false;           // fp32 master + Adam moments on the host
   DType param_dtype = DType::F32; // params and grads; the master and the moments are fp32
 };
+
+// Elements of each rank's shard of a block of `block_numel` elements over `world` ranks:
+// ceil(block_numel / world), so all shards are the same size (the last one padded).
+int64_t shard_numel(int64_t block_numel, int world);
 
 // One block's model state on one rank.
 struct BlockStateSizes {
@@ -120,33 +126,21 @@ RankStateBuffers rank_state_buffers(const std::vector<int64_t>& block_numels,
 // tp = 1: exactly ParamLayout::block_numel. REQUIRES: tp divides n_head.
 int64_t tp_block_numel(const ParamLayout& layout, int block, int tp);
 
-// The layers of pipeline stage `stage` of `pp`: [first_layer, end_layer). Layers are dealt
-// evenly, the first (n_layer % pp) stages take one more: the last stage also runs the LM
-// head, about one layer's worth of work at GPT-2's vocabulary.
-struct PipelineStage {
-  int64_t first_layer = 0, end_layer = 0;
-  bool first = true, last = true;
-};
-PipelineStage pipeline_stage(int64_t n_layer, int pp, int stage);
-// The parameter blocks stage `stage` holds, in order: the embedding block on the first stage
-// (and a copy on the last, for the tied LM head, when pp > 1), its layers' blocks, ln_f on
-// the last stage.
-std::vector<int> pipeline_stage_blocks(const ParamLayout& layout, int pp, int stage);
-
-// The token batch a rank reads: inputs and targets, (B, T) int32 each (MemCategory::Data).
-// Held by the first pipeline stage (inputs) and the last (targets); a single stage holds both.
+// The token batch a rank reads: inputs and targets, (B, T) int32 each (MemCategory::Data),
+// one per activation slot. Held by the first pipeline stage (inputs) and the last (targets).
 uint64_t token_batch_bytes(int64_t micro_batch, int64_t seq_len);
 
-// Activations and workspace of one rank, built from plan_gpt2_buffers' tensor list with the
-// plan's recompute mode: exactly what Gpt2 allocates when tp = pp = 1.
+// Activations and workspace of one rank: plan_stage_buffers of its pipeline stage with the
+// plan's recompute mode and slots, exactly what ModelStage allocates when tp = 1. A pipeline
+// receives straight into them (the stage input of the micro-batch's slot, the residual
+// gradient of the workspace): no buffers of its own.
 struct ActivationSizes {
-  uint64_t per_micro_batch = 0;   // Activations kept for one micro-batch
-  int64_t in_flight = 1;          // micro-batches whose activations are alive at once: 1F1B
-                                  // keeps min(pp - stage, grad_accum)
+  uint64_t per_micro_batch = 0;   // Activations kept for one micro-batch (a slot)
+  int64_t in_flight = 1;          // slots: micro-batches whose activations are alive at once
+                                  // (1F1B: min(pp - stage, grad_accum); GPipe: grad_accum)
   uint64_t recompute_buffer = 0;  // Activations: the buffers recomputed tensors share (one
                                   // layer's worth, allocated once)
   uint64_t workspace = 0;         // Workspace (logits, activation gradients, scratch)
-  uint64_t pipeline_buffers = 0;  // CommBuffers: the received activation / gradient
   uint64_t without_recompute = 0; // what the activations would be with Recompute::None
   uint64_t activations() const { return per_micro_batch * in_flight + recompute_buffer; }
 };
@@ -192,17 +186,27 @@ class MemoryModel {
   // Elements of the blocks a rank of `stage` holds, tensor-parallel split (one entry per
   // block of pipeline_stage_blocks).
   std::vector<int64_t> stage_block_numels(const Plan& plan, int stage) const;
+  // The plan's layers per stage: plan.pp_split, or the balanced split (cached).
+  const std::vector<int64_t>& split(const Plan& plan) const;
+  // The plan's pipeline stage `stage`.
+  StageRange stage_range(const Plan& plan, int stage) const;
+  ActivationSizes activation_sizes(const Plan& plan, int stage) const;
 
  private:
   int64_t tp_numel(int block, int tp) const;
-  const memory_detail::ActivationTable& activation_table(const Plan& plan) const;
+  const memory_detail::ActivationTable& activation_table(const Plan& plan,
+                                                         const StageRange& range,
+                                                         Recompute recompute) const;
 
   ModelConfig config_;
   ParamLayout layout_;
-  // Caches (not thread-safe): tp -> every block's numel; (B, T, dtype, tp, recompute) -> the
-  // tensors of plan_gpt2_buffers.
+  std::unique_ptr<Architecture> arch_;
+  // Caches (not thread-safe): tp -> every block's numel; (pp, seq_len) -> the balanced split;
+  // (B, T, dtype, tp, recompute, layers, first, last) -> the stage's buffer bytes.
   mutable std::map<int, std::vector<int64_t>> tp_numels_;
-  mutable std::map<std::tuple<int64_t, int64_t, DType, int, Recompute>,
+  mutable std::map<std::pair<int, int64_t>, std::vector<int64_t>> splits_;
+  mutable std::vector<int64_t> given_split_;
+  mutable std::map<std::tuple<int64_t, int64_t, DType, int, Recompute, int64_t, bool, bool>,
                    std::unique_ptr<memory_detail::ActivationTable>>
       activation_tables_;
 };

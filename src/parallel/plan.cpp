@@ -29,6 +29,13 @@ std::string describe(const Plan& plan) {
   }
   text << ", micro-batch " << plan.micro_batch << " x " << plan.grad_accum
        << " accumulation (seq " << plan.seq_len << ")";
+  if (plan.pp > 1) {
+    text << ", " << pipeline_schedule_name(plan.pp_schedule) << " schedule";
+    if (!plan.pp_split.empty()) {
+      text << ", layers per stage ";
+      for (size_t i = 0; i < plan.pp_split.size(); ++i) text << (i ? "," : "") << plan.pp_split[i];
+    }
+  }
   return text.str();
 }
 
@@ -43,6 +50,8 @@ nlohmann::json to_json(const Plan& plan) {
                         {"grad_accum", plan.grad_accum},
                         {"seq_len", plan.seq_len},
                         {"precision", precision_name(plan.param_dtype)},
+                        {"pp_schedule", pipeline_schedule_name(plan.pp_schedule)},
+                        {"pp_split", plan.pp_split},
                         {"world", plan.world()},
                         {"tokens_per_step", plan.tokens_per_step()}};
 }

@@ -14,13 +14,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include <vector>
+
 #include "core/dtype.h"
-#include "model/gpt2.h"
+#include "model/architecture.h"
+#include "parallel/pipeline_schedule.h"
 
 namespace dstrain {
 
-// Recompute (none | selective | full) is the model's (model/gpt2.h): plan_gpt2_buffers plans
-// the buffers each mode keeps.
+// Recompute (none | selective | full) is the model's (model/architecture.h): plan_stage_buffers
+// plans the buffers each mode keeps.
 
 struct Plan {
   int dp = 1, tp = 1, pp = 1;
@@ -34,6 +37,10 @@ struct Plan {
   // F16 / BF16: mixed precision with an fp32 master copy (on the device, or on the host with
   // offload).
   DType param_dtype = DType::F32;
+  // pp > 1: the order of forwards and backwards (parallel/pipeline_schedule.h), and the layers
+  // of each stage (parallel/pipeline_split.h; empty: the balanced split).
+  PipelineScheduleKind pp_schedule = PipelineScheduleKind::OneFOneB;
+  std::vector<int64_t> pp_split;
 
   int world() const { return dp * tp * pp; }
   int64_t tokens_per_step() const { return dp * micro_batch * grad_accum * seq_len; }
@@ -48,7 +55,8 @@ const char* precision_name(DType dtype);
 std::string describe(const Plan& plan);
 
 // {"dp", "tp", "pp", "zero", "offload", "recompute", "micro_batch", "grad_accum", "seq_len",
-//  "precision", "world", "tokens_per_step"}.
+//  "precision", "pp_schedule", "pp_split", "world", "tokens_per_step"}; pp_split as the plan has
+// it (an empty list: the balanced split; the planner and the trainer fill it in).
 nlohmann::json to_json(const Plan& plan);
 
 }  // namespace dstrain

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/format.h"
+#include "parallel/pipeline_split.h"
 
 namespace dstrain {
 
@@ -65,7 +66,15 @@ std::string format_plan_report(const ModelConfig& config, const NodeTopology& to
       << " tokens = " << plan.dp * plan.micro_batch * plan.grad_accum << " sequences of "
       << plan.seq_len << " tokens\n\n";
 
-  out << "plan: " << describe(plan) << "\n\n";
+  out << "plan: " << describe(plan) << "\n";
+  if (plan.pp > 1) {
+    out << "  pipeline: " << plan.pp << " stages of " << pipeline_split_text(plan.pp_split)
+        << " layers (the embedding with the first, the LM head with the last), "
+        << pipeline_schedule_name(plan.pp_schedule) << ": up to "
+        << activation_slots(plan.pp_schedule, plan.pp, 0, static_cast<int>(plan.grad_accum))
+        << " micro-batches in flight on the first stage\n";
+  }
+  out << "\n";
 
   out << "memory per GPU";
   if (plan.pp > 1) {

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "core/check.h"
+#include "parallel/pipeline_split.h"
 #include "topology/gpu_table.h"
 
 namespace dstrain {
@@ -177,6 +178,8 @@ std::string fixed_parts(const PlanRequest& q) {
   if (q.offload) text << " --offload " << (*q.offload ? "on" : "off");
   if (q.recompute) text << " --recompute " << recompute_name(*q.recompute);
   if (q.micro_batch) text << " --micro-batch " << *q.micro_batch;
+  if (q.pp_schedule) text << " --pp-schedule " << pipeline_schedule_name(*q.pp_schedule);
+  if (!q.pp_split.empty()) text << " --pp-split " << pipeline_split_text(q.pp_split);
   return text.str();
 }
 
@@ -326,6 +329,12 @@ PlanResult choose_plan(const ModelConfig& config, const NodeTopology& whole,
         << " = " << *request.dp * *request.tp * *request.pp << " ranks, but the plan is for "
         << gpus << " GPUs";
   }
+  if (!request.pp_split.empty()) {
+    DSTRAIN_USER_CHECK(!request.pp || *request.pp == static_cast<int>(request.pp_split.size()))
+        << "--pp-split " << pipeline_split_text(request.pp_split) << " gives "
+        << request.pp_split.size() << " stages, but --pp is " << *request.pp;
+    check_pipeline_split(config, static_cast<int>(request.pp_split.size()), request.pp_split);
+  }
   if (request.tp) {
     const std::string why = tp_rule_violation(config, topology, *request.tp);
     DSTRAIN_USER_CHECK(why.empty()) << "--tp " << *request.tp << " is not possible here: " << why;
@@ -346,6 +355,7 @@ PlanResult choose_plan(const ModelConfig& config, const NodeTopology& whole,
     for (int pp : divisors(gpus / tp)) {
       const int dp = gpus / tp / pp;
       if ((request.pp && pp != *request.pp) || (request.dp && dp != *request.dp)) continue;
+      if (!request.pp_split.empty() && pp != static_cast<int>(request.pp_split.size())) continue;
       if (const std::string why = pp_rule_violation(config, pp); !why.empty()) {
         if (tp == 1) result.excluded.push_back(why);
         continue;
@@ -379,6 +389,8 @@ PlanResult choose_plan(const ModelConfig& config, const NodeTopology& whole,
               plan.grad_accum = (sequences + dp * mb - 1) / (dp * mb);
               plan.seq_len = seq_len;
               plan.param_dtype = precision;
+              plan.pp_schedule = request.pp_schedule.value_or(PipelineScheduleKind::OneFOneB);
+              plan.pp_split = request.pp_split.empty() ? memory.split(plan) : request.pp_split;
               const int64_t reached = dp * mb * plan.grad_accum;
               if ((reached - sequences) * kOvershootDenominator > sequences) continue;
               PlanCandidate c = evaluate_plan(memory, topology, plan);

@@ -38,6 +38,8 @@ struct PlanRequest {
   std::optional<bool> offload;
   std::optional<Recompute> recompute;
   std::optional<int64_t> micro_batch;
+  std::optional<PipelineScheduleKind> pp_schedule;  // default 1F1B (GPipe only needs more memory)
+  std::vector<int64_t> pp_split;  // layers per stage (fixes pp); empty: the balanced split
   int max_alternatives = 8;      // fitting alternatives to keep (plus a few that do not fit)
 };
 

@@ -73,21 +73,18 @@ Tensor ShardedModel::on_host(Tensor part, int slot, int block) const {
   return host;
 }
 
-int64_t shard_numel(int64_t block_numel, int world) {
-  DSTRAIN_CHECK(world >= 1 && block_numel >= 0);
-  return (block_numel + world - 1) / world;
-}
-
 ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& sharding,
-                           Communicator& comm, Backend& backend, Allocator& device,
+                           const StateGroups& groups, Backend& backend, Allocator& device,
                            Allocator& host, Stream compute)
     : config_(config),
       layout_(config),
       sharding_(sharding),
-      comm_(comm),
+      comm_(*groups.data),
+      all_(groups.all != nullptr ? *groups.all : *groups.data),
+      tied_(groups.tied),
       backend_(backend),
-      world_(comm.size()),
-      rank_(comm.rank()),
+      world_(groups.data->size()),
+      rank_(groups.data->rank()),
       dtype_(sharding.param_dtype),
       shard_optimizer_(sharding.zero >= 1),
       shard_grads_(sharding.zero >= 2),
@@ -98,6 +95,7 @@ ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& shar
       comm_mark_(backend),
       params_written_(backend),
       host_(host) {
+  held_ = sharding.blocks;
   DSTRAIN_USER_CHECK(sharding.zero >= 0 && sharding.zero <= 3)
       << "--zero must be 0, 1, 2 or 3, not " << sharding.zero;
   DSTRAIN_CHECK(dtype_ == DType::F32 || dtype_ == DType::F16 || dtype_ == DType::BF16);
@@ -108,10 +106,23 @@ ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& shar
     if (size.numel == 0) return Buffer();
     return (size.host ? host : device).allocate(size.category, size.bytes());
   };
+  if (held_.empty()) {
+    for (int b = 0; b < layout_.num_blocks(); ++b) held_.push_back(b);
+  }
+  const bool holds_embedding =
+      std::find(held_.begin(), held_.end(), ParamLayout::embedding_block()) != held_.end();
+  DSTRAIN_CHECK(!sharding.tied_copy || (holds_embedding && tied_ != nullptr))
+      << "the tied copy of the embedding needs the embedding block and the tied group";
+  blocks_.resize(static_cast<size_t>(layout_.num_blocks()));
   std::vector<int64_t> block_numels;
-  for (int b = 0; b < layout_.num_blocks(); ++b) {
+  int embedding_position = -1;
+  for (int b : held_) {
+    DSTRAIN_CHECK(b >= 0 && b < layout_.num_blocks() && !blocks_[static_cast<size_t>(b)].held)
+        << "block " << b << " of " << layout_.num_blocks();
+    if (b == ParamLayout::embedding_block()) embedding_position = static_cast<int>(block_numels.size());
     const BlockStateSizes sizes = block_state_sizes(layout_.block_numel(b), spec);
-    Block block;
+    Block& block = blocks_[static_cast<size_t>(b)];
+    block.held = true;
     block.numel = sizes.numel;
     block.shard = sizes.shard;
     block.params = allocate(sizes.params);
@@ -124,11 +135,9 @@ ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& shar
       zero_buffer(*buffer);
     }
     block_numels.push_back(block.numel);
-    blocks_.push_back(std::move(block));
   }
   for (std::vector<Buffer>& staging : part_staging_) staging.resize(blocks_.size());
-  const RankStateBuffers buffers =
-      rank_state_buffers(block_numels, ParamLayout::embedding_block(), spec);
+  const RankStateBuffers buffers = rank_state_buffers(block_numels, embedding_position, spec);
   for (int s = 0; s < 2; ++s) {
     gather_slots_[s].buffer = allocate(buffers.gathered_params[s]);
     gather_slots_[s].gathered = OwnedEvent(backend);
@@ -239,6 +248,7 @@ void ShardedModel::gather_into(int s, int block) {
 }
 
 Tensor ShardedModel::acquire_params(int block) {
+  DSTRAIN_CHECK(holds(block)) << "block " << block << " is not held by this pipeline stage";
   const Block& b = blocks_[block];
   if (!shard_params_) return params_padded(block).slice(0, {b.numel});
   int s = gather_slots_[0].block == block ? 0 : gather_slots_[1].block == block ? 1 : -1;
@@ -291,6 +301,7 @@ ShardedModel::GradSlot& ShardedModel::grad_slot_of(int block) {
 }
 
 Tensor ShardedModel::acquire_grads(int block) {
+  DSTRAIN_CHECK(holds(block)) << "block " << block << " is not held by this pipeline stage";
   const Block& b = blocks_[block];
   if (!shard_grads_) return grads_padded(block).slice(0, {b.numel});
   GradSlot& slot = grad_slot_of(block);
@@ -376,15 +387,20 @@ void ShardedModel::flush_reductions() {
 }
 
 void ShardedModel::begin_step() {
-  for (int block = 0; block < num_blocks(); ++block) {
-    backend_.fill_zero(grads_padded(block), compute_);
-  }
+  for (int block : held_) backend_.fill_zero(grads_padded(block), compute_);
 }
 
-void ShardedModel::inject_inf_gradient() {
-  // In this rank's own range, the part finish_step checks (the gradients may be reduced
-  // already: last_micro_batch()).
-  const int block = ParamLayout::layer_block(0);
+void ShardedModel::inject_inf_gradient() { inject_inf_ = true; }
+
+void ShardedModel::write_injected_inf() {
+  // In this rank's own range of the reduced gradients, the part finish_step checks. Not
+  // before: the reduction is collective and this rank alone is being tested.
+  inject_inf_ = false;
+  int block = -1;
+  for (int b : held_) {
+    if (block < 0 && b != ParamLayout::embedding_block() && b != layout_.final_block()) block = b;
+  }
+  DSTRAIN_CHECK(block >= 0) << "no layer block held";
   Tensor grads = grads_padded(block).slice(shard_grads_ ? 0 : shard_begin(block), {1});
   // +inf in the gradients' own dtype, written as bytes (a GPU's copy converts device memory
   // only): fp32 0x7f800000, fp16 0x7c00, bf16 0x7f80.
@@ -392,61 +408,82 @@ void ShardedModel::inject_inf_gradient() {
   const uint16_t inf16 = grads.dtype == DType::F16 ? fp32_to_fp16_bits(inf32)
                                                    : fp32_to_bf16_bits(inf32);
   const void* inf = grads.dtype == DType::F32 ? static_cast<const void*>(&inf32) : &inf16;
-  flush_reductions();
-  compute_waits_for_comm();  // after the reduce-scatters that add into these gradients
   copy_and_wait(grads.data, grads.device, inf, Device{}, grads.nbytes());
 }
 
-StepStats ShardedModel::finish_step(const AdamWConfig& adam, double lr, int64_t adam_step,
-                                    double loss_scale) {
-  const Stream comm = comm_stream_.get();
-  // 1. Finish the gradient reduction (stages 0 and 1 reduce once per step; 2 and 3 did it
-  // block by block during backward: the last of those may still be queued).
+// Stages 0 and 1 reduce once per step (what last_micro_batch() did not have reduced during
+// backward); 2 and 3 did it block by block during backward: the last of those may still be
+// queued. On return the compute stream sees every reduced gradient.
+void ShardedModel::finish_reduction() {
   flush_reductions();
   if (!shard_grads_) {
-    // Whatever last_micro_batch() did not have reduced during backward (all of it without it).
     comm_waits_for_compute();
-    for (int block = 0; block < num_blocks(); ++block) {
+    for (int block : held_) {
       if (!reduced_in_backward_[static_cast<size_t>(block)]) reduce_replicated(block);
     }
     std::fill(reduced_in_backward_.begin(), reduced_in_backward_.end(), false);
     reduce_in_backward_ = false;
   }
   compute_waits_for_comm();
+}
 
-  // 2. Every rank looks at its own shard of every block (at stage 0 the reduced gradients are
-  // the same everywhere, so each takes its shard's range): inf/NaN anywhere, agreed by all
-  // ranks with a max, and the sum of squares for the global norm.
+// Pipelines: the first stage's embedding and the last stage's tied head are two copies of
+// wte. Each copy's optimizer range gets the sum of both gradients (first stage's first, the
+// fixed order of the communicator), so both take the same step and stay bitwise equal
+// (Megatron's embedding group).
+void ShardedModel::sum_tied_gradients() {
+  const int block = ParamLayout::embedding_block();
+  if (tied_ == nullptr || !holds(block)) return;
+  const Stream comm = comm_stream_.get();
+  comm_waits_for_compute();
+  tied_->all_reduce(range_grads(block), ReduceOp::Sum, comm);
+  compute_waits_for_comm();
+}
+
+// Every rank looks at its own part of every block it holds (at stage 0 the reduced gradients
+// are the same on every data-parallel rank, so each takes its shard's range; the tied copy is
+// counted on the first stage only): inf/NaN anywhere, agreed by all ranks with a max, and the
+// sum of squares for the global norm.
+StepStats ShardedModel::agree_on_gradients(const AdamWConfig& adam, double loss_scale) {
+  const Stream comm = comm_stream_.get();
   float found_inf = 0.0f;
   double squares = 0.0;
-  for (int block = 0; block < num_blocks(); ++block) {
+  for (int block : held_) {
     const int64_t begin = shard_begin(block), count = shard_count(block);
-    if (count == 0) continue;
+    if (count == 0 || is_tied_copy(block)) continue;
     Tensor grads = shard_grads_ ? grads_padded(block).slice(0, {count})
                                 : grads_padded(block).slice(begin, {count});
     if (backend_.has_inf_or_nan(grads, compute_)) found_inf = 1.0f;
     squares += backend_.sum_squares(grads, compute_);
   }
   StepStats stats;
-  if (world_ > 1) {
-    comm_.all_reduce(Tensor(&found_inf, DType::F32, {1}), ReduceOp::Max, comm);
-  }
+  if (all_.size() > 1) all_.all_reduce(Tensor(&found_inf, DType::F32, {1}), ReduceOp::Max, comm);
   stats.found_inf = found_inf != 0.0f;
   if (stats.found_inf) return stats;  // skipped: no rank updates anything
-  if (world_ > 1) {
+  if (all_.size() > 1) {
     float partial = static_cast<float>(squares);
-    comm_.all_reduce(Tensor(&partial, DType::F32, {1}), ReduceOp::Sum, comm);
+    all_.all_reduce(Tensor(&partial, DType::F32, {1}), ReduceOp::Sum, comm);
     squares = partial;
   }
   stats.grad_norm = std::sqrt(squares) / loss_scale;
   stats.clip = clip_coefficient(stats.grad_norm, adam.grad_clip);
+  return stats;
+}
+
+StepStats ShardedModel::finish_step(const AdamWConfig& adam, double lr, int64_t adam_step,
+                                    double loss_scale) {
+  finish_reduction();
+  if (inject_inf_) write_injected_inf();
+  sum_tied_gradients();
+  const StepStats stats = agree_on_gradients(adam, loss_scale);
+  if (stats.found_inf) return stats;
   const float grad_scale = static_cast<float>(stats.clip / loss_scale);
 
-  // 3. AdamW on this rank's range: on the device, or (offload) on the host.
+  // AdamW on this rank's range: on the device, or (offload) on the host.
   if (sharding_.offload) {
     offload_step(adam, lr, adam_step, grad_scale);
   } else {
-    for (int block = 0; block < num_blocks(); ++block) {
+    for (int block : held_) {
       Block& b = blocks_[block];
       const FlatRange range = optimizer_range(block);
       if (range.numel == 0) continue;
@@ -456,13 +493,13 @@ StepStats ShardedModel::finish_step(const AdamWConfig& adam, double lr, int64_t 
                          adam, lr, adam_step, grad_scale, compute_);
     }
   }
-  // 4. Stages 1 and 2 hold full parameters: gather the updated shards.
+  // Stages 1 and 2 hold full parameters: gather the updated shards.
   if (shard_optimizer_ && !shard_params_) {
     comm_waits_for_compute();
-    for (int block = 0; block < num_blocks(); ++block) {
+    for (int block : held_) {
       Tensor full = params_padded(block);
       const int64_t shard = blocks_[block].shard;
-      comm_.all_gather(full, full.slice(rank_ * shard, {shard}), comm);
+      comm_.all_gather(full, full.slice(rank_ * shard, {shard}), comm_stream_.get());
     }
   }
   params_changed();
@@ -482,7 +519,7 @@ void ShardedModel::offload_step(const AdamWConfig& adam, double lr, int64_t adam
   // host updates block k+1.
   const Stream comm = comm_stream_.get();
   std::vector<int> order;
-  for (int block = 0; block < num_blocks(); ++block) {
+  for (int block : held_) {
     if (optimizer_range(block).numel > 0) order.push_back(block);
   }
   auto go_down = [&](size_t i) {
@@ -519,7 +556,7 @@ void ShardedModel::offload_step(const AdamWConfig& adam, double lr, int64_t adam
 void ShardedModel::set_full_params(const std::vector<Tensor>& full_blocks) {
   DSTRAIN_CHECK(static_cast<int>(full_blocks.size()) == num_blocks());
   backend_.synchronize(comm_stream_.get());  // no gather still reads what is overwritten
-  for (int block = 0; block < num_blocks(); ++block) {
+  for (int block : held_) {
     const Block& b = blocks_[block];
     Tensor full = full_blocks[block];
     DSTRAIN_CHECK(full.numel() == b.numel && full.dtype == DType::F32);
@@ -557,13 +594,13 @@ void ShardedModel::gather_to_host(Tensor local, int block, Tensor full) const {
 }
 
 void ShardedModel::get_full_params(const std::vector<Tensor>& full_blocks) {
-  for (int block = 0; block < num_blocks(); ++block) {
+  for (int block : held_) {
     gather_to_host(master(block), block, full_blocks[block]);
   }
 }
 
 void ShardedModel::set_full_moments(int which, const std::vector<Tensor>& full_blocks) {
-  for (int block = 0; block < num_blocks(); ++block) {
+  for (int block : held_) {
     Block& b = blocks_[block];
     const FlatRange range = optimizer_range(block);
     Buffer& moment = which == 0 ? b.exp_avg : b.exp_avg_sq;
@@ -574,7 +611,7 @@ void ShardedModel::set_full_moments(int which, const std::vector<Tensor>& full_b
 }
 
 void ShardedModel::get_full_moments(int which, const std::vector<Tensor>& full_blocks) {
-  for (int block = 0; block < num_blocks(); ++block) {
+  for (int block : held_) {
     const Block& b = blocks_[block];
     const FlatRange range = optimizer_range(block);
     gather_to_host(flat(which == 0 ? b.exp_avg : b.exp_avg_sq, range.numel), block,

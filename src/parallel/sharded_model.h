@@ -18,6 +18,12 @@
 // that hands tensors to or takes them from the caller (set_full_*, get_full_*, master_part,
 // moment_part) works with host memory whatever the backend, and waits for its transfers.
 //
+// Pipelines. A rank of a pipeline stage holds that stage's blocks only, sharded over the
+// stage's data-parallel group; the first and the last stage both hold the embedding block (the
+// tied wte of the LM head): finish_step sums the two copies' gradients over the tied group
+// before the step, so both take the same step and stay bitwise equal, and the inf/NaN flag
+// and the gradient norm (counting the tied copy once) are agreed over every rank of the run.
+//
 // Streams. The model's ops (Gpt2's, the optimizer's) run on the compute stream the caller
 // names; collectives and offload transfers on a communication stream of this object's own,
 // ordered against compute with events, so that on a GPU they overlap:
@@ -39,9 +45,10 @@
 #include "core/allocator.h"
 #include "kernels/ops.h"
 #include "model/config.h"
-#include "model/gpt2.h"
 #include "model/layout.h"
+#include "model/param_provider.h"
 #include "optim/adamw.h"
+#include "parallel/memory_model.h"  // shard_numel and the sizing functions
 
 namespace dstrain {
 
@@ -52,11 +59,24 @@ struct ShardingConfig {
   // fp32 master copy of the optimizer's range.
   DType param_dtype = DType::F32;
   int host_threads = 1;  // threads of the host optimizer (offload)
+  // A pipeline stage's blocks (parallel/pipeline_split.h, pipeline_stage_blocks); empty: all.
+  std::vector<int> blocks;
+  // The embedding block held here is the last stage's copy of the tied embedding/head
+  // (pp > 1): its gradient is summed with the first stage's copy (StateGroups::tied) before
+  // the step, so both stay bitwise equal, and the gradient norm counts it once (there).
+  bool tied_copy = false;
 };
 
-// Elements of each rank's shard of a block of `block_numel` elements over `world` ranks:
-// ceil(block_numel / world), so all shards are the same size (the last one padded).
-int64_t shard_numel(int64_t block_numel, int world);
+// The communicators of a rank's model state.
+struct StateGroups {
+  Communicator* data = nullptr;  // the data-parallel group: sharding and gradient reduction
+  // Every rank of the run (all pipeline stages): the inf/NaN flag and the gradient norm are
+  // agreed over it. nullptr: `data`.
+  Communicator* all = nullptr;
+  // pp > 1, the first and the last stage: the two ranks of this data-parallel index that hold
+  // the tied embedding (group rank 0 the first stage's). nullptr elsewhere.
+  Communicator* tied = nullptr;
+};
 
 struct StepStats {
   double grad_norm = 0.0;  // global, of the unscaled gradients, before clipping
@@ -67,13 +87,24 @@ struct StepStats {
 class ShardedModel : public ParamProvider {
  public:
   // compute: the stream the caller runs the model on (nullptr: the backend's default).
-  ShardedModel(const ModelConfig& config, const ShardingConfig& sharding, Communicator& comm,
+  // REQUIRES: groups.data; groups.tied exactly when the blocks hold the embedding on a stage
+  // that is first or last of pp > 1 stages.
+  ShardedModel(const ModelConfig& config, const ShardingConfig& sharding, const StateGroups& groups,
                Backend& backend, Allocator& device, Allocator& host, Stream compute = nullptr);
+  // Every block, sharded over `comm` (one pipeline stage).
+  ShardedModel(const ModelConfig& config, const ShardingConfig& sharding, Communicator& comm,
+               Backend& backend, Allocator& device, Allocator& host, Stream compute = nullptr)
+      : ShardedModel(config, sharding, StateGroups{&comm, nullptr, nullptr}, backend, device,
+                     host, compute) {}
 
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
   const ShardingConfig& sharding() const { return sharding_; }
   int num_blocks() const { return layout_.num_blocks(); }
+  // Whether this rank holds block b (a pipeline stage holds some).
+  bool holds(int block) const { return blocks_[static_cast<size_t>(block)].held; }
+  // The blocks whose state this rank writes to a checkpoint: those it holds but the tied copy.
+  bool writes(int block) const { return holds(block) && !is_tied_copy(block); }
   // This rank's range of block b: [shard_begin, shard_begin + shard_count) of the flat buffer
   // (shard_count may be < shard_numel for the last rank, or 0).
   int64_t shard_begin(int block) const;
@@ -88,10 +119,12 @@ class ShardedModel : public ParamProvider {
 
   // Before the first micro-batch of a step: zeroes the gradients.
   void begin_step();
-  // Before the backward of the step's last micro-batch (optional): stages 0 and 1 then reduce
-  // each block's gradients during that backward, a block at a time as at stages 2-3, instead
-  // of all at once in finish_step -- on a GPU the reduction overlaps the backward. The same
-  // collectives on the same data: the results are the same bits.
+  // Before the work of the step's last micro-batch that adds gradients begins, once every
+  // earlier micro-batch has added all of its own (optional; the pipeline runner finds the
+  // place: last_micro_batch_position): stages 0 and 1 then reduce each block's gradients as
+  // it is released, a block at a time as at stages 2-3, instead of all at once in finish_step
+  // -- on a GPU the reduction overlaps the backward. The same collectives on the same data:
+  // the results are the same bits.
   void last_micro_batch();
   // After the last micro-batch: finishes the gradient reduction, agrees with every rank on
   // whether any gradient is inf/NaN (then nothing is updated: the step is skipped), computes
@@ -100,7 +133,8 @@ class ShardedModel : public ParamProvider {
   // updated parameters visible where they are needed. Collective.
   StepStats finish_step(const AdamWConfig& adam, double lr, int64_t adam_step, double loss_scale);
 
-  // Testing: makes one gradient element of this rank +inf (as an fp16 overflow would).
+  // Testing: makes one gradient element of this rank +inf (as an fp16 overflow would), in
+  // its first held layer block, once this step's gradients are reduced (in finish_step).
   void inject_inf_gradient();
 
   // This rank's part of block b, [shard_begin, shard_begin + shard_count), of the F32 master
@@ -115,8 +149,8 @@ class ShardedModel : public ParamProvider {
   // Fills the master weights (and the working parameters, rounded to their dtype) from a full
   // F32 copy of every block (e.g. init or a loaded checkpoint); each rank keeps its part.
   void set_full_params(const std::vector<Tensor>& full_blocks);
-  // Gathers the full F32 master weights of every block into `full_blocks` (block_numel each).
-  // Collective.
+  // Gathers the full F32 master weights of every held block into `full_blocks` (block_numel
+  // each; the others are left alone). Collective over the data-parallel group.
   void get_full_params(const std::vector<Tensor>& full_blocks);
   // The same for the Adam moments (which = 0: exp_avg, 1: exp_avg_sq). Collective.
   void set_full_moments(int which, const std::vector<Tensor>& full_blocks);
@@ -124,6 +158,7 @@ class ShardedModel : public ParamProvider {
 
  private:
   struct Block {
+    bool held = false;        // a pipeline stage's block (else nothing is allocated)
     int64_t numel = 0;        // block_numel
     int64_t shard = 0;        // shard_numel
     Buffer params;            // param_dtype: full padded (world * shard) unless stage 3: shard
@@ -133,6 +168,17 @@ class ShardedModel : public ParamProvider {
     Buffer exp_avg, exp_avg_sq;  // F32, the optimizer range; on the host with offload
   };
   Tensor flat(const Buffer& buffer, int64_t numel, DType dtype = DType::F32) const;
+  bool is_tied_copy(int block) const {
+    return sharding_.tied_copy && block == ParamLayout::embedding_block();
+  }
+  // The held blocks, in order.
+  const std::vector<int>& held() const { return held_; }
+  // finish_step's parts.
+  void finish_reduction();
+  void write_injected_inf();
+  bool inject_inf_ = false;
+  void sum_tied_gradients();
+  StepStats agree_on_gradients(const AdamWConfig& adam, double loss_scale);
   Tensor params_padded(int block) const;  // all of the params buffer (param_dtype)
   Tensor grads_padded(int block) const;   // all of the grads buffer (param_dtype)
   // The working parameters / gradients of the optimizer range (param_dtype).
@@ -157,7 +203,10 @@ class ShardedModel : public ParamProvider {
   ModelConfig config_;
   ParamLayout layout_;
   ShardingConfig sharding_;
-  Communicator& comm_;
+  Communicator& comm_;    // the data-parallel group
+  Communicator& all_;     // every rank: agreement on inf/NaN and the norm
+  Communicator* tied_;    // the tied embedding's two holders, or nullptr
+  std::vector<int> held_;
   Backend& backend_;
   int world_, rank_;
   DType dtype_;

@@ -35,6 +35,7 @@ void CheckpointWriter::write_part(const Part& part) const {
   TensorFilePart optimizer((staging_->path() / "optimizer.safetensors").string(), layout_,
                            optimizer_);
   for (int block = 0; block < layout_.num_blocks(); ++block) {
+    if (part.params[block].empty()) continue;  // another pipeline stage's block
     weights.write(0, block, part.begin[block], part.params[block]);
     optimizer.write(0, block, part.begin[block], part.exp_avg[block]);
     optimizer.write(1, block, part.begin[block], part.exp_avg_sq[block]);

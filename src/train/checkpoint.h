@@ -35,7 +35,7 @@ class CheckpointWriter {
   ~CheckpointWriter();
   const ParamLayout& layout() const { return layout_; }
   // One rank's part: for each block, F32 master weights and Adam moments of the flat range
-  // [begin, begin + numel) the tensors hold.
+  // [begin, begin + numel) the tensors hold (empty tensors: a block another rank writes).
   struct Part {
     std::vector<int64_t> begin;
     std::vector<Tensor> params, exp_avg, exp_avg_sq;

@@ -1,8 +1,11 @@
 #include "train/options.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/check.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline_split.h"
 
 namespace dstrain {
 
@@ -38,6 +41,14 @@ void validate_options(const TrainOptions& options) {
                      options.precision == "bf16")
       << "--precision must be fp32, fp16 or bf16, not '" << options.precision << "'";
   DSTRAIN_USER_CHECK(options.sample_tokens >= 0) << "--sample must not be negative";
+  DSTRAIN_USER_CHECK(options.pp >= 1 && options.pp <= 64) << "--pp must be 1 to 64, not " << options.pp;
+  DSTRAIN_USER_CHECK(options.tp >= 1) << "--tp must be at least 1, not " << options.tp;
+  parse_pipeline_schedule(options.pp_schedule);  // a UserError naming the flag
+  if (!options.pp_split.empty()) parse_pipeline_split(options.pp_split);
+}
+
+int data_parallel_ranks(const TrainOptions& options) {
+  return std::max(1, options.gpus / (options.tp * options.pp));
 }
 
 namespace {
@@ -52,6 +63,9 @@ void for_each_resumable(TrainOptions& o, Fn&& fn) {
   fn("seq-len", o.seq_len);
   fn("grad-accum", o.grad_accum);
   fn("gpus", o.gpus);
+  fn("pp", o.pp);
+  fn("pp-schedule", o.pp_schedule);
+  fn("pp-split", o.pp_split);
   fn("steps", o.steps);
   fn("lr", o.lr);
   fn("lr-schedule", o.lr_schedule);
@@ -86,9 +100,12 @@ nlohmann::json resumable_options(const TrainOptions& options) {
 void apply_resumable_options(TrainOptions& options, const nlohmann::json& saved) {
   if (!options.explicit_flags || !saved.is_object()) return;
   const std::set<std::string>& given = *options.explicit_flags;
-  const bool ranks_given = given.count("gpus") != 0, accum_given = given.count("grad-accum") != 0;
-  const int64_t micro_batches =
-      saved.value("grad-accum", int64_t{1}) * saved.value("gpus", int64_t{1});
+  const bool ranks_given = given.count("gpus") != 0 || given.count("pp") != 0;
+  const bool accum_given = given.count("grad-accum") != 0;
+  const int64_t saved_dp =
+      std::max<int64_t>(1, saved.value("gpus", int64_t{1}) / saved.value("pp", int64_t{1}));
+  const int64_t micro_batches = saved.value("grad-accum", int64_t{1}) * saved_dp;
+  const bool new_depth = given.count("pp") != 0 && saved.value("pp", int64_t{1}) != options.pp;
   for_each_resumable(options, [&](const char* flag, auto& field) {
     if (given.count(flag) || !saved.contains(flag)) return;
     try {
@@ -97,12 +114,17 @@ void apply_resumable_options(TrainOptions& options, const nlohmann::json& saved)
       DSTRAIN_USER_ERROR() << "the checkpoint's remembered setting --" << flag << " is malformed";
     }
   });
+  // Another pipeline depth: the remembered split was for the old one.
+  if (new_depth && given.count("pp-split") == 0) options.pp_split.clear();
+  // A new --pp alone keeps the data-parallel ranks: the rank count follows.
+  if (given.count("pp") != 0 && given.count("gpus") == 0) options.gpus = static_cast<int>(saved_dp) * options.pp;
   // Other ranks than before, same micro-batches per step: the accumulation follows.
   if (ranks_given && !accum_given) {
-    DSTRAIN_USER_CHECK(micro_batches % options.gpus == 0)
+    const int dp = data_parallel_ranks(options);
+    DSTRAIN_USER_CHECK(micro_batches % dp == 0)
         << "the checkpoint's run makes each step of " << micro_batches << " micro-batches, which "
-        << options.gpus << " ranks cannot share evenly; give --grad-accum too";
-    options.grad_accum = micro_batches / options.gpus;
+        << dp << " data-parallel ranks cannot share evenly; give --grad-accum too";
+    options.grad_accum = micro_batches / dp;
   }
 }
 

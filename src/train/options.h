@@ -46,7 +46,9 @@ struct TrainOptions {
   std::string topology_file, nvidia_smi_file, gpu_model, host_memory;
   int64_t global_batch_tokens = 0; // for the planner; 0: batch x seq-len x grad-accum x gpus
   int dp = 0;                      // data parallel degree; 0: gpus / (tp x pp)
-  int tp = 1, pp = 1;              // tensor / pipeline parallel degrees (only 1 runs today)
+  int tp = 1, pp = 1;              // tensor (only 1 runs today) / pipeline parallel degrees
+  std::string pp_schedule = "1f1b";  // 1f1b | gpipe
+  std::string pp_split;            // layers per stage, "7,7,7,7"; empty: the balanced split
   // output
   std::string log;                 // JSONL file
   int64_t eval_every = 250;        // 0 disables
@@ -67,13 +69,28 @@ struct TrainOptions {
   // Testing: on CUDA, use at most this many GPUs (0: as many as the ranks, up to all found);
   // more ranks than GPUs share them, joined by the local communicator through host copies.
   int max_gpus = 0;
+  // Testing: at step fail_step (1-based), pipeline stage fail_stage throws (fail_hang: sleeps
+  // for 3 x comm_timeout instead) at the forward of micro-batch fail_micro_batch; -1: never.
+  int fail_stage = -1;
+  int fail_micro_batch = 0;
+  int64_t fail_step = 1;
+  bool fail_hang = false;
+  // Testing: at the end, the two copies of the tied embedding (first and last pipeline stage)
+  // are compared bit for bit; a difference is an Error.
+  bool verify_tied_embedding = false;
 };
 
 // Throws UserError naming the flag when a setting is out of range.
 void validate_options(const TrainOptions& options);
 
-// The settings a checkpoint remembers (under their flag names), and taking them back.
+// The settings a checkpoint remembers (under their flag names), and taking them back: on
+// --resume every one not given again. Another rank count or pipeline depth may be given if the
+// micro-batches per step (grad-accum x data-parallel ranks) stay the same: the accumulation
+// follows. A new --pp drops the remembered --pp-split.
 nlohmann::json resumable_options(const TrainOptions& options);
 void apply_resumable_options(TrainOptions& options, const nlohmann::json& saved);
+
+// The data-parallel ranks the options give: gpus / (tp x pp).
+int data_parallel_ranks(const TrainOptions& options);
 
 }  // namespace dstrain

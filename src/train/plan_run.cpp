@@ -7,22 +7,142 @@
 
 #include "core/allocator.h"
 #include "parallel/machine.h"
+#include "parallel/pipeline_split.h"
 #include "parallel/planner.h"
 #include "topology/probe.h"
 #include "train/devices.h"
 
 namespace dstrain {
 
-void plan_run(TrainOptions& options, const ModelConfig& config, std::ostream& out) {
-  const bool library_call = !options.explicit_flags.has_value();
-  auto given = [&](const char* flag) {
-    return library_call || options.explicit_flags->count(flag);
-  };
+namespace {
+
+constexpr const char* kNoTensorParallelism =
+    "tensor parallelism (--tp) is not implemented yet; use --tp 1";
+
+// Whether the user gave `flag` (a library caller gives them all).
+bool given(const TrainOptions& options, const char* flag) {
+  return !options.explicit_flags.has_value() || options.explicit_flags->count(flag) != 0;
+}
+
+PlanRequest request_from_flags(const TrainOptions& options, const ModelConfig& config, int gpus) {
+  PlanRequest request;
+  if (given(options, "gpus")) request.gpus = options.gpus;
+  if (given(options, "seq-len")) request.seq_len = options.seq_len;
+  if (given(options, "global-batch-tokens") && options.global_batch_tokens > 0) {
+    request.global_batch_tokens = options.global_batch_tokens;
+  } else if (given(options, "batch") || given(options, "grad-accum")) {
+    const int64_t T =
+        given(options, "seq-len") ? options.seq_len : std::min<int64_t>(1024, config.n_positions);
+    const int dp = std::max(1, gpus / (options.tp * options.pp));
+    request.global_batch_tokens = options.batch * T * options.grad_accum * dp;
+  }
+  if (given(options, "precision")) request.precision = parse_dtype(options.precision);
+  if (given(options, "zero")) request.zero = options.zero;
+  if (given(options, "offload")) request.offload = options.offload;
+  if (given(options, "recompute")) request.recompute = parse_recompute(options.recompute);
+  if (given(options, "batch") || given(options, "micro-batch")) request.micro_batch = options.batch;
+  if (given(options, "dp") && options.dp > 0) request.dp = options.dp;
+  if (given(options, "tp")) request.tp = options.tp;
+  if (given(options, "pp")) request.pp = options.pp;
+  if (given(options, "pp-schedule")) request.pp_schedule = parse_pipeline_schedule(options.pp_schedule);
+  if (given(options, "pp-split") && !options.pp_split.empty()) {
+    request.pp_split = parse_pipeline_split(options.pp_split);
+  }
+  return request;
+}
+
+// The planner's plan for `machine`, without tensor parallelism unless asked (which is refused).
+Plan plan_for_machine(TrainOptions& options, const ModelConfig& config,
+                      const NodeTopology& machine, std::ostream& out) {
+  PlanRequest request = request_from_flags(options, config, static_cast<int>(machine.gpus.size()));
+  const int gpus = request.gpus > 0 ? request.gpus : static_cast<int>(machine.gpus.size());
+  DSTRAIN_USER_CHECK(!request.tp || *request.tp == 1) << kNoTensorParallelism;
+  PlanResult result = choose_plan(config, machine, request);
+  if (result.best.plan.tp > 1) {
+    out << "the best plan for this machine, " << describe(result.best.plan)
+        << ", uses tensor parallelism, which this build cannot run yet; planning without it\n";
+    request.tp = 1;
+    result = choose_plan(config, machine, request);
+  }
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%.3g", result.best.cost.step_seconds);
+  out << "plan for " << gpus << " x " << result.machine << ": " << describe(result.best.plan)
+      << "\n  predicted " << format_bytes(result.best.memory.device_total()) << " per GPU, "
+      << seconds << " s per step there (`dstrain plan` shows the alternatives)\n";
+  return result.best.plan;
+}
+
+// The GPUs found here run the plan: this build and this machine must be able to.
+void check_runs_here(const Plan& plan, const MachineSource& source) {
+  DSTRAIN_USER_CHECK(!source.names_a_machine())
+      << "the machine described (--topology, --from-nvidia-smi, --gpu) is not this one: run "
+      << "its plan on simulated ranks with --device cpu";
+  DSTRAIN_USER_CHECK(cuda_backend_built())
+      << "this dstrain was built without the CUDA backend (DSTRAIN_CUDA=OFF): rebuild it with "
+      << "the CUDA toolkit to train on the GPUs found, or run the plan on simulated ranks with "
+      << "--device cpu";
+  const int usable = usable_cuda_devices();
+  DSTRAIN_USER_CHECK(usable >= plan.world())
+      << "the plan needs " << plan.world() << " GPUs, but the CUDA runtime can use " << usable
+      << " here (check the driver and CUDA_VISIBLE_DEVICES), or run the plan on simulated "
+      << "ranks with --device cpu";
+}
+
+}  // namespace
+
+Plan plan_from_options(const TrainOptions& options, const ModelConfig& config) {
+  DSTRAIN_USER_CHECK(options.tp == 1) << kNoTensorParallelism;
+  Plan plan;
+  plan.pp = options.pp;
+  DSTRAIN_USER_CHECK(plan.pp <= config.n_layer)
+      << "--pp " << plan.pp << " is more pipeline stages than the model's " << config.n_layer
+      << " layers (stages cut at layer boundaries)";
+  int gpus = options.gpus;
+  if (options.dp > 0) {
+    DSTRAIN_USER_CHECK(!given(options, "gpus") || options.gpus == options.dp * plan.pp)
+        << "--dp " << options.dp << " x --pp " << plan.pp << " is " << options.dp * plan.pp
+        << " ranks, but --gpus is " << options.gpus << " (--gpus = dp x tp x pp)";
+    gpus = options.dp * plan.pp;
+  } else if (!given(options, "gpus") && gpus < plan.pp) {
+    gpus = plan.pp;  // --pp alone: one rank per stage
+  }
+  DSTRAIN_USER_CHECK(gpus % plan.pp == 0)
+      << "--gpus " << gpus << " ranks cannot be cut into " << plan.pp
+      << " pipeline stages (--pp) of equal data-parallel ranks";
+  plan.dp = gpus / plan.pp;
+  plan.zero = options.zero;
+  plan.offload = options.offload;
+  plan.recompute = parse_recompute(options.recompute);
+  plan.micro_batch = options.batch;
+  plan.grad_accum = options.grad_accum;
+  plan.seq_len = options.seq_len;
+  plan.param_dtype = parse_dtype(options.precision);
+  plan.pp_schedule = parse_pipeline_schedule(options.pp_schedule);
+  if (!options.pp_split.empty()) plan.pp_split = parse_pipeline_split(options.pp_split);
+  plan.pp_split = pipeline_split(config, plan);  // checks a given one, balances otherwise
+  return plan;
+}
+
+void remember_plan(const Plan& plan, TrainOptions& options) {
+  options.gpus = plan.world();
+  options.dp = plan.dp;
+  options.tp = plan.tp;
+  options.pp = plan.pp;
+  options.zero = plan.zero;
+  options.offload = plan.offload;
+  options.recompute = recompute_name(plan.recompute);
+  options.batch = plan.micro_batch;
+  options.grad_accum = plan.grad_accum;
+  options.seq_len = plan.seq_len;
+  options.precision = precision_name(plan.param_dtype);
+  options.pp_schedule = pipeline_schedule_name(plan.pp_schedule);
+  options.pp_split = plan.pp > 1 ? pipeline_split_text(plan.pp_split) : "";
+}
+
+Plan plan_run(TrainOptions& options, const ModelConfig& config, std::ostream& out) {
   if (options.max_gpus > 0) {
     // Testing: the ranks share at most max_gpus GPUs of this machine; the flags are the plan.
-    DSTRAIN_USER_CHECK(options.tp == 1 && options.pp == 1)
-        << "tensor and pipeline parallelism (--tp, --pp) are not implemented yet; use 1";
-    return;
+    return plan_from_options(options, config);
   }
   MachineSource source{options.topology_file, options.nvidia_smi_file, options.gpu_model,
                        options.host_memory};
@@ -38,79 +158,16 @@ void plan_run(TrainOptions& options, const ModelConfig& config, std::ostream& ou
       << "--device cuda: no CUDA device was found (" << report << ")";
   if (!machine) {
     if (options.device == "auto") options.device = "cpu";  // nothing found: the CPU backend
-    DSTRAIN_USER_CHECK(options.tp == 1 && options.pp == 1)
-        << "tensor and pipeline parallelism (--tp, --pp) are not implemented yet; use 1";
-    if (options.dp > 0) {
-      DSTRAIN_USER_CHECK(!given("gpus") || options.gpus == options.dp)
-          << "--dp " << options.dp << " and --gpus " << options.gpus << " disagree (with "
-          << "--tp 1 --pp 1, the data parallel degree is the number of ranks)";
-      options.gpus = options.dp;
-    }
-    return;  // the CPU backend, as the flags say
+    return plan_from_options(options, config);
   }
-
-  PlanRequest request;
-  if (given("gpus")) request.gpus = options.gpus;
-  const int gpus = request.gpus > 0 ? request.gpus : static_cast<int>(machine->gpus.size());
-  if (given("seq-len")) request.seq_len = options.seq_len;
-  if (given("global-batch-tokens") && options.global_batch_tokens > 0) {
-    request.global_batch_tokens = options.global_batch_tokens;
-  } else if (given("batch") || given("grad-accum")) {
-    const int64_t T =
-        given("seq-len") ? options.seq_len : std::min<int64_t>(1024, config.n_positions);
-    request.global_batch_tokens = options.batch * T * options.grad_accum * gpus;
-  }
-  if (given("precision")) request.precision = parse_dtype(options.precision);
-  if (given("zero")) request.zero = options.zero;
-  if (given("offload")) request.offload = options.offload;
-  if (given("recompute")) request.recompute = parse_recompute(options.recompute);
-  if (given("batch") || given("micro-batch")) request.micro_batch = options.batch;
-  if (given("dp") && options.dp > 0) request.dp = options.dp;
-  if (given("tp")) request.tp = options.tp;
-  if (given("pp")) request.pp = options.pp;
-  PlanResult result = choose_plan(config, *machine, request);
-  if (result.best.plan.tp > 1 || result.best.plan.pp > 1) {
-    // This build runs data parallelism and ZeRO only: say what would be best, take the best
-    // plan without tensor and pipeline parallelism.
-    DSTRAIN_USER_CHECK(!given("tp") && !given("pp"))
-        << "tensor and pipeline parallelism (--tp, --pp) are not implemented yet; use 1";
-    out << "the best plan for this machine, " << describe(result.best.plan) << ", uses "
-        << (result.best.plan.pp > 1 ? "pipeline" : "tensor")
-        << " parallelism, which this build cannot run yet; planning without it\n";
-    request.tp = 1;
-    request.pp = 1;
-    result = choose_plan(config, *machine, request);
-  }
-  const Plan& plan = result.best.plan;
-  char seconds[32];
-  std::snprintf(seconds, sizeof seconds, "%.3g", result.best.cost.step_seconds);
-  out << "plan for " << gpus << " x " << result.machine << ": " << describe(plan)
-      << "\n  predicted " << format_bytes(result.best.memory.device_total()) << " per GPU, "
-      << seconds << " s per step there (`dstrain plan` shows the alternatives)\n";
+  Plan plan = plan_for_machine(options, config, *machine, out);
+  plan.pp_split = pipeline_split(config, plan);
   if (options.device != "cpu") {
-    // The GPUs found here run the plan; a described machine is not this one.
-    DSTRAIN_USER_CHECK(!source.names_a_machine())
-        << "the machine described (--topology, --from-nvidia-smi, --gpu) is not this one: run "
-        << "its plan on simulated ranks with --device cpu";
-    DSTRAIN_USER_CHECK(cuda_backend_built())
-        << "this dstrain was built without the CUDA backend (DSTRAIN_CUDA=OFF): rebuild it with "
-        << "the CUDA toolkit to train on the GPUs found, or run the plan on simulated ranks with "
-        << "--device cpu";
-    const int usable = usable_cuda_devices();
-    DSTRAIN_USER_CHECK(usable >= plan.dp)
-        << "the plan needs " << plan.dp << " GPUs, but the CUDA runtime can use " << usable
-        << " here (check the driver and CUDA_VISIBLE_DEVICES), or run the plan on simulated "
-        << "ranks with --device cpu";
+    check_runs_here(plan, source);
     options.device = "cuda";
   }
-  options.gpus = plan.dp;
-  options.zero = plan.zero;
-  options.offload = plan.offload;
-  options.recompute = recompute_name(plan.recompute);
-  options.batch = plan.micro_batch;
-  options.grad_accum = plan.grad_accum;
-  options.seq_len = plan.seq_len;
-  options.precision = precision_name(plan.param_dtype);
+  remember_plan(plan, options);
+  return plan;
 }
 
 }  // namespace dstrain

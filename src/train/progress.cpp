@@ -29,13 +29,15 @@ ProgressPrinter::ProgressPrinter(std::ostream& out, int64_t total_steps, bool qu
 }
 // One line per step: rewritten in place on a terminal, every `every_`-th kept.
 void ProgressPrinter::step(int64_t step, double loss, double lr, double norm, double tokens_per_s,
-                           double eta_seconds) {
+                           double eta_seconds, double bubble) {
   if (quiet_) return;
-  char line[200];
+  char bubble_text[32] = "";
+  if (bubble >= 0) std::snprintf(bubble_text, sizeof bubble_text, " | bubble %.0f%%", 100 * bubble);
+  char line[240];
   std::snprintf(line, sizeof line,
-                "step %*lld/%lld | loss %.4f | lr %.2e | norm %.3f | %s tok/s | ETA %s", width(),
+                "step %*lld/%lld | loss %.4f | lr %.2e | norm %.3f | %s tok/s%s | ETA %s", width(),
                 static_cast<long long>(step + 1), static_cast<long long>(total_), loss, lr, norm,
-                format_rate(tokens_per_s).c_str(), format_duration(eta_seconds).c_str());
+                format_rate(tokens_per_s).c_str(), bubble_text, format_duration(eta_seconds).c_str());
   const bool keep = (step + 1) % every_ == 0 || step + 1 == total_ || step == 0;
   if (tty_) {
     out_ << "\r\033[K" << line << (keep ? "\n" : "") << std::flush;

@@ -17,9 +17,10 @@ class ProgressPrinter {
   // keep_every: every how many steps a line stays (piped output prints only those);
   // 0: about 25 lines per run.
   ProgressPrinter(std::ostream& out, int64_t total_steps, bool quiet, int64_t keep_every = 0);
-  // step is 0-based.
+  // step is 0-based. bubble: the pipeline's mean share of the step spent waiting (< 0: no
+  // pipeline, not shown).
   void step(int64_t step, double loss, double lr, double norm, double tokens_per_s,
-            double eta_seconds);
+            double eta_seconds, double bubble = -1.0);
   void message(const std::string& text);
 
  private:

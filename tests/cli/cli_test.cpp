@@ -226,7 +226,7 @@ TEST_F(CliTest, TrainingTakesThePlannersPlan) {
   expect_user_error("--from-nvidia-smi " + fixture + "rtx4090-8gpu-pcie.txt --gpu rtx4090 "
                     "--host-memory 256G --steps 1", "--device cpu");
   // A fixed plan that cannot fit says by how much.
-  expect_user_error("--model 13b --zero 0 --from-nvidia-smi " + fixture + "rtx4090-8gpu-pcie.txt "
+  expect_user_error("--model 13b --zero 0 --pp 1 --from-nvidia-smi " + fixture + "rtx4090-8gpu-pcie.txt "
                     "--gpu rtx4090 --host-memory 256G --device cpu --steps 1", "GiB");
   expect_user_error("--tp 2 " + kSmall, "--tp");
 }

@@ -144,6 +144,47 @@ TEST(Nccl, HostTensorsSplitsAndPointToPoint) {
   }
 }
 
+TEST(Nccl, ExchangeWithBothNeighboursAtOnce) {
+  // Every rank sends to the next and the previous rank and receives from both in one exchange
+  // (one NCCL group): device buffers one way round the ring, host buffers (staged through the
+  // device) the other. With 2 ranks both neighbours are the same peer: one send and one receive.
+  REQUIRE_CUDA_DEVICE();
+  const int ranks = test_ranks();
+  if (ranks < 2) GTEST_SKIP() << "needs 2 GPUs";
+  constexpr int64_t n = 1001;
+  std::vector<GuardedBuffer> forward, backward, from_previous, from_next;
+  for (int r = 0; r < ranks; ++r) {
+    forward.emplace_back(DType::BF16, n);
+    forward.back().fill(4, r);
+    backward.emplace_back(DType::I32, n);
+    backward.back().fill(5, r);
+    from_previous.emplace_back(DType::BF16, n);
+    from_next.emplace_back(DType::I32, n);
+  }
+  run_nccl_ranks(ranks, kNoTimeout, [&](Communicator& comm) {
+    const int r = comm.rank(), next = (r + 1) % ranks, previous = (r + ranks - 1) % ranks;
+    DeviceCopy sent(forward[r], r), received(from_previous[r], r);
+    std::vector<P2POp> ops = {{P2POp::Kind::Send, sent.tensor(), next},
+                              {P2POp::Kind::Recv, received.tensor(), previous}};
+    if (ranks > 2) {
+      ops.push_back({P2POp::Kind::Send, backward[r].tensor(), previous});
+      ops.push_back({P2POp::Kind::Recv, from_next[r].tensor(), next});
+    }
+    comm.exchange(ops, nullptr);
+    received.back();
+  });
+  for (int r = 0; r < ranks; ++r) {
+    const int next = (r + 1) % ranks, previous = (r + ranks - 1) % ranks;
+    ASSERT_TRUE(forward[previous].any_nonzero());
+    EXPECT_TRUE(from_previous[r].same_bytes(forward[previous])) << "rank " << r;
+    EXPECT_TRUE(from_previous[r].guards_intact()) << "rank " << r;
+    if (ranks > 2) {
+      EXPECT_TRUE(from_next[r].same_bytes(backward[next])) << "rank " << r;
+      EXPECT_TRUE(from_next[r].guards_intact()) << "rank " << r;
+    }
+  }
+}
+
 TEST(Nccl, AFailingRankReleasesTheOthers) {
   REQUIRE_CUDA_DEVICE();
   const int ranks = test_ranks();

@@ -35,7 +35,7 @@ struct CopyCounter {
 // buffers, else directly on host buffers. Returns each rank's buffers after the calls.
 struct Outputs {
   std::vector<GuardedBuffer> reduced, scattered, gathered, gathered_in_place, broadcast, received,
-      split_reduced;
+      exchanged, exchanged_on_host, split_reduced;
 };
 
 Outputs run_all(int ranks, bool staged, CopyCounter* counter) {
@@ -57,6 +57,8 @@ Outputs run_all(int ranks, bool staged, CopyCounter* counter) {
     out.broadcast.emplace_back(dtype, n);
     out.broadcast.back().fill(5, r);
     out.received.emplace_back(dtype, n);
+    out.exchanged.emplace_back(dtype, n);
+    out.exchanged_on_host.emplace_back(dtype, n);
     out.split_reduced.emplace_back(dtype, n);
     out.split_reduced.back().fill(6, r);
   }
@@ -83,6 +85,14 @@ Outputs run_all(int ranks, bool staged, CopyCounter* counter) {
         comm.recv(theirs, previous, nullptr);
         comm.send(mine, next, nullptr);
       }
+      // Both rings at once in one exchange per rank (3 or more ranks: next != previous): host
+      // buffers forwards, device buffers backwards (only those are staged, each in the slot of
+      // its operation).
+      comm.exchange({P2POp{P2POp::Kind::Send, out.reduced[r].tensor(), next},
+                     P2POp{P2POp::Kind::Recv, out.exchanged_on_host[r].tensor(), previous},
+                     P2POp{P2POp::Kind::Recv, t(out.exchanged[r]), next},
+                     P2POp{P2POp::Kind::Send, t(out.broadcast[r]), previous}},
+                    nullptr);
     }
     std::unique_ptr<Communicator> half = comm.split(r % 2, -r);
     half->all_reduce(t(out.split_reduced[r]), ReduceOp::Sum, nullptr);
@@ -113,6 +123,10 @@ TEST(StagedCommunicator, DeviceTensorsGiveTheLocalCommunicatorsBits) {
     expect_same(staged.gathered_in_place, direct.gathered_in_place, "in-place all_gather");
     expect_same(staged.broadcast, direct.broadcast, "broadcast");
     if (ranks > 1) expect_same(staged.received, direct.received, "send/recv");
+    if (ranks > 1) {
+      expect_same(staged.exchanged, direct.exchanged, "exchange of device buffers");
+      expect_same(staged.exchanged_on_host, direct.exchanged_on_host, "exchange of host buffers");
+    }
     expect_same(staged.split_reduced, direct.split_reduced, "all_reduce on a split");
     EXPECT_GT(counter.copies.load(), 0);
   }

@@ -12,6 +12,7 @@
 #include "core/safetensors.h"
 #include "model/config.h"
 #include "model/gpt2.h"
+#include "tests/model/host_params.h"
 
 namespace dstrain {
 namespace {
@@ -24,22 +25,7 @@ std::string slurp(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(file), {});
 }
 
-// Flat per-block parameter and gradient buffers: the simplest ParamProvider.
-struct TestParams : ParamProvider {
-  explicit TestParams(const ParamLayout& layout) {
-    for (int block = 0; block < layout.num_blocks(); ++block) {
-      params.emplace_back(layout.block_numel(block), 0.0f);
-      grads.emplace_back(layout.block_numel(block), 0.0f);
-    }
-  }
-  Tensor acquire_params(int block) override {
-    return Tensor(params[block].data(), DType::F32, {int64_t(params[block].size())});
-  }
-  Tensor acquire_grads(int block) override {
-    return Tensor(grads[block].data(), DType::F32, {int64_t(grads[block].size())});
-  }
-  std::vector<std::vector<float>> params, grads;
-};
+using TestParams = test::HostParams;
 
 // The llm.c uint16 shard of the fixture: 256 int32 header, then tokens.
 std::vector<int32_t> read_llmc_u16(const std::string& path) {

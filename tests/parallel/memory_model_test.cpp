@@ -1,12 +1,15 @@
 // The memory model against what the code allocates, byte for byte, and against the ZeRO
 // paper's closed forms.
 //
-// Exactness: each rank builds what the trainer builds (src/train/trainer.cpp, run_rank):
-// ShardedModel on a device and a host CPU allocator, Gpt2 with the plan's precision and
-// recompute mode, and the token batch; every category of both allocators must equal the
-// prediction. Covered: one rank (the plan the trainer has always run), and 2-4 ranks x ZeRO
-// 0-3 x offload x fp32/bf16/fp16, on the tiny preset and on odd configs (vocabulary, widths
-// and sequence lengths that are not multiples of anything), with odd micro-batches.
+// Exactness: each rank builds what the trainer builds (src/train/rank_trainer.cpp): its
+// groups, ShardedModel of its pipeline stage's blocks on a device and a host CPU allocator,
+// the ModelStage with the plan's precision, recompute mode and the schedule's slots, and the
+// token batches; every category of both allocators must equal the prediction for its stage.
+// Covered: one rank, 2-4 ranks x ZeRO 0-3 x offload x fp32/bf16/fp16, and pipelines of 2-4
+// stages x dp 1-2 x 1F1B/GPipe (the first stage keeps the most micro-batches in flight, the
+// last holds the head and the tied embedding's copy), on the tiny preset and on odd configs
+// (vocabulary, widths and sequence lengths that are not multiples of anything), with odd
+// micro-batches.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,7 +20,10 @@
 #include "comm/communicator.h"
 #include "kernels/ops.h"
 #include "model/gpt2.h"
+#include "model/stage.h"
+#include "parallel/groups.h"
 #include "parallel/memory_model.h"
+#include "parallel/pipeline_split.h"
 #include "parallel/sharded_model.h"
 
 namespace dstrain {
@@ -54,33 +60,47 @@ std::string category_table(const std::array<uint64_t, kNumMemCategories>& predic
   return text.str();
 }
 
-// Builds, on every rank of plan.dp, what the trainer allocates, and checks both allocators
-// against the prediction. Returns the number of ranks checked.
+// Builds, on every rank of the plan, what the trainer allocates, and checks both allocators
+// against the prediction of the rank's stage. Returns the number of ranks checked.
 int expect_allocations_match(const ModelConfig& config, const Plan& plan) {
-  const MemoryPrediction predicted = predict_memory(config, plan);
-  EXPECT_GT(predicted.device_total(), 0u);
+  const MemoryModel model(config);
   std::mutex mutex;
   int checked = 0;
-  run_local_ranks(plan.dp, 60.0, [&](Communicator& comm) {
+  run_local_ranks(plan.world(), 60.0, [&](Communicator& world) {
+    const RankGroups groups = make_rank_groups(world, plan);
+    const MemoryPrediction predicted = model.predict_stage(plan, groups.stage);
     std::unique_ptr<Backend> backend = make_cpu_backend(1);
-    std::unique_ptr<Allocator> device = make_cpu_allocator(comm.rank());
-    std::unique_ptr<Allocator> host = make_cpu_allocator(comm.rank());
-    ShardedModel state(config, ShardingConfig{plan.zero, plan.offload, plan.param_dtype}, comm,
+    std::unique_ptr<Allocator> device = make_cpu_allocator(world.rank());
+    std::unique_ptr<Allocator> host = make_cpu_allocator(world.rank());
+    const StageRange range = model.stage_range(plan, groups.stage);
+    ShardingConfig sharding{plan.zero, plan.offload, plan.param_dtype, 1,
+                            pipeline_stage_blocks(model.layout(), range),
+                            plan.pp > 1 && range.last};
+    ShardedModel state(config, sharding, StateGroups{groups.data, groups.all, groups.tied},
                        *backend, *device, *host);
-    Gpt2 model(config, *backend, *device, plan.micro_batch, plan.seq_len, plan.param_dtype, true,
-               plan.recompute);
-    // As trainer.cpp: inputs and targets, (B, T) int32 each.
-    Buffer batch = device->allocate(MemCategory::Data,
-                                    2 * plan.micro_batch * plan.seq_len * sizeof(int32_t));
+    Gpt2Architecture arch(config);
+    const int slots = activation_slots(plan.pp_schedule, plan.pp, groups.stage,
+                                       static_cast<int>(plan.grad_accum));
+    ModelStage stage(arch, range, *backend, *device, plan.micro_batch, plan.seq_len,
+                     plan.param_dtype, true, plan.recompute, slots);
+    // As the trainer: a token batch per slot on the first and the last stage.
+    std::vector<Buffer> batches;
+    for (int i = 0; (range.first || range.last) && i < slots; ++i) {
+      batches.push_back(device->allocate(MemCategory::Data,
+                                         token_batch_bytes(plan.micro_batch, plan.seq_len)));
+    }
     const MemoryStats d = device->stats(), h = host->stats();
     std::lock_guard<std::mutex> lock(mutex);
+    EXPECT_GT(predicted.device_total(), 0u);
     for (int c = 0; c < kNumMemCategories; ++c) {
       EXPECT_EQ(predicted.device[static_cast<size_t>(c)], d.current[static_cast<size_t>(c)])
           << "device " << mem_category_name(static_cast<MemCategory>(c)) << ", rank "
-          << comm.rank() << ", " << describe(plan) << "\n" << category_table(predicted.device, d);
+          << world.rank() << " (stage " << groups.stage << "), " << describe(plan) << "\n"
+          << category_table(predicted.device, d);
       EXPECT_EQ(predicted.host[static_cast<size_t>(c)], h.current[static_cast<size_t>(c)])
           << "host " << mem_category_name(static_cast<MemCategory>(c)) << ", rank "
-          << comm.rank() << ", " << describe(plan) << "\n" << category_table(predicted.host, h);
+          << world.rank() << " (stage " << groups.stage << "), " << describe(plan) << "\n"
+          << category_table(predicted.host, h);
     }
     EXPECT_EQ(predicted.device_total(), d.current_total);
     EXPECT_EQ(predicted.host_total(), h.current_total);
@@ -134,23 +154,53 @@ TEST(MemoryModel, ShardedPlansMatchAllocatorEveryRankEveryStage) {
   }
 }
 
-TEST(MemoryModel, ActivationTablesAddUpToTheWholeModelsPlan) {
-  // The model-level decomposition (one layer's tensors x layers + shared + the rest) must
-  // give what plan_gpt2_buffers gives for the whole model, in every recompute mode and dtype.
+TEST(MemoryModel, PipelinePlansMatchAllocatorEveryRankEveryStage) {
+  const ModelConfig config = odd_config(37, 32, 24, 4, 3);
+  for (PipelineScheduleKind schedule : {PipelineScheduleKind::OneFOneB, PipelineScheduleKind::GPipe}) {
+    for (int pp : {2, 3, 4}) {
+      for (int dp : {1, 2}) {
+        if (pp * dp > 6) continue;
+        Plan plan = one_rank_plan(2, 9);
+        plan.pp = pp;
+        plan.dp = dp;
+        plan.grad_accum = 5;  // more micro-batches than stages: 1F1B's slots differ by stage
+        plan.pp_schedule = schedule;
+        plan.zero = pp == 2 ? 3 : pp == 3 ? 1 : 2;
+        plan.offload = dp == 2;
+        plan.param_dtype = pp == 3 ? DType::BF16 : DType::F32;
+        plan.recompute = pp == 4 ? Recompute::Selective : Recompute::None;
+        SCOPED_TRACE(describe(plan));
+        EXPECT_EQ(expect_allocations_match(config, plan), pp * dp);
+      }
+    }
+  }
+  // A split of one's own.
+  Plan plan = one_rank_plan(3, 7);
+  plan.pp = 2;
+  plan.grad_accum = 3;
+  plan.pp_split = {3, 1};
+  EXPECT_EQ(expect_allocations_match(config, plan), 2);
+}
+
+TEST(MemoryModel, ActivationsAreTheStagesOwnPlan) {
+  // One stage with every layer: exactly plan_stage_buffers of the whole model, in every
+  // recompute mode and dtype (the memory model asks the model, and caches by stage shape).
   for (const char* name : {"gpt2-124m", "13b"}) {
     const ModelConfig config = load_model_config(name);
+    Gpt2Architecture arch(config);
     for (Recompute recompute : {Recompute::None, Recompute::Selective, Recompute::Full}) {
       for (DType dtype : {DType::F32, DType::BF16}) {
         Plan plan = one_rank_plan(3, 1000);
         plan.recompute = recompute;
         plan.param_dtype = dtype;
-        const Gpt2Buffers whole = plan_gpt2_buffers(config, 3, 1000, dtype, true, recompute);
+        const StageBuffers whole =
+            plan_stage_buffers(arch, whole_model(config), 3, 1000, dtype, true, recompute, 1);
         const ActivationSizes a = activation_sizes(config, plan, 0);
-        EXPECT_EQ(a.activations(), whole.activations.bytes()) << name << " " << recompute_name(recompute);
+        EXPECT_EQ(a.activations(), whole.activation_bytes()) << name << " " << recompute_name(recompute);
         EXPECT_EQ(a.workspace, whole.workspace.bytes()) << name;
-        EXPECT_EQ(a.pipeline_buffers, 0u);
-        const Gpt2Buffers plain = plan_gpt2_buffers(config, 3, 1000, dtype, true);
-        EXPECT_EQ(a.without_recompute, plain.activations.bytes());
+        const StageBuffers plain =
+            plan_stage_buffers(arch, whole_model(config), 3, 1000, dtype, true, Recompute::None, 1);
+        EXPECT_EQ(a.without_recompute, plain.slot.bytes());
       }
     }
   }
@@ -166,8 +216,10 @@ TEST(MemoryModel, RecomputeShrinksActivationsInOrder) {
     const MemoryPrediction m = predict_memory(config, plan);
     const uint64_t activations = m.device[static_cast<size_t>(MemCategory::Activations)];
     EXPECT_LT(activations, previous) << recompute_name(recompute);
+    Gpt2Architecture arch(config);
     EXPECT_EQ(m.activations_without_recompute,
-              plan_gpt2_buffers(config, 4, 1024, DType::BF16, true).activations.bytes());
+              plan_stage_buffers(arch, whole_model(config), 4, 1024, DType::BF16, true,
+                                 Recompute::None, 1).slot.bytes());
     if (recompute == Recompute::None) none = activations;
     previous = activations;
   }
@@ -252,14 +304,15 @@ TEST(MemoryModel, PipelineStagesCoverEveryLayerOnceAndHoldTheTiedEmbeddingTwice)
   const ModelConfig config = load_model_config("6b");  // 28 layers
   const ParamLayout layout(config);
   for (int pp : {1, 2, 3, 8, 28}) {
+    Plan plan = one_rank_plan(1, 1024);
+    plan.pp = pp;
     int64_t next = 0;
     for (int s = 0; s < pp; ++s) {
-      const PipelineStage stage = pipeline_stage(config.n_layer, pp, s);
+      const StageRange stage = pipeline_stage(config, plan, s);
       EXPECT_EQ(stage.first_layer, next);
-      const int64_t count = stage.end_layer - stage.first_layer;
-      EXPECT_TRUE(count == config.n_layer / pp || count == config.n_layer / pp + 1);
+      EXPECT_GE(stage.layers(), 1);
       next = stage.end_layer;
-      const std::vector<int> blocks = pipeline_stage_blocks(layout, pp, s);
+      const std::vector<int> blocks = pipeline_stage_blocks(layout, stage);
       const bool has_embedding = std::count(blocks.begin(), blocks.end(), 0) == 1;
       EXPECT_EQ(has_embedding, s == 0 || s == pp - 1) << "pp " << pp << " stage " << s;
       EXPECT_EQ(std::count(blocks.begin(), blocks.end(), layout.final_block()), s == pp - 1);
@@ -268,7 +321,7 @@ TEST(MemoryModel, PipelineStagesCoverEveryLayerOnceAndHoldTheTiedEmbeddingTwice)
   }
 }
 
-TEST(MemoryModel, OneFOneBKeepsUpToPpMicroBatchesOnTheFirstStage) {
+TEST(MemoryModel, OneFOneBKeepsUpToPpMicroBatchesOnTheFirstStageGPipeAll) {
   const ModelConfig config = load_model_config("6b");
   Plan plan = one_rank_plan(1, 1024);
   plan.pp = 4;
@@ -278,13 +331,18 @@ TEST(MemoryModel, OneFOneBKeepsUpToPpMicroBatchesOnTheFirstStage) {
   EXPECT_EQ(activation_sizes(config, plan, 3).in_flight, 1);
   plan.grad_accum = 2;
   EXPECT_EQ(activation_sizes(config, plan, 0).in_flight, 2);
-  // Stage 0 and the last stage hold the token batch, the middle ones the receive buffers of
-  // an activation and a gradient, (1, 1024, 4096) bf16 each.
+  plan.pp_schedule = PipelineScheduleKind::GPipe;
+  plan.grad_accum = 16;
+  EXPECT_EQ(activation_sizes(config, plan, 3).in_flight, 16);
+  plan.pp_schedule = PipelineScheduleKind::OneFOneB;
+  // Stage 0 and the last stage hold token batches (one per slot); a pipeline receives straight
+  // into the slots and the residual gradient: no buffers of its own.
   const MemoryModel model(config);
-  EXPECT_GT(model.predict_stage(plan, 0).device[static_cast<size_t>(MemCategory::Data)], 0u);
+  const uint64_t batch = token_batch_bytes(1, 1024);
+  EXPECT_EQ(model.predict_stage(plan, 0).device[static_cast<size_t>(MemCategory::Data)], 4 * batch);
   EXPECT_EQ(model.predict_stage(plan, 1).device[static_cast<size_t>(MemCategory::Data)], 0u);
-  EXPECT_EQ(model.predict_stage(plan, 1).device[static_cast<size_t>(MemCategory::CommBuffers)],
-            2u * 1024 * 4096 * 2);
+  EXPECT_EQ(model.predict_stage(plan, 3).device[static_cast<size_t>(MemCategory::Data)], batch);
+  EXPECT_EQ(model.predict_stage(plan, 1).device[static_cast<size_t>(MemCategory::CommBuffers)], 0u);
 }
 
 }  // namespace

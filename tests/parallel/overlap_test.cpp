@@ -44,6 +44,9 @@ class LoggingCommunicator final : public Communicator {
   }
   void send(Tensor buffer, int peer, Stream stream) override { inner_.send(buffer, peer, stream); }
   void recv(Tensor buffer, int peer, Stream stream) override { inner_.recv(buffer, peer, stream); }
+  void exchange(const std::vector<P2POp>& ops, Stream stream) override {
+    inner_.exchange(ops, stream);
+  }
   void barrier() override { inner_.barrier(); }
   std::unique_ptr<Communicator> split(int color, int key) override {
     return inner_.split(color, key);
@@ -104,7 +107,9 @@ Log train_step_log(int zero) {
     std::unique_ptr<Backend> backend = make_cpu_backend(1);
     std::unique_ptr<Allocator> device = make_cpu_allocator(world.rank());
     std::unique_ptr<Allocator> host = make_cpu_allocator(world.rank());
-    ShardedModel state(config, ShardingConfig{zero, false, DType::F32}, comm, *backend, *device,
+    ShardingConfig sharding;
+    sharding.zero = zero;
+    ShardedModel state(config, sharding, comm, *backend, *device,
                        *host);
     std::vector<std::vector<float>> storage;
     std::vector<Tensor> blocks;
@@ -125,8 +130,8 @@ Log train_step_log(int zero) {
     mine.clear();
     LoggingProvider provider(state, mine);
     state.begin_step();
+    state.last_micro_batch();  // the step's only micro-batch: its head adds in the forward
     model.forward(provider, inputs, wanted, 1.0f / 32, nullptr);
-    state.last_micro_batch();
     model.backward(provider, inputs, nullptr);
     if (world.rank() == 0) log = mine;
   });
@@ -186,7 +191,8 @@ TEST(Overlap, ReductionOfABlockWaitsForTheNextBlocksBackwardToBeQueued) {
         ++issued.back().second;
       }
     }
-    // Backward releases ln_f (block 5), layers 3..0 (blocks 4..1), then the embedding (0).
+    // The head's backward (in the forward) releases ln_f (block 5), the backward layers 3..0
+    // (blocks 4..1), then the embedding (0).
     ASSERT_EQ(issued.size(), 6u);
     EXPECT_EQ(issued[0].first, "r5");
     EXPECT_EQ(issued[0].second, 0) << "ln_f's reduction went before layer 3 was queued";

@@ -51,6 +51,8 @@ struct Run {
   int zero = 0;
   bool offload = false;
   bool gpu_per_rank = false;  // cuda: one GPU per rank (NCCL), else the ranks share one GPU
+  int pp = 1;                 // pipeline stages (ranks = pp x data-parallel ranks)
+  std::string schedule = "1f1b";
 };
 
 struct RunResult {
@@ -63,7 +65,8 @@ struct RunResult {
 RunResult train_run(const fs::path& dir, const Run& run) {
   const std::string name = run.device + "_" + run.precision + "_r" + std::to_string(run.ranks) +
                            "_z" + std::to_string(run.zero) + (run.offload ? "_offload" : "") +
-                           (run.gpu_per_rank ? "_gpus" : "");
+                           (run.gpu_per_rank ? "_gpus" : "") + "_pp" + std::to_string(run.pp) +
+                           run.schedule;
   TrainOptions options = test::small_run_options(dir, name, run.ranks);
   options.device = run.device;
   // One GPU (or one per rank), and the flags are the plan (plan_run does not plan with
@@ -72,6 +75,10 @@ RunResult train_run(const fs::path& dir, const Run& run) {
   options.precision = run.precision;
   options.zero = run.zero;
   options.offload = run.offload;
+  options.pp = run.pp;
+  options.pp_schedule = run.schedule;
+  options.grad_accum = test::kSmallRunMicroBatches / (run.ranks / run.pp);
+  options.verify_tied_embedding = run.pp > 1;
   options.threads = 2;
   std::ostringstream out;
   train(options, out);
@@ -100,15 +107,7 @@ void expect_losses_near(const RunResult& got, const RunResult& want, double rela
 }
 
 double max_weight_difference(const RunResult& a, const RunResult& b) {
-  double worst = 0.0;
-  for (const auto& [name, expected] : b.weights) {
-    const std::vector<float>& got = a.weights.at(name);
-    EXPECT_EQ(got.size(), expected.size()) << name;
-    for (size_t i = 0; i < std::min(got.size(), expected.size()); ++i) {
-      worst = std::max(worst, std::abs(double(got[i]) - expected[i]));
-    }
-  }
-  return worst;
+  return test::max_weight_difference(b.weights, a.weights);
 }
 
 TEST(CudaTraining, Fp32TwentyStepsMatchTheCpuBackend) {
@@ -188,6 +187,44 @@ TEST(CudaTraining, TwoRanksWithAGpuEachThroughNcclZero3MatchOneRank) {
     EXPECT_LT(error, 1e-5) << what;
     std::cout << "  " << what << ": max |weight difference| vs 1 rank " << error << "\n";
   }
+}
+
+using RunSpec = Run;  // (inside a TEST, Run names testing::Test::Run)
+
+// Pipelines on the CUDA backend: the stages' activations and gradients go through the
+// pipeline group's exchanges (grouped ncclSend/ncclRecv on the emulator's NCCL, one GPU per
+// rank; or the local communicator through host copies when the ranks share a GPU), on a
+// communication stream ordered with events. The equivalence test's tolerances.
+TEST(CudaTraining, PipelineStagesWithAGpuEachThroughNcclMatchOneRank) {
+  REQUIRE_CUDA_DEVICE();
+  if (usable_cuda_devices() < 4) {
+    GTEST_SKIP() << "needs 4 GPUs (on the emulator: DSTRAIN_CUDA_EMU_DEVICES=4, as ctest sets "
+                    "for tests_train)";
+  }
+  if (!choose_devices("cuda", 4, 4).nccl) GTEST_SKIP() << "this build has no NCCL";
+  const testing::TempDir dir;
+  const RunResult one = train_run(dir.path(), {"cuda", "fp32", 1, 0, false});
+  ASSERT_LT(one.losses.back(), one.losses.front() - 0.1);
+  for (const RunSpec& run : {RunSpec{"cuda", "fp32", 2, 0, false, true, 2},
+                             RunSpec{"cuda", "fp32", 4, 3, false, true, 2, "gpipe"}}) {
+    const std::string what = "pp 2 x dp " + std::to_string(run.ranks / 2) + ", ZeRO-" +
+                             std::to_string(run.zero) + ", " + run.schedule + ", NCCL";
+    const RunResult piped = train_run(dir.path(), run);
+    EXPECT_NE(piped.output.find("NCCL"), std::string::npos) << piped.output;
+    expect_losses_near(piped, one, 1e-6, what + " vs 1 rank");
+    const double error = max_weight_difference(piped, one);
+    EXPECT_LT(error, 1e-5) << what;
+    std::cout << "  " << what << ": max |weight difference| vs 1 rank " << error << "\n";
+  }
+}
+
+TEST(CudaTraining, PipelineStagesSharingOneGpuMatchOneRank) {
+  REQUIRE_CUDA_DEVICE();
+  const testing::TempDir dir;
+  const RunResult one = train_run(dir.path(), {"cuda", "fp32", 1, 0, false});
+  const RunResult piped = train_run(dir.path(), {"cuda", "fp32", 4, 2, true, false, 2});
+  expect_losses_near(piped, one, 1e-6, "pp 2 x dp 2 sharing the GPU (ZeRO-2 + offload)");
+  EXPECT_LT(max_weight_difference(piped, one), 1e-5);
 }
 
 }  // namespace

@@ -83,14 +83,7 @@ TEST_P(Equivalence, SameLossesAndWeightsAsOneRank) {
   for (int step = 0; step < kSteps; ++step) {
     EXPECT_NEAR(many.losses[step], one.losses[step], 1e-6 * one.losses[step]) << "step " << step + 1;
   }
-  double max_error = 0.0;
-  for (const auto& [name, expected] : one.weights) {
-    const std::vector<float>& got = many.weights.at(name);
-    ASSERT_EQ(got.size(), expected.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      max_error = std::max(max_error, std::abs(double(got[i]) - expected[i]));
-    }
-  }
+  const double max_error = test::max_weight_difference(one.weights, many.weights);
   EXPECT_LT(max_error, 1e-5);
   std::cout << "  " << ranks << " ranks, ZeRO-" << zero << (offload ? " + offload" : "")
             << (recompute ? " + recompute" : "") << ": max |weight difference| " << max_error << "\n";

@@ -4,6 +4,8 @@
 // plans in seconds, long enough that the loss falls clearly.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -19,12 +21,15 @@ namespace dstrain::test {
 constexpr int kSmallRunSteps = 20;
 constexpr int kSmallRunMicroBatches = 8;  // per step, over all ranks
 
-// Writes the model's config.json into `dir` (created if needed); returns its path.
-inline std::string write_small_model_config(const std::filesystem::path& dir) {
-  std::filesystem::create_directories(dir);
-  const std::filesystem::path path = dir / "config.json";
+// Writes the model's config.json into `dir` (created if needed); returns its path. Pipeline
+// tests use 4 layers (pp up to 4).
+inline std::string write_small_model_config(const std::filesystem::path& dir, int layers = 2) {
+  const std::filesystem::path sub = dir / ("model_" + std::to_string(layers));
+  std::filesystem::create_directories(sub);
+  const std::filesystem::path path = sub / "config.json";
   std::ofstream(path) << R"({"model_type": "gpt2", "vocab_size": 37, "n_positions": 32,
-                            "n_embd": 24, "n_layer": 2, "n_head": 3})";
+                            "n_embd": 24, "n_layer": )"
+                      << layers << R"(, "n_head": 3})";
   return path.string();
 }
 
@@ -59,6 +64,20 @@ inline std::map<std::string, std::vector<float>> final_weights(const TrainOption
   std::map<std::string, std::vector<float>> weights;
   for (const std::string& tensor : file.names()) weights[tensor] = file.read_f32(tensor);
   return weights;
+}
+
+// The largest |a - b| over every element of every tensor (tensors of `a` looked up in `b`).
+inline double max_weight_difference(const std::map<std::string, std::vector<float>>& a,
+                                    const std::map<std::string, std::vector<float>>& b) {
+  double worst = 0.0;
+  for (const auto& [name, expected] : a) {
+    const std::vector<float>& got = b.at(name);
+    if (got.size() != expected.size()) return INFINITY;
+    for (size_t i = 0; i < got.size(); ++i) {
+      worst = std::max(worst, std::abs(double(got[i]) - expected[i]));
+    }
+  }
+  return worst;
 }
 
 }  // namespace dstrain::test

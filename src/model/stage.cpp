@@ -1,0 +1,275 @@
+#include "model/stage.h"
+
+#include <string>
+
+namespace dstrain {
+
+const char* recompute_name(Recompute recompute) {
+  switch (recompute) {
+    case Recompute::None: return "none";
+    case Recompute::Selective: return "selective";
+    case Recompute::Full: return "full";
+  }
+  return "?";
+}
+
+Recompute parse_recompute(const std::string& name) {
+  if (name == "none") return Recompute::None;
+  if (name == "selective") return Recompute::Selective;
+  if (name == "full") return Recompute::Full;
+  DSTRAIN_USER_ERROR() << "unknown --recompute '" << name << "' (expected none, selective or full)";
+  return Recompute::None;
+}
+
+Tensor prefix(Tensor full, std::initializer_list<int64_t> dims) { return full.slice(0, dims); }
+
+StageRange whole_model(const ModelConfig& config) {
+  return StageRange{0, config.n_layer, true, true};
+}
+
+namespace {
+
+std::vector<int> add_all(ArenaPlan& arena, const std::vector<TensorSpec>& specs) {
+  std::vector<int> ids;
+  for (const TensorSpec& spec : specs) ids.push_back(arena.add(spec.name, spec.dtype, spec.shape));
+  return ids;
+}
+
+// One layer's activations: kept ones in the slot under "h.<layer>.", recomputed ones in the
+// shared arena under "recompute." (once for all layers).
+std::vector<ActivationSlotId> add_layer(StageBuffers& plan, int64_t layer,
+                                        const std::vector<ActivationSpec>& specs,
+                                        std::vector<int>& recomputed_ids) {
+  std::vector<ActivationSlotId> ids;
+  if (recomputed_ids.empty()) recomputed_ids.assign(specs.size(), -1);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const TensorSpec& t = specs[i].tensor;
+    if (specs[i].kept) {
+      ids.push_back({true, plan.slot.add("h." + std::to_string(layer) + "." + t.name, t.dtype, t.shape)});
+      continue;
+    }
+    if (recomputed_ids[i] < 0) recomputed_ids[i] = plan.recomputed.add("recompute." + t.name, t.dtype, t.shape);
+    ids.push_back({false, recomputed_ids[i]});
+  }
+  return ids;
+}
+
+}  // namespace
+
+StageBuffers plan_stage_buffers(const Architecture& arch, const StageRange& range, int64_t B,
+                                int64_t T, DType dtype, bool with_backward, Recompute recompute,
+                                int slots) {
+  const ModelConfig& config = arch.config();
+  DSTRAIN_CHECK(range.first_layer >= 0 && range.end_layer <= config.n_layer &&
+                range.layers() >= 1 && slots >= 1)
+      << "layers [" << range.first_layer << ", " << range.end_layer << ") of " << config.n_layer
+      << ", " << slots << " slots";
+  if (!with_backward) recompute = Recompute::None;
+  const int64_t C = config.n_embd;
+  StageBuffers plan;
+  plan.slots = slots;
+  plan.input = plan.slot.add("input", dtype, {B, T, C});
+  const std::vector<ActivationSpec> specs = arch.layer_activations(B, T, dtype, recompute);
+  std::vector<int> recomputed_ids;
+  for (int64_t l = range.first_layer; l < range.end_layer; ++l) {
+    plan.layer_activations.push_back(add_layer(plan, l, specs, recomputed_ids));
+    if (l + 1 < range.end_layer) {
+      plan.layer_outputs.push_back(plan.slot.add("h." + std::to_string(l) + ".output", dtype, {B, T, C}));
+    }
+  }
+  if (range.last && with_backward) plan.head_grad = plan.slot.add("head_grad", dtype, {B, T, C});
+
+  plan.send = plan.workspace.add("stage_output", dtype, {B, T, C});
+  if (with_backward) plan.residual_grad = plan.workspace.add("residual_grad", dtype, {B, T, C});
+  plan.layer_workspace = add_all(plan.workspace, arch.layer_workspace(B, T, dtype, with_backward));
+  if (range.last) {
+    plan.head_workspace = add_all(plan.workspace, arch.head_workspace(B, T, dtype, with_backward));
+  }
+  return plan;
+}
+
+ModelStage::ModelStage(const Architecture& arch, const StageRange& range, Backend& backend,
+                       Allocator& allocator, int64_t B, int64_t T, DType dtype,
+                       bool with_backward, Recompute recompute, int slots)
+    : arch_(arch),
+      layout_(arch.layout()),
+      range_(range),
+      backend_(backend),
+      B_(B),
+      T_(T),
+      with_backward_(with_backward),
+      recompute_(with_backward ? recompute : Recompute::None),
+      plan_(plan_stage_buffers(arch, range, B, T, dtype, with_backward, recompute, slots)),
+      slot_state_(static_cast<size_t>(slots)) {
+  const ModelConfig& config = arch.config();
+  DSTRAIN_USER_CHECK(T >= 1 && T <= config.n_positions)
+      << "sequence length " << T << " is outside 1.." << config.n_positions
+      << " (the model's n_positions)";
+  DSTRAIN_USER_CHECK(B >= 1) << "batch size must be at least 1";
+  for (int s = 0; s < slots; ++s) {
+    slot_buffers_.push_back(allocator.allocate(MemCategory::Activations, plan_.slot.bytes()));
+  }
+  recomputed_ = allocator.allocate(MemCategory::Activations, plan_.recomputed.bytes());
+  workspace_ = allocator.allocate(MemCategory::Workspace, plan_.workspace.bytes());
+}
+
+Tensor ModelStage::slot_tensor(int slot, int id) const {
+  const Buffer& buffer = slot_buffers_.at(static_cast<size_t>(slot));
+  return plan_.slot.view(id, buffer.data(), buffer.device());
+}
+
+Tensor ModelStage::work_tensor(int id) const {
+  return plan_.workspace.view(id, workspace_.data(), workspace_.device());
+}
+
+std::vector<Tensor> ModelStage::views(const std::vector<int>& ids) const {
+  std::vector<Tensor> tensors;
+  for (int id : ids) tensors.push_back(work_tensor(id));
+  return tensors;
+}
+
+Tensor ModelStage::input(int slot, int64_t b, int64_t t) const {
+  return prefix(slot_tensor(slot, plan_.input), {b, t, arch_.config().n_embd});
+}
+
+Tensor ModelStage::output(int64_t b, int64_t t) const {
+  return prefix(work_tensor(plan_.send), {b, t, arch_.config().n_embd});
+}
+
+Tensor ModelStage::output_grad(int64_t b, int64_t t) const {
+  DSTRAIN_CHECK(plan_.residual_grad >= 0) << "a stage without backward has no gradients";
+  return prefix(work_tensor(plan_.residual_grad), {b, t, arch_.config().n_embd});
+}
+
+Tensor ModelStage::logits() const {
+  DSTRAIN_CHECK(range_.last) << "only the last stage has logits";
+  return arch_.head_logits(views(plan_.head_workspace), last_b_, last_t_);
+}
+
+// Full-size (B, T, C) views: layer l's input is the stage input or layer l-1's kept output;
+// the stage's last layer writes the shared output buffer.
+Tensor ModelStage::layer_input(int slot, int64_t layer) const {
+  if (layer == range_.first_layer) return slot_tensor(slot, plan_.input);
+  return slot_tensor(slot, plan_.layer_outputs[static_cast<size_t>(layer - 1 - range_.first_layer)]);
+}
+
+Tensor ModelStage::layer_output(int slot, int64_t layer) const {
+  if (layer + 1 == range_.end_layer) return work_tensor(plan_.send);
+  return slot_tensor(slot, plan_.layer_outputs[static_cast<size_t>(layer - range_.first_layer)]);
+}
+
+namespace {
+// The tensors of one block, viewed inside its flat buffer (empty without one).
+std::vector<Tensor> block_tensors(const ParamLayout& layout, int block, Tensor flat) {
+  std::vector<Tensor> tensors;
+  if (flat.empty()) return tensors;
+  for (int index : layout.block_params(block)) {
+    tensors.push_back(ParamLayout::view(layout.params()[static_cast<size_t>(index)], flat));
+  }
+  return tensors;
+}
+}  // namespace
+
+LayerRun ModelStage::layer_run(int slot, int64_t layer, Tensor flat_params, Tensor flat_grads,
+                               Stream stream) const {
+  const SlotState& state = slot_state_[static_cast<size_t>(slot)];
+  const int block = ParamLayout::layer_block(static_cast<int>(layer));
+  LayerRun run{backend_, stream, state.b, state.t, static_cast<int>(layer),
+               block_tensors(layout_, block, flat_params), block_tensors(layout_, block, flat_grads),
+               layer_input(slot, layer), layer_output(slot, layer), {}, views(plan_.layer_workspace),
+               plan_.residual_grad >= 0 ? work_tensor(plan_.residual_grad) : Tensor()};
+  const Buffer& slot_buffer = slot_buffers_[static_cast<size_t>(slot)];
+  for (const ActivationSlotId& a :
+       plan_.layer_activations[static_cast<size_t>(layer - range_.first_layer)]) {
+    run.activations.push_back(
+        a.kept ? plan_.slot.view(a.id, slot_buffer.data(), slot_buffer.device())
+               : plan_.recomputed.view(a.id, recomputed_.data(), recomputed_.device()));
+  }
+  return run;
+}
+
+void ModelStage::forward_layers(ParamProvider& params, int slot, Stream stream) {
+  for (int64_t l = range_.first_layer; l < range_.end_layer; ++l) {
+    const int block = ParamLayout::layer_block(static_cast<int>(l));
+    arch_.layer_forward(layer_run(slot, l, params.acquire_params(block), Tensor(), stream));
+    if (l + 1 < range_.end_layer) {
+      params.prefetch_params(ParamLayout::layer_block(static_cast<int>(l + 1)));
+    } else if (range_.last) {
+      params.prefetch_params(arch_.head_first_block());
+    }
+    params.release_params(block);
+  }
+}
+
+double ModelStage::forward(ParamProvider& params, int slot, int64_t b, int64_t t, Tensor tokens,
+                           Tensor targets, float dloss, Stream stream) {
+  DSTRAIN_CHECK(slot >= 0 && slot < plan_.slots) << "slot " << slot << " of " << plan_.slots;
+  DSTRAIN_CHECK(b >= 1 && t >= 1 && b <= B_ && t <= T_)
+      << "micro-batch (" << b << ", " << t << ") exceeds (" << B_ << ", " << T_ << ")";
+  DSTRAIN_CHECK(range_.first == !tokens.empty()) << "tokens go to the first stage only";
+  DSTRAIN_CHECK(tokens.empty() || (tokens.ndim == 2 && tokens.dtype == DType::I32 &&
+                                   tokens.size(0) == b && tokens.size(1) == t))
+      << tokens.shape_str();
+  DSTRAIN_CHECK(dloss == 0.0f || (with_backward_ && range_.last && !targets.empty()))
+      << "dloss needs backward, the last stage and targets";
+  SlotState& state = slot_state_[static_cast<size_t>(slot)];
+  state = SlotState{b, t, false};
+  if (range_.first) {
+    const int next = ParamLayout::layer_block(static_cast<int>(range_.first_layer));
+    arch_.embed_forward(params, EmbedRun{backend_, stream, tokens, slot_tensor(slot, plan_.input), Tensor()},
+                        next);
+  }
+  forward_layers(params, slot, stream);
+  if (!range_.last) {
+    state.forwarded = with_backward_;
+    return 0.0;
+  }
+  last_b_ = b;
+  last_t_ = t;
+  HeadRun head{backend_, stream, b, t, work_tensor(plan_.send), targets, dloss,
+               views(plan_.head_workspace),
+               plan_.head_grad >= 0 ? slot_tensor(slot, plan_.head_grad) : Tensor()};
+  // The head's gradient blocks stay acquired when this stage's embedding adds to them later.
+  const int next = ParamLayout::layer_block(static_cast<int>(range_.end_layer - 1));
+  const double loss = arch_.head_forward(params, head, /*release_grads=*/!range_.first, next);
+  state.forwarded = dloss != 0.0f;
+  return loss;
+}
+
+void ModelStage::backward_layers(ParamProvider& params, int slot, Stream stream) {
+  for (int64_t l = range_.end_layer - 1; l >= range_.first_layer; --l) {
+    const int block = ParamLayout::layer_block(static_cast<int>(l));
+    Tensor flat_params = params.acquire_params(block);
+    const LayerRun run = layer_run(slot, l, flat_params, params.acquire_grads(block), stream);
+    arch_.layer_recompute(run, recompute_);
+    arch_.layer_backward(run);
+    // (The embedding's backward needs no parameters: nothing to prefetch after the first.)
+    if (l > range_.first_layer) params.prefetch_params(ParamLayout::layer_block(static_cast<int>(l - 1)));
+    params.release_grads(block);
+    params.release_params(block);
+  }
+}
+
+void ModelStage::backward(ParamProvider& params, int slot, Tensor tokens, Stream stream) {
+  DSTRAIN_CHECK(slot >= 0 && slot < plan_.slots) << "slot " << slot << " of " << plan_.slots;
+  SlotState& state = slot_state_[static_cast<size_t>(slot)];
+  DSTRAIN_CHECK(state.forwarded) << "backward of slot " << slot
+                                 << " needs its forward (on the last stage with dloss != 0)";
+  DSTRAIN_CHECK(range_.first == !tokens.empty()) << "tokens go to the first stage only";
+  const int64_t b = state.b, t = state.t, C = arch_.config().n_embd;
+  if (range_.last) {
+    backend_.copy(output_grad(b, t), prefix(slot_tensor(slot, plan_.head_grad), {b, t, C}), stream);
+  }
+  backward_layers(params, slot, stream);
+  if (range_.first) {
+    DSTRAIN_CHECK(tokens.size(0) == b && tokens.size(1) == t) << tokens.shape_str();
+    arch_.embed_backward(params, EmbedRun{backend_, stream, tokens, Tensor(),
+                                          work_tensor(plan_.residual_grad)});
+  } else {
+    // Into the send buffer, so that the next output gradient can be received meanwhile.
+    backend_.copy(input_grad(b, t), output_grad(b, t), stream);
+  }
+  state.forwarded = false;
+}
+
+}  // namespace dstrain

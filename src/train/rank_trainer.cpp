@@ -1,0 +1,550 @@
+#include "train/rank_trainer.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+#include <thread>
+
+#include "data/tokenizer.h"
+#include "optim/schedule.h"
+#include "parallel/pipeline_split.h"
+#include "train/sample.h"
+
+namespace dstrain {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Every rank's values (n each), in rank order: doubles exactly, through an I32 all-gather of
+// their bits.
+std::vector<double> gather_doubles(Communicator& comm, const std::vector<double>& mine) {
+  const int64_t words = static_cast<int64_t>(mine.size()) * 2;
+  if (comm.size() == 1) return mine;
+  std::vector<int32_t> local(static_cast<size_t>(words)), all(static_cast<size_t>(words * comm.size()));
+  std::memcpy(local.data(), mine.data(), mine.size() * sizeof(double));
+  comm.all_gather(Tensor(all.data(), DType::I32, {static_cast<int64_t>(all.size())}),
+                  Tensor(local.data(), DType::I32, {words}), nullptr);
+  std::vector<double> values(mine.size() * static_cast<size_t>(comm.size()));
+  std::memcpy(values.data(), all.data(), values.size() * sizeof(double));
+  return values;
+}
+
+// The sum over ranks, in rank order in fp64: the same bits on every rank.
+double sum_over_ranks(Communicator& comm, double value) {
+  double sum = 0.0;
+  for (double v : gather_doubles(comm, {value})) sum += v;
+  return sum;
+}
+
+std::string memory_line(const std::array<size_t, kNumMemCategories>& bytes) {
+  std::ostringstream text;
+  size_t total = 0;
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    total += bytes[c];
+    if (bytes[c] == 0) continue;
+    text << " " << mem_category_name(static_cast<MemCategory>(c)) << " " << format_bytes(bytes[c])
+         << ";";
+  }
+  text << " total " << format_bytes(total);
+  return text.str();
+}
+
+// This rank's peak bytes by category, device and host allocators together.
+std::array<size_t, kNumMemCategories> peak_bytes(const RankDevices& devices) {
+  std::array<size_t, kNumMemCategories> mine{};
+  for (const Allocator* allocator : {devices.device.get(), devices.host.get()}) {
+    const MemoryStats stats = allocator->stats();
+    for (int c = 0; c < kNumMemCategories; ++c) mine[c] += stats.peak[c];
+  }
+  return mine;
+}
+
+// Per category, the largest count any rank reports (all ranks get it).
+std::array<size_t, kNumMemCategories> max_over_ranks(Communicator& comm,
+                                                     const std::array<size_t, kNumMemCategories>& mine) {
+  std::vector<double> values(mine.begin(), mine.end());  // exact below 2^53 bytes
+  const std::vector<double> all = gather_doubles(comm, values);
+  std::array<size_t, kNumMemCategories> result{};
+  for (size_t i = 0; i < all.size(); ++i) {
+    const size_t c = i % kNumMemCategories;
+    result[c] = std::max(result[c], static_cast<size_t>(all[i]));
+  }
+  return result;
+}
+
+int cpu_threads_per_rank(const TrainOptions& options, int world) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, (options.threads > 0 ? options.threads : cores) / world);
+}
+
+}  // namespace
+
+RankTrainer::RankTrainer(const RunContext& ctx, Communicator& world)
+    : ctx_(ctx),
+      options_(ctx.options),
+      config_(ctx.config),
+      plan_(ctx.plan),
+      world_(world),
+      rank_(world.rank()),
+      B_(ctx.plan.micro_batch),
+      T_(ctx.plan.seq_len),
+      accum_(ctx.plan.grad_accum),
+      threads_(cpu_threads_per_rank(ctx.options, world.size())),
+      devices_(make_rank_devices(ctx.devices, world, threads_)),
+      groups_(make_rank_groups(*devices_.comm, ctx.plan)),
+      arch_(make_architecture(ctx.config)),
+      split_(pipeline_split(ctx.config, ctx.plan)),
+      scaler_(ctx.plan.param_dtype == DType::F16),
+      adam_{ctx.options.beta1, ctx.options.beta2, ctx.options.eps, ctx.options.weight_decay,
+            ctx.options.grad_clip},
+      adam_step_(ctx.first_adam_step) {
+  range_ = stage_of_split(split_, groups_.stage);
+  ShardingConfig sharding{plan_.zero, plan_.offload, plan_.param_dtype, threads_,
+                          pipeline_stage_blocks(arch_->layout(), range_),
+                          plan_.pp > 1 && last_stage()};
+  // The model and the optimizer run on the rank's compute stream; ShardedModel's collectives
+  // and offload copies, and the pipeline's transfers, on streams of their own.
+  const Stream compute = devices_.compute.get();
+  state_ = std::make_unique<ShardedModel>(
+      config_, sharding, StateGroups{groups_.data, groups_.all, groups_.tied}, *devices_.backend,
+      *devices_.device, *devices_.host, compute);
+  const int slots = activation_slots(plan_.pp_schedule, plan_.pp, groups_.stage,
+                                     static_cast<int>(accum_));
+  stage_ = std::make_unique<ModelStage>(*arch_, range_, *devices_.backend, *devices_.device, B_,
+                                        T_, plan_.param_dtype, true, plan_.recompute, slots);
+  runner_ = std::make_unique<PipelineRunner>(*stage_, *state_, groups_.pipe, groups_.stage,
+                                             plan_.pp, rank_, *devices_.backend, compute);
+  schedule_ = make_pipeline_schedule(plan_.pp_schedule, plan_.pp,
+                                     static_cast<int>(accum_))[static_cast<size_t>(groups_.stage)];
+  if (options_.fail_stage == groups_.stage) {
+    runner_->set_before_action([this](const PipelineAction& action) {
+      if (!training_ || action.kind != ActionKind::Forward ||
+          action.micro_batch != options_.fail_micro_batch || step_ + 1 != options_.fail_step) {
+        return;
+      }
+      if (options_.fail_hang) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(3 * options_.comm_timeout));
+        return;
+      }
+      DSTRAIN_CHECK(false) << "injected failure (testing)";
+    });
+  }
+  make_token_buffers();
+  const int dp = plan_.dp, d = groups_.data_index;
+  val_loader_.emplace(ctx.data->val, LoaderOptions{B_, T_, dp, d, false, 0});
+  if (reads_data()) {
+    loader_.emplace(ctx.data->train, LoaderOptions{B_, T_, dp, d, options_.shuffle, options_.seed});
+    if (!ctx.data_state.is_null()) loader_->restore(rebase_loader_state(ctx.data_state, dp));
+  }
+  if (!ctx.scaler_state.is_null()) scaler_.restore(ctx.scaler_state);
+}
+
+// One token batch per activation slot on the first and last stage (the memory model counts
+// them: token_batch_bytes per slot). The loader writes host memory: on a GPU it fills a
+// pinned host copy per slot that then goes up on the compute stream, so that a copy still in
+// flight never has its source overwritten (the next use of a slot comes after its micro-batch's
+// work, which the runner has waited for).
+void RankTrainer::make_token_buffers() {
+  if (!reads_data()) return;
+  const size_t bytes = token_batch_bytes(B_, T_);
+  for (int s = 0; s < stage_->slots(); ++s) {
+    token_buffers_.push_back(devices_.device->allocate(MemCategory::Data, bytes));
+    if (!token_buffers_.back().device().is_cpu()) {
+      host_token_buffers_.push_back(devices_.host->allocate(MemCategory::Data, bytes));
+    }
+  }
+}
+
+MicroBatch RankTrainer::load_micro_batch(DataLoader& loader, int micro_batch) {
+  const size_t slot = static_cast<size_t>(micro_batch % stage_->slots());
+  const Buffer& device = token_buffers_[slot];
+  const Buffer& host = host_token_buffers_.empty() ? device : host_token_buffers_[slot];
+  Tensor host_inputs = host.view(DType::I32, {B_, T_});
+  Tensor host_targets(static_cast<int32_t*>(host.data()) + B_ * T_, DType::I32, {B_, T_});
+  loader.next_batch(host_inputs, host_targets);
+  if (host.data() != device.data()) {
+    devices_.backend->copy_bytes(device.data(), host.data(), device.bytes(),
+                                 devices_.compute.get());
+  }
+  Tensor inputs = device.view(DType::I32, {B_, T_});
+  Tensor targets = inputs;
+  targets.data = static_cast<int32_t*>(device.data()) + B_ * T_;
+  return MicroBatch{inputs, targets};
+}
+
+int RankTrainer::owner_stage(int block) const {
+  if (block == ParamLayout::embedding_block()) return 0;
+  if (block == arch_->layout().final_block()) return plan_.pp - 1;
+  const int64_t layer = block - ParamLayout::layer_block(0);
+  for (int s = 0; s < plan_.pp; ++s) {
+    const StageRange r = stage_of_split(split_, s);
+    if (layer >= r.first_layer && layer < r.end_layer) return s;
+  }
+  DSTRAIN_CHECK(false) << "block " << block << " is in no stage";
+  return -1;
+}
+
+void RankTrainer::announce(const std::array<size_t, kNumMemCategories>& memory) const {
+  const TrainOptions& o = options_;
+  const int world = world_.size();
+  std::ostringstream text;
+  text << "dstrain: model " << config_.name << " (" << config_.n_layer << " layers, "
+       << config_.n_embd << " channels, " << config_.n_head << " heads, vocab "
+       << config_.vocab_size << ", " << std::fixed;
+  text.precision(2);
+  text << config_.num_parameters() / 1e6 << "M parameters)\n";
+  text << "  data: " << ctx_.data->description << "\n";
+  char lr_text[32];
+  std::snprintf(lr_text, sizeof lr_text, "%.3g", o.lr);
+  text << "  batch " << B_ << " x " << T_ << " tokens x " << accum_ << " accumulation x "
+       << plan_.dp << " data-parallel" << (plan_.dp == 1 ? " rank" : " ranks") << " = "
+       << B_ * T_ * accum_ * plan_.dp << " tokens per step; " << o.steps << " steps, lr "
+       << lr_text << " (" << o.lr_schedule << ", warmup " << o.warmup << ")\n";
+  text << "  plan: " << world << (world == 1 ? " rank" : " ranks") << " on "
+       << ctx_.devices.describe() << " (" << devices_.backend->name() << (world > 1 ? " each" : "")
+       << "), " << describe(plan_)
+       << (plan_.param_dtype == DType::F16 ? ", dynamic loss scaling" : "") << "\n";
+  if (plan_.pp > 1) {
+    text << "  pipeline: " << plan_.pp << " stages of " << pipeline_split_text(split_)
+         << " layers (embedding on the first, head on the last), "
+         << pipeline_schedule_name(plan_.pp_schedule) << " schedule\n";
+  }
+  text << "  memory per rank (peak, largest over ranks):" << memory_line(memory);
+  if (ctx_.resume) text << "\n  resuming " << ctx_.resume->dir << " at step " << ctx_.first_step;
+  if (ctx_.data->entropy_floor) {
+    text.precision(4);
+    text << "\n  entropy floor of the corpus: " << *ctx_.data->entropy_floor
+         << " nats/token (a model that sees only the previous token cannot go below "
+         << *ctx_.data->entropy_previous_only << ")";
+  }
+  ctx_.progress->message(text.str());
+  nlohmann::json memory_record{{"type", "memory"}, {"ranks", world}};
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    memory_record["peak_bytes"][mem_category_name(static_cast<MemCategory>(c))] = memory[c];
+  }
+  if (!ctx_.resume) {
+    ctx_.log->write({{"type", "config"}, {"model", config_.to_json()}, {"run", ctx_.fingerprint},
+                     {"plan", to_json(plan_)}, {"zero", plan_.zero}, {"offload", plan_.offload},
+                     {"recompute", recompute_name(plan_.recompute)}, {"steps", o.steps},
+                     {"lr", o.lr}, {"min_lr", o.min_lr}, {"warmup", o.warmup},
+                     {"lr_schedule", o.lr_schedule}});
+    if (ctx_.data->entropy_floor) {
+      ctx_.log->write({{"type", "data"}, {"entropy_floor", *ctx_.data->entropy_floor},
+                       {"entropy_previous_only", *ctx_.data->entropy_previous_only}});
+    }
+  }
+  ctx_.log->write(memory_record);
+}
+
+RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
+  StepOutcome o;
+  const auto start = Clock::now();
+  step_ = step;
+  training_ = true;
+  state_->begin_step();
+  runner_->reset_times();
+  o.loss_scale = scaler_.scale();
+  // The gradient of the mean loss over the global batch, times the loss scale.
+  const float dloss = static_cast<float>(o.loss_scale / static_cast<double>(B_ * T_ * accum_ * plan_.dp));
+  MicroBatchSource source;
+  if (reads_data()) source = [this](int m) { return load_micro_batch(*loader_, m); };
+  const double local = runner_->run(schedule_, static_cast<int>(accum_), B_, T_, source, dloss,
+                                    [this] { state_->last_micro_batch(); });
+  training_ = false;
+  if (options_.inject_inf_step == step + 1 && options_.inject_inf_rank == rank_) {
+    state_->inject_inf_gradient();
+  }
+  const double mean = last_stage() ? local / static_cast<double>(accum_) : 0.0;
+  o.loss = sum_over_ranks(world_, mean) / plan_.dp;
+  DSTRAIN_USER_CHECK(std::isfinite(o.loss))
+      << "the loss became " << o.loss << " at step " << step + 1
+      << "; training diverged (try a lower --lr or a --grad-clip)";
+  o.lr = learning_rate(ctx_.schedule, step);
+  o.stats = state_->finish_step(adam_, o.lr, adam_step_ + 1, o.loss_scale);
+  DSTRAIN_USER_CHECK(!o.stats.found_inf || scaler_.enabled())
+      << "the gradients hold inf or NaN at step " << step + 1
+      << "; training diverged (try a lower --lr, a --grad-clip, or --precision fp32)";
+  o.skipped = scaler_.update(o.stats.found_inf);
+  if (!o.skipped) ++adam_step_;
+  o.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  run_times_ += runner_->times();
+  if (plan_.pp > 1) {
+    // The share of the step each stage waited, the mean over its data-parallel ranks.
+    const std::vector<double> waits = gather_doubles(world_, {runner_->times().wait_seconds / o.seconds});
+    o.bubble.assign(static_cast<size_t>(plan_.pp), 0.0);
+    for (size_t r = 0; r < waits.size(); ++r) o.bubble[r / static_cast<size_t>(plan_.dp)] += waits[r] / plan_.dp;
+  }
+  return o;
+}
+
+void RankTrainer::report_step(int64_t step, const StepOutcome& o) {
+  TrainSummary& summary = *ctx_.summary;
+  const double tokens_per_s = static_cast<double>(B_ * T_ * accum_ * plan_.dp) / o.seconds;
+  summary.losses.push_back(o.loss);
+  nlohmann::json record{{"step", step + 1}, {"loss", o.loss}, {"lr", o.lr},
+                        {"grad_norm", o.stats.grad_norm}, {"tokens_per_s", tokens_per_s}};
+  if (scaler_.enabled()) {
+    record["loss_scale"] = o.loss_scale;
+    record["skipped"] = o.skipped;
+    if (o.skipped) ++summary.skipped_steps;
+  }
+  double bubble = -1.0;
+  if (!o.bubble.empty()) {
+    record["pipeline_bubble"] = o.bubble;
+    bubble = 0.0;
+    for (double b : o.bubble) bubble += b / static_cast<double>(o.bubble.size());
+  }
+  ctx_.log->write(record);
+  if (o.skipped) {
+    std::ostringstream text;
+    text << "step " << step + 1 << ": gradients overflowed in fp16, step skipped; loss scale "
+         << o.loss_scale << " -> " << scaler_.scale();
+    ctx_.progress->message(text.str());
+  }
+  ctx_.progress->step(step, o.loss, o.lr, o.stats.grad_norm, tokens_per_s,
+                      o.seconds * static_cast<double>(options_.steps - step - 1), bubble);
+}
+
+// A stop signal, agreed by every rank (they may see it at different moments).
+bool RankTrainer::agree_to_stop() const {
+  float stop = stop_signal() != 0 ? 1.0f : 0.0f;
+  if (world_.size() > 1) world_.all_reduce(Tensor(&stop, DType::F32, {1}), ReduceOp::Max, nullptr);
+  return stop != 0.0f;
+}
+
+double RankTrainer::evaluate() {
+  val_loader_->reset();
+  const int batches = static_cast<int>(
+      std::clamp<int64_t>(options_.eval_batches / plan_.dp, 1, val_loader_->rounds_per_epoch()));
+  MicroBatchSource source;
+  if (reads_data()) source = [this](int m) { return load_micro_batch(*val_loader_, m); };
+  const StageActions actions =
+      make_forward_schedule(plan_.pp, batches)[static_cast<size_t>(groups_.stage)];
+  const double total = runner_->run(actions, batches, B_, T_, source, 0.0f);
+  const double mean = last_stage() ? total / static_cast<double>(batches) : 0.0;
+  return sum_over_ranks(world_, mean) / plan_.dp;
+}
+
+void RankTrainer::save_checkpoint(int64_t step) {
+  // Each rank writes its own part of the same files, in parallel: its shard of the blocks its
+  // stage holds (the last stage's copy of the tied embedding is the first stage's, not written).
+  const bool leader = rank_ == 0;
+  if (leader) *ctx_.checkpoint = std::make_unique<CheckpointWriter>(options_.out, step + 1, config_);
+  world_.barrier();
+  CheckpointWriter::Part part;
+  for (int block = 0; block < state_->num_blocks(); ++block) {
+    const bool mine = state_->writes(block);
+    part.begin.push_back(mine ? state_->shard_begin(block) : 0);
+    part.params.push_back(mine ? state_->master_part(block) : Tensor());
+    part.exp_avg.push_back(mine ? state_->moment_part(0, block) : Tensor());
+    part.exp_avg_sq.push_back(mine ? state_->moment_part(1, block) : Tensor());
+  }
+  (*ctx_.checkpoint)->write_part(part);
+  world_.barrier();
+  if (leader) {
+    const nlohmann::json trainer{{"step", step + 1},          {"adam_step", adam_step_},
+                                 {"data", loader_->state()},  {"scaler", scaler_.state()},
+                                 {"run", ctx_.fingerprint},   {"seed", options_.seed},
+                                 {"plan", to_json(plan_)},
+                                 {"options", resumable_options(options_)}};
+    ctx_.summary->checkpoint = (*ctx_.checkpoint)->finish(trainer);
+    ctx_.checkpoint->reset();
+    ctx_.progress->message("saved checkpoint " + ctx_.summary->checkpoint);
+  }
+  world_.barrier();  // nobody runs ahead of a checkpoint that failed on rank 0
+}
+
+void RankTrainer::run() {
+  state_->set_full_params(ctx_.initial->params.tensors());
+  if (ctx_.have_moments) {
+    state_->set_full_moments(0, ctx_.initial->exp_avg.tensors());
+    state_->set_full_moments(1, ctx_.initial->exp_avg_sq.tensors());
+  }
+  const auto memory = max_over_ranks(world_, peak_bytes(devices_));
+  const bool leader = rank_ == 0;
+  if (leader) announce(memory);
+  TrainSummary& summary = *ctx_.summary;
+  double train_seconds = 0.0;
+  for (int64_t step = ctx_.first_step; step < options_.steps; ++step) {
+    summary.steps = step + 1;
+    const StepOutcome outcome = train_step(step);
+    train_seconds += outcome.seconds;
+    if (leader) report_step(step, outcome);
+    const bool interrupted = agree_to_stop() && step + 1 < options_.steps;
+    const bool last = step + 1 == options_.steps || interrupted;
+    if (options_.eval_every > 0 &&
+        ((step + 1) % options_.eval_every == 0 || step + 1 == options_.steps)) {
+      const double eval_loss = evaluate();
+      if (leader) {
+        summary.final_eval_loss = eval_loss;
+        ctx_.log->write({{"step", step + 1}, {"eval_loss", eval_loss}});
+        std::ostringstream text;
+        text.precision(4);
+        text << std::fixed << "eval step " << step + 1 << ": loss " << eval_loss;
+        if (ctx_.data->entropy_floor) {
+          text << " (" << eval_loss - *ctx_.data->entropy_floor << " above the floor)";
+        }
+        ctx_.progress->message(text.str());
+      }
+    }
+    if (!options_.out.empty() &&
+        ((options_.save_every > 0 && (step + 1) % options_.save_every == 0) || last)) {
+      save_checkpoint(step);
+    }
+    if (interrupted) {
+      summary.interrupted_by = stop_signal();
+      if (summary.interrupted_by == 0) summary.interrupted_by = SIGINT;  // another rank saw it
+      break;
+    }
+  }
+  finish(train_seconds);
+}
+
+void RankTrainer::verify_tied_embedding() {
+  if (groups_.tied == nullptr) return;
+  const int block = ParamLayout::embedding_block();
+  for (int part = 0; part < 3; ++part) {
+    Tensor mine = part == 0 ? state_->master_part(block) : state_->moment_part(part - 1, block);
+    if (!first_stage()) {
+      groups_.tied->send(mine, 0, nullptr);
+      continue;
+    }
+    std::vector<float> theirs(static_cast<size_t>(mine.numel()));
+    groups_.tied->recv(Tensor(theirs.data(), DType::F32, {mine.numel()}), 1, nullptr);
+    DSTRAIN_CHECK(std::memcmp(theirs.data(), mine.data, mine.nbytes()) == 0)
+        << "the two copies of the tied embedding (first and last pipeline stage) differ";
+  }
+}
+
+// Every block's full weights on rank 0: each stage gathers its own over its data-parallel
+// group, then its rank of data-parallel index 0 sends them to rank 0, block by block in order.
+void RankTrainer::gather_full_weights_on_leader(const HostBlocks& gathered) {
+  state_->get_full_params(gathered.tensors());
+  for (int block = 0; block < state_->num_blocks(); ++block) {
+    const int owner = owner_stage(block) * plan_.dp;  // world rank of (stage, index 0)
+    if (owner == 0) continue;
+    if (rank_ == owner) world_.send(gathered.block(block), 0, nullptr);
+    if (rank_ == 0) world_.recv(gathered.block(block), owner, nullptr);
+  }
+}
+
+void RankTrainer::print_stage_summary(nlohmann::json& summary_record) {
+  const auto peaks = peak_bytes(devices_);
+  double peak_total = 0;
+  for (size_t bytes : peaks) peak_total += static_cast<double>(bytes);
+  const std::vector<double> all = gather_doubles(
+      world_, {run_times_.compute_seconds, run_times_.wait_seconds, peak_total});
+  if (rank_ != 0 || plan_.pp == 1) return;
+  const int64_t steps = std::max<int64_t>(1, ctx_.summary->steps - ctx_.first_step);
+  std::ostringstream text;
+  text << "  pipeline stages (" << pipeline_schedule_name(plan_.pp_schedule) << ", " << accum_
+       << (accum_ == 1 ? " micro-batch" : " micro-batches")
+       << " per step; per step, mean over data-parallel ranks):";
+  nlohmann::json stages = nlohmann::json::array();
+  for (int s = 0; s < plan_.pp; ++s) {
+    double compute = 0, wait = 0, peak = 0;
+    for (int d = 0; d < plan_.dp; ++d) {
+      const size_t r = static_cast<size_t>(s * plan_.dp + d) * 3;
+      compute += all[r] / plan_.dp / static_cast<double>(steps);
+      wait += all[r + 1] / plan_.dp / static_cast<double>(steps);
+      peak = std::max(peak, all[r + 2]);
+    }
+    const StageRange r = stage_of_split(split_, s);
+    char line[200];
+    std::snprintf(line, sizeof line,
+                  "\n    stage %d: layers %lld-%lld, compute %.3f s, waiting %.3f s (%.0f%%), "
+                  "peak memory %s",
+                  s, static_cast<long long>(r.first_layer), static_cast<long long>(r.end_layer - 1),
+                  compute, wait, 100.0 * wait / std::max(1e-12, compute + wait),
+                  format_bytes(static_cast<size_t>(peak)).c_str());
+    text << line;
+    stages.push_back({{"stage", s}, {"layers", {r.first_layer, r.end_layer}},
+                      {"compute_s_per_step", compute}, {"wait_s_per_step", wait},
+                      {"peak_bytes", static_cast<uint64_t>(peak)}});
+  }
+  summary_record["stages"] = stages;
+  ctx_.progress->message(text.str());
+}
+
+void RankTrainer::sample(const HostBlocks& gathered, std::ostream& text) const {
+  const Datasets& data = *ctx_.data;
+  std::vector<int32_t> prompt(static_cast<size_t>(std::min<int64_t>(8, T_)));
+  std::vector<int32_t> inputs(static_cast<size_t>(B_ * T_)), targets(inputs.size());
+  DataLoader prompt_loader(data.val, LoaderOptions{B_, T_, 1, 0, false, 0});
+  prompt_loader.next_batch(Tensor(inputs.data(), DType::I32, {B_, T_}),
+                           Tensor(targets.data(), DType::I32, {B_, T_}));
+  std::copy(inputs.begin(), inputs.begin() + static_cast<std::ptrdiff_t>(prompt.size()), prompt.begin());
+  HostParams weights(gathered);
+  // The gathered weights are host memory: the sample runs on a CPU backend.
+  std::unique_ptr<Backend> backend = make_cpu_backend(threads_);
+  std::unique_ptr<Allocator> allocator = make_cpu_allocator(rank_);
+  const std::vector<int32_t> tokens = sample_tokens(config_, *backend, *allocator, weights, prompt,
+                                                    options_.sample_tokens, T_, options_.seed);
+  text << "\n  sample (" << prompt.size() << " prompt tokens, then " << options_.sample_tokens
+       << " sampled):\n    ";
+  if (!data.synthetic && config_.vocab_size <= 256) {
+    text << ByteTokenizer().decode(tokens);
+  } else {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      text << (i ? " " : "") << (i == prompt.size() ? "| " : "") << tokens[i];
+    }
+  }
+}
+
+void RankTrainer::finish(double train_seconds) {
+  TrainSummary& summary = *ctx_.summary;
+  const bool leader = rank_ == 0;
+  const int64_t steps_run = summary.steps - ctx_.first_step;
+  const double tokens_per_step = static_cast<double>(B_ * T_ * accum_ * plan_.dp);
+  if (leader) {
+    summary.tokens_per_second =
+        train_seconds > 0 ? tokens_per_step * static_cast<double>(steps_run) / train_seconds : 0.0;
+  }
+  if (options_.verify_tied_embedding) verify_tied_embedding();
+  nlohmann::json summary_record{{"type", "summary"}, {"steps", summary.steps},
+                                {"interrupted", summary.interrupted_by != 0},
+                                {"tokens_per_s", summary.tokens_per_second},
+                                {"train_seconds", train_seconds}};
+  print_stage_summary(summary_record);
+  const bool want_sample = options_.sample_tokens > 0 && summary.interrupted_by == 0;
+  std::optional<HostBlocks> gathered;
+  if (want_sample) {
+    gathered.emplace(arch_->layout());
+    gather_full_weights_on_leader(*gathered);
+  }
+  if (!leader) return;
+  std::ostringstream text;
+  text.precision(4);
+  text << std::fixed << "done: " << steps_run << " steps in " << format_duration(train_seconds)
+       << ", " << format_rate(summary.tokens_per_second) << " tokens/s";
+  if (!summary.losses.empty()) text << "; final train loss " << summary.losses.back();
+  if (summary.final_eval_loss) text << ", eval loss " << *summary.final_eval_loss;
+  const Datasets& data = *ctx_.data;
+  if (data.entropy_floor && summary.final_eval_loss) {
+    text << "\n  entropy floor " << *data.entropy_floor << " nats: the model is "
+         << *summary.final_eval_loss - *data.entropy_floor << " nats above it";
+  }
+  if (!summary.losses.empty()) summary_record["final_loss"] = summary.losses.back();
+  if (summary.final_eval_loss) summary_record["final_eval_loss"] = *summary.final_eval_loss;
+  ctx_.log->write(summary_record);
+  if (summary.interrupted_by != 0) {
+    text << "\n  interrupted (" << (summary.interrupted_by == SIGTERM ? "SIGTERM" : "SIGINT")
+         << ") after step " << summary.steps;
+    if (!summary.checkpoint.empty()) {
+      text << "; continue with: dstrain --resume " << options_.out << " --steps " << options_.steps;
+    } else {
+      text << "; no checkpoint written (no --out)";
+    }
+  }
+  if (want_sample) sample(*gathered, text);
+  ctx_.progress->message(text.str());
+}
+
+void run_rank(const RunContext& ctx, Communicator& world) { RankTrainer(ctx, world).run(); }
+
+}  // namespace dstrain

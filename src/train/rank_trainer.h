@@ -1,0 +1,97 @@
+// One rank of a training run, phase by phase: setup (devices, groups, model state, the
+// pipeline stage and its runner, data), then per step the schedule's micro-batches, the
+// optimizer step, the log, evaluation and checkpoints, and at the end the summary and a sample.
+//
+// Under a plan with pp stages, rank r runs stage r / dp of data-parallel index r % dp
+// (parallel/groups.h); the first and the last stage of each index read the same micro-batches
+// (the first needs the tokens, the last the targets), the others none.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/allocator.h"
+#include "data/loader.h"
+#include "model/architecture.h"
+#include "model/stage.h"
+#include "optim/adamw.h"
+#include "optim/grad_scaler.h"
+#include "parallel/groups.h"
+#include "parallel/pipeline_runner.h"
+#include "parallel/sharded_model.h"
+#include "train/devices.h"
+#include "train/run_context.h"
+
+namespace dstrain {
+
+class RankTrainer {
+ public:
+  RankTrainer(const RunContext& ctx, Communicator& world);
+  void run();
+
+ private:
+  struct StepOutcome {
+    double loss = 0, lr = 0, seconds = 0;
+    StepStats stats;
+    bool skipped = false;
+    double loss_scale = 1;
+    std::vector<double> bubble;  // per stage (pp > 1): the share of the step spent waiting
+  };
+
+  // Setup.
+  void make_token_buffers();
+  MicroBatch load_micro_batch(DataLoader& loader, int micro_batch);
+  void announce(const std::array<size_t, kNumMemCategories>& memory) const;
+  // A step and what follows it.
+  StepOutcome train_step(int64_t step);
+  void report_step(int64_t step, const StepOutcome& outcome);
+  bool agree_to_stop() const;
+  double evaluate();
+  void save_checkpoint(int64_t step);
+  // The end.
+  void finish(double train_seconds);
+  void print_stage_summary(nlohmann::json& summary_record);
+  void gather_full_weights_on_leader(const HostBlocks& gathered);
+  void verify_tied_embedding();
+  void sample(const HostBlocks& gathered, std::ostream& text) const;
+
+  bool first_stage() const { return groups_.stage == 0; }
+  bool last_stage() const { return groups_.stage == plan_.pp - 1; }
+  bool reads_data() const { return first_stage() || last_stage(); }
+  // The stage that holds block b (its state is written by that stage's ranks).
+  int owner_stage(int block) const;
+
+  const RunContext& ctx_;
+  const TrainOptions& options_;
+  const ModelConfig& config_;
+  const Plan& plan_;
+  Communicator& world_;
+  const int rank_;
+  const int64_t B_, T_, accum_;
+  const int threads_;
+  RankDevices devices_;
+  RankGroups groups_;
+  std::unique_ptr<Architecture> arch_;
+  StageRange range_;
+  std::vector<int64_t> split_;
+  std::unique_ptr<ShardedModel> state_;
+  std::unique_ptr<ModelStage> stage_;
+  std::unique_ptr<PipelineRunner> runner_;
+  StageActions schedule_;  // this stage's actions of one step
+  // Token batches: one per activation slot (inputs then targets, (B, T) I32 each), in device
+  // memory, and their host copies the loader writes on a GPU.
+  std::vector<Buffer> token_buffers_, host_token_buffers_;
+  std::optional<DataLoader> loader_, val_loader_;
+  GradScaler scaler_;
+  AdamWConfig adam_;
+  int64_t adam_step_ = 0;
+  PipelineTimes run_times_;  // over the whole run
+  int64_t step_ = 0;         // the step in progress (0-based)
+  bool training_ = false;    // in a training step's pipeline (not evaluating)
+};
+
+}  // namespace dstrain

@@ -1,0 +1,56 @@
+// What every rank of a training run shares, read-only, plus the outputs only rank 0 writes
+// (the log, the progress lines, the summary). Made by train() (train/trainer.cpp) and read by
+// each rank's RankTrainer (train/rank_trainer.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <ostream>
+
+#include <nlohmann/json.hpp>
+
+#include "model/config.h"
+#include "optim/schedule.h"
+#include "parallel/plan.h"
+#include "train/checkpoint.h"
+#include "train/datasets.h"
+#include "train/devices.h"
+#include "train/jsonl_log.h"
+#include "train/options.h"
+#include "train/progress.h"
+#include "train/trainer.h"
+
+namespace dstrain {
+
+struct RunContext {
+  TrainOptions options;
+  ModelConfig config;
+  Plan plan;            // what every rank executes (train/plan_run.h)
+  LrScheduleConfig schedule;
+  RunDevices devices;   // the backend, memory and communicator of every rank
+  Datasets* data = nullptr;
+  const FullTrainingState* initial = nullptr;  // the starting weights (and moments on resume)
+  bool have_moments = false;
+  int64_t first_step = 0;
+  int64_t first_adam_step = 0;  // optimizer steps applied before (skips excluded)
+  nlohmann::json scaler_state;  // on resume, else null
+  nlohmann::json data_state;    // loader position on resume, else null
+  nlohmann::json fingerprint;
+  std::optional<CheckpointInfo> resume;
+  JsonlLog* log = nullptr;
+  ProgressPrinter* progress = nullptr;
+  TrainSummary* summary = nullptr;
+  std::ostream* out = nullptr;
+  // The checkpoint being written: made by rank 0, filled by every rank (between barriers).
+  std::unique_ptr<CheckpointWriter>* checkpoint = nullptr;
+};
+
+// SIGINT / SIGTERM seen by this process (0: none); set by train()'s handlers.
+int stop_signal();
+
+// One rank of the run: from its communicator of the world to the end of training. Throws what
+// the run throws (the launcher rethrows the first failure).
+void run_rank(const RunContext& ctx, Communicator& world);
+
+}  // namespace dstrain
