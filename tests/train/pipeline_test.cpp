@@ -316,7 +316,7 @@ TEST_F(PipelineTest, AHangingStageTimesOutEveryRankNamingWhatItIsDoing) {
   options.fail_stage = 1;
   options.fail_micro_batch = 2;
   options.fail_hang = true;  // sleeps 3 x the timeout, then goes on into an aborted world
-  options.comm_timeout = 1;
+  options.comm_timeout = 2;
   std::ostringstream out;
   try {
     train(options, out);
