@@ -74,17 +74,6 @@ std::vector<TensorSpec> Gpt2Architecture::head_workspace(int64_t B, int64_t T, D
   return specs;
 }
 
-namespace {
-// The tensors of one block, viewed inside its flat buffer.
-std::vector<Tensor> block_tensors(const ParamLayout& layout, int block, Tensor flat) {
-  std::vector<Tensor> tensors;
-  for (int index : layout.block_params(block)) {
-    tensors.push_back(ParamLayout::view(layout.params()[static_cast<size_t>(index)], flat));
-  }
-  return tensors;
-}
-}  // namespace
-
 void Gpt2Architecture::embed_forward(ParamProvider& params, const EmbedRun& run, int next) const {
   const int64_t b = run.tokens.size(0), t = run.tokens.size(1), C = config_.n_embd;
   const int block = ParamLayout::embedding_block();
@@ -201,7 +190,7 @@ double Gpt2Architecture::head_forward(ParamProvider& params, const HeadRun& run,
   const std::vector<Tensor>& ws = run.workspace;
   const int final_block = layout_.final_block(), embed_block = ParamLayout::embedding_block();
   {
-    const std::vector<Tensor> w = block_tensors(layout_, final_block, params.acquire_params(final_block));
+    const std::vector<Tensor> w = layout_.block_views(final_block, params.acquire_params(final_block));
     run.backend.layernorm_forward(prefix(ws[kLnf], {N, C}), prefix(ws[kLnfMean], {N}),
                                   prefix(ws[kLnfRstd], {N}), prefix(run.input, {N, C}), w[0], w[1],
                                   run.stream);
@@ -251,8 +240,8 @@ void Gpt2Architecture::head_backward(ParamProvider& params, const HeadRun& run, 
     params.release_params(embed_block);
     if (release_grads) params.release_grads(embed_block);
   }
-  const std::vector<Tensor> w = block_tensors(layout_, final_block, params.acquire_params(final_block));
-  const std::vector<Tensor> g = block_tensors(layout_, final_block, params.acquire_grads(final_block));
+  const std::vector<Tensor> w = layout_.block_views(final_block, params.acquire_params(final_block));
+  const std::vector<Tensor> g = layout_.block_views(final_block, params.acquire_grads(final_block));
   Tensor input_grad = prefix(run.input_grad, {N, C});
   run.backend.fill_zero(input_grad, run.stream);
   run.backend.layernorm_backward(input_grad, g[0], g[1], dlnf, prefix(run.input, {N, C}), w[0],

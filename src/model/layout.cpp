@@ -85,4 +85,13 @@ Tensor ParamLayout::view(const ParamSpec& spec, Tensor block_flat) {
   return tensor;
 }
 
+std::vector<Tensor> ParamLayout::block_views(int block, Tensor block_flat) const {
+  std::vector<Tensor> tensors;
+  if (block_flat.empty()) return tensors;
+  for (int index : block_params(block)) {
+    tensors.push_back(view(params_[static_cast<size_t>(index)], block_flat));
+  }
+  return tensors;
+}
+
 }  // namespace dstrain

@@ -54,6 +54,9 @@ class ParamLayout {
 
   // A view of one parameter inside its block's flat buffer (dtype of the buffer).
   static Tensor view(const ParamSpec& spec, Tensor block_flat);
+  // Views of every tensor of block b inside its flat buffer, in buffer order (none for an
+  // empty buffer: a block whose gradients are not asked for).
+  std::vector<Tensor> block_views(int block, Tensor block_flat) const;
 
  private:
   std::vector<ParamSpec> params_;

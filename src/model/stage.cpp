@@ -158,24 +158,12 @@ Tensor ModelStage::layer_output(int slot, int64_t layer) const {
   return slot_tensor(slot, plan_.layer_outputs[static_cast<size_t>(layer - range_.first_layer)]);
 }
 
-namespace {
-// The tensors of one block, viewed inside its flat buffer (empty without one).
-std::vector<Tensor> block_tensors(const ParamLayout& layout, int block, Tensor flat) {
-  std::vector<Tensor> tensors;
-  if (flat.empty()) return tensors;
-  for (int index : layout.block_params(block)) {
-    tensors.push_back(ParamLayout::view(layout.params()[static_cast<size_t>(index)], flat));
-  }
-  return tensors;
-}
-}  // namespace
-
 LayerRun ModelStage::layer_run(int slot, int64_t layer, Tensor flat_params, Tensor flat_grads,
                                Stream stream) const {
   const SlotState& state = slot_state_[static_cast<size_t>(slot)];
   const int block = ParamLayout::layer_block(static_cast<int>(layer));
   LayerRun run{backend_, stream, state.b, state.t, static_cast<int>(layer),
-               block_tensors(layout_, block, flat_params), block_tensors(layout_, block, flat_grads),
+               layout_.block_views(block, flat_params), layout_.block_views(block, flat_grads),
                layer_input(slot, layer), layer_output(slot, layer), {}, views(plan_.layer_workspace),
                plan_.residual_grad >= 0 ? work_tensor(plan_.residual_grad) : Tensor()};
   const Buffer& slot_buffer = slot_buffers_[static_cast<size_t>(slot)];

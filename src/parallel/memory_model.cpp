@@ -207,12 +207,8 @@ const ActivationTable& MemoryModel::activation_table(const Plan& plan, const Sta
   return *it->second;
 }
 
-const std::vector<int64_t>& MemoryModel::split(const Plan& plan) const {
-  if (!plan.pp_split.empty()) {
-    check_pipeline_split(config_, plan.pp, plan.pp_split);
-    given_split_ = plan.pp_split;
-    return given_split_;
-  }
+std::vector<int64_t> MemoryModel::split(const Plan& plan) const {
+  if (!plan.pp_split.empty()) return pipeline_split(config_, plan);  // checks it
   auto it = splits_.find({plan.pp, plan.seq_len});
   if (it == splits_.end()) {
     it = splits_.emplace(std::make_pair(plan.pp, plan.seq_len), pipeline_split(config_, plan)).first;

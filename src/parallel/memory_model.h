@@ -187,7 +187,7 @@ class MemoryModel {
   // block of pipeline_stage_blocks).
   std::vector<int64_t> stage_block_numels(const Plan& plan, int stage) const;
   // The plan's layers per stage: plan.pp_split, or the balanced split (cached).
-  const std::vector<int64_t>& split(const Plan& plan) const;
+  std::vector<int64_t> split(const Plan& plan) const;
   // The plan's pipeline stage `stage`.
   StageRange stage_range(const Plan& plan, int stage) const;
   ActivationSizes activation_sizes(const Plan& plan, int stage) const;
@@ -205,7 +205,6 @@ class MemoryModel {
   // (B, T, dtype, tp, recompute, layers, first, last) -> the stage's buffer bytes.
   mutable std::map<int, std::vector<int64_t>> tp_numels_;
   mutable std::map<std::pair<int, int64_t>, std::vector<int64_t>> splits_;
-  mutable std::vector<int64_t> given_split_;
   mutable std::map<std::tuple<int64_t, int64_t, DType, int, Recompute, int64_t, bool, bool>,
                    std::unique_ptr<memory_detail::ActivationTable>>
       activation_tables_;

@@ -122,7 +122,9 @@ void PipelineRunner::exchange(const StageActions& actions, size_t begin, size_t 
     }
   }
   DSTRAIN_CHECK(pipe_ != nullptr) << "a pipeline exchange with one stage";
-  // Compute has produced what is sent and finished reading what is received into.
+  // Compute has produced what is sent and finished reading what is received into. The
+  // synchronize is for the time split (compute vs waiting; the send needs that work anyway);
+  // the event is what orders the communication stream, whether or not the host waited.
   backend_.synchronize(compute_);
   backend_.record_event(computed_.get(), compute_);
   backend_.wait_event(comm_stream_.get(), computed_.get());

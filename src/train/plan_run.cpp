@@ -139,7 +139,8 @@ void remember_plan(const Plan& plan, TrainOptions& options) {
   options.pp_split = plan.pp > 1 ? pipeline_split_text(plan.pp_split) : "";
 }
 
-Plan plan_run(TrainOptions& options, const ModelConfig& config, std::ostream& out) {
+// The plan of a run before the options remember it (plan_run).
+static Plan choose_run_plan(TrainOptions& options, const ModelConfig& config, std::ostream& out) {
   if (options.max_gpus > 0) {
     // Testing: the ranks share at most max_gpus GPUs of this machine; the flags are the plan.
     return plan_from_options(options, config);
@@ -160,12 +161,16 @@ Plan plan_run(TrainOptions& options, const ModelConfig& config, std::ostream& ou
     if (options.device == "auto") options.device = "cpu";  // nothing found: the CPU backend
     return plan_from_options(options, config);
   }
-  Plan plan = plan_for_machine(options, config, *machine, out);
-  plan.pp_split = pipeline_split(config, plan);
+  Plan plan = plan_for_machine(options, config, *machine, out);  // its split filled in
   if (options.device != "cpu") {
     check_runs_here(plan, source);
     options.device = "cuda";
   }
+  return plan;
+}
+
+Plan plan_run(TrainOptions& options, const ModelConfig& config, std::ostream& out) {
+  Plan plan = choose_run_plan(options, config, out);
   remember_plan(plan, options);
   return plan;
 }

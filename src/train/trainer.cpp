@@ -136,8 +136,12 @@ TrainSummary train(const TrainOptions& given, std::ostream& out) {
     ctx.config = load_model_config(options.model.empty() ? "tiny" : options.model);
   }
   const ModelConfig& config = ctx.config;
-  ctx.plan = ctx.resume ? plan_from_options(options, config) : plan_run(options, config, out);
-  remember_plan(ctx.plan, options);
+  if (ctx.resume) {
+    ctx.plan = plan_from_options(options, config);  // the remembered settings
+    remember_plan(ctx.plan, options);               // with the split filled in
+  } else {
+    ctx.plan = plan_run(options, config, out);
+  }
   DSTRAIN_USER_CHECK(options.seq_len <= config.n_positions)
       << "--seq-len " << options.seq_len << " is longer than the model's n_positions "
       << config.n_positions;
