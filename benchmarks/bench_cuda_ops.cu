@@ -277,6 +277,9 @@ int run(const Options& options) {
   Tensor fc_out = ws.allocate(dt, {B, T, 4 * C}), fc_gelu = ws.allocate(dt, {B, T, 4 * C});
   Tensor att = ws.allocate(dt, {B, T, C}), lse = ws.allocate(DType::F32, {B, NH, T});
   Tensor logits = ws.random(dt, {N, Vp}, -4.0f, 4.0f), losses = ws.allocate(DType::F32, {N});
+  // Vocabulary-parallel cross-entropy at tp 2: this rank's (N, Vp / 2) half of the logits.
+  Tensor half_logits = logits.slice(0, {N, Vp / 2});
+  Tensor stats = ws.allocate(DType::F32, {2, N, 3});
   const int64_t P = 124'000'000 / (options.quick ? 10 : 1);
   Tensor param = ws.random(DType::F32, {P}), grad = ws.random(dt, {P}),
          m = ws.random(DType::F32, {P});
@@ -298,9 +301,9 @@ int run(const Options& options) {
   };
   const std::vector<Op> ops = {
       {"embedding_forward", 3 * act, 0,
-       [&] { be.embedding_forward(y, tokens, wte, wpe, nullptr); }},
+       [&] { be.embedding_forward(y, tokens, wte, wpe, 0, Vp, nullptr); }},
       {"embedding_backward", act + 2.0 * N * C * es, 0,
-       [&] { be.embedding_backward(dwte, dwpe, dx, tokens, nullptr); }},
+       [&] { be.embedding_backward(dwte, dwpe, dx, tokens, 0, Vp, nullptr); }},
       {"layernorm_forward", 2 * act + 8.0 * N, 0,
        [&] { be.layernorm_forward(y, mean, rstd, x, ln_w, ln_b, nullptr); }},
       {"layernorm_backward", 4 * act + 8.0 * N, 0,
@@ -336,10 +339,21 @@ int run(const Options& options) {
       {"gelu_backward (4C)", 12 * act, 0, [&] { be.gelu_backward(fc_out, dfc, fc, nullptr); }},
       {"residual_forward", 3 * act, 0, [&] { be.residual_forward(y, x, dx, nullptr); }},
       {"accumulate", 3 * act, 0, [&] { be.accumulate(y, x, nullptr); }},
+      {"add_bias", 2 * act, 0, [&] { be.add_bias(y, ln_b, nullptr); }},
       {"softmax_cross_entropy (in place)", 2.0 * N * Vp * es + 8.0 * N, 0,
        [&] {
          be.softmax_cross_entropy(losses, logits, logits, targets, static_cast<int>(V), 1.0f / N,
                                   nullptr);
+       }},
+      {"cross_entropy_stats (tp 2: Vp / 2 columns)", 1.0 * N * Vp / 2 * es + 16.0 * N, 0,
+       [&] {
+         be.cross_entropy_stats(stats.slice(0, {N, 3}), half_logits, targets, 0,
+                                static_cast<int>(V), nullptr);
+       }},
+      {"cross_entropy_from_stats (tp 2, in place)", 2.0 * N * Vp / 2 * es + 32.0 * N, 0,
+       [&] {
+         be.cross_entropy_from_stats(losses, half_logits, half_logits, stats, targets, 0,
+                                     static_cast<int>(V), 1.0f / N, nullptr);
        }},
       {"adamw (124M params)", P * (24.0 + 2.0 * es), 0,
        [&] { be.adamw(param, grad, m, v, param_copy, step, nullptr); }},

@@ -173,11 +173,11 @@ void run_benchmarks(const Options& options) {
     Tensor dwte = ws.random(dt, {Vp, C}), dwpe = ws.random(dt, {s.maxT, C});
     const std::string shape = shape_of({B, T, C});
     report(
-        "embedding_fwd", shape, [&] { backend->embedding_forward(out, tokens, wte, wpe, nullptr); },
+        "embedding_fwd", shape, [&] { backend->embedding_forward(out, tokens, wte, wpe, 0, wte.size(0), nullptr); },
         Rate::Bytes, es * (N * C * 2.0 + T * C));
     report(
         "embedding_bwd", shape,
-        [&] { backend->embedding_backward(dwte, dwpe, out, tokens, nullptr); }, Rate::Bytes,
+        [&] { backend->embedding_backward(dwte, dwpe, out, tokens, 0, dwte.size(0), nullptr); }, Rate::Bytes,
         es * (N * C * 3.0 + 2.0 * T * C));
     ws.release();
   }

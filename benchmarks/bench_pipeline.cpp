@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "benchmarks/bench_main.h"
+#include "benchmarks/bench_runs.h"
 #include "core/check.h"
 #include "model/config.h"
 #include "parallel/cost_model.h"
@@ -46,7 +47,7 @@
 #include "train/trainer.h"
 
 using namespace dstrain;
-namespace fs = std::filesystem;
+using namespace dstrain::bench;
 
 namespace {
 
@@ -144,42 +145,8 @@ Options parse_options(int argc, char** argv) {
   return o;
 }
 
-// A scratch directory, removed with its contents at scope exit unless the user named it.
-class WorkDir {
- public:
-  explicit WorkDir(const std::string& given) : keep_(!given.empty()) {
-    path_ = keep_ ? fs::path(given)
-                  : fs::temp_directory_path() /
-                        ("dstrain_bench_pipeline_" + std::to_string(::getpid()));
-    if (!keep_) fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~WorkDir() {
-    if (keep_) return;
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  WorkDir(const WorkDir&) = delete;
-  WorkDir& operator=(const WorkDir&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-  bool keep_;
-};
-
 std::string write_model_config(const Options& o, const fs::path& dir) {
-  const fs::path path = dir / "config.json";
-  const nlohmann::json config{{"model_type", "gpt2"},
-                              {"vocab_size", o.vocab},
-                              {"n_positions", std::max<int64_t>(128, o.seq_len)},
-                              {"n_embd", o.n_embd},
-                              {"n_layer", o.layers},
-                              {"n_head", o.heads}};
-  std::ofstream file(path);
-  file << config.dump(2) << "\n";
-  DSTRAIN_USER_CHECK(file.good()) << "cannot write the model config " << path.string();
-  return path.string();
+  return bench::write_gpt2_config(dir, o.layers, o.n_embd, o.heads, o.vocab, o.seq_len);
 }
 
 // pp H100 SXM GPUs, every pair joined by NVLink: the link terms of the cost model vanish.
@@ -205,19 +172,6 @@ Plan plan_of(const Options& o, int pp, const std::string& schedule) {
   plan.param_dtype = DType::F32;
   plan.pp_schedule = parse_pipeline_schedule(schedule);
   return plan;
-}
-
-double median(std::vector<double> values) {
-  DSTRAIN_CHECK(!values.empty());
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
-double mean(const std::vector<double>& values) {
-  double sum = 0;
-  for (double v : values) sum += v;
-  return values.empty() ? 0 : sum / static_cast<double>(values.size());
 }
 
 struct StageMeasure {
@@ -300,24 +254,12 @@ void measure(const Options& o, const std::string& model, const fs::path& dir, Ca
                                 << ", the prediction used " << pipeline_split_text(c.split);
 }
 
-std::string fixed(double value, int decimals) {
-  char text[64];
-  std::snprintf(text, sizeof text, "%.*f", decimals, value);
-  return text;
-}
-
-std::string list_text(const std::vector<double>& values, int decimals) {
-  std::string text;
-  for (double v : values) text += (text.empty() ? "" : ", ") + fixed(v, decimals);
-  return text;
-}
-
 std::string plan_name(const Case& c) {
   return c.pp == 1 ? "pp 1" : "pp " + std::to_string(c.pp) + " " + c.schedule;
 }
 
 int run(const Options& o) {
-  WorkDir dir(o.log_dir);
+  WorkDir dir(o.log_dir, "bench_pipeline");
   const std::string model = write_model_config(o, dir.path());
   const ModelConfig config = load_model_config(model);
   const MemoryModel memory(config);
@@ -435,14 +377,5 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int cases_status = 0;
-  const int status = benchmark_main("bench_pipeline", [&] {
-    const Options o = parse_options(argc, argv);
-    if (o.help) {
-      std::printf("%s\n\n%s", kUsage, kHelp);
-      return;
-    }
-    cases_status = run(o);
-  });
-  return status != 0 ? status : cases_status;
+  return cases_main("bench_pipeline", argc, argv, kUsage, kHelp, parse_options, run);
 }

@@ -75,13 +75,18 @@ class Backend {
 
   // ---- embedding ----
   // out (B,T,C) = wte[tokens[b,t]] + wpe[t]
-  // tokens (B,T) I32 with 0 <= id < Vp; wte (Vp,C); wpe (maxT,C), maxT >= T
+  // tokens (B,T) I32 with 0 <= id < vocab_rows (else UserError); wpe (maxT,C), maxT >= T.
+  // Vocabulary-parallel: wte (Vs,C) holds rows [vocab_begin, vocab_begin + Vs) of the whole
+  // (vocab_rows, C) table; positions whose token lies outside them get a zero row (no wpe
+  // either), so the sum over the slices is the whole embedding, bitwise. The whole table:
+  // vocab_begin 0, vocab_rows Vs. REQUIRES: vocab_begin + Vs <= vocab_rows.
   virtual void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe,
-                                 Stream stream) = 0;
-  // dwte (Vp,C) += scatter of dout rows by token; dwpe (maxT,C) += sum over b of dout[b,t]
-  // dout (B,T,C). Deterministic: rows that share a token add up in (b,t) order.
+                                 int64_t vocab_begin, int64_t vocab_rows, Stream stream) = 0;
+  // dwte (Vs,C) += scatter of dout rows by token (only tokens inside the slice);
+  // dwpe (maxT,C) += sum over b of dout[b,t] (every position). dout (B,T,C).
+  // Deterministic: rows that share a token add up in (b,t) order.
   virtual void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens,
-                                  Stream stream) = 0;
+                                  int64_t vocab_begin, int64_t vocab_rows, Stream stream) = 0;
 
   // ---- layernorm (eps 1e-5, biased variance) ----
   // out (N,C), mean (N) F32, rstd (N) F32, inp (N,C), weight (C), bias (C)
@@ -136,6 +141,9 @@ class Backend {
   virtual void residual_forward(Tensor out, Tensor a, Tensor b, Stream stream) = 0;
   // dst += src (same shape): the backward of a residual branch joining the stream
   virtual void accumulate(Tensor dst, Tensor src, Stream stream) = 0;
+  // x (N,OC) += bias (OC) on every row: the bias of a row-parallel layer, added once after the
+  // sum over the tensor-parallel ranks.
+  virtual void add_bias(Tensor x, Tensor bias, Stream stream) = 0;
 
   // ---- fused softmax + cross-entropy ----
   // logits (N,Vp); targets (N) I32 in [0,V); columns >= V do not exist (masked out).
@@ -145,6 +153,24 @@ class Backend {
   // dlogits may be logits itself (same dtype): the gradient then overwrites the logits.
   virtual void softmax_cross_entropy(Tensor losses, Tensor dlogits, Tensor logits,
                                      Tensor targets, int vocab, float dloss, Stream stream) = 0;
+
+  // ---- vocabulary-parallel softmax + cross-entropy ----
+  // The same loss as softmax_cross_entropy with the vocabulary split over P ranks: logits
+  // (N,Vs) are columns [vocab_begin, vocab_begin + Vs) of the whole (N, P*Vs) logits; real
+  // columns are those < vocab (global index). No rank holds the whole logits.
+  // 1. stats (N,3) F32 per row over this slice's real columns: (max, sum of exp(x - max),
+  //    the target's logit, or 0 when the target is not in the slice). A slice without real
+  //    columns gives (-inf, 0, 0).
+  virtual void cross_entropy_stats(Tensor stats, Tensor logits, Tensor targets,
+                                   int64_t vocab_begin, int vocab, Stream stream) = 0;
+  // 2. From every slice's stats (P,N,3) F32 (slice p: columns [p*Vs, (p+1)*Vs)): M = max_p
+  //    max_p, S = sum over p in order of sum_p * exp(max_p - M), target logit from the slice
+  //    holding the target; losses (N) F32 = log S - (target logit - M). If dlogits (N,Vs) is
+  //    not empty: dlogits = (exp(x - M) / S - onehot(target)) * dloss on real columns, 0 on
+  //    the others. dlogits may be logits itself (same dtype).
+  virtual void cross_entropy_from_stats(Tensor losses, Tensor dlogits, Tensor logits,
+                                        Tensor stats, Tensor targets, int64_t vocab_begin,
+                                        int vocab, float dloss, Stream stream) = 0;
 
   // ---- optimizer ----
   // AdamW over a flat buffer. param (n) F32 master weights; grad (n) any float dtype;

@@ -106,11 +106,13 @@ class CpuBackend final : public Backend {
     std::memmove(dst, src, bytes);
   }
 
-  void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, Stream) override {
-    cpu::embedding_forward(ctx_, out, tokens, wte, wpe);
+  void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_begin,
+                         int64_t vocab_rows, Stream) override {
+    cpu::embedding_forward(ctx_, out, tokens, wte, wpe, vocab_begin, vocab_rows);
   }
-  void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Stream) override {
-    cpu::embedding_backward(ctx_, dwte, dwpe, dout, tokens);
+  void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens,
+                          int64_t vocab_begin, int64_t vocab_rows, Stream) override {
+    cpu::embedding_backward(ctx_, dwte, dwpe, dout, tokens, vocab_begin, vocab_rows);
   }
   void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight,
                          Tensor bias, Stream) override {
@@ -147,9 +149,20 @@ class CpuBackend final : public Backend {
     cpu::residual_forward(ctx_, out, a, b);
   }
   void accumulate(Tensor dst, Tensor src, Stream) override { cpu::accumulate(ctx_, dst, src); }
+  void add_bias(Tensor x, Tensor bias, Stream) override { cpu::add_bias(ctx_, x, bias); }
   void softmax_cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, Tensor targets,
                              int vocab, float dloss, Stream) override {
     cpu::softmax_cross_entropy(ctx_, losses, dlogits, logits, targets, vocab, dloss);
+  }
+  void cross_entropy_stats(Tensor stats, Tensor logits, Tensor targets, int64_t vocab_begin,
+                           int vocab, Stream) override {
+    cpu::cross_entropy_stats(ctx_, stats, logits, targets, vocab_begin, vocab);
+  }
+  void cross_entropy_from_stats(Tensor losses, Tensor dlogits, Tensor logits, Tensor stats,
+                                Tensor targets, int64_t vocab_begin, int vocab, float dloss,
+                                Stream) override {
+    cpu::cross_entropy_from_stats(ctx_, losses, dlogits, logits, stats, targets, vocab_begin,
+                                  vocab, dloss);
   }
   void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy,
              const AdamWStep& step, Stream) override {

@@ -159,9 +159,10 @@ inline int64_t num_chunks(int64_t n) { return (n + kElementChunk - 1) / kElement
 void fill_zero(const CpuContext& ctx, Tensor t);
 void copy(const CpuContext& ctx, Tensor dst, Tensor src);
 
-void embedding_forward(const CpuContext& ctx, Tensor out, Tensor tokens, Tensor wte, Tensor wpe);
+void embedding_forward(const CpuContext& ctx, Tensor out, Tensor tokens, Tensor wte, Tensor wpe,
+                       int64_t vocab_begin, int64_t vocab_rows);
 void embedding_backward(const CpuContext& ctx, Tensor dwte, Tensor dwpe, Tensor dout,
-                        Tensor tokens);
+                        Tensor tokens, int64_t vocab_begin, int64_t vocab_rows);
 void layernorm_forward(const CpuContext& ctx, Tensor out, Tensor mean, Tensor rstd, Tensor inp,
                        Tensor weight, Tensor bias);
 void layernorm_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias,
@@ -170,8 +171,14 @@ void gelu_forward(const CpuContext& ctx, Tensor out, Tensor inp);
 void gelu_backward(const CpuContext& ctx, Tensor dinp, Tensor dout, Tensor inp);
 void residual_forward(const CpuContext& ctx, Tensor out, Tensor a, Tensor b);
 void accumulate(const CpuContext& ctx, Tensor dst, Tensor src);
+void add_bias(const CpuContext& ctx, Tensor x, Tensor bias);
 void softmax_cross_entropy(const CpuContext& ctx, Tensor losses, Tensor dlogits, Tensor logits,
                            Tensor targets, int vocab, float dloss);
+void cross_entropy_stats(const CpuContext& ctx, Tensor stats, Tensor logits, Tensor targets,
+                         int64_t vocab_begin, int vocab);
+void cross_entropy_from_stats(const CpuContext& ctx, Tensor losses, Tensor dlogits, Tensor logits,
+                              Tensor stats, Tensor targets, int64_t vocab_begin, int vocab,
+                              float dloss);
 
 void matmul_forward(const CpuContext& ctx, Tensor out, Tensor inp, Tensor weight, Tensor bias,
                     bool weight_out_by_in);

@@ -42,61 +42,100 @@ void check_tokens(const Tensor& tokens, int64_t B, int64_t T, int64_t vocab) {
 // ---------------------------------------------------------------------------------------------
 // embedding
 
-void embedding_forward(const CpuContext& ctx, Tensor out, Tensor tokens, Tensor wte, Tensor wpe) {
+namespace {
+
+// The rows of a (Vs, C) slice of the (vocab_rows, C) token table starting at vocab_begin.
+struct VocabSlice {
+  int64_t begin = 0, rows = 0;
+  bool holds(int32_t id) const { return id >= begin && id < begin + rows; }
+};
+
+VocabSlice check_vocab_slice(const Tensor& table, const char* name, int64_t C,
+                             int64_t vocab_begin, int64_t vocab_rows) {
+  DSTRAIN_CHECK(table.ndim == 2 && table.shape[1] == C)
+      << name << " " << table.shape_str() << " must be (Vs, " << C << ")";
+  DSTRAIN_CHECK(vocab_begin >= 0 && vocab_begin + table.shape[0] <= vocab_rows)
+      << name << " " << table.shape_str() << " from row " << vocab_begin
+      << " is not inside a vocabulary of " << vocab_rows << " rows";
+  return {vocab_begin, table.shape[0]};
+}
+
+}  // namespace
+
+void embedding_forward(const CpuContext& ctx, Tensor out, Tensor tokens, Tensor wte, Tensor wpe,
+                       int64_t vocab_begin, int64_t vocab_rows) {
   check_float_tensor(out, "embedding out");
   check_float_tensor(wte, "wte");
   check_float_tensor(wpe, "wpe");
   DSTRAIN_CHECK(out.ndim == 3) << "embedding out " << out.shape_str() << " must be (B, T, C)";
   const int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
-  DSTRAIN_CHECK(wte.ndim == 2 && wte.shape[1] == C)
-      << "wte " << wte.shape_str() << " must be (Vp, " << C << ")";
+  const VocabSlice slice = check_vocab_slice(wte, "wte", C, vocab_begin, vocab_rows);
   DSTRAIN_CHECK(wpe.ndim == 2 && wpe.shape[1] == C && wpe.shape[0] >= T)
       << "wpe " << wpe.shape_str() << " must be (maxT >= " << T << ", " << C << ")";
-  check_tokens(tokens, B, T, wte.shape[0]);
+  check_tokens(tokens, B, T, vocab_rows);
   const int32_t* ids = static_cast<const int32_t*>(tokens.data);
 
   ThreadScratch scratch(ctx, 3 * C);
   parallel_for(ctx, B * T, [&](int64_t bt, int thread) {
     float* buffers = scratch.get(thread);
-    const int64_t t = bt % T;
-    const float* token_row = load_span(wte, ids[bt] * C, C, buffers);
-    const float* position_row = load_span(wpe, t * C, C, buffers + C);
     float* dst = output_span(out, bt * C, C, buffers + 2 * C);
-    for (int64_t c = 0; c < C; ++c) dst[c] = token_row[c] + position_row[c];
+    if (!slice.holds(ids[bt])) {
+      std::fill(dst, dst + C, 0.0f);  // another slice's token
+    } else {
+      const float* token_row = load_span(wte, (ids[bt] - slice.begin) * C, C, buffers);
+      const float* position_row = load_span(wpe, bt % T * C, C, buffers + C);
+      for (int64_t c = 0; c < C; ++c) dst[c] = token_row[c] + position_row[c];
+    }
     commit_span(out, bt * C, C, dst);
   });
 }
 
+namespace {
+
+// The positions whose token lies in `slice`, grouped by token, (b, t) order kept inside a
+// group: order[group_begin[g] .. group_begin[g + 1]) are group g's positions.
+struct TokenGroups {
+  std::vector<int64_t> order, group_begin;
+};
+
+TokenGroups group_by_token(const int32_t* ids, int64_t count, const VocabSlice& slice) {
+  TokenGroups groups;
+  for (int64_t i = 0; i < count; ++i) {
+    if (slice.holds(ids[i])) groups.order.push_back(i);
+  }
+  std::stable_sort(groups.order.begin(), groups.order.end(),
+                   [&](int64_t x, int64_t y) { return ids[x] < ids[y]; });
+  const std::vector<int64_t>& order = groups.order;
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (i == 0 || ids[order[i]] != ids[order[i - 1]])
+      groups.group_begin.push_back(static_cast<int64_t>(i));
+  }
+  groups.group_begin.push_back(static_cast<int64_t>(order.size()));
+  return groups;
+}
+
+}  // namespace
+
 void embedding_backward(const CpuContext& ctx, Tensor dwte, Tensor dwpe, Tensor dout,
-                        Tensor tokens) {
+                        Tensor tokens, int64_t vocab_begin, int64_t vocab_rows) {
   check_float_tensor(dwte, "dwte");
   check_float_tensor(dwpe, "dwpe");
   check_float_tensor(dout, "embedding dout");
   DSTRAIN_CHECK(dout.ndim == 3) << "embedding dout " << dout.shape_str() << " must be (B, T, C)";
   const int64_t B = dout.shape[0], T = dout.shape[1], C = dout.shape[2];
-  DSTRAIN_CHECK(dwte.ndim == 2 && dwte.shape[1] == C)
-      << "dwte " << dwte.shape_str() << " must be (Vp, " << C << ")";
+  const VocabSlice slice = check_vocab_slice(dwte, "dwte", C, vocab_begin, vocab_rows);
   DSTRAIN_CHECK(dwpe.ndim == 2 && dwpe.shape[1] == C && dwpe.shape[0] >= T)
       << "dwpe " << dwpe.shape_str() << " must be (maxT >= " << T << ", " << C << ")";
-  check_tokens(tokens, B, T, dwte.shape[0]);
+  check_tokens(tokens, B, T, vocab_rows);
   const int32_t* ids = static_cast<const int32_t*>(tokens.data);
 
-  // Group the positions by token, keeping (b, t) order inside a group; each group is one task
-  // that sums its rows in that order in fp32 and adds the sum to dwte once.
-  std::vector<int64_t> order(static_cast<size_t>(B * T));
-  std::iota(order.begin(), order.end(), int64_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t x, int64_t y) { return ids[x] < ids[y]; });
-  std::vector<int64_t> group_begin;
-  for (size_t i = 0; i < order.size(); ++i) {
-    if (i == 0 || ids[order[i]] != ids[order[i - 1]])
-      group_begin.push_back(static_cast<int64_t>(i));
-  }
-  group_begin.push_back(static_cast<int64_t>(order.size()));
-  const int64_t groups = static_cast<int64_t>(group_begin.size()) - 1;
-
+  // Each group of positions sharing a token is one task that sums its rows in (b, t) order in
+  // fp32 and adds the sum to dwte once.
+  const TokenGroups groups = group_by_token(ids, B * T, slice);
+  const std::vector<int64_t>& order = groups.order;
+  const std::vector<int64_t>& group_begin = groups.group_begin;
   ThreadScratch scratch(ctx, 2 * C);
-  parallel_for(ctx, groups, [&](int64_t group, int thread) {
+  parallel_for(ctx, static_cast<int64_t>(group_begin.size()) - 1, [&](int64_t group, int thread) {
     float* sum = scratch.get(thread);
     float* row_buffer = sum + C;
     std::fill(sum, sum + C, 0.0f);
@@ -104,7 +143,7 @@ void embedding_backward(const CpuContext& ctx, Tensor dwte, Tensor dwpe, Tensor 
       const float* row = load_span(dout, order[i] * C, C, row_buffer);
       for (int64_t c = 0; c < C; ++c) sum[c] += row[c];
     }
-    accumulate_span(dwte, ids[order[group_begin[group]]] * C, C, sum);
+    accumulate_span(dwte, (ids[order[group_begin[group]]] - slice.begin) * C, C, sum);
   });
   // dwpe[t] += sum over b of dout[b, t], in b order.
   parallel_for(ctx, T, [&](int64_t t, int thread) {
@@ -300,6 +339,24 @@ void residual_forward(const CpuContext& ctx, Tensor out, Tensor a, Tensor b) {
   check_same_numel(out, "residual out", b, "b");
   elementwise(ctx, out, a, &b, [](float* y, const float* x0, const float* x1, int64_t count) {
     for (int64_t i = 0; i < count; ++i) y[i] = x0[i] + x1[i];
+  });
+}
+
+void add_bias(const CpuContext& ctx, Tensor x, Tensor bias) {
+  check_float_tensor(x, "add_bias x");
+  check_float_tensor(bias, "add_bias bias");
+  const int64_t OC = cols_of(x), N = rows_of(x);
+  DSTRAIN_CHECK(bias.numel() == OC)
+      << "bias " << bias.shape_str() << " must have the " << OC << " columns of x " << x.shape_str();
+  std::vector<float> bias_f32(static_cast<size_t>(OC));
+  load_span_into(bias, 0, OC, bias_f32.data());
+  ThreadScratch scratch(ctx, OC);
+  parallel_for(ctx, N, [&](int64_t n, int thread) {
+    float* buffer = scratch.get(thread);
+    float* row = output_span(x, n * OC, OC, buffer);  // x itself when F32
+    if (row == buffer) load_span_into(x, n * OC, OC, buffer);
+    for (int64_t c = 0; c < OC; ++c) row[c] += bias_f32[static_cast<size_t>(c)];
+    commit_span(x, n * OC, OC, row);
   });
 }
 

@@ -233,15 +233,17 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, to_stream(stream)));
   }
 
-  void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe,
-                         Stream stream) override {
+  void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_begin,
+                         int64_t vocab_rows, Stream stream) override {
     DeviceScope scope(ctx_.device);
-    cuda::embedding_forward(ctx_, out, tokens, wte, wpe, to_stream(stream));
+    cuda::embedding_forward(ctx_, out, tokens, wte, wpe, vocab_begin, vocab_rows,
+                            to_stream(stream));
   }
   void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens,
-                          Stream stream) override {
+                          int64_t vocab_begin, int64_t vocab_rows, Stream stream) override {
     DeviceScope scope(ctx_.device);
-    cuda::embedding_backward(ctx_, dwte, dwpe, dout, tokens, to_stream(stream));
+    cuda::embedding_backward(ctx_, dwte, dwpe, dout, tokens, vocab_begin, vocab_rows,
+                             to_stream(stream));
   }
   void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight,
                          Tensor bias, Stream stream) override {
@@ -295,11 +297,27 @@ class CudaBackend final : public Backend {
     DeviceScope scope(ctx_.device);
     cuda::accumulate(ctx_, dst, src, to_stream(stream));
   }
+  void add_bias(Tensor x, Tensor bias, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::add_bias(ctx_, x, bias, to_stream(stream));
+  }
   void softmax_cross_entropy(Tensor losses, Tensor dlogits, Tensor logits, Tensor targets,
                              int vocab, float dloss, Stream stream) override {
     DeviceScope scope(ctx_.device);
     cuda::softmax_cross_entropy(ctx_, losses, dlogits, logits, targets, vocab, dloss,
                                 to_stream(stream));
+  }
+  void cross_entropy_stats(Tensor stats, Tensor logits, Tensor targets, int64_t vocab_begin,
+                           int vocab, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::cross_entropy_stats(ctx_, stats, logits, targets, vocab_begin, vocab, to_stream(stream));
+  }
+  void cross_entropy_from_stats(Tensor losses, Tensor dlogits, Tensor logits, Tensor stats,
+                                Tensor targets, int64_t vocab_begin, int vocab, float dloss,
+                                Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::cross_entropy_from_stats(ctx_, losses, dlogits, logits, stats, targets, vocab_begin,
+                                   vocab, dloss, to_stream(stream));
   }
   void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy,
              const AdamWStep& step, Stream stream) override {

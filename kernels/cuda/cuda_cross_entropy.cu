@@ -4,6 +4,13 @@
 // writes (softmax - onehot) * dloss. Every thread reads an element before it writes the same
 // element, and the target logit is read before the first block barrier, so dlogits may be
 // logits itself.
+//
+// Vocabulary-parallel (the logits' columns split over ranks): cross_entropy_stats reduces a
+// slice's rows to (max, sum of exponentials, target logit) with the same block reduction;
+// cross_entropy_from_stats combines every slice's statistics per row in slice order (each
+// thread the same sequential loop, as the CPU twin) and writes the loss and the slice's
+// gradient.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -25,29 +32,12 @@ __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
   return {m, a.sum * expf(a.max - m) + b.sum * expf(b.max - m)};
 }
 
-// losses (N), logits / dlogits (N, Vp), targets (N).
-__global__ void softmax_cross_entropy_kernel(float* losses, DeviceTensor dlogits,
-                                             DeviceTensor logits, const int32_t* targets,
-                                             int64_t Vp, int64_t V, float dloss, bool with_grad,
-                                             unsigned* error_word) {
+// The block's (max, sum of exp(x - max)) over columns [0, end) of row `base`: online softmax
+// per thread, then across warps in a fixed order. Every thread gets the total.
+__device__ MaxSum block_max_sum(const DeviceTensor& logits, int64_t base, int64_t end) {
   __shared__ MaxSum warp_results[kThreads / 32];
-  const int64_t n = blockIdx.x;
-  const int64_t base = n * Vp;
-  const int32_t target = targets[n];
-  if (target < 0 || target >= V) {  // the same for the whole block: no barrier is skipped
-    if (threadIdx.x == 0) {
-      atomicOr(error_word, kBadTargetId);
-      losses[n] = NAN;
-    }
-    if (with_grad) {
-      for (int64_t j = threadIdx.x; j < Vp; j += blockDim.x) store(dlogits, base + j, NAN);
-    }
-    return;
-  }
-  const float target_logit = load(logits, base + target);
-
   MaxSum local{-INFINITY, 0.0f};
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+  for (int64_t j = threadIdx.x; j < end; j += blockDim.x) {
     const float x = load(logits, base + j);
     if (x > local.max) {
       local.sum = local.sum * expf(local.max - x) + 1.0f;
@@ -62,11 +52,33 @@ __global__ void softmax_cross_entropy_kernel(float* losses, DeviceTensor dlogits
                        __shfl_xor_sync(0xffffffffu, local.sum, offset)};
     local = combine(local, other);
   }
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warp_results[warp] = local;
+  if (threadIdx.x % 32 == 0) warp_results[threadIdx.x / 32] = local;
   __syncthreads();
   MaxSum total = warp_results[0];
-  for (int w = 1; w < kThreads / 32; ++w) total = combine(total, warp_results[w]);  // fixed order
+  for (int w = 1; w < kThreads / 32; ++w) total = combine(total, warp_results[w]);
+  return total;
+}
+
+// losses (N), logits / dlogits (N, Vp), targets (N).
+__global__ void softmax_cross_entropy_kernel(float* losses, DeviceTensor dlogits,
+                                             DeviceTensor logits, const int32_t* targets,
+                                             int64_t Vp, int64_t V, float dloss, bool with_grad,
+                                             unsigned* error_word) {
+  const int64_t n = blockIdx.x;
+  const int64_t base = n * Vp;
+  const int32_t target = targets[n];
+  if (target < 0 || target >= V) {  // the same for the whole block: no barrier is skipped
+    if (threadIdx.x == 0) {
+      atomicOr(error_word, kBadTargetId);
+      losses[n] = NAN;
+    }
+    if (with_grad) {
+      for (int64_t j = threadIdx.x; j < Vp; j += blockDim.x) store(dlogits, base + j, NAN);
+    }
+    return;
+  }
+  const float target_logit = load(logits, base + target);
+  const MaxSum total = block_max_sum(logits, base, V);
 
   if (threadIdx.x == 0) {
     // log(sum) - (x_t - max): no large max added and subtracted again.
@@ -84,7 +96,131 @@ __global__ void softmax_cross_entropy_kernel(float* losses, DeviceTensor dlogits
   }
 }
 
+// stats (N, 3) of logits (N, Vs) = columns [begin, begin + Vs), real below `vocab`.
+__global__ void cross_entropy_stats_kernel(float* stats, DeviceTensor logits,
+                                           const int32_t* targets, int64_t Vs, int64_t begin,
+                                           int64_t vocab, unsigned* error_word) {
+  const int64_t n = blockIdx.x, base = n * Vs;
+  const int32_t target = targets[n];
+  if (target < 0 || target >= vocab) {  // the same for the whole block
+    if (threadIdx.x == 0) {
+      atomicOr(error_word, kBadTargetId);
+      for (int k = 0; k < 3; ++k) stats[3 * n + k] = NAN;
+    }
+    return;
+  }
+  const int64_t real = min(max(vocab - begin, int64_t{0}), Vs), local_target = target - begin;
+  const MaxSum total = block_max_sum(logits, base, real);
+  if (threadIdx.x != 0) return;
+  stats[3 * n] = total.max;
+  stats[3 * n + 1] = total.sum;
+  stats[3 * n + 2] = local_target >= 0 && local_target < real ? load(logits, base + local_target)
+                                                              : 0.0f;
+}
+
+// losses (N) and dlogits (N, Vs) of slice `begin` from every slice's stats (P, N, 3).
+__global__ void cross_entropy_from_stats_kernel(float* losses, DeviceTensor dlogits,
+                                                DeviceTensor logits, const float* stats,
+                                                const int32_t* targets, int64_t N, int64_t P,
+                                                int64_t Vs, int64_t begin, int64_t vocab,
+                                                float dloss, bool with_grad,
+                                                unsigned* error_word) {
+  const int64_t n = blockIdx.x, base = n * Vs;
+  const int32_t target = targets[n];
+  if (target < 0 || target >= vocab) {
+    if (threadIdx.x == 0) {
+      atomicOr(error_word, kBadTargetId);
+      losses[n] = NAN;
+    }
+    if (with_grad) {
+      for (int64_t j = threadIdx.x; j < Vs; j += blockDim.x) store(dlogits, base + j, NAN);
+    }
+    return;
+  }
+  float max_logit = -INFINITY;
+  for (int64_t p = 0; p < P; ++p) max_logit = fmaxf(max_logit, stats[(p * N + n) * 3]);
+  float sum = 0.0f;
+  for (int64_t p = 0; p < P; ++p) {
+    const float* row = stats + (p * N + n) * 3;
+    if (row[1] != 0.0f) sum = __fadd_rn(sum, __fmul_rn(row[1], expf(row[0] - max_logit)));
+  }
+  const float target_logit = stats[((target / Vs) * N + n) * 3 + 2];
+  if (threadIdx.x == 0) losses[n] = logf(sum) - (target_logit - max_logit);
+  if (!with_grad) return;
+  const int64_t real = min(max(vocab - begin, int64_t{0}), Vs), local_target = target - begin;
+  const float inv_sum = 1.0f / sum;
+  for (int64_t j = threadIdx.x; j < Vs; j += blockDim.x) {
+    float dx = 0.0f;  // columns that do not exist
+    if (j < real) {
+      const float p = expf(load(logits, base + j) - max_logit) * inv_sum;
+      dx = (p - (j == local_target ? 1.0f : 0.0f)) * dloss;
+    }
+    store(dlogits, base + j, dx);
+  }
+}
+
+struct SliceShape {
+  int64_t N, Vs;
+};
+
+SliceShape check_slice(const CudaContext& ctx, const Tensor& logits, const Tensor& targets,
+                       int64_t vocab_begin, int vocab) {
+  check_float_tensor(ctx, logits, "logits");
+  check_tensor_dtype(ctx, targets, DType::I32, "targets");
+  const SliceShape s{rows_of(logits), cols_of(logits)};
+  DSTRAIN_CHECK(vocab > 0 && vocab_begin >= 0)
+      << "vocab " << vocab << " and vocab_begin " << vocab_begin << " must be positive";
+  DSTRAIN_CHECK(targets.numel() == s.N)
+      << "targets " << targets.shape_str() << " must have the " << s.N << " rows of logits "
+      << logits.shape_str();
+  DSTRAIN_CHECK(s.N <= INT32_MAX) << "cross-entropy over " << s.N << " rows";
+  return s;
+}
+
 }  // namespace
+
+void cross_entropy_stats(const CudaContext& ctx, Tensor stats, Tensor logits, Tensor targets,
+                         int64_t vocab_begin, int vocab, cudaStream_t stream) {
+  const SliceShape s = check_slice(ctx, logits, targets, vocab_begin, vocab);
+  check_tensor_dtype(ctx, stats, DType::F32, "stats");
+  DSTRAIN_CHECK(stats.numel() == 3 * s.N)
+      << "stats " << stats.shape_str() << " must be (" << s.N << ", 3)";
+  if (s.N == 0) return;
+  DSTRAIN_LAUNCH(cross_entropy_stats_kernel, static_cast<unsigned>(s.N), kThreads, 0, stream)
+  (stats.f32(), device_tensor(logits), static_cast<const int32_t*>(targets.data), s.Vs,
+   vocab_begin, vocab, ctx.error_word);
+  CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_from_stats(const CudaContext& ctx, Tensor losses, Tensor dlogits,
+                              Tensor logits, Tensor stats, Tensor targets, int64_t vocab_begin,
+                              int vocab, float dloss, cudaStream_t stream) {
+  const SliceShape s = check_slice(ctx, logits, targets, vocab_begin, vocab);
+  check_tensor_dtype(ctx, losses, DType::F32, "losses");
+  check_tensor_dtype(ctx, stats, DType::F32, "stats");
+  DSTRAIN_CHECK(losses.numel() == s.N)
+      << "losses " << losses.shape_str() << " must have " << s.N << " elements";
+  const int64_t P = stats.numel() / std::max<int64_t>(3 * s.N, 1);
+  DSTRAIN_CHECK(stats.numel() == P * s.N * 3 && P * s.Vs >= vocab &&
+                vocab_begin + s.Vs <= P * s.Vs)
+      << "stats " << stats.shape_str() << " must be (P, " << s.N << ", 3) for " << P
+      << " slices of " << s.Vs << " columns covering the vocabulary " << vocab;
+  const bool with_grad = !dlogits.empty();
+  if (with_grad) {
+    check_float_tensor(ctx, dlogits, "dlogits");
+    check_same_numel(dlogits, "dlogits", logits, "logits");
+    DSTRAIN_CHECK(cols_of(dlogits) == s.Vs) << "dlogits " << dlogits.shape_str();
+    DSTRAIN_CHECK(dlogits.data != logits.data || dlogits.dtype == logits.dtype)
+        << "dlogits may alias logits only with the same dtype";
+  }
+  if (s.N == 0) return;
+  DSTRAIN_LAUNCH(cross_entropy_from_stats_kernel, static_cast<unsigned>(s.N), kThreads, 0,
+                 stream)
+  (losses.f32(), with_grad ? device_tensor(dlogits) : DeviceTensor{nullptr, DType::F32},
+   device_tensor(logits), stats.f32(), static_cast<const int32_t*>(targets.data), s.N, P, s.Vs,
+   vocab_begin, vocab, dloss, with_grad, ctx.error_word);
+  CUDA_CHECK_LAUNCH();
+}
 
 void softmax_cross_entropy(const CudaContext& ctx, Tensor losses, Tensor dlogits, Tensor logits,
                            Tensor targets, int vocab, float dloss, cudaStream_t stream) {

@@ -1,5 +1,5 @@
 // CUDA elementwise kernels: dtype conversion, GELU (tanh approximation), residual, accumulate,
-// scale. Memory-bound: one grid-stride loop each. Each output element is read (if needed)
+// a bias added to every row, scale. Memory-bound: one grid-stride loop each. Each output element is read (if needed)
 // before it is written by the same thread, so an output may alias an input.
 #include "kernels/cuda/cuda_common.cuh"
 
@@ -47,6 +47,14 @@ __global__ void add_kernel(DeviceTensor out, DeviceTensor a, DeviceTensor b, int
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     store(out, i, __fadd_rn(load(a, i), load(b, i)));
+  }
+}
+
+// x (rows, cols) += bias (cols) on every row, one rounding: bitwise as the CPU.
+__global__ void add_bias_kernel(DeviceTensor x, DeviceTensor bias, int64_t cols, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    store(x, i, __fadd_rn(load(x, i), load(bias, i % cols)));
   }
 }
 
@@ -110,6 +118,19 @@ void accumulate(const CudaContext& ctx, Tensor dst, Tensor src, cudaStream_t str
   const int64_t n = dst.numel();
   DSTRAIN_LAUNCH(add_kernel, grid_for(ctx, n, kThreads), kThreads, 0, stream)
   (device_tensor(dst), device_tensor(dst), device_tensor(src), n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void add_bias(const CudaContext& ctx, Tensor x, Tensor bias, cudaStream_t stream) {
+  check_float_tensor(ctx, x, "add_bias x");
+  check_float_tensor(ctx, bias, "add_bias bias");
+  const int64_t cols = cols_of(x), n = x.numel();
+  DSTRAIN_CHECK(bias.numel() == cols)
+      << "bias " << bias.shape_str() << " must have the " << cols << " columns of x "
+      << x.shape_str();
+  if (n == 0) return;
+  DSTRAIN_LAUNCH(add_bias_kernel, grid_for(ctx, n, kThreads), kThreads, 0, stream)
+  (device_tensor(x), device_tensor(bias), cols, n);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -6,6 +6,9 @@
 //      the token's dwte row once -- the same order and rounding as the CPU twin, so the result
 //      is bitwise the CPU's.
 // dwpe[t] += the sum over b of dout[b,t], b in order (bitwise the CPU's too).
+// Vocabulary parallelism: wte is rows [begin, begin + Vs) of the whole (vocab_rows, C) table;
+// a valid token outside them embeds as a zero row and is keyed like a bad id in backward (sorted
+// last, skipped) without raising the flag.
 // Cost note: a group is summed by one block, so a token that fills most of a batch is summed
 // serially over its rows; with text data groups are a few hundred rows at most.
 #include <bit>
@@ -21,32 +24,39 @@ namespace {
 
 constexpr int kThreads = 256;  // channels per block
 
-// out (BT, C) = wte[ids] + wpe[t]; ids (BT); a bad id gives a NaN row and raises the flag.
+// out (BT, C) = wte[ids - begin] + wpe[t] for ids in [begin, begin + Vs), else 0; ids (BT); an
+// id outside [0, vocab_rows) gives a NaN row and raises the flag.
 __global__ void embedding_forward_kernel(DeviceTensor out, const int32_t* ids, DeviceTensor wte,
-                                         DeviceTensor wpe, int64_t T, int64_t C, int64_t Vp,
-                                         unsigned* error_word) {
+                                         DeviceTensor wpe, int64_t T, int64_t C, int64_t begin,
+                                         int64_t Vs, int64_t vocab_rows, unsigned* error_word) {
   const int64_t row = blockIdx.x;
   const int64_t c = blockIdx.y * int64_t{blockDim.x} + threadIdx.x;
   if (c >= C) return;
   const int32_t id = ids[row];
-  if (id < 0 || id >= Vp) {
+  if (id < 0 || id >= vocab_rows) {
     if (c == 0) atomicOr(error_word, kBadTokenId);
     store(out, row * C + c, NAN);
     return;
   }
+  if (id < begin || id >= begin + Vs) {
+    store(out, row * C + c, 0.0f);  // another slice's token
+    return;
+  }
   const int64_t t = row % T;
-  store(out, row * C + c, __fadd_rn(load(wte, id * C + c), load(wpe, t * C + c)));
+  store(out, row * C + c, __fadd_rn(load(wte, (id - begin) * C + c), load(wpe, t * C + c)));
 }
 
-// keys (BT) = the token id, or Vp for a bad one (sorted last, then skipped); rows (BT) = 0..BT-1.
-__global__ void embedding_keys_kernel(const int32_t* ids, int64_t BT, int64_t Vp, uint32_t* keys,
-                                      int32_t* rows, unsigned* error_word) {
+// keys (BT) = the token's row in the slice, or Vs for a token outside it (sorted last, then
+// skipped; a bad id also raises the flag); rows (BT) = 0..BT-1.
+__global__ void embedding_keys_kernel(const int32_t* ids, int64_t BT, int64_t begin, int64_t Vs,
+                                      int64_t vocab_rows, uint32_t* keys, int32_t* rows,
+                                      unsigned* error_word) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < BT;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int32_t id = ids[i];
-    const bool bad = id < 0 || id >= Vp;
-    if (bad) atomicOr(error_word, kBadTokenId);
-    keys[i] = bad ? static_cast<uint32_t>(Vp) : static_cast<uint32_t>(id);
+    if (id < 0 || id >= vocab_rows) atomicOr(error_word, kBadTokenId);
+    const bool inside = id >= begin && id < begin + Vs;
+    keys[i] = static_cast<uint32_t>(inside ? id - begin : Vs);
     rows[i] = static_cast<int32_t>(i);
   }
 }
@@ -58,7 +68,7 @@ __global__ void embedding_group_sum_kernel(DeviceTensor dwte, DeviceTensor dout,
                                            int64_t BT, int64_t C, int64_t Vp) {
   const int64_t i = blockIdx.x;
   const uint32_t key = sorted_keys[i];
-  if (key >= Vp || (i > 0 && sorted_keys[i - 1] == key)) return;  // bad id, or not a group start
+  if (key >= Vp || (i > 0 && sorted_keys[i - 1] == key)) return;  // not ours, or not a start
   const int64_t c = blockIdx.y * int64_t{blockDim.x} + threadIdx.x;
   if (c >= C) return;
   float sum = 0.0f;
@@ -81,7 +91,7 @@ __global__ void embedding_position_sum_kernel(DeviceTensor dwpe, DeviceTensor do
 }
 
 struct EmbeddingShape {
-  int64_t B, T, C, Vp;
+  int64_t B, T, C, Vp;  // Vp: the slice's rows (Vs)
 };
 
 EmbeddingShape check_embedding(const CudaContext& ctx, const Tensor& x, const char* x_name,
@@ -105,28 +115,38 @@ EmbeddingShape check_embedding(const CudaContext& ctx, const Tensor& x, const ch
   return s;
 }
 
+void check_slice(const EmbeddingShape& s, const char* table_name, int64_t vocab_begin,
+                 int64_t vocab_rows) {
+  DSTRAIN_CHECK(vocab_begin >= 0 && vocab_begin + s.Vp <= vocab_rows && vocab_rows < INT32_MAX)
+      << table_name << " of " << s.Vp << " rows from row " << vocab_begin
+      << " is not inside a vocabulary of " << vocab_rows << " rows";
+}
+
 }  // namespace
 
 void embedding_forward(const CudaContext& ctx, Tensor out, Tensor tokens, Tensor wte, Tensor wpe,
-                       cudaStream_t stream) {
+                       int64_t vocab_begin, int64_t vocab_rows, cudaStream_t stream) {
   const EmbeddingShape s =
       check_embedding(ctx, out, "embedding out", tokens, wte, "wte", wpe, "wpe");
+  check_slice(s, "wte", vocab_begin, vocab_rows);
   if (s.B * s.T == 0 || s.C == 0) return;
   const dim3 grid(static_cast<unsigned>(s.B * s.T), ceil_div(s.C, kThreads));
   DSTRAIN_LAUNCH(embedding_forward_kernel, grid, kThreads, 0, stream)
   (device_tensor(out), static_cast<const int32_t*>(tokens.data), device_tensor(wte),
-   device_tensor(wpe), s.T, s.C, s.Vp, ctx.error_word);
+   device_tensor(wpe), s.T, s.C, vocab_begin, s.Vp, vocab_rows, ctx.error_word);
   CUDA_CHECK_LAUNCH();
 }
 
 void embedding_backward(const CudaContext& ctx, Tensor dwte, Tensor dwpe, Tensor dout,
-                        Tensor tokens, cudaStream_t stream) {
+                        Tensor tokens, int64_t vocab_begin, int64_t vocab_rows,
+                        cudaStream_t stream) {
   const EmbeddingShape s =
       check_embedding(ctx, dout, "embedding dout", tokens, dwte, "dwte", dwpe, "dwpe");
+  check_slice(s, "dwte", vocab_begin, vocab_rows);
   const int64_t BT = s.B * s.T;
   if (BT == 0 || s.C == 0) return;
   const int items = static_cast<int>(BT);
-  // Keys are < Vp + 1: sort only the bits that can differ.
+  // Keys are < Vs + 1: sort only the bits that can differ.
   const int end_bit = std::bit_width(static_cast<uint64_t>(s.Vp));
   size_t sort_bytes = 0;
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
@@ -142,7 +162,8 @@ void embedding_backward(const CudaContext& ctx, Tensor dwte, Tensor dwpe, Tensor
   void* sort_temp = base + 4 * array_bytes;
 
   DSTRAIN_LAUNCH(embedding_keys_kernel, grid_for(ctx, BT, kThreads), kThreads, 0, stream)
-  (static_cast<const int32_t*>(tokens.data), BT, s.Vp, keys, rows, ctx.error_word);
+  (static_cast<const int32_t*>(tokens.data), BT, vocab_begin, s.Vp, vocab_rows, keys, rows,
+   ctx.error_word);
   CUDA_CHECK_LAUNCH();
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_temp, sort_bytes, keys, sorted_keys, rows,
                                              sorted_rows, items, 0, end_bit, stream));

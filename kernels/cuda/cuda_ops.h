@@ -90,13 +90,15 @@ void gelu_backward(const CudaContext& ctx, Tensor dinp, Tensor dout, Tensor inp,
                    cudaStream_t stream);
 void residual_forward(const CudaContext& ctx, Tensor out, Tensor a, Tensor b, cudaStream_t stream);
 void accumulate(const CudaContext& ctx, Tensor dst, Tensor src, cudaStream_t stream);
+void add_bias(const CudaContext& ctx, Tensor x, Tensor bias, cudaStream_t stream);
 void scale(const CudaContext& ctx, Tensor x, float s, cudaStream_t stream);
 
 // cuda_embedding.cu
 void embedding_forward(const CudaContext& ctx, Tensor out, Tensor tokens, Tensor wte, Tensor wpe,
-                       cudaStream_t stream);
+                       int64_t vocab_begin, int64_t vocab_rows, cudaStream_t stream);
 void embedding_backward(const CudaContext& ctx, Tensor dwte, Tensor dwpe, Tensor dout,
-                        Tensor tokens, cudaStream_t stream);
+                        Tensor tokens, int64_t vocab_begin, int64_t vocab_rows,
+                        cudaStream_t stream);
 
 // cuda_layernorm.cu
 void layernorm_forward(const CudaContext& ctx, Tensor out, Tensor mean, Tensor rstd, Tensor inp,
@@ -125,6 +127,11 @@ void attention_backward(const CudaContext& ctx, Tensor dqkv, Tensor dout, Tensor
 // cuda_cross_entropy.cu
 void softmax_cross_entropy(const CudaContext& ctx, Tensor losses, Tensor dlogits, Tensor logits,
                            Tensor targets, int vocab, float dloss, cudaStream_t stream);
+void cross_entropy_stats(const CudaContext& ctx, Tensor stats, Tensor logits, Tensor targets,
+                         int64_t vocab_begin, int vocab, cudaStream_t stream);
+void cross_entropy_from_stats(const CudaContext& ctx, Tensor losses, Tensor dlogits,
+                              Tensor logits, Tensor stats, Tensor targets, int64_t vocab_begin,
+                              int vocab, float dloss, cudaStream_t stream);
 
 // cuda_optim.cu
 void adamw(const CudaContext& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy,

@@ -7,6 +7,11 @@
 // Shapes: every tensor an Architecture declares is sized for the stage's largest micro-batch
 // (B, T). At run time a micro-batch (b, t) with b <= B, t <= T uses a compact prefix of each
 // buffer (see prefix()): producer and consumer agree on the layout, so no strides are needed.
+//
+// Tensor parallelism: an Architecture is one tp rank's part of the model (its layout holds the
+// rank's slices, model/layout.h) and calls the collectives of model/tensor_parallel.h itself.
+// The residual stream between layers and stages is (stream_rows(b, t), C): all b*t token rows,
+// or this rank's 1/tp of them under sequence parallelism.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +23,7 @@
 #include "kernels/ops.h"
 #include "model/config.h"
 #include "model/layout.h"
+#include "model/tensor_parallel.h"
 
 namespace dstrain {
 
@@ -56,20 +62,21 @@ struct LayerRun {
   int64_t b = 0, t = 0;
   int layer = 0;                       // index in the whole model
   std::vector<Tensor> weights, grads;  // the block's parameter (gradient) tensors, layout order
-  Tensor input, output;                // (B, T, C) activations
+  Tensor input, output;                // (stream_rows(B, T), C) activations
   std::vector<Tensor> activations;     // by layer_activations() index
   std::vector<Tensor> workspace;       // by layer_workspace() index
   // backward: dL/d(output) on entry, dL/d(input) on exit (the residual stream's gradient).
-  Tensor residual_grad;
+  Tensor residual_grad;                // (stream_rows(B, T), C)
 };
 
 // The first stage's embedding: tokens (b, t) -> output (b, t, C), and its backward.
 struct EmbedRun {
   Backend& backend;
   Stream stream;
-  Tensor tokens;         // (b, t) I32
-  Tensor output;         // (B, T, C)
-  Tensor residual_grad;  // backward: dL/d(output), (B, T, C)
+  Tensor tokens;                  // (b, t) I32
+  Tensor output;                  // (stream_rows(B, T), C)
+  Tensor residual_grad;           // backward: dL/d(output), (stream_rows(B, T), C)
+  std::vector<Tensor> workspace;  // the layers' (LayerRun::workspace), free between layers
 };
 
 // The last stage's final norm, head and loss. forward: input (the last layer's output) ->
@@ -80,11 +87,11 @@ struct HeadRun {
   Backend& backend;
   Stream stream;
   int64_t b = 0, t = 0;
-  Tensor input;                   // (B, T, C)
+  Tensor input;                   // (stream_rows(B, T), C)
   Tensor targets;                 // (b, t) I32, or empty: logits only
   float dloss = 0.0f;             // 0: no backward
   std::vector<Tensor> workspace;  // by head_workspace() index
-  Tensor input_grad;              // (B, T, C): written when dloss != 0
+  Tensor input_grad;              // (stream_rows(B, T), C): written when dloss != 0
 };
 
 class Architecture {
@@ -92,6 +99,9 @@ class Architecture {
   virtual ~Architecture() = default;
   virtual const ModelConfig& config() const = 0;
   virtual const ParamLayout& layout() const = 0;
+  virtual const TensorParallel& tensor_parallel() const = 0;
+  // The rows of the residual stream of a (b, t) micro-batch this rank holds.
+  int64_t stream_rows(int64_t b, int64_t t) const { return tensor_parallel().stream_rows(b * t); }
 
   // The activations of one layer besides its input and output (the stage keeps those), in
   // the order LayerRun::activations holds them, with what `recompute` keeps.
@@ -126,12 +136,15 @@ class Architecture {
                               int next) const = 0;
   // The first block the head acquires (prefetched after the last layer's forward).
   virtual int head_first_block() const = 0;
-  // (b, t, Vp) logits of the last head_forward in `workspace` (after one with dloss != 0:
-  // their gradient).
+  // (b, t, Vp / tp) logits of the last head_forward in `workspace` (after one with dloss != 0:
+  // their gradient): this tp rank's vocabulary columns.
   virtual Tensor head_logits(const std::vector<Tensor>& workspace, int64_t b, int64_t t) const = 0;
 };
 
-// The architecture of a model configuration (GPT-2 for every config today).
-std::unique_ptr<Architecture> make_architecture(const ModelConfig& config);
+// The architecture of a model configuration (GPT-2 for every config today), as tp rank
+// `tp.rank` of `tp.size` runs it. REQUIRES: the model splits over tp.size ranks
+// (tp_unsupported_reason, model/layout.h); UserError otherwise.
+std::unique_ptr<Architecture> make_architecture(const ModelConfig& config,
+                                                const TensorParallel& tp = {});
 
 }  // namespace dstrain

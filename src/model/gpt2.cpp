@@ -7,8 +7,9 @@
 
 namespace dstrain {
 
-std::unique_ptr<Architecture> make_architecture(const ModelConfig& config) {
-  return std::make_unique<Gpt2Architecture>(config);
+std::unique_ptr<Architecture> make_architecture(const ModelConfig& config,
+                                                const TensorParallel& tp) {
+  return std::make_unique<Gpt2Architecture>(config, tp);
 }
 
 namespace {
@@ -18,205 +19,306 @@ enum LayerActivation : int {
   kLn1, kLn1Mean, kLn1Rstd, kQkv, kAtty, kAttLse, kResidual2, kLn2, kLn2Mean, kLn2Rstd, kFch,
   kFchGelu, kNumLayerActivations
 };
-// The layers' workspace, in LayerRun::workspace order (the gradients with backward only).
-enum LayerWork : int { kScratch, kDbtc, kDqkv, kDfch, kDfchGelu };
-// The head's workspace, in HeadRun::workspace order (dlnf with backward only).
-enum HeadWork : int { kLogits, kLnf, kLnfMean, kLnfRstd, kLosses, kDlnf };
+// The layers' workspace, in LayerRun::workspace order. Every entry is always declared, with no
+// rows where it is not used (the gradients without backward; the sequence-parallel buffers
+// unless tp > 1 with sequence parallelism), so the indices stay fixed.
+enum LayerWork : int { kScratch, kDbtc, kDqkv, kDfch, kDfchGelu, kStreamPart, kGathered };
+// The head's workspace, in HeadRun::workspace order, declared the same way.
+enum HeadWork : int {
+  kLogits, kLnf, kLnfMean, kLnfRstd, kLosses, kDlnf, kLnfGathered, kDlnfPart, kCeStats, kCeStatsAll
+};
 
 }  // namespace
 
-Gpt2Architecture::Gpt2Architecture(const ModelConfig& config) : config_(config), layout_(config) {}
+Gpt2Architecture::Gpt2Architecture(const ModelConfig& config, const TensorParallel& tp)
+    : config_(config), tp_(tp), layout_(config, tp.size) {}
+
+int64_t Gpt2Architecture::heads() const { return config_.n_head / tp_.size; }
 
 std::vector<ActivationSpec> Gpt2Architecture::layer_activations(int64_t B, int64_t T, DType dtype,
                                                                 Recompute recompute) const {
-  const int64_t C = config_.n_embd, NH = config_.n_head;
+  const int64_t C = config_.n_embd, N = B * T, R = tp_.stream_rows(N);
+  const int64_t Cl = C / tp_.size, Fl = 4 * C / tp_.size;  // this rank's attention / MLP width
   const bool full = recompute == Recompute::Full;
   const bool cheap_kept = recompute == Recompute::None;  // layernorm and GELU outputs
   std::vector<ActivationSpec> specs(kNumLayerActivations);
-  specs[kLn1] = {{"ln1", dtype, {B, T, C}}, cheap_kept};
-  specs[kLn1Mean] = {{"ln1_mean", DType::F32, {B, T}}, !full};
-  specs[kLn1Rstd] = {{"ln1_rstd", DType::F32, {B, T}}, !full};
-  specs[kQkv] = {{"qkv", dtype, {B, T, 3 * C}}, !full};
-  specs[kAtty] = {{"atty", dtype, {B, T, C}}, !full};
-  specs[kAttLse] = {{"att_lse", DType::F32, {B, NH, T}}, !full};
-  specs[kResidual2] = {{"residual2", dtype, {B, T, C}}, !full};
-  specs[kLn2] = {{"ln2", dtype, {B, T, C}}, cheap_kept};
-  specs[kLn2Mean] = {{"ln2_mean", DType::F32, {B, T}}, !full};
-  specs[kLn2Rstd] = {{"ln2_rstd", DType::F32, {B, T}}, !full};
-  specs[kFch] = {{"fch", dtype, {B, T, 4 * C}}, !full};
-  specs[kFchGelu] = {{"fch_gelu", dtype, {B, T, 4 * C}}, cheap_kept};
+  specs[kLn1] = {{"ln1", dtype, {R, C}}, cheap_kept};
+  specs[kLn1Mean] = {{"ln1_mean", DType::F32, {R}}, !full};
+  specs[kLn1Rstd] = {{"ln1_rstd", DType::F32, {R}}, !full};
+  specs[kQkv] = {{"qkv", dtype, {B, T, 3 * Cl}}, !full};
+  specs[kAtty] = {{"atty", dtype, {B, T, Cl}}, !full};
+  specs[kAttLse] = {{"att_lse", DType::F32, {B, heads(), T}}, !full};
+  specs[kResidual2] = {{"residual2", dtype, {R, C}}, !full};
+  specs[kLn2] = {{"ln2", dtype, {R, C}}, cheap_kept};
+  specs[kLn2Mean] = {{"ln2_mean", DType::F32, {R}}, !full};
+  specs[kLn2Rstd] = {{"ln2_rstd", DType::F32, {R}}, !full};
+  specs[kFch] = {{"fch", dtype, {N, Fl}}, !full};
+  specs[kFchGelu] = {{"fch_gelu", dtype, {N, Fl}}, cheap_kept};
   return specs;
 }
 
 std::vector<TensorSpec> Gpt2Architecture::layer_workspace(int64_t B, int64_t T, DType dtype,
                                                           bool with_backward) const {
-  const int64_t C = config_.n_embd;
-  std::vector<TensorSpec> specs = {{"scratch", dtype, {B, T, C}}};
-  if (with_backward) {
-    specs.push_back({"dbtc", dtype, {B, T, C}});
-    specs.push_back({"dqkv", dtype, {B, T, 3 * C}});
-    specs.push_back({"dfch", dtype, {B, T, 4 * C}});
-    specs.push_back({"dfch_gelu", dtype, {B, T, 4 * C}});
-  }
-  return specs;
+  const int64_t C = config_.n_embd, N = B * T, Cl = C / tp_.size, Fl = 4 * C / tp_.size;
+  const int64_t Nb = with_backward ? N : 0;
+  const bool sp = tp_.enabled() && tp_.sequence_parallel;
+  return {{"scratch", dtype, {N, C}},  // a row-parallel layer's (partial) output
+          {"dbtc", dtype, {Nb, C}},    // dL/d(a layernorm's output), partial under tp
+          {"dqkv", dtype, {Nb, 3 * Cl}},
+          {"dfch", dtype, {Nb, Fl}},
+          {"dfch_gelu", dtype, {Nb, Fl}},
+          // Sequence parallelism: this rank's rows of a reduce-scattered sum, and the gathered
+          // rows of a column-parallel layer's input (or of the stream's gradient).
+          {"stream_part", dtype, {sp ? tp_.stream_rows(N) : 0, C}},
+          {"gathered", dtype, {sp ? N : 0, C}}};
 }
 
 std::vector<TensorSpec> Gpt2Architecture::head_workspace(int64_t B, int64_t T, DType dtype,
                                                          bool with_backward) const {
-  const int64_t C = config_.n_embd;
-  // The gradient of the logits overwrites them (the op allows it): one (B, T, Vp) buffer.
-  std::vector<TensorSpec> specs = {{"logits", dtype, {B, T, config_.padded_vocab()}},
-                                   {"lnf", dtype, {B, T, C}},
-                                   {"lnf_mean", DType::F32, {B, T}},
-                                   {"lnf_rstd", DType::F32, {B, T}},
-                                   {"losses", DType::F32, {B, T}}};
-  if (with_backward) specs.push_back({"dlnf", dtype, {B, T, C}});
-  return specs;
+  const int64_t C = config_.n_embd, N = B * T, R = tp_.stream_rows(N);
+  const bool tp = tp_.enabled(), sp = tp && tp_.sequence_parallel;
+  // The gradient of the logits overwrites them (the op allows it): one (B, T, Vp / tp) buffer.
+  return {{"logits", dtype, {B, T, config_.padded_vocab() / tp_.size}},
+          {"lnf", dtype, {R, C}},
+          {"lnf_mean", DType::F32, {R}},
+          {"lnf_rstd", DType::F32, {R}},
+          {"losses", DType::F32, {B, T}},
+          {"dlnf", dtype, {with_backward ? N : 0, C}},  // partial under tp
+          {"lnf_gathered", dtype, {sp ? N : 0, C}},
+          {"dlnf_part", dtype, {sp && with_backward ? R : 0, C}},
+          // The vocabulary-parallel cross-entropy's row statistics, this rank's and every rank's.
+          {"ce_stats", DType::F32, {tp ? N : 0, 3}},
+          {"ce_stats_all", DType::F32, {tp ? tp_.size : 0, N, 3}}};
+}
+
+int64_t Gpt2Architecture::vocab_begin() const {
+  return tp_.rank * (config_.padded_vocab() / tp_.size);
 }
 
 void Gpt2Architecture::embed_forward(ParamProvider& params, const EmbedRun& run, int next) const {
-  const int64_t b = run.tokens.size(0), t = run.tokens.size(1), C = config_.n_embd;
+  const int64_t b = run.tokens.size(0), t = run.tokens.size(1), C = config_.n_embd, N = b * t;
   const int block = ParamLayout::embedding_block();
   Tensor flat = params.acquire_params(block);
-  run.backend.embedding_forward(prefix(run.output, {b, t, C}), run.tokens,
+  Tensor output = prefix(run.output, {tp_.stream_rows(N), C});
+  // Vocabulary-parallel: each rank embeds the tokens of its rows of wte (and adds their
+  // positions), zero elsewhere; the sum over the tp ranks is the embedding (the same bits).
+  Tensor gathered = sequence_parallel_view(run.workspace.at(kGathered), N);
+  Tensor partial = gathered.empty() ? output : gathered;
+  run.backend.embedding_forward(partial.reshape({b, t, C}), run.tokens,
                                 ParamLayout::view(layout_.find("wte.weight"), flat),
-                                ParamLayout::view(layout_.find("wpe.weight"), flat), run.stream);
+                                ParamLayout::view(layout_.find("wpe.weight"), flat), vocab_begin(),
+                                config_.padded_vocab(), run.stream);
+  exit_region_forward(tp_, partial, output, run.stream);
   if (next >= 0) params.prefetch_params(next);
   params.release_params(block);
 }
 
 void Gpt2Architecture::embed_backward(ParamProvider& params, const EmbedRun& run) const {
-  const int64_t b = run.tokens.size(0), t = run.tokens.size(1), C = config_.n_embd;
+  const int64_t b = run.tokens.size(0), t = run.tokens.size(1), C = config_.n_embd, N = b * t;
   const int block = ParamLayout::embedding_block();
+  Tensor dout = exit_region_backward(tp_, prefix(run.residual_grad, {tp_.stream_rows(N), C}),
+                                     sequence_parallel_view(run.workspace.at(kGathered), N),
+                                     run.stream);
   Tensor grads = params.acquire_grads(block);
   run.backend.embedding_backward(ParamLayout::view(layout_.find("wte.weight"), grads),
                                  ParamLayout::view(layout_.find("wpe.weight"), grads),
-                                 prefix(run.residual_grad, {b, t, C}), run.tokens, run.stream);
+                                 dout.reshape({b, t, C}), run.tokens, vocab_begin(),
+                                 config_.padded_vocab(), run.stream);
   params.release_grads(block);
 }
 
+// A row-parallel layer: out = inp @ weight + bias, the output summed over the tp ranks (each
+// holds the product of its rows of the weight) before the bias is added, once. Returns the
+// stream rows of the result (in `scratch` (N, C), or under sequence parallelism in the
+// workspace's stream part).
+Tensor Gpt2Architecture::row_parallel_forward(const LayerRun& run, Tensor inp, Tensor weight,
+                                              Tensor bias) const {
+  const int64_t N = run.b * run.t, C = config_.n_embd;
+  Tensor scratch = prefix(run.workspace[kScratch], {N, C});
+  if (!tp_.enabled()) {
+    run.backend.matmul_forward(scratch, inp, weight, bias, false, run.stream);
+    return scratch;
+  }
+  run.backend.matmul_forward(scratch, inp, weight, Tensor(), false, run.stream);
+  Tensor out = exit_region_forward(tp_, scratch, stream_part(run), run.stream);
+  run.backend.add_bias(out, bias, run.stream);
+  return out;
+}
+
+// The sequence-parallel buffers have no rows otherwise: empty tensors then (the collectives of
+// model/tensor_parallel.h do not touch them).
+Tensor Gpt2Architecture::sequence_parallel_view(Tensor full, int64_t rows) const {
+  if (!tp_.enabled() || !tp_.sequence_parallel) return Tensor();
+  return prefix(full, {rows, config_.n_embd});
+}
+
+Tensor Gpt2Architecture::stream_part(const LayerRun& run) const {
+  return sequence_parallel_view(run.workspace[kStreamPart], tp_.stream_rows(run.b * run.t));
+}
+
+Tensor Gpt2Architecture::gathered(const LayerRun& run) const {
+  return sequence_parallel_view(run.workspace[kGathered], run.b * run.t);
+}
+
 void Gpt2Architecture::layer_forward(const LayerRun& run) const {
-  const int64_t b = run.b, t = run.t, C = config_.n_embd, N = b * t;
+  const int64_t b = run.b, t = run.t, C = config_.n_embd, N = b * t, R = tp_.stream_rows(N);
+  const int64_t Cl = C / tp_.size, Fl = 4 * C / tp_.size;
   const std::vector<Tensor>& a = run.activations;
   const std::vector<Tensor>& w = run.weights;
   Backend& backend = run.backend;
-  Tensor scratch = prefix(run.workspace[kScratch], {N, C});
-  Tensor input = prefix(run.input, {N, C});
-  Tensor ln1 = prefix(a[kLn1], {N, C}), qkv = prefix(a[kQkv], {b, t, 3 * C});
-  Tensor atty = prefix(a[kAtty], {b, t, C}), residual2 = prefix(a[kResidual2], {N, C});
-  Tensor ln2 = prefix(a[kLn2], {N, C}), fch = prefix(a[kFch], {N, 4 * C});
-  Tensor fch_gelu = prefix(a[kFchGelu], {N, 4 * C});
-  backend.layernorm_forward(ln1, prefix(a[kLn1Mean], {N}), prefix(a[kLn1Rstd], {N}), input,
+  Tensor input = prefix(run.input, {R, C});
+  Tensor ln1 = prefix(a[kLn1], {R, C}), qkv = prefix(a[kQkv], {b, t, 3 * Cl});
+  Tensor atty = prefix(a[kAtty], {b, t, Cl}), residual2 = prefix(a[kResidual2], {R, C});
+  Tensor ln2 = prefix(a[kLn2], {R, C}), fch = prefix(a[kFch], {N, Fl});
+  Tensor fch_gelu = prefix(a[kFchGelu], {N, Fl});
+  backend.layernorm_forward(ln1, prefix(a[kLn1Mean], {R}), prefix(a[kLn1Rstd], {R}), input,
                             w[kLn1Weight], w[kLn1Bias], run.stream);
-  backend.matmul_forward(qkv.reshape({N, 3 * C}), ln1, w[kQkvWeight], w[kQkvBias], false,
+  Tensor ln1_full = enter_region_forward(tp_, ln1, gathered(run), run.stream);
+  backend.matmul_forward(qkv.reshape({N, 3 * Cl}), ln1_full, w[kQkvWeight], w[kQkvBias], false,
                          run.stream);
-  backend.attention_forward(atty, prefix(a[kAttLse], {b, config_.n_head, t}), qkv,
-                            static_cast<int>(config_.n_head), run.stream);
-  backend.matmul_forward(scratch, atty.reshape({N, C}), w[kAttnProjWeight], w[kAttnProjBias],
-                         false, run.stream);
-  backend.residual_forward(residual2, input, scratch, run.stream);
-  backend.layernorm_forward(ln2, prefix(a[kLn2Mean], {N}), prefix(a[kLn2Rstd], {N}), residual2,
+  backend.attention_forward(atty, prefix(a[kAttLse], {b, heads(), t}), qkv,
+                            static_cast<int>(heads()), run.stream);
+  Tensor attn_out =
+      row_parallel_forward(run, atty.reshape({N, Cl}), w[kAttnProjWeight], w[kAttnProjBias]);
+  backend.residual_forward(residual2, input, attn_out, run.stream);
+  backend.layernorm_forward(ln2, prefix(a[kLn2Mean], {R}), prefix(a[kLn2Rstd], {R}), residual2,
                             w[kLn2Weight], w[kLn2Bias], run.stream);
-  backend.matmul_gelu_forward(fch_gelu, fch, ln2, w[kFcWeight], w[kFcBias], run.stream);
-  backend.matmul_forward(scratch, fch_gelu, w[kFcProjWeight], w[kFcProjBias], false, run.stream);
-  backend.residual_forward(prefix(run.output, {N, C}), residual2, scratch, run.stream);
+  Tensor ln2_full = enter_region_forward(tp_, ln2, gathered(run), run.stream);
+  backend.matmul_gelu_forward(fch_gelu, fch, ln2_full, w[kFcWeight], w[kFcBias], run.stream);
+  Tensor mlp_out = row_parallel_forward(run, fch_gelu, w[kFcProjWeight], w[kFcProjBias]);
+  backend.residual_forward(prefix(run.output, {R, C}), residual2, mlp_out, run.stream);
 }
 
 void Gpt2Architecture::layer_recompute(const LayerRun& run, Recompute recompute) const {
-  const int64_t N = run.b * run.t, C = config_.n_embd;
+  const int64_t N = run.b * run.t, C = config_.n_embd, R = tp_.stream_rows(N);
+  const int64_t Fl = 4 * C / tp_.size;
   const std::vector<Tensor>& a = run.activations;
   const std::vector<Tensor>& w = run.weights;
   if (recompute == Recompute::Full) {
-    // Everything but the layer's input was dropped: run the layer again from it. The ops are
-    // deterministic, so the recomputed activations are the same bits.
+    // Everything but the layer's input was dropped: run the layer again from it. The ops and
+    // the collectives are deterministic, so the recomputed activations are the same bits.
     layer_forward(run);
   } else if (recompute == Recompute::Selective) {
     // The layernorm and GELU outputs were dropped: recompute them from what was kept.
-    run.backend.layernorm_forward(prefix(a[kLn1], {N, C}), prefix(a[kLn1Mean], {N}),
-                                  prefix(a[kLn1Rstd], {N}), prefix(run.input, {N, C}),
+    run.backend.layernorm_forward(prefix(a[kLn1], {R, C}), prefix(a[kLn1Mean], {R}),
+                                  prefix(a[kLn1Rstd], {R}), prefix(run.input, {R, C}),
                                   w[kLn1Weight], w[kLn1Bias], run.stream);
-    run.backend.layernorm_forward(prefix(a[kLn2], {N, C}), prefix(a[kLn2Mean], {N}),
-                                  prefix(a[kLn2Rstd], {N}), prefix(a[kResidual2], {N, C}),
+    run.backend.layernorm_forward(prefix(a[kLn2], {R, C}), prefix(a[kLn2Mean], {R}),
+                                  prefix(a[kLn2Rstd], {R}), prefix(a[kResidual2], {R, C}),
                                   w[kLn2Weight], w[kLn2Bias], run.stream);
-    run.backend.gelu_forward(prefix(a[kFchGelu], {N, 4 * C}), prefix(a[kFch], {N, 4 * C}),
-                             run.stream);
+    run.backend.gelu_forward(prefix(a[kFchGelu], {N, Fl}), prefix(a[kFch], {N, Fl}), run.stream);
   }
 }
 
+// Under sequence parallelism the column-parallel layers' gathered inputs are not kept: backward
+// gathers them again (as Megatron does), into the buffer the stream's gradient was gathered in.
 void Gpt2Architecture::layer_backward(const LayerRun& run) const {
-  const int64_t b = run.b, t = run.t, C = config_.n_embd, N = b * t;
+  const int64_t b = run.b, t = run.t, C = config_.n_embd, N = b * t, R = tp_.stream_rows(N);
+  const int64_t Cl = C / tp_.size, Fl = 4 * C / tp_.size;
   const std::vector<Tensor>& a = run.activations;
   const std::vector<Tensor>& w = run.weights;
   const std::vector<Tensor>& g = run.grads;
   Backend& backend = run.backend;
   const Stream stream = run.stream;
-  Tensor dresidual = prefix(run.residual_grad, {N, C});
+  Tensor dresidual = prefix(run.residual_grad, {R, C});
   Tensor dbtc = prefix(run.workspace[kDbtc], {N, C});
-  Tensor dqkv = prefix(run.workspace[kDqkv], {N, 3 * C});
-  Tensor dfch = prefix(run.workspace[kDfch], {N, 4 * C});
-  Tensor dfch_gelu = prefix(run.workspace[kDfchGelu], {N, 4 * C});
-  // dresidual holds dL/d(output of the layer).
-  backend.matmul_backward(dfch_gelu, g[kFcProjWeight], g[kFcProjBias], dresidual,
-                          prefix(a[kFchGelu], {N, 4 * C}), w[kFcProjWeight], false, stream);
-  backend.gelu_backward(dfch, dfch_gelu, prefix(a[kFch], {N, 4 * C}), stream);
-  backend.matmul_backward(dbtc, g[kFcWeight], g[kFcBias], dfch, prefix(a[kLn2], {N, C}),
-                          w[kFcWeight], false, stream);
-  backend.layernorm_backward(dresidual, g[kLn2Weight], g[kLn2Bias], dbtc,
-                             prefix(a[kResidual2], {N, C}), w[kLn2Weight],
-                             prefix(a[kLn2Mean], {N}), prefix(a[kLn2Rstd], {N}), stream);
+  Tensor dqkv = prefix(run.workspace[kDqkv], {N, 3 * Cl});
+  Tensor dfch = prefix(run.workspace[kDfch], {N, Fl});
+  Tensor dfch_gelu = prefix(run.workspace[kDfchGelu], {N, Fl});
+  // dresidual holds dL/d(output of the layer). The row-parallel biases' gradients come from
+  // the whole dout, so they are the same on every tp rank.
+  Tensor dout = exit_region_backward(tp_, dresidual, gathered(run), stream);
+  backend.matmul_backward(dfch_gelu, g[kFcProjWeight], g[kFcProjBias], dout,
+                          prefix(a[kFchGelu], {N, Fl}), w[kFcProjWeight], false, stream);
+  backend.gelu_backward(dfch, dfch_gelu, prefix(a[kFch], {N, Fl}), stream);
+  Tensor ln2_full = enter_region_forward(tp_, prefix(a[kLn2], {R, C}), gathered(run), stream);
+  backend.matmul_backward(dbtc, g[kFcWeight], g[kFcBias], dfch, ln2_full, w[kFcWeight], false,
+                          stream);
+  Tensor dln2 = enter_region_backward(tp_, dbtc, stream_part(run), stream);
+  backend.layernorm_backward(dresidual, g[kLn2Weight], g[kLn2Bias], dln2,
+                             prefix(a[kResidual2], {R, C}), w[kLn2Weight],
+                             prefix(a[kLn2Mean], {R}), prefix(a[kLn2Rstd], {R}), stream);
   // dresidual holds dL/d(residual2).
-  backend.matmul_backward(dbtc, g[kAttnProjWeight], g[kAttnProjBias], dresidual,
-                          prefix(a[kAtty], {N, C}), w[kAttnProjWeight], false, stream);
-  backend.attention_backward(dqkv.reshape({b, t, 3 * C}), dbtc.reshape({b, t, C}),
-                             prefix(a[kQkv], {b, t, 3 * C}), prefix(a[kAtty], {b, t, C}),
-                             prefix(a[kAttLse], {b, config_.n_head, t}),
-                             static_cast<int>(config_.n_head), stream);
-  backend.matmul_backward(dbtc, g[kQkvWeight], g[kQkvBias], dqkv, prefix(a[kLn1], {N, C}),
-                          w[kQkvWeight], false, stream);
-  backend.layernorm_backward(dresidual, g[kLn1Weight], g[kLn1Bias], dbtc,
-                             prefix(run.input, {N, C}), w[kLn1Weight], prefix(a[kLn1Mean], {N}),
-                             prefix(a[kLn1Rstd], {N}), stream);
+  dout = exit_region_backward(tp_, dresidual, gathered(run), stream);
+  Tensor datty = prefix(run.workspace[kDbtc], {N, Cl});
+  backend.matmul_backward(datty, g[kAttnProjWeight], g[kAttnProjBias], dout,
+                          prefix(a[kAtty], {N, Cl}), w[kAttnProjWeight], false, stream);
+  backend.attention_backward(dqkv.reshape({b, t, 3 * Cl}), datty.reshape({b, t, Cl}),
+                             prefix(a[kQkv], {b, t, 3 * Cl}), prefix(a[kAtty], {b, t, Cl}),
+                             prefix(a[kAttLse], {b, heads(), t}), static_cast<int>(heads()),
+                             stream);
+  Tensor ln1_full = enter_region_forward(tp_, prefix(a[kLn1], {R, C}), gathered(run), stream);
+  backend.matmul_backward(dbtc, g[kQkvWeight], g[kQkvBias], dqkv, ln1_full, w[kQkvWeight], false,
+                          stream);
+  Tensor dln1 = enter_region_backward(tp_, dbtc, stream_part(run), stream);
+  backend.layernorm_backward(dresidual, g[kLn1Weight], g[kLn1Bias], dln1,
+                             prefix(run.input, {R, C}), w[kLn1Weight], prefix(a[kLn1Mean], {R}),
+                             prefix(a[kLn1Rstd], {R}), stream);
   // dresidual holds dL/d(input of the layer).
 }
 
 Tensor Gpt2Architecture::head_logits(const std::vector<Tensor>& workspace, int64_t b,
                                      int64_t t) const {
-  return prefix(workspace.at(kLogits), {b, t, config_.padded_vocab()});
+  return prefix(workspace.at(kLogits), {b, t, config_.padded_vocab() / tp_.size});
+}
+
+// The per-token losses of the (N, Vp / tp) logits into ws[kLosses], and with dloss != 0 their
+// gradient in place of the logits. Under tp the cross-entropy is vocabulary-parallel: each rank
+// reduces its columns to (max, sum of exponentials, target logit) per row, the ranks exchange
+// those (N, 3) statistics, and each finishes the same losses from all of them.
+void Gpt2Architecture::cross_entropy(const HeadRun& run, Tensor logits) const {
+  const std::vector<Tensor>& ws = run.workspace;
+  const int64_t N = run.b * run.t;
+  const int vocab = static_cast<int>(config_.vocab_size);
+  Tensor losses = prefix(ws[kLosses], {N});
+  Tensor dlogits = run.dloss != 0.0f ? logits : Tensor();
+  Tensor targets = run.targets.reshape({N});
+  if (!tp_.enabled()) {
+    run.backend.softmax_cross_entropy(losses, dlogits, logits, targets, vocab, run.dloss,
+                                      run.stream);
+    return;
+  }
+  Tensor stats = prefix(ws[kCeStats], {N, 3});
+  Tensor all_stats = ws[kCeStatsAll].slice(0, {tp_.size, N, 3});
+  run.backend.cross_entropy_stats(stats, logits, targets, vocab_begin(), vocab, run.stream);
+  all_gather_parts(tp_, all_stats, stats, run.stream);
+  run.backend.cross_entropy_from_stats(losses, dlogits, logits, all_stats, targets, vocab_begin(),
+                                       vocab, run.dloss, run.stream);
 }
 
 double Gpt2Architecture::head_forward(ParamProvider& params, const HeadRun& run,
                                       bool release_grads, int next) const {
-  const int64_t C = config_.n_embd, Vp = config_.padded_vocab(), N = run.b * run.t;
+  const int64_t C = config_.n_embd, Vl = config_.padded_vocab() / tp_.size, N = run.b * run.t;
+  const int64_t R = tp_.stream_rows(N);
   const std::vector<Tensor>& ws = run.workspace;
   const int final_block = layout_.final_block(), embed_block = ParamLayout::embedding_block();
   {
     const std::vector<Tensor> w = layout_.block_views(final_block, params.acquire_params(final_block));
-    run.backend.layernorm_forward(prefix(ws[kLnf], {N, C}), prefix(ws[kLnfMean], {N}),
-                                  prefix(ws[kLnfRstd], {N}), prefix(run.input, {N, C}), w[0], w[1],
+    run.backend.layernorm_forward(prefix(ws[kLnf], {R, C}), prefix(ws[kLnfMean], {R}),
+                                  prefix(ws[kLnfRstd], {R}), prefix(run.input, {R, C}), w[0], w[1],
                                   run.stream);
     params.prefetch_params(embed_block);
     params.release_params(final_block);
   }
   Tensor wte = ParamLayout::view(layout_.find("wte.weight"), params.acquire_params(embed_block));
-  Tensor logits = prefix(ws[kLogits], {N, Vp});
-  run.backend.matmul_forward(logits, prefix(ws[kLnf], {N, C}), wte, Tensor(), true, run.stream);
+  Tensor logits = prefix(ws[kLogits], {N, Vl});
+  Tensor lnf_full = enter_region_forward(tp_, prefix(ws[kLnf], {R, C}),
+                                         sequence_parallel_view(ws[kLnfGathered], N), run.stream);
+  run.backend.matmul_forward(logits, lnf_full, wte, Tensor(), true, run.stream);
   if (run.targets.empty()) {
     params.release_params(embed_block);
     return 0.0;
   }
   DSTRAIN_CHECK(run.targets.ndim == 2 && run.targets.size(0) == run.b && run.targets.size(1) == run.t)
       << run.targets.shape_str();
-  Tensor losses = prefix(ws[kLosses], {N});
-  run.backend.softmax_cross_entropy(losses, run.dloss != 0.0f ? logits : Tensor(), logits,
-                                    run.targets.reshape({N}),
-                                    static_cast<int>(config_.vocab_size), run.dloss, run.stream);
+  cross_entropy(run, logits);
   if (run.dloss != 0.0f) {
-    head_backward(params, run, wte, release_grads, next);  // releases the embedding block
+    head_backward(params, run, wte, lnf_full, release_grads, next);  // releases the embedding
   } else {
     params.release_params(embed_block);
   }
   std::vector<float> host_losses(static_cast<size_t>(N));
-  run.backend.copy_bytes(host_losses.data(), losses.data, N * sizeof(float), run.stream);
+  run.backend.copy_bytes(host_losses.data(), ws[kLosses].data, N * sizeof(float), run.stream);
   run.backend.synchronize(run.stream);
   double sum = 0.0;
   for (float loss : host_losses) sum += loss;
@@ -224,28 +326,30 @@ double Gpt2Architecture::head_forward(ParamProvider& params, const HeadRun& run,
 }
 
 // The tied LM head and the final layernorm, backward: from the logits' gradient (in place of
-// the logits) to dL/d(input) in run.input_grad.
+// the logits) to dL/d(input) in run.input_grad. lnf_full: the head's (gathered) input.
 void Gpt2Architecture::head_backward(ParamProvider& params, const HeadRun& run, Tensor wte,
-                                     bool release_grads, int next) const {
-  const int64_t C = config_.n_embd, Vp = config_.padded_vocab(), N = run.b * run.t;
+                                     Tensor lnf_full, bool release_grads, int next) const {
+  const int64_t C = config_.n_embd, Vl = config_.padded_vocab() / tp_.size, N = run.b * run.t;
+  const int64_t R = tp_.stream_rows(N);
   const std::vector<Tensor>& ws = run.workspace;
   const int final_block = layout_.final_block(), embed_block = ParamLayout::embedding_block();
   Tensor dlnf = prefix(ws[kDlnf], {N, C});
   {
     Tensor grads = params.acquire_grads(embed_block);
     run.backend.matmul_backward(dlnf, ParamLayout::view(layout_.find("wte.weight"), grads),
-                                Tensor(), prefix(ws[kLogits], {N, Vp}), prefix(ws[kLnf], {N, C}),
-                                wte, true, run.stream);
+                                Tensor(), prefix(ws[kLogits], {N, Vl}), lnf_full, wte, true,
+                                run.stream);
     params.prefetch_params(final_block);
     params.release_params(embed_block);
     if (release_grads) params.release_grads(embed_block);
   }
+  dlnf = enter_region_backward(tp_, dlnf, sequence_parallel_view(ws[kDlnfPart], R), run.stream);
   const std::vector<Tensor> w = layout_.block_views(final_block, params.acquire_params(final_block));
   const std::vector<Tensor> g = layout_.block_views(final_block, params.acquire_grads(final_block));
-  Tensor input_grad = prefix(run.input_grad, {N, C});
+  Tensor input_grad = prefix(run.input_grad, {R, C});
   run.backend.fill_zero(input_grad, run.stream);
-  run.backend.layernorm_backward(input_grad, g[0], g[1], dlnf, prefix(run.input, {N, C}), w[0],
-                                 prefix(ws[kLnfMean], {N}), prefix(ws[kLnfRstd], {N}), run.stream);
+  run.backend.layernorm_backward(input_grad, g[0], g[1], dlnf, prefix(run.input, {R, C}), w[0],
+                                 prefix(ws[kLnfMean], {R}), prefix(ws[kLnfRstd], {R}), run.stream);
   if (next >= 0) params.prefetch_params(next);
   params.release_grads(final_block);
   params.release_params(final_block);

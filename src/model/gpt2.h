@@ -20,12 +20,19 @@
 
 namespace dstrain {
 
+// Under tensor parallelism (model/tensor_parallel.h), Megatron's splits: the attention heads
+// (the fused [q|k|v] projection column-parallel by head, the output projection row-parallel),
+// the MLP (up-projection column-parallel, down-projection row-parallel), the tied embedding
+// and head vocabulary-parallel with a vocabulary-parallel cross-entropy (no rank holds the
+// whole (N, V) logits); the row-parallel biases are added once, after the reduction.
 class Gpt2Architecture final : public Architecture {
  public:
-  explicit Gpt2Architecture(const ModelConfig& config);
+  // REQUIRES: the model splits over tp.size ranks (UserError otherwise).
+  explicit Gpt2Architecture(const ModelConfig& config, const TensorParallel& tp = {});
 
   const ModelConfig& config() const override { return config_; }
   const ParamLayout& layout() const override { return layout_; }
+  const TensorParallel& tensor_parallel() const override { return tp_; }
   std::vector<ActivationSpec> layer_activations(int64_t B, int64_t T, DType dtype,
                                                 Recompute recompute) const override;
   std::vector<TensorSpec> layer_workspace(int64_t B, int64_t T, DType dtype,
@@ -43,10 +50,18 @@ class Gpt2Architecture final : public Architecture {
   Tensor head_logits(const std::vector<Tensor>& workspace, int64_t b, int64_t t) const override;
 
  private:
-  void head_backward(ParamProvider& params, const HeadRun& run, Tensor wte, bool release_grads,
-                     int next) const;
+  void head_backward(ParamProvider& params, const HeadRun& run, Tensor wte, Tensor lnf_full,
+                     bool release_grads, int next) const;
+  void cross_entropy(const HeadRun& run, Tensor logits) const;
+  Tensor row_parallel_forward(const LayerRun& run, Tensor inp, Tensor weight, Tensor bias) const;
+  Tensor sequence_parallel_view(Tensor full, int64_t rows) const;
+  Tensor stream_part(const LayerRun& run) const;  // (stream rows, C) of the workspace
+  Tensor gathered(const LayerRun& run) const;     // (N, C) of the workspace
+  int64_t heads() const;                          // this rank's attention heads
+  int64_t vocab_begin() const;                    // this rank's first vocabulary row
 
   ModelConfig config_;
+  TensorParallel tp_;
   ParamLayout layout_;
 };
 

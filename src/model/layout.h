@@ -5,13 +5,27 @@
 //   block L + 1        final layernorm ln_f
 // Names are the Hugging Face GPT-2 names without the "transformer." prefix. A block is the
 // unit of sharding (ZeRO-3 gathers one block at a time) and of pipeline cuts.
+//
+// Tensor parallelism (Megatron-LM's splits): ParamLayout(config, tp) is the layout of one tp
+// rank's blocks, holding its slices of the split tensors and the whole replicated ones. Every
+// tp rank has the same layout (offsets, shapes); which piece of a split tensor it holds is
+// its tp rank, which the slice functions below take. tp = 1 is the whole model.
+//   wte               (Vp, C)   dim 0: vocabulary rows [r*Vp/tp, (r+1)*Vp/tp)
+//   attn.c_attn.w/b   (C, 3C)   dim 1 (dim 0 of the bias) in 3 groups: [q_r | k_r | v_r], the
+//                               columns of heads [r*NH/tp, (r+1)*NH/tp) of q, of k and of v
+//   attn.c_proj.w     (C, C)    dim 0: the input rows of this rank's heads
+//   mlp.c_fc.w/b      (C, 4C)   dim 1 (dim 0 of the bias)
+//   mlp.c_proj.w      (4C, C)   dim 0
+//   wpe, layernorms, the two c_proj biases: replicated (the same values on every tp rank)
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "core/check.h"
 #include "core/tensor.h"
 #include "model/config.h"
 
@@ -21,11 +35,28 @@ struct ParamSpec {
   std::string name;           // "h.0.attn.c_attn.weight"
   int block = 0;
   int64_t offset = 0;         // elements from the start of the block's flat buffer
-  std::vector<int64_t> shape; // as stored inside dstrain: wte is (Vp, C)
-  std::vector<int64_t> file_shape;  // as in model.safetensors: wte is (V, C)
+  std::vector<int64_t> shape; // this tp rank's slice as stored inside dstrain: wte (Vp/tp, C)
+  std::vector<int64_t> full_shape;  // the whole tensor inside dstrain (tp = 1): wte (Vp, C)
+  std::vector<int64_t> file_shape;  // the whole tensor in model.safetensors: wte (V, C)
   bool weight_decay = false;  // matrices and embeddings decay; biases and norms do not
-  int64_t numel() const;
-  int64_t file_numel() const;  // the leading rows of the stored tensor that files hold
+  // How the tensor splits over tp ranks. tp_dim -1: replicated (every tp rank holds all of it,
+  // the same values). Else dim tp_dim of full_shape is tp_parts equal groups (q, k, v: 3),
+  // each cut into tp equal pieces; rank r holds piece r of every group, in group order. The
+  // split is described at tp = 1 too (one piece: the whole tensor).
+  int tp_dim = -1;
+  int tp_parts = 1;
+  // A replicated tensor inside the sequence-parallel region (the layernorms): under sequence
+  // parallelism each tp rank's gradient covers its own token rows, a part of the gradient that
+  // is summed over the tp group.
+  bool tp_partial_grad = false;
+
+  int64_t numel() const;       // of the slice
+  int64_t full_numel() const;  // of the whole tensor
+  int64_t file_numel() const;  // of the whole file tensor: the leading elements files hold
+  // The leading elements of tp rank `tp_rank`'s slice that files hold: all of it, except wte's
+  // padded vocabulary rows (which lie at the end of the last ranks' slices). file_numel() at
+  // tp = 1. Use it, not file_numel(), to bound a slice's real rows.
+  int64_t slice_file_numel(int tp_rank) const;
 };
 
 // The order of the 12 tensors of a transformer layer inside its block.
@@ -36,7 +67,11 @@ enum LayerParam : int {
 
 class ParamLayout {
  public:
-  explicit ParamLayout(const ModelConfig& config);
+  // One tp rank's layout. tp = 1: the whole model. Throws UserError (tp_unsupported_reason)
+  // when the model does not split over tp ranks.
+  explicit ParamLayout(const ModelConfig& config, int tp = 1);
+
+  int tp() const { return tp_; }
 
   int num_blocks() const { return static_cast<int>(block_numel_.size()); }
   int64_t block_numel(int block) const { return block_numel_.at(block); }
@@ -59,10 +94,57 @@ class ParamLayout {
   std::vector<Tensor> block_views(int block, Tensor block_flat) const;
 
  private:
+  int tp_ = 1;
   std::vector<ParamSpec> params_;
   std::vector<int64_t> block_numel_;
   std::vector<std::vector<int>> block_params_;
   std::unordered_map<std::string, int> index_;
 };
+
+// Why `config` cannot be split over `tp` tensor-parallel ranks, as one sentence naming the
+// numbers ("tensor parallelism over 3 ranks needs n_head (12) divisible by 3"), or "" when it
+// can. Never throws: the planner skips such tp values, the CLI reports them.
+std::string tp_unsupported_reason(const ModelConfig& config, int tp);
+
+// How a tp rank's slice of a split tensor lies in the whole tensor. Seen as (outer, D, inner)
+// around the split dim, the slice is outer * tp_parts runs of run_length = (D / (tp_parts *
+// tp)) * inner contiguous elements; local run k is run k * tp + tp_rank of the whole tensor
+// (the full tensor's runs go rank by rank within each group). Replicated tensors (and every
+// tensor at tp = 1) are one run: tp == 1, local index == full index.
+struct TpSliceRuns {
+  int64_t run_length = 0;
+  int64_t tp = 1;
+};
+TpSliceRuns tp_slice_runs(const ParamSpec& spec);
+
+// Calls fn(local_index, full_index, count) for the contiguous runs covering elements
+// [first, last) of tp rank `tp_rank`'s slice (indices in the slice's and in the whole
+// tensor's row-major order), in increasing order.
+// REQUIRES: 0 <= first <= last <= spec.numel(), 0 <= tp_rank < tp (any rank for a replicated
+// tensor).
+template <typename Fn>
+void for_each_tp_run(const ParamSpec& spec, int tp_rank, int64_t first, int64_t last, Fn&& fn) {
+  DSTRAIN_CHECK(0 <= first && first <= last && last <= spec.numel())
+      << spec.name << ": [" << first << ", " << last << ") of " << spec.numel();
+  const TpSliceRuns runs = tp_slice_runs(spec);
+  // Any tp rank holds all of a replicated tensor.
+  DSTRAIN_CHECK(0 <= tp_rank && (spec.tp_dim < 0 || tp_rank < runs.tp))
+      << spec.name << ": tp rank " << tp_rank << " of " << runs.tp;
+  if (runs.tp == 1) {
+    if (first < last) fn(first, first, last - first);
+    return;
+  }
+  for (int64_t local = first; local < last;) {
+    const int64_t run = local / runs.run_length, within = local - run * runs.run_length;
+    const int64_t count = std::min(last - local, runs.run_length - within);
+    fn(local, (run * runs.tp + tp_rank) * runs.run_length + within, count);
+    local += count;
+  }
+}
+
+// Copies tp rank `tp_rank`'s slice out of the whole tensor, and back in.
+// full: (spec.full_shape), slice: (spec.shape).
+void extract_tp_slice(const ParamSpec& spec, int tp_rank, const float* full, float* slice);
+void insert_tp_slice(const ParamSpec& spec, int tp_rank, const float* slice, float* full);
 
 }  // namespace dstrain

@@ -65,22 +65,23 @@ StageBuffers plan_stage_buffers(const Architecture& arch, const StageRange& rang
       << "layers [" << range.first_layer << ", " << range.end_layer << ") of " << config.n_layer
       << ", " << slots << " slots";
   if (!with_backward) recompute = Recompute::None;
-  const int64_t C = config.n_embd;
+  // The residual stream: (B*T, C), or this tp rank's rows of it under sequence parallelism.
+  const std::vector<int64_t> stream = {arch.stream_rows(B, T), config.n_embd};
   StageBuffers plan;
   plan.slots = slots;
-  plan.input = plan.slot.add("input", dtype, {B, T, C});
+  plan.input = plan.slot.add("input", dtype, stream);
   const std::vector<ActivationSpec> specs = arch.layer_activations(B, T, dtype, recompute);
   std::vector<int> recomputed_ids;
   for (int64_t l = range.first_layer; l < range.end_layer; ++l) {
     plan.layer_activations.push_back(add_layer(plan, l, specs, recomputed_ids));
     if (l + 1 < range.end_layer) {
-      plan.layer_outputs.push_back(plan.slot.add("h." + std::to_string(l) + ".output", dtype, {B, T, C}));
+      plan.layer_outputs.push_back(plan.slot.add("h." + std::to_string(l) + ".output", dtype, stream));
     }
   }
-  if (range.last && with_backward) plan.head_grad = plan.slot.add("head_grad", dtype, {B, T, C});
+  if (range.last && with_backward) plan.head_grad = plan.slot.add("head_grad", dtype, stream);
 
-  plan.send = plan.workspace.add("stage_output", dtype, {B, T, C});
-  if (with_backward) plan.residual_grad = plan.workspace.add("residual_grad", dtype, {B, T, C});
+  plan.send = plan.workspace.add("stage_output", dtype, stream);
+  if (with_backward) plan.residual_grad = plan.workspace.add("residual_grad", dtype, stream);
   plan.layer_workspace = add_all(plan.workspace, arch.layer_workspace(B, T, dtype, with_backward));
   if (range.last) {
     plan.head_workspace = add_all(plan.workspace, arch.head_workspace(B, T, dtype, with_backward));
@@ -128,17 +129,21 @@ std::vector<Tensor> ModelStage::views(const std::vector<int>& ids) const {
   return tensors;
 }
 
+Tensor ModelStage::stream_view(Tensor full, int64_t b, int64_t t) const {
+  return prefix(full, {arch_.stream_rows(b, t), arch_.config().n_embd});
+}
+
 Tensor ModelStage::input(int slot, int64_t b, int64_t t) const {
-  return prefix(slot_tensor(slot, plan_.input), {b, t, arch_.config().n_embd});
+  return stream_view(slot_tensor(slot, plan_.input), b, t);
 }
 
 Tensor ModelStage::output(int64_t b, int64_t t) const {
-  return prefix(work_tensor(plan_.send), {b, t, arch_.config().n_embd});
+  return stream_view(work_tensor(plan_.send), b, t);
 }
 
 Tensor ModelStage::output_grad(int64_t b, int64_t t) const {
   DSTRAIN_CHECK(plan_.residual_grad >= 0) << "a stage without backward has no gradients";
-  return prefix(work_tensor(plan_.residual_grad), {b, t, arch_.config().n_embd});
+  return stream_view(work_tensor(plan_.residual_grad), b, t);
 }
 
 Tensor ModelStage::logits() const {
@@ -146,7 +151,7 @@ Tensor ModelStage::logits() const {
   return arch_.head_logits(views(plan_.head_workspace), last_b_, last_t_);
 }
 
-// Full-size (B, T, C) views: layer l's input is the stage input or layer l-1's kept output;
+// Full-size residual-stream views: layer l's input is the stage input or layer l-1's kept output;
 // the stage's last layer writes the shared output buffer.
 Tensor ModelStage::layer_input(int slot, int64_t layer) const {
   if (layer == range_.first_layer) return slot_tensor(slot, plan_.input);
@@ -204,7 +209,9 @@ double ModelStage::forward(ParamProvider& params, int slot, int64_t b, int64_t t
   state = SlotState{b, t, false};
   if (range_.first) {
     const int next = ParamLayout::layer_block(static_cast<int>(range_.first_layer));
-    arch_.embed_forward(params, EmbedRun{backend_, stream, tokens, slot_tensor(slot, plan_.input), Tensor()},
+    arch_.embed_forward(params,
+                        EmbedRun{backend_, stream, tokens, slot_tensor(slot, plan_.input), Tensor(),
+                                 views(plan_.layer_workspace)},
                         next);
   }
   forward_layers(params, slot, stream);
@@ -244,15 +251,16 @@ void ModelStage::backward(ParamProvider& params, int slot, Tensor tokens, Stream
   DSTRAIN_CHECK(state.forwarded) << "backward of slot " << slot
                                  << " needs its forward (on the last stage with dloss != 0)";
   DSTRAIN_CHECK(range_.first == !tokens.empty()) << "tokens go to the first stage only";
-  const int64_t b = state.b, t = state.t, C = arch_.config().n_embd;
+  const int64_t b = state.b, t = state.t;
   if (range_.last) {
-    backend_.copy(output_grad(b, t), prefix(slot_tensor(slot, plan_.head_grad), {b, t, C}), stream);
+    backend_.copy(output_grad(b, t), stream_view(slot_tensor(slot, plan_.head_grad), b, t), stream);
   }
   backward_layers(params, slot, stream);
   if (range_.first) {
     DSTRAIN_CHECK(tokens.size(0) == b && tokens.size(1) == t) << tokens.shape_str();
     arch_.embed_backward(params, EmbedRun{backend_, stream, tokens, Tensor(),
-                                          work_tensor(plan_.residual_grad)});
+                                          work_tensor(plan_.residual_grad),
+                                          views(plan_.layer_workspace)});
   } else {
     // Into the send buffer, so that the next output gradient can be received meanwhile.
     backend_.copy(input_grad(b, t), output_grad(b, t), stream);

@@ -56,14 +56,15 @@ struct StageBuffers {
   ArenaPlan workspace;   // (MemCategory::Workspace), once
   int slots = 1;         // micro-batches in flight: `slots` copies of `slot`
   // Ids in `slot`.
-  int input = -1;                   // (B, T, C) the stage's input: embedding output or received
-  int head_grad = -1;               // (B, T, C) last stage with backward: the head's gradient
-  std::vector<int> layer_outputs;   // (B, T, C) each layer's output but the stage's last
+  // The residual stream's buffers are (stream_rows(B, T), C) (model/architecture.h).
+  int input = -1;                   // the stage's input: embedding output or received
+  int head_grad = -1;               // last stage with backward: the head's gradient
+  std::vector<int> layer_outputs;   // each layer's output but the stage's last
   std::vector<std::vector<ActivationSlotId>> layer_activations;  // [layer - first_layer]
   // Ids in `workspace`.
-  int send = -1;           // (B, T, C) the stage's last layer's output; after backward of a
-                           // stage that is not the first, dL/d(input)
-  int residual_grad = -1;  // (B, T, C) backward: the residual stream's gradient
+  int send = -1;           // the stage's last layer's output; after backward of a stage that
+                           // is not the first, dL/d(input)
+  int residual_grad = -1;  // backward: the residual stream's gradient
   std::vector<int> layer_workspace, head_workspace;
   uint64_t activation_bytes() const { return slots * slot.bytes() + recomputed.bytes(); }
 };
@@ -96,7 +97,7 @@ class ModelStage {
   // stage's (b, t), for the embedding's backward (else empty).
   void backward(ParamProvider& params, int slot, Tensor tokens, Stream stream);
 
-  // (b, t, C) views the pipeline runner receives into and sends from: the slot's input
+  // (stream_rows(b, t), C) views the pipeline runner receives into and sends from: the slot's input
   // (receive), the output after forward (send), the output's gradient before backward
   // (receive), the input's gradient after backward (send; the output's buffer).
   Tensor input(int slot, int64_t b, int64_t t) const;
@@ -113,6 +114,8 @@ class ModelStage {
     bool forwarded = false;  // with dloss != 0: backward may follow
   };
   Tensor slot_tensor(int slot, int id) const;
+  // The (stream_rows(b, t), C) prefix of a residual-stream buffer.
+  Tensor stream_view(Tensor full, int64_t b, int64_t t) const;
   Tensor work_tensor(int id) const;
   Tensor layer_input(int slot, int64_t layer) const;
   Tensor layer_output(int slot, int64_t layer) const;

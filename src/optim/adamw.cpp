@@ -24,7 +24,7 @@ static AdamWStep adam_step(const AdamWConfig& config, double lr, int64_t step, f
   return adam;
 }
 
-void for_each_decay_piece(const ParamLayout& layout, const FlatRange& range,
+void for_each_decay_piece(const ParamLayout& layout, int tp_rank, const FlatRange& range,
                           double weight_decay,
                           const std::function<void(int64_t, int64_t, float)>& fn) {
   const int64_t range_end = range.begin + range.numel;
@@ -32,21 +32,22 @@ void for_each_decay_piece(const ParamLayout& layout, const FlatRange& range,
     const ParamSpec& spec = layout.params()[index];
     // Only the rows files hold: padded vocabulary rows are never touched.
     const int64_t begin = std::max(range.begin, spec.offset);
-    const int64_t end = std::min(range_end, spec.offset + spec.file_numel());
+    const int64_t end = std::min(range_end, spec.offset + spec.slice_file_numel(tp_rank));
     if (begin >= end) continue;
     fn(begin - range.begin, end - begin,
        spec.weight_decay ? static_cast<float>(weight_decay) : 0.0f);
   }
 }
 
-void adamw_update_range(Backend& backend, const ParamLayout& layout, const FlatRange& range,
-                        Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy,
+void adamw_update_range(Backend& backend, const ParamLayout& layout, int tp_rank,
+                        const FlatRange& range, Tensor param, Tensor grad, Tensor m, Tensor v,
+                        Tensor param_copy,
                         const AdamWConfig& config, double lr, int64_t step, float grad_scale,
                         Stream stream) {
   DSTRAIN_CHECK(param.numel() == range.numel && grad.numel() == range.numel &&
                 m.numel() == range.numel && v.numel() == range.numel);
   AdamWStep adam = adam_step(config, lr, step, grad_scale);
-  for_each_decay_piece(layout, range, config.weight_decay,
+  for_each_decay_piece(layout, tp_rank, range, config.weight_decay,
                        [&](int64_t local, int64_t count, float weight_decay) {
     adam.weight_decay = weight_decay;
     backend.adamw(param.slice(local, {count}), grad.slice(local, {count}),
@@ -55,8 +56,8 @@ void adamw_update_range(Backend& backend, const ParamLayout& layout, const FlatR
   });
 }
 
-void host_adamw_update_range(const ParamLayout& layout, const FlatRange& range, Tensor param,
-                             Tensor grad, Tensor m, Tensor v, Tensor param_copy,
+void host_adamw_update_range(const ParamLayout& layout, int tp_rank, const FlatRange& range,
+                             Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy,
                              const AdamWConfig& config, double lr, int64_t step,
                              float grad_scale, int num_threads) {
   DSTRAIN_CHECK(param.numel() == range.numel && grad.numel() == range.numel &&
@@ -66,7 +67,7 @@ void host_adamw_update_range(const ParamLayout& layout, const FlatRange& range, 
       << "the host AdamW works on host memory";
   AdamWStep adam = adam_step(config, lr, step, grad_scale);
   const size_t grad_width = dtype_size(grad.dtype);
-  for_each_decay_piece(layout, range, config.weight_decay,
+  for_each_decay_piece(layout, tp_rank, range, config.weight_decay,
                        [&](int64_t local, int64_t count, float weight_decay) {
     adam.weight_decay = weight_decay;
     float* piece = param.f32() + local;

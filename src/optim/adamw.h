@@ -34,23 +34,25 @@ float clip_coefficient(double grad_norm, double max_norm);
 // Calls fn(local_offset, count, weight_decay) for each piece of `range` that lies inside one
 // parameter tensor's file rows (padded vocabulary rows and alignment gaps are skipped), with
 // that tensor's weight decay (matrices and embeddings decay; biases and norms do not).
-void for_each_decay_piece(const ParamLayout& layout, const FlatRange& range,
+// `layout` is tp rank `tp_rank`'s (ParamLayout(config, tp); 0 at tp = 1): which of its wte
+// rows are padding depends on the rank.
+void for_each_decay_piece(const ParamLayout& layout, int tp_rank, const FlatRange& range,
                           double weight_decay,
                           const std::function<void(int64_t, int64_t, float)>& fn);
 
 // Updates param[range] with grad[range] (views of exactly that range: param/m/v F32, grad any
 // float dtype), splitting the range at parameter boundaries so each piece gets its tensor's
 // weight decay. param_copy (optional, same range) receives the rounded low-precision weights.
-void adamw_update_range(Backend& backend, const ParamLayout& layout, const FlatRange& range,
-                        Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy,
-                        const AdamWConfig& config, double lr, int64_t step, float grad_scale,
+void adamw_update_range(Backend& backend, const ParamLayout& layout, int tp_rank,
+                        const FlatRange& range, Tensor param, Tensor grad, Tensor m, Tensor v,
+                        Tensor param_copy, const AdamWConfig& config, double lr, int64_t step, float grad_scale,
                         Stream stream);
 
 // The same on the host (ZeRO-Offload), with the vectorized multi-threaded host AdamW
 // (optim/host_adamw.h), bitwise equal to the CPU backend's. param, m, v F32; grad F32, F16 or
 // BF16; param_copy (optional) F32, F16 or BF16. All host memory.
-void host_adamw_update_range(const ParamLayout& layout, const FlatRange& range, Tensor param,
-                             Tensor grad, Tensor m, Tensor v, Tensor param_copy,
+void host_adamw_update_range(const ParamLayout& layout, int tp_rank, const FlatRange& range,
+                             Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy,
                              const AdamWConfig& config, double lr, int64_t step,
                              float grad_scale, int num_threads);
 

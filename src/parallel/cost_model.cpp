@@ -227,6 +227,28 @@ double slowest_groups(const NodeTopology& topology, const std::vector<std::vecto
 
 }  // namespace
 
+// The tensor-parallel collectives of one micro-batch on a stage (model/gpt2.cpp). Per layer,
+// forward: two row-parallel outputs reduced (all-reduce, or with sequence parallelism a
+// reduce-scatter each, plus an all-gather before each column-parallel layer); backward: the
+// conjugates, and under sequence parallelism the two column-parallel inputs gathered again. A
+// reduce-scatter plus an all-gather move what one all-reduce moves. Full recompute runs the
+// forward's again. The first stage's embedding and the last stage's head add one all-reduce
+// each (with sequence parallelism a reduce-scatter and an all-gather); the head's
+// vocabulary-parallel loss adds an all-gather of (B*T, 3) statistics, a latency (its volume,
+// 3 / (2 C) of an all-reduce at tp 2, is left out). The trainer logs what ran
+// (model/tensor_parallel.h, TensorParallelStats): the same counts.
+TensorParallelTraffic tensor_parallel_traffic(const Plan& plan, const StageRange& range) {
+  const bool sp = plan.uses_sequence_parallel();
+  const bool full = plan.recompute == Recompute::Full;
+  const double layers = static_cast<double>(range.layers());
+  const double ends = (range.first ? 1 : 0) + (range.last ? 1 : 0);
+  TensorParallelTraffic t;
+  t.all_reduces = layers * (4 + (sp ? 1 : 0) + (full ? 2 : 0)) + ends;
+  t.collectives = layers * (sp ? 10 + (full ? 4 : 0) : 4 + (full ? 2 : 0)) + ends * (sp ? 2 : 1) +
+                  (range.last ? 1 : 0);
+  return t;
+}
+
 StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topology,
                            const Plan& plan) {
   const ModelConfig& config = memory.config();
@@ -309,22 +331,26 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
     StageTime& st = stages[static_cast<size_t>(s)];
     const StageRange ps = memory.stage_range(plan, s);
     const double layers = static_cast<double>(ps.layers());
+    // The layers and the vocabulary-parallel head split over the tp ranks.
     const double forward =
-        tokens * (layers * flops.layer_forward / plan.tp + (ps.last ? flops.head_forward : 0));
+        tokens * (layers * flops.layer_forward + (ps.last ? flops.head_forward : 0)) / plan.tp;
     const double recompute =
         plan.recompute == Recompute::Full ? tokens * layers * flops.layer_forward / plan.tp : 0;
     const double fwd_seconds = forward / rate;
     const double bwd_seconds = (2 * forward + recompute) / rate;
     st.compute = fwd_seconds + bwd_seconds;
     if (plan.recompute == Recompute::Selective) {
-      // Two layernorms (read and write C each) and the GELU (4C / tp each way), again.
-      const double C = static_cast<double>(config.n_embd);
-      st.compute += tokens * layers * (4 * C + 8 * C / plan.tp) * P / speed.memory_bytes_per_s;
+      // Two layernorms (read and write C each; a 1/tp of the tokens under sequence
+      // parallelism) and the GELU (4C / tp each way), again.
+      const double C = static_cast<double>(config.n_embd), tp = plan.tp;
+      const double norms = 4 * C / (plan.uses_sequence_parallel() ? tp : 1.0);
+      st.compute += tokens * layers * (norms + 8 * C / tp) * P / speed.memory_bytes_per_s;
     }
     const double activation_bytes = tokens * static_cast<double>(config.n_embd) * P;
     if (plan.tp > 1) {
-      const double count = layers * (plan.recompute == Recompute::Full ? 6 : 4);
-      st.tp = count * (all_reduce_volume(activation_bytes, plan.tp) / tp_rate + kCollectiveSeconds);
+      const TensorParallelTraffic traffic = tensor_parallel_traffic(plan, ps);
+      st.tp = traffic.all_reduces * all_reduce_volume(activation_bytes, plan.tp) / tp_rate +
+              traffic.collectives * kCollectiveSeconds;
     }
     if (!ps.last) st.pp += activation_bytes / pp_rates[static_cast<size_t>(s)];       // forward
     if (!ps.first) st.pp += activation_bytes / pp_rates[static_cast<size_t>(s - 1)];  // backward

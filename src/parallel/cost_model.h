@@ -4,7 +4,7 @@
 //        + what the step adds once (gradient / parameter collectives that backward and forward
 //          cannot hide, offload transfers, the optimizer on the device or the host)
 //   time per micro-batch = compute (forward + backward + recompute FLOPs at a fraction of the
-//        GPU's peak) + selective recompute's elementwise passes + tensor-parallel all-reduces
+//        GPU's peak) + selective recompute's elementwise passes + tensor-parallel collectives
 //        + pipeline sends + the ZeRO-2/3 collectives of the micro-batch that compute cannot hide
 //
 // Bytes move at topology/bandwidth.h's achievable rates; ring collectives over N ranks move
@@ -50,13 +50,21 @@ double gemm_efficiency(int64_t rows, int64_t width);
 double ring_bandwidth(const NodeTopology& topology, const std::vector<int>& group,
                       const std::vector<int>& busy, std::string* route = nullptr);
 
+// Tensor-parallel traffic of one micro-batch on one stage: the volume, in all-reduces of the
+// (B*T, C) activations, and the number of collectives (each pays a latency).
+struct TensorParallelTraffic {
+  double all_reduces = 0;
+  double collectives = 0;
+};
+TensorParallelTraffic tensor_parallel_traffic(const Plan& plan, const StageRange& range);
+
 struct StepCost {
   double step_seconds = 0;
   double tokens_per_second = 0;
   // Parts of step_seconds (they add up to it), on the slowest pipeline stage.
   double compute_seconds = 0;    // forward + backward + recompute of all micro-batches
   double bubble_seconds = 0;     // pipeline fill and drain
-  double tp_comm_seconds = 0;    // tensor-parallel all-reduces (never hidden)
+  double tp_comm_seconds = 0;    // tensor-parallel collectives (never hidden)
   double pp_comm_seconds = 0;    // pipeline sends (counted as not hidden)
   double dp_comm_seconds = 0;    // data-parallel / ZeRO collectives not hidden by compute
   double offload_seconds = 0;    // host transfers and the host optimizer step

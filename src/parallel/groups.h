@@ -1,12 +1,13 @@
-// The communicators of one rank under a Plan (tensor parallelism excepted, which does not
-// run yet). Rank r of the world is data-parallel index r % dp of pipeline stage r / dp
-// (parallel/plan.h, with tp = 1):
+// The communicators of one rank under a Plan. Rank r of the world is tensor-parallel index
+// r % tp, data-parallel index (r / tp) % dp and pipeline stage r / (tp * dp) (parallel/plan.h):
 //
-//   data   the dp ranks of the same stage: ZeRO's sharding, gradient reduction
-//   pipe   the pp ranks of the same data-parallel index, group rank = stage: the pipeline's
-//          activations and gradients, point to point
-//   tied   pp > 1: the first and the last stage of the same data-parallel index (group rank
-//          0 the first): the tied embedding/head's gradients (Megatron's embedding group)
+//   tensor the tp ranks of the same stage and data-parallel index (consecutive ranks, so one
+//          NVLink island): the layers' split matrices and their collectives
+//   data   the dp ranks of the same stage and tp index: ZeRO's sharding, gradient reduction
+//   pipe   the pp ranks of the same data-parallel and tp index, group rank = stage: the
+//          pipeline's activations and gradients, point to point
+//   tied   pp > 1: the first and the last stage of the same data-parallel and tp index (group
+//          rank 0 the first): the tied embedding/head's gradients (Megatron's embedding group)
 //   all    the world: agreement on inf/NaN and the gradient norm, the loss, stop signals
 //
 // Made by splits of the world (collective: every rank calls make_rank_groups in the same order).
@@ -20,15 +21,19 @@
 namespace dstrain {
 
 struct RankGroups {
-  int stage = 0, data_index = 0;
+  int stage = 0, data_index = 0, tensor_index = 0;
   Communicator* all = nullptr;
-  Communicator* data = nullptr;  // == all with one stage
-  Communicator* pipe = nullptr;  // nullptr with one stage
-  Communicator* tied = nullptr;  // nullptr unless pp > 1 and this is the first or last stage
-  std::unique_ptr<Communicator> owned_data, owned_pipe, owned_tied;
+  Communicator* data = nullptr;    // == all with one stage and tp = 1
+  Communicator* tensor = nullptr;  // nullptr with tp = 1
+  Communicator* pipe = nullptr;    // nullptr with one stage
+  Communicator* tied = nullptr;    // nullptr unless pp > 1 and this is the first or last stage
+  std::unique_ptr<Communicator> owned_data, owned_tensor, owned_pipe, owned_tied;
 };
 
-// REQUIRES: world.size() == plan.world(), plan.tp == 1.
+// REQUIRES: world.size() == plan.world().
 RankGroups make_rank_groups(Communicator& world, const Plan& plan);
+
+// The world rank of (stage, data-parallel index, tp index) under `plan`.
+int world_rank_of(const Plan& plan, int stage, int data_index, int tensor_index);
 
 }  // namespace dstrain

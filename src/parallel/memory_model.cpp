@@ -78,45 +78,14 @@ RankStateBuffers rank_state_buffers(const std::vector<int64_t>& block_numels,
   return r;
 }
 
-namespace {
-constexpr int64_t kParamAlignment = 32;  // as ParamLayout: each tensor on 32 elements
-int64_t aligned(int64_t n) { return (n + kParamAlignment - 1) / kParamAlignment * kParamAlignment; }
-}  // namespace
-
-int64_t tp_block_numel(const ParamLayout& layout, int block, int tp) {
-  DSTRAIN_CHECK(tp >= 1) << tp;
-  if (tp == 1) return layout.block_numel(block);
-  const bool layer = block != ParamLayout::embedding_block() && block != layout.final_block();
-  if (!layer) return layout.block_numel(block);
-  int64_t total = 0;
-  const std::vector<int>& params = layout.block_params(block);
-  for (size_t i = 0; i < params.size(); ++i) {
-    const ParamSpec& spec = layout.params()[static_cast<size_t>(params[i])];
-    int64_t numel = spec.numel();
-    switch (static_cast<LayerParam>(i)) {
-      case kQkvWeight: case kQkvBias: case kFcWeight: case kFcBias:       // column split
-      case kAttnProjWeight: case kFcProjWeight:                           // row split
-        DSTRAIN_CHECK(numel % tp == 0) << spec.name << " (" << numel << ") over tp " << tp;
-        numel /= tp;
-        break;
-      default:  // layernorms and the row-split layers' biases: whole on every rank
-        break;
-    }
-    total += aligned(numel);
-  }
-  return total;
-}
-
 uint64_t token_batch_bytes(int64_t micro_batch, int64_t seq_len) {
   return 2 * static_cast<uint64_t>(micro_batch * seq_len) * sizeof(int32_t);
 }
 
 // ---- Activations ----------------------------------------------------------------------------
 //
-// The stage's own plan (model/stage.h, plan_stage_buffers): what ModelStage allocates. What
-// this file adds is the estimate for tensor parallelism, which does not run yet: the tensors
-// it splits (the attention heads and the MLP's hidden units, Megatron-LM without sequence
-// parallelism) take their size from the same stage planned with n_embd / tp and n_head / tp.
+// The stage's own plan (model/stage.h, plan_stage_buffers) for one tp rank's architecture:
+// exactly what ModelStage allocates, with or without tensor and sequence parallelism.
 
 namespace memory_detail {
 
@@ -126,63 +95,20 @@ struct ActivationTable {  // one stage shape's bytes
 
 namespace {
 
-bool is_one_of(const std::string& name, std::initializer_list<const char*> names) {
-  for (const char* n : names) {
-    if (name == n) return true;
-  }
-  return false;
-}
-
-// The tensor's name without "h.<layer>." or "recompute.".
-std::string base_name(const std::string& name) {
-  if (name.starts_with("recompute.")) return name.substr(10);
-  if (name.starts_with("h.")) return name.substr(name.find('.', 2) + 1);
-  return name;
-}
-
-bool tp_split(const std::string& name) {
-  return is_one_of(base_name(name), {"qkv", "atty", "att_lse", "fch", "fch_gelu", "dqkv", "dfch",
-                                     "dfch_gelu"});
-}
-
-// `whole`'s bytes, with the tensor-parallel tensors at their size in `split`.
-uint64_t arena_bytes(const ArenaPlan& whole, const ArenaPlan* split) {
-  if (split == nullptr) return whole.bytes();
-  DSTRAIN_CHECK(split->size() == whole.size());
-  uint64_t bytes = 0;
-  for (int id = 0; id < whole.size(); ++id) {
-    bytes += tp_split(whole.name(id)) ? split->entry_bytes(id) : whole.entry_bytes(id);
-  }
-  return bytes;
-}
-
 ActivationTable make_activation_table(const Architecture& arch, const Plan& plan,
                                       const StageRange& range, Recompute recompute) {
-  const StageBuffers whole = plan_stage_buffers(arch, range, plan.micro_batch, plan.seq_len,
-                                                plan.param_dtype, true, recompute, 1);
-  std::unique_ptr<Architecture> split_arch;
-  std::unique_ptr<StageBuffers> split;
-  if (plan.tp > 1) {
-    const ModelConfig& config = arch.config();
-    DSTRAIN_CHECK(config.n_head % plan.tp == 0) << config.n_head << " heads over tp " << plan.tp;
-    ModelConfig part = config;
-    part.n_embd = config.n_embd / plan.tp;
-    part.n_head = config.n_head / plan.tp;
-    split_arch = make_architecture(part);
-    split = std::make_unique<StageBuffers>(plan_stage_buffers(
-        *split_arch, range, plan.micro_batch, plan.seq_len, plan.param_dtype, true, recompute, 1));
-  }
-  ActivationTable table;
-  table.slot = arena_bytes(whole.slot, split ? &split->slot : nullptr);
-  table.recomputed = arena_bytes(whole.recomputed, split ? &split->recomputed : nullptr);
-  table.workspace = arena_bytes(whole.workspace, split ? &split->workspace : nullptr);
-  return table;
+  const StageBuffers buffers = plan_stage_buffers(arch, range, plan.micro_batch, plan.seq_len,
+                                                  plan.param_dtype, true, recompute, 1);
+  return ActivationTable{buffers.slot.bytes(), buffers.recomputed.bytes(),
+                         buffers.workspace.bytes()};
 }
 
 void check_plan(const ModelConfig& config, const Plan& plan) {
   DSTRAIN_CHECK(plan.dp >= 1 && plan.tp >= 1 && plan.pp >= 1 && plan.pp <= config.n_layer &&
-                config.n_head % plan.tp == 0 && plan.zero >= 0 && plan.zero <= 3 &&
-                plan.micro_batch >= 1 && plan.grad_accum >= 1 && plan.seq_len >= 1)
+                tp_unsupported_reason(config, plan.tp).empty() && plan.zero >= 0 &&
+                plan.zero <= 3 && plan.micro_batch >= 1 && plan.grad_accum >= 1 &&
+                plan.seq_len >= 1 &&
+                (!plan.uses_sequence_parallel() || plan.micro_batch * plan.seq_len % plan.tp == 0))
       << describe(plan);
 }
 
@@ -194,14 +120,16 @@ using namespace memory_detail;
 const ActivationTable& MemoryModel::activation_table(const Plan& plan, const StageRange& range,
                                                      Recompute recompute) const {
   const auto key = std::make_tuple(plan.micro_batch, plan.seq_len, plan.param_dtype, plan.tp,
-                                   recompute, range.layers(), range.first, range.last);
+                                   plan.uses_sequence_parallel(), recompute, range.layers(),
+                                   range.first, range.last);
   auto it = activation_tables_.find(key);
   if (it == activation_tables_.end()) {
     // The bytes depend on the number of layers, not on which: plan them from layer 0.
     const StageRange from_zero{0, range.layers(), range.first, range.last};
     it = activation_tables_
              .emplace(key, std::make_unique<ActivationTable>(
-                               make_activation_table(*arch_, plan, from_zero, recompute)))
+                               make_activation_table(architecture(plan), plan, from_zero,
+                                                     recompute)))
              .first;
   }
   return *it->second;
@@ -252,24 +180,23 @@ uint64_t MemoryPrediction::host_total() const {
   return total;
 }
 
-MemoryModel::MemoryModel(const ModelConfig& config)
-    : config_(config), layout_(config), arch_(make_architecture(config)) {}
+MemoryModel::MemoryModel(const ModelConfig& config) : config_(config), layout_(config) {}
 MemoryModel::~MemoryModel() = default;
 
-int64_t MemoryModel::tp_numel(int block, int tp) const {
-  auto it = tp_numels_.find(tp);
-  if (it == tp_numels_.end()) {
-    std::vector<int64_t> numels;
-    for (int b = 0; b < layout_.num_blocks(); ++b) numels.push_back(tp_block_numel(layout_, b, tp));
-    it = tp_numels_.emplace(tp, std::move(numels)).first;
+const Architecture& MemoryModel::architecture(const Plan& plan) const {
+  const auto key = std::make_pair(plan.tp, plan.uses_sequence_parallel());
+  auto it = architectures_.find(key);
+  if (it == architectures_.end()) {
+    const TensorParallel tp{plan.tp, 0, plan.uses_sequence_parallel(), nullptr};
+    it = architectures_.emplace(key, make_architecture(config_, tp)).first;
   }
-  return it->second.at(static_cast<size_t>(block));
+  return *it->second;
 }
 
 std::vector<int64_t> MemoryModel::stage_block_numels(const Plan& plan, int stage) const {
   std::vector<int64_t> numels;
   for (int block : pipeline_stage_blocks(layout_, stage_range(plan, stage))) {
-    numels.push_back(tp_numel(block, plan.tp));
+    numels.push_back(architecture(plan).layout().block_numel(block));
   }
   return numels;
 }

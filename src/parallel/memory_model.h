@@ -33,8 +33,9 @@
 // ceil(n / N) elements (rank r owns [r*s, (r+1)*s), the last padded); full buffers of a
 // group (at every stage, 0 included) are padded to N * s elements so collectives run in place.
 //
-// Tensor parallelism does not run yet; its sizes here are the design the code will follow
-// (see tp_block_numel and activation_sizes).
+// Tensor parallelism: a tp rank's blocks are its slices (ParamLayout(config, tp)), its
+// activations those of its architecture (model/tensor_parallel.h: with sequence parallelism
+// the residual stream's tensors hold 1/tp of the token rows).
 #pragma once
 
 #include <array>
@@ -82,7 +83,7 @@ int64_t shard_numel(int64_t block_numel, int world);
 
 // One block's model state on one rank.
 struct BlockStateSizes {
-  int64_t numel = 0;   // the block's elements (ParamLayout::block_numel, or tp_block_numel)
+  int64_t numel = 0;   // the block's elements (ParamLayout(config, tp)::block_numel)
   int64_t shard = 0;   // shard_numel(numel, world)
   int64_t padded = 0;  // shard * world: a full buffer of the sharded group
   int64_t optimizer_numel = 0;  // the range this rank's optimizer updates: padded at stage 0,
@@ -118,20 +119,12 @@ struct RankStateBuffers {
 RankStateBuffers rank_state_buffers(const std::vector<int64_t>& block_numels,
                                     int embedding_position, const ShardingSpec& spec);
 
-// Elements of one tensor-parallel rank's part of a block, laid out like ParamLayout (each
-// tensor starts on a 32-element boundary). Layer blocks follow Megatron-LM's split:
-// attn.c_attn and mlp.c_fc by output columns (weight and bias / tp), attn.c_proj and
-// mlp.c_proj by input rows (weight / tp, bias whole), layernorms whole. The embedding block
-// and ln_f stay whole on every tensor-parallel rank (the tied LM head is not split).
-// tp = 1: exactly ParamLayout::block_numel. REQUIRES: tp divides n_head.
-int64_t tp_block_numel(const ParamLayout& layout, int block, int tp);
-
 // The token batch a rank reads: inputs and targets, (B, T) int32 each (MemCategory::Data),
 // one per activation slot. Held by the first pipeline stage (inputs) and the last (targets).
 uint64_t token_batch_bytes(int64_t micro_batch, int64_t seq_len);
 
 // Activations and workspace of one rank: plan_stage_buffers of its pipeline stage with the
-// plan's recompute mode and slots, exactly what ModelStage allocates when tp = 1. A pipeline
+// plan's recompute mode and slots, exactly what ModelStage allocates. A pipeline
 // receives straight into them (the stage input of the micro-batch's slot, the residual
 // gradient of the workspace): no buffers of its own.
 struct ActivationSizes {
@@ -193,19 +186,20 @@ class MemoryModel {
   ActivationSizes activation_sizes(const Plan& plan, int stage) const;
 
  private:
-  int64_t tp_numel(int block, int tp) const;
+  // One tp rank's architecture under the plan's tp and sequence parallelism (cached).
+  const Architecture& architecture(const Plan& plan) const;
   const memory_detail::ActivationTable& activation_table(const Plan& plan,
                                                          const StageRange& range,
                                                          Recompute recompute) const;
 
   ModelConfig config_;
   ParamLayout layout_;
-  std::unique_ptr<Architecture> arch_;
-  // Caches (not thread-safe): tp -> every block's numel; (pp, seq_len) -> the balanced split;
-  // (B, T, dtype, tp, recompute, layers, first, last) -> the stage's buffer bytes.
-  mutable std::map<int, std::vector<int64_t>> tp_numels_;
+  // Caches (not thread-safe): (tp, sequence parallel) -> the architecture; (pp, seq_len) ->
+  // the balanced split; (B, T, dtype, tp, sequence parallel, recompute, layers, first, last)
+  // -> the stage's buffer bytes.
+  mutable std::map<std::pair<int, bool>, std::unique_ptr<Architecture>> architectures_;
   mutable std::map<std::pair<int, int64_t>, std::vector<int64_t>> splits_;
-  mutable std::map<std::tuple<int64_t, int64_t, DType, int, Recompute, int64_t, bool, bool>,
+  mutable std::map<std::tuple<int64_t, int64_t, DType, int, bool, Recompute, int64_t, bool, bool>,
                    std::unique_ptr<memory_detail::ActivationTable>>
       activation_tables_;
 };

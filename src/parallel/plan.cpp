@@ -19,7 +19,8 @@ const char* precision_name(DType dtype) {
 
 std::string describe(const Plan& plan) {
   std::ostringstream text;
-  text << "dp " << plan.dp << " x tp " << plan.tp << " x pp " << plan.pp << ", ZeRO-"
+  text << "dp " << plan.dp << " x tp " << plan.tp << " x pp " << plan.pp
+       << (plan.uses_sequence_parallel() ? " (sequence parallel)" : "") << ", ZeRO-"
        << plan.zero << ", " << precision_name(plan.param_dtype) << ", "
        << (plan.offload ? "optimizer offloaded to host" : "no offload") << ", ";
   if (plan.recompute == Recompute::None) {
@@ -52,6 +53,7 @@ nlohmann::json to_json(const Plan& plan) {
                         {"precision", precision_name(plan.param_dtype)},
                         {"pp_schedule", pipeline_schedule_name(plan.pp_schedule)},
                         {"pp_split", plan.pp_split},
+                        {"sequence_parallel", plan.uses_sequence_parallel()},
                         {"world", plan.world()},
                         {"tokens_per_step", plan.tokens_per_step()}};
 }

@@ -41,10 +41,13 @@ struct Plan {
   // of each stage (parallel/pipeline_split.h; empty: the balanced split).
   PipelineScheduleKind pp_schedule = PipelineScheduleKind::OneFOneB;
   std::vector<int64_t> pp_split;
+  // tp > 1: sequence parallelism (model/tensor_parallel.h) outside the tensor-parallel regions.
+  bool sequence_parallel = true;
 
   int world() const { return dp * tp * pp; }
   int64_t tokens_per_step() const { return dp * micro_batch * grad_accum * seq_len; }
   bool mixed_precision() const { return param_dtype != DType::F32; }
+  bool uses_sequence_parallel() const { return tp > 1 && sequence_parallel; }
 };
 
 // "fp32", "fp16", "bf16".
@@ -55,7 +58,7 @@ const char* precision_name(DType dtype);
 std::string describe(const Plan& plan);
 
 // {"dp", "tp", "pp", "zero", "offload", "recompute", "micro_batch", "grad_accum", "seq_len",
-//  "precision", "pp_schedule", "pp_split", "world", "tokens_per_step"}; pp_split as the plan has
+//  "precision", "pp_schedule", "pp_split", "sequence_parallel", "world", "tokens_per_step"}; pp_split as the plan has
 // it (an empty list: the balanced split; the planner and the trainer fill it in).
 nlohmann::json to_json(const Plan& plan);
 

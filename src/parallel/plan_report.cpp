@@ -33,7 +33,7 @@ std::string breakdown_text(const StepCost& c) {
   const std::pair<const char*, double> parts[] = {
       {"compute", c.compute_seconds},
       {"pipeline bubble", c.bubble_seconds},
-      {"tensor-parallel all-reduces", c.tp_comm_seconds},
+      {"tensor-parallel collectives", c.tp_comm_seconds},
       {"pipeline sends", c.pp_comm_seconds},
       {"data-parallel collectives not hidden", c.dp_comm_seconds},
       {"offload transfers and host optimizer", c.offload_seconds},

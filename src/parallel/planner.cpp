@@ -68,8 +68,8 @@ uint64_t smallest_gpu_memory(const NodeTopology& topology) {
 std::string tp_rule_violation(const ModelConfig& config, const NodeTopology& topology, int tp) {
   if (tp == 1) return "";
   std::ostringstream why;
-  if (config.n_head % tp != 0) {
-    why << "tp " << tp << " does not divide the model's " << config.n_head << " attention heads";
+  if (const std::string reason = tp_unsupported_reason(config, tp); !reason.empty()) {
+    why << "tp " << tp << ": " << reason;
     return why.str();
   }
   for (int base = 0; base < topology.gpu_count(); base += tp) {
@@ -390,6 +390,9 @@ PlanResult choose_plan(const ModelConfig& config, const NodeTopology& whole,
               plan.seq_len = seq_len;
               plan.param_dtype = precision;
               plan.pp_schedule = request.pp_schedule.value_or(PipelineScheduleKind::OneFOneB);
+              plan.sequence_parallel = request.sequence_parallel.value_or(true);
+              // Sequence parallelism splits a micro-batch's tokens over the tp ranks.
+              if (plan.uses_sequence_parallel() && mb * seq_len % tp != 0) continue;
               plan.pp_split = request.pp_split.empty() ? memory.split(plan) : request.pp_split;
               const int64_t reached = dp * mb * plan.grad_accum;
               if ((reached - sequences) * kOvershootDenominator > sequences) continue;

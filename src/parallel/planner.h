@@ -40,6 +40,7 @@ struct PlanRequest {
   std::optional<int64_t> micro_batch;
   std::optional<PipelineScheduleKind> pp_schedule;  // default 1F1B (GPipe only needs more memory)
   std::vector<int64_t> pp_split;  // layers per stage (fixes pp); empty: the balanced split
+  std::optional<bool> sequence_parallel;  // with tp > 1; default on
   int max_alternatives = 8;      // fitting alternatives to keep (plus a few that do not fit)
 };
 

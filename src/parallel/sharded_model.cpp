@@ -77,11 +77,12 @@ ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& shar
                            const StateGroups& groups, Backend& backend, Allocator& device,
                            Allocator& host, Stream compute)
     : config_(config),
-      layout_(config),
+      layout_(config, sharding.tp),
       sharding_(sharding),
       comm_(*groups.data),
       all_(groups.all != nullptr ? *groups.all : *groups.data),
       tied_(groups.tied),
+      tensor_(groups.tensor),
       backend_(backend),
       world_(groups.data->size()),
       rank_(groups.data->rank()),
@@ -99,6 +100,8 @@ ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& shar
   DSTRAIN_USER_CHECK(sharding.zero >= 0 && sharding.zero <= 3)
       << "--zero must be 0, 1, 2 or 3, not " << sharding.zero;
   DSTRAIN_CHECK(dtype_ == DType::F32 || dtype_ == DType::F16 || dtype_ == DType::BF16);
+  DSTRAIN_CHECK(sharding.tp == 1 || (tensor_ != nullptr && tensor_->size() == sharding.tp))
+      << "tensor parallelism over " << sharding.tp << " ranks needs its group";
   // Every buffer is sized by the memory model's functions: the planner's prediction and
   // what this allocates are the same numbers by construction (parallel/memory_model.h).
   const ShardingSpec spec{sharding.zero, world_, sharding.offload, dtype_};
@@ -440,10 +443,47 @@ void ShardedModel::sum_tied_gradients() {
   compute_waits_for_comm();
 }
 
+template <typename Fn>
+void ShardedModel::for_each_param_in(const FlatRange& range, Fn fn) const {
+  const int64_t end = range.begin + range.numel;
+  for (int index : layout_.block_params(range.block)) {
+    const ParamSpec& spec = layout_.params()[static_cast<size_t>(index)];
+    const int64_t first = std::max(range.begin, spec.offset);
+    const int64_t last = std::min(end, spec.offset + spec.numel());
+    if (first < last) fn(first - range.begin, last - first, spec);
+  }
+}
+
+// Sequence parallelism: each tp rank's gradient of a layernorm covers its own token rows; the
+// sum over the tp group (in its fixed order) is the gradient, the same on every tp rank.
+void ShardedModel::sum_sequence_parallel_gradients() {
+  if (tensor_ == nullptr || !sharding_.sequence_parallel) return;
+  const Stream comm = comm_stream_.get();
+  comm_waits_for_compute();
+  for (int block : held_) {
+    const FlatRange range = optimizer_range(block);
+    Tensor grads = range_grads(block);
+    for_each_param_in(range, [&](int64_t offset, int64_t count, const ParamSpec& spec) {
+      if (spec.tp_partial_grad) tensor_->all_reduce(grads.slice(offset, {count}), ReduceOp::Sum, comm);
+    });
+  }
+  compute_waits_for_comm();
+}
+
+double ShardedModel::counted_squares(const FlatRange& part, Tensor grads) {
+  if (tensor_ == nullptr || tensor_->rank() == 0) return backend_.sum_squares(grads, compute_);
+  // A replicated parameter's gradient is the same on every tp rank: counted on index 0.
+  double squares = 0.0;
+  for_each_param_in(part, [&](int64_t offset, int64_t count, const ParamSpec& spec) {
+    if (spec.tp_dim >= 0) squares += backend_.sum_squares(grads.slice(offset, {count}), compute_);
+  });
+  return squares;
+}
+
 // Every rank looks at its own part of every block it holds (at stage 0 the reduced gradients
 // are the same on every data-parallel rank, so each takes its shard's range; the tied copy is
-// counted on the first stage only): inf/NaN anywhere, agreed by all ranks with a max, and the
-// sum of squares for the global norm.
+// counted on the first stage only, replicated parameters on tp index 0 only): inf/NaN
+// anywhere, agreed by all ranks with a max, and the sum of squares for the global norm.
 StepStats ShardedModel::agree_on_gradients(const AdamWConfig& adam, double loss_scale) {
   const Stream comm = comm_stream_.get();
   float found_inf = 0.0f;
@@ -454,7 +494,7 @@ StepStats ShardedModel::agree_on_gradients(const AdamWConfig& adam, double loss_
     Tensor grads = shard_grads_ ? grads_padded(block).slice(0, {count})
                                 : grads_padded(block).slice(begin, {count});
     if (backend_.has_inf_or_nan(grads, compute_)) found_inf = 1.0f;
-    squares += backend_.sum_squares(grads, compute_);
+    squares += counted_squares(FlatRange{block, begin, count}, grads);
   }
   StepStats stats;
   if (all_.size() > 1) all_.all_reduce(Tensor(&found_inf, DType::F32, {1}), ReduceOp::Max, comm);
@@ -475,6 +515,7 @@ StepStats ShardedModel::finish_step(const AdamWConfig& adam, double lr, int64_t 
   finish_reduction();
   if (inject_inf_) write_injected_inf();
   sum_tied_gradients();
+  sum_sequence_parallel_gradients();
   const StepStats stats = agree_on_gradients(adam, loss_scale);
   if (stats.found_inf) return stats;
   const float grad_scale = static_cast<float>(stats.clip / loss_scale);
@@ -489,8 +530,8 @@ StepStats ShardedModel::finish_step(const AdamWConfig& adam, double lr, int64_t 
       if (range.numel == 0) continue;
       Tensor m = flat(b.exp_avg, range.numel), v = flat(b.exp_avg_sq, range.numel);
       Tensor copy = b.master.empty() ? Tensor() : range_params(block);
-      adamw_update_range(backend_, layout_, range, master(block), range_grads(block), m, v, copy,
-                         adam, lr, adam_step, grad_scale, compute_);
+      adamw_update_range(backend_, layout_, tp_rank(), range, master(block), range_grads(block),
+                         m, v, copy, adam, lr, adam_step, grad_scale, compute_);
     }
   }
   // Stages 1 and 2 hold full parameters: gather the updated shards.
@@ -545,8 +586,8 @@ void ShardedModel::offload_step(const AdamWConfig& adam, double lr, int64_t adam
     // padded vocabulary rows) must go up as the zeros they are.
     std::memset(staged_params.data, 0, staged_params.nbytes());
     Tensor m = flat(b.exp_avg, range.numel), v = flat(b.exp_avg_sq, range.numel);
-    host_adamw_update_range(layout_, range, master(block), staged_grads, m, v, staged_params,
-                            adam, lr, adam_step, grad_scale, sharding_.host_threads);
+    host_adamw_update_range(layout_, tp_rank(), range, master(block), staged_grads, m, v,
+                            staged_params, adam, lr, adam_step, grad_scale, sharding_.host_threads);
     Tensor device_params = range_params(block);
     backend_.copy_bytes(device_params.data, staged_params.data, staged_params.nbytes(), comm);
     backend_.record_event(up_[i % 2].get(), comm);

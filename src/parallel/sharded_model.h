@@ -24,6 +24,12 @@
 // before the step, so both take the same step and stay bitwise equal, and the inf/NaN flag
 // and the gradient norm (counting the tied copy once) are agreed over every rank of the run.
 //
+// Tensor parallelism. A tp rank holds its slices of the blocks (ParamLayout(config, tp)), and
+// shards them over its data-parallel group like any block. Replicated parameters are the same
+// on every tp rank: the gradient norm counts them on tp index 0 only; those whose gradients are
+// per-rank parts under sequence parallelism (ParamSpec::tp_partial_grad: the layernorms) are
+// summed over the tp group (StateGroups::tensor) before the step.
+//
 // Streams. The model's ops (Gpt2's, the optimizer's) run on the compute stream the caller
 // names; collectives and offload transfers on a communication stream of this object's own,
 // ordered against compute with events, so that on a GPU they overlap:
@@ -65,6 +71,9 @@ struct ShardingConfig {
   // (pp > 1): its gradient is summed with the first stage's copy (StateGroups::tied) before
   // the step, so both stay bitwise equal, and the gradient norm counts it once (there).
   bool tied_copy = false;
+  // Tensor parallelism: this rank holds its slices of every block (StateGroups::tensor).
+  int tp = 1;
+  bool sequence_parallel = false;
 };
 
 // The communicators of a rank's model state.
@@ -76,6 +85,8 @@ struct StateGroups {
   // pp > 1, the first and the last stage: the two ranks of this data-parallel index that hold
   // the tied embedding (group rank 0 the first stage's). nullptr elsewhere.
   Communicator* tied = nullptr;
+  // tp > 1: the tp ranks of this stage and data-parallel index (parallel/groups.h).
+  Communicator* tensor = nullptr;
 };
 
 struct StepStats {
@@ -178,7 +189,14 @@ class ShardedModel : public ParamProvider {
   void write_injected_inf();
   bool inject_inf_ = false;
   void sum_tied_gradients();
+  void sum_sequence_parallel_gradients();
   StepStats agree_on_gradients(const AdamWConfig& adam, double loss_scale);
+  // The sum of squares of the reduced gradients `grads` of `part` that the norm counts here.
+  double counted_squares(const FlatRange& part, Tensor grads);
+  // Calls fn(offset, count, spec) for each parameter of `range`'s block inside it, offset
+  // relative to range.begin.
+  template <typename Fn>
+  void for_each_param_in(const FlatRange& range, Fn fn) const;
   Tensor params_padded(int block) const;  // all of the params buffer (param_dtype)
   Tensor grads_padded(int block) const;   // all of the grads buffer (param_dtype)
   // The working parameters / gradients of the optimizer range (param_dtype).
@@ -187,6 +205,7 @@ class ShardedModel : public ParamProvider {
   Tensor master(int block) const;         // F32, the optimizer range
   // The optimizer's range of a block: the whole block at stage 0, this rank's shard above.
   FlatRange optimizer_range(int block) const;
+  int tp_rank() const { return tensor_ != nullptr ? tensor_->rank() : 0; }
   // Memory by where it lives (see the top of the file): zeroes a buffer; copies bytes between
   // any two of device and host memory and returns once the destination holds them.
   void zero_buffer(const Buffer& buffer);
@@ -206,6 +225,7 @@ class ShardedModel : public ParamProvider {
   Communicator& comm_;    // the data-parallel group
   Communicator& all_;     // every rank: agreement on inf/NaN and the norm
   Communicator* tied_;    // the tied embedding's two holders, or nullptr
+  Communicator* tensor_;  // the tp group, or nullptr
   std::vector<int> held_;
   Backend& backend_;
   int world_, rank_;

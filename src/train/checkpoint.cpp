@@ -34,11 +34,12 @@ void CheckpointWriter::write_part(const Part& part) const {
   TensorFilePart weights((staging_->path() / "model.safetensors").string(), layout_, weights_);
   TensorFilePart optimizer((staging_->path() / "optimizer.safetensors").string(), layout_,
                            optimizer_);
+  const TpSlices source{part.layout, part.tp_rank, part.replicated};
   for (int block = 0; block < layout_.num_blocks(); ++block) {
     if (part.params[block].empty()) continue;  // another pipeline stage's block
-    weights.write(0, block, part.begin[block], part.params[block]);
-    optimizer.write(0, block, part.begin[block], part.exp_avg[block]);
-    optimizer.write(1, block, part.begin[block], part.exp_avg_sq[block]);
+    weights.write(0, block, part.begin[block], part.params[block], source);
+    optimizer.write(0, block, part.begin[block], part.exp_avg[block], source);
+    optimizer.write(1, block, part.begin[block], part.exp_avg_sq[block], source);
   }
   weights.close();
   optimizer.close();

@@ -33,12 +33,18 @@ class CheckpointWriter {
   // Creates the staging directory and the two tensor files at their full size.
   CheckpointWriter(const std::string& out_dir, int64_t step, const ModelConfig& config);
   ~CheckpointWriter();
-  const ParamLayout& layout() const { return layout_; }
+  const ParamLayout& layout() const { return layout_; }  // the whole model's (tp = 1)
   // One rank's part: for each block, F32 master weights and Adam moments of the flat range
-  // [begin, begin + numel) the tensors hold (empty tensors: a block another rank writes).
+  // [begin, begin + numel) the tensors hold (empty tensors: a block another rank writes), in
+  // tp rank `tp_rank`'s layout `layout` (null: layout(), tp = 1). `replicated`: also write
+  // the replicated tensors (the same on every tp rank: one tp rank's parts write them, the
+  // others pass false). Every element of the files must come from exactly one part.
   struct Part {
     std::vector<int64_t> begin;
     std::vector<Tensor> params, exp_avg, exp_avg_sq;
+    const ParamLayout* layout = nullptr;
+    int tp_rank = 0;
+    bool replicated = true;
   };
   void write_part(const Part& part) const;
   // config.json, trainer.json, the rename, OUT/latest. Returns the checkpoint directory.

@@ -63,6 +63,8 @@ void for_each_resumable(TrainOptions& o, Fn&& fn) {
   fn("seq-len", o.seq_len);
   fn("grad-accum", o.grad_accum);
   fn("gpus", o.gpus);
+  fn("tp", o.tp);
+  fn("sequence-parallel", o.sequence_parallel);
   fn("pp", o.pp);
   fn("pp-schedule", o.pp_schedule);
   fn("pp-split", o.pp_split);
@@ -100,10 +102,12 @@ nlohmann::json resumable_options(const TrainOptions& options) {
 void apply_resumable_options(TrainOptions& options, const nlohmann::json& saved) {
   if (!options.explicit_flags || !saved.is_object()) return;
   const std::set<std::string>& given = *options.explicit_flags;
-  const bool ranks_given = given.count("gpus") != 0 || given.count("pp") != 0;
+  const bool ranks_given =
+      given.count("gpus") != 0 || given.count("pp") != 0 || given.count("tp") != 0;
   const bool accum_given = given.count("grad-accum") != 0;
-  const int64_t saved_dp =
-      std::max<int64_t>(1, saved.value("gpus", int64_t{1}) / saved.value("pp", int64_t{1}));
+  const int64_t saved_dp = std::max<int64_t>(
+      1, saved.value("gpus", int64_t{1}) /
+             (saved.value("pp", int64_t{1}) * saved.value("tp", int64_t{1})));
   const int64_t micro_batches = saved.value("grad-accum", int64_t{1}) * saved_dp;
   const bool new_depth = given.count("pp") != 0 && saved.value("pp", int64_t{1}) != options.pp;
   for_each_resumable(options, [&](const char* flag, auto& field) {
@@ -116,8 +120,10 @@ void apply_resumable_options(TrainOptions& options, const nlohmann::json& saved)
   });
   // Another pipeline depth: the remembered split was for the old one.
   if (new_depth && given.count("pp-split") == 0) options.pp_split.clear();
-  // A new --pp alone keeps the data-parallel ranks: the rank count follows.
-  if (given.count("pp") != 0 && given.count("gpus") == 0) options.gpus = static_cast<int>(saved_dp) * options.pp;
+  // A new --pp or --tp alone keeps the data-parallel ranks: the rank count follows.
+  if ((given.count("pp") != 0 || given.count("tp") != 0) && given.count("gpus") == 0) {
+    options.gpus = static_cast<int>(saved_dp) * options.pp * options.tp;
+  }
   // Other ranks than before, same micro-batches per step: the accumulation follows.
   if (ranks_given && !accum_given) {
     const int dp = data_parallel_ranks(options);

@@ -46,7 +46,8 @@ struct TrainOptions {
   std::string topology_file, nvidia_smi_file, gpu_model, host_memory;
   int64_t global_batch_tokens = 0; // for the planner; 0: batch x seq-len x grad-accum x gpus
   int dp = 0;                      // data parallel degree; 0: gpus / (tp x pp)
-  int tp = 1, pp = 1;              // tensor (only 1 runs today) / pipeline parallel degrees
+  int tp = 1, pp = 1;              // tensor / pipeline parallel degrees
+  bool sequence_parallel = true;   // tp > 1: sequence parallelism outside the tp regions
   std::string pp_schedule = "1f1b";  // 1f1b | gpipe
   std::string pp_split;            // layers per stage, "7,7,7,7"; empty: the balanced split
   // output
@@ -72,6 +73,7 @@ struct TrainOptions {
   // Testing: at step fail_step (1-based), pipeline stage fail_stage throws (fail_hang: sleeps
   // for 3 x comm_timeout instead) at the forward of micro-batch fail_micro_batch; -1: never.
   int fail_stage = -1;
+  int fail_tensor_index = -1;      // only the stage's ranks of this tp index fail; -1: all
   int fail_micro_batch = 0;
   int64_t fail_step = 1;
   bool fail_hang = false;

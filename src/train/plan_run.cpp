@@ -16,9 +16,6 @@ namespace dstrain {
 
 namespace {
 
-constexpr const char* kNoTensorParallelism =
-    "tensor parallelism (--tp) is not implemented yet; use --tp 1";
-
 // Whether the user gave `flag` (a library caller gives them all).
 bool given(const TrainOptions& options, const char* flag) {
   return !options.explicit_flags.has_value() || options.explicit_flags->count(flag) != 0;
@@ -43,6 +40,7 @@ PlanRequest request_from_flags(const TrainOptions& options, const ModelConfig& c
   if (given(options, "batch") || given(options, "micro-batch")) request.micro_batch = options.batch;
   if (given(options, "dp") && options.dp > 0) request.dp = options.dp;
   if (given(options, "tp")) request.tp = options.tp;
+  if (given(options, "sequence-parallel")) request.sequence_parallel = options.sequence_parallel;
   if (given(options, "pp")) request.pp = options.pp;
   if (given(options, "pp-schedule")) request.pp_schedule = parse_pipeline_schedule(options.pp_schedule);
   if (given(options, "pp-split") && !options.pp_split.empty()) {
@@ -51,19 +49,12 @@ PlanRequest request_from_flags(const TrainOptions& options, const ModelConfig& c
   return request;
 }
 
-// The planner's plan for `machine`, without tensor parallelism unless asked (which is refused).
+// The planner's plan for `machine`.
 Plan plan_for_machine(TrainOptions& options, const ModelConfig& config,
                       const NodeTopology& machine, std::ostream& out) {
   PlanRequest request = request_from_flags(options, config, static_cast<int>(machine.gpus.size()));
   const int gpus = request.gpus > 0 ? request.gpus : static_cast<int>(machine.gpus.size());
-  DSTRAIN_USER_CHECK(!request.tp || *request.tp == 1) << kNoTensorParallelism;
-  PlanResult result = choose_plan(config, machine, request);
-  if (result.best.plan.tp > 1) {
-    out << "the best plan for this machine, " << describe(result.best.plan)
-        << ", uses tensor parallelism, which this build cannot run yet; planning without it\n";
-    request.tp = 1;
-    result = choose_plan(config, machine, request);
-  }
+  const PlanResult result = choose_plan(config, machine, request);
   char seconds[32];
   std::snprintf(seconds, sizeof seconds, "%.3g", result.best.cost.step_seconds);
   out << "plan for " << gpus << " x " << result.machine << ": " << describe(result.best.plan)
@@ -88,28 +79,44 @@ void check_runs_here(const Plan& plan, const MachineSource& source) {
       << "ranks with --device cpu";
 }
 
+// Tensor parallelism's requirements: the model splits over tp ranks, and under sequence
+// parallelism so do the token rows of a micro-batch.
+void check_tensor_parallel(const ModelConfig& config, const Plan& plan) {
+  const std::string reason = tp_unsupported_reason(config, plan.tp);
+  DSTRAIN_USER_CHECK(reason.empty()) << "--tp " << plan.tp << ": " << reason;
+  DSTRAIN_USER_CHECK(!plan.uses_sequence_parallel() || plan.micro_batch * plan.seq_len % plan.tp == 0)
+      << "--tp " << plan.tp << " with sequence parallelism splits each micro-batch's "
+      << plan.micro_batch << " x " << plan.seq_len << " tokens over " << plan.tp
+      << " ranks: make --batch x --seq-len a multiple of " << plan.tp
+      << ", or turn it off with --sequence-parallel false";
+}
+
 }  // namespace
 
 Plan plan_from_options(const TrainOptions& options, const ModelConfig& config) {
-  DSTRAIN_USER_CHECK(options.tp == 1) << kNoTensorParallelism;
   Plan plan;
+  plan.tp = options.tp;
   plan.pp = options.pp;
   DSTRAIN_USER_CHECK(plan.pp <= config.n_layer)
       << "--pp " << plan.pp << " is more pipeline stages than the model's " << config.n_layer
       << " layers (stages cut at layer boundaries)";
+  const int model_ranks = plan.tp * plan.pp;  // the ranks of one model replica
   int gpus = options.gpus;
   if (options.dp > 0) {
-    DSTRAIN_USER_CHECK(!given(options, "gpus") || options.gpus == options.dp * plan.pp)
-        << "--dp " << options.dp << " x --pp " << plan.pp << " is " << options.dp * plan.pp
-        << " ranks, but --gpus is " << options.gpus << " (--gpus = dp x tp x pp)";
-    gpus = options.dp * plan.pp;
-  } else if (!given(options, "gpus") && gpus < plan.pp) {
-    gpus = plan.pp;  // --pp alone: one rank per stage
+    DSTRAIN_USER_CHECK(!given(options, "gpus") || options.gpus == options.dp * model_ranks)
+        << "--dp " << options.dp << " x --tp " << plan.tp << " x --pp " << plan.pp << " is "
+        << options.dp * model_ranks << " ranks, but --gpus is " << options.gpus
+        << " (--gpus = dp x tp x pp)";
+    gpus = options.dp * model_ranks;
+  } else if (!given(options, "gpus") && gpus < model_ranks) {
+    gpus = model_ranks;  // --tp / --pp alone: one replica
   }
-  DSTRAIN_USER_CHECK(gpus % plan.pp == 0)
+  DSTRAIN_USER_CHECK(gpus % model_ranks == 0)
       << "--gpus " << gpus << " ranks cannot be cut into " << plan.pp
-      << " pipeline stages (--pp) of equal data-parallel ranks";
-  plan.dp = gpus / plan.pp;
+      << " pipeline stages (--pp)"
+      << (plan.tp > 1 ? " of " + std::to_string(plan.tp) + " tensor-parallel ranks (--tp)" : "")
+      << " of equal data-parallel ranks";
+  plan.dp = gpus / model_ranks;
   plan.zero = options.zero;
   plan.offload = options.offload;
   plan.recompute = parse_recompute(options.recompute);
@@ -117,6 +124,8 @@ Plan plan_from_options(const TrainOptions& options, const ModelConfig& config) {
   plan.grad_accum = options.grad_accum;
   plan.seq_len = options.seq_len;
   plan.param_dtype = parse_dtype(options.precision);
+  plan.sequence_parallel = options.sequence_parallel;
+  check_tensor_parallel(config, plan);
   plan.pp_schedule = parse_pipeline_schedule(options.pp_schedule);
   if (!options.pp_split.empty()) plan.pp_split = parse_pipeline_split(options.pp_split);
   plan.pp_split = pipeline_split(config, plan);  // checks a given one, balances otherwise
@@ -137,6 +146,7 @@ void remember_plan(const Plan& plan, TrainOptions& options) {
   options.precision = precision_name(plan.param_dtype);
   options.pp_schedule = pipeline_schedule_name(plan.pp_schedule);
   options.pp_split = plan.pp > 1 ? pipeline_split_text(plan.pp_split) : "";
+  options.sequence_parallel = plan.sequence_parallel;
 }
 
 // The plan of a run before the options remember it (plan_run).

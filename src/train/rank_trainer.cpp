@@ -96,8 +96,12 @@ RankTrainer::RankTrainer(const RunContext& ctx, Communicator& world)
       accum_(ctx.plan.grad_accum),
       threads_(cpu_threads_per_rank(ctx.options, world.size())),
       devices_(make_rank_devices(ctx.devices, world, threads_)),
+      full_layout_(ctx.config),
       groups_(make_rank_groups(*devices_.comm, ctx.plan)),
-      arch_(make_architecture(ctx.config)),
+      arch_(make_architecture(ctx.config,
+                              TensorParallel{ctx.plan.tp, groups_.tensor_index,
+                                             ctx.plan.uses_sequence_parallel(), groups_.tensor,
+                                             &tp_stats_})),
       split_(pipeline_split(ctx.config, ctx.plan)),
       scaler_(ctx.plan.param_dtype == DType::F16),
       adam_{ctx.options.beta1, ctx.options.beta2, ctx.options.eps, ctx.options.weight_decay,
@@ -106,12 +110,14 @@ RankTrainer::RankTrainer(const RunContext& ctx, Communicator& world)
   range_ = stage_of_split(split_, groups_.stage);
   ShardingConfig sharding{plan_.zero, plan_.offload, plan_.param_dtype, threads_,
                           pipeline_stage_blocks(arch_->layout(), range_),
-                          plan_.pp > 1 && last_stage()};
+                          plan_.pp > 1 && last_stage(), plan_.tp,
+                          plan_.uses_sequence_parallel()};
   // The model and the optimizer run on the rank's compute stream; ShardedModel's collectives
   // and offload copies, and the pipeline's transfers, on streams of their own.
   const Stream compute = devices_.compute.get();
   state_ = std::make_unique<ShardedModel>(
-      config_, sharding, StateGroups{groups_.data, groups_.all, groups_.tied}, *devices_.backend,
+      config_, sharding, StateGroups{groups_.data, groups_.all, groups_.tied, groups_.tensor},
+      *devices_.backend,
       *devices_.device, *devices_.host, compute);
   const int slots = activation_slots(plan_.pp_schedule, plan_.pp, groups_.stage,
                                      static_cast<int>(accum_));
@@ -121,7 +127,8 @@ RankTrainer::RankTrainer(const RunContext& ctx, Communicator& world)
                                              plan_.pp, rank_, *devices_.backend, compute);
   schedule_ = make_pipeline_schedule(plan_.pp_schedule, plan_.pp,
                                      static_cast<int>(accum_))[static_cast<size_t>(groups_.stage)];
-  if (options_.fail_stage == groups_.stage) {
+  if (options_.fail_stage == groups_.stage &&
+      (options_.fail_tensor_index < 0 || options_.fail_tensor_index == groups_.tensor_index)) {
     runner_->set_before_action([this](const PipelineAction& action) {
       if (!training_ || action.kind != ActionKind::Forward ||
           action.micro_batch != options_.fail_micro_batch || step_ + 1 != options_.fail_step) {
@@ -214,6 +221,12 @@ void RankTrainer::announce(const std::array<size_t, kNumMemCategories>& memory) 
          << " layers (embedding on the first, head on the last), "
          << pipeline_schedule_name(plan_.pp_schedule) << " schedule\n";
   }
+  if (plan_.tp > 1) {
+    text << "  tensor parallel: each layer split over " << plan_.tp << " ranks ("
+         << config_.n_head / plan_.tp << " of " << config_.n_head << " heads, 1/" << plan_.tp
+         << " of the MLP and of the vocabulary each)"
+         << (plan_.uses_sequence_parallel() ? ", sequence parallel" : "") << "\n";
+  }
   text << "  memory per rank (peak, largest over ranks):" << memory_line(memory);
   if (ctx_.resume) text << "\n  resuming " << ctx_.resume->dir << " at step " << ctx_.first_step;
   if (ctx_.data->entropy_floor) {
@@ -248,6 +261,7 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   training_ = true;
   state_->begin_step();
   runner_->reset_times();
+  tp_stats_ = {};
   o.loss_scale = scaler_.scale();
   // The gradient of the mean loss over the global batch, times the loss scale.
   const float dloss = static_cast<float>(o.loss_scale / static_cast<double>(B_ * T_ * accum_ * plan_.dp));
@@ -259,7 +273,7 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   if (options_.inject_inf_step == step + 1 && options_.inject_inf_rank == rank_) {
     state_->inject_inf_gradient();
   }
-  const double mean = last_stage() ? local / static_cast<double>(accum_) : 0.0;
+  const double mean = counts_loss() ? local / static_cast<double>(accum_) : 0.0;
   o.loss = sum_over_ranks(world_, mean) / plan_.dp;
   DSTRAIN_USER_CHECK(std::isfinite(o.loss))
       << "the loss became " << o.loss << " at step " << step + 1
@@ -273,13 +287,35 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   if (!o.skipped) ++adam_step_;
   o.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   run_times_ += runner_->times();
-  if (plan_.pp > 1) {
-    // The share of the step each stage waited, the mean over its data-parallel ranks.
-    const std::vector<double> waits = gather_doubles(world_, {runner_->times().wait_seconds / o.seconds});
-    o.bubble.assign(static_cast<size_t>(plan_.pp), 0.0);
-    for (size_t r = 0; r < waits.size(); ++r) o.bubble[r / static_cast<size_t>(plan_.dp)] += waits[r] / plan_.dp;
-  }
+  measure_parallelism(o);
   return o;
+}
+
+void RankTrainer::measure_parallelism(StepOutcome& o) {
+  if (plan_.pp == 1 && plan_.tp == 1) return;
+  const std::vector<double> all = gather_doubles(
+      world_, {runner_->times().wait_seconds / o.seconds, static_cast<double>(tp_stats_.collectives),
+               tp_stats_.all_reduce_bytes, tp_stats_.seconds / o.seconds});
+  const size_t per_stage = static_cast<size_t>(plan_.dp * plan_.tp), values = 4;
+  const auto stages = static_cast<size_t>(plan_.pp);
+  const double ranks = static_cast<double>(per_stage);
+  if (plan_.pp > 1) o.bubble.assign(stages, 0.0);
+  if (plan_.tp > 1) {
+    o.tp_share.assign(stages, 0.0);
+    o.tp_collectives.assign(stages, 0.0);
+    o.tp_bytes.assign(stages, 0.0);
+  }
+  for (size_t r = 0; r < all.size() / values; ++r) {
+    const size_t stage = r / per_stage;
+    const double* mine = &all[r * values];
+    if (plan_.pp > 1) o.bubble[stage] += mine[0] / ranks;  // the mean over the stage's ranks
+    if (plan_.tp == 1) continue;
+    o.tp_share[stage] += mine[3] / ranks;
+    if (r % per_stage == 0) {  // every rank of a stage runs the same collectives
+      o.tp_collectives[stage] = mine[1];
+      o.tp_bytes[stage] = mine[2];
+    }
+  }
 }
 
 void RankTrainer::report_step(int64_t step, const StepOutcome& o) {
@@ -298,6 +334,11 @@ void RankTrainer::report_step(int64_t step, const StepOutcome& o) {
     record["pipeline_bubble"] = o.bubble;
     bubble = 0.0;
     for (double b : o.bubble) bubble += b / static_cast<double>(o.bubble.size());
+  }
+  if (!o.tp_collectives.empty()) {
+    record["tensor_parallel"] = {{"collectives", o.tp_collectives},
+                                 {"all_reduce_bytes", o.tp_bytes},
+                                 {"comm_share", o.tp_share}};
   }
   ctx_.log->write(record);
   if (o.skipped) {
@@ -326,7 +367,7 @@ double RankTrainer::evaluate() {
   const StageActions actions =
       make_forward_schedule(plan_.pp, batches)[static_cast<size_t>(groups_.stage)];
   const double total = runner_->run(actions, batches, B_, T_, source, 0.0f);
-  const double mean = last_stage() ? total / static_cast<double>(batches) : 0.0;
+  const double mean = counts_loss() ? total / static_cast<double>(batches) : 0.0;
   return sum_over_ranks(world_, mean) / plan_.dp;
 }
 
@@ -336,7 +377,12 @@ void RankTrainer::save_checkpoint(int64_t step) {
   const bool leader = rank_ == 0;
   if (leader) *ctx_.checkpoint = std::make_unique<CheckpointWriter>(options_.out, step + 1, config_);
   world_.barrier();
+  // Under tp each rank writes its slices where they lie in the full tensors; the replicated
+  // tensors (the same on every tp rank) come from tp index 0.
   CheckpointWriter::Part part;
+  part.layout = &arch_->layout();
+  part.tp_rank = groups_.tensor_index;
+  part.replicated = groups_.tensor_index == 0;
   for (int block = 0; block < state_->num_blocks(); ++block) {
     const bool mine = state_->writes(block);
     part.begin.push_back(mine ? state_->shard_begin(block) : 0);
@@ -359,12 +405,26 @@ void RankTrainer::save_checkpoint(int64_t step) {
   world_.barrier();  // nobody runs ahead of a checkpoint that failed on rank 0
 }
 
-void RankTrainer::run() {
-  state_->set_full_params(ctx_.initial->params.tensors());
+// The starting state (full tensors, as a checkpoint holds them) into this rank's model state:
+// its tp slices of them.
+void RankTrainer::load_initial_state() {
+  const FullTrainingState& initial = *ctx_.initial;
+  std::optional<HostBlocks> slices;
+  auto local = [&](const HostBlocks& full) -> const std::vector<Tensor>& {
+    if (plan_.tp == 1) return full.tensors();
+    slices.emplace(arch_->layout());
+    slice_host_blocks(full_layout_, arch_->layout(), groups_.tensor_index, full, *slices);
+    return slices->tensors();
+  };
+  state_->set_full_params(local(initial.params));
   if (ctx_.have_moments) {
-    state_->set_full_moments(0, ctx_.initial->exp_avg.tensors());
-    state_->set_full_moments(1, ctx_.initial->exp_avg_sq.tensors());
+    state_->set_full_moments(0, local(initial.exp_avg));
+    state_->set_full_moments(1, local(initial.exp_avg_sq));
   }
+}
+
+void RankTrainer::run() {
+  load_initial_state();
   const auto memory = max_over_ranks(world_, peak_bytes(devices_));
   const bool leader = rank_ == 0;
   if (leader) announce(memory);
@@ -422,14 +482,25 @@ void RankTrainer::verify_tied_embedding() {
 }
 
 // Every block's full weights on rank 0: each stage gathers its own over its data-parallel
-// group, then its rank of data-parallel index 0 sends them to rank 0, block by block in order.
+// groups, then its ranks of data-parallel index 0 send their tp slices to rank 0, which puts
+// them in place, block by block in order.
 void RankTrainer::gather_full_weights_on_leader(const HostBlocks& gathered) {
-  state_->get_full_params(gathered.tensors());
+  const ParamLayout& local = arch_->layout();
+  const bool sliced = plan_.tp > 1;
+  std::optional<HostBlocks> own, other;  // tp > 1: this rank's slices; rank 0: another's
+  if (sliced) own.emplace(local);
+  if (sliced && rank_ == 0) other.emplace(local);
+  const HostBlocks& mine = sliced ? *own : gathered;
+  state_->get_full_params(mine.tensors());
   for (int block = 0; block < state_->num_blocks(); ++block) {
-    const int owner = owner_stage(block) * plan_.dp;  // world rank of (stage, index 0)
-    if (owner == 0) continue;
-    if (rank_ == owner) world_.send(gathered.block(block), 0, nullptr);
-    if (rank_ == 0) world_.recv(gathered.block(block), owner, nullptr);
+    for (int t = 0; t < plan_.tp; ++t) {
+      const int owner = world_rank_of(plan_, owner_stage(block), 0, t);
+      if (rank_ == owner && owner != 0) world_.send(mine.block(block), 0, nullptr);
+      if (rank_ != 0) continue;
+      const HostBlocks& into = owner == 0 ? mine : sliced ? *other : gathered;
+      if (owner != 0) world_.recv(into.block(block), owner, nullptr);
+      if (sliced) insert_block_slice(full_layout_, local, t, block, into, gathered);
+    }
   }
 }
 
@@ -444,14 +515,15 @@ void RankTrainer::print_stage_summary(nlohmann::json& summary_record) {
   std::ostringstream text;
   text << "  pipeline stages (" << pipeline_schedule_name(plan_.pp_schedule) << ", " << accum_
        << (accum_ == 1 ? " micro-batch" : " micro-batches")
-       << " per step; per step, mean over data-parallel ranks):";
+       << " per step; per step, mean over the stage's ranks):";
   nlohmann::json stages = nlohmann::json::array();
   for (int s = 0; s < plan_.pp; ++s) {
     double compute = 0, wait = 0, peak = 0;
-    for (int d = 0; d < plan_.dp; ++d) {
-      const size_t r = static_cast<size_t>(s * plan_.dp + d) * 3;
-      compute += all[r] / plan_.dp / static_cast<double>(steps);
-      wait += all[r + 1] / plan_.dp / static_cast<double>(steps);
+    const int per_stage = plan_.dp * plan_.tp;
+    for (int i = 0; i < per_stage; ++i) {
+      const size_t r = static_cast<size_t>(s * per_stage + i) * 3;
+      compute += all[r] / per_stage / static_cast<double>(steps);
+      wait += all[r + 1] / per_stage / static_cast<double>(steps);
       peak = std::max(peak, all[r + 2]);
     }
     const StageRange r = stage_of_split(split_, s);
@@ -514,7 +586,7 @@ void RankTrainer::finish(double train_seconds) {
   const bool want_sample = options_.sample_tokens > 0 && summary.interrupted_by == 0;
   std::optional<HostBlocks> gathered;
   if (want_sample) {
-    gathered.emplace(arch_->layout());
+    gathered.emplace(full_layout_);
     gather_full_weights_on_leader(*gathered);
   }
   if (!leader) return;

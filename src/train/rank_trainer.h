@@ -2,9 +2,10 @@
 // pipeline stage and its runner, data), then per step the schedule's micro-batches, the
 // optimizer step, the log, evaluation and checkpoints, and at the end the summary and a sample.
 //
-// Under a plan with pp stages, rank r runs stage r / dp of data-parallel index r % dp
-// (parallel/groups.h); the first and the last stage of each index read the same micro-batches
-// (the first needs the tokens, the last the targets), the others none.
+// Under a plan with pp stages, rank r runs stage r / (tp * dp) of data-parallel index
+// (r / tp) % dp as tp index r % tp (parallel/groups.h); the first and the last stage of each
+// data-parallel index read the same micro-batches (the first needs the tokens, the last the
+// targets; all of their tp ranks), the others none.
 #pragma once
 
 #include <array>
@@ -40,14 +41,20 @@ class RankTrainer {
     bool skipped = false;
     double loss_scale = 1;
     std::vector<double> bubble;  // per stage (pp > 1): the share of the step spent waiting
+    // Per stage (tp > 1): its ranks' tensor-parallel collectives and their all-reduce volume
+    // (the same on each of its ranks), and the share of the step in them (their mean).
+    std::vector<double> tp_collectives, tp_bytes, tp_share;
   };
 
   // Setup.
   void make_token_buffers();
+  void load_initial_state();
   MicroBatch load_micro_batch(DataLoader& loader, int micro_batch);
   void announce(const std::array<size_t, kNumMemCategories>& memory) const;
   // A step and what follows it.
   StepOutcome train_step(int64_t step);
+  // The pipeline bubble and the tensor-parallel traffic of the step, per stage.
+  void measure_parallelism(StepOutcome& o);
   void report_step(int64_t step, const StepOutcome& outcome);
   bool agree_to_stop() const;
   double evaluate();
@@ -62,6 +69,8 @@ class RankTrainer {
   bool first_stage() const { return groups_.stage == 0; }
   bool last_stage() const { return groups_.stage == plan_.pp - 1; }
   bool reads_data() const { return first_stage() || last_stage(); }
+  // The last stage's ranks of tp index 0 count the loss (every tp rank computes the same).
+  bool counts_loss() const { return last_stage() && groups_.tensor_index == 0; }
   // The stage that holds block b (its state is written by that stage's ranks).
   int owner_stage(int block) const;
 
@@ -74,7 +83,9 @@ class RankTrainer {
   const int64_t B_, T_, accum_;
   const int threads_;
   RankDevices devices_;
+  ParamLayout full_layout_;  // the whole model's (tp = 1): checkpoints, the gathered weights
   RankGroups groups_;
+  TensorParallelStats tp_stats_;  // this step's, reset by train_step
   std::unique_ptr<Architecture> arch_;
   StageRange range_;
   std::vector<int64_t> split_;

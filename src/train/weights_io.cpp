@@ -22,6 +22,51 @@ HostBlocks::HostBlocks(const ParamLayout& layout) {
 
 namespace {
 
+// Calls fn(whole tensor's spec, slice's spec) for each parameter of block `block` (the same
+// index in both layouts).
+template <typename Fn>
+void for_each_param_pair(const ParamLayout& full, const ParamLayout& local, int block, Fn&& fn) {
+  DSTRAIN_CHECK(full.tp() == 1 && full.params().size() == local.params().size())
+      << "full layout (tp " << full.tp() << ") and tp " << local.tp() << " layout differ";
+  for (int index : local.block_params(block)) {
+    fn(full.params()[static_cast<size_t>(index)], local.params()[static_cast<size_t>(index)]);
+  }
+}
+
+}  // namespace
+
+void extract_block_slice(const ParamLayout& full, const ParamLayout& local, int tp_rank,
+                         int block, const HostBlocks& from, const HostBlocks& to) {
+  for_each_param_pair(full, local, block, [&](const ParamSpec& whole, const ParamSpec& slice) {
+    extract_tp_slice(slice, tp_rank, ParamLayout::view(whole, from.block(block)).f32(),
+                     ParamLayout::view(slice, to.block(block)).f32());
+  });
+}
+
+void insert_block_slice(const ParamLayout& full, const ParamLayout& local, int tp_rank,
+                        int block, const HostBlocks& from, const HostBlocks& to) {
+  for_each_param_pair(full, local, block, [&](const ParamSpec& whole, const ParamSpec& slice) {
+    insert_tp_slice(slice, tp_rank, ParamLayout::view(slice, from.block(block)).f32(),
+                    ParamLayout::view(whole, to.block(block)).f32());
+  });
+}
+
+void slice_host_blocks(const ParamLayout& full, const ParamLayout& local, int tp_rank,
+                       const HostBlocks& from, const HostBlocks& to) {
+  for (int block = 0; block < local.num_blocks(); ++block) {
+    extract_block_slice(full, local, tp_rank, block, from, to);
+  }
+}
+
+void insert_host_blocks(const ParamLayout& full, const ParamLayout& local, int tp_rank,
+                        const HostBlocks& from, const HostBlocks& to) {
+  for (int block = 0; block < local.num_blocks(); ++block) {
+    insert_block_slice(full, local, tp_rank, block, from, to);
+  }
+}
+
+namespace {
+
 // Adds each parameter of `blocks` under "<name><suffix>" with its file shape.
 void add_tensors(SafetensorsWriter& writer, const ParamLayout& layout, const HostBlocks& blocks,
                  const std::string& suffix) {
@@ -143,6 +188,7 @@ void create_tensor_file(const std::string& path, const TensorFileLayout& file) {
 TensorFilePart::TensorFilePart(const std::string& path, const ParamLayout& layout,
                                const TensorFileLayout& file)
     : path_(path), layout_(layout), file_(file) {
+  DSTRAIN_CHECK(layout.tp() == 1) << "a file's layout is the whole model's";
   fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
   if (fd_ < 0) io_error("opening", path);
 }
@@ -151,26 +197,41 @@ TensorFilePart::~TensorFilePart() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void TensorFilePart::write(int suffix, int block, int64_t begin, Tensor values) {
+void TensorFilePart::write(int suffix, int block, int64_t begin, Tensor values,
+                           const TpSlices& source) {
+  const ParamLayout& local = source.layout != nullptr ? *source.layout : layout_;
+  DSTRAIN_CHECK(local.params().size() == layout_.params().size())
+      << "the part's layout is not the file's model";
   const int64_t end = begin + values.numel();
   const float* data = values.f32();
-  for (int index : layout_.block_params(block)) {
-    const ParamSpec& spec = layout_.params()[index];
-    // The part of this tensor's file rows inside [begin, end).
+  for (int index : local.block_params(block)) {
+    const ParamSpec& spec = local.params()[index];
+    if (spec.tp_dim < 0 && !source.replicated) continue;
+    // The part of this tensor's slice inside [begin, end).
     const int64_t first = std::max(begin, spec.offset);
-    const int64_t last = std::min(end, spec.offset + spec.file_numel());
+    const int64_t last = std::min(end, spec.offset + spec.numel());
     if (first >= last) continue;
-    const size_t bytes = static_cast<size_t>(last - first) * sizeof(float);
-    const uint64_t at = file_.file_offset[suffix][index] +
-                        static_cast<uint64_t>(first - spec.offset) * sizeof(float);
-    const char* source = reinterpret_cast<const char*>(data + (first - begin));
-    size_t written = 0;
-    while (written < bytes) {
-      const ssize_t n = ::pwrite(fd_, source + written, bytes - written,
-                                 static_cast<off_t>(at + written));
-      if (n <= 0) io_error("writing", path_);
-      written += static_cast<size_t>(n);
-    }
+    const uint64_t tensor_at = file_.file_offset[suffix][index];
+    for_each_tp_run(spec, source.tp_rank, first - spec.offset, last - spec.offset,
+                    [&](int64_t local_index, int64_t full_index, int64_t count) {
+      // Only the rows files hold: wte's padded vocabulary rows end the whole tensor.
+      count = std::min(count, spec.file_numel() - full_index);
+      if (count <= 0) return;
+      write_bytes(data + (spec.offset + local_index - begin), count,
+                  tensor_at + static_cast<uint64_t>(full_index) * sizeof(float));
+    });
+  }
+}
+
+void TensorFilePart::write_bytes(const float* data, int64_t count, uint64_t at) {
+  const char* source = reinterpret_cast<const char*>(data);
+  const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+  size_t written = 0;
+  while (written < bytes) {
+    const ssize_t n =
+        ::pwrite(fd_, source + written, bytes - written, static_cast<off_t>(at + written));
+    if (n <= 0) io_error("writing", path_);
+    written += static_cast<size_t>(n);
   }
 }
 

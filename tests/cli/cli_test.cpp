@@ -228,7 +228,17 @@ TEST_F(CliTest, TrainingTakesThePlannersPlan) {
   // A fixed plan that cannot fit says by how much.
   expect_user_error("--model 13b --zero 0 --pp 1 --from-nvidia-smi " + fixture + "rtx4090-8gpu-pcie.txt "
                     "--gpu rtx4090 --host-memory 256G --device cpu --steps 1", "GiB");
-  expect_user_error("--tp 2 " + kSmall, "--tp");
+  // On NVLink pairs the planner fills in a plan around --tp 2, and it runs as chosen: 4 ranks,
+  // each layer split over 2 of them.
+  Result tp = run_dstrain("--from-nvidia-smi " + fixture + "rtx3090-4gpu-nvlink-pairs.txt --gpu "
+                          "rtx3090 --host-memory 256G --device cpu --tp 2 --batch 4 --steps 2 "
+                          "--eval-every 0 --sample 0", dir_);
+  ASSERT_EQ(tp.exit_code, 0) << tp.err;
+  EXPECT_NE(tp.out.find("dp 2 x tp 2 x pp 1 (sequence parallel)"), std::string::npos) << tp.out;
+  EXPECT_NE(tp.out.find("tensor parallel: each layer split over 2 ranks"), std::string::npos)
+      << tp.out;
+  // The tiny model's 4 heads do not split 3 ways.
+  expect_user_error("--tp 3 --gpus 3 --device cpu " + kSmall, "n_head (4) divisible by 3");
 }
 
 TEST_F(CliTest, RanksAndPlanFlags) {

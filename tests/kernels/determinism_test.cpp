@@ -110,8 +110,8 @@ TEST(Determinism, EmbeddingForwardAndBackward) {
     HostTensor out(dtype, {B, T, C});
     HostTensor dwte = random_tensor(dtype, {Vp, C}, 20), dwpe = random_tensor(dtype, {maxT, C}, 21);
     expect_thread_invariant(make_outputs({&out, &dwte, &dwpe}), [&](Backend& backend, Outputs& o) {
-      backend.embedding_forward(o[0], tokens, wte, wpe, nullptr);
-      backend.embedding_backward(o[1], o[2], dout, tokens, nullptr);
+      backend.embedding_forward(o[0], tokens, wte, wpe, 0, wte.t().size(0), nullptr);
+      backend.embedding_backward(o[1], o[2], dout, tokens, 0, o[1].t().size(0), nullptr);
     });
   }
 }

@@ -100,6 +100,28 @@ TEST(Accumulate, MixedDTypesF32PlusBF16) {
   EXPECT_TRUE(guards_intact({&dst, &src}));
 }
 
+// x (N,OC) += bias (OC): each element rounded once, to x's dtype.
+void check_add_bias(int64_t N, int64_t OC, DType dtype, DType bias_dtype) {
+  Random rng(55);
+  HostTensor x(dtype, {N, OC}), bias(bias_dtype, {OC});
+  const std::vector<double> before = x.fill_random(rng, -1.0, 1.0);
+  const std::vector<double> b = bias.fill_random(rng, -1.0, 1.0);
+  test_backend()->add_bias(x, bias, nullptr);
+  std::vector<double> expected(before.size());
+  for (size_t i = 0; i < before.size(); ++i) expected[i] = before[i] + b[i % OC];
+  EXPECT_TRUE(all_close(x.values(), expected, storage_tolerance(dtype)));
+  EXPECT_TRUE(guards_intact({&x, &bias}));
+}
+
+TEST(AddBias, RoundShapeF32) { check_add_bias(16, 64, DType::F32, DType::F32); }
+TEST(AddBias, OddShapeBF16) { check_add_bias(7, 37, DType::BF16, DType::BF16); }
+TEST(AddBias, OddShapeF16WithF32Bias) { check_add_bias(7, 37, DType::F16, DType::F32); }
+
+TEST(AddBias, ShapeMismatchThrows) {
+  HostTensor x(DType::F32, {3, 4}), bias(DType::F32, {3});
+  EXPECT_THROW(test_backend()->add_bias(x, bias, nullptr), Error);
+}
+
 TEST(Accumulate, SizeMismatchThrows) {
   HostTensor dst(DType::F32, {4}), src(DType::F32, {5});
   EXPECT_THROW(test_backend()->accumulate(dst, src, nullptr), Error);

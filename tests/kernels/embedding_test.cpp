@@ -41,7 +41,7 @@ void check_forward(const EmbeddingCase& c) {
   wte.fill_random(rng, -1.0, 1.0);
   wpe.fill_random(rng, -1.0, 1.0);
   out.fill_nan();
-  test_backend()->embedding_forward(out, tokens, wte, wpe, nullptr);
+  test_backend()->embedding_forward(out, tokens, wte, wpe, 0, wte.t().size(0), nullptr);
   const std::vector<double> ref =
       embedding_reference(tokens.values(), wte.values(), wpe.values(), c);
   EXPECT_TRUE(all_close(out.values(), ref, storage_tolerance(c.dtype)));
@@ -56,7 +56,7 @@ void check_backward(const EmbeddingCase& c) {
   const std::vector<double> r = dout.fill_random(rng, -1.0, 1.0);
   const std::vector<double> dwte_before = dwte.fill_random(rng, -1.0, 1.0);
   const std::vector<double> dwpe_before = dwpe.fill_random(rng, -1.0, 1.0);
-  test_backend()->embedding_backward(dwte, dwpe, dout, tokens, nullptr);
+  test_backend()->embedding_backward(dwte, dwpe, dout, tokens, 0, dwte.t().size(0), nullptr);
 
   // L = sum(out * R) with R = dout; its gradients by central differences in double.
   const std::vector<double> token_ids = tokens.values();
@@ -89,6 +89,64 @@ TEST(Embedding, BackwardOddShapeF32) { check_backward({3, 7, 13, 37, 9, DType::F
 TEST(Embedding, BackwardOddShapeF16) { check_backward({3, 7, 13, 37, 9, DType::F16}); }
 TEST(Embedding, BackwardOddShapeBF16) { check_backward({3, 7, 13, 37, 9, DType::BF16}); }
 
+// Vocabulary parallelism: the table cut into `slices` row slices. Each slice embeds only its
+// tokens (zero rows elsewhere), so the slices' outputs sum to the whole table's bitwise; the
+// backward scatters into each slice only its tokens' rows and gives every slice all of dwpe.
+void check_vocab_slices(const EmbeddingCase& c, int64_t slices) {
+  const int64_t Vs = c.Vp / slices, N = c.B * c.T;
+  Random rng(16);
+  HostTensor tokens(DType::I32, {c.B, c.T});
+  for (int64_t i = 0; i < N; ++i) tokens.i32()[i] = static_cast<int32_t>(rng.integer(c.Vp));
+  HostTensor wte(c.dtype, {c.Vp, c.C}), wpe(c.dtype, {c.maxT, c.C}), dout(c.dtype, {c.B, c.T, c.C});
+  const std::vector<double> table = wte.fill_random(rng, -1.0, 1.0);
+  wpe.fill_random(rng, -1.0, 1.0);
+  dout.fill_random(rng, -1.0, 1.0);
+  HostTensor whole_out(c.dtype, {c.B, c.T, c.C}), dwte(c.dtype, {c.Vp, c.C});
+  HostTensor dwpe(c.dtype, {c.maxT, c.C});
+  const std::vector<double> dwte_before = dwte.fill_random(rng, -1.0, 1.0);
+  const std::vector<double> dwpe_before = dwpe.fill_random(rng, -1.0, 1.0);
+  test_backend()->embedding_forward(whole_out, tokens, wte, wpe, 0, c.Vp, nullptr);
+  test_backend()->embedding_backward(dwte, dwpe, dout, tokens, 0, c.Vp, nullptr);
+
+  std::vector<double> sum(static_cast<size_t>(N * c.C), 0.0);
+  for (int64_t s = 0; s < slices; ++s) {
+    auto rows = [&](const std::vector<double>& v) {
+      return std::vector<double>(v.begin() + s * Vs * c.C, v.begin() + (s + 1) * Vs * c.C);
+    };
+    HostTensor wte_slice(c.dtype, {Vs, c.C}), out(c.dtype, {c.B, c.T, c.C});
+    HostTensor dwte_slice(c.dtype, {Vs, c.C}), dwpe_slice(c.dtype, {c.maxT, c.C});
+    wte_slice.set(rows(table));
+    dwte_slice.set(rows(dwte_before));
+    dwpe_slice.set(dwpe_before);
+    out.fill_nan();
+    test_backend()->embedding_forward(out, tokens, wte_slice, wpe, s * Vs, c.Vp, nullptr);
+    const std::vector<double> o = out.values();
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += o[i];
+    test_backend()->embedding_backward(dwte_slice, dwpe_slice, dout, tokens, s * Vs, c.Vp,
+                                       nullptr);
+    EXPECT_EQ(dwte_slice.values(), rows(dwte.values())) << "dwte of slice " << s;
+    EXPECT_EQ(dwpe_slice.values(), dwpe.values()) << "dwpe of slice " << s;
+    EXPECT_TRUE(guards_intact({&out, &wte_slice, &dwte_slice, &dwpe_slice}));
+  }
+  EXPECT_EQ(sum, whole_out.values()) << "the sum of the slices' embeddings";
+}
+
+TEST(Embedding, VocabularySlicesF32) { check_vocab_slices({3, 7, 13, 48, 9, DType::F32}, 3); }
+TEST(Embedding, VocabularySlicesBF16) { check_vocab_slices({2, 8, 32, 64, 16, DType::BF16}, 4); }
+
+TEST(Embedding, SliceOutsideTheVocabularyThrows) {
+  HostTensor wte(DType::F32, {4, 2}), wpe(DType::F32, {3, 2}), out(DType::F32, {1, 3, 2});
+  HostTensor tokens(DType::I32, {1, 3});
+  for (int i = 0; i < 3; ++i) tokens.i32()[i] = i;
+  EXPECT_THROW(test_backend()->embedding_forward(out, tokens, wte, wpe, 6, 8, nullptr), Error);
+  EXPECT_THROW(test_backend()->embedding_forward(out, tokens, wte, wpe, -1, 8, nullptr), Error);
+  // A token of the whole vocabulary outside this slice is not an error, one outside it is.
+  tokens.i32()[2] = 7;
+  EXPECT_NO_THROW(test_backend()->embedding_forward(out, tokens, wte, wpe, 0, 8, nullptr));
+  tokens.i32()[2] = 8;
+  EXPECT_THROW(test_backend()->embedding_forward(out, tokens, wte, wpe, 4, 8, nullptr), UserError);
+}
+
 TEST(Embedding, TokenOutOfRangeThrows) {
   const int64_t B = 2, T = 3, C = 4, Vp = 5;
   HostTensor wte(DType::F32, {Vp, C}), wpe(DType::F32, {T, C}), out(DType::F32, {B, T, C});
@@ -99,9 +157,9 @@ TEST(Embedding, TokenOutOfRangeThrows) {
   for (int32_t bad : {static_cast<int32_t>(Vp), -1}) {
     for (int64_t i = 0; i < B * T; ++i) tokens.i32()[i] = static_cast<int32_t>(i % Vp);
     tokens.i32()[4] = bad;
-    EXPECT_THROW(test_backend()->embedding_forward(out, tokens, wte, wpe, nullptr), UserError)
+    EXPECT_THROW(test_backend()->embedding_forward(out, tokens, wte, wpe, 0, wte.t().size(0), nullptr), UserError)
         << "token " << bad;
-    EXPECT_THROW(test_backend()->embedding_backward(wte, wpe, out, tokens, nullptr), UserError)
+    EXPECT_THROW(test_backend()->embedding_backward(wte, wpe, out, tokens, 0, wte.t().size(0), nullptr), UserError)
         << "token " << bad;
   }
 }
@@ -111,7 +169,7 @@ TEST(Embedding, ShapeMismatchThrows) {
   HostTensor tokens(DType::I32, {1, 3});
   for (int i = 0; i < 3; ++i) tokens.i32()[i] = 0;
   // wpe has fewer rows (maxT = 2) than T = 3.
-  EXPECT_THROW(test_backend()->embedding_forward(out, tokens, wte, wpe, nullptr), Error);
+  EXPECT_THROW(test_backend()->embedding_forward(out, tokens, wte, wpe, 0, wte.t().size(0), nullptr), Error);
 }
 
 }  // namespace

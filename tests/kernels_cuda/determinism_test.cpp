@@ -45,7 +45,7 @@ TEST(CudaDeterminism, BackwardOpsRepeatBitwise) {
     expect_repeatable(
         grads,
         [&](GpuRun& run, std::vector<Tensor>& g) {
-          cuda_backend().embedding_backward(g[0], g[1], run(dx), run(tokens), nullptr);
+          cuda_backend().embedding_backward(g[0], g[1], run(dx), run(tokens), 0, Vp, nullptr);
         },
         "embedding_backward");
   }

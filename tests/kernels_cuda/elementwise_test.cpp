@@ -1,5 +1,5 @@
 // GELU, residual, accumulate and scale against the CPU twin, every dtype, round and odd shapes.
-// residual / accumulate / scale are one IEEE operation per element: bitwise equal.
+// residual / accumulate / scale / add_bias are one IEEE operation per element: bitwise equal.
 // GELU uses tanhf, which may differ from glibc's in the last bit: tolerance
 //   F32 {atol 1e-6, rtol 1e-5, nmse 1e-11}, F16/BF16 one unit of storage rounding
 //   (storage_tolerance: F16 {2e-3, 2e-3, 1e-6}, BF16 {1.6e-2, 1.6e-2, 1e-4}).
@@ -110,6 +110,26 @@ TEST(CudaElementwise, ResidualAccumulateScaleBitwiseEqualCpu) {
         EXPECT_TRUE(bitwise_equal(x_gpu, x_cpu)) << "scale " << dtype_name(in_dtype);
         EXPECT_TRUE(guards_intact({&out_gpu, &dst_gpu, &x_gpu, &a_gpu, &b_gpu}));
       }
+    }
+  }
+}
+
+TEST(CudaElementwise, AddBiasBitwiseEqualCpu) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : kFloatDTypes) {
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{64, 256}, {7, 37}}) {
+      Random rng(75);
+      HostTensor x_cpu = random_tensor(rng, dtype, {rows, cols});
+      HostTensor bias = random_tensor(rng, DType::F32, {cols});  // another dtype on purpose
+      HostTensor x_gpu = x_cpu.clone(), bias_gpu = bias.clone();
+      const HostTensor before = x_cpu.clone();
+      cpu_backend().add_bias(x_cpu, bias, nullptr);
+      GpuRun run;
+      cuda_backend().add_bias(run(x_gpu), run(bias_gpu), nullptr);
+      run.finish();
+      EXPECT_FALSE(bitwise_equal(x_cpu, before)) << "the reference did not change";
+      EXPECT_TRUE(bitwise_equal(x_gpu, x_cpu)) << dtype_name(dtype) << " " << rows << "x" << cols;
+      EXPECT_TRUE(guards_intact({&x_gpu, &bias_gpu}));
     }
   }
 }

@@ -25,11 +25,11 @@ TEST(CudaEmbedding, ForwardBitwiseEqualCpu) {
       HostTensor wte = random_tensor(rng, dtype, {c.Vp, c.C});
       HostTensor wpe = random_tensor(rng, DType::F32, {c.maxT, c.C});  // another dtype on purpose
       HostTensor out_cpu = nan_tensor(dtype, {c.B, c.T, c.C}), out_gpu = out_cpu.clone();
-      cpu_backend().embedding_forward(out_cpu, tokens, wte, wpe, nullptr);
+      cpu_backend().embedding_forward(out_cpu, tokens, wte, wpe, 0, c.Vp, nullptr);
       HostTensor tokens_gpu = tokens.clone(), wte_gpu = wte.clone(), wpe_gpu = wpe.clone();
       GpuRun run;
       cuda_backend().embedding_forward(run(out_gpu), run(tokens_gpu), run(wte_gpu), run(wpe_gpu),
-                                       nullptr);
+                                       0, c.Vp, nullptr);
       run.finish();
       EXPECT_GT(norm_squared(out_cpu.values()), 0.0);
       EXPECT_TRUE(bitwise_equal(out_gpu, out_cpu)) << dtype_name(dtype) << " C=" << c.C;
@@ -50,11 +50,11 @@ TEST(CudaEmbedding, BackwardBitwiseEqualCpu) {
       HostTensor dwpe_cpu = random_tensor(rng, DType::F32, {c.maxT, c.C});
       HostTensor dwte_gpu = dwte_cpu.clone(), dwpe_gpu = dwpe_cpu.clone();
       const HostTensor dwte_before = dwte_cpu.clone();
-      cpu_backend().embedding_backward(dwte_cpu, dwpe_cpu, dout, tokens, nullptr);
+      cpu_backend().embedding_backward(dwte_cpu, dwpe_cpu, dout, tokens, 0, c.Vp, nullptr);
       HostTensor tokens_gpu = tokens.clone(), dout_gpu = dout.clone();
       GpuRun run;
       cuda_backend().embedding_backward(run(dwte_gpu), run(dwpe_gpu), run(dout_gpu),
-                                        run(tokens_gpu), nullptr);
+                                        run(tokens_gpu), 0, c.Vp, nullptr);
       run.finish();
       EXPECT_FALSE(bitwise_equal(dwte_cpu, dwte_before)) << "the reference did not change";
       EXPECT_TRUE(bitwise_equal(dwte_gpu, dwte_cpu))
@@ -76,12 +76,47 @@ TEST(CudaEmbedding, BackwardSingleTokenGroup) {
   HostTensor dwte_cpu = random_tensor(rng, DType::F32, {3, 64});
   HostTensor dwpe_cpu = random_tensor(rng, DType::F32, {128, 64});
   HostTensor dwte_gpu = dwte_cpu.clone(), dwpe_gpu = dwpe_cpu.clone();
-  cpu_backend().embedding_backward(dwte_cpu, dwpe_cpu, dout, tokens, nullptr);
+  cpu_backend().embedding_backward(dwte_cpu, dwpe_cpu, dout, tokens, 0, 3, nullptr);
   GpuRun run;
-  cuda_backend().embedding_backward(run(dwte_gpu), run(dwpe_gpu), run(dout), run(tokens), nullptr);
+  cuda_backend().embedding_backward(run(dwte_gpu), run(dwpe_gpu), run(dout), run(tokens), 0, 3,
+                                    nullptr);
   run.finish();
   EXPECT_TRUE(bitwise_equal(dwte_gpu, dwte_cpu));
   EXPECT_TRUE(bitwise_equal(dwpe_gpu, dwpe_cpu));
+}
+
+// Vocabulary parallelism: each of 3 slices of a 96-row table against the CPU twin, bitwise;
+// tokens outside a slice give zero rows forward and no dwte row backward.
+TEST(CudaEmbedding, VocabularySlicesBitwiseEqualCpu) {
+  REQUIRE_CUDA_DEVICE();
+  const int64_t B = 3, T = 17, C = 300, Vp = 96, Vs = 32;
+  for (DType dtype : kFloatDTypes) {
+    Random rng(25);
+    HostTensor tokens = random_ids(rng, {B, T}, Vp);
+    HostTensor wpe = random_tensor(rng, dtype, {T, C}), dout = random_tensor(rng, dtype, {B, T, C});
+    for (int64_t s = 0; s < Vp / Vs; ++s) {
+      HostTensor wte = random_tensor(rng, dtype, {Vs, C});
+      HostTensor out_cpu = nan_tensor(dtype, {B, T, C}), out_gpu = out_cpu.clone();
+      HostTensor dwte_cpu = random_tensor(rng, dtype, {Vs, C});
+      HostTensor dwpe_cpu = random_tensor(rng, dtype, {T, C});
+      HostTensor dwte_gpu = dwte_cpu.clone(), dwpe_gpu = dwpe_cpu.clone();
+      cpu_backend().embedding_forward(out_cpu, tokens, wte, wpe, s * Vs, Vp, nullptr);
+      cpu_backend().embedding_backward(dwte_cpu, dwpe_cpu, dout, tokens, s * Vs, Vp, nullptr);
+      HostTensor tokens_gpu = tokens.clone(), wte_gpu = wte.clone(), wpe_gpu = wpe.clone();
+      HostTensor dout_gpu = dout.clone();
+      GpuRun run;
+      cuda_backend().embedding_forward(run(out_gpu), run(tokens_gpu), run(wte_gpu), run(wpe_gpu),
+                                       s * Vs, Vp, nullptr);
+      cuda_backend().embedding_backward(run(dwte_gpu), run(dwpe_gpu), run(dout_gpu),
+                                        run(tokens_gpu), s * Vs, Vp, nullptr);
+      run.finish();
+      const std::string where = std::string(dtype_name(dtype)) + " slice " + std::to_string(s);
+      EXPECT_TRUE(bitwise_equal(out_gpu, out_cpu)) << "out " << where;
+      EXPECT_TRUE(bitwise_equal(dwte_gpu, dwte_cpu)) << "dwte " << where;
+      EXPECT_TRUE(bitwise_equal(dwpe_gpu, dwpe_cpu)) << "dwpe " << where;
+      EXPECT_TRUE(guards_intact({&out_gpu, &dwte_gpu, &dwpe_gpu, &tokens_gpu}));
+    }
+  }
 }
 
 TEST(CudaEmbedding, BadTokenIdIsAUserErrorAtTheNextWait) {
@@ -93,7 +128,7 @@ TEST(CudaEmbedding, BadTokenIdIsAUserErrorAtTheNextWait) {
   HostTensor wpe = random_tensor(rng, DType::F32, {5, 16});
   HostTensor out = nan_tensor(DType::F32, {2, 5, 16});
   GpuRun run;
-  cuda_backend().embedding_forward(run(out), run(tokens), run(wte), run(wpe), nullptr);
+  cuda_backend().embedding_forward(run(out), run(tokens), run(wte), run(wpe), 0, 7, nullptr);
   try {
     run.finish();
     FAIL() << "no error for token id 7 with Vp = 7";

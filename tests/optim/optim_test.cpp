@@ -59,7 +59,7 @@ TEST(AdamW, BlockUpdateDecaysOnlyMatricesAndSkipsPadding) {
     const std::vector<float> before = param;
     const AdamWConfig adam{0.9, 0.95, 1e-8, 0.5, 1.0};
     const float lr = 0.01f;
-    adamw_update_range(*backend, layout, FlatRange{block, 0, n},
+    adamw_update_range(*backend, layout, 0, FlatRange{block, 0, n},
                        Tensor(param.data(), DType::F32, {n}), Tensor(grad.data(), DType::F32, {n}),
                        Tensor(m.data(), DType::F32, {n}), Tensor(v.data(), DType::F32, {n}),
                        Tensor(), adam, lr, 1, 1.0f, nullptr);

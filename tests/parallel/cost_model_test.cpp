@@ -109,20 +109,29 @@ TEST(CostModel, PipelineBubbleIsPpMinusOneOverMPlusPpMinusOne) {
 }
 
 TEST(CostModel, TensorParallelAllReducesFourTimesPerLayer) {
-  // tp 2 inside each NVLink pair of the 3090 machine: 4 all-reduces of (B, T, C) bf16 per
-  // layer per micro-batch (2 forward, 2 backward), a 2-rank ring moving 2(2-1)/2 = 1 buffer,
-  // plus 20 us per collective; full recompute adds the forward's two again.
+  // tp 2 inside each NVLink pair of the 3090 machine, without sequence parallelism: 4
+  // all-reduces of (B, T, C) bf16 per layer per micro-batch (2 forward, 2 backward) and one
+  // each for the embedding and the head, a 2-rank ring moving 2(2-1)/2 = 1 buffer, plus 20 us
+  // per collective and one more latency for the loss's statistics; full recompute adds the
+  // forward's two again. Sequence parallelism turns each all-reduce into a reduce-scatter and
+  // an all-gather (the same volume, twice the latencies) and gathers the two column-parallel
+  // inputs again in backward (one more volume).
   const NodeTopology rtx3090 = machine("rtx3090-4gpu-nvlink-pairs.txt", "rtx3090");
   const ModelConfig config = load_model_config("6b");
   const MemoryModel memory(config);
   Plan p = bf16_plan(2, 2, 1, 1, 8);
+  p.sequence_parallel = false;
   const double bytes = 1024.0 * 4096 * 2, rate = 4 * 14.0625e9 * 0.8;
-  const double per_all_reduce = bytes / rate + 20e-6;
+  const double volume = bytes / rate, latency = 20e-6;
   EXPECT_NEAR(predict_step_cost(memory, rtx3090, p).tp_comm_seconds,
-              8 * 28 * 4 * per_all_reduce, 1e-9);
+              8 * ((28 * 4 + 2) * (volume + latency) + latency), 1e-9);
   p.recompute = Recompute::Full;
   EXPECT_NEAR(predict_step_cost(memory, rtx3090, p).tp_comm_seconds,
-              8 * 28 * 6 * per_all_reduce, 1e-9);
+              8 * ((28 * 6 + 2) * (volume + latency) + latency), 1e-9);
+  p.recompute = Recompute::None;
+  p.sequence_parallel = true;
+  EXPECT_NEAR(predict_step_cost(memory, rtx3090, p).tp_comm_seconds,
+              8 * ((28 * 5 + 2) * volume + (28 * 10 + 5) * latency), 1e-9);
 }
 
 TEST(CostModel, Zero3OnPcieExposesMoreCommunicationThanZero1) {

@@ -75,10 +75,12 @@ int expect_allocations_match(const ModelConfig& config, const Plan& plan) {
     const StageRange range = model.stage_range(plan, groups.stage);
     ShardingConfig sharding{plan.zero, plan.offload, plan.param_dtype, 1,
                             pipeline_stage_blocks(model.layout(), range),
-                            plan.pp > 1 && range.last};
-    ShardedModel state(config, sharding, StateGroups{groups.data, groups.all, groups.tied},
-                       *backend, *device, *host);
-    Gpt2Architecture arch(config);
+                            plan.pp > 1 && range.last, plan.tp, plan.uses_sequence_parallel()};
+    ShardedModel state(config, sharding,
+                       StateGroups{groups.data, groups.all, groups.tied, groups.tensor}, *backend,
+                       *device, *host);
+    Gpt2Architecture arch(config, TensorParallel{plan.tp, groups.tensor_index,
+                                                 plan.uses_sequence_parallel(), groups.tensor});
     const int slots = activation_slots(plan.pp_schedule, plan.pp, groups.stage,
                                        static_cast<int>(plan.grad_accum));
     ModelStage stage(arch, range, *backend, *device, plan.micro_batch, plan.seq_len,
@@ -180,6 +182,52 @@ TEST(MemoryModel, PipelinePlansMatchAllocatorEveryRankEveryStage) {
   plan.grad_accum = 3;
   plan.pp_split = {3, 1};
   EXPECT_EQ(expect_allocations_match(config, plan), 2);
+}
+
+TEST(MemoryModel, TensorParallelPlansMatchAllocatorEveryRank) {
+  // n_head 4, C 32 (head 8), vocabulary 37 padded to 64: tp 2 and 4 split everything evenly.
+  const ModelConfig config = odd_config(37, 32, 32, 3, 4);
+  struct Case { int dp, tp, pp, zero; bool offload, sp; Recompute recompute; DType dtype; };
+  const Case cases[] = {
+      {1, 2, 1, 0, false, true, Recompute::None, DType::F32},
+      {1, 2, 1, 0, false, false, Recompute::None, DType::F32},
+      {1, 4, 1, 1, false, true, Recompute::Selective, DType::BF16},
+      {2, 2, 1, 3, true, true, Recompute::Full, DType::F16},
+      {1, 2, 2, 2, false, true, Recompute::None, DType::F32},
+      {2, 2, 2, 1, false, false, Recompute::Selective, DType::BF16},
+  };
+  for (const Case& c : cases) {
+    Plan plan = one_rank_plan(2, 6);  // 12 token rows: split by 2 and by 4
+    plan.dp = c.dp;
+    plan.tp = c.tp;
+    plan.pp = c.pp;
+    plan.zero = c.zero;
+    plan.offload = c.offload;
+    plan.sequence_parallel = c.sp;
+    plan.recompute = c.recompute;
+    plan.param_dtype = c.dtype;
+    plan.grad_accum = 3;
+    SCOPED_TRACE(describe(plan));
+    EXPECT_EQ(expect_allocations_match(config, plan), plan.world());
+  }
+}
+
+TEST(MemoryModel, SequenceParallelismDividesTheStreamsActivations) {
+  // Without sequence parallelism the residual stream's activations are whole on every tp
+  // rank; with it, 1/tp of their token rows: per layer ln_1, residual2 and ln_2 (B*T, C) and
+  // the four layernorm statistics (B*T) f32; the stage's input, the 11 layer outputs kept
+  // between its 12 layers and the head's gradient (B*T, C).
+  const ModelConfig config = load_model_config("gpt2-124m");
+  Plan plan = one_rank_plan(4, 1024);
+  plan.param_dtype = DType::BF16;
+  plan.tp = 4;
+  plan.sequence_parallel = false;
+  const uint64_t whole = activation_sizes(config, plan, 0).per_micro_batch;
+  plan.sequence_parallel = true;
+  const uint64_t split = activation_sizes(config, plan, 0).per_micro_batch;
+  const uint64_t N = 4 * 1024, C = 768, row_tensor = N * C * 2, stats = N * 4;
+  const uint64_t stream_bytes = 12 * (3 * row_tensor + 4 * stats) + (1 + 11 + 1) * row_tensor;
+  EXPECT_EQ(whole - split, stream_bytes - stream_bytes / 4)      << whole << " " << split;
 }
 
 TEST(MemoryModel, ActivationsAreTheStagesOwnPlan) {
@@ -286,18 +334,17 @@ TEST(MemoryModel, OffloadMovesMasterAndMomentsToTheHost) {
 TEST(MemoryModel, TensorParallelSplitOfBlocks) {
   const ModelConfig config = odd_config(101, 48, 128, 2, 4);
   const ParamLayout layout(config);
-  for (int block = 0; block < layout.num_blocks(); ++block) {
-    EXPECT_EQ(tp_block_numel(layout, block, 1), layout.block_numel(block)) << block;
-  }
   // A layer: the split tensors divide by tp; ln_1, ln_2 (weight, bias) and the two row-split
   // projections' biases (6 tensors of C = 128) stay whole. (C = 128 keeps every split part
   // a multiple of the 32-element alignment: 3C/4 = 96.)
   const int layer = ParamLayout::layer_block(0);
-  EXPECT_EQ(2 * tp_block_numel(layout, layer, 2) - layout.block_numel(layer), 6 * 128);
-  EXPECT_EQ(4 * tp_block_numel(layout, layer, 4) - layout.block_numel(layer), 3 * 6 * 128);
-  // Embeddings and ln_f: whole on every tensor-parallel rank (the tied head is not split).
-  EXPECT_EQ(tp_block_numel(layout, 0, 4), layout.block_numel(0));
-  EXPECT_EQ(tp_block_numel(layout, layout.final_block(), 4), layout.block_numel(layout.final_block()));
+  EXPECT_EQ(2 * ParamLayout(config, 2).block_numel(layer) - layout.block_numel(layer), 6 * 128);
+  EXPECT_EQ(4 * ParamLayout(config, 4).block_numel(layer) - layout.block_numel(layer), 3 * 6 * 128);
+  // The embedding block: wte split by vocabulary rows (101 padded to 128: 32 rows of 128 on
+  // each of 4 ranks), wpe (48 x 128) whole. ln_f whole.
+  EXPECT_EQ(ParamLayout(config, 4).block_numel(0), 32 * 128 + 48 * 128);
+  EXPECT_EQ(ParamLayout(config, 4).block_numel(layout.final_block()),
+            layout.block_numel(layout.final_block()));
 }
 
 TEST(MemoryModel, PipelineStagesCoverEveryLayerOnceAndHoldTheTiedEmbeddingTwice) {

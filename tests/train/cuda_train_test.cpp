@@ -51,8 +51,11 @@ struct Run {
   int zero = 0;
   bool offload = false;
   bool gpu_per_rank = false;  // cuda: one GPU per rank (NCCL), else the ranks share one GPU
-  int pp = 1;                 // pipeline stages (ranks = pp x data-parallel ranks)
+  int pp = 1;                 // pipeline stages (ranks = pp x tp x data-parallel ranks)
   std::string schedule = "1f1b";
+  int tp = 1;                 // tensor-parallel ranks
+  bool sequence_parallel = true;
+  bool four_heads = false;    // the small model with 4 heads of 6 channels (tp 2 and 4 split it)
 };
 
 struct RunResult {
@@ -66,8 +69,15 @@ RunResult train_run(const fs::path& dir, const Run& run) {
   const std::string name = run.device + "_" + run.precision + "_r" + std::to_string(run.ranks) +
                            "_z" + std::to_string(run.zero) + (run.offload ? "_offload" : "") +
                            (run.gpu_per_rank ? "_gpus" : "") + "_pp" + std::to_string(run.pp) +
-                           run.schedule;
+                           run.schedule + "_tp" + std::to_string(run.tp) +
+                           (run.sequence_parallel ? "sp" : "") + (run.four_heads ? "_4h" : "");
   TrainOptions options = test::small_run_options(dir, name, run.ranks);
+  if (run.four_heads) {
+    fs::create_directories(dir / "four_heads");
+    options.model = (dir / "four_heads" / "config.json").string();
+    std::ofstream(options.model) << R"({"model_type": "gpt2", "vocab_size": 37, "n_positions": 32,
+                                       "n_embd": 24, "n_layer": 2, "n_head": 4})";
+  }
   options.device = run.device;
   // One GPU (or one per rank), and the flags are the plan (plan_run does not plan with
   // max_gpus).
@@ -77,7 +87,9 @@ RunResult train_run(const fs::path& dir, const Run& run) {
   options.offload = run.offload;
   options.pp = run.pp;
   options.pp_schedule = run.schedule;
-  options.grad_accum = test::kSmallRunMicroBatches / (run.ranks / run.pp);
+  options.tp = run.tp;
+  options.sequence_parallel = run.sequence_parallel;
+  options.grad_accum = test::kSmallRunMicroBatches / (run.ranks / (run.pp * run.tp));
   options.verify_tied_embedding = run.pp > 1;
   options.threads = 2;
   std::ostringstream out;
@@ -225,6 +237,42 @@ TEST(CudaTraining, PipelineStagesSharingOneGpuMatchOneRank) {
   const RunResult piped = train_run(dir.path(), {"cuda", "fp32", 4, 2, true, false, 2});
   expect_losses_near(piped, one, 1e-6, "pp 2 x dp 2 sharing the GPU (ZeRO-2 + offload)");
   EXPECT_LT(max_weight_difference(piped, one), 1e-5);
+}
+
+// Tensor parallelism on the CUDA backend: the layers' collectives (all-gather, reduce-scatter,
+// all-reduce) on the tp group's NCCL communicator, one GPU per rank, on the compute stream; the
+// vocabulary-parallel cross-entropy's statistics gathered the same way. The tolerances of
+// tests/train/tensor_parallel_test.cpp.
+TEST(CudaTraining, TensorParallelRanksWithAGpuEachThroughNcclMatchOneRank) {
+  REQUIRE_CUDA_DEVICE();
+  if (usable_cuda_devices() < 4) {
+    GTEST_SKIP() << "needs 4 GPUs (on the emulator: DSTRAIN_CUDA_EMU_DEVICES=4, as ctest sets "
+                    "for tests_train)";
+  }
+  if (!choose_devices("cuda", 4, 4).nccl) GTEST_SKIP() << "this build has no NCCL";
+  const testing::TempDir dir;
+  RunSpec reference{"cuda", "fp32", 1, 0, false};
+  reference.four_heads = true;
+  const RunResult one = train_run(dir.path(), reference);
+  ASSERT_LT(one.losses.back(), one.losses.front() - 0.1);
+  RunSpec tp2{"cuda", "fp32", 2, 0, false, true};
+  tp2.tp = 2;
+  tp2.four_heads = true;
+  RunSpec tp2_pp2{"cuda", "fp32", 4, 1, false, true, 2};
+  tp2_pp2.tp = 2;
+  tp2_pp2.sequence_parallel = false;
+  tp2_pp2.four_heads = true;
+  for (const RunSpec& run : {tp2, tp2_pp2}) {
+    const std::string what = "tp 2 x pp " + std::to_string(run.pp) + ", ZeRO-" +
+                             std::to_string(run.zero) +
+                             (run.sequence_parallel ? ", sequence parallel" : "") + ", NCCL";
+    const RunResult split = train_run(dir.path(), run);
+    EXPECT_NE(split.output.find("NCCL"), std::string::npos) << split.output;
+    expect_losses_near(split, one, 1e-5, what + " vs 1 rank");
+    const double error = max_weight_difference(split, one);
+    EXPECT_LT(error, 1e-5) << what;
+    std::cout << "  " << what << ": max |weight difference| vs 1 rank " << error << "\n";
+  }
 }
 
 }  // namespace

@@ -35,7 +35,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr int kSteps = test::kSmallRunSteps;
 constexpr int kLayers = 4;
 
 struct Pipeline {
@@ -61,13 +60,7 @@ struct Pipeline {
 
 void PrintTo(const Pipeline& pipeline, std::ostream* out) { *out << pipeline.name(); }
 
-struct RunResult {
-  std::vector<double> losses;
-  std::vector<nlohmann::json> steps;
-  nlohmann::json config;  // the log's config record
-  std::map<std::string, std::vector<float>> weights;
-  std::string output;
-};
+using RunResult = test::LoggedRun;
 
 TrainOptions pipeline_options(const fs::path& dir, const Pipeline& p) {
   TrainOptions options = test::small_run_options(dir, p.name(), p.pp * p.dp);
@@ -85,20 +78,7 @@ TrainOptions pipeline_options(const fs::path& dir, const Pipeline& p) {
   return options;
 }
 
-RunResult read_run(const TrainOptions& options) {
-  RunResult result;
-  std::ifstream log(options.log);
-  for (std::string line; std::getline(log, line);) {
-    const nlohmann::json record = nlohmann::json::parse(line);
-    if (record.contains("loss")) {
-      result.losses.push_back(record["loss"]);
-      result.steps.push_back(record);
-    }
-    if (record.value("type", "") == "config") result.config = record;
-  }
-  result.weights = test::final_weights(options);
-  return result;
-}
+RunResult read_run(const TrainOptions& options) { return test::read_logged_run(options); }
 
 RunResult run(const fs::path& dir, const Pipeline& p) {
   TrainOptions options = pipeline_options(dir, p);
@@ -107,10 +87,6 @@ RunResult run(const fs::path& dir, const Pipeline& p) {
   RunResult result = read_run(options);
   result.output = out.str();
   return result;
-}
-
-double max_weight_difference(const RunResult& a, const RunResult& b) {
-  return test::max_weight_difference(a.weights, b.weights);
 }
 
 class PipelineTest : public ::testing::Test {
@@ -123,18 +99,8 @@ class PipelineTest : public ::testing::Test {
   void expect_matches_one_rank(const Pipeline& p, double loss_tolerance = 1e-6,
                                double weight_tolerance = 1e-5) {
     SCOPED_TRACE(p.name());
-    const RunResult& one = reference();
-    const RunResult many = run(temp_.path(), p);
-    ASSERT_EQ(one.losses.size(), size_t(kSteps));
-    ASSERT_EQ(many.losses.size(), size_t(kSteps));
-    EXPECT_LT(one.losses.back(), one.losses.front() - 0.1);  // the loss moves
-    for (int step = 0; step < kSteps; ++step) {
-      EXPECT_NEAR(many.losses[step], one.losses[step], loss_tolerance * one.losses[step])
-          << "step " << step + 1;
-    }
-    const double error = max_weight_difference(one, many);
-    EXPECT_LT(error, weight_tolerance);
-    std::cout << "  " << p.name() << ": max |weight difference| " << error << "\n";
+    test::expect_same_training(reference(), run(temp_.path(), p), p.name(), loss_tolerance,
+                               weight_tolerance, 0.1);
   }
   testing::TempDir temp_;
 };

@@ -9,9 +9,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "core/safetensors.h"
 #include "train/options.h"
@@ -78,6 +82,48 @@ inline double max_weight_difference(const std::map<std::string, std::vector<floa
     }
   }
   return worst;
+}
+
+// What a run left: its log's step records and config record, and its final weights.
+struct LoggedRun {
+  std::vector<double> losses;
+  std::vector<nlohmann::json> steps;
+  nlohmann::json config;  // the log's config record
+  std::map<std::string, std::vector<float>> weights;
+  std::string output;  // what train() printed, where the caller kept it
+};
+
+inline LoggedRun read_logged_run(const TrainOptions& options) {
+  LoggedRun result;
+  std::ifstream log(options.log);
+  for (std::string line; std::getline(log, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (record.contains("loss")) {
+      result.losses.push_back(record["loss"]);
+      result.steps.push_back(record);
+    }
+    if (record.value("type", "") == "config") result.config = record;
+  }
+  result.weights = final_weights(options);
+  return result;
+}
+
+// `many` trained to `one`'s numbers: every step's loss within loss_tolerance (relative) and
+// every final weight within weight_tolerance (absolute); `one`'s loss fell by at least
+// `min_fall`, so the comparison means something. Prints the largest weight difference.
+inline void expect_same_training(const LoggedRun& one, const LoggedRun& many,
+                                 const std::string& name, double loss_tolerance,
+                                 double weight_tolerance, double min_fall) {
+  ASSERT_EQ(one.losses.size(), size_t(kSmallRunSteps));
+  ASSERT_EQ(many.losses.size(), size_t(kSmallRunSteps));
+  EXPECT_LT(one.losses.back(), one.losses.front() - min_fall);
+  for (int step = 0; step < kSmallRunSteps; ++step) {
+    EXPECT_NEAR(many.losses[step], one.losses[step], loss_tolerance * one.losses[step])
+        << "step " << step + 1;
+  }
+  const double error = max_weight_difference(one.weights, many.weights);
+  EXPECT_LT(error, weight_tolerance);
+  std::cout << "  " << name << ": max |weight difference| " << error << "\n";
 }
 
 }  // namespace dstrain::test
