@@ -19,6 +19,8 @@
 // GPU's FLOP rate, and its GEMM efficiency depends only on the micro-batch shape, the same in
 // every case here: one ratio, measured pp 1 / predicted pp 1, turns its seconds into this CPU's.
 // The predicted bubble, bubble_seconds / step_seconds, needs no calibration.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -28,7 +30,6 @@
 #include <sstream>
 #include <string>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include "benchmarks/bench_main.h"
@@ -74,70 +75,44 @@ constexpr const char* kHelp =
     "  --log-dir DIR       keep each run's JSONL log and the config there (default: a temp\n"
     "                      directory, removed at the end)\n";
 
-constexpr const char* kReferenceGpu = "h100-sxm";
-constexpr int kReferenceNvlinks = 18;  // an H100 SXM's NVLinks (NVSwitch)
-
-struct Options {
-  int64_t layers = 8, n_embd = 128, heads = 4, vocab = 512;
-  int64_t batch = 4, seq_len = 64, micro_batches = 8;
-  int steps = 8, warmup = 2;
+struct Options : RunShape {
+  Options() {
+    layers = 8;
+    n_embd = 128;
+    heads = 4;
+    micro_batches = 8;
+  }
   std::vector<int> pps = {2, 4};
   std::vector<std::string> schedules = {"1f1b", "gpipe"};
-  std::string log_dir;  // empty: a temp directory
-  bool help = false;
 };
 
-Options parse_options(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      DSTRAIN_USER_CHECK(i + 1 < argc) << arg << " needs a value; " << kUsage;
-      return argv[++i];
-    };
-    if (arg == "--help" || arg == "-h") {
-      o.help = true;
-    } else if (arg == "--layers") {
-      o.layers = parse_int(arg, value(), 1);
-    } else if (arg == "--n-embd") {
-      o.n_embd = parse_int(arg, value(), 1);
-    } else if (arg == "--heads") {
-      o.heads = parse_int(arg, value(), 1);
-    } else if (arg == "--vocab") {
-      o.vocab = parse_int(arg, value(), 16);  // the synthetic corpus has 16 tokens
-    } else if (arg == "--batch") {
-      o.batch = parse_int(arg, value(), 1);
-    } else if (arg == "--seq-len") {
-      o.seq_len = parse_int(arg, value(), 2);
-    } else if (arg == "--micro-batches") {
-      o.micro_batches = parse_int(arg, value(), 1);
-    } else if (arg == "--steps") {
-      o.steps = static_cast<int>(parse_int(arg, value(), 1));
-    } else if (arg == "--warmup") {
-      o.warmup = static_cast<int>(parse_int(arg, value(), 0));
-    } else if (arg == "--pp") {
-      o.pps.clear();
-      for (const std::string& item : split_list(value())) {
-        o.pps.push_back(static_cast<int>(parse_int(arg, item, 2)));
-      }
-      DSTRAIN_USER_CHECK(!o.pps.empty()) << "--pp needs at least one depth, as 2,4";
-    } else if (arg == "--schedules") {
-      o.schedules = split_list(value());
-      DSTRAIN_USER_CHECK(!o.schedules.empty()) << "--schedules needs 1f1b and/or gpipe";
-      for (const std::string& s : o.schedules) {
-        (void)parse_pipeline_schedule(s);  // a UserError naming the choices
-      }
-    } else if (arg == "--log-dir") {
-      o.log_dir = value();
-    } else {
-      DSTRAIN_USER_ERROR() << "unknown argument '" << arg << "'; " << kUsage;
+// --pp and --schedules; false for another flag.
+template <class Value>
+bool parse_pipeline_flag(Options& o, const std::string& arg, Value&& value) {
+  if (arg == "--pp") {
+    o.pps.clear();
+    for (const std::string& item : split_list(value())) {
+      o.pps.push_back(static_cast<int>(parse_int(arg, item, 2)));
     }
+    DSTRAIN_USER_CHECK(!o.pps.empty()) << "--pp needs at least one depth, as 2,4";
+  } else if (arg == "--schedules") {
+    o.schedules = split_list(value());
+    DSTRAIN_USER_CHECK(!o.schedules.empty()) << "--schedules needs 1f1b and/or gpipe";
+    for (const std::string& s : o.schedules) {
+      (void)parse_pipeline_schedule(s);  // a UserError naming the choices
+    }
+  } else {
+    return false;
   }
+  return true;
+}
+
+Options parse_options(int argc, char** argv) {
+  const Options o = parse_run_flags(argc, argv, kUsage, Options{},
+                                    [](Options& o, const std::string& arg, auto&& value) {
+                                      return parse_pipeline_flag(o, arg, value);
+                                    });
   if (o.help) return o;
-  DSTRAIN_USER_CHECK(o.n_embd % o.heads == 0)
-      << "--heads " << o.heads << " must divide --n-embd " << o.n_embd;
-  DSTRAIN_USER_CHECK(o.steps > o.warmup)
-      << "--steps " << o.steps << " leaves no timed step after --warmup " << o.warmup;
   for (int pp : o.pps) {
     DSTRAIN_USER_CHECK(pp <= o.layers)
         << "--pp " << pp << " needs at least " << pp << " layers; --layers is " << o.layers;
@@ -147,19 +122,6 @@ Options parse_options(int argc, char** argv) {
 
 std::string write_model_config(const Options& o, const fs::path& dir) {
   return bench::write_gpt2_config(dir, o.layers, o.n_embd, o.heads, o.vocab, o.seq_len);
-}
-
-// pp H100 SXM GPUs, every pair joined by NVLink: the link terms of the cost model vanish.
-NodeTopology reference_machine(int pp) {
-  NodeTopology topology = make_topology(pp);
-  for (Link& link : topology.links) {
-    link.kind = LinkKind::NVLink;
-    link.nvlinks = kReferenceNvlinks;
-  }
-  apply_gpu_model(topology, lookup_gpu(kReferenceGpu));
-  topology.source = "bench_pipeline's reference machine";
-  topology.check_invariants();
-  return topology;
 }
 
 Plan plan_of(const Options& o, int pp, const std::string& schedule) {
@@ -194,50 +156,22 @@ struct Case {
 
 // Runs the case's training run and reads its log.
 void measure(const Options& o, const std::string& model, const fs::path& dir, Case& c) {
-  TrainOptions t;
-  t.device = "cpu";
-  t.model = model;
-  t.batch = o.batch;
-  t.seq_len = o.seq_len;
-  t.grad_accum = o.micro_batches;
-  t.steps = o.steps;
-  t.precision = "fp32";
-  t.gpus = c.pp;
+  const std::string name = "pp" + std::to_string(c.pp) + (c.pp > 1 ? "_" + c.schedule : "");
+  TrainOptions t = timed_run_options(o, model, c.pp, dir / (name + ".jsonl"));
   t.pp = c.pp;
   if (c.pp > 1) t.pp_schedule = c.schedule;
   t.pp_split = "";  // the balanced split, which the prediction uses too (checked below)
-  t.threads = c.pp;  // one thread per rank: a stage stands for one GPU
-  t.eval_every = 0;
-  t.sample_tokens = 0;
-  t.quiet = true;
-  t.log = (dir / ("pp" + std::to_string(c.pp) + (c.pp > 1 ? "_" + c.schedule : "") + ".jsonl"))
-              .string();
-  fs::remove(t.log);
-  std::ostringstream progress;  // quiet: only the final lines
-  train(t, progress);
-
-  const double tokens_per_step = static_cast<double>(o.batch * o.seq_len * o.micro_batches);
-  std::vector<double> step_seconds;
+  const TimedSteps steps = train_timed(o, t);
+  c.step_s = median(steps.seconds);
+  if (c.pp == 1) return;
   std::vector<std::vector<double>> bubbles(static_cast<size_t>(c.pp));
-  nlohmann::json summary;
-  std::ifstream log(t.log);
-  DSTRAIN_CHECK(log.good()) << "the run wrote no log at " << t.log;
-  for (std::string line; std::getline(log, line);) {
-    const nlohmann::json record = nlohmann::json::parse(line);
-    if (record.value("type", "") == "summary") summary = record;
-    if (!record.contains("tokens_per_s") || !record.contains("step")) continue;
-    if (record["step"].get<int64_t>() <= o.warmup) continue;
-    step_seconds.push_back(tokens_per_step / record["tokens_per_s"].get<double>());
-    if (c.pp == 1) continue;
+  for (const nlohmann::json& record : steps.records) {
     const std::vector<double> bubble = record.at("pipeline_bubble").get<std::vector<double>>();
     DSTRAIN_CHECK(bubble.size() == static_cast<size_t>(c.pp)) << record.dump();
     for (size_t s = 0; s < bubble.size(); ++s) bubbles[s].push_back(bubble[s]);
   }
-  DSTRAIN_CHECK(static_cast<int>(step_seconds.size()) == o.steps - o.warmup)
-      << step_seconds.size() << " timed steps in " << t.log;
-  c.step_s = median(step_seconds);
   for (const std::vector<double>& b : bubbles) c.bubble.push_back(mean(b));
-  if (c.pp == 1) return;
+  const nlohmann::json& summary = steps.summary;
   DSTRAIN_CHECK(summary.contains("stages")) << "no per-stage summary in " << t.log;
   for (const nlohmann::json& stage : summary["stages"]) {
     StageMeasure m;
@@ -285,7 +219,7 @@ int run(const Options& o) {
   for (Case& c : cases) {
     const Plan plan = plan_of(o, c.pp, c.pp > 1 ? c.schedule : "1f1b");
     c.split = pipeline_split(config, plan);
-    c.cost = predict_step_cost(memory, reference_machine(c.pp), plan);
+    c.cost = predict_step_cost(memory, reference_machine(c.pp, "bench_pipeline"), plan);
     try {
       measure(o, model, dir.path(), c);
     } catch (const std::exception& e) {
@@ -316,13 +250,13 @@ int run(const Options& o) {
                   predicted_bubble, ideal);
       continue;
     }
-    const std::string bubble =
-        c.pp == 1 ? "0 (no exchanges)"
-                  : fixed(mean(c.bubble), 3) + " (" + list_text(c.bubble, 3) + ")";
+    const std::string bubble = c.pp == 1
+                                   ? "0 (no exchanges)"
+                                   : fixed(mean(c.bubble), 3) + " (" + list_text(c.bubble, 3) + ")";
     const std::string ratio = calibrated ? fixed(c.step_s / (c.cost.step_seconds * scale), 2) : "";
     std::printf("| %s | %s | %.3f | %s | %s | %.3f | %.3f | %s |\n", plan_name(c).c_str(),
-                pipeline_split_text(c.split).c_str(), c.step_s, predicted_s.c_str(),
-                bubble.c_str(), predicted_bubble, ideal, ratio.c_str());
+                pipeline_split_text(c.split).c_str(), c.step_s, predicted_s.c_str(), bubble.c_str(),
+                predicted_bubble, ideal, ratio.c_str());
   }
 
   // Per stage: the summary's compute and waiting, against the stage's share of the FLOPs.
@@ -361,15 +295,17 @@ int run(const Options& o) {
       "scaled by measured pp 1 / predicted pp 1 = %.4g CPU-rank seconds per reference-GPU "
       "second; predicted bubble = bubble_seconds / step_seconds (the slowest stage's (pp-1) "
       "micro-batch times), no scaling. Per stage: the log's summary, per step over all %d steps "
-      "(untimed ones included); idle: the share of the measured step the stage did not compute, its waits "
+      "(untimed ones included); idle: the share of the measured step the stage did not compute, "
+      "its waits "
       "outside pipeline exchanges included (the last stage's drain is spent in the step's "
-      "collectives, not in an exchange); FLOPs share: layers x (24 C^2 + 4 T C) + the head's 2 C Vp on the "
+      "collectives, not in an exchange); FLOPs share: layers x (24 C^2 + 4 T C) + the head's 2 C "
+      "Vp on the "
       "last stage.\n"
       "The CPU ranks share %u cores: with more stages than cores, stages that are busy at the same "
       "time compete for them, which the cost model (a GPU per stage) does not model.\n"
       "total %.1f s (%d runs)\n",
-      kReferenceGpu, kReferenceNvlinks, scale, o.steps, std::thread::hardware_concurrency(), total_s,
-      static_cast<int>(cases.size()));
+      kReferenceGpu, kReferenceNvlinks, scale, o.steps, std::thread::hardware_concurrency(),
+      total_s, static_cast<int>(cases.size()));
   if (failed) std::fprintf(stderr, "bench_pipeline: a case failed; its row above says why\n");
   return failed ? 1 : 0;
 }

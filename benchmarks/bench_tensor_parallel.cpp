@@ -69,84 +69,22 @@ constexpr const char* kHelp =
     "  --log-dir DIR       keep each run's JSONL log and the config there (default: a temp\n"
     "                      directory, removed at the end)\n";
 
-constexpr const char* kReferenceGpu = "h100-sxm";
-constexpr int kReferenceNvlinks = 18;
-
-struct Options {
-  int64_t layers = 4, n_embd = 256, heads = 8, vocab = 512;
-  int64_t batch = 4, seq_len = 64, micro_batches = 4;
-  int steps = 8, warmup = 2;
+struct Options : RunShape {
   std::vector<int> tps = {2, 4};
-  std::string log_dir;
-  bool help = false;
 };
 
-// One flag; value() consumes its value (a UserError when there is none).
-template <class Value>
-void parse_flag(Options& o, const std::string& arg, Value&& value) {
-  if (arg == "--layers") {
-    o.layers = parse_int(arg, value(), 1);
-  } else if (arg == "--n-embd") {
-    o.n_embd = parse_int(arg, value(), 1);
-  } else if (arg == "--heads") {
-    o.heads = parse_int(arg, value(), 1);
-  } else if (arg == "--vocab") {
-    o.vocab = parse_int(arg, value(), 16);  // the synthetic corpus has 16 tokens
-  } else if (arg == "--batch") {
-    o.batch = parse_int(arg, value(), 1);
-  } else if (arg == "--seq-len") {
-    o.seq_len = parse_int(arg, value(), 2);
-  } else if (arg == "--micro-batches") {
-    o.micro_batches = parse_int(arg, value(), 1);
-  } else if (arg == "--steps") {
-    o.steps = static_cast<int>(parse_int(arg, value(), 1));
-  } else if (arg == "--warmup") {
-    o.warmup = static_cast<int>(parse_int(arg, value(), 0));
-  } else if (arg == "--tp") {
-    o.tps.clear();
-    for (const std::string& item : split_list(value())) {
-      o.tps.push_back(static_cast<int>(parse_int(arg, item, 2)));
-    }
-    DSTRAIN_USER_CHECK(!o.tps.empty()) << "--tp needs at least one degree, as 2,4";
-  } else if (arg == "--log-dir") {
-    o.log_dir = value();
-  } else {
-    DSTRAIN_USER_ERROR() << "unknown argument '" << arg << "'; " << kUsage;
-  }
-}
-
 Options parse_options(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      o.help = true;
-      continue;
-    }
-    parse_flag(o, arg, [&]() -> std::string {
-      DSTRAIN_USER_CHECK(i + 1 < argc) << arg << " needs a value; " << kUsage;
-      return argv[++i];
-    });
-  }
-  if (o.help) return o;
-  DSTRAIN_USER_CHECK(o.n_embd % o.heads == 0)
-      << "--heads " << o.heads << " must divide --n-embd " << o.n_embd;
-  DSTRAIN_USER_CHECK(o.steps > o.warmup)
-      << "--steps " << o.steps << " leaves no timed step after --warmup " << o.warmup;
-  return o;
-}
-
-// tp H100 SXM GPUs on NVSwitch (every pair 18 NVLinks).
-NodeTopology reference_machine(int gpus) {
-  NodeTopology topology = make_topology(gpus);
-  for (Link& link : topology.links) {
-    link.kind = LinkKind::NVLink;
-    link.nvlinks = kReferenceNvlinks;
-  }
-  apply_gpu_model(topology, lookup_gpu(kReferenceGpu));
-  topology.source = "bench_tensor_parallel's reference machine";
-  topology.check_invariants();
-  return topology;
+  Options defaults;  // RunShape's defaults are this benchmark's
+  return parse_run_flags(
+      argc, argv, kUsage, defaults, [](Options& o, const std::string& arg, auto&& value) {
+        if (arg != "--tp") return false;
+        o.tps.clear();
+        for (const std::string& item : split_list(value())) {
+          o.tps.push_back(static_cast<int>(parse_int(arg, item, 2)));
+        }
+        DSTRAIN_USER_CHECK(!o.tps.empty()) << "--tp needs at least one degree, as 2,4";
+        return true;
+      });
 }
 
 struct Case {
@@ -179,54 +117,23 @@ std::string case_name(const Case& c) {
   return "tp " + std::to_string(c.tp) + (c.sequence_parallel ? " sp" : " no sp");
 }
 
-TrainOptions run_options(const Options& o, const std::string& model, const fs::path& dir,
-                         const Case& c) {
-  TrainOptions t;
-  t.device = "cpu";
-  t.model = model;
-  t.batch = o.batch;
-  t.seq_len = o.seq_len;
-  t.grad_accum = o.micro_batches;
-  t.steps = o.steps;
-  t.precision = "fp32";
-  t.gpus = c.tp;
-  t.tp = c.tp;
-  t.sequence_parallel = c.sequence_parallel;
-  t.threads = c.tp;  // one thread per rank: a rank stands for one GPU
-  t.eval_every = 0;
-  t.sample_tokens = 0;
-  t.quiet = true;
-  std::string name = case_name(c);
-  std::replace(name.begin(), name.end(), ' ', '_');
-  t.log = (dir / (name + ".jsonl")).string();
-  fs::remove(t.log);
-  return t;
-}
-
 // Runs the case's training run and reads its log.
 void measure(const Options& o, const std::string& model, const fs::path& dir, Case& c) {
-  const TrainOptions t = run_options(o, model, dir, c);
-  std::ostringstream progress;  // quiet: only the final lines
-  train(t, progress);
-  const double tokens_per_step = static_cast<double>(o.batch * o.seq_len * o.micro_batches);
-  std::vector<double> step_seconds, collectives, bytes, shares;
-  std::ifstream log(t.log);
-  DSTRAIN_CHECK(log.good()) << "the run wrote no log at " << t.log;
-  for (std::string line; std::getline(log, line);) {
-    const nlohmann::json record = nlohmann::json::parse(line);
-    if (!record.contains("tokens_per_s") || !record.contains("step")) continue;
-    if (record["step"].get<int64_t>() <= o.warmup) continue;
-    step_seconds.push_back(tokens_per_step / record["tokens_per_s"].get<double>());
-    if (c.tp == 1) continue;
+  std::string name = case_name(c);
+  std::replace(name.begin(), name.end(), ' ', '_');
+  TrainOptions t = timed_run_options(o, model, c.tp, dir / (name + ".jsonl"));
+  t.tp = c.tp;
+  t.sequence_parallel = c.sequence_parallel;
+  const TimedSteps steps = train_timed(o, t);
+  c.step_s = median(steps.seconds);
+  if (c.tp == 1) return;
+  std::vector<double> collectives, bytes, shares;
+  for (const nlohmann::json& record : steps.records) {
     const nlohmann::json& tp = record.at("tensor_parallel");
     collectives.push_back(tp["collectives"][0]);
     bytes.push_back(tp["all_reduce_bytes"][0]);
     shares.push_back(tp["comm_share"][0]);
   }
-  DSTRAIN_CHECK(static_cast<int>(step_seconds.size()) == o.steps - o.warmup)
-      << step_seconds.size() << " timed steps in " << t.log;
-  c.step_s = median(step_seconds);
-  if (c.tp == 1) return;
   c.collectives = median(collectives);
   c.bytes = median(bytes);
   c.comm_share = mean(shares);
@@ -240,7 +147,7 @@ std::vector<Case> make_cases(const Options& o, const ModelConfig& config) {
     c.tp = tp;
     c.sequence_parallel = sp;
     c.plan = plan_of(o, tp, sp);
-    c.cost = predict_step_cost(memory, reference_machine(tp), c.plan);
+    c.cost = predict_step_cost(memory, reference_machine(tp, "bench_tensor_parallel"), c.plan);
     const StageRange whole = stage_of_split({config.n_layer}, 0);
     const TensorParallelTraffic one = tensor_parallel_traffic(c.plan, whole);
     const double m = static_cast<double>(o.micro_batches);
@@ -261,7 +168,8 @@ void print_row(const Case& c, const Case& one, double scale, double activation_m
   // at tp 1's efficiency (a GPU's narrower GEMMs fill fewer SMs; a CPU core's do not).
   const double predicted_rest = (c.cost.step_seconds - c.cost.tp_comm_seconds) * scale;
   const double same_efficiency =
-      predicted_rest - c.cost.compute_seconds * (1 - c.cost.efficiency / one.cost.efficiency) * scale;
+      predicted_rest -
+      c.cost.compute_seconds * (1 - c.cost.efficiency / one.cost.efficiency) * scale;
   if (!c.error.empty()) {
     std::printf("| %s | failed: %s | | | %.3f | %.3f | | | | | |\n", case_name(c).c_str(),
                 c.error.c_str(), predicted_rest, same_efficiency);

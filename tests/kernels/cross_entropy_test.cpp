@@ -9,22 +9,6 @@ struct CrossEntropyCase {
   DType dtype;
 };
 
-// losses (N) = -log softmax(logits[n, :V])[target[n]], in double.
-std::vector<double> losses_reference(const std::vector<double>& logits,
-                                     const std::vector<double>& targets,
-                                     const CrossEntropyCase& c) {
-  std::vector<double> losses(static_cast<size_t>(c.N));
-  for (int64_t n = 0; n < c.N; ++n) {
-    const double* row = &logits[n * c.Vp];
-    double max_logit = row[0];
-    for (int64_t j = 1; j < c.V; ++j) max_logit = std::max(max_logit, row[j]);
-    double sum = 0.0;
-    for (int64_t j = 0; j < c.V; ++j) sum += std::exp(row[j] - max_logit);
-    losses[n] = max_logit + std::log(sum) - row[static_cast<int64_t>(targets[n])];
-  }
-  return losses;
-}
-
 HostTensor random_targets(Random& rng, const CrossEntropyCase& c) {
   HostTensor targets(DType::I32, {c.N});
   for (int64_t n = 0; n < c.N; ++n) targets.i32()[n] = static_cast<int32_t>(rng.integer(c.V));
@@ -54,20 +38,15 @@ void check(const CrossEntropyCase& c, bool in_place, double logit_offset = 0.0) 
                                         static_cast<int>(c.V), dloss, nullptr);
   const HostTensor& grad_tensor = in_place ? logits : dlogits;
 
-  const std::vector<double> t = targets.values();
-  const std::vector<double> ref = losses_reference(x, t, c);
+  std::vector<int64_t> t;
+  for (double target : targets.values()) t.push_back(static_cast<int64_t>(target));
+  const std::vector<double> ref = cross_entropy_reference(x, t, c.N, c.V, c.Vp);
   const Tolerance loss_tol{2e-6 * (1.0 + std::abs(logit_offset)), 1e-5, 1e-10};
   EXPECT_TRUE(all_close(losses.values(), ref, loss_tol)) << "losses";
   EXPECT_TRUE(bitwise_equal(losses, losses_only)) << "losses with and without dlogits";
 
   // d(dloss * sum(losses)) / dlogits by central differences over the real columns.
-  const std::vector<double> grad = numeric_gradient(
-      [&](const std::vector<double>& v) {
-        double sum = 0.0;
-        for (double loss : losses_reference(v, t, c)) sum += loss;
-        return sum * dloss;
-      },
-      x, 1e-5);
+  const std::vector<double> grad = cross_entropy_numeric_gradient(x, t, c.N, c.V, c.Vp, dloss);
   const std::vector<double> got = grad_tensor.values();
   for (int64_t n = 0; n < c.N; ++n) {
     for (int64_t j = c.V; j < c.Vp; ++j) {

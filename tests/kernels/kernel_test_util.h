@@ -263,6 +263,37 @@ inline std::vector<double> numeric_gradient(
   return grad;
 }
 
+// Cross-entropy in double over `rows` rows of `width` logits (columns >= V are padding):
+// losses[n] = -log softmax(logits[n, :V])[targets[n]].
+inline std::vector<double> cross_entropy_reference(const std::vector<double>& logits,
+                                                   const std::vector<int64_t>& targets,
+                                                   int64_t rows, int64_t V, int64_t width) {
+  std::vector<double> losses(static_cast<size_t>(rows));
+  for (int64_t n = 0; n < rows; ++n) {
+    const double* row = &logits[static_cast<size_t>(n * width)];
+    double max_logit = row[0];
+    for (int64_t j = 1; j < V; ++j) max_logit = std::max(max_logit, row[j]);
+    double sum = 0.0;
+    for (int64_t j = 0; j < V; ++j) sum += std::exp(row[j] - max_logit);
+    losses[static_cast<size_t>(n)] = max_logit + std::log(sum) - row[targets[n]];
+  }
+  return losses;
+}
+
+// d(dloss * sum of cross_entropy_reference's losses) / dlogits by central differences.
+inline std::vector<double> cross_entropy_numeric_gradient(const std::vector<double>& logits,
+                                                          const std::vector<int64_t>& targets,
+                                                          int64_t rows, int64_t V, int64_t width,
+                                                          double dloss) {
+  return numeric_gradient(
+      [&](const std::vector<double>& v) {
+        double sum = 0.0;
+        for (double loss : cross_entropy_reference(v, targets, rows, V, width)) sum += loss;
+        return sum * dloss;
+      },
+      logits, 1e-5);
+}
+
 inline double dot(const std::vector<double>& a, const std::vector<double>& b) {
   double sum = 0.0;
   for (size_t i = 0; i < a.size(); ++i) sum += a[i] * b[i];

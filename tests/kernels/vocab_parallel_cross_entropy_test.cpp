@@ -13,22 +13,6 @@ struct SliceCase {
 
 int64_t whole_columns(const SliceCase& c) { return c.P * c.Vs; }
 
-// losses (N) over the whole (N, P*Vs) logits, real columns < V, in double.
-std::vector<double> losses_reference(const std::vector<double>& logits,
-                                     const std::vector<int32_t>& targets, const SliceCase& c) {
-  const int64_t W = whole_columns(c);
-  std::vector<double> losses(static_cast<size_t>(c.N));
-  for (int64_t n = 0; n < c.N; ++n) {
-    const double* row = &logits[n * W];
-    double max_logit = row[0];
-    for (int64_t j = 1; j < c.V; ++j) max_logit = std::max(max_logit, row[j]);
-    double sum = 0.0;
-    for (int64_t j = 0; j < c.V; ++j) sum += std::exp(row[j] - max_logit);
-    losses[n] = max_logit + std::log(sum) - row[targets[n]];
-  }
-  return losses;
-}
-
 // Columns [p*Vs, (p+1)*Vs) of the whole (N, W) values.
 std::vector<double> slice_columns(const std::vector<double>& whole, const SliceCase& c, int64_t p) {
   std::vector<double> out;
@@ -87,11 +71,11 @@ void check(const SliceCase& c, bool in_place, double logit_offset = 0.0) {
   x = whole.values();
   Random rng(72);
   HostTensor targets(DType::I32, {c.N});
-  std::vector<int32_t> t(static_cast<size_t>(c.N));
-  for (int64_t n = 0; n < c.N; ++n) t[n] = static_cast<int32_t>(rng.integer(c.V));
-  t[0] = static_cast<int32_t>(c.V - 1);  // the last real column
+  std::vector<int64_t> t(static_cast<size_t>(c.N));
+  for (int64_t n = 0; n < c.N; ++n) t[n] = rng.integer(c.V);
+  t[0] = c.V - 1;  // the last real column
   t[1] = 0;
-  for (int64_t n = 0; n < c.N; ++n) targets.i32()[n] = t[n];
+  for (int64_t n = 0; n < c.N; ++n) targets.i32()[n] = static_cast<int32_t>(t[n]);
   const float dloss = 1.0f / static_cast<float>(c.N);
 
   const SlicedRun run = run_slices(x, targets, c, dloss, in_place);
@@ -99,15 +83,10 @@ void check(const SliceCase& c, bool in_place, double logit_offset = 0.0) {
     EXPECT_EQ(run.losses[static_cast<size_t>(p)], run.losses[0]) << "slice " << p << "'s losses";
   }
   const Tolerance loss_tol{2e-6 * (1.0 + std::abs(logit_offset)), 1e-5, 1e-10};
-  EXPECT_TRUE(all_close(run.losses[0], losses_reference(x, t, c), loss_tol)) << "losses";
+  EXPECT_TRUE(all_close(run.losses[0], cross_entropy_reference(x, t, c.N, c.V, W), loss_tol))
+      << "losses";
 
-  const std::vector<double> grad = numeric_gradient(
-      [&](const std::vector<double>& v) {
-        double sum = 0.0;
-        for (double loss : losses_reference(v, t, c)) sum += loss;
-        return sum * dloss;
-      },
-      x, 1e-5);
+  const std::vector<double> grad = cross_entropy_numeric_gradient(x, t, c.N, c.V, W, dloss);
   for (int64_t n = 0; n < c.N; ++n) {
     for (int64_t j = c.V; j < W; ++j) {
       ASSERT_EQ(run.dlogits[n * W + j], 0.0) << "column " << j << " of row " << n;
@@ -143,12 +122,12 @@ TEST(VocabParallelCrossEntropy, TargetOutOfRangeThrows) {
   stats.fill_random(rng, 0.5, 1.0);
   for (int32_t bad : {13, 15, -1}) {  // vocab 13 of 16 columns
     targets.set({0.0, 9.0, static_cast<double>(bad)});
-    EXPECT_THROW(test_backend()->cross_entropy_stats(stats.t().slice(0, {N, 3}), logits, targets,
-                                                     0, 13, nullptr),
+    EXPECT_THROW(test_backend()->cross_entropy_stats(stats.t().slice(0, {N, 3}), logits, targets, 0,
+                                                     13, nullptr),
                  UserError)
         << "target " << bad;
-    EXPECT_THROW(test_backend()->cross_entropy_from_stats(losses, Tensor(), logits, stats,
-                                                          targets, Vs, 13, 1.0f, nullptr),
+    EXPECT_THROW(test_backend()->cross_entropy_from_stats(losses, Tensor(), logits, stats, targets,
+                                                          Vs, 13, 1.0f, nullptr),
                  UserError)
         << "target " << bad;
   }

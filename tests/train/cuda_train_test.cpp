@@ -42,6 +42,23 @@ namespace fs = std::filesystem;
     if (usable_cuda_devices() == 0) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
 
+// Why `gpus` NCCL ranks with a GPU each cannot run here; empty when they can.
+std::string missing_nccl_gpus(int gpus) {
+  if (usable_cuda_devices() < gpus) {
+    return "needs " + std::to_string(gpus) +
+           " GPUs (on the emulator: DSTRAIN_CUDA_EMU_DEVICES=" + std::to_string(gpus) +
+           " or more, as ctest sets for tests_train)";
+  }
+  if (!choose_devices("cuda", gpus, gpus).nccl) return "this build has no NCCL";
+  return "";
+}
+
+#define REQUIRE_NCCL_GPUS(gpus)                                                             \
+  do {                                                                                      \
+    REQUIRE_CUDA_DEVICE();                                                                  \
+    if (const std::string why = missing_nccl_gpus(gpus); !why.empty()) GTEST_SKIP() << why; \
+  } while (0)
+
 constexpr int kSteps = test::kSmallRunSteps;
 
 struct Run {
@@ -53,9 +70,9 @@ struct Run {
   bool gpu_per_rank = false;  // cuda: one GPU per rank (NCCL), else the ranks share one GPU
   int pp = 1;                 // pipeline stages (ranks = pp x tp x data-parallel ranks)
   std::string schedule = "1f1b";
-  int tp = 1;                 // tensor-parallel ranks
+  int tp = 1;  // tensor-parallel ranks
   bool sequence_parallel = true;
-  bool four_heads = false;    // the small model with 4 heads of 6 channels (tp 2 and 4 split it)
+  bool four_heads = false;  // the small model with 4 heads of 6 channels (tp 2 and 4 split it)
 };
 
 struct RunResult {
@@ -180,12 +197,7 @@ TEST(CudaTraining, Zero2AndOffloadOverlapMatchOneRank) {
 }
 
 TEST(CudaTraining, TwoRanksWithAGpuEachThroughNcclZero3MatchOneRank) {
-  REQUIRE_CUDA_DEVICE();
-  if (usable_cuda_devices() < 2) {
-    GTEST_SKIP() << "needs 2 GPUs (on the emulator: DSTRAIN_CUDA_EMU_DEVICES=2 or more, as "
-                    "ctest sets for tests_train)";
-  }
-  if (!choose_devices("cuda", 2, 2).nccl) GTEST_SKIP() << "this build has no NCCL";
+  REQUIRE_NCCL_GPUS(2);
   const testing::TempDir dir;
   const RunResult one = train_run(dir.path(), {"cuda", "fp32", 1, 0, false});
   ASSERT_LT(one.losses.back(), one.losses.front() - 0.1);
@@ -208,12 +220,7 @@ using RunSpec = Run;  // (inside a TEST, Run names testing::Test::Run)
 // rank; or the local communicator through host copies when the ranks share a GPU), on a
 // communication stream ordered with events. The equivalence test's tolerances.
 TEST(CudaTraining, PipelineStagesWithAGpuEachThroughNcclMatchOneRank) {
-  REQUIRE_CUDA_DEVICE();
-  if (usable_cuda_devices() < 4) {
-    GTEST_SKIP() << "needs 4 GPUs (on the emulator: DSTRAIN_CUDA_EMU_DEVICES=4, as ctest sets "
-                    "for tests_train)";
-  }
-  if (!choose_devices("cuda", 4, 4).nccl) GTEST_SKIP() << "this build has no NCCL";
+  REQUIRE_NCCL_GPUS(4);
   const testing::TempDir dir;
   const RunResult one = train_run(dir.path(), {"cuda", "fp32", 1, 0, false});
   ASSERT_LT(one.losses.back(), one.losses.front() - 0.1);
@@ -244,12 +251,7 @@ TEST(CudaTraining, PipelineStagesSharingOneGpuMatchOneRank) {
 // vocabulary-parallel cross-entropy's statistics gathered the same way. The tolerances of
 // tests/train/tensor_parallel_test.cpp.
 TEST(CudaTraining, TensorParallelRanksWithAGpuEachThroughNcclMatchOneRank) {
-  REQUIRE_CUDA_DEVICE();
-  if (usable_cuda_devices() < 4) {
-    GTEST_SKIP() << "needs 4 GPUs (on the emulator: DSTRAIN_CUDA_EMU_DEVICES=4, as ctest sets "
-                    "for tests_train)";
-  }
-  if (!choose_devices("cuda", 4, 4).nccl) GTEST_SKIP() << "this build has no NCCL";
+  REQUIRE_NCCL_GPUS(4);
   const testing::TempDir dir;
   RunSpec reference{"cuda", "fp32", 1, 0, false};
   reference.four_heads = true;

@@ -21,12 +21,12 @@
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/check.h"
 #include "tests/common/temp_dir.h"
+#include "tests/train/expect_user_error.h"
 #include "tests/train/small_model.h"
 #include "train/trainer.h"
 
@@ -41,8 +41,14 @@ struct Pipeline {
   Pipeline(int pp = 1, int dp = 1, int zero = 0, bool offload = false,
            std::string recompute = "none", std::string schedule = "1f1b",
            std::string precision = "fp32", std::string split = "")
-      : pp(pp), dp(dp), zero(zero), offload(offload), recompute(std::move(recompute)),
-        schedule(std::move(schedule)), precision(std::move(precision)), split(std::move(split)) {}
+      : pp(pp),
+        dp(dp),
+        zero(zero),
+        offload(offload),
+        recompute(std::move(recompute)),
+        schedule(std::move(schedule)),
+        precision(std::move(precision)),
+        split(std::move(split)) {}
   int pp, dp, zero;
   bool offload;
   std::string recompute, schedule, precision;
@@ -50,8 +56,8 @@ struct Pipeline {
 
   std::string name() const {
     std::string text = "pp" + std::to_string(pp) + "_dp" + std::to_string(dp) + "_zero" +
-                       std::to_string(zero) + (offload ? "_offload" : "") + "_" + recompute +
-                       "_" + schedule + "_" + precision;
+                       std::to_string(zero) + (offload ? "_offload" : "") + "_" + recompute + "_" +
+                       schedule + "_" + precision;
     if (!split.empty()) text += "_split";
     for (char c : split) text += c == ',' ? '_' : c;
     return text;
@@ -89,20 +95,12 @@ RunResult run(const fs::path& dir, const Pipeline& p) {
   return result;
 }
 
-class PipelineTest : public ::testing::Test {
+class PipelineTest : public test::SameAsOneRank<Pipeline, run> {
  protected:
-  static const RunResult& reference() {
-    static testing::TempDir dir;
-    static const RunResult result = run(dir.path(), Pipeline{});
-    return result;
-  }
   void expect_matches_one_rank(const Pipeline& p, double loss_tolerance = 1e-6,
                                double weight_tolerance = 1e-5) {
-    SCOPED_TRACE(p.name());
-    test::expect_same_training(reference(), run(temp_.path(), p), p.name(), loss_tolerance,
-                               weight_tolerance, 0.1);
+    expect_same_as_one_rank(p, loss_tolerance, weight_tolerance, 0.1);
   }
-  testing::TempDir temp_;
 };
 
 // The CI subset: every pp x dp, every ZeRO stage, offload, every recompute mode, both schedules.
@@ -113,11 +111,12 @@ TEST_P(PipelineEquivalence, SameLossesAndWeightsAsOneRank) { expect_matches_one_
 INSTANTIATE_TEST_SUITE_P(
     Plans, PipelineEquivalence,
     ::testing::Values(Pipeline{2, 1, 0}, Pipeline{2, 1, 0, false, "full", "gpipe"},
-                      Pipeline{4, 1, 0, false, "selective"}, Pipeline{4, 1, 0, true, "none", "gpipe"},
-                      Pipeline{2, 2, 0, false, "full"}, Pipeline{2, 2, 1, true},
-                      Pipeline{2, 2, 2, false, "selective", "gpipe"}, Pipeline{2, 2, 3},
-                      Pipeline{2, 2, 3, true, "full", "gpipe"}, Pipeline{4, 2, 1, false, "full"},
-                      Pipeline{4, 2, 2, true}, Pipeline{4, 2, 3, false, "selective", "gpipe"},
+                      Pipeline{4, 1, 0, false, "selective"},
+                      Pipeline{4, 1, 0, true, "none", "gpipe"}, Pipeline{2, 2, 0, false, "full"},
+                      Pipeline{2, 2, 1, true}, Pipeline{2, 2, 2, false, "selective", "gpipe"},
+                      Pipeline{2, 2, 3}, Pipeline{2, 2, 3, true, "full", "gpipe"},
+                      Pipeline{4, 2, 1, false, "full"}, Pipeline{4, 2, 2, true},
+                      Pipeline{4, 2, 3, false, "selective", "gpipe"},
                       Pipeline{3, 1, 0, false, "none", "1f1b", "fp32", "2,1,1"},
                       Pipeline{2, 1, 3, false, "none", "1f1b", "fp32", "1,3"}),
     [](const ::testing::TestParamInfo<Pipeline>& info) { return info.param.name(); });
@@ -145,7 +144,8 @@ std::string matrix_name(const ::testing::TestParamInfo<MatrixPoint>& info) {
   return pipeline_of(info.param).name();
 }
 
-class PipelineFullMatrix : public PipelineTest, public ::testing::WithParamInterface<MatrixPoint> {};
+class PipelineFullMatrix : public PipelineTest,
+                           public ::testing::WithParamInterface<MatrixPoint> {};
 
 TEST_P(PipelineFullMatrix, SameLossesAndWeightsAsOneRank) {
   expect_matches_one_rank(pipeline_of(GetParam()));
@@ -182,7 +182,8 @@ TEST_F(PipelineTest, Fp16AndBf16MatchOneRankWithinTheirRounding) {
     const double tolerance = precision == "fp16" ? 1e-3 : 1e-2;
     ASSERT_EQ(a.losses.size(), b.losses.size());
     for (size_t i = 0; i < a.losses.size(); ++i) {
-      EXPECT_NEAR(b.losses[i], a.losses[i], tolerance * a.losses[i]) << precision << " step " << i + 1;
+      EXPECT_NEAR(b.losses[i], a.losses[i], tolerance * a.losses[i])
+          << precision << " step " << i + 1;
       EXPECT_EQ(b.steps[i].value("skipped", false), a.steps[i].value("skipped", false));
     }
   }
@@ -191,7 +192,8 @@ TEST_F(PipelineTest, Fp16AndBf16MatchOneRankWithinTheirRounding) {
 TEST_F(PipelineTest, AnOverflowOnTheLastStageSkipsTheStepOnEveryStage) {
   // fp16: the inf/NaN flag is agreed by every rank of every stage: a +inf in one gradient of
   // the last stage's rank 3 (pp 2 x dp 2) skips step 3 everywhere, and the scale halves.
-  TrainOptions options = pipeline_options(temp_.path(), Pipeline{2, 2, 1, false, "none", "1f1b", "fp16"});
+  TrainOptions options =
+      pipeline_options(temp_.path(), Pipeline{2, 2, 1, false, "none", "1f1b", "fp16"});
   options.steps = 5;
   options.inject_inf_step = 3;
   options.inject_inf_rank = 3;
@@ -200,9 +202,11 @@ TEST_F(PipelineTest, AnOverflowOnTheLastStageSkipsTheStepOnEveryStage) {
   const RunResult result = read_run(options);
   ASSERT_EQ(result.steps.size(), 5u);
   for (int i = 0; i < 5; ++i) {
-    EXPECT_EQ(result.steps[static_cast<size_t>(i)].value("skipped", true), i == 2) << "step " << i + 1;
+    EXPECT_EQ(result.steps[static_cast<size_t>(i)].value("skipped", true), i == 2)
+        << "step " << i + 1;
   }
-  EXPECT_EQ(result.steps[3]["loss_scale"].get<double>() * 2, result.steps[2]["loss_scale"].get<double>());
+  EXPECT_EQ(result.steps[3]["loss_scale"].get<double>() * 2,
+            result.steps[2]["loss_scale"].get<double>());
 }
 
 TEST_F(PipelineTest, LogRecordsTheExecutedPlanAndTheBubble) {
@@ -297,32 +301,23 @@ TEST_F(PipelineTest, AHangingStageTimesOutEveryRankNamingWhatItIsDoing) {
 }
 
 TEST_F(PipelineTest, BadPipelineFlagsAreOneSentence) {
-  auto expect_user_error = [&](TrainOptions options, const std::string& fragment) {
-    std::ostringstream out;
-    try {
-      train(options, out);
-      FAIL() << "no error, wanted: " << fragment;
-    } catch (const UserError& error) {
-      EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos) << error.what();
-    }
-  };
   TrainOptions options = pipeline_options(temp_.path(), Pipeline{2, 1, 0});
   options.steps = 1;
   TrainOptions split = options;
   split.pp_split = "3,2";
-  expect_user_error(split, "adding up to the model's 4 layers");
+  test::expect_user_error(split, "adding up to the model's 4 layers");
   split.pp_split = "2,x";
-  expect_user_error(split, "--pp-split");
+  test::expect_user_error(split, "--pp-split");
   TrainOptions deep = options;
   deep.pp = 5;
   deep.gpus = 5;
-  expect_user_error(deep, "more pipeline stages than the model's 4 layers");
+  test::expect_user_error(deep, "more pipeline stages than the model's 4 layers");
   TrainOptions uneven = options;
   uneven.gpus = 3;
-  expect_user_error(uneven, "cannot be cut into 2 pipeline stages");
+  test::expect_user_error(uneven, "cannot be cut into 2 pipeline stages");
   TrainOptions schedule = options;
   schedule.pp_schedule = "zigzag";
-  expect_user_error(schedule, "--pp-schedule");
+  test::expect_user_error(schedule, "--pp-schedule");
 }
 
 }  // namespace

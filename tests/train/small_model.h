@@ -4,6 +4,8 @@
 // plans in seconds, long enough that the loss falls clearly.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -11,13 +13,12 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
 #include "core/safetensors.h"
+#include "tests/common/temp_dir.h"
 #include "train/options.h"
 
 namespace dstrain::test {
@@ -125,5 +126,24 @@ inline void expect_same_training(const LoggedRun& one, const LoggedRun& many,
   EXPECT_LT(error, weight_tolerance);
   std::cout << "  " << name << ": max |weight difference| " << error << "\n";
 }
+
+// A fixture comparing plans (a Spec with name(); Spec{} is one rank) with one rank: Train trains
+// a plan in a directory and reads its log. The one-rank run is trained once per test binary.
+template <class Spec, LoggedRun (*Train)(const std::filesystem::path&, const Spec&)>
+class SameAsOneRank : public ::testing::Test {
+ protected:
+  static const LoggedRun& reference() {
+    static testing::TempDir dir;
+    static const LoggedRun result = Train(dir.path(), Spec{});
+    return result;
+  }
+  void expect_same_as_one_rank(const Spec& spec, double loss_tolerance, double weight_tolerance,
+                               double min_fall) {
+    SCOPED_TRACE(spec.name());
+    expect_same_training(reference(), Train(temp_.path(), spec), spec.name(), loss_tolerance,
+                         weight_tolerance, min_fall);
+  }
+  testing::TempDir temp_;
+};
 
 }  // namespace dstrain::test

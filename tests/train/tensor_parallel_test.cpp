@@ -26,16 +26,16 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/check.h"
 #include "core/rng.h"
 #include "parallel/cost_model.h"
 #include "parallel/pipeline_split.h"
 #include "tests/common/temp_dir.h"
+#include "tests/train/expect_user_error.h"
 #include "tests/train/small_model.h"
 #include "train/trainer.h"
 
@@ -58,8 +58,7 @@ struct Split {
   std::string name() const {
     return "tp" + std::to_string(tp) + "_dp" + std::to_string(dp) + "_pp" + std::to_string(pp) +
            "_zero" + std::to_string(zero) + (offload ? "_offload" : "") + "_" + recompute +
-           (sequence_parallel ? "_sp" : "_nosp") + (pp > 1 ? "_" + schedule : "") + "_" +
-           precision;
+           (sequence_parallel ? "_sp" : "_nosp") + (pp > 1 ? "_" + schedule : "") + "_" + precision;
   }
 };
 
@@ -122,20 +121,12 @@ RunResult run(const fs::path& dir, const Split& s) {
   return read_run(options);
 }
 
-class TensorParallelTest : public ::testing::Test {
+class TensorParallelTest : public test::SameAsOneRank<Split, run> {
  protected:
-  static const RunResult& reference() {
-    static testing::TempDir dir;
-    static const RunResult result = run(dir.path(), Split{});
-    return result;
-  }
   void expect_matches_one_rank(const Split& s, double loss_tolerance = 1e-5,
                                double weight_tolerance = 1e-5) {
-    SCOPED_TRACE(s.name());
-    test::expect_same_training(reference(), run(temp_.path(), s), s.name(), loss_tolerance,
-                               weight_tolerance, 0.5);
+    expect_same_as_one_rank(s, loss_tolerance, weight_tolerance, 0.5);
   }
-  testing::TempDir temp_;
 };
 
 Split split(int tp, int dp, int pp, int zero, bool offload, const char* recompute, bool sp,
@@ -159,19 +150,20 @@ TEST_P(TensorParallelEquivalence, SameLossesAndWeightsAsOneRank) {
   expect_matches_one_rank(GetParam());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Plans, TensorParallelEquivalence,
-    ::testing::Values(split(2, 1, 1, 0, false, "none", true),
-                      split(2, 1, 1, 0, false, "none", false),
-                      split(4, 1, 1, 1, false, "selective", true),
-                      split(4, 1, 1, 0, true, "full", false),
-                      split(2, 2, 1, 2, true, "none", true),
-                      split(2, 2, 1, 3, false, "selective", false),
-                      split(2, 1, 2, 1, false, "none", true),
-                      split(2, 1, 2, 0, false, "full", false, "gpipe"),
-                      split(2, 2, 2, 1, false, "none", true),
-                      split(2, 2, 2, 3, true, "selective", true, "gpipe")),
-    [](const ::testing::TestParamInfo<Split>& info) { return info.param.name(); });
+INSTANTIATE_TEST_SUITE_P(Plans, TensorParallelEquivalence,
+                         ::testing::Values(split(2, 1, 1, 0, false, "none", true),
+                                           split(2, 1, 1, 0, false, "none", false),
+                                           split(4, 1, 1, 1, false, "selective", true),
+                                           split(4, 1, 1, 0, true, "full", false),
+                                           split(2, 2, 1, 2, true, "none", true),
+                                           split(2, 2, 1, 3, false, "selective", false),
+                                           split(2, 1, 2, 1, false, "none", true),
+                                           split(2, 1, 2, 0, false, "full", false, "gpipe"),
+                                           split(2, 2, 2, 1, false, "none", true),
+                                           split(2, 2, 2, 3, true, "selective", true, "gpipe")),
+                         [](const ::testing::TestParamInfo<Split>& info) {
+                           return info.param.name();
+                         });
 
 // The whole matrix (documented above; not in CI).
 std::vector<Split> full_matrix() {
@@ -230,7 +222,8 @@ TEST_F(TensorParallelTest, Fp16AndBf16MatchOneRankWithinTheirRounding) {
     ASSERT_EQ(a.losses.size(), b.losses.size());
     const double tolerance = precision == "fp16" ? 1e-3 : 1e-2;
     for (size_t i = 0; i < a.losses.size(); ++i) {
-      EXPECT_NEAR(b.losses[i], a.losses[i], tolerance * a.losses[i]) << precision << " step " << i + 1;
+      EXPECT_NEAR(b.losses[i], a.losses[i], tolerance * a.losses[i])
+          << precision << " step " << i + 1;
     }
   }
 }
@@ -272,9 +265,9 @@ TEST_F(TensorParallelTest, TheLogCountsTheCollectivesTheCostModelCharges) {
   // volume in all-reduce equivalents; the cost model (tensor_parallel_traffic) charges the same
   // count per micro-batch, and the same volume in (B*T, C) fp32 all-reduces, plus the loss's
   // (B*T, 3) statistics on the last stage (half of tp such buffers).
-  for (const Split& s : {split(2, 1, 2, 0, false, "none", true),
-                         split(2, 2, 1, 1, false, "full", false),
-                         split(4, 1, 2, 0, false, "selective", true, "gpipe")}) {
+  for (const Split& s :
+       {split(2, 1, 2, 0, false, "none", true), split(2, 2, 1, 1, false, "full", false),
+        split(4, 1, 2, 0, false, "selective", true, "gpipe")}) {
     SCOPED_TRACE(s.name());
     TrainOptions options = split_options(temp_.path() / s.name(), s);
     options.steps = 2;
@@ -333,28 +326,19 @@ TEST_F(TensorParallelTest, AFailingTensorParallelRankFailsEveryRankNamingIt) {
 }
 
 TEST_F(TensorParallelTest, BadTensorParallelFlagsAreOneSentence) {
-  auto expect_user_error = [&](TrainOptions options, const std::string& fragment) {
-    std::ostringstream out;
-    try {
-      train(options, out);
-      FAIL() << "no error, wanted: " << fragment;
-    } catch (const UserError& error) {
-      EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos) << error.what();
-    }
-  };
   TrainOptions options = split_options(temp_.path(), split(2, 1, 1, 0, false, "none", true));
   options.steps = 1;
   TrainOptions heads = options;
   heads.tp = heads.gpus = 3;
-  expect_user_error(heads, "n_head (4)");
+  test::expect_user_error(heads, "n_head (4)");
   TrainOptions rows = options;
   rows.tp = rows.gpus = 4;
   rows.batch = 1;
   rows.seq_len = 6;  // 6 token rows do not split over 4 ranks
-  expect_user_error(rows, "--sequence-parallel false");
+  test::expect_user_error(rows, "--sequence-parallel false");
   TrainOptions uneven = options;
   uneven.gpus = 3;
-  expect_user_error(uneven, "cannot be cut");
+  test::expect_user_error(uneven, "cannot be cut");
 }
 
 }  // namespace

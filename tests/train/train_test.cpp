@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/common/temp_dir.h"
+#include "tests/train/expect_user_error.h"
 
 #include <filesystem>
 #include <functional>
@@ -218,15 +219,7 @@ TEST_F(TrainTest, ResumeIsBitIdenticalWithShuffledFileData) {
                               [this](const std::string& name) { return path(name); });
 }
 
-void expect_user_error(const TrainOptions& options, const std::string& fragment) {
-  std::ostringstream out;
-  try {
-    train(options, out);
-    FAIL() << "no error, expected one mentioning: " << fragment;
-  } catch (const UserError& error) {
-    EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos) << error.what();
-  }
-}
+using test::expect_user_error;
 
 TEST_F(TrainTest, BrokenCheckpointsAreClearErrors) {
   TrainOptions options = small_synthetic_run(path("log.jsonl"));
