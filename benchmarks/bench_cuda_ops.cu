@@ -37,6 +37,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
+#include "kernels/rope_table.h"
 
 namespace dstrain {
 namespace {
@@ -275,6 +276,9 @@ int run(const Options& options) {
   Tensor dw_fcp = ws.random(dt, {4 * C, C}), db_fcp = ws.random(dt, {C});
   Tensor fc = ws.random(dt, {B, T, 4 * C}, -3.0f, 3.0f), dfc = ws.random(dt, {B, T, 4 * C});
   Tensor fc_out = ws.allocate(dt, {B, T, 4 * C}), fc_gelu = ws.allocate(dt, {B, T, 4 * C});
+  // LLaMA's MLP at GPT-2's width, I = 4C: [gate | up] (B,T,2I) from one stacked GEMM.
+  Tensor gate_up = ws.random(dt, {B, T, 8 * C}, -4.0f, 4.0f);
+  Tensor dgate_up = ws.allocate(dt, {B, T, 8 * C});
   Tensor att = ws.allocate(dt, {B, T, C}), lse = ws.allocate(DType::F32, {B, NH, T});
   Tensor logits = ws.random(dt, {N, Vp}, -4.0f, 4.0f), losses = ws.allocate(DType::F32, {N});
   // Vocabulary-parallel cross-entropy at tp 2: this rank's (N, Vp / 2) half of the logits.
@@ -285,13 +289,18 @@ int run(const Options& options) {
          m = ws.random(DType::F32, {P});
   Tensor v = ws.random(DType::F32, {P}, 0.0f, 1.0f), param_copy = ws.allocate(dt, {P});
   be.layernorm_forward(y, mean, rstd, x, ln_w, ln_b, nullptr);
-  be.attention_forward(att, lse, qkv, static_cast<int>(NH), nullptr);
+  be.attention_forward(att, lse, qkv, static_cast<int>(NH), static_cast<int>(NH), nullptr);
+  // The rotary table (T, hd/2, 2) for hd = C / NH, rope_theta 10000, built on the host once.
+  Tensor freqs = ws.allocate(DType::F32, {T, C / NH / 2, 2});
+  const std::vector<float> rope_host = rope_table(T, C / NH, 10000.0);
+  be.copy_bytes(freqs.data, rope_host.data(), rope_host.size() * sizeof(float), nullptr);
   be.synchronize(nullptr);
   AdamWStep step;
   step.lr = 1e-4f;
   step.weight_decay = 0.1f;
 
   const double act = static_cast<double>(N * C * es);
+  const int nh = static_cast<int>(NH);  // multi-head: n_kv_head = n_head
   const double attention_flops = 4.0 * B * NH * static_cast<double>(T) * T * (C / NH) * 0.5;
   const double nd = static_cast<double>(N), cd = static_cast<double>(C);
   struct Op {
@@ -308,6 +317,10 @@ int run(const Options& options) {
        [&] { be.layernorm_forward(y, mean, rstd, x, ln_w, ln_b, nullptr); }},
       {"layernorm_backward", 4 * act + 8.0 * N, 0,
        [&] { be.layernorm_backward(y, dln_w, dln_b, dx, x, ln_w, mean, rstd, nullptr); }},
+      {"rmsnorm_forward", 2 * act + 4.0 * N, 0,
+       [&] { be.rmsnorm_forward(y, rstd, x, ln_w, 1e-5f, nullptr); }},
+      {"rmsnorm_backward", 4 * act + 4.0 * N, 0,
+       [&] { be.rmsnorm_backward(y, dln_w, dx, x, ln_w, rstd, nullptr); }},
       {"matmul_forward qkv (C->3C)", 0, 2.0 * nd * cd * 3 * cd,
        [&] { be.matmul_forward(qkv, x, w_qkv, b_qkv, false, nullptr); }},
       {"matmul_backward qkv", 0, 4.0 * nd * cd * 3 * cd,
@@ -332,11 +345,21 @@ int run(const Options& options) {
       {"matmul_backward lm_head", 0, 4.0 * nd * cd * Vp,
        [&] { be.matmul_backward(y, dwte, Tensor(), logits, x, wte, true, nullptr); }},
       {"attention_forward", 0, attention_flops,
-       [&] { be.attention_forward(att, lse, qkv, static_cast<int>(NH), nullptr); }},
+       [&] { be.attention_forward(att, lse, qkv, nh, nh, nullptr); }},
       {"attention_backward", 0, 2.5 * attention_flops,
-       [&] { be.attention_backward(dqkv, dx, qkv, att, lse, static_cast<int>(NH), nullptr); }},
+       [&] { be.attention_backward(dqkv, dx, qkv, att, lse, nh, nh, nullptr); }},
+      // In place on the q and k heads (2C of each 3C row), read and written once; the table once.
+      {"rope_forward (q, k heads)", 4 * act + 4.0 * rope_host.size(), 0,
+       [&] { be.rope_forward(qkv, freqs, nh, nh, nullptr); }},
+      {"rope_backward (q, k heads)", 4 * act + 4.0 * rope_host.size(), 0,
+       [&] { be.rope_backward(dqkv, freqs, nh, nh, nullptr); }},
       {"gelu_forward (4C)", 8 * act, 0, [&] { be.gelu_forward(fc_out, fc, nullptr); }},
       {"gelu_backward (4C)", 12 * act, 0, [&] { be.gelu_backward(fc_out, dfc, fc, nullptr); }},
+      // Reads [gate | up] (2I = 8C), writes I = 4C; backward also reads dout, writes 2I.
+      {"swiglu_forward (I = 4C)", 12 * act, 0,
+       [&] { be.swiglu_forward(fc_out, gate_up, nullptr); }},
+      {"swiglu_backward (I = 4C)", 20 * act, 0,
+       [&] { be.swiglu_backward(dgate_up, dfc, gate_up, nullptr); }},
       {"residual_forward", 3 * act, 0, [&] { be.residual_forward(y, x, dx, nullptr); }},
       {"accumulate", 3 * act, 0, [&] { be.accumulate(y, x, nullptr); }},
       {"add_bias", 2 * act, 0, [&] { be.add_bias(y, ln_b, nullptr); }},

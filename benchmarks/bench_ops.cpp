@@ -20,6 +20,7 @@
 #include "core/allocator.h"
 #include "core/check.h"
 #include "kernels/ops.h"
+#include "kernels/rope_table.h"
 #include "benchmarks/bench_main.h"
 
 namespace dstrain {
@@ -203,6 +204,37 @@ void run_benchmarks(const Options& options) {
         Rate::Bytes, es * 4.0 * N * C + 8.0 * N);
     ws.release();
   }
+  // ---- RMSNorm, SwiGLU (LLaMA) at GPT-2's widths: C, and I = 4C (the GELU MLP's width) ----
+  {
+    Tensor inp = ws.random(dt, {N, C}), weight = ws.random(dt, {C});
+    Tensor out = ws.allocate(dt, {N, C}), rstd = ws.allocate(DType::F32, {N});
+    Tensor dout = ws.random(dt, {N, C}), dinp = ws.random(dt, {N, C}), dweight = ws.random(dt, {C});
+    const std::string shape = shape_of({N, C});
+    report(
+        "rmsnorm_fwd", shape,
+        [&] { backend->rmsnorm_forward(out, rstd, inp, weight, 1e-5f, nullptr); }, Rate::Bytes,
+        es * 2.0 * N * C + 4.0 * N);
+    backend->rmsnorm_forward(out, rstd, inp, weight, 1e-5f, nullptr);
+    report(
+        "rmsnorm_bwd", shape,
+        [&] { backend->rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, nullptr); },
+        Rate::Bytes, es * 4.0 * N * C + 4.0 * N);
+    ws.release();
+  }
+  {
+    const int64_t I = 4 * C;
+    Tensor inp = ws.random(dt, {N, 2 * I}, -4.0f, 4.0f), dout = ws.random(dt, {N, I});
+    Tensor out = ws.allocate(dt, {N, I}), dinp = ws.allocate(dt, {N, 2 * I});
+    const std::string shape = shape_of({N, 2 * I});
+    // Forward reads [gate | up] and writes out; backward also reads dout and writes both halves.
+    report(
+        "swiglu_fwd", shape, [&] { backend->swiglu_forward(out, inp, nullptr); }, Rate::Bytes,
+        es * 3.0 * N * I);
+    report(
+        "swiglu_bwd", shape, [&] { backend->swiglu_backward(dinp, dout, inp, nullptr); },
+        Rate::Bytes, es * 5.0 * N * I);
+    ws.release();
+  }
   // ---- matmuls of a block and the LM head ----
   struct MatmulCase {
     const char* name;
@@ -246,12 +278,31 @@ void run_benchmarks(const Options& options) {
     const std::string shape = shape_of({B, T, 3 * C}) + " NH=" + std::to_string(s.NH);
     const int nh = static_cast<int>(s.NH);
     report(
-        "attention_fwd", shape, [&] { backend->attention_forward(out, lse, qkv, nh, nullptr); },
-        Rate::Flops, pairs * 4.0 * hd);
+        "attention_fwd", shape,
+        [&] { backend->attention_forward(out, lse, qkv, nh, nh, nullptr); }, Rate::Flops,
+        pairs * 4.0 * hd);
     report(
         "attention_bwd", shape,
-        [&] { backend->attention_backward(dqkv, dout, qkv, out, lse, nh, nullptr); }, Rate::Flops,
-        pairs * 10.0 * hd);
+        [&] { backend->attention_backward(dqkv, dout, qkv, out, lse, nh, nh, nullptr); },
+        Rate::Flops, pairs * 10.0 * hd);
+    ws.release();
+  }
+  // ---- rotary position embedding, in place on the q and k heads (KV = NH: GPT-2's shape) ----
+  {
+    const int64_t hd = C / s.NH;
+    Tensor qkv = ws.random(dt, {B, T, 3 * C});
+    Tensor freqs = ws.allocate(DType::F32, {T, hd / 2, 2});
+    fill_rope_table(freqs.f32(), T, rope_inv_freq(hd, 10000.0));
+    const std::string shape = shape_of({B, T, 3 * C}) + " NH=KV=" + std::to_string(s.NH);
+    const int nh = static_cast<int>(s.NH);
+    // Reads and writes the 2C q and k columns of each row once; the table once.
+    const double bytes = es * 2.0 * N * 2 * C + 4.0 * T * hd;
+    report(
+        "rope_fwd", shape, [&] { backend->rope_forward(qkv, freqs, nh, nh, nullptr); },
+        Rate::Bytes, bytes);
+    report(
+        "rope_bwd", shape, [&] { backend->rope_backward(qkv, freqs, nh, nh, nullptr); },
+        Rate::Bytes, bytes);
     ws.release();
   }
   // ---- GELU, residual ----

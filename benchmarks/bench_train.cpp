@@ -311,7 +311,7 @@ int run(const Options& o) {
     const ParamLayout layout(config);
     const auto init_start = std::chrono::steady_clock::now();
     HostBlocks initial(layout);
-    init_gpt2_parameters(layout, config, 1, initial.tensors());
+    init_model_parameters(layout, config, 1, initial.tensors());
     const double init_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - init_start).count();
     for (const std::string& dtype : o.dtypes) {

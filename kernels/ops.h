@@ -75,7 +75,8 @@ class Backend {
 
   // ---- embedding ----
   // out (B,T,C) = wte[tokens[b,t]] + wpe[t]
-  // tokens (B,T) I32 with 0 <= id < vocab_rows (else UserError); wpe (maxT,C), maxT >= T.
+  // tokens (B,T) I32 with 0 <= id < vocab_rows (else UserError); wpe (maxT,C), maxT >= T, or
+  // empty: no position table (LLaMA), out = wte[tokens[b,t]] (and no dwpe in backward).
   // Vocabulary-parallel: wte (Vs,C) holds rows [vocab_begin, vocab_begin + Vs) of the whole
   // (vocab_rows, C) table; positions whose token lies outside them get a zero row (no wpe
   // either), so the sum over the slices is the whole embedding, bitwise. The whole table:
@@ -96,6 +97,23 @@ class Backend {
   virtual void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout,
                                   Tensor inp, Tensor weight, Tensor mean, Tensor rstd,
                                   Stream stream) = 0;
+
+  // ---- RMSNorm (Llama, Qwen2) ----
+  // out (N,C) = inp * rstd * weight, rstd (N) F32 = 1 / sqrt(mean over C of inp^2 + eps);
+  // inp (N,C), weight (C). Compute in fp32 (Hugging Face's LlamaRMSNorm: the normalized value is
+  // rounded to the storage dtype before the multiply by weight; do the same so bf16/fp16 match it).
+  virtual void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps,
+                               Stream stream) = 0;
+  // dinp (N,C) +=, dweight (C) +=; dout (N,C); inp, weight, rstd as saved by forward.
+  virtual void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp,
+                                Tensor weight, Tensor rstd, Stream stream) = 0;
+
+  // ---- SwiGLU (Llama's MLP: down(silu(gate(x)) * up(x))) ----
+  // inp (N, 2I): each row is [gate (I) | up (I)] (one GEMM against the stacked [gate_proj; up_proj]
+  // weight); out (N, I) = silu(gate) * up, silu(x) = x / (1 + exp(-x)).
+  virtual void swiglu_forward(Tensor out, Tensor inp, Stream stream) = 0;
+  // dinp (N, 2I) = [dgate | dup] (overwritten, not accumulated); dout (N, I); inp as in forward.
+  virtual void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp, Stream stream) = 0;
 
   // ---- matmul with bias ----
   // out (N,OC) = inp (N,C) @ W + bias (OC; may be empty).
@@ -120,15 +138,35 @@ class Backend {
   virtual void matmul_gelu_forward(Tensor out, Tensor pre_gelu, Tensor inp, Tensor weight,
                                    Tensor bias, Stream stream) = 0;
 
-  // ---- causal self-attention ----
-  // qkv (B,T,3C): per position [q | k | v], each C = NH * hd, head h at columns h*hd.
-  // out (B,T,C) = softmax(q k^T / sqrt(hd), causal) v per head; lse (B,NH,T) F32 = the
+  // ---- causal self-attention, multi-head or grouped-query ----
+  // NH query heads share KV key/value heads: query head h uses kv head h / (NH/KV), so
+  // consecutive query heads share one (Hugging Face's repeat_kv). KV == NH is multi-head
+  // attention (GPT-2). REQUIRES: NH % KV == 0; hd = qkv's row width / (NH + 2 KV).
+  // qkv (B,T,(NH+2KV)*hd): per position [q (NH heads) | k (KV heads) | v (KV heads)]; q head h
+  // at columns h*hd, k head j at NH*hd + j*hd, v head j at (NH+KV)*hd + j*hd.
+  // out (B,T,NH*hd) = softmax(q k^T / sqrt(hd), causal) v per query head; lse (B,NH,T) F32 = the
   // log-sum-exp of each scaled score row (all backward needs besides qkv and out: no T x T).
-  virtual void attention_forward(Tensor out, Tensor lse, Tensor qkv, int n_head,
+  virtual void attention_forward(Tensor out, Tensor lse, Tensor qkv, int n_head, int n_kv_head,
                                  Stream stream) = 0;
-  // dqkv (B,T,3C) = gradient w.r.t. qkv; dout (B,T,C); qkv, out, lse as saved by forward.
+  // dqkv (B,T,(NH+2KV)*hd) = gradient w.r.t. qkv; dout (B,T,NH*hd); qkv, out, lse as saved by
+  // forward. dk and dv of a kv head sum over its query heads in a fixed order (ascending head,
+  // then ascending query row, one fp32 accumulator): the same bits on every run.
   virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,
-                                  Tensor lse, int n_head, Stream stream) = 0;
+                                  Tensor lse, int n_head, int n_kv_head, Stream stream) = 0;
+
+  // ---- rotary position embedding (rotate-half, as Hugging Face's Llama) ----
+  // qkv (B,T,(NH+2KV)*hd), laid out as for attention, in place on its NH q heads and KV k heads
+  // (v untouched); freqs (maxT,hd/2,2) F32 with maxT >= T: (cos, sin) of position t's angle for
+  // frequency i (the model computes it on the host once, kernels/rope_table.h, with whatever
+  // rope_theta / scaling the config has). For each head and i < hd/2: x1 = x[i],
+  // x2 = x[i + hd/2]; x[i] = x1*cos - x2*sin, x[i + hd/2] = x2*cos + x1*sin; computed in fp32
+  // (no FMA), rounded to storage once. REQUIRES: hd even.
+  virtual void rope_forward(Tensor qkv, Tensor freqs, int n_head, int n_kv_head,
+                            Stream stream) = 0;
+  // The backward, in place on dqkv (same layout): the transposed rotation (sin negated) of dq
+  // and dk; dv untouched.
+  virtual void rope_backward(Tensor dqkv, Tensor freqs, int n_head, int n_kv_head,
+                             Stream stream) = 0;
 
   // ---- GELU, tanh approximation ----
   // out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); any shape

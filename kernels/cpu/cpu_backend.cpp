@@ -122,6 +122,20 @@ class CpuBackend final : public Backend {
                           Tensor weight, Tensor mean, Tensor rstd, Stream) override {
     cpu::layernorm_backward(ctx_, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
   }
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps,
+                       Stream) override {
+    cpu::rmsnorm_forward(ctx_, out, rstd, inp, weight, eps);
+  }
+  void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight,
+                        Tensor rstd, Stream) override {
+    cpu::rmsnorm_backward(ctx_, dinp, dweight, dout, inp, weight, rstd);
+  }
+  void swiglu_forward(Tensor out, Tensor inp, Stream) override {
+    cpu::swiglu_forward(ctx_, out, inp);
+  }
+  void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp, Stream) override {
+    cpu::swiglu_backward(ctx_, dinp, dout, inp);
+  }
   void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool weight_out_by_in,
                       Stream) override {
     cpu::matmul_forward(ctx_, out, inp, weight, bias, weight_out_by_in);
@@ -134,12 +148,19 @@ class CpuBackend final : public Backend {
                            Stream) override {
     cpu::matmul_gelu_forward(ctx_, out, pre_gelu, inp, weight, bias);
   }
-  void attention_forward(Tensor out, Tensor lse, Tensor qkv, int n_head, Stream) override {
-    cpu::attention_forward(ctx_, out, lse, qkv, n_head);
+  void attention_forward(Tensor out, Tensor lse, Tensor qkv, int n_head, int n_kv_head,
+                         Stream) override {
+    cpu::attention_forward(ctx_, out, lse, qkv, n_head, n_kv_head);
   }
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int n_head,
-                          Stream) override {
-    cpu::attention_backward(ctx_, dqkv, dout, qkv, out, lse, n_head);
+                          int n_kv_head, Stream) override {
+    cpu::attention_backward(ctx_, dqkv, dout, qkv, out, lse, n_head, n_kv_head);
+  }
+  void rope_forward(Tensor qkv, Tensor freqs, int n_head, int n_kv_head, Stream) override {
+    cpu::rope(ctx_, qkv, freqs, n_head, n_kv_head, false);
+  }
+  void rope_backward(Tensor dqkv, Tensor freqs, int n_head, int n_kv_head, Stream) override {
+    cpu::rope(ctx_, dqkv, freqs, n_head, n_kv_head, true);
   }
   void gelu_forward(Tensor out, Tensor inp, Stream) override { cpu::gelu_forward(ctx_, out, inp); }
   void gelu_backward(Tensor dinp, Tensor dout, Tensor inp, Stream) override {

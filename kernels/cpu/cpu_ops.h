@@ -167,6 +167,13 @@ void layernorm_forward(const CpuContext& ctx, Tensor out, Tensor mean, Tensor rs
                        Tensor weight, Tensor bias);
 void layernorm_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias,
                         Tensor dout, Tensor inp, Tensor weight, Tensor mean, Tensor rstd);
+// cpu_llama_ops.cpp: RMSNorm and SwiGLU.
+void rmsnorm_forward(const CpuContext& ctx, Tensor out, Tensor rstd, Tensor inp, Tensor weight,
+                     float eps);
+void rmsnorm_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tensor dout, Tensor inp,
+                      Tensor weight, Tensor rstd);
+void swiglu_forward(const CpuContext& ctx, Tensor out, Tensor inp);
+void swiglu_backward(const CpuContext& ctx, Tensor dinp, Tensor dout, Tensor inp);
 void gelu_forward(const CpuContext& ctx, Tensor out, Tensor inp);
 void gelu_backward(const CpuContext& ctx, Tensor dinp, Tensor dout, Tensor inp);
 void residual_forward(const CpuContext& ctx, Tensor out, Tensor a, Tensor b);
@@ -187,9 +194,13 @@ void matmul_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tensor 
 void matmul_gelu_forward(const CpuContext& ctx, Tensor out, Tensor pre_gelu, Tensor inp,
                          Tensor weight, Tensor bias);
 
-void attention_forward(const CpuContext& ctx, Tensor out, Tensor lse, Tensor qkv, int n_head);
+void attention_forward(const CpuContext& ctx, Tensor out, Tensor lse, Tensor qkv, int n_head,
+                       int n_kv_head);
 void attention_backward(const CpuContext& ctx, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,
-                        Tensor lse, int n_head);
+                        Tensor lse, int n_head, int n_kv_head);
+// cpu_rope.cpp; `transposed` rotates by -angle (the backward).
+void rope(const CpuContext& ctx, Tensor qkv, Tensor freqs, int n_head, int n_kv_head,
+          bool transposed);
 
 void adamw(const CpuContext& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy,
            const AdamWStep& step);

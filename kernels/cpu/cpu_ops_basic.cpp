@@ -60,18 +60,23 @@ VocabSlice check_vocab_slice(const Tensor& table, const char* name, int64_t C,
   return {vocab_begin, table.shape[0]};
 }
 
+void check_position_table(const Tensor& table, const char* name, int64_t T, int64_t C) {
+  check_float_tensor(table, name);
+  DSTRAIN_CHECK(table.ndim == 2 && table.shape[1] == C && table.shape[0] >= T)
+      << name << " " << table.shape_str() << " must be (maxT >= " << T << ", " << C << ")";
+}
+
 }  // namespace
 
 void embedding_forward(const CpuContext& ctx, Tensor out, Tensor tokens, Tensor wte, Tensor wpe,
                        int64_t vocab_begin, int64_t vocab_rows) {
   check_float_tensor(out, "embedding out");
   check_float_tensor(wte, "wte");
-  check_float_tensor(wpe, "wpe");
   DSTRAIN_CHECK(out.ndim == 3) << "embedding out " << out.shape_str() << " must be (B, T, C)";
   const int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
   const VocabSlice slice = check_vocab_slice(wte, "wte", C, vocab_begin, vocab_rows);
-  DSTRAIN_CHECK(wpe.ndim == 2 && wpe.shape[1] == C && wpe.shape[0] >= T)
-      << "wpe " << wpe.shape_str() << " must be (maxT >= " << T << ", " << C << ")";
+  const bool positions = !wpe.empty();  // LLaMA: no position table
+  if (positions) check_position_table(wpe, "wpe", T, C);
   check_tokens(tokens, B, T, vocab_rows);
   const int32_t* ids = static_cast<const int32_t*>(tokens.data);
 
@@ -83,8 +88,12 @@ void embedding_forward(const CpuContext& ctx, Tensor out, Tensor tokens, Tensor 
       std::fill(dst, dst + C, 0.0f);  // another slice's token
     } else {
       const float* token_row = load_span(wte, (ids[bt] - slice.begin) * C, C, buffers);
-      const float* position_row = load_span(wpe, bt % T * C, C, buffers + C);
-      for (int64_t c = 0; c < C; ++c) dst[c] = token_row[c] + position_row[c];
+      if (positions) {
+        const float* position_row = load_span(wpe, bt % T * C, C, buffers + C);
+        for (int64_t c = 0; c < C; ++c) dst[c] = token_row[c] + position_row[c];
+      } else {
+        std::copy(token_row, token_row + C, dst);
+      }
     }
     commit_span(out, bt * C, C, dst);
   });
@@ -119,13 +128,11 @@ TokenGroups group_by_token(const int32_t* ids, int64_t count, const VocabSlice& 
 void embedding_backward(const CpuContext& ctx, Tensor dwte, Tensor dwpe, Tensor dout,
                         Tensor tokens, int64_t vocab_begin, int64_t vocab_rows) {
   check_float_tensor(dwte, "dwte");
-  check_float_tensor(dwpe, "dwpe");
   check_float_tensor(dout, "embedding dout");
   DSTRAIN_CHECK(dout.ndim == 3) << "embedding dout " << dout.shape_str() << " must be (B, T, C)";
   const int64_t B = dout.shape[0], T = dout.shape[1], C = dout.shape[2];
   const VocabSlice slice = check_vocab_slice(dwte, "dwte", C, vocab_begin, vocab_rows);
-  DSTRAIN_CHECK(dwpe.ndim == 2 && dwpe.shape[1] == C && dwpe.shape[0] >= T)
-      << "dwpe " << dwpe.shape_str() << " must be (maxT >= " << T << ", " << C << ")";
+  if (!dwpe.empty()) check_position_table(dwpe, "dwpe", T, C);
   check_tokens(tokens, B, T, vocab_rows);
   const int32_t* ids = static_cast<const int32_t*>(tokens.data);
 
@@ -145,6 +152,7 @@ void embedding_backward(const CpuContext& ctx, Tensor dwte, Tensor dwpe, Tensor 
     }
     accumulate_span(dwte, (ids[order[group_begin[group]]] - slice.begin) * C, C, sum);
   });
+  if (dwpe.empty()) return;
   // dwpe[t] += sum over b of dout[b, t], in b order.
   parallel_for(ctx, T, [&](int64_t t, int thread) {
     float* sum = scratch.get(thread);

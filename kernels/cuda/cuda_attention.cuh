@@ -1,10 +1,13 @@
 // Shared by cuda_attention_forward.cu and cuda_attention_backward.cu: the tiling of the
 // flash-attention style kernels and the argument checks.
 //
-// Tiling. A block owns R = 8 * warps rows of one (b, head) -- query rows in the forward and dQ
-// kernels, key rows in the dK/dV kernel -- each warp 8 of them, kept in shared memory and read
-// by broadcast. The other side streams through in tiles of 32 rows, one row per lane, stored
-// with an odd row stride so that lane-per-row reads hit 32 different banks. A lane owns the
+// Tiling. A block owns R = 8 * warps rows of one (b, head) -- query rows of a query head in the
+// forward and dQ kernels, key rows of a kv head in the dK/dV kernel -- each warp 8 of them, kept
+// in shared memory and read by broadcast. The other side streams through in tiles of 32 rows,
+// one row per lane, stored with an odd row stride so that lane-per-row reads hit 32 different
+// banks. Grouped-query attention: query head h reads kv head h / (NH/KV); the dK/dV kernel
+// streams the query tiles of each of its kv head's query heads, heads in ascending order, into
+// the same accumulators. A lane owns the
 // head-dim columns d = lane + 32 k (k < kDPerLane) of each accumulator row it updates, in
 // registers. Scores exist one tile row at a time, in registers: no T x T matrix anywhere.
 // Every sum runs in a fixed order, and nothing is accumulated with atomics (dQ has its own
@@ -12,16 +15,13 @@
 #pragma once
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/qkv_checks.h"
 
 namespace dstrain::cuda::attention {
 
 constexpr int kStreamRows = 32;  // rows of the streamed tile: one per lane
 constexpr int kRowsPerWarp = 8;  // owned rows per warp
 constexpr int kMaxHeadDim = 256;
-
-struct Shape {
-  int64_t B, T, C, NH, hd;
-};
 
 // Warps per block: 4, or 2 for head dims above 128 so that the tiles fit the 99 KiB of shared
 // memory of sm_86/sm_89 blocks.
@@ -30,32 +30,23 @@ inline int warps_for(int64_t hd) { return hd > 128 ? 2 : 4; }
 // touch 32 banks.
 __host__ __device__ inline int64_t stream_stride(int64_t hd) { return hd | 1; }
 
-inline Shape check_attention(const CudaContext& ctx, const Tensor& qkv, const Tensor& out,
-                             const Tensor& lse, int n_head) {
+inline void check_kernel_limits(const QkvShape& s) {
+  DSTRAIN_CHECK(s.hd <= kMaxHeadDim) << "attention: head dim " << s.hd << " (n_head = " << s.NH
+                                     << ", n_kv_head = " << s.KV
+                                     << ") is above the CUDA kernels' maximum of " << kMaxHeadDim;
+  DSTRAIN_CHECK(s.B * s.NH <= 65535)
+      << "attention: B * n_head = " << s.B * s.NH << " is above the grid limit of 65535";
+}
+
+// Device and dtype checks here, shapes in kernels/qkv_checks.h (shared with the CPU twin),
+// then the limits of these kernels.
+inline QkvShape check_attention(const CudaContext& ctx, const Tensor& qkv, const Tensor& out,
+                                const Tensor& lse, int n_head, int n_kv_head) {
   check_float_tensor(ctx, qkv, "attention qkv");
   check_float_tensor(ctx, out, "attention out");
   check_tensor_dtype(ctx, lse, DType::F32, "attention lse");
-  DSTRAIN_CHECK(qkv.ndim == 3 && qkv.shape[2] % 3 == 0)
-      << "attention qkv " << qkv.shape_str() << " must be (B, T, 3C)";
-  Shape s;
-  s.B = qkv.shape[0];
-  s.T = qkv.shape[1];
-  s.C = qkv.shape[2] / 3;
-  s.NH = n_head;
-  DSTRAIN_CHECK(n_head > 0 && s.C % n_head == 0)
-      << "attention: C = " << s.C << " is not divisible by n_head = " << n_head;
-  s.hd = s.C / n_head;
-  DSTRAIN_CHECK(s.hd <= kMaxHeadDim)
-      << "attention: head dim " << s.hd << " (C = " << s.C << ", n_head = " << n_head
-      << ") is above the CUDA kernels' maximum of " << kMaxHeadDim;
-  DSTRAIN_CHECK(out.ndim == 3 && out.shape[0] == s.B && out.shape[1] == s.T && out.shape[2] == s.C)
-      << "attention out " << out.shape_str() << " must be (" << s.B << ", " << s.T << ", " << s.C
-      << ")";
-  DSTRAIN_CHECK(lse.ndim == 3 && lse.shape[0] == s.B && lse.shape[1] == s.NH && lse.shape[2] == s.T)
-      << "attention lse " << lse.shape_str() << " must be (" << s.B << ", " << s.NH << ", " << s.T
-      << ")";
-  DSTRAIN_CHECK(s.B * s.NH <= 65535)
-      << "attention: B * n_head = " << s.B * s.NH << " is above the grid limit of 65535";
+  const QkvShape s = check_attention_shapes(qkv, out, lse, n_head, n_kv_head);
+  check_kernel_limits(s);
   return s;
 }
 

@@ -1,8 +1,9 @@
 // CUDA causal self-attention backward, flash-attention style (see cuda_attention.cuh for the
 // tiling). Probabilities are recomputed from q, k and the saved lse; no T x T matrix exists.
 //   1. delta (B,NH,T) = rowsum(dO * O)                         (scratch)
-//   2. dK, dV: a block owns key rows and streams the query tiles that can see them
-//   3. dQ:     a block owns query rows and streams the key tiles they see
+//   2. dK, dV: a block owns key rows of a kv head and streams, for each of the kv head's query
+//              heads in ascending order, the query tiles that can see them
+//   3. dQ:     a block owns query rows of a query head and streams the key tiles they see
 // dQ gets its own pass (recomputing the scores once more) instead of atomic adds from step 2:
 // every gradient element is then summed by one thread in a fixed order -- deterministic.
 #include <cmath>
@@ -30,40 +31,29 @@ __global__ void attention_delta_kernel(float* delta, DeviceTensor dout, DeviceTe
   if (lane == 0) delta[(b * NH + h) * T + t] = sum;
 }
 
-// dK, dV of the key rows this block owns. dqkv (B,T,3C): writes the k and v columns.
+// The tiles of the dK/dV kernel's block in shared memory.
+struct DkdvTiles {
+  float* k;     // (owned, hd): the block's key rows
+  float* v;     // (owned, hd)
+  float* q;     // (32, stride): a streamed query tile
+  float* dout;  // (32, stride)
+};
+
+// Adds query head h's share to the dk, dv accumulators of this warp's key rows: the query tiles
+// from the one holding key j0 (earlier queries see none of these keys) to the end, each query
+// row in ascending order. dk stays unscaled.
 template <int kDPerLane>
-__global__ void attention_dkdv_kernel(DeviceTensor dqkv, DeviceTensor dout, DeviceTensor qkv,
-                                      const float* lse, const float* delta, int64_t T, int64_t C,
-                                      int64_t NH, int64_t hd, float scale) {
-  DSTRAIN_DYNAMIC_SHARED(float, shared);
+__device__ __forceinline__ void accumulate_dkdv_head(
+    float (&dk)[kRowsPerWarp][kDPerLane], float (&dv)[kRowsPerWarp][kDPerLane],
+    const DkdvTiles& tile, const DeviceTensor& dout, const DeviceTensor& qkv, const float* row_lse,
+    const float* row_delta, int64_t b, int64_t h, int64_t j0, int64_t T, int64_t C, int64_t width,
+    int64_t hd, float scale) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int owned = (blockDim.x / 32) * kRowsPerWarp;  // key rows of this block
-  const int64_t b = blockIdx.y / NH, h = blockIdx.y % NH;
-  const int64_t j0 = blockIdx.x * int64_t{owned};
   const int64_t stride = stream_stride(hd);
-  float* k_tile = shared;                          // (owned, hd)
-  float* v_tile = k_tile + owned * hd;             // (owned, hd)
-  float* q_tile = v_tile + owned * hd;             // (32, stride)
-  float* do_tile = q_tile + kStreamRows * stride;  // (32, stride)
-  const int64_t width = 3 * C;
-  const float* row_lse = lse + (b * NH + h) * T;
-  const float* row_delta = delta + (b * NH + h) * T;
-
-  load_rows(k_tile, hd, qkv, b, T, width, C + h * hd, j0, owned, hd);
-  load_rows(v_tile, hd, qkv, b, T, width, 2 * C + h * hd, j0, owned, hd);
-
-  float dk[kRowsPerWarp][kDPerLane], dv[kRowsPerWarp][kDPerLane];
-#pragma unroll
-  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-#pragma unroll
-    for (int k = 0; k < kDPerLane; ++k) dk[rr][k] = dv[rr][k] = 0.0f;
-  }
-
-  // Query tiles from the one holding key j0 (earlier queries see none of these keys) to the end.
   for (int64_t q0 = j0 / kStreamRows * kStreamRows; q0 < T; q0 += kStreamRows) {
-    __syncthreads();
-    load_rows(q_tile, stride, qkv, b, T, width, h * hd, q0, kStreamRows, hd);
-    load_rows(do_tile, stride, dout, b, T, C, h * hd, q0, kStreamRows, hd);
+    __syncthreads();  // the previous tile (or head, or the owned tiles' load) is complete
+    load_rows(tile.q, stride, qkv, b, T, width, h * hd, q0, kStreamRows, hd);
+    load_rows(tile.dout, stride, dout, b, T, C, h * hd, q0, kStreamRows, hd);
     __syncthreads();
     const int64_t i = q0 + lane;  // this lane's query
     const float lse_i = i < T ? row_lse[i] : 0.0f;
@@ -76,8 +66,8 @@ __global__ void attention_dkdv_kernel(DeviceTensor dqkv, DeviceTensor dout, Devi
       const bool visible = i < T && i >= j;
       float p = 0.0f, ds = 0.0f;
       if (visible) {
-        p = expf(dot_rows(k_tile + r * hd, q_tile + lane * stride, hd) * scale - lse_i);
-        const float dp = dot_rows(v_tile + r * hd, do_tile + lane * stride, hd);
+        p = expf(dot_rows(tile.k + r * hd, tile.q + lane * stride, hd) * scale - lse_i);
+        const float dp = dot_rows(tile.v + r * hd, tile.dout + lane * stride, hd);
         ds = p * (dp - delta_i);
       }
       const int first = static_cast<int>(max(int64_t{0}, j - q0));
@@ -85,8 +75,8 @@ __global__ void attention_dkdv_kernel(DeviceTensor dqkv, DeviceTensor dout, Devi
       for (int ii = first; ii < last; ++ii) {
         const float p_i = __shfl_sync(0xffffffffu, p, ii);
         const float ds_i = __shfl_sync(0xffffffffu, ds, ii);
-        const float* do_row = do_tile + ii * stride;
-        const float* q_row = q_tile + ii * stride;
+        const float* do_row = tile.dout + ii * stride;
+        const float* q_row = tile.q + ii * stride;
 #pragma unroll
         for (int k = 0; k < kDPerLane; ++k) {
           const int64_t d = lane + 32 * k;
@@ -98,39 +88,77 @@ __global__ void attention_dkdv_kernel(DeviceTensor dqkv, DeviceTensor dout, Devi
       }
     }
   }
+}
+
+// dK, dV of the key rows of one kv head this block owns: the sums over its query heads in
+// ascending order (with KV == NH the one head: multi-head attention), one accumulator per
+// element. dqkv (B,T,(NH+2KV)*hd): writes the kv head's k and v columns. Grid (key blocks,
+// B*KV).
+template <int kDPerLane>
+__global__ void attention_dkdv_kernel(DeviceTensor dqkv, DeviceTensor dout, DeviceTensor qkv,
+                                      const float* lse, const float* delta, int64_t T, int64_t NH,
+                                      int64_t KV, int64_t hd, float scale) {
+  DSTRAIN_DYNAMIC_SHARED(float, shared);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int owned = (blockDim.x / 32) * kRowsPerWarp;  // key rows of this block
+  const int64_t b = blockIdx.y / KV, kv_head = blockIdx.y % KV, group = NH / KV;
+  const int64_t j0 = blockIdx.x * int64_t{owned};
+  DkdvTiles tile;
+  tile.k = shared;
+  tile.v = tile.k + owned * hd;
+  tile.q = tile.v + owned * hd;
+  tile.dout = tile.q + kStreamRows * stream_stride(hd);
+  const int64_t C = NH * hd, width = (NH + 2 * KV) * hd;  // dout row, qkv row
+  const int64_t k_column = (NH + kv_head) * hd, v_column = (NH + KV + kv_head) * hd;
+
+  load_rows(tile.k, hd, qkv, b, T, width, k_column, j0, owned, hd);
+  load_rows(tile.v, hd, qkv, b, T, width, v_column, j0, owned, hd);
+
+  float dk[kRowsPerWarp][kDPerLane], dv[kRowsPerWarp][kDPerLane];
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+#pragma unroll
+    for (int k = 0; k < kDPerLane; ++k) dk[rr][k] = dv[rr][k] = 0.0f;
+  }
+  for (int64_t h = kv_head * group; h < (kv_head + 1) * group; ++h) {
+    accumulate_dkdv_head<kDPerLane>(dk, dv, tile, dout, qkv, lse + (b * NH + h) * T,
+                                    delta + (b * NH + h) * T, b, h, j0, T, C, width, hd, scale);
+  }
 
 #pragma unroll
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     const int64_t j = j0 + warp * kRowsPerWarp + rr;
     if (j >= T) continue;
-    const int64_t base = (b * T + j) * width + h * hd;
+    const int64_t row = (b * T + j) * width;
 #pragma unroll
     for (int k = 0; k < kDPerLane; ++k) {
       const int64_t d = lane + 32 * k;
       if (d < hd) {
-        store(dqkv, base + C + d, dk[rr][k] * scale);
-        store(dqkv, base + 2 * C + d, dv[rr][k]);
+        store(dqkv, row + k_column + d, dk[rr][k] * scale);
+        store(dqkv, row + v_column + d, dv[rr][k]);
       }
     }
   }
 }
 
-// dQ of the query rows this block owns. dqkv (B,T,3C): writes the q columns.
+// dQ of the query rows of one query head this block owns (reading its kv head's k and v).
+// dqkv (B,T,(NH+2KV)*hd): writes the q head's columns. Grid (query blocks, B*NH).
 template <int kDPerLane>
 __global__ void attention_dq_kernel(DeviceTensor dqkv, DeviceTensor dout, DeviceTensor qkv,
-                                    const float* lse, const float* delta, int64_t T, int64_t C,
-                                    int64_t NH, int64_t hd, float scale) {
+                                    const float* lse, const float* delta, int64_t T, int64_t NH,
+                                    int64_t KV, int64_t hd, float scale) {
   DSTRAIN_DYNAMIC_SHARED(float, shared);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int owned = (blockDim.x / 32) * kRowsPerWarp;  // query rows of this block
-  const int64_t b = blockIdx.y / NH, h = blockIdx.y % NH;
+  const int64_t b = blockIdx.y / NH, h = blockIdx.y % NH, kv_head = h / (NH / KV);
   const int64_t q0 = blockIdx.x * int64_t{owned};
   const int64_t stride = stream_stride(hd);
   float* q_tile = shared;                         // (owned, hd)
   float* do_tile = q_tile + owned * hd;           // (owned, hd)
   float* k_tile = do_tile + owned * hd;           // (32, stride)
   float* v_tile = k_tile + kStreamRows * stride;  // (32, stride)
-  const int64_t width = 3 * C;
+  const int64_t C = NH * hd, width = (NH + 2 * KV) * hd;  // dout row, qkv row
+  const int64_t k_column = (NH + kv_head) * hd, v_column = (NH + KV + kv_head) * hd;
   const float* row_lse = lse + (b * NH + h) * T;
   const float* row_delta = delta + (b * NH + h) * T;
 
@@ -147,8 +175,8 @@ __global__ void attention_dq_kernel(DeviceTensor dqkv, DeviceTensor dout, Device
   const int64_t last_query = min(q0 + owned, T) - 1;
   for (int64_t k0 = 0; k0 <= last_query; k0 += kStreamRows) {
     __syncthreads();
-    load_rows(k_tile, stride, qkv, b, T, width, C + h * hd, k0, kStreamRows, hd);
-    load_rows(v_tile, stride, qkv, b, T, width, 2 * C + h * hd, k0, kStreamRows, hd);
+    load_rows(k_tile, stride, qkv, b, T, width, k_column, k0, kStreamRows, hd);
+    load_rows(v_tile, stride, qkv, b, T, width, v_column, k0, kStreamRows, hd);
     __syncthreads();
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
@@ -190,23 +218,24 @@ __global__ void attention_dq_kernel(DeviceTensor dqkv, DeviceTensor dout, Device
 }
 
 template <int kDPerLane>
-void launch_backward(const Shape& s, Tensor dqkv, Tensor dout, Tensor qkv, const float* lse,
+void launch_backward(const QkvShape& s, Tensor dqkv, Tensor dout, Tensor qkv, const float* lse,
                      const float* delta, cudaStream_t stream) {
   const int warps = warps_for(s.hd);
   const int owned = warps * kRowsPerWarp;
   // Both kernels: two owned (owned, hd) tiles and two streamed (32, stride) tiles.
   const size_t shared_bytes =
       static_cast<size_t>(2 * owned * s.hd + 2 * kStreamRows * stream_stride(s.hd)) * sizeof(float);
-  const dim3 grid(ceil_div(s.T, owned), static_cast<unsigned>(s.B * s.NH));
+  const dim3 key_grid(ceil_div(s.T, owned), static_cast<unsigned>(s.B * s.KV));
+  const dim3 query_grid(ceil_div(s.T, owned), static_cast<unsigned>(s.B * s.NH));
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
   allow_shared_memory(attention_dkdv_kernel<kDPerLane>, shared_bytes);
-  DSTRAIN_LAUNCH(attention_dkdv_kernel<kDPerLane>, grid, 32 * warps, shared_bytes, stream)
-  (device_tensor(dqkv), device_tensor(dout), device_tensor(qkv), lse, delta, s.T, s.C, s.NH, s.hd,
+  DSTRAIN_LAUNCH(attention_dkdv_kernel<kDPerLane>, key_grid, 32 * warps, shared_bytes, stream)
+  (device_tensor(dqkv), device_tensor(dout), device_tensor(qkv), lse, delta, s.T, s.NH, s.KV, s.hd,
    scale);
   CUDA_CHECK_LAUNCH();
   allow_shared_memory(attention_dq_kernel<kDPerLane>, shared_bytes);
-  DSTRAIN_LAUNCH(attention_dq_kernel<kDPerLane>, grid, 32 * warps, shared_bytes, stream)
-  (device_tensor(dqkv), device_tensor(dout), device_tensor(qkv), lse, delta, s.T, s.C, s.NH, s.hd,
+  DSTRAIN_LAUNCH(attention_dq_kernel<kDPerLane>, query_grid, 32 * warps, shared_bytes, stream)
+  (device_tensor(dqkv), device_tensor(dout), device_tensor(qkv), lse, delta, s.T, s.NH, s.KV, s.hd,
    scale);
   CUDA_CHECK_LAUNCH();
 }
@@ -214,22 +243,18 @@ void launch_backward(const Shape& s, Tensor dqkv, Tensor dout, Tensor qkv, const
 }  // namespace
 
 void attention_backward(const CudaContext& ctx, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,
-                        Tensor lse, int n_head, cudaStream_t stream) {
-  const Shape s = check_attention(ctx, qkv, out, lse, n_head);
+                        Tensor lse, int n_head, int n_kv_head, cudaStream_t stream) {
+  check_attention(ctx, qkv, out, lse, n_head, n_kv_head);
   check_float_tensor(ctx, dqkv, "attention dqkv");
   check_float_tensor(ctx, dout, "attention dout");
-  DSTRAIN_CHECK(dqkv.ndim == 3 && dqkv.shape[0] == s.B && dqkv.shape[1] == s.T &&
-                dqkv.shape[2] == 3 * s.C)
-      << "attention dqkv " << dqkv.shape_str() << " must match qkv " << qkv.shape_str();
-  DSTRAIN_CHECK(dout.ndim == 3 && dout.shape[0] == s.B && dout.shape[1] == s.T &&
-                dout.shape[2] == s.C)
-      << "attention dout " << dout.shape_str() << " must match out " << out.shape_str();
+  const QkvShape s =
+      check_attention_backward_shapes(dqkv, dout, qkv, out, lse, n_head, n_kv_head);
   if (s.B == 0 || s.T == 0 || s.hd == 0) return;
   const int64_t rows = s.B * s.T * s.NH;
   Scratch delta(ctx, static_cast<size_t>(rows) * sizeof(float), stream);
   constexpr int kDeltaWarps = 8;
   DSTRAIN_LAUNCH(attention_delta_kernel, ceil_div(rows, kDeltaWarps), 32 * kDeltaWarps, 0, stream)
-  (delta.as<float>(), device_tensor(dout), device_tensor(out), s.B, s.T, s.C, s.NH, s.hd);
+  (delta.as<float>(), device_tensor(dout), device_tensor(out), s.B, s.T, s.q_width(), s.NH, s.hd);
   CUDA_CHECK_LAUNCH();
   if (s.hd <= 64) {
     launch_backward<2>(s, dqkv, dout, qkv, lse.f32(), delta.as<float>(), stream);

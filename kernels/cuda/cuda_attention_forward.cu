@@ -1,7 +1,8 @@
 // CUDA causal self-attention forward, flash-attention style (see cuda_attention.cuh for the
-// tiling): each block owns query rows of one (b, head); key/value tiles stream through shared
-// memory; per query row a running max, a running sum and the output row (in registers) are
-// rescaled as each tile arrives (online softmax). Saves lse = max + log(sum) per row.
+// tiling): each block owns query rows of one (b, query head); its kv head's key/value tiles
+// stream through shared memory; per query row a running max, a running sum and the output row
+// (in registers) are rescaled as each tile arrives (online softmax). Saves lse = max + log(sum)
+// per row.
 #include <cmath>
 
 #include "kernels/cuda/cuda_attention.cuh"
@@ -12,20 +13,22 @@ namespace {
 
 using namespace attention;
 
-// out (B,T,C), lse (B,NH,T), qkv (B,T,3C). Grid (query blocks, B*NH), block 32*warps.
+// out (B,T,NH*hd), lse (B,NH,T), qkv (B,T,(NH+2KV)*hd). Grid (query blocks, B*NH), block
+// 32*warps.
 template <int kDPerLane>
 __global__ void attention_forward_kernel(DeviceTensor out, float* lse, DeviceTensor qkv, int64_t T,
-                                         int64_t C, int64_t NH, int64_t hd, float scale) {
+                                         int64_t NH, int64_t KV, int64_t hd, float scale) {
   DSTRAIN_DYNAMIC_SHARED(float, shared);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int owned = (blockDim.x / 32) * kRowsPerWarp;  // query rows of this block
-  const int64_t b = blockIdx.y / NH, h = blockIdx.y % NH;
+  const int64_t b = blockIdx.y / NH, h = blockIdx.y % NH, kv_head = h / (NH / KV);
   const int64_t q0 = blockIdx.x * int64_t{owned};
   const int64_t stride = stream_stride(hd);
   float* q_tile = shared;                         // (owned, hd)
   float* k_tile = q_tile + owned * hd;            // (32, stride)
   float* v_tile = k_tile + kStreamRows * stride;  // (32, hd)
-  const int64_t width = 3 * C;
+  const int64_t C = NH * hd, width = (NH + 2 * KV) * hd;  // out row, qkv row
+  const int64_t k_column = (NH + kv_head) * hd, v_column = (NH + KV + kv_head) * hd;
 
   load_rows(q_tile, hd, qkv, b, T, width, h * hd, q0, owned, hd);
 
@@ -42,8 +45,8 @@ __global__ void attention_forward_kernel(DeviceTensor out, float* lse, DeviceTen
   const int64_t last_query = min(q0 + owned, T) - 1;
   for (int64_t k0 = 0; k0 <= last_query; k0 += kStreamRows) {
     __syncthreads();  // the previous tile (and the q tile load) is complete
-    load_rows(k_tile, stride, qkv, b, T, width, C + h * hd, k0, kStreamRows, hd);
-    load_rows(v_tile, hd, qkv, b, T, width, 2 * C + h * hd, k0, kStreamRows, hd);
+    load_rows(k_tile, stride, qkv, b, T, width, k_column, k0, kStreamRows, hd);
+    load_rows(v_tile, hd, qkv, b, T, width, v_column, k0, kStreamRows, hd);
     __syncthreads();
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
@@ -89,7 +92,7 @@ __global__ void attention_forward_kernel(DeviceTensor out, float* lse, DeviceTen
 }
 
 template <int kDPerLane>
-void launch_forward(const Shape& s, Tensor out, Tensor lse, Tensor qkv, cudaStream_t stream) {
+void launch_forward(const QkvShape& s, Tensor out, Tensor lse, Tensor qkv, cudaStream_t stream) {
   const int warps = warps_for(s.hd);
   const int owned = warps * kRowsPerWarp;
   const size_t shared_bytes =
@@ -99,15 +102,15 @@ void launch_forward(const Shape& s, Tensor out, Tensor lse, Tensor qkv, cudaStre
   const dim3 grid(ceil_div(s.T, owned), static_cast<unsigned>(s.B * s.NH));
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
   DSTRAIN_LAUNCH(attention_forward_kernel<kDPerLane>, grid, 32 * warps, shared_bytes, stream)
-  (device_tensor(out), lse.f32(), device_tensor(qkv), s.T, s.C, s.NH, s.hd, scale);
+  (device_tensor(out), lse.f32(), device_tensor(qkv), s.T, s.NH, s.KV, s.hd, scale);
   CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 void attention_forward(const CudaContext& ctx, Tensor out, Tensor lse, Tensor qkv, int n_head,
-                       cudaStream_t stream) {
-  const Shape s = check_attention(ctx, qkv, out, lse, n_head);
+                       int n_kv_head, cudaStream_t stream) {
+  const QkvShape s = check_attention(ctx, qkv, out, lse, n_head, n_kv_head);
   if (s.B == 0 || s.T == 0 || s.hd == 0) return;
   if (s.hd <= 64) {
     launch_forward<2>(s, out, lse, qkv, stream);

@@ -256,6 +256,24 @@ class CudaBackend final : public Backend {
     cuda::layernorm_backward(ctx_, dinp, dweight, dbias, dout, inp, weight, mean, rstd,
                              to_stream(stream));
   }
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps,
+                       Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::rmsnorm_forward(ctx_, out, rstd, inp, weight, eps, to_stream(stream));
+  }
+  void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight,
+                        Tensor rstd, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::rmsnorm_backward(ctx_, dinp, dweight, dout, inp, weight, rstd, to_stream(stream));
+  }
+  void swiglu_forward(Tensor out, Tensor inp, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::swiglu_forward(ctx_, out, inp, to_stream(stream));
+  }
+  void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::swiglu_backward(ctx_, dinp, dout, inp, to_stream(stream));
+  }
   void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool weight_out_by_in,
                       Stream stream) override {
     DeviceScope scope(ctx_.device);
@@ -272,14 +290,25 @@ class CudaBackend final : public Backend {
     DeviceScope scope(ctx_.device);
     cuda::matmul_gelu_forward(ctx_, out, pre_gelu, inp, weight, bias, to_stream(stream));
   }
-  void attention_forward(Tensor out, Tensor lse, Tensor qkv, int n_head, Stream stream) override {
+  void attention_forward(Tensor out, Tensor lse, Tensor qkv, int n_head, int n_kv_head,
+                         Stream stream) override {
     DeviceScope scope(ctx_.device);
-    cuda::attention_forward(ctx_, out, lse, qkv, n_head, to_stream(stream));
+    cuda::attention_forward(ctx_, out, lse, qkv, n_head, n_kv_head, to_stream(stream));
   }
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int n_head,
-                          Stream stream) override {
+                          int n_kv_head, Stream stream) override {
     DeviceScope scope(ctx_.device);
-    cuda::attention_backward(ctx_, dqkv, dout, qkv, out, lse, n_head, to_stream(stream));
+    cuda::attention_backward(ctx_, dqkv, dout, qkv, out, lse, n_head, n_kv_head,
+                             to_stream(stream));
+  }
+  void rope_forward(Tensor qkv, Tensor freqs, int n_head, int n_kv_head, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::rope(ctx_, qkv, freqs, n_head, n_kv_head, false, to_stream(stream));
+  }
+  void rope_backward(Tensor dqkv, Tensor freqs, int n_head, int n_kv_head,
+                     Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::rope(ctx_, dqkv, freqs, n_head, n_kv_head, true, to_stream(stream));
   }
   void gelu_forward(Tensor out, Tensor inp, Stream stream) override {
     DeviceScope scope(ctx_.device);

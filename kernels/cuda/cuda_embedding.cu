@@ -24,11 +24,12 @@ namespace {
 
 constexpr int kThreads = 256;  // channels per block
 
-// out (BT, C) = wte[ids - begin] + wpe[t] for ids in [begin, begin + Vs), else 0; ids (BT); an
+// out (BT, C) = wte[ids - begin] (+ wpe[t] with has_positions) for ids in [begin, begin + Vs), else 0; ids (BT); an
 // id outside [0, vocab_rows) gives a NaN row and raises the flag.
 __global__ void embedding_forward_kernel(DeviceTensor out, const int32_t* ids, DeviceTensor wte,
-                                         DeviceTensor wpe, int64_t T, int64_t C, int64_t begin,
-                                         int64_t Vs, int64_t vocab_rows, unsigned* error_word) {
+                                         DeviceTensor wpe, bool has_positions, int64_t T, int64_t C,
+                                         int64_t begin, int64_t Vs, int64_t vocab_rows,
+                                         unsigned* error_word) {
   const int64_t row = blockIdx.x;
   const int64_t c = blockIdx.y * int64_t{blockDim.x} + threadIdx.x;
   if (c >= C) return;
@@ -42,8 +43,9 @@ __global__ void embedding_forward_kernel(DeviceTensor out, const int32_t* ids, D
     store(out, row * C + c, 0.0f);  // another slice's token
     return;
   }
-  const int64_t t = row % T;
-  store(out, row * C + c, __fadd_rn(load(wte, (id - begin) * C + c), load(wpe, t * C + c)));
+  const float token = load(wte, (id - begin) * C + c);
+  // No position table (LLaMA): the token row alone.
+  store(out, row * C + c, has_positions ? __fadd_rn(token, load(wpe, row % T * C + c)) : token);
 }
 
 // keys (BT) = the token's row in the slice, or Vs for a token outside it (sorted last, then
@@ -99,13 +101,14 @@ EmbeddingShape check_embedding(const CudaContext& ctx, const Tensor& x, const ch
                                const Tensor& positions, const char* positions_name) {
   check_float_tensor(ctx, x, x_name);
   check_float_tensor(ctx, table, table_name);
-  check_float_tensor(ctx, positions, positions_name);
+  if (!positions.empty()) check_float_tensor(ctx, positions, positions_name);
   check_tensor_dtype(ctx, tokens, DType::I32, "tokens");
   DSTRAIN_CHECK(x.ndim == 3) << x_name << " " << x.shape_str() << " must be (B, T, C)";
   const EmbeddingShape s{x.shape[0], x.shape[1], x.shape[2], table.ndim == 2 ? table.shape[0] : 0};
   DSTRAIN_CHECK(table.ndim == 2 && table.shape[1] == s.C)
       << table_name << " " << table.shape_str() << " must be (Vp, " << s.C << ")";
-  DSTRAIN_CHECK(positions.ndim == 2 && positions.shape[1] == s.C && positions.shape[0] >= s.T)
+  DSTRAIN_CHECK(positions.empty() ||
+                (positions.ndim == 2 && positions.shape[1] == s.C && positions.shape[0] >= s.T))
       << positions_name << " " << positions.shape_str() << " must be (maxT >= " << s.T << ", "
       << s.C << ")";
   DSTRAIN_CHECK(tokens.ndim == 2 && tokens.shape[0] == s.B && tokens.shape[1] == s.T)
@@ -133,7 +136,7 @@ void embedding_forward(const CudaContext& ctx, Tensor out, Tensor tokens, Tensor
   const dim3 grid(static_cast<unsigned>(s.B * s.T), ceil_div(s.C, kThreads));
   DSTRAIN_LAUNCH(embedding_forward_kernel, grid, kThreads, 0, stream)
   (device_tensor(out), static_cast<const int32_t*>(tokens.data), device_tensor(wte),
-   device_tensor(wpe), s.T, s.C, vocab_begin, s.Vp, vocab_rows, ctx.error_word);
+   device_tensor(wpe), !wpe.empty(), s.T, s.C, vocab_begin, s.Vp, vocab_rows, ctx.error_word);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -172,6 +175,7 @@ void embedding_backward(const CudaContext& ctx, Tensor dwte, Tensor dwpe, Tensor
                  kThreads, 0, stream)
   (device_tensor(dwte), device_tensor(dout), sorted_keys, sorted_rows, BT, s.C, s.Vp);
   CUDA_CHECK_LAUNCH();
+  if (dwpe.empty()) return;  // no position table (LLaMA)
   DSTRAIN_LAUNCH(embedding_position_sum_kernel, dim3(static_cast<unsigned>(s.T), channel_blocks),
                  kThreads, 0, stream)
   (device_tensor(dwpe), device_tensor(dout), s.B, s.T, s.C);

@@ -215,4 +215,12 @@ void column_sums_accumulate(const CudaContext& ctx, Tensor dsum, Tensor x, cudaS
   column_sums(ctx, dsum, Tensor(), x, Tensor(), nullptr, nullptr, N, C, stream);
 }
 
+void add_column_partials(Tensor dst, const float* partials, int64_t chunks, cudaStream_t stream) {
+  const int64_t C = dst.numel();
+  if (C == 0) return;
+  DSTRAIN_LAUNCH(add_partials_kernel, ceil_div(C, 256), 256, 0, stream)
+  (device_tensor(dst), partials, chunks, C);
+  CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace dstrain::cuda

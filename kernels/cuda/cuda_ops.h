@@ -109,6 +109,20 @@ void layernorm_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Ten
 // dsum (cols) += column sums of x (rows, cols), rows added in a fixed order: deterministic.
 // Used for matmul's dbias.
 void column_sums_accumulate(const CudaContext& ctx, Tensor dsum, Tensor x, cudaStream_t stream);
+// dst (C) += partials (chunks, C) F32 added in chunk order, one thread per column: the second
+// stage of a deterministic column reduction (rmsnorm's dweight).
+void add_column_partials(Tensor dst, const float* partials, int64_t chunks, cudaStream_t stream);
+
+// cuda_rmsnorm.cu
+void rmsnorm_forward(const CudaContext& ctx, Tensor out, Tensor rstd, Tensor inp, Tensor weight,
+                     float eps, cudaStream_t stream);
+void rmsnorm_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Tensor dout, Tensor inp,
+                      Tensor weight, Tensor rstd, cudaStream_t stream);
+
+// cuda_swiglu.cu
+void swiglu_forward(const CudaContext& ctx, Tensor out, Tensor inp, cudaStream_t stream);
+void swiglu_backward(const CudaContext& ctx, Tensor dinp, Tensor dout, Tensor inp,
+                     cudaStream_t stream);
 
 // cuda_matmul.cu
 void matmul_forward(const CudaContext& ctx, Tensor out, Tensor inp, Tensor weight, Tensor bias,
@@ -120,9 +134,13 @@ void matmul_gelu_forward(const CudaContext& ctx, Tensor out, Tensor pre_gelu, Te
 
 // cuda_attention_forward.cu / cuda_attention_backward.cu
 void attention_forward(const CudaContext& ctx, Tensor out, Tensor lse, Tensor qkv, int n_head,
-                       cudaStream_t stream);
+                       int n_kv_head, cudaStream_t stream);
 void attention_backward(const CudaContext& ctx, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,
-                        Tensor lse, int n_head, cudaStream_t stream);
+                        Tensor lse, int n_head, int n_kv_head, cudaStream_t stream);
+
+// cuda_rope.cu; `transposed` rotates by -angle (the backward).
+void rope(const CudaContext& ctx, Tensor qkv, Tensor freqs, int n_head, int n_kv_head,
+          bool transposed, cudaStream_t stream);
 
 // cuda_cross_entropy.cu
 void softmax_cross_entropy(const CudaContext& ctx, Tensor losses, Tensor dlogits, Tensor logits,

@@ -84,7 +84,9 @@ po::options_description train_flags(TrainOptions& o) {
       ("eval-batches", po::value(&o.eval_batches)->default_value(o.eval_batches)->value_name("N"), "validation micro-batches per evaluation")
       ("out", po::value(&o.out)->value_name("DIR"), "checkpoint directory (a final checkpoint is written there)")
       ("save-every", po::value(&o.save_every)->default_value(o.save_every)->value_name("N"), "also checkpoint every N steps")
+      ("save-shard-size", po::value(&o.save_shard_size)->default_value(o.save_shard_size)->value_name("SIZE"), "checkpoint weights above SIZE go into shards with model.safetensors.index.json, as transformers writes them (0: one file)")
       ("resume", po::value(&o.resume)->value_name("DIR"), "continue from a checkpoint (a run directory or a step-NNNNNN in it)")
+      ("tokenizer", po::value(&o.tokenizer)->value_name("FILE"), "a Hugging Face tokenizer.json (the one `dstrain prepare --tokenizer` used): the sample at the end is decoded with it")
       ("sample", po::value(&o.sample_tokens)->default_value(o.sample_tokens)->value_name("N"), "tokens to sample at the end (0: none)")
       ("print-every", po::value(&o.print_every)->default_value(o.print_every)->value_name("N"), "keep a progress line every N steps (a terminal also shows every step in place; 0: about 25 per run)")
       ("quiet", po::bool_switch(&o.quiet), "no progress lines");
@@ -97,7 +99,7 @@ void print_usage(std::ostream& out, const po::options_description& flags) {
   out << "dstrain " << kVersion << ": trains GPT-2-style transformers on the GPUs (or CPU) of one machine\n\n"
       << "Usage:\n"
       << "  dstrain [train] [flags]                 train (the default command)\n"
-      << "  dstrain prepare --input FILE.txt --out DIR   byte-tokenize a text file into shards\n"
+      << "  dstrain prepare --input FILE.txt --out DIR [--tokenizer tokenizer.json]   tokenize text into shards\n"
       << "  dstrain topo [--json] [--from-nvidia-smi FILE --gpu NAME]   how the GPUs are wired\n"
       << "  dstrain plan --model M [--gpus N] [...]   choose a parallel plan (dstrain plan --help)\n"
       << "  dstrain --help | --version\n\n"
@@ -147,27 +149,38 @@ int run_train(const std::vector<std::string>& args, std::ostream& out) {
 }
 
 int run_prepare(const std::vector<std::string>& args, std::ostream& out) {
-  std::string input, out_dir;
-  double val_fraction = 0.1;
+  PrepareOptions options;
   po::options_description flags("dstrain prepare");
   flags.add_options()
-      ("input", po::value(&input)->value_name("FILE.txt"), "text file to tokenize (bytes)")
-      ("out", po::value(&out_dir)->value_name("DIR"), "where train_*.bin and val_*.bin go")
-      ("val-fraction", po::value(&val_fraction)->default_value(0.1, "0.1"), "share of the text held out for validation")
+      ("input", po::value(&options.inputs)->composing()->value_name("FILE.txt"), "text file to tokenize (repeat for several, tokenized in order)")
+      ("out", po::value(&options.out_dir)->value_name("DIR"), "where train_*.bin and val_*.bin go")
+      ("val-fraction", po::value(&options.val_fraction)->default_value(0.1, "0.1"), "share of the tokens held out for validation (0: train shards only)")
+      ("tokenizer", po::value(&options.tokenizer_path)->value_name("tokenizer.json"),
+       "a Hugging Face byte-level BPE tokenizer (GPT-2, Llama 3, Qwen2, DeepSeek kinds; UTF-8 input); "
+       "ids as tokenizers' encode(text, add_special_tokens=False): no post-processor tokens such as "
+       "<|begin_of_text|>. Default: bytes (vocabulary 256)")
+      ("eot", po::bool_switch(&options.append_eot), "append the tokenizer's end-of-text token after each input file (<|endoftext|>, <|end_of_text|>, DeepSeek's end of sentence)")
+      ("eot-token", po::value(&options.eot_token)->value_name("TOKEN"), "the token --eot appends instead (implies --eot)")
       ("help,h", "this help");
   const po::variables_map values = parse(args, flags);
   if (values.count("help")) {
-    out << "Usage: dstrain prepare --input FILE.txt --out DIR\n" << flags << "\n";
+    out << "Usage: dstrain prepare --input FILE.txt [--input ...] --out DIR [--tokenizer tokenizer.json [--eot]]\n"
+        << flags << "\n";
     return 0;
   }
-  DSTRAIN_USER_CHECK(!input.empty()) << "dstrain prepare needs --input FILE.txt";
-  DSTRAIN_USER_CHECK(!out_dir.empty()) << "dstrain prepare needs --out DIR";
-  const PrepareResult result = prepare(input, out_dir, val_fraction);
+  DSTRAIN_USER_CHECK(!options.inputs.empty()) << "dstrain prepare needs --input FILE.txt";
+  DSTRAIN_USER_CHECK(!options.out_dir.empty()) << "dstrain prepare needs --out DIR";
+  if (!options.eot_token.empty()) options.append_eot = true;
+  const PrepareResult result = prepare(options);
+  const std::string& out_dir = options.out_dir;
   out << "wrote " << result.train_tokens << " training tokens (" << result.train_files.size()
       << " shard" << (result.train_files.size() == 1 ? "" : "s") << ") and "
-      << result.val_tokens << " validation tokens to " << out_dir << "\n"
-      << "train with: dstrain --data '" << out_dir << "/train_*.bin' --val-data '" << out_dir
-      << "/val_*.bin'\n";
+      << result.val_tokens << " validation tokens to " << out_dir << " ("
+      << (result.uint32_tokens ? "uint32" : "uint16") << " tokens, vocabulary "
+      << result.vocab_size << ")\n"
+      << "train with: dstrain --data '" << out_dir << "/train_*.bin'";
+  if (!result.val_files.empty()) out << " --val-data '" << out_dir << "/val_*.bin'";
+  out << "\n";
   return 0;
 }
 

@@ -11,13 +11,17 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <optional>
+#include <span>
 #include <regex>
 #include <utility>
 
 #include "core/check.h"
 #include "core/fs.h"
 #include "data/token_file.h"
+#include "data/bpe_tokenizer.h"
 #include "data/tokenizer.h"
+#include "data/unicode_regex.h"
 
 namespace dstrain {
 
@@ -47,29 +51,128 @@ struct TreeRemover {
   }
 };
 
-// Streams the next `bytes` bytes of `input` into shards staging/split_NNNNNN.bin of at most
+// The tokenizer prepare runs: the byte tokenizer, or a tokenizer.json's byte-level BPE.
+struct TextEncoder {
+  std::optional<BpeTokenizer> bpe;  // none: bytes
+
+  int64_t vocab_size() const { return bpe ? bpe->vocab_size() : ByteTokenizer::kVocabSize; }
+  // How much of `text` may be encoded now, without the text after it.
+  size_t encodable_prefix(std::string_view text) const {
+    return bpe ? bpe->safe_prefix_length(text) : text.size();
+  }
+  std::vector<int32_t> encode(std::string_view text) {
+    return bpe ? bpe->encode(text) : ByteTokenizer().encode(text);
+  }
+};
+
+// A scratch file of tokens, `width` (2 or 4) bytes each: written once, then read once from the
+// start. Lets prepare learn the token count (for the split and the shard headers) without
+// holding the tokens in memory.
+class TokenSpool {
+ public:
+  TokenSpool(const fs::path& path, size_t width)
+      : path_(path.string()), width_(width), file_(std::fopen(path_.c_str(), "w+b")) {
+    DSTRAIN_USER_CHECK(file_ != nullptr) << "cannot create the scratch file '" << path_
+                                         << "': " << std::strerror(errno) << ".";
+  }
+
+  // REQUIRES: every token in [0, 2^(8 * width)); not rewound yet.
+  void append(std::span<const int32_t> tokens) {
+    staging_.resize(tokens.size() * width_);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      const uint32_t token = static_cast<uint32_t>(tokens[i]);
+      std::memcpy(staging_.data() + i * width_, &token, width_);  // little-endian low bytes
+    }
+    DSTRAIN_USER_CHECK(std::fwrite(staging_.data(), 1, staging_.size(), file_.get()) ==
+                       staging_.size())
+        << "cannot write the scratch file '" << path_ << "': " << std::strerror(errno) << ".";
+    count_ += tokens.size();
+  }
+  size_t size() const { return count_; }
+  void rewind() {
+    DSTRAIN_USER_CHECK(std::fflush(file_.get()) == 0 && std::fseek(file_.get(), 0, SEEK_SET) == 0)
+        << "cannot write the scratch file '" << path_ << "': " << std::strerror(errno) << ".";
+  }
+  // The next `count` tokens. REQUIRES: rewound; no more than were appended.
+  void read(size_t count, std::vector<int32_t>& out) {
+    staging_.resize(count * width_);
+    DSTRAIN_USER_CHECK(std::fread(staging_.data(), 1, staging_.size(), file_.get()) ==
+                       staging_.size())
+        << "cannot read back the scratch file '" << path_ << "'.";
+    out.assign(count, 0);
+    for (size_t i = 0; i < count; ++i) {
+      uint32_t token = 0;
+      std::memcpy(&token, staging_.data() + i * width_, width_);
+      out[i] = static_cast<int32_t>(token);
+    }
+  }
+
+ private:
+  std::string path_;
+  size_t width_;
+  std::unique_ptr<std::FILE, FileCloser> file_;
+  std::vector<unsigned char> staging_;
+  size_t count_ = 0;
+};
+
+// Encodes `text` (bytes [offset, offset + text.size()) of the input) into the spool; a BPE
+// tokenizer needs it to be UTF-8.
+void spool_text(std::string_view text, size_t offset, const std::string& input_path,
+                TextEncoder& encoder, TokenSpool& spool) {
+  if (encoder.bpe) {
+    const size_t valid = valid_utf8_prefix(text);
+    DSTRAIN_USER_CHECK(valid == text.size())
+        << "input text file '" << input_path << "' is not valid UTF-8 at byte "
+        << offset + valid << "; a tokenizer.json reads UTF-8 text (convert it, e.g. with iconv).";
+  }
+  spool.append(encoder.encode(text));
+}
+
+// Streams one input file through the encoder into the spool, block by block, each block cut
+// where the encoder can stop (for BPE: at a newline, so the ids equal those of the whole
+// file; a block grows until it has such a newline), then the end-of-text id if any.
+void spool_input(const std::string& input_path, TextEncoder& encoder,
+                 std::optional<int32_t> eot_id, TokenSpool& spool) {
+  std::unique_ptr<std::FILE, FileCloser> input(std::fopen(input_path.c_str(), "rb"));
+  DSTRAIN_USER_CHECK(input != nullptr) << "cannot open input text file '" << input_path
+                                       << "': " << std::strerror(errno) << ".";
+  std::string block;
+  size_t block_offset = 0;  // of block[0] in the file
+  for (;;) {
+    const size_t old_size = block.size();
+    block.resize(old_size + kReadChunkBytes);
+    const size_t got = std::fread(block.data() + old_size, 1, kReadChunkBytes, input.get());
+    block.resize(old_size + got);
+    DSTRAIN_USER_CHECK(!std::ferror(input.get()))
+        << "could not read input text file '" << input_path << "' to its end ("
+        << std::strerror(errno) << ").";
+    if (got == 0) break;
+    const size_t cut = encoder.encodable_prefix(block);
+    if (cut == 0) continue;
+    spool_text(std::string_view(block).substr(0, cut), block_offset, input_path, encoder, spool);
+    block.erase(0, cut);
+    block_offset += cut;
+  }
+  if (!block.empty()) spool_text(block, block_offset, input_path, encoder, spool);
+  if (eot_id) spool.append(std::span<const int32_t>(&*eot_id, 1));
+}
+
+// Moves the next `tokens` tokens of the spool into shards staging/split_NNNNNN.bin of at most
 // max_shard_tokens tokens; returns the shard names.
-std::vector<std::string> write_split(std::FILE* input, const std::string& input_path,
-                                     size_t bytes, const fs::path& staging, const char* split,
-                                     size_t max_shard_tokens) {
-  const ByteTokenizer tokenizer;
+std::vector<std::string> write_split(TokenSpool& spool, size_t tokens, const fs::path& staging,
+                                     const char* split, size_t max_shard_tokens,
+                                     TokenFormat format) {
   std::vector<std::string> names;
-  std::string chunk;
-  size_t remaining = bytes;
-  while (remaining > 0) {
+  std::vector<int32_t> chunk;
+  for (size_t remaining = tokens; remaining > 0;) {
     names.push_back(shard_name(split, names.size()));
     const size_t shard_tokens = std::min(remaining, max_shard_tokens);
-    TokenFileWriter writer((staging / names.back()).string(), TokenFormat::kLlmcU16,
-                           shard_tokens);
+    TokenFileWriter writer((staging / names.back()).string(), format, shard_tokens);
     for (size_t left = shard_tokens; left > 0;) {
-      chunk.resize(std::min(left, kReadChunkBytes));
-      const size_t got = std::fread(chunk.data(), 1, chunk.size(), input);
-      DSTRAIN_USER_CHECK(got == chunk.size())
-          << "could not read input text file '" << input_path << "' to its end ("
-          << (std::ferror(input) ? std::strerror(errno) : "it became shorter while being read")
-          << ").";
-      writer.append(tokenizer.encode(chunk));
-      left -= got;
+      const size_t n = std::min(left, kReadChunkBytes);
+      spool.read(n, chunk);
+      writer.append(chunk);
+      left -= n;
     }
     writer.commit();
     remaining -= shard_tokens;
@@ -92,43 +195,68 @@ void remove_stale_shards(const std::string& out_dir, const char* split, size_t f
   }
 }
 
+// Checks the options and the inputs before anything is written; returns the inputs' bytes.
+size_t checked_input_bytes(const PrepareOptions& options) {
+  DSTRAIN_USER_CHECK(options.val_fraction >= 0.0 && options.val_fraction < 1.0)
+      << "the validation fraction must be at least 0 (no validation shards) and below 1, not "
+      << options.val_fraction << ".";
+  DSTRAIN_USER_CHECK(!options.inputs.empty()) << "prepare needs at least one input text file.";
+  size_t total = 0;
+  for (const std::string& input : options.inputs) {
+    std::error_code error;
+    const fs::file_status status = fs::status(input, error);
+    DSTRAIN_USER_CHECK(fs::exists(status)) << "input text file '" << input << "' does not exist.";
+    DSTRAIN_USER_CHECK(!fs::is_directory(status))
+        << "input text path '" << input << "' is a directory; give a text file.";
+    total += static_cast<size_t>(fs::file_size(input, error));
+    DSTRAIN_USER_CHECK(!error) << "cannot read the size of input text file '" << input
+                               << "': " << error.message() << ".";
+  }
+  const std::string named = options.inputs.size() == 1
+                                ? "input text file '" + options.inputs[0] + "' has"
+                                : "the input text files have";
+  DSTRAIN_USER_CHECK(total > 0) << named << " no bytes.";
+  DSTRAIN_USER_CHECK(options.val_fraction == 0.0 || total >= kMinInputBytes)
+      << named << " only " << total << " bytes; prepare needs at least " << kMinInputBytes
+      << " bytes so that both the training and the validation split are useful.";
+  return total;
+}
+
+std::optional<int32_t> eot_id_of(const PrepareOptions& options, const TextEncoder& encoder) {
+  if (!options.append_eot) return std::nullopt;
+  DSTRAIN_USER_CHECK(encoder.bpe.has_value())
+      << "--eot needs a --tokenizer (the byte tokenizer has no end-of-text token).";
+  const std::optional<int32_t> id = options.eot_token.empty()
+                                        ? encoder.bpe->end_of_text_id()
+                                        : encoder.bpe->token_id(options.eot_token);
+  DSTRAIN_USER_CHECK(id.has_value())
+      << "tokenizer '" << options.tokenizer_path << "' has "
+      << (options.eot_token.empty()
+              ? std::string("no end-of-text token (<|endoftext|>, <|end_of_text|> or DeepSeek's "
+                            "end-of-sentence token); name one with --eot-token")
+              : "no token '" + options.eot_token + "'")
+      << ".";
+  return id;
+}
+
 }  // namespace
 
-PrepareResult prepare(const std::string& input_txt_path, const std::string& out_dir,
-                      double val_fraction, size_t max_shard_tokens) {
-  DSTRAIN_CHECK(max_shard_tokens >= 1 &&
-                max_shard_tokens <= static_cast<size_t>(std::numeric_limits<int32_t>::max()))
-      << "max_shard_tokens " << max_shard_tokens;
-  DSTRAIN_USER_CHECK(val_fraction > 0.0 && val_fraction < 1.0)
-      << "the validation fraction must be between 0 and 1 (exclusive), not " << val_fraction
-      << ".";
-  std::error_code error;
-  const fs::file_status status = fs::status(input_txt_path, error);
-  DSTRAIN_USER_CHECK(fs::exists(status))
-      << "input text file '" << input_txt_path << "' does not exist.";
-  DSTRAIN_USER_CHECK(!fs::is_directory(status))
-      << "input text path '" << input_txt_path << "' is a directory; give a text file.";
-  const size_t size = static_cast<size_t>(fs::file_size(input_txt_path, error));
-  DSTRAIN_USER_CHECK(!error) << "cannot read the size of input text file '" << input_txt_path
-                             << "': " << error.message() << ".";
-  DSTRAIN_USER_CHECK(size >= kMinInputBytes)
-      << "input text file '" << input_txt_path << "' has only " << size
-      << " bytes; prepare needs at least " << kMinInputBytes
-      << " bytes so that both the training and the validation split are useful.";
-  const size_t val_bytes = std::max<size_t>(
-      1, static_cast<size_t>(std::llround(val_fraction * static_cast<double>(size))));
-  DSTRAIN_USER_CHECK(val_bytes < size)
-      << "a validation fraction of " << val_fraction << " leaves no training text in '"
-      << input_txt_path << "'; use a smaller fraction.";
-  const size_t train_bytes = size - val_bytes;
+PrepareResult prepare(const PrepareOptions& options) {
+  DSTRAIN_CHECK(options.max_shard_tokens >= 1 &&
+                options.max_shard_tokens <= static_cast<size_t>(std::numeric_limits<int32_t>::max()))
+      << "max_shard_tokens " << options.max_shard_tokens;
+  checked_input_bytes(options);
+  TextEncoder encoder;
+  if (!options.tokenizer_path.empty())
+    encoder.bpe.emplace(BpeTokenizer::from_file(options.tokenizer_path));
+  const std::optional<int32_t> eot_id = eot_id_of(options, encoder);
+  const bool uint32_tokens = encoder.vocab_size() > 65536;
 
+  const std::string& out_dir = options.out_dir;
+  std::error_code error;
   fs::create_directories(out_dir, error);
   DSTRAIN_USER_CHECK(!error) << "cannot create the output directory '" << out_dir
                              << "': " << error.message() << ".";
-  std::unique_ptr<std::FILE, FileCloser> input(std::fopen(input_txt_path.c_str(), "rb"));
-  DSTRAIN_USER_CHECK(input != nullptr) << "cannot open input text file '" << input_txt_path
-                                       << "': " << std::strerror(errno) << ".";
-
   // The shards are written into a hidden staging directory inside out_dir (same file system)
   // and moved out only when all are complete, so a failure leaves out_dir as it was.
   const fs::path staging = fs::path(out_dir) / (".prepare-tmp-" + std::to_string(::getpid()));
@@ -137,14 +265,30 @@ PrepareResult prepare(const std::string& input_txt_path, const std::string& out_
   DSTRAIN_USER_CHECK(!error) << "cannot create the directory '" << staging.string()
                              << "': " << error.message() << ".";
   const TreeRemover remove_staging{staging};
+  TokenSpool spool(staging / "tokens.spool", uint32_tokens ? 4 : 2);
+  for (const std::string& input : options.inputs) spool_input(input, encoder, eot_id, spool);
+
+  const size_t total = spool.size();
+  const size_t val_tokens =
+      options.val_fraction == 0.0
+          ? 0
+          : std::max<size_t>(1, static_cast<size_t>(std::llround(
+                                    options.val_fraction * static_cast<double>(total))));
+  DSTRAIN_USER_CHECK(val_tokens < total)
+      << "a validation fraction of " << options.val_fraction << " leaves no training tokens of "
+      << total << "; use a smaller fraction or more text.";
+  const TokenFormat format = uint32_tokens ? TokenFormat::kLlmcU32 : TokenFormat::kLlmcU16;
+  spool.rewind();
   const std::vector<std::string> train_names = write_split(
-      input.get(), input_txt_path, train_bytes, staging, "train", max_shard_tokens);
+      spool, total - val_tokens, staging, "train", options.max_shard_tokens, format);
   const std::vector<std::string> val_names =
-      write_split(input.get(), input_txt_path, val_bytes, staging, "val", max_shard_tokens);
+      write_split(spool, val_tokens, staging, "val", options.max_shard_tokens, format);
 
   PrepareResult result;
-  result.train_tokens = train_bytes;
-  result.val_tokens = val_bytes;
+  result.train_tokens = total - val_tokens;
+  result.val_tokens = val_tokens;
+  result.vocab_size = encoder.vocab_size();
+  result.uint32_tokens = uint32_tokens;
   for (const auto& [names, files] : {std::pair{&train_names, &result.train_files},
                                      std::pair{&val_names, &result.val_files}}) {
     for (const std::string& name : *names) {
@@ -159,6 +303,16 @@ PrepareResult prepare(const std::string& input_txt_path, const std::string& out_
   remove_stale_shards(out_dir, "train", result.train_files.size());
   remove_stale_shards(out_dir, "val", result.val_files.size());
   return result;
+}
+
+PrepareResult prepare(const std::string& input_txt_path, const std::string& out_dir,
+                      double val_fraction, size_t max_shard_tokens) {
+  PrepareOptions options;
+  options.inputs = {input_txt_path};
+  options.out_dir = out_dir;
+  options.val_fraction = val_fraction;
+  options.max_shard_tokens = max_shard_tokens;
+  return prepare(options);
 }
 
 }  // namespace dstrain

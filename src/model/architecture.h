@@ -1,5 +1,5 @@
-// What a block is: the part of the model that differs between architectures (GPT-2 today;
-// Llama, DeepSeek and Qwen2 next), written against Backend. The stage driver (model/stage.h)
+// What a block is: the part of the model that differs between architectures (GPT-2, and the
+// LLaMA family: Llama, DeepSeek-LLM, Qwen2), written against Backend. The stage driver (model/stage.h)
 // runs any architecture: it owns the micro-batch slots, the order of the blocks, the
 // parameter protocol (ParamProvider) and recompute; an Architecture says which activations a
 // layer keeps, and how the embedding, a layer and the head compute forward and backward.
@@ -141,10 +141,15 @@ class Architecture {
   virtual Tensor head_logits(const std::vector<Tensor>& workspace, int64_t b, int64_t t) const = 0;
 };
 
-// The architecture of a model configuration (GPT-2 for every config today), as tp rank
-// `tp.rank` of `tp.size` runs it. REQUIRES: the model splits over tp.size ranks
+// The architecture of a model configuration (GPT-2, or the LLaMA family: model/llama.h), as
+// tp rank `tp.rank` of `tp.size` runs it. REQUIRES: the model splits over tp.size ranks
 // (tp_unsupported_reason, model/layout.h); UserError otherwise.
 std::unique_ptr<Architecture> make_architecture(const ModelConfig& config,
                                                 const TensorParallel& tp = {});
+
+// The architecture's initialization of fresh parameters (init_gpt2_parameters,
+// init_llama_parameters): one F32 host tensor of block_numel elements per block.
+void init_model_parameters(const ParamLayout& layout, const ModelConfig& config, uint64_t seed,
+                           const std::vector<Tensor>& block_flats);
 
 }  // namespace dstrain

@@ -1,7 +1,9 @@
 #include "model/config.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "core/check.h"
@@ -9,22 +11,43 @@
 
 namespace dstrain {
 
-int64_t ModelConfig::num_parameters() const {
-  const int64_t C = n_embd;
-  const int64_t per_layer = 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C +
-                            (C * 4 * C + 4 * C) + (4 * C * C + C);
-  return vocab_size * C + n_positions * C + n_layer * per_layer + 2 * C;
+const char* model_type_name(ModelType type) {
+  switch (type) {
+    case ModelType::Gpt2:
+      return "gpt2";
+    case ModelType::Llama:
+      return "llama";
+    case ModelType::Qwen2:
+      return "qwen2";
+  }
+  return "?";
 }
 
-nlohmann::json ModelConfig::to_json() const {
+int64_t ModelConfig::num_parameters() const {
+  const int64_t C = n_embd, I = mlp_width(), hd = head_dim();
+  const int64_t q = n_head * hd, kv = kv_heads() * hd;
+  if (!llama_family()) {
+    const int64_t per_layer =
+        2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C + (C * I + I) + (I * C + C);
+    return vocab_size * C + n_positions * C + n_layer * per_layer + 2 * C;
+  }
+  const int64_t attention =
+      C * (q + 2 * kv) + (qkv_bias ? q + 2 * kv : 0) + q * C + (o_bias ? C : 0);
+  const int64_t mlp = 3 * C * I + (mlp_bias ? 2 * I + C : 0);
+  const int64_t per_layer = 2 * C + attention + mlp;  // two RMSNorm weights
+  const int64_t head = tie_word_embeddings ? 0 : vocab_size * C;
+  return vocab_size * C + n_layer * per_layer + C + head;
+}
+
+static nlohmann::json gpt2_json(const ModelConfig& c) {
   return nlohmann::json{{"model_type", "gpt2"},
                         {"architectures", {"GPT2LMHeadModel"}},
-                        {"vocab_size", vocab_size},
-                        {"n_positions", n_positions},
-                        {"n_ctx", n_positions},
-                        {"n_embd", n_embd},
-                        {"n_layer", n_layer},
-                        {"n_head", n_head},
+                        {"vocab_size", c.vocab_size},
+                        {"n_positions", c.n_positions},
+                        {"n_ctx", c.n_positions},
+                        {"n_embd", c.n_embd},
+                        {"n_layer", c.n_layer},
+                        {"n_head", c.n_head},
                         {"n_inner", nullptr},
                         {"layer_norm_epsilon", 1e-5},
                         {"activation_function", "gelu_new"},
@@ -34,66 +57,228 @@ nlohmann::json ModelConfig::to_json() const {
                         {"tie_word_embeddings", true}};
 }
 
-static int64_t positive_field(const nlohmann::json& json, const char* field, int64_t limit,
-                              const std::string& origin) {
-  DSTRAIN_USER_CHECK(json.contains(field))
-      << "model config " << origin << " has no \"" << field << "\" field";
-  const nlohmann::json& value = json.at(field);
-  DSTRAIN_USER_CHECK(value.is_number_integer())
-      << "model config " << origin << ": \"" << field << "\" must be an integer, not "
-      << value.dump();
-  const int64_t number = value.get<int64_t>();
-  DSTRAIN_USER_CHECK(number > 0 && number <= limit)
-      << "model config " << origin << ": \"" << field << "\" = " << number
-      << " is out of range (1.." << limit << ")";
-  return number;
+static nlohmann::json llama_json(const ModelConfig& c) {
+  nlohmann::json json = c.passthrough;
+  const bool qwen2 = c.type == ModelType::Qwen2;
+  json["model_type"] = model_type_name(c.type);
+  json["architectures"] = {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  json["vocab_size"] = c.vocab_size;
+  json["max_position_embeddings"] = c.n_positions;
+  json["hidden_size"] = c.n_embd;
+  json["intermediate_size"] = c.mlp_width();
+  json["num_hidden_layers"] = c.n_layer;
+  json["num_attention_heads"] = c.n_head;
+  json["num_key_value_heads"] = c.kv_heads();
+  json["hidden_act"] = "silu";
+  json["rms_norm_eps"] = c.norm_eps;
+  json["rope_theta"] = c.rope_theta;
+  json["rope_scaling"] = c.rope_scaling;
+  json["tie_word_embeddings"] = c.tie_word_embeddings;
+  json["torch_dtype"] = "float32";  // what dstrain's checkpoints hold
+  if (!qwen2) {
+    json["attention_bias"] = c.qkv_bias;
+    json["mlp_bias"] = c.mlp_bias;
+  }
+  return json;
 }
+
+nlohmann::json ModelConfig::to_json() const {
+  return llama_family() ? llama_json(*this) : gpt2_json(*this);
+}
+
+namespace {
+
+// Reads the fields of one config.json, naming it in every error.
+class ConfigFields {
+ public:
+  ConfigFields(const nlohmann::json& json, const std::string& origin)
+      : json_(json), origin_(origin) {}
+
+  bool has(const char* field) const { return json_.contains(field) && !json_[field].is_null(); }
+  const nlohmann::json& at(const char* field) const { return json_.at(field); }
+
+  int64_t positive(const char* field, int64_t limit) const {
+    DSTRAIN_USER_CHECK(json_.contains(field))
+        << "model config " << origin_ << " has no \"" << field << "\" field";
+    const nlohmann::json& value = json_.at(field);
+    DSTRAIN_USER_CHECK(value.is_number_integer()) << "model config " << origin_ << ": \"" << field
+                                                  << "\" must be an integer, not " << value.dump();
+    const int64_t number = value.get<int64_t>();
+    DSTRAIN_USER_CHECK(number > 0 && number <= limit)
+        << "model config " << origin_ << ": \"" << field << "\" = " << number
+        << " is out of range (1.." << limit << ")";
+    return number;
+  }
+  int64_t positive_or(const char* field, int64_t limit, int64_t fallback) const {
+    return has(field) ? positive(field, limit) : fallback;
+  }
+  double number_or(const char* field, double low, double high, double fallback) const {
+    if (!has(field)) return fallback;
+    const nlohmann::json& value = json_.at(field);
+    DSTRAIN_USER_CHECK(value.is_number() && value.get<double>() > low && value.get<double>() < high)
+        << "model config " << origin_ << ": \"" << field << "\" = " << value.dump()
+        << " is not a number in (" << low << ", " << high << ")";
+    return value.get<double>();
+  }
+  bool flag_or(const char* field, bool fallback) const {
+    if (!has(field)) return fallback;
+    DSTRAIN_USER_CHECK(json_.at(field).is_boolean())
+        << "model config " << origin_ << ": \"" << field << "\" must be true or false";
+    return json_.at(field).get<bool>();
+  }
+  // One sentence: `what` is not supported.
+  void unsupported(const std::string& what) const {
+    DSTRAIN_USER_ERROR() << "model config " << origin_ << ": " << what;
+  }
+  const std::string& origin() const { return origin_; }
+
+ private:
+  const nlohmann::json& json_;
+  const std::string& origin_;
+};
+
+void check_heads(const ModelConfig& c, const ConfigFields& f) {
+  DSTRAIN_USER_CHECK(c.n_embd % c.n_head == 0)
+      << "model config " << f.origin() << ": the width " << c.n_embd
+      << " is not divisible by the number of heads " << c.n_head;
+  DSTRAIN_USER_CHECK(c.n_head % c.kv_heads() == 0)
+      << "model config " << f.origin() << ": num_attention_heads " << c.n_head
+      << " is not a multiple of num_key_value_heads " << c.kv_heads();
+}
+
+ModelConfig gpt2_config(const ConfigFields& f) {
+  ModelConfig config;
+  config.vocab_size = f.positive("vocab_size", int64_t{1} << 24);
+  config.n_positions = f.positive("n_positions", int64_t{1} << 20);
+  config.n_embd = f.positive("n_embd", 65536);
+  config.n_layer = f.positive("n_layer", 1024);
+  config.n_head = f.positive("n_head", 1024);
+  check_heads(config, f);
+  if (f.has("layer_norm_epsilon") &&
+      std::abs(f.number_or("layer_norm_epsilon", 0, 1, 1e-5) - 1e-5) > 1e-12) {
+    f.unsupported("layer_norm_epsilon " + f.at("layer_norm_epsilon").dump() +
+                  " is not supported (dstrain's GPT-2 uses 1e-5)");
+  }
+  if (f.has("activation_function")) {
+    const auto& act = f.at("activation_function");
+    if (!(act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast")) {
+      f.unsupported("activation_function " + act.dump() +
+                    " is not supported (dstrain uses the tanh GELU, \"gelu_new\")");
+    }
+  }
+  if (f.has("n_inner") && f.positive("n_inner", int64_t{1} << 24) != 4 * config.n_embd) {
+    f.unsupported("n_inner must be null or 4 * n_embd");
+  }
+  if (!f.flag_or("tie_word_embeddings", true)) {
+    f.unsupported("only tied word embeddings are supported for GPT-2");
+  }
+  return config;
+}
+
+// Llama 3's rope scaling (or none). Other kinds (linear, dynamic, yarn) are refused.
+nlohmann::json rope_scaling(const ConfigFields& f) {
+  if (!f.has("rope_scaling")) return nullptr;
+  const nlohmann::json& scaling = f.at("rope_scaling");
+  const std::string kind = scaling.value("rope_type", scaling.value("type", std::string()));
+  if (kind == "default") return nullptr;
+  if (kind != "llama3") {
+    f.unsupported("rope_scaling of type \"" + kind +
+                  "\" is not supported (only Llama 3's \"llama3\")");
+  }
+  for (const char* field :
+       {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+    DSTRAIN_USER_CHECK(scaling.contains(field) && scaling[field].is_number() &&
+                       scaling[field].get<double>() > 0)
+        << "model config " << f.origin() << ": rope_scaling needs a positive \"" << field << "\"";
+  }
+  return scaling;
+}
+
+// The fields the LLaMA family's parser reads; the others pass through to the checkpoint.
+const std::set<std::string>& llama_fields() {
+  static const std::set<std::string> fields = {"model_type",
+                                               "architectures",
+                                               "vocab_size",
+                                               "max_position_embeddings",
+                                               "hidden_size",
+                                               "intermediate_size",
+                                               "num_hidden_layers",
+                                               "num_attention_heads",
+                                               "num_key_value_heads",
+                                               "hidden_act",
+                                               "rms_norm_eps",
+                                               "rope_theta",
+                                               "rope_scaling",
+                                               "tie_word_embeddings",
+                                               "attention_bias",
+                                               "mlp_bias",
+                                               "head_dim",
+                                               "use_sliding_window",
+                                               "attention_dropout"};
+  return fields;
+}
+
+ModelConfig llama_config(const nlohmann::json& json, const ConfigFields& f, ModelType type) {
+  ModelConfig config;
+  config.type = type;
+  config.vocab_size = f.positive("vocab_size", int64_t{1} << 24);
+  config.n_positions = f.positive("max_position_embeddings", int64_t{1} << 24);
+  config.n_embd = f.positive("hidden_size", 65536);
+  config.intermediate_size = f.positive("intermediate_size", int64_t{1} << 20);
+  config.n_layer = f.positive("num_hidden_layers", 1024);
+  config.n_head = f.positive("num_attention_heads", 1024);
+  config.n_kv_head = f.positive_or("num_key_value_heads", 1024, config.n_head);
+  check_heads(config, f);
+  if (f.has("head_dim") && f.positive("head_dim", 4096) != config.head_dim()) {
+    f.unsupported("head_dim " + f.at("head_dim").dump() + " differs from hidden_size / " +
+                  "num_attention_heads (" + std::to_string(config.head_dim()) + ")");
+  }
+  if (f.has("hidden_act") && f.at("hidden_act") != "silu") {
+    f.unsupported("hidden_act " + f.at("hidden_act").dump() + " is not supported (\"silu\")");
+  }
+  if (f.flag_or("use_sliding_window", false)) f.unsupported("sliding-window attention");
+  if (f.number_or("attention_dropout", -1, 1, 0.0) != 0.0) f.unsupported("attention dropout");
+  config.norm_eps = f.number_or("rms_norm_eps", 0, 1, 1e-6);
+  config.rope_theta = f.number_or("rope_theta", 0, 1e12, 10000.0);
+  config.rope_scaling = rope_scaling(f);
+  config.tie_word_embeddings = f.flag_or("tie_word_embeddings", false);
+  const bool qwen2 = type == ModelType::Qwen2;
+  const bool attention_bias = f.flag_or("attention_bias", false);
+  config.qkv_bias = qwen2 || attention_bias;
+  config.o_bias = !qwen2 && attention_bias;
+  config.mlp_bias = !qwen2 && f.flag_or("mlp_bias", false);
+  for (const auto& [key, value] : json.items()) {
+    if (!llama_fields().count(key)) config.passthrough[key] = value;
+  }
+  return config;
+}
+
+}  // namespace
 
 ModelConfig model_config_from_json(const std::string& text, const std::string& origin) {
   nlohmann::json json;
   try {
     json = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& error) {
-    DSTRAIN_USER_ERROR() << "model config " << origin << " is not valid JSON ("
-                         << error.what() << ")";
+    DSTRAIN_USER_ERROR() << "model config " << origin << " is not valid JSON (" << error.what()
+                         << ")";
   }
   DSTRAIN_USER_CHECK(json.is_object()) << "model config " << origin << " is not a JSON object";
-  if (json.contains("model_type")) {
-    DSTRAIN_USER_CHECK(json["model_type"] == "gpt2")
-        << "model config " << origin << " has model_type " << json["model_type"].dump()
-        << "; dstrain trains GPT-2-style models (model_type \"gpt2\")";
-  }
+  const ConfigFields fields(json, origin);
+  const std::string type = json.contains("model_type") && json["model_type"].is_string()
+                               ? json["model_type"].get<std::string>()
+                               : "gpt2";
   ModelConfig config;
+  if (type == "gpt2") {
+    config = gpt2_config(fields);
+  } else if (type == "llama" || type == "qwen2") {
+    config = llama_config(json, fields, type == "llama" ? ModelType::Llama : ModelType::Qwen2);
+  } else {
+    DSTRAIN_USER_ERROR() << "model config " << origin << " has model_type "
+                         << json["model_type"].dump()
+                         << "; dstrain trains model_type \"gpt2\", \"llama\" and \"qwen2\"";
+  }
   config.name = origin;
-  config.vocab_size = positive_field(json, "vocab_size", int64_t{1} << 24, origin);
-  config.n_positions = positive_field(json, "n_positions", int64_t{1} << 20, origin);
-  config.n_embd = positive_field(json, "n_embd", 65536, origin);
-  config.n_layer = positive_field(json, "n_layer", 1024, origin);
-  config.n_head = positive_field(json, "n_head", 1024, origin);
-  DSTRAIN_USER_CHECK(config.n_embd % config.n_head == 0)
-      << "model config " << origin << ": n_embd " << config.n_embd
-      << " is not divisible by n_head " << config.n_head;
-  if (json.contains("layer_norm_epsilon")) {
-    const auto& eps = json["layer_norm_epsilon"];
-    DSTRAIN_USER_CHECK(eps.is_number() && std::abs(eps.get<double>() - 1e-5) < 1e-12)
-        << "model config " << origin << ": layer_norm_epsilon " << eps.dump()
-        << " is not supported (dstrain's GPT-2 uses 1e-5)";
-  }
-  if (json.contains("activation_function")) {
-    const auto& act = json["activation_function"];
-    DSTRAIN_USER_CHECK(act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast")
-        << "model config " << origin << ": activation_function " << act.dump()
-        << " is not supported (dstrain uses the tanh GELU, \"gelu_new\")";
-  }
-  if (json.contains("n_inner") && !json["n_inner"].is_null()) {
-    DSTRAIN_USER_CHECK(json["n_inner"].is_number_integer() &&
-                       json["n_inner"].get<int64_t>() == 4 * config.n_embd)
-        << "model config " << origin << ": n_inner must be null or 4 * n_embd";
-  }
-  if (json.contains("tie_word_embeddings")) {
-    DSTRAIN_USER_CHECK(json["tie_word_embeddings"] == true)
-        << "model config " << origin << ": only tied word embeddings are supported";
-  }
   return config;
 }
 
@@ -108,13 +293,14 @@ ModelConfig load_model_config(const std::string& name_or_path) {
     if (name_or_path == preset.name) return model_config_from_json(preset.json, preset.name);
   }
   const bool looks_like_path = name_or_path.find('/') != std::string::npos ||
-                               name_or_path.ends_with(".json");
+                               name_or_path.ends_with(".json") ||
+                               std::filesystem::is_directory(name_or_path);
   if (!looks_like_path) {
     std::ostringstream known;
     for (const std::string& name : model_preset_names()) known << " " << name;
-    DSTRAIN_USER_ERROR() << "unknown model '" << name_or_path
-                         << "': give a preset name (" << known.str().substr(1)
-                         << ") or the path of a config.json";
+    DSTRAIN_USER_ERROR() << "unknown model '" << name_or_path << "': give a preset name ("
+                         << known.str().substr(1)
+                         << "), the path of a config.json or a Hugging Face model directory";
   }
   std::filesystem::path path(name_or_path);
   if (std::filesystem::is_directory(path)) path /= "config.json";

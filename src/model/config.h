@@ -1,37 +1,64 @@
-// The model configuration: field names as in a Hugging Face GPT-2 config.json.
+// The model configuration, read from a Hugging Face config.json (or a preset: the same text,
+// embedded). Three model_types: gpt2 (GPT-2 field names), and the LLaMA family, llama and
+// qwen2 (hidden_size, num_attention_heads, ... mapped onto the same members below).
+// DeepSeek-LLM checkpoints are model_type llama.
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 namespace dstrain {
 
-struct ModelConfig {
-  std::string name;        // preset name or file path it came from
-  int64_t vocab_size = 0;  // V: the real vocabulary; files always hold V rows
-  int64_t n_positions = 0; // maxT
-  int64_t n_embd = 0;      // C
-  int64_t n_layer = 0;     // L
-  int64_t n_head = 0;      // NH
+// gpt2: pre-LN blocks with LayerNorm, learned positions, tanh GELU MLP, tied head, biases.
+// llama / qwen2: pre-norm blocks with RMSNorm, rotary positions, grouped-query attention, a
+// SwiGLU MLP; biases only where the config asks (Qwen2: q/k/v).
+enum class ModelType { Gpt2, Llama, Qwen2 };
+const char* model_type_name(ModelType type);  // "gpt2" | "llama" | "qwen2"
 
+struct ModelConfig {
+  std::string name;  // preset name or file path it came from
+  ModelType type = ModelType::Gpt2;
+  int64_t vocab_size = 0;         // V: the real vocabulary; files always hold V rows
+  int64_t n_positions = 0;        // maxT (max_position_embeddings)
+  int64_t n_embd = 0;             // C (hidden_size)
+  int64_t n_layer = 0;            // L (num_hidden_layers)
+  int64_t n_head = 0;             // NH (num_attention_heads)
+  int64_t n_kv_head = 0;          // KV (num_key_value_heads); 0: n_head
+  int64_t intermediate_size = 0;  // the MLP's hidden width; 0: 4 * n_embd (GPT-2)
+  double norm_eps = 1e-5;         // layer_norm_epsilon | rms_norm_eps
+  double rope_theta = 10000.0;    // the LLaMA family's rotary base
+  nlohmann::json rope_scaling;    // null, or Llama 3's {"rope_type": "llama3", "factor", ...}
+  bool tie_word_embeddings = true;
+  // Biases: GPT-2 has all of them; Llama only with attention_bias (q, k, v, o) / mlp_bias;
+  // Qwen2 on q, k and v.
+  bool qkv_bias = true, o_bias = true, mlp_bias = true;
+  // The config.json fields dstrain does not use (token ids, torch_dtype, ...), written back
+  // unchanged into a checkpoint's config.json.
+  nlohmann::json passthrough = nlohmann::json::object();
+
+  bool llama_family() const { return type != ModelType::Gpt2; }
+  int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int64_t mlp_width() const { return intermediate_size > 0 ? intermediate_size : 4 * n_embd; }
   // Vp: the vocabulary padded inside dstrain to a multiple of 64 (GEMM-friendly). The padded
-  // rows of wte are zero, never indexed, masked out of the softmax, and never saved.
+  // rows of the embedding (and head) are zero, never indexed, masked out of the softmax, and
+  // never saved.
   int64_t padded_vocab() const { return (vocab_size + 63) / 64 * 64; }
   int64_t head_dim() const { return n_embd / n_head; }
-  // Number of parameters as Hugging Face counts them (real vocabulary, tied head).
+  // Number of parameters as Hugging Face counts them (real vocabulary; a tied head once).
   int64_t num_parameters() const;
 
   nlohmann::json to_json() const;  // a config.json transformers can load
 };
 
 // Parses a config.json text. `origin` names it in errors.
-// Throws UserError on missing or absurd fields (n_embd not divisible by n_head, ...).
+// Throws UserError on missing or absurd fields (n_embd not divisible by n_head, ...) and on
+// what dstrain does not implement (another model_type, activation, rope scaling type, ...).
 ModelConfig model_config_from_json(const std::string& text, const std::string& origin);
 
-// `--model`: a preset name ("tiny", "gpt2-124m", ...) or the path of a config.json.
+// `--model`: a preset name ("tiny", "gpt2-124m", "llama-tiny", ...), the path of a
+// config.json, or a Hugging Face model directory holding one.
 ModelConfig load_model_config(const std::string& name_or_path);
 
 std::vector<std::string> model_preset_names();

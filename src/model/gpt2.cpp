@@ -4,20 +4,27 @@
 #include <cstring>
 
 #include "core/rng.h"
+#include "model/transformer_parts.h"
 
 namespace dstrain {
-
-std::unique_ptr<Architecture> make_architecture(const ModelConfig& config,
-                                                const TensorParallel& tp) {
-  return std::make_unique<Gpt2Architecture>(config, tp);
-}
 
 namespace {
 
 // A GPT-2 layer's activations, in LayerRun::activations order.
 enum LayerActivation : int {
-  kLn1, kLn1Mean, kLn1Rstd, kQkv, kAtty, kAttLse, kResidual2, kLn2, kLn2Mean, kLn2Rstd, kFch,
-  kFchGelu, kNumLayerActivations
+  kLn1,
+  kLn1Mean,
+  kLn1Rstd,
+  kQkv,
+  kAtty,
+  kAttLse,
+  kResidual2,
+  kLn2,
+  kLn2Mean,
+  kLn2Rstd,
+  kFch,
+  kFchGelu,
+  kNumLayerActivations
 };
 // The layers' workspace, in LayerRun::workspace order. Every entry is always declared, with no
 // rows where it is not used (the gradients without backward; the sequence-parallel buffers
@@ -25,7 +32,16 @@ enum LayerActivation : int {
 enum LayerWork : int { kScratch, kDbtc, kDqkv, kDfch, kDfchGelu, kStreamPart, kGathered };
 // The head's workspace, in HeadRun::workspace order, declared the same way.
 enum HeadWork : int {
-  kLogits, kLnf, kLnfMean, kLnfRstd, kLosses, kDlnf, kLnfGathered, kDlnfPart, kCeStats, kCeStatsAll
+  kLogits,
+  kLnf,
+  kLnfMean,
+  kLnfRstd,
+  kLosses,
+  kDlnf,
+  kLnfGathered,
+  kDlnfPart,
+  kCeStats,
+  kCeStatsAll
 };
 
 }  // namespace
@@ -116,9 +132,9 @@ void Gpt2Architecture::embed_forward(ParamProvider& params, const EmbedRun& run,
 void Gpt2Architecture::embed_backward(ParamProvider& params, const EmbedRun& run) const {
   const int64_t b = run.tokens.size(0), t = run.tokens.size(1), C = config_.n_embd, N = b * t;
   const int block = ParamLayout::embedding_block();
-  Tensor dout = exit_region_backward(tp_, prefix(run.residual_grad, {tp_.stream_rows(N), C}),
-                                     sequence_parallel_view(run.workspace.at(kGathered), N),
-                                     run.stream);
+  Tensor dout =
+      exit_region_backward(tp_, prefix(run.residual_grad, {tp_.stream_rows(N), C}),
+                           sequence_parallel_view(run.workspace.at(kGathered), N), run.stream);
   Tensor grads = params.acquire_grads(block);
   run.backend.embedding_backward(ParamLayout::view(layout_.find("wte.weight"), grads),
                                  ParamLayout::view(layout_.find("wpe.weight"), grads),
@@ -127,29 +143,15 @@ void Gpt2Architecture::embed_backward(ParamProvider& params, const EmbedRun& run
   params.release_grads(block);
 }
 
-// A row-parallel layer: out = inp @ weight + bias, the output summed over the tp ranks (each
-// holds the product of its rows of the weight) before the bias is added, once. Returns the
-// stream rows of the result (in `scratch` (N, C), or under sequence parallelism in the
-// workspace's stream part).
 Tensor Gpt2Architecture::row_parallel_forward(const LayerRun& run, Tensor inp, Tensor weight,
                                               Tensor bias) const {
-  const int64_t N = run.b * run.t, C = config_.n_embd;
-  Tensor scratch = prefix(run.workspace[kScratch], {N, C});
-  if (!tp_.enabled()) {
-    run.backend.matmul_forward(scratch, inp, weight, bias, false, run.stream);
-    return scratch;
-  }
-  run.backend.matmul_forward(scratch, inp, weight, Tensor(), false, run.stream);
-  Tensor out = exit_region_forward(tp_, scratch, stream_part(run), run.stream);
-  run.backend.add_bias(out, bias, run.stream);
-  return out;
+  Tensor scratch = prefix(run.workspace[kScratch], {run.b * run.t, config_.n_embd});
+  return row_parallel_matmul(run.backend, tp_, scratch, stream_part(run), inp, weight, bias, false,
+                             run.stream);
 }
 
-// The sequence-parallel buffers have no rows otherwise: empty tensors then (the collectives of
-// model/tensor_parallel.h do not touch them).
 Tensor Gpt2Architecture::sequence_parallel_view(Tensor full, int64_t rows) const {
-  if (!tp_.enabled() || !tp_.sequence_parallel) return Tensor();
-  return prefix(full, {rows, config_.n_embd});
+  return sequence_parallel_rows(tp_, full, rows, config_.n_embd);
 }
 
 Tensor Gpt2Architecture::stream_part(const LayerRun& run) const {
@@ -177,7 +179,7 @@ void Gpt2Architecture::layer_forward(const LayerRun& run) const {
   backend.matmul_forward(qkv.reshape({N, 3 * Cl}), ln1_full, w[kQkvWeight], w[kQkvBias], false,
                          run.stream);
   backend.attention_forward(atty, prefix(a[kAttLse], {b, heads(), t}), qkv,
-                            static_cast<int>(heads()), run.stream);
+                            static_cast<int>(heads()), static_cast<int>(heads()), run.stream);
   Tensor attn_out =
       row_parallel_forward(run, atty.reshape({N, Cl}), w[kAttnProjWeight], w[kAttnProjBias]);
   backend.residual_forward(residual2, input, attn_out, run.stream);
@@ -236,8 +238,8 @@ void Gpt2Architecture::layer_backward(const LayerRun& run) const {
                           stream);
   Tensor dln2 = enter_region_backward(tp_, dbtc, stream_part(run), stream);
   backend.layernorm_backward(dresidual, g[kLn2Weight], g[kLn2Bias], dln2,
-                             prefix(a[kResidual2], {R, C}), w[kLn2Weight],
-                             prefix(a[kLn2Mean], {R}), prefix(a[kLn2Rstd], {R}), stream);
+                             prefix(a[kResidual2], {R, C}), w[kLn2Weight], prefix(a[kLn2Mean], {R}),
+                             prefix(a[kLn2Rstd], {R}), stream);
   // dresidual holds dL/d(residual2).
   dout = exit_region_backward(tp_, dresidual, gathered(run), stream);
   Tensor datty = prefix(run.workspace[kDbtc], {N, Cl});
@@ -246,14 +248,14 @@ void Gpt2Architecture::layer_backward(const LayerRun& run) const {
   backend.attention_backward(dqkv.reshape({b, t, 3 * Cl}), datty.reshape({b, t, Cl}),
                              prefix(a[kQkv], {b, t, 3 * Cl}), prefix(a[kAtty], {b, t, Cl}),
                              prefix(a[kAttLse], {b, heads(), t}), static_cast<int>(heads()),
-                             stream);
+                             static_cast<int>(heads()), stream);
   Tensor ln1_full = enter_region_forward(tp_, prefix(a[kLn1], {R, C}), gathered(run), stream);
   backend.matmul_backward(dbtc, g[kQkvWeight], g[kQkvBias], dqkv, ln1_full, w[kQkvWeight], false,
                           stream);
   Tensor dln1 = enter_region_backward(tp_, dbtc, stream_part(run), stream);
-  backend.layernorm_backward(dresidual, g[kLn1Weight], g[kLn1Bias], dln1,
-                             prefix(run.input, {R, C}), w[kLn1Weight], prefix(a[kLn1Mean], {R}),
-                             prefix(a[kLn1Rstd], {R}), stream);
+  backend.layernorm_backward(dresidual, g[kLn1Weight], g[kLn1Bias], dln1, prefix(run.input, {R, C}),
+                             w[kLn1Weight], prefix(a[kLn1Mean], {R}), prefix(a[kLn1Rstd], {R}),
+                             stream);
   // dresidual holds dL/d(input of the layer).
 }
 
@@ -262,38 +264,22 @@ Tensor Gpt2Architecture::head_logits(const std::vector<Tensor>& workspace, int64
   return prefix(workspace.at(kLogits), {b, t, config_.padded_vocab() / tp_.size});
 }
 
-// The per-token losses of the (N, Vp / tp) logits into ws[kLosses], and with dloss != 0 their
-// gradient in place of the logits. Under tp the cross-entropy is vocabulary-parallel: each rank
-// reduces its columns to (max, sum of exponentials, target logit) per row, the ranks exchange
-// those (N, 3) statistics, and each finishes the same losses from all of them.
 void Gpt2Architecture::cross_entropy(const HeadRun& run, Tensor logits) const {
   const std::vector<Tensor>& ws = run.workspace;
   const int64_t N = run.b * run.t;
-  const int vocab = static_cast<int>(config_.vocab_size);
-  Tensor losses = prefix(ws[kLosses], {N});
-  Tensor dlogits = run.dloss != 0.0f ? logits : Tensor();
-  Tensor targets = run.targets.reshape({N});
-  if (!tp_.enabled()) {
-    run.backend.softmax_cross_entropy(losses, dlogits, logits, targets, vocab, run.dloss,
-                                      run.stream);
-    return;
-  }
-  Tensor stats = prefix(ws[kCeStats], {N, 3});
-  Tensor all_stats = ws[kCeStatsAll].slice(0, {tp_.size, N, 3});
-  run.backend.cross_entropy_stats(stats, logits, targets, vocab_begin(), vocab, run.stream);
-  all_gather_parts(tp_, all_stats, stats, run.stream);
-  run.backend.cross_entropy_from_stats(losses, dlogits, logits, all_stats, targets, vocab_begin(),
-                                       vocab, run.dloss, run.stream);
+  vocab_parallel_cross_entropy(run, tp_, logits, prefix(ws[kLosses], {N}), ws[kCeStats],
+                               ws[kCeStatsAll], vocab_begin(), config_.vocab_size);
 }
 
-double Gpt2Architecture::head_forward(ParamProvider& params, const HeadRun& run,
-                                      bool release_grads, int next) const {
+double Gpt2Architecture::head_forward(ParamProvider& params, const HeadRun& run, bool release_grads,
+                                      int next) const {
   const int64_t C = config_.n_embd, Vl = config_.padded_vocab() / tp_.size, N = run.b * run.t;
   const int64_t R = tp_.stream_rows(N);
   const std::vector<Tensor>& ws = run.workspace;
   const int final_block = layout_.final_block(), embed_block = ParamLayout::embedding_block();
   {
-    const std::vector<Tensor> w = layout_.block_views(final_block, params.acquire_params(final_block));
+    const std::vector<Tensor> w =
+        layout_.block_views(final_block, params.acquire_params(final_block));
     run.backend.layernorm_forward(prefix(ws[kLnf], {R, C}), prefix(ws[kLnfMean], {R}),
                                   prefix(ws[kLnfRstd], {R}), prefix(run.input, {R, C}), w[0], w[1],
                                   run.stream);
@@ -309,7 +295,8 @@ double Gpt2Architecture::head_forward(ParamProvider& params, const HeadRun& run,
     params.release_params(embed_block);
     return 0.0;
   }
-  DSTRAIN_CHECK(run.targets.ndim == 2 && run.targets.size(0) == run.b && run.targets.size(1) == run.t)
+  DSTRAIN_CHECK(run.targets.ndim == 2 && run.targets.size(0) == run.b &&
+                run.targets.size(1) == run.t)
       << run.targets.shape_str();
   cross_entropy(run, logits);
   if (run.dloss != 0.0f) {
@@ -317,12 +304,7 @@ double Gpt2Architecture::head_forward(ParamProvider& params, const HeadRun& run,
   } else {
     params.release_params(embed_block);
   }
-  std::vector<float> host_losses(static_cast<size_t>(N));
-  run.backend.copy_bytes(host_losses.data(), ws[kLosses].data, N * sizeof(float), run.stream);
-  run.backend.synchronize(run.stream);
-  double sum = 0.0;
-  for (float loss : host_losses) sum += loss;
-  return sum / static_cast<double>(N);
+  return mean_loss(run, ws[kLosses], N);
 }
 
 // The tied LM head and the final layernorm, backward: from the logits' gradient (in place of
@@ -344,7 +326,8 @@ void Gpt2Architecture::head_backward(ParamProvider& params, const HeadRun& run, 
     if (release_grads) params.release_grads(embed_block);
   }
   dlnf = enter_region_backward(tp_, dlnf, sequence_parallel_view(ws[kDlnfPart], R), run.stream);
-  const std::vector<Tensor> w = layout_.block_views(final_block, params.acquire_params(final_block));
+  const std::vector<Tensor> w =
+      layout_.block_views(final_block, params.acquire_params(final_block));
   const std::vector<Tensor> g = layout_.block_views(final_block, params.acquire_grads(final_block));
   Tensor input_grad = prefix(run.input_grad, {R, C});
   run.backend.fill_zero(input_grad, run.stream);
@@ -355,8 +338,8 @@ void Gpt2Architecture::head_backward(ParamProvider& params, const HeadRun& run, 
   params.release_params(final_block);
 }
 
-Gpt2::Gpt2(const ModelConfig& config, Backend& backend, Allocator& allocator, int64_t B,
-           int64_t T, DType act_dtype, bool with_backward, Recompute recompute)
+Gpt2::Gpt2(const ModelConfig& config, Backend& backend, Allocator& allocator, int64_t B, int64_t T,
+           DType act_dtype, bool with_backward, Recompute recompute)
     : arch_(config),
       stage_(arch_, whole_model(config), backend, allocator, B, T, act_dtype, with_backward,
              recompute, 1) {}

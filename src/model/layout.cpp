@@ -37,10 +37,13 @@ std::string tp_unsupported_reason(const ModelConfig& config, int tp) {
     reason << over << what << " (" << n << ") divisible by " << tp;
     return false;
   };
+  const bool llama = config.llama_family();
   if (tp < 1) {
     reason << "tensor parallelism needs at least 1 rank, not " << tp;
   } else if (divisible("n_head", config.n_head) &&
-             divisible("the MLP width 4 * n_embd", 4 * config.n_embd) &&
+             (!llama || divisible("num_key_value_heads", config.kv_heads())) &&
+             divisible(llama ? "the MLP width intermediate_size" : "the MLP width 4 * n_embd",
+                       config.mlp_width()) &&
              divisible("n_embd", config.n_embd)) {
     // Megatron pads the vocabulary to a multiple of 128 * tp; dstrain pads to 64 only, so some
     // vocabularies cannot be split evenly.
@@ -51,66 +54,162 @@ std::string tp_unsupported_reason(const ModelConfig& config, int tp) {
   return reason.str();
 }
 
-ParamLayout::ParamLayout(const ModelConfig& config, int tp) : tp_(tp) {
-  const std::string unsupported = tp_unsupported_reason(config, tp);
-  DSTRAIN_USER_CHECK(unsupported.empty()) << unsupported;
-  const int64_t C = config.n_embd;
-  int block = -1;
-  int64_t cursor = 0;
-  auto begin_block = [&] {
-    if (block >= 0) block_numel_.push_back(cursor);
-    ++block;
-    cursor = 0;
-    block_params_.emplace_back();
-  };
-  // split: {tp_dim, tp_parts}; {-1, 1} replicated.
-  struct Split { int dim = -1, parts = 1; };
-  auto add = [&](std::string name, std::vector<int64_t> full_shape, bool decay, Split split,
-                 bool partial_grad = false, std::vector<int64_t> file_shape = {}) {
+namespace {
+
+// How a tensor splits over tp ranks: {tp_dim, tp_parts}; {-1, 1} replicated.
+struct TensorSplit {
+  int dim = -1, parts = 1;
+};
+struct TensorOptions {
+  bool partial_grad = false;  // a norm inside the sequence-parallel region
+  bool packed = false;        // right after the previous tensor, no alignment gap
+  std::vector<int64_t> file_shape = {};
+};
+
+}  // namespace
+
+// Builds a layout tensor by tensor: blocks in order, each tensor aligned (or packed right
+// after the previous one, so that two tensors form one matrix).
+class ParamLayout::Builder {
+ public:
+  Builder(ParamLayout& layout, int tp) : layout_(layout), tp_(tp) {}
+  ~Builder() { layout_.block_numel_.push_back(aligned(cursor_)); }
+
+  void begin_block() {
+    if (block_ >= 0) layout_.block_numel_.push_back(aligned(cursor_));
+    ++block_;
+    cursor_ = 0;
+    layout_.block_params_.emplace_back();
+  }
+  using Split = TensorSplit;
+  using Options = TensorOptions;
+  void add(std::string name, std::vector<int64_t> full_shape, bool decay, Split split,
+           Options options = {}) {
     ParamSpec spec;
     spec.name = std::move(name);
-    spec.block = block;
-    spec.offset = cursor;
+    spec.block = block_;
     spec.full_shape = full_shape;
     spec.shape = full_shape;
-    if (split.dim >= 0) spec.shape[static_cast<size_t>(split.dim)] /= tp;
-    spec.file_shape = file_shape.empty() ? full_shape : file_shape;
+    if (split.dim >= 0) spec.shape[static_cast<size_t>(split.dim)] /= tp_;
+    spec.file_shape = options.file_shape.empty() ? full_shape : options.file_shape;
     spec.weight_decay = decay;
     spec.tp_dim = split.dim;
     spec.tp_parts = split.parts;
-    spec.tp_partial_grad = partial_grad;
-    cursor += (spec.numel() + kParamAlignment - 1) / kParamAlignment * kParamAlignment;
-    index_[spec.name] = static_cast<int>(params_.size());
-    block_params_.back().push_back(static_cast<int>(params_.size()));
-    params_.push_back(std::move(spec));
-  };
-  const Split replicated, rows{0, 1}, columns{1, 1}, qkv_columns{1, 3}, qkv_bias{0, 3};
-  const bool norm = true;  // a layernorm: in the sequence-parallel region
+    spec.tp_partial_grad = options.partial_grad;
+    if (!options.packed) cursor_ = aligned(cursor_);
+    spec.offset = cursor_;
+    cursor_ += spec.numel();
+    layout_.index_[spec.name] = static_cast<int>(layout_.params_.size());
+    layout_.block_params_.back().push_back(static_cast<int>(layout_.params_.size()));
+    layout_.params_.push_back(std::move(spec));
+  }
 
-  begin_block();
-  add("wte.weight", {config.padded_vocab(), C}, true, rows, false, {config.vocab_size, C});
-  add("wpe.weight", {config.n_positions, C}, true, replicated);
+ private:
+  static int64_t aligned(int64_t n) {
+    return (n + kParamAlignment - 1) / kParamAlignment * kParamAlignment;
+  }
+
+  ParamLayout& layout_;
+  int tp_;
+  int block_ = -1;
+  int64_t cursor_ = 0;
+};
+
+namespace {
+
+using Builder = ParamLayout::Builder;
+const Builder::Split kReplicated, kRows{0, 1}, kColumns{1, 1};
+
+// GPT-2, with the Hugging Face GPT-2 names without "transformer.".
+void add_gpt2_tensors(Builder& b, const ModelConfig& config) {
+  const int64_t C = config.n_embd;
+  const Builder::Split qkv_columns{1, 3}, qkv_bias{0, 3};
+  const Builder::Options norm{.partial_grad = true};
+  b.begin_block();
+  b.add("wte.weight", {config.padded_vocab(), C}, true, kRows,
+        Builder::Options{.file_shape = {config.vocab_size, C}});
+  b.add("wpe.weight", {config.n_positions, C}, true, kReplicated);
   for (int64_t layer = 0; layer < config.n_layer; ++layer) {
-    begin_block();
+    b.begin_block();
     const std::string prefix = "h." + std::to_string(layer) + ".";
     // Must match the LayerParam order.
-    add(prefix + "ln_1.weight", {C}, false, replicated, norm);
-    add(prefix + "ln_1.bias", {C}, false, replicated, norm);
-    add(prefix + "attn.c_attn.weight", {C, 3 * C}, true, qkv_columns);
-    add(prefix + "attn.c_attn.bias", {3 * C}, false, qkv_bias);
-    add(prefix + "attn.c_proj.weight", {C, C}, true, rows);
-    add(prefix + "attn.c_proj.bias", {C}, false, replicated);  // added once, after the sum
-    add(prefix + "ln_2.weight", {C}, false, replicated, norm);
-    add(prefix + "ln_2.bias", {C}, false, replicated, norm);
-    add(prefix + "mlp.c_fc.weight", {C, 4 * C}, true, columns);
-    add(prefix + "mlp.c_fc.bias", {4 * C}, false, rows);
-    add(prefix + "mlp.c_proj.weight", {4 * C, C}, true, rows);
-    add(prefix + "mlp.c_proj.bias", {C}, false, replicated);
+    b.add(prefix + "ln_1.weight", {C}, false, kReplicated, norm);
+    b.add(prefix + "ln_1.bias", {C}, false, kReplicated, norm);
+    b.add(prefix + "attn.c_attn.weight", {C, 3 * C}, true, qkv_columns);
+    b.add(prefix + "attn.c_attn.bias", {3 * C}, false, qkv_bias);
+    b.add(prefix + "attn.c_proj.weight", {C, C}, true, kRows);
+    b.add(prefix + "attn.c_proj.bias", {C}, false, kReplicated);  // added once, after the sum
+    b.add(prefix + "ln_2.weight", {C}, false, kReplicated, norm);
+    b.add(prefix + "ln_2.bias", {C}, false, kReplicated, norm);
+    b.add(prefix + "mlp.c_fc.weight", {C, 4 * C}, true, kColumns);
+    b.add(prefix + "mlp.c_fc.bias", {4 * C}, false, kRows);
+    b.add(prefix + "mlp.c_proj.weight", {4 * C, C}, true, kRows);
+    b.add(prefix + "mlp.c_proj.bias", {C}, false, kReplicated);
   }
-  begin_block();
-  add("ln_f.weight", {C}, false, replicated, norm);
-  add("ln_f.bias", {C}, false, replicated, norm);
-  block_numel_.push_back(cursor);
+  b.begin_block();
+  b.add("ln_f.weight", {C}, false, kReplicated, norm);
+  b.add("ln_f.bias", {C}, false, kReplicated, norm);
+}
+
+// One LLaMA-family layer. nn.Linear weights are (out, in). q, k and v are packed into one
+// ((NH + 2 KV) hd, C) matrix (under tp: this rank's heads of each), gate and up into one
+// (2 I, C): one GEMM each. Their biases likewise.
+void add_llama_layer(Builder& b, const ModelConfig& config, int64_t layer) {
+  const int64_t C = config.n_embd, I = config.mlp_width(), hd = config.head_dim();
+  const int64_t q = config.n_head * hd, kv = config.kv_heads() * hd;
+  const Builder::Options norm{.partial_grad = true}, packed{.packed = true};
+  const std::string p = "model.layers." + std::to_string(layer) + ".";
+  b.add(p + "input_layernorm.weight", {C}, false, kReplicated, norm);
+  b.add(p + "self_attn.q_proj.weight", {q, C}, true, kRows);
+  b.add(p + "self_attn.k_proj.weight", {kv, C}, true, kRows, packed);
+  b.add(p + "self_attn.v_proj.weight", {kv, C}, true, kRows, packed);
+  if (config.qkv_bias) {
+    b.add(p + "self_attn.q_proj.bias", {q}, false, kRows);
+    b.add(p + "self_attn.k_proj.bias", {kv}, false, kRows, packed);
+    b.add(p + "self_attn.v_proj.bias", {kv}, false, kRows, packed);
+  }
+  b.add(p + "self_attn.o_proj.weight", {C, q}, true, kColumns);
+  if (config.o_bias) b.add(p + "self_attn.o_proj.bias", {C}, false, kReplicated);
+  b.add(p + "post_attention_layernorm.weight", {C}, false, kReplicated, norm);
+  b.add(p + "mlp.gate_proj.weight", {I, C}, true, kRows);
+  b.add(p + "mlp.up_proj.weight", {I, C}, true, kRows, packed);
+  if (config.mlp_bias) {
+    b.add(p + "mlp.gate_proj.bias", {I}, false, kRows);
+    b.add(p + "mlp.up_proj.bias", {I}, false, kRows, packed);
+  }
+  b.add(p + "mlp.down_proj.weight", {C, I}, true, kColumns);
+  if (config.mlp_bias) b.add(p + "mlp.down_proj.bias", {C}, false, kReplicated);
+}
+
+// Llama / Qwen2 / DeepSeek-LLM with the Hugging Face names ("model.layers.0...", "lm_head").
+void add_llama_tensors(Builder& b, const ModelConfig& config) {
+  const int64_t C = config.n_embd;
+  const Builder::Options vocab{.file_shape = {config.vocab_size, C}};
+  b.begin_block();
+  b.add("model.embed_tokens.weight", {config.padded_vocab(), C}, true, kRows, vocab);
+  for (int64_t layer = 0; layer < config.n_layer; ++layer) {
+    b.begin_block();
+    add_llama_layer(b, config, layer);
+  }
+  b.begin_block();
+  b.add("model.norm.weight", {C}, false, kReplicated, {.partial_grad = true});
+  if (!config.tie_word_embeddings) {
+    b.add("lm_head.weight", {config.padded_vocab(), C}, true, kRows, vocab);
+  }
+}
+
+}  // namespace
+
+ParamLayout::ParamLayout(const ModelConfig& config, int tp)
+    : tp_(tp), tied_embedding_(!config.llama_family() || config.tie_word_embeddings) {
+  const std::string unsupported = tp_unsupported_reason(config, tp);
+  DSTRAIN_USER_CHECK(unsupported.empty()) << unsupported;
+  Builder builder(*this, tp);
+  if (config.llama_family()) {
+    add_llama_tensors(builder, config);
+  } else {
+    add_gpt2_tensors(builder, config);
+  }
 }
 
 int64_t ParamLayout::total_numel() const {

@@ -72,6 +72,9 @@ class ParamLayout {
   explicit ParamLayout(const ModelConfig& config, int tp = 1);
 
   int tp() const { return tp_; }
+  // Whether the LM head is the embedding (GPT-2; tie_word_embeddings) or its own tensor,
+  // lm_head.weight in the final block.
+  bool tied_embedding() const { return tied_embedding_; }
 
   int num_blocks() const { return static_cast<int>(block_numel_.size()); }
   int64_t block_numel(int block) const { return block_numel_.at(block); }
@@ -93,8 +96,11 @@ class ParamLayout {
   // empty buffer: a block whose gradients are not asked for).
   std::vector<Tensor> block_views(int block, Tensor block_flat) const;
 
+  class Builder;
+
  private:
   int tp_ = 1;
+  bool tied_embedding_ = true;
   std::vector<ParamSpec> params_;
   std::vector<int64_t> block_numel_;
   std::vector<std::vector<int>> block_params_;

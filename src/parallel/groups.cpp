@@ -8,7 +8,7 @@ int world_rank_of(const Plan& plan, int stage, int data_index, int tensor_index)
   return (stage * plan.dp + data_index) * plan.tp + tensor_index;
 }
 
-RankGroups make_rank_groups(Communicator& world, const Plan& plan) {
+RankGroups make_rank_groups(Communicator& world, const Plan& plan, bool tied_embedding) {
   DSTRAIN_CHECK(world.size() == plan.world()) << world.size() << " ranks for " << describe(plan);
   RankGroups groups;
   const int rank = world.rank(), tp = plan.tp;
@@ -31,7 +31,7 @@ RankGroups make_rank_groups(Communicator& world, const Plan& plan) {
   if (plan.pp > 1) {
     groups.owned_pipe = world.split(lane, groups.stage);
     const bool end_stage = groups.stage == 0 || groups.stage == plan.pp - 1;
-    groups.owned_tied = world.split(end_stage ? lane : -1, groups.stage);
+    if (tied_embedding) groups.owned_tied = world.split(end_stage ? lane : -1, groups.stage);
     groups.pipe = groups.owned_pipe.get();
     groups.tied = groups.owned_tied.get();
   }

@@ -31,7 +31,9 @@ struct RankGroups {
 };
 
 // REQUIRES: world.size() == plan.world().
-RankGroups make_rank_groups(Communicator& world, const Plan& plan);
+// tied_embedding: the model's LM head is its embedding (ParamLayout::tied_embedding), so a
+// pipeline's first and last stages hold two copies of it, joined by the tied group.
+RankGroups make_rank_groups(Communicator& world, const Plan& plan, bool tied_embedding = true);
 
 // The world rank of (stage, data-parallel index, tp index) under `plan`.
 int world_rank_of(const Plan& plan, int stage, int data_index, int tensor_index);

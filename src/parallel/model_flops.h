@@ -1,4 +1,4 @@
-// Floating-point work of a GPT-2 model per token (PaLM's model-FLOPs convention, Chowdhery et
+// Floating-point work of a model per token (PaLM's model-FLOPs convention, Chowdhery et
 // al. 2022, appendix B: 2 FLOPs per multiply-add, attention counted without the causal
 // halving). Used by the cost model and by the pipeline split's balance.
 #pragma once
@@ -10,14 +10,22 @@
 namespace dstrain {
 
 struct ModelFlops {
-  double layer_forward = 0;  // one layer: 24 C^2 (QKV 6, proj 2, fc 8, fc_proj 8) + 4 T C
-  double head_forward = 0;   // the tied LM head: 2 C Vp
+  // One layer: 2 C (q + 2 kv) for the qkv projection, 2 C q for the output projection, the
+  // MLP's matrices (GPT-2: 2 x 2 C I; SwiGLU: 3 x 2 C I), and 4 T q for the attention scores
+  // and their product with v. GPT-2 (q = kv = C, I = 4 C): 24 C^2 + 4 T C.
+  double layer_forward = 0;
+  double head_forward = 0;  // the LM head: 2 C Vp
 };
 
 inline ModelFlops model_flops(const ModelConfig& config, int64_t seq_len) {
   const double C = static_cast<double>(config.n_embd), T = static_cast<double>(seq_len);
+  const double hd = static_cast<double>(config.head_dim());
+  const double q = static_cast<double>(config.n_head) * hd;
+  const double kv = static_cast<double>(config.kv_heads()) * hd;
+  const double I = static_cast<double>(config.mlp_width());
+  const double mlp_matrices = config.llama_family() ? 3 : 2;
   ModelFlops f;
-  f.layer_forward = 24 * C * C + 4 * T * C;
+  f.layer_forward = 2 * C * (q + 2 * kv) + 2 * C * q + mlp_matrices * 2 * C * I + 4 * T * q;
   f.head_forward = 2 * C * static_cast<double>(config.padded_vocab());
   return f;
 }

@@ -146,7 +146,9 @@ StageRange pipeline_stage(const ModelConfig& config, const Plan& plan, int stage
 
 std::vector<int> pipeline_stage_blocks(const ParamLayout& layout, const StageRange& range) {
   std::vector<int> blocks;
-  if (range.first || range.last) blocks.push_back(ParamLayout::embedding_block());
+  if (range.first || (range.last && layout.tied_embedding())) {
+    blocks.push_back(ParamLayout::embedding_block());
+  }
   for (int64_t l = range.first_layer; l < range.end_layer; ++l) {
     blocks.push_back(ParamLayout::layer_block(static_cast<int>(l)));
   }

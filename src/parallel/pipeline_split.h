@@ -38,7 +38,8 @@ StageRange pipeline_stage(const ModelConfig& config, const Plan& plan, int stage
 StageRange stage_of_split(const std::vector<int64_t>& split, int stage);
 
 // The parameter blocks a stage holds, in order: the embedding block on the first stage (and a
-// copy on the last, for the tied LM head), its layers' blocks, ln_f on the last stage.
+// copy on the last, for a tied LM head), its layers' blocks, the final block (the final norm,
+// and an untied LM head) on the last stage.
 std::vector<int> pipeline_stage_blocks(const ParamLayout& layout, const StageRange& range);
 
 }  // namespace dstrain

@@ -16,24 +16,23 @@ std::string step_dir_name(int64_t step) {
 }
 
 CheckpointWriter::CheckpointWriter(const std::string& out_dir, int64_t step,
-                                   const ModelConfig& config)
+                                   const ModelConfig& config, uint64_t max_shard_bytes)
     : out_dir_(out_dir),
       step_(step),
       config_(config),
       layout_(config),
-      weights_(tensor_file_layout(layout_, {""}, {{"format", "pt"}})),
-      optimizer_(tensor_file_layout(layout_, {".exp_avg", ".exp_avg_sq"})) {
+      weights_(tensor_file_layout(layout_, "model", {""}, {{"format", "pt"}}, max_shard_bytes)),
+      optimizer_(tensor_file_layout(layout_, "optimizer", {".exp_avg", ".exp_avg_sq"})) {
   staging_ = std::make_unique<StagingDir>(fs::path(out_dir) / step_dir_name(step));
-  create_tensor_file((staging_->path() / "model.safetensors").string(), weights_);
-  create_tensor_file((staging_->path() / "optimizer.safetensors").string(), optimizer_);
+  create_tensor_files(staging_->path().string(), layout_, weights_);
+  create_tensor_files(staging_->path().string(), layout_, optimizer_);
 }
 
 CheckpointWriter::~CheckpointWriter() = default;
 
 void CheckpointWriter::write_part(const Part& part) const {
-  TensorFilePart weights((staging_->path() / "model.safetensors").string(), layout_, weights_);
-  TensorFilePart optimizer((staging_->path() / "optimizer.safetensors").string(), layout_,
-                           optimizer_);
+  TensorFilePart weights(staging_->path().string(), layout_, weights_);
+  TensorFilePart optimizer(staging_->path().string(), layout_, optimizer_);
   const TpSlices source{part.layout, part.tp_rank, part.replicated};
   for (int block = 0; block < layout_.num_blocks(); ++block) {
     if (part.params[block].empty()) continue;  // another pipeline stage's block
@@ -70,8 +69,10 @@ CheckpointInfo open_checkpoint(const std::string& path) {
         << "', which does not exist";
     dir /= name;
   }
-  for (const char* file : {"model.safetensors", "optimizer.safetensors", "config.json",
-                           "trainer.json"}) {
+  const char* weights = fs::exists(dir / "model.safetensors.index.json")
+                            ? "model.safetensors.index.json"
+                            : "model.safetensors";
+  for (const char* file : {weights, "optimizer.safetensors", "config.json", "trainer.json"}) {
     DSTRAIN_USER_CHECK(fs::is_regular_file(dir / file))
         << "checkpoint " << dir.string() << " is incomplete: " << file
         << " is missing (a half-written checkpoint? resume from an earlier step-NNNNNN)";
@@ -96,7 +97,7 @@ CheckpointInfo open_checkpoint(const std::string& path) {
 
 void load_checkpoint(const CheckpointInfo& info, const FullTrainingState& state) {
   const ParamLayout layout(info.config);
-  load_weights(layout, state.params, (fs::path(info.dir) / "model.safetensors").string());
+  load_weights(layout, state.params, info.dir);  // model.safetensors, or its shards
   load_optimizer(layout, state.exp_avg, state.exp_avg_sq,
                  (fs::path(info.dir) / "optimizer.safetensors").string());
 }

@@ -1,5 +1,6 @@
-// Checkpoints: OUT/step-NNNNNN/ holds model.safetensors (fp32, Hugging Face GPT-2 names and
-// layouts), config.json, optimizer.safetensors (Adam moments, "<name>.exp_avg" and
+// Checkpoints: OUT/step-NNNNNN/ is a Hugging Face model directory: model.safetensors (fp32,
+// Hugging Face names and layouts; above --save-shard-size, shards with
+// model.safetensors.index.json), config.json, optimizer.safetensors (Adam moments, "<name>.exp_avg" and
 // "<name>.exp_avg_sq") and trainer.json (step, seed, data position, hyper-parameters).
 // Each directory appears whole or not at all (filled under a temp name, fsynced, renamed);
 // OUT/latest names the newest one and is replaced atomically after it.
@@ -30,8 +31,11 @@ struct FullTrainingState {
 // barriers between. The directory appears (renamed from its temp name) only in finish().
 class CheckpointWriter {
  public:
-  // Creates the staging directory and the two tensor files at their full size.
-  CheckpointWriter(const std::string& out_dir, int64_t step, const ModelConfig& config);
+  // Creates the staging directory and the tensor files at their full size: the weights in
+  // one model.safetensors, or in shards of at most max_shard_bytes of data (0: no limit) with
+  // model.safetensors.index.json, as transformers writes them.
+  CheckpointWriter(const std::string& out_dir, int64_t step, const ModelConfig& config,
+                   uint64_t max_shard_bytes = 0);
   ~CheckpointWriter();
   const ParamLayout& layout() const { return layout_; }  // the whole model's (tp = 1)
   // One rank's part: for each block, F32 master weights and Adam moments of the flat range

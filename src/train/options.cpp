@@ -6,8 +6,18 @@
 #include "core/check.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_split.h"
+#include "topology/units.h"
 
 namespace dstrain {
+
+uint64_t save_shard_bytes(const TrainOptions& options) {
+  try {
+    return parse_size(options.save_shard_size);
+  } catch (const UserError& error) {
+    DSTRAIN_USER_ERROR() << "--save-shard-size: " << error.what();
+  }
+  return 0;
+}
 
 void validate_options(const TrainOptions& options) {
   DSTRAIN_USER_CHECK(options.batch >= 1) << "--batch must be at least 1";
@@ -24,6 +34,7 @@ void validate_options(const TrainOptions& options) {
   DSTRAIN_USER_CHECK(options.eval_every >= 0) << "--eval-every must not be negative (0 disables)";
   DSTRAIN_USER_CHECK(options.eval_batches >= 1) << "--eval-batches must be at least 1";
   DSTRAIN_USER_CHECK(options.save_every >= 0) << "--save-every must not be negative";
+  (void)save_shard_bytes(options);  // a UserError naming the flag
   DSTRAIN_USER_CHECK(options.save_every == 0 || !options.out.empty())
       << "--save-every needs --out (the directory checkpoints go to)";
   DSTRAIN_USER_CHECK(options.resume.empty() || options.init_from.empty())

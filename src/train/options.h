@@ -56,8 +56,12 @@ struct TrainOptions {
   int64_t eval_batches = 16;
   std::string out;                 // checkpoint directory
   int64_t save_every = 0;          // 0: only the final checkpoint
+  // Checkpoint weights above this go into shards with model.safetensors.index.json ("0": one
+  // file); parse_size's units (topology/units.h).
+  std::string save_shard_size = "5GB";
   std::string resume;
   std::string init_from;
+  std::string tokenizer;           // a tokenizer.json: the final sample is decoded with it
   int64_t sample_tokens = 64;      // printed at the end; 0 disables
   bool quiet = false;              // no progress lines (the log and the summary remain)
   int64_t print_every = 0;         // progress lines kept every N steps; 0: ~25 per run
@@ -84,6 +88,8 @@ struct TrainOptions {
 
 // Throws UserError naming the flag when a setting is out of range.
 void validate_options(const TrainOptions& options);
+// --save-shard-size in bytes (0: no limit). UserError naming the flag on a bad size.
+uint64_t save_shard_bytes(const TrainOptions& options);
 
 // The settings a checkpoint remembers (under their flag names), and taking them back: on
 // --resume every one not given again. Another rank count or pipeline depth may be given if the

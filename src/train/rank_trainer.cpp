@@ -97,7 +97,7 @@ RankTrainer::RankTrainer(const RunContext& ctx, Communicator& world)
       threads_(cpu_threads_per_rank(ctx.options, world.size())),
       devices_(make_rank_devices(ctx.devices, world, threads_)),
       full_layout_(ctx.config),
-      groups_(make_rank_groups(*devices_.comm, ctx.plan)),
+      groups_(make_rank_groups(*devices_.comm, ctx.plan, full_layout_.tied_embedding())),
       arch_(make_architecture(ctx.config,
                               TensorParallel{ctx.plan.tp, groups_.tensor_index,
                                              ctx.plan.uses_sequence_parallel(), groups_.tensor,
@@ -110,7 +110,7 @@ RankTrainer::RankTrainer(const RunContext& ctx, Communicator& world)
   range_ = stage_of_split(split_, groups_.stage);
   ShardingConfig sharding{plan_.zero, plan_.offload, plan_.param_dtype, threads_,
                           pipeline_stage_blocks(arch_->layout(), range_),
-                          plan_.pp > 1 && last_stage(), plan_.tp,
+                          plan_.pp > 1 && last_stage() && full_layout_.tied_embedding(), plan_.tp,
                           plan_.uses_sequence_parallel()};
   // The model and the optimizer run on the rank's compute stream; ShardedModel's collectives
   // and offload copies, and the pipeline's transfers, on streams of their own.
@@ -375,7 +375,10 @@ void RankTrainer::save_checkpoint(int64_t step) {
   // Each rank writes its own part of the same files, in parallel: its shard of the blocks its
   // stage holds (the last stage's copy of the tied embedding is the first stage's, not written).
   const bool leader = rank_ == 0;
-  if (leader) *ctx_.checkpoint = std::make_unique<CheckpointWriter>(options_.out, step + 1, config_);
+  if (leader) {
+    *ctx_.checkpoint = std::make_unique<CheckpointWriter>(options_.out, step + 1, config_,
+                                                          save_shard_bytes(options_));
+  }
   world_.barrier();
   // Under tp each rank writes its slices where they lie in the full tensors; the replicated
   // tensors (the same on every tp rank) come from tp index 0.
@@ -559,7 +562,9 @@ void RankTrainer::sample(const HostBlocks& gathered, std::ostream& text) const {
                                                     options_.sample_tokens, T_, options_.seed);
   text << "\n  sample (" << prompt.size() << " prompt tokens, then " << options_.sample_tokens
        << " sampled):\n    ";
-  if (!data.synthetic && config_.vocab_size <= 256) {
+  if (ctx_.tokenizer) {
+    text << ctx_.tokenizer->decode(tokens);
+  } else if (!data.synthetic && config_.vocab_size <= 256) {
     text << ByteTokenizer().decode(tokens);
   } else {
     for (size_t i = 0; i < tokens.size(); ++i) {

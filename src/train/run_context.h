@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data/bpe_tokenizer.h"
 #include "model/config.h"
 #include "optim/schedule.h"
 #include "parallel/plan.h"
@@ -38,6 +39,7 @@ struct RunContext {
   nlohmann::json data_state;    // loader position on resume, else null
   nlohmann::json fingerprint;
   std::optional<CheckpointInfo> resume;
+  std::shared_ptr<const BpeTokenizer> tokenizer;  // --tokenizer: decodes the final sample
   JsonlLog* log = nullptr;
   ProgressPrinter* progress = nullptr;
   TrainSummary* summary = nullptr;

@@ -107,7 +107,7 @@ void load_initial_state(RunContext& ctx, const ParamLayout& layout, FullTraining
   } else if (!options.init_from.empty()) {
     load_weights(layout, initial.params, options.init_from);
   } else {
-    init_gpt2_parameters(layout, ctx.config, options.seed, initial.params.tensors());
+    init_model_parameters(layout, ctx.config, options.seed, initial.params.tensors());
   }
   ctx.initial = &initial;
 }
@@ -130,6 +130,10 @@ TrainSummary train(const TrainOptions& given, std::ostream& out) {
     }
   }
   validate_options(options);
+  if (!options.tokenizer.empty()) {
+    ctx.tokenizer =
+        std::make_shared<const BpeTokenizer>(BpeTokenizer::from_file(options.tokenizer));
+  }
   if (ctx.resume) {
     take_resumed_run(ctx);
   } else {

@@ -6,9 +6,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 
+#include "core/fs.h"
 #include "core/safetensors.h"
+#include "train/weight_files.h"
 
 namespace dstrain {
 
@@ -35,16 +40,16 @@ void for_each_param_pair(const ParamLayout& full, const ParamLayout& local, int 
 
 }  // namespace
 
-void extract_block_slice(const ParamLayout& full, const ParamLayout& local, int tp_rank,
-                         int block, const HostBlocks& from, const HostBlocks& to) {
+void extract_block_slice(const ParamLayout& full, const ParamLayout& local, int tp_rank, int block,
+                         const HostBlocks& from, const HostBlocks& to) {
   for_each_param_pair(full, local, block, [&](const ParamSpec& whole, const ParamSpec& slice) {
     extract_tp_slice(slice, tp_rank, ParamLayout::view(whole, from.block(block)).f32(),
                      ParamLayout::view(slice, to.block(block)).f32());
   });
 }
 
-void insert_block_slice(const ParamLayout& full, const ParamLayout& local, int tp_rank,
-                        int block, const HostBlocks& from, const HostBlocks& to) {
+void insert_block_slice(const ParamLayout& full, const ParamLayout& local, int tp_rank, int block,
+                        const HostBlocks& from, const HostBlocks& to) {
   for_each_param_pair(full, local, block, [&](const ParamSpec& whole, const ParamSpec& slice) {
     insert_tp_slice(slice, tp_rank, ParamLayout::view(slice, from.block(block)).f32(),
                     ParamLayout::view(whole, to.block(block)).f32());
@@ -76,33 +81,44 @@ void add_tensors(SafetensorsWriter& writer, const ParamLayout& layout, const Hos
   }
 }
 
-// The name a Hugging Face file uses for `name`, or "" when it has none of the accepted forms.
-std::string find_in_file(const SafetensorsFile& file, const std::string& name) {
-  if (file.contains(name)) return name;
-  if (file.contains("transformer." + name)) return "transformer." + name;
+// The name Hugging Face files use for `name`, or "" when they have none of the accepted forms:
+// as is, GPT-2's with "transformer.", the LLaMA family's without "model." (a base model's).
+std::string find_in_files(const WeightFiles& files, const std::string& name) {
+  if (files.contains(name)) return name;
+  if (files.contains("transformer." + name)) return "transformer." + name;
+  if (name.starts_with("model.") && files.contains(name.substr(6))) return name.substr(6);
   return "";
 }
 
-void read_tensors(const SafetensorsFile& file, const ParamLayout& layout, const HostBlocks& blocks,
+// The layout's name of a file's tensor (the inverse of find_in_files).
+std::string layout_name(const ParamLayout& layout, const std::string& name) {
+  if (name.starts_with("transformer.")) return name.substr(12);
+  if (!layout.contains(name) && layout.contains("model." + name)) return "model." + name;
+  return name;
+}
+
+void read_tensors(const WeightFiles& files, const ParamLayout& layout, const HostBlocks& blocks,
                   const std::string& suffix) {
   for (const ParamSpec& spec : layout.params()) {
-    const std::string name = find_in_file(file, spec.name + suffix);
-    DSTRAIN_USER_CHECK(!name.empty()) << file.path().string() << " has no tensor "
-                                      << spec.name + suffix;
+    const std::string name = find_in_files(files, spec.name + suffix);
+    DSTRAIN_USER_CHECK(!name.empty()) << files.origin() << " has no tensor " << spec.name + suffix;
+    const SafetensorsFile& file = files.file_of(name);
     const SafetensorsTensorInfo& info = file.info(name);
     DSTRAIN_USER_CHECK(info.shape == spec.file_shape)
         << file.path().string() << ": tensor " << name << " has shape " << info.shape_str()
         << " but the model needs "
         << SafetensorsTensorInfo{name, DType::F32, spec.file_shape}.shape_str()
         << "; check --model against the checkpoint's config.json";
-    file.read_f32(name, ParamLayout::view(spec, blocks.block(spec.block)).f32(),
-                  spec.file_numel());
+    file.read_f32(name, ParamLayout::view(spec, blocks.block(spec.block)).f32(), spec.file_numel());
   }
 }
 
-bool is_ignored_buffer(const std::string& name) {
+// Buffers and copies a checkpoint may hold that are not parameters: GPT-2's attention masks,
+// old Llama checkpoints' rotary frequencies, and a tied model's lm_head (the embedding).
+bool is_ignored_buffer(const ParamLayout& layout, const std::string& name) {
   return name.ends_with("attn.bias") || name.ends_with("attn.masked_bias") ||
-         name == "lm_head.weight";
+         name.ends_with("rotary_emb.inv_freq") ||
+         (name == "lm_head.weight" && layout.tied_embedding());
 }
 
 }  // namespace
@@ -115,14 +131,15 @@ void save_weights(const ParamLayout& layout, const HostBlocks& params, const std
 }
 
 void load_weights(const ParamLayout& layout, const HostBlocks& params, const std::string& path) {
-  const SafetensorsFile file = SafetensorsFile::open(path);
-  read_tensors(file, layout, params, "");
+  const WeightFiles files = WeightFiles::open(path);
+  read_tensors(files, layout, params, "");
   // A tensor the model does not have means another architecture: say so rather than
   // silently dropping weights.
-  for (const std::string& name : file.names()) {
-    const std::string bare = name.starts_with("transformer.") ? name.substr(12) : name;
-    DSTRAIN_USER_CHECK(layout.contains(bare) || is_ignored_buffer(bare))
-        << path << " holds tensor " << name << ", which a GPT-2 with this config does not have";
+  for (const std::string& name : files.names()) {
+    const std::string own = layout_name(layout, name);
+    DSTRAIN_USER_CHECK(layout.contains(own) || is_ignored_buffer(layout, own))
+        << files.origin() << " holds tensor " << name
+        << ", which a model of this config does not have";
   }
 }
 
@@ -136,34 +153,81 @@ void save_optimizer(const ParamLayout& layout, const HostBlocks& exp_avg,
 
 void load_optimizer(const ParamLayout& layout, const HostBlocks& exp_avg,
                     const HostBlocks& exp_avg_sq, const std::string& path) {
-  const SafetensorsFile file = SafetensorsFile::open(path);
-  read_tensors(file, layout, exp_avg, ".exp_avg");
-  read_tensors(file, layout, exp_avg_sq, ".exp_avg_sq");
+  const WeightFiles files = WeightFiles::open(path);
+  read_tensors(files, layout, exp_avg, ".exp_avg");
+  read_tensors(files, layout, exp_avg_sq, ".exp_avg_sq");
 }
 
-TensorFileLayout tensor_file_layout(const ParamLayout& layout,
-                                    const std::vector<std::string>& suffixes,
-                                    const std::map<std::string, std::string>& metadata) {
-  SafetensorsWriter writer;  // describes the file; the ranks write the data
-  TensorFileLayout file;
-  file.suffixes = suffixes;
-  for (const std::string& suffix : suffixes) {
+namespace {
+
+// The shard of each tensor (in the order names() lists them: suffix-major, then layout order):
+// a new shard whenever the next tensor would take the current one past max_shard_bytes.
+std::vector<int> assign_shards(const ParamLayout& layout, size_t suffixes,
+                               uint64_t max_shard_bytes) {
+  std::vector<int> shard;
+  uint64_t used = 0;
+  int current = 0;
+  for (size_t s = 0; s < suffixes; ++s) {
     for (const ParamSpec& spec : layout.params()) {
-      writer.describe(spec.name + suffix, DType::F32, spec.file_shape);
+      const uint64_t bytes = static_cast<uint64_t>(spec.file_numel()) * sizeof(float);
+      if (max_shard_bytes > 0 && used > 0 && used + bytes > max_shard_bytes) {
+        ++current;
+        used = 0;
+      }
+      used += bytes;
+      shard.push_back(current);
     }
   }
-  for (const auto& [key, value] : metadata) writer.set_metadata(key, value);
-  file.header = writer.header_bytes();
-  file.file_size = writer.file_size();
-  const std::vector<SafetensorsTensorInfo> infos = writer.infos();
+  return shard;
+}
+
+std::string shard_name(const std::string& stem, int shard, int shards) {
+  if (shards == 1) return stem + ".safetensors";
+  char name[64];
+  std::snprintf(name, sizeof name, "-%05d-of-%05d.safetensors", shard + 1, shards);
+  return stem + name;
+}
+
+}  // namespace
+
+TensorFileLayout tensor_file_layout(const ParamLayout& layout, const std::string& stem,
+                                    const std::vector<std::string>& suffixes,
+                                    const std::map<std::string, std::string>& metadata,
+                                    uint64_t max_shard_bytes) {
+  const std::vector<int> shard = assign_shards(layout, suffixes.size(), max_shard_bytes);
+  const int shards = shard.empty() ? 1 : shard.back() + 1;
+  std::vector<SafetensorsWriter> writers(static_cast<size_t>(shards));  // describe the files
   const size_t count = layout.params().size();
   for (size_t s = 0; s < suffixes.size(); ++s) {
-    file.file_offset.emplace_back();
     for (size_t p = 0; p < count; ++p) {
-      file.file_offset.back().push_back(file.header.size() + infos[s * count + p].offset);
+      const ParamSpec& spec = layout.params()[p];
+      writers[shard[s * count + p]].describe(spec.name + suffixes[s], DType::F32,
+                                             spec.file_shape);
     }
   }
-  return file;
+  TensorFileLayout files;
+  files.suffixes = suffixes;
+  std::vector<std::map<std::string, uint64_t>> offsets;
+  for (int f = 0; f < shards; ++f) {
+    SafetensorsWriter& writer = writers[static_cast<size_t>(f)];
+    for (const auto& [key, value] : metadata) writer.set_metadata(key, value);
+    files.files.push_back({shard_name(stem, f, shards), writer.header_bytes(), writer.file_size()});
+    offsets.emplace_back();
+    for (const SafetensorsTensorInfo& info : writer.infos()) {
+      offsets.back()[info.name] = files.files.back().header.size() + info.offset;
+    }
+  }
+  for (size_t s = 0; s < suffixes.size(); ++s) {
+    files.file_index.emplace_back();
+    files.file_offset.emplace_back();
+    for (size_t p = 0; p < count; ++p) {
+      const int f = shard[s * count + p];
+      files.file_index.back().push_back(f);
+      files.file_offset.back().push_back(
+          offsets[static_cast<size_t>(f)].at(layout.params()[p].name + suffixes[s]));
+    }
+  }
+  return files;
 }
 
 namespace {
@@ -173,28 +237,66 @@ namespace {
 }
 }  // namespace
 
-void create_tensor_file(const std::string& path, const TensorFileLayout& file) {
+namespace {
+
+void create_tensor_file(const std::string& path, const TensorFileLayout::File& file) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) io_error("creating", path);
   const bool ok = ::pwrite(fd, file.header.data(), file.header.size(), 0) ==
                       static_cast<ssize_t>(file.header.size()) &&
-                  ::ftruncate(fd, static_cast<off_t>(file.file_size)) == 0;
+                  ::ftruncate(fd, static_cast<off_t>(file.size)) == 0;
   const int saved = errno;
   ::close(fd);
   errno = saved;
   if (!ok) io_error("writing", path);
 }
 
-TensorFilePart::TensorFilePart(const std::string& path, const ParamLayout& layout,
-                               const TensorFileLayout& file)
-    : path_(path), layout_(layout), file_(file) {
+// Hugging Face's index of a sharded checkpoint: {"metadata": {"total_size"}, "weight_map"}.
+std::string shard_index(const ParamLayout& layout, const TensorFileLayout& files) {
+  nlohmann::json index;
+  uint64_t total = 0;
+  for (size_t s = 0; s < files.suffixes.size(); ++s) {
+    for (size_t p = 0; p < layout.params().size(); ++p) {
+      const ParamSpec& spec = layout.params()[p];
+      index["weight_map"][spec.name + files.suffixes[s]] =
+          files.files[static_cast<size_t>(files.file_index[s][p])].name;
+      total += static_cast<uint64_t>(spec.file_numel()) * sizeof(float);
+    }
+  }
+  index["metadata"]["total_size"] = total;
+  return index.dump(2) + "\n";
+}
+
+}  // namespace
+
+void create_tensor_files(const std::string& dir, const ParamLayout& layout,
+                         const TensorFileLayout& files) {
+  for (const TensorFileLayout::File& file : files.files) {
+    create_tensor_file((std::filesystem::path(dir) / file.name).string(), file);
+  }
+  if (files.files.size() > 1) {
+    const std::string name = files.files[0].name;
+    const std::string stem = name.substr(0, name.find('-'));
+    write_file_atomic(std::filesystem::path(dir) / (stem + ".safetensors.index.json"),
+                      shard_index(layout, files));
+  }
+}
+
+TensorFilePart::TensorFilePart(const std::string& dir, const ParamLayout& layout,
+                               const TensorFileLayout& files)
+    : dir_(dir), layout_(layout), files_(files) {
   DSTRAIN_CHECK(layout.tp() == 1) << "a file's layout is the whole model's";
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd_ < 0) io_error("opening", path);
+  for (const TensorFileLayout::File& file : files.files) {
+    const std::string path = (std::filesystem::path(dir) / file.name).string();
+    fds_.push_back(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
+    if (fds_.back() < 0) io_error("opening", path);
+  }
 }
 
 TensorFilePart::~TensorFilePart() {
-  if (fd_ >= 0) ::close(fd_);
+  for (int fd : fds_) {
+    if (fd >= 0) ::close(fd);
+  }
 }
 
 void TensorFilePart::write(int suffix, int block, int64_t begin, Tensor values,
@@ -211,38 +313,42 @@ void TensorFilePart::write(int suffix, int block, int64_t begin, Tensor values,
     const int64_t first = std::max(begin, spec.offset);
     const int64_t last = std::min(end, spec.offset + spec.numel());
     if (first >= last) continue;
-    const uint64_t tensor_at = file_.file_offset[suffix][index];
+    const int file = files_.file_index[suffix][index];
+    const uint64_t tensor_at = files_.file_offset[suffix][index];
     for_each_tp_run(spec, source.tp_rank, first - spec.offset, last - spec.offset,
                     [&](int64_t local_index, int64_t full_index, int64_t count) {
-      // Only the rows files hold: wte's padded vocabulary rows end the whole tensor.
-      count = std::min(count, spec.file_numel() - full_index);
-      if (count <= 0) return;
-      write_bytes(data + (spec.offset + local_index - begin), count,
-                  tensor_at + static_cast<uint64_t>(full_index) * sizeof(float));
-    });
+                      // Only the rows files hold: wte's padded vocabulary rows end the whole
+                      // tensor.
+                      count = std::min(count, spec.file_numel() - full_index);
+                      if (count <= 0) return;
+                      write_bytes(file, data + (spec.offset + local_index - begin), count,
+                                  tensor_at + static_cast<uint64_t>(full_index) * sizeof(float));
+                    });
   }
 }
 
-void TensorFilePart::write_bytes(const float* data, int64_t count, uint64_t at) {
+void TensorFilePart::write_bytes(int file, const float* data, int64_t count, uint64_t at) {
   const char* source = reinterpret_cast<const char*>(data);
   const size_t bytes = static_cast<size_t>(count) * sizeof(float);
   size_t written = 0;
   while (written < bytes) {
-    const ssize_t n =
-        ::pwrite(fd_, source + written, bytes - written, static_cast<off_t>(at + written));
-    if (n <= 0) io_error("writing", path_);
+    const ssize_t n = ::pwrite(fds_[static_cast<size_t>(file)], source + written,
+                               bytes - written, static_cast<off_t>(at + written));
+    if (n <= 0) io_error("writing", files_.files[static_cast<size_t>(file)].name + " in " + dir_);
     written += static_cast<size_t>(n);
   }
 }
 
 void TensorFilePart::close() {
-  if (fd_ < 0) return;
-  const bool ok = ::fsync(fd_) == 0;
-  const int saved = errno;
-  ::close(fd_);
-  fd_ = -1;
-  errno = saved;
-  if (!ok) io_error("syncing", path_);
+  for (size_t f = 0; f < fds_.size(); ++f) {
+    if (fds_[f] < 0) continue;
+    const bool ok = ::fsync(fds_[f]) == 0;
+    const int saved = errno;
+    ::close(fds_[f]);
+    fds_[f] = -1;
+    errno = saved;
+    if (!ok) io_error("syncing", files_.files[f].name + " in " + dir_);
+  }
 }
 
 }  // namespace dstrain

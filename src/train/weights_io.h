@@ -1,6 +1,6 @@
 // Model weights and optimizer state as files. In memory: one full (unsharded) F32 host
-// buffer per block, laid out by ParamLayout. On disk: safetensors with Hugging Face GPT-2
-// names and file shapes (wte.weight holds the real vocabulary rows only).
+// buffer per block, laid out by ParamLayout. On disk: safetensors with Hugging Face names and
+// file shapes (the embedding holds the real vocabulary rows only).
 #pragma once
 
 #include <cstdint>
@@ -42,9 +42,11 @@ void insert_block_slice(const ParamLayout& full, const ParamLayout& local, int t
 
 // model.safetensors (F32), written atomically.
 void save_weights(const ParamLayout& layout, const HostBlocks& params, const std::string& path);
-// Loads a Hugging Face GPT-2 model.safetensors: names with or without the "transformer."
-// prefix; attn.bias / attn.masked_bias buffers and lm_head.weight (tied) are ignored;
-// F32/F16/BF16 accepted. Throws UserError on a missing or unknown tensor or a shape mismatch.
+// Loads Hugging Face weights (train/weight_files.h: a model.safetensors, a sharded model's
+// index, or a model directory): GPT-2's names with or without "transformer.", the LLaMA
+// family's with or without "model."; attention-mask buffers, rotary inv_freq buffers and a
+// tied model's lm_head.weight are ignored; F32/F16/BF16 on disk, converted. Throws UserError
+// naming the tensor on a missing or unknown tensor or a shape mismatch.
 void load_weights(const ParamLayout& layout, const HostBlocks& params, const std::string& path);
 // optimizer.safetensors: "<name>.exp_avg" and "<name>.exp_avg_sq".
 void save_optimizer(const ParamLayout& layout, const HostBlocks& exp_avg,
@@ -52,21 +54,34 @@ void save_optimizer(const ParamLayout& layout, const HostBlocks& exp_avg,
 void load_optimizer(const ParamLayout& layout, const HostBlocks& exp_avg,
                     const HostBlocks& exp_avg_sq, const std::string& path);
 
-// Where each tensor of a checkpoint file lies, computed from the layout alone, so every rank
-// can write its own part of the data in place, in parallel (pwrite), into one file.
+// Where each tensor of a checkpoint's files lies, computed from the layout alone, so every rank
+// can write its own part of the data in place, in parallel (pwrite). One file, or the shards of
+// a Hugging Face sharded checkpoint (model-00001-of-00003.safetensors, ... with
+// model.safetensors.index.json naming each tensor's file).
 struct TensorFileLayout {
-  std::string header;                  // the bytes in front of the data buffer
-  uint64_t file_size = 0;
-  std::vector<std::string> suffixes;   // "" (weights) or ".exp_avg", ".exp_avg_sq"
-  // file_offset[s][p]: where tensor layout.params()[p] with suffix s starts in the file.
+  struct File {
+    std::string name;    // "model.safetensors", "model-00001-of-00002.safetensors"
+    std::string header;  // the bytes in front of the data buffer
+    uint64_t size = 0;
+  };
+  std::vector<File> files;
+  std::vector<std::string> suffixes;  // "" (weights) or ".exp_avg", ".exp_avg_sq"
+  // [s][p]: the file of tensor layout.params()[p] with suffix s, and where it starts in it.
+  std::vector<std::vector<int>> file_index;
   std::vector<std::vector<uint64_t>> file_offset;
 };
-// model.safetensors: suffixes {""}; optimizer.safetensors: {".exp_avg", ".exp_avg_sq"}.
-TensorFileLayout tensor_file_layout(const ParamLayout& layout,
+// model.safetensors: `stem` "model", suffixes {""}; optimizer.safetensors: "optimizer",
+// {".exp_avg", ".exp_avg_sq"}. Tensors go to shards in layout order, a new shard whenever the
+// next tensor would take the current one's data past max_shard_bytes (0: one file), as
+// transformers' save_pretrained(max_shard_size) does.
+TensorFileLayout tensor_file_layout(const ParamLayout& layout, const std::string& stem,
                                     const std::vector<std::string>& suffixes,
-                                    const std::map<std::string, std::string>& metadata = {});
-// Creates `path` holding the header and file_size bytes (the data zero), fsynced.
-void create_tensor_file(const std::string& path, const TensorFileLayout& file);
+                                    const std::map<std::string, std::string>& metadata = {},
+                                    uint64_t max_shard_bytes = 0);
+// Creates every file of `layout` in `dir` holding its header and size bytes (the data zero),
+// fsynced; and with several shards, `stem`.safetensors.index.json.
+void create_tensor_files(const std::string& dir, const ParamLayout& layout,
+                         const TensorFileLayout& files);
 
 // Whose values a rank hands to TensorFilePart::write: tp rank `tp_rank`'s slices, laid out by
 // `layout` (ParamLayout(config, tp); null: the file's own layout, tp = 1). Replicated tensors
@@ -78,11 +93,11 @@ struct TpSlices {
   bool replicated = true;  // write the replicated tensors too
 };
 
-// An open checkpoint file a rank writes its part of. Throws UserError on I/O errors.
+// The open files of a checkpoint a rank writes its part of. Throws UserError on I/O errors.
 class TensorFilePart {
  public:
-  // `layout`: the whole model's (tp = 1), the one `file` was made from.
-  TensorFilePart(const std::string& path, const ParamLayout& layout, const TensorFileLayout& file);
+  // `layout`: the whole model's (tp = 1), the one `files` was made from; the files in `dir`.
+  TensorFilePart(const std::string& dir, const ParamLayout& layout, const TensorFileLayout& files);
   ~TensorFilePart();
   TensorFilePart(const TensorFilePart&) = delete;
   TensorFilePart& operator=(const TensorFilePart&) = delete;
@@ -94,12 +109,12 @@ class TensorFilePart {
   void close();  // fsync and close
 
  private:
-  void write_bytes(const float* data, int64_t count, uint64_t at);
+  void write_bytes(int file, const float* data, int64_t count, uint64_t at);
 
-  std::string path_;
+  std::string dir_;
   const ParamLayout& layout_;
-  const TensorFileLayout& file_;
-  int fd_ = -1;
+  const TensorFileLayout& files_;
+  std::vector<int> fds_;  // one per file, -1 once closed
 };
 
 }  // namespace dstrain

@@ -1,6 +1,7 @@
 // The dstrain binary as a user meets it: bad input gets one clear sentence on stderr and a
 // non-zero exit, never a crash or a stack trace; --help and prepare work.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "tests/common/temp_dir.h"
 #include "train/devices.h"
@@ -199,6 +200,32 @@ TEST_F(CliTest, PrepareThenTrainOnText) {
   write("tiny.txt", "too small");
   expect_user_error("prepare --input tiny.txt --out shards3", "tiny.txt");
   EXPECT_FALSE(fs::exists(file("shards3/train_000000.bin")));
+}
+
+// prepare --tokenizer: the shards hold the `tokenizers` library's ids of the fixture corpus
+// (tests/reference/make_tokenizer_fixtures.py), then the end-of-text id.
+TEST_F(CliTest, PrepareWithTokenizerJsonWritesTheLibrarysIds) {
+  const std::string fixtures = std::string(DSTRAIN_SOURCE_DIR) + "/tests/reference/tokenizers/";
+  Result prepared = run_dstrain("prepare --input '" + fixtures + "corpus.txt' --out shards "
+                                "--tokenizer '" + fixtures + "llama3_kind.json' --eot --val-fraction 0",
+                                dir_);
+  ASSERT_EQ(prepared.exit_code, 0) << prepared.err;
+  EXPECT_NE(prepared.out.find("uint16 tokens, vocabulary"), std::string::npos) << prepared.out;
+  EXPECT_EQ(prepared.out.find("--val-data"), std::string::npos) << "no validation shards";
+  EXPECT_FALSE(fs::exists(file("shards/val_000000.bin")));
+  std::ifstream expected_file(fixtures + "prepare_ids.json");
+  const nlohmann::json expected = nlohmann::json::parse(expected_file)["llama3_kind"];
+  std::vector<uint16_t> ids = expected["ids"].get<std::vector<uint16_t>>();
+  ids.push_back(expected["eot_id"].get<uint16_t>());
+  std::ifstream shard(file("shards/train_000000.bin"), std::ios::binary);
+  const std::string bytes(std::istreambuf_iterator<char>(shard), {});
+  EXPECT_EQ(bytes, llmc_shard(ids));
+
+  write("not_json.json", "vocab: none");
+  expect_user_error("prepare --input '" + fixtures + "corpus.txt' --out shards2 --tokenizer not_json.json",
+                    "not valid JSON");
+  EXPECT_FALSE(fs::exists(file("shards2")));
+  expect_user_error("prepare --input '" + fixtures + "corpus.txt' --out shards2 --eot", "--tokenizer");
 }
 
 TEST_F(CliTest, SyntheticRunLogsEntropyFloor) {

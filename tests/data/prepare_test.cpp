@@ -5,6 +5,10 @@
 #include <filesystem>
 
 #include "data/loader.h"
+#include "core/fs.h"
+#include "data/bpe_tokenizer.h"
+#include <cmath>
+#include <nlohmann/json.hpp>
 #include "core/rng.h"
 #include "data/token_file.h"
 #include "test_util.h"
@@ -120,12 +124,139 @@ TEST(Prepare, InputTooSmallForASplit) {
 TEST(Prepare, BadValFractionAndOutputPath) {
   TempDir dir;
   write_bytes(dir.file("in.txt"), random_text(5000, 5));
-  EXPECT_USER_ERROR(prepare(dir.file("in.txt"), dir.file("out"), 0.0), "between 0 and 1");
-  EXPECT_USER_ERROR(prepare(dir.file("in.txt"), dir.file("out"), 1.0), "between 0 and 1");
+  EXPECT_USER_ERROR(prepare(dir.file("in.txt"), dir.file("out"), -0.1), "at least 0", "below 1");
+  EXPECT_USER_ERROR(prepare(dir.file("in.txt"), dir.file("out"), 1.0), "at least 0", "below 1");
   write_bytes(dir.file("a_file"), "x");
   EXPECT_USER_ERROR(prepare(dir.file("in.txt"), dir.file("a_file")), "output directory",
                     "a_file");
   EXPECT_USER_ERROR(prepare(dir.path().string(), dir.file("out")), "is a directory");
+}
+
+TEST(Prepare, ValFractionZeroWritesTrainShardsOnly) {
+  TempDir dir;
+  const std::string text = random_text(3000, 7);
+  write_bytes(dir.file("in.txt"), text);
+  const std::string out = dir.file("out");
+  std::filesystem::create_directories(out);
+  write_bytes(out + "/val_000000.bin", "stale");  // an earlier run's: removed
+  const PrepareResult result = prepare(dir.file("in.txt"), out, 0.0);
+  EXPECT_EQ(result.train_tokens, 3000u);
+  EXPECT_EQ(result.val_tokens, 0u);
+  EXPECT_TRUE(result.val_files.empty());
+  EXPECT_FALSE(std::filesystem::exists(out + "/val_000000.bin"));
+  EXPECT_EQ(shard_bytes(result.train_files), text);
+}
+
+const std::string kTokenizers = std::string(DSTRAIN_SOURCE_DIR) + "/tests/reference/tokenizers/";
+
+std::vector<int32_t> shard_tokens(const std::vector<std::string>& files, int64_t vocab_size) {
+  std::vector<int32_t> all;
+  for (const std::string& file : files) {
+    const auto source = TokenSource::open_file(file, vocab_size);
+    std::vector<int32_t> tokens(source->size());
+    source->read(0, tokens.size(), tokens.data());
+    all.insert(all.end(), tokens.begin(), tokens.end());
+  }
+  return all;
+}
+
+TEST(Prepare, TokenizerJsonShardsHoldTheLibrarysIds) {
+  const nlohmann::json expected = nlohmann::json::parse(read_file(kTokenizers + "prepare_ids.json"));
+  for (const char* name : {"gpt2_kind", "llama3_kind", "deepseek_kind"}) {
+    TempDir dir;
+    PrepareOptions options;
+    options.inputs = {kTokenizers + "corpus.txt", kTokenizers + "corpus.txt"};
+    options.out_dir = dir.file("out");
+    options.tokenizer_path = kTokenizers + name + ".json";
+    options.append_eot = true;
+    options.val_fraction = 0.25;
+    options.max_shard_tokens = 1000;
+    const PrepareResult result = prepare(options);
+    std::vector<int32_t> ids = expected[name]["ids"].get<std::vector<int32_t>>();
+    ASSERT_GT(ids.size(), 1000u);
+    ids.push_back(expected[name]["eot_id"].get<int32_t>());
+    std::vector<int32_t> twice = ids;
+    twice.insert(twice.end(), ids.begin(), ids.end());
+    EXPECT_FALSE(result.uint32_tokens);
+    EXPECT_EQ(result.train_tokens + result.val_tokens, twice.size());
+    EXPECT_EQ(result.val_tokens, static_cast<size_t>(std::llround(0.25 * twice.size())));
+    EXPECT_GT(result.train_files.size(), 1u);
+    std::vector<int32_t> written = shard_tokens(result.train_files, result.vocab_size);
+    const std::vector<int32_t> val = shard_tokens(result.val_files, result.vocab_size);
+    written.insert(written.end(), val.begin(), val.end());
+    EXPECT_EQ(written, twice) << name;
+    const int32_t u16_magic = kLlmcMagicU16;
+    EXPECT_EQ(read_bytes(result.train_files[0]).substr(0, 4),
+              std::string(reinterpret_cast<const char*>(&u16_magic), 4));
+  }
+}
+
+// A tokenizer whose ids run past 65535: the shards are llm.c uint32 (magic 20240801).
+TEST(Prepare, VocabularyOver65536WritesUint32Shards) {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) {
+    const char32_t c = byte_to_unicode(static_cast<unsigned char>(b));
+    std::string utf8;
+    if (c < 0x80) {
+      utf8 += static_cast<char>(c);
+    } else {
+      utf8 += static_cast<char>(0xC0 | (c >> 6));
+      utf8 += static_cast<char>(0x80 | (c & 0x3F));
+    }
+    vocab[utf8] = 70000 + b;
+  }
+  const nlohmann::json tokenizer = {
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}}},
+      {"added_tokens", nlohmann::json::array({{{"id", 3}, {"content", "<|endoftext|>"},
+                                               {"special", true}}})},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+  TempDir dir;
+  write_bytes(dir.file("tokenizer.json"), tokenizer.dump());
+  const std::string text = random_text(2000, 8).replace(5, 1, "e");  // UTF-8
+  write_bytes(dir.file("in.txt"), text);
+  PrepareOptions options;
+  options.inputs = {dir.file("in.txt")};
+  options.out_dir = dir.file("out");
+  options.tokenizer_path = dir.file("tokenizer.json");
+  options.append_eot = true;
+  const PrepareResult result = prepare(options);
+  EXPECT_TRUE(result.uint32_tokens);
+  EXPECT_EQ(result.vocab_size, 70256);
+  std::vector<int32_t> written = shard_tokens(result.train_files, result.vocab_size);
+  const std::vector<int32_t> val = shard_tokens(result.val_files, result.vocab_size);
+  written.insert(written.end(), val.begin(), val.end());
+  ASSERT_EQ(written.size(), text.size() + 1);
+  for (size_t i = 0; i < text.size(); ++i)
+    ASSERT_EQ(written[i], 70000 + static_cast<unsigned char>(text[i])) << i;
+  EXPECT_EQ(written.back(), 3);
+  const std::string header = read_bytes(result.train_files[0]).substr(0, 8);
+  const int32_t expected_header[2] = {20240801, 7};
+  EXPECT_EQ(header, std::string(reinterpret_cast<const char*>(expected_header), 8));
+}
+
+TEST(Prepare, TokenizerMistakesLeaveNothingWritten) {
+  TempDir dir;
+  write_bytes(dir.file("in.txt"), random_text(3000, 9).replace(5, 1, "e"));
+  write_bytes(dir.file("bad.json"), "{\"model\": {\"merges\": []}}");
+  PrepareOptions options;
+  options.inputs = {dir.file("in.txt")};
+  options.out_dir = dir.file("out");
+  options.tokenizer_path = dir.file("bad.json");
+  EXPECT_USER_ERROR(prepare(options), "bad.json", "model.vocab");
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out")));
+  options.tokenizer_path.clear();
+  options.append_eot = true;
+  EXPECT_USER_ERROR(prepare(options), "--eot needs a --tokenizer");
+  options.tokenizer_path = kTokenizers + "gpt2_kind.json";
+  options.eot_token = "<|nope|>";
+  EXPECT_USER_ERROR(prepare(options), "no token '<|nope|>'");
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out")));
+  write_bytes(dir.file("latin1.txt"), std::string(2000, 'a') + "\xe9t\xe9");
+  options.inputs = {dir.file("latin1.txt")};
+  options.append_eot = false;
+  EXPECT_USER_ERROR(prepare(options), "latin1.txt", "not valid UTF-8 at byte 2000");
+  EXPECT_TRUE(std::filesystem::is_empty(dir.file("out"))) << "no shard, no staging directory";
 }
 
 }  // namespace

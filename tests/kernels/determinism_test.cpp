@@ -69,14 +69,19 @@ TEST(Determinism, MatmulForwardAndBackward) {
 
 TEST(Determinism, AttentionForwardAndBackward) {
   for (DType dtype : {DType::F32, DType::BF16}) {
-    const int64_t B = 2, T = 65, NH = 3, hd = 10, C = NH * hd;
-    HostTensor qkv = random_tensor(dtype, {B, T, 3 * C}, 7, -2.0, 2.0);
-    HostTensor dout = random_tensor(dtype, {B, T, C}, 8);
-    HostTensor out(dtype, {B, T, C}), lse(DType::F32, {B, NH, T}), dqkv(dtype, {B, T, 3 * C});
-    expect_thread_invariant(make_outputs({&out, &lse, &dqkv}), [&](Backend& backend, Outputs& o) {
-      backend.attention_forward(o[0], o[1], qkv, static_cast<int>(NH), nullptr);
-      backend.attention_backward(o[2], dout, qkv, o[0], o[1], static_cast<int>(NH), nullptr);
-    });
+    // Multi-head (KV = NH) and grouped-query (3 query heads per kv head).
+    for (const int64_t KV : {3, 1}) {
+      const int64_t B = 2, T = 65, NH = 3, hd = 10, C = NH * hd, W = (NH + 2 * KV) * hd;
+      HostTensor qkv = random_tensor(dtype, {B, T, W}, 7, -2.0, 2.0);
+      HostTensor dout = random_tensor(dtype, {B, T, C}, 8);
+      HostTensor out(dtype, {B, T, C}), lse(DType::F32, {B, NH, T}), dqkv(dtype, {B, T, W});
+      const int nh = static_cast<int>(NH), kv = static_cast<int>(KV);
+      auto forward_and_backward = [&](Backend& backend, Outputs& o) {
+        backend.attention_forward(o[0], o[1], qkv, nh, kv, nullptr);
+        backend.attention_backward(o[2], dout, qkv, o[0], o[1], nh, kv, nullptr);
+      };
+      expect_thread_invariant(make_outputs({&out, &lse, &dqkv}), forward_and_backward);
+    }
   }
 }
 
@@ -96,6 +101,33 @@ TEST(Determinism, LayernormForwardAndBackward) {
           backend.layernorm_backward(o[3], o[4], o[5], dout, inp, weight, o[1], o[2], nullptr);
         });
   }
+}
+
+TEST(Determinism, RmsnormForwardAndBackward) {
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    const int64_t N = 300, C = 600;  // three column blocks in dweight
+    HostTensor inp = random_tensor(dtype, {N, C}, 31, -2.0, 2.0);
+    HostTensor weight = random_tensor(dtype, {C}, 32), dout = random_tensor(dtype, {N, C}, 33);
+    HostTensor out(dtype, {N, C}), rstd(DType::F32, {N});
+    HostTensor dinp = random_tensor(dtype, {N, C}, 34), dweight = random_tensor(dtype, {C}, 35);
+    expect_thread_invariant(make_outputs({&out, &rstd, &dinp, &dweight}),
+                            [&](Backend& backend, Outputs& o) {
+                              backend.rmsnorm_forward(o[0], o[1], inp, weight, 1e-5f, nullptr);
+                              backend.rmsnorm_backward(o[2], o[3], dout, inp, weight, o[1],
+                                                       nullptr);
+                            });
+  }
+}
+
+TEST(Determinism, SwigluForwardAndBackward) {
+  const int64_t N = 64, I = 1000;  // rows of 2I = 2000 elements, 64 row tasks
+  HostTensor inp = random_tensor(DType::BF16, {N, 2 * I}, 36, -4.0, 4.0);
+  HostTensor dout = random_tensor(DType::BF16, {N, I}, 37);
+  HostTensor out(DType::BF16, {N, I}), dinp(DType::BF16, {N, 2 * I});
+  expect_thread_invariant(make_outputs({&out, &dinp}), [&](Backend& backend, Outputs& o) {
+    backend.swiglu_forward(o[0], inp, nullptr);
+    backend.swiglu_backward(o[1], dout, inp, nullptr);
+  });
 }
 
 TEST(Determinism, EmbeddingForwardAndBackward) {

@@ -63,6 +63,21 @@ TEST(CudaDeterminism, BackwardOpsRepeatBitwise) {
         "layernorm_backward");
   }
   {
+    // dweight sums N = 384 rows in three partials: the order must not depend on the run.
+    HostTensor rms_out = nan_tensor(DType::BF16, {B, T, C}), rms_rstd = nan_tensor(DType::F32, {N});
+    cpu_backend().rmsnorm_forward(rms_out, rms_rstd, x, weight, 1e-5f, nullptr);
+    std::vector<HostTensor> grads;
+    grads.push_back(random_tensor(rng, DType::BF16, {B, T, C}));
+    grads.push_back(random_tensor(rng, DType::F32, {C}));
+    expect_repeatable(
+        grads,
+        [&](GpuRun& run, std::vector<Tensor>& g) {
+          cuda_backend().rmsnorm_backward(g[0], g[1], run(dx), run(x), run(weight), run(rms_rstd),
+                                          nullptr);
+        },
+        "rmsnorm_backward");
+  }
+  {
     HostTensor w = random_tensor(rng, DType::BF16, {C, 3 * C});
     HostTensor dout = random_tensor(rng, DType::BF16, {N, 3 * C});
     std::vector<HostTensor> grads;
@@ -80,7 +95,8 @@ TEST(CudaDeterminism, BackwardOpsRepeatBitwise) {
   {
     HostTensor qkv = random_tensor(rng, DType::BF16, {B, T, 3 * C});
     HostTensor out = nan_tensor(DType::BF16, {B, T, C}), lse = nan_tensor(DType::F32, {B, NH, T});
-    cpu_backend().attention_forward(out, lse, qkv, static_cast<int>(NH), nullptr);
+    cpu_backend().attention_forward(out, lse, qkv, static_cast<int>(NH), static_cast<int>(NH),
+                                    nullptr);
     std::vector<HostTensor> outputs;
     outputs.push_back(nan_tensor(DType::BF16, {B, T, C}));
     outputs.push_back(nan_tensor(DType::F32, {B, NH, T}));
@@ -88,9 +104,10 @@ TEST(CudaDeterminism, BackwardOpsRepeatBitwise) {
     expect_repeatable(
         outputs,
         [&](GpuRun& run, std::vector<Tensor>& o) {
-          cuda_backend().attention_forward(o[0], o[1], run(qkv), static_cast<int>(NH), nullptr);
-          cuda_backend().attention_backward(o[2], run(dx), run(qkv), run(out), run(lse),
-                                            static_cast<int>(NH), nullptr);
+          const int nh = static_cast<int>(NH);
+          cuda_backend().attention_forward(o[0], o[1], run(qkv), nh, nh, nullptr);
+          cuda_backend().attention_backward(o[2], run(dx), run(qkv), run(out), run(lse), nh, nh,
+                                            nullptr);
         },
         "attention");
   }

@@ -1,6 +1,8 @@
 // The whole model: every gradient tensor against an independent PyTorch implementation
 // (tests/reference/gpt2_tiny, made by make_gpt2_reference.py), and against finite
 // differences of the model's own loss.
+#include "model/gpt2.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,36 +13,19 @@
 #include "core/rng.h"
 #include "core/safetensors.h"
 #include "model/config.h"
-#include "model/gpt2.h"
 #include "tests/model/host_params.h"
+#include "tests/model/reference_fixture.h"
 
 namespace dstrain {
 namespace {
 
 const std::string kFixture = DSTRAIN_SOURCE_DIR "/tests/reference/gpt2_tiny/";
 
-std::string slurp(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  EXPECT_TRUE(file.good()) << path;
-  return std::string(std::istreambuf_iterator<char>(file), {});
-}
+using test::slurp;
 
 using TestParams = test::HostParams;
 
-// The llm.c uint16 shard of the fixture: 256 int32 header, then tokens.
-std::vector<int32_t> read_llmc_u16(const std::string& path) {
-  const std::string bytes = slurp(path);
-  int32_t header[3];
-  std::memcpy(header, bytes.data(), sizeof header);
-  EXPECT_EQ(header[0], 20240520);
-  std::vector<int32_t> tokens(static_cast<size_t>(header[2]));
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    uint16_t token;
-    std::memcpy(&token, bytes.data() + 1024 + 2 * i, 2);
-    tokens[i] = token;
-  }
-  return tokens;
-}
+using test::read_llmc_u16;
 
 TEST(Gpt2, GradientsMatchPyTorchReference) {
   const ModelConfig config =
@@ -65,7 +50,8 @@ TEST(Gpt2, GradientsMatchPyTorchReference) {
   // Logits first, from a forward without backward (a training forward overwrites the logits
   // with their gradient).
   const double eval_loss = model.forward(params, input_tensor, target_tensor, 0.0f, nullptr);
-  std::vector<float> our_logits(model.logits().f32(), model.logits().f32() + model.logits().numel());
+  std::vector<float> our_logits(model.logits().f32(),
+                                model.logits().f32() + model.logits().numel());
   const double loss = model.forward(params, input_tensor, target_tensor, 1.0f / N, nullptr);
   EXPECT_EQ(loss, eval_loss);
   model.backward(params, input_tensor, nullptr);
@@ -81,9 +67,9 @@ TEST(Gpt2, GradientsMatchPyTorchReference) {
   double max_logit_error = 0.0;
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t v = 0; v < config.vocab_size; ++v) {
-      max_logit_error = std::max(max_logit_error,
-                                 std::abs(double(logits[n * config.padded_vocab() + v]) -
-                                          ref_logits[n * config.vocab_size + v]));
+      max_logit_error =
+          std::max(max_logit_error, std::abs(double(logits[n * config.padded_vocab() + v]) -
+                                             ref_logits[n * config.vocab_size + v]));
     }
   }
   EXPECT_LT(max_logit_error, 1e-5);
@@ -119,7 +105,7 @@ ModelConfig small_config() {
   config.n_positions = 8;
   config.n_embd = 12;
   config.n_layer = 2;
-  config.n_head = 3;      // head_dim 4
+  config.n_head = 3;  // head_dim 4
   return config;
 }
 
@@ -201,7 +187,8 @@ void check_recompute_is_bitwise(DType act_dtype) {
   for (Recompute mode : {Recompute::None, Recompute::Selective, Recompute::Full}) {
     TestParams params(layout);
     std::vector<Tensor> flats;
-    for (int block = 0; block < layout.num_blocks(); ++block) flats.push_back(params.acquire_params(block));
+    for (int block = 0; block < layout.num_blocks(); ++block)
+      flats.push_back(params.acquire_params(block));
     init_gpt2_parameters(layout, config, 3, flats);
     auto allocator = make_cpu_allocator();
     Gpt2 model(config, *backend, *allocator, B, T, act_dtype, true, mode);
@@ -272,10 +259,12 @@ TEST(ModelConfig, BadConfigsAreClearErrors) {
   expect_config_error("{" + ok + R"(, "n_layer": -3})", "out of range");
   expect_config_error("{" + ok + R"(, "n_layer": 2000000})", "out of range");
   expect_config_error("{" + ok + R"(, "n_layer": "two"})", "must be an integer");
-  expect_config_error(R"({"vocab_size": 100, "n_positions": 64, "n_embd": 30, "n_head": 4, "n_layer": 2})",
-                      "not divisible");
-  expect_config_error("{" + ok + R"(, "n_layer": 2, "model_type": "llama"})", "model_type");
-  expect_config_error("{" + ok + R"(, "n_layer": 2, "layer_norm_epsilon": 1e-6})", "layer_norm_epsilon");
+  expect_config_error(
+      R"({"vocab_size": 100, "n_positions": 64, "n_embd": 30, "n_head": 4, "n_layer": 2})",
+      "not divisible");
+  expect_config_error("{" + ok + R"(, "n_layer": 2, "model_type": "mistral"})", "model_type");
+  expect_config_error("{" + ok + R"(, "n_layer": 2, "layer_norm_epsilon": 1e-6})",
+                      "layer_norm_epsilon");
   expect_config_error("{" + ok + R"(, "n_layer": 2, "activation_function": "relu"})", "activation");
   expect_config_error("{not json", "not valid JSON");
   expect_config_error("[1, 2]", "not a JSON object");

@@ -67,7 +67,8 @@ int expect_allocations_match(const ModelConfig& config, const Plan& plan) {
   std::mutex mutex;
   int checked = 0;
   run_local_ranks(plan.world(), 60.0, [&](Communicator& world) {
-    const RankGroups groups = make_rank_groups(world, plan);
+    const bool tied = model.layout().tied_embedding();
+    const RankGroups groups = make_rank_groups(world, plan, tied);
     const MemoryPrediction predicted = model.predict_stage(plan, groups.stage);
     std::unique_ptr<Backend> backend = make_cpu_backend(1);
     std::unique_ptr<Allocator> device = make_cpu_allocator(world.rank());
@@ -75,15 +76,17 @@ int expect_allocations_match(const ModelConfig& config, const Plan& plan) {
     const StageRange range = model.stage_range(plan, groups.stage);
     ShardingConfig sharding{plan.zero, plan.offload, plan.param_dtype, 1,
                             pipeline_stage_blocks(model.layout(), range),
-                            plan.pp > 1 && range.last, plan.tp, plan.uses_sequence_parallel()};
+                            plan.pp > 1 && range.last && tied, plan.tp,
+                            plan.uses_sequence_parallel()};
     ShardedModel state(config, sharding,
                        StateGroups{groups.data, groups.all, groups.tied, groups.tensor}, *backend,
                        *device, *host);
-    Gpt2Architecture arch(config, TensorParallel{plan.tp, groups.tensor_index,
-                                                 plan.uses_sequence_parallel(), groups.tensor});
+    const std::unique_ptr<Architecture> arch = make_architecture(
+        config,
+        TensorParallel{plan.tp, groups.tensor_index, plan.uses_sequence_parallel(), groups.tensor});
     const int slots = activation_slots(plan.pp_schedule, plan.pp, groups.stage,
                                        static_cast<int>(plan.grad_accum));
-    ModelStage stage(arch, range, *backend, *device, plan.micro_batch, plan.seq_len,
+    ModelStage stage(*arch, range, *backend, *device, plan.micro_batch, plan.seq_len,
                      plan.param_dtype, true, plan.recompute, slots);
     // As the trainer: a token batch per slot on the first and the last stage.
     std::vector<Buffer> batches;
@@ -209,6 +212,48 @@ TEST(MemoryModel, TensorParallelPlansMatchAllocatorEveryRank) {
     plan.grad_accum = 3;
     SCOPED_TRACE(describe(plan));
     EXPECT_EQ(expect_allocations_match(config, plan), plan.world());
+  }
+}
+
+// The LLaMA family: Llama with grouped-query attention and an untied head (its own block on
+// the last stage, no tied copy of the embedding there), Qwen2 with q/k/v biases and a tied
+// head; one rank, ZeRO, pipelines and tensor parallelism.
+TEST(MemoryModel, LlamaFamilyPlansMatchAllocatorEveryRank) {
+  ModelConfig llama = odd_config(37, 32, 32, 4, 4);
+  llama.name = "llama-odd";
+  llama.type = ModelType::Llama;
+  llama.n_kv_head = 2;
+  llama.intermediate_size = 44;
+  llama.tie_word_embeddings = false;
+  llama.qkv_bias = llama.o_bias = llama.mlp_bias = false;
+  ModelConfig qwen2 = llama;
+  qwen2.name = "qwen2-odd";
+  qwen2.type = ModelType::Qwen2;
+  qwen2.tie_word_embeddings = true;
+  qwen2.qkv_bias = true;
+  struct Case { int dp, tp, pp, zero; bool offload; Recompute recompute; DType dtype; };
+  const Case cases[] = {
+      {1, 1, 1, 0, false, Recompute::None, DType::F32},
+      {1, 1, 1, 0, false, Recompute::Selective, DType::BF16},
+      {2, 1, 1, 3, true, Recompute::Full, DType::F32},
+      {1, 1, 2, 1, false, Recompute::None, DType::F32},
+      {2, 2, 1, 2, false, Recompute::None, DType::BF16},
+      {1, 2, 2, 0, false, Recompute::Selective, DType::F32},
+  };
+  for (const ModelConfig& config : {llama, qwen2}) {
+    for (const Case& c : cases) {
+      Plan plan = one_rank_plan(2, 6);
+      plan.dp = c.dp;
+      plan.tp = c.tp;
+      plan.pp = c.pp;
+      plan.zero = c.zero;
+      plan.offload = c.offload;
+      plan.recompute = c.recompute;
+      plan.param_dtype = c.dtype;
+      plan.grad_accum = 3;
+      SCOPED_TRACE(config.name + ", " + describe(plan));
+      EXPECT_EQ(expect_allocations_match(config, plan), plan.world());
+    }
   }
 }
 

@@ -20,6 +20,7 @@
 #include "core/safetensors.h"
 #include "tests/common/temp_dir.h"
 #include "train/options.h"
+#include "train/weight_files.h"
 
 namespace dstrain::test {
 
@@ -64,10 +65,12 @@ inline TrainOptions small_run_options(const std::filesystem::path& dir, const st
 inline std::map<std::string, std::vector<float>> final_weights(const TrainOptions& options) {
   char step[16];
   std::snprintf(step, sizeof step, "%06lld", static_cast<long long>(options.steps));
-  const SafetensorsFile file =
-      SafetensorsFile::open(options.out + "/step-" + step + "/model.safetensors");
+  // model.safetensors, or its shards.
+  const WeightFiles files = WeightFiles::open(options.out + "/step-" + step);
   std::map<std::string, std::vector<float>> weights;
-  for (const std::string& tensor : file.names()) weights[tensor] = file.read_f32(tensor);
+  for (const std::string& tensor : files.names()) {
+    weights[tensor] = files.file_of(tensor).read_f32(tensor);
+  }
   return weights;
 }
 

@@ -1,0 +1,92 @@
+// RMSNorm forward and backward against the CPU twin. The row sums run in another order (warp
+// butterfly vs sequential), so rstd may differ in its last bit and results agree within a
+// tolerance:
+//   out, dinp: F32 {atol 2e-5, rtol 1e-4, nmse 1e-10}; F16/BF16 storage_tolerance (a last-bit
+//   change of rstd can move the normalized value to the neighbouring storage value)
+//   rstd: {1e-6, 1e-5, 1e-11} (the twin's sequential fp32 sum of C = 1000 squares is off by
+//   ~sqrt(C) ulps, a relative rms error ~1e-6: nmse ~1e-12 happens, seen at 1.5e-12)
+//   dweight (sums over N rows, in partials): F32 {1e-4, 1e-4, 1e-9}; F16/BF16 activations
+//   storage_tolerance (its terms use the normalized value rounded to storage, see above)
+#include "cuda_test_util.h"
+
+namespace dstrain::test {
+namespace {
+
+constexpr float kEps = 1e-5f;
+
+// (..., C): round, odd (C = 37, 3-D), and 300 rows (three dweight chunks) of 1000 channels.
+const std::vector<std::vector<int64_t>> kShapes = {{64, 768}, {5, 7, 37}, {300, 1000}};
+
+Tolerance value_tolerance(DType dtype) {
+  return dtype == DType::F32 ? Tolerance{2e-5, 1e-4, 1e-10} : storage_tolerance(dtype);
+}
+
+Tolerance column_sum_tolerance(DType dtype) {
+  return dtype == DType::F32 ? Tolerance{1e-4, 1e-4, 1e-9} : storage_tolerance(dtype);
+}
+
+int64_t rows(const std::vector<int64_t>& shape) {
+  return HostTensor(DType::F32, shape).numel() / shape.back();
+}
+
+TEST(CudaRmsnorm, ForwardMatchesCpu) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : kFloatDTypes) {
+    for (const auto& shape : kShapes) {
+      const int64_t C = shape.back(), N = rows(shape);
+      Random rng(61);
+      HostTensor inp = random_tensor(rng, dtype, shape, -2.0, 3.0);
+      HostTensor weight = random_tensor(rng, dtype, {C}, 0.5, 1.5);
+      HostTensor out_cpu = nan_tensor(dtype, shape), out_gpu = out_cpu.clone();
+      HostTensor rstd_cpu = nan_tensor(DType::F32, {N}), rstd_gpu = rstd_cpu.clone();
+      cpu_backend().rmsnorm_forward(out_cpu, rstd_cpu, inp, weight, kEps, nullptr);
+      HostTensor inp_gpu = inp.clone();
+      GpuRun run;
+      cuda_backend().rmsnorm_forward(run(out_gpu), run(rstd_gpu), run(inp_gpu), run(weight), kEps,
+                                     nullptr);
+      run.finish();
+      const std::string where = std::string(dtype_name(dtype)) + " " + inp.t().shape_str();
+      EXPECT_TRUE(all_close(out_gpu.values(), out_cpu.values(), value_tolerance(dtype))) << where;
+      EXPECT_TRUE(all_close(rstd_gpu.values(), rstd_cpu.values(), {1e-6, 1e-5, 1e-11})) << where;
+      EXPECT_TRUE(bitwise_equal(inp_gpu, inp)) << where;
+      EXPECT_TRUE(guards_intact({&out_gpu, &rstd_gpu, &inp_gpu})) << where;
+    }
+  }
+}
+
+TEST(CudaRmsnorm, BackwardMatchesCpu) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : kFloatDTypes) {
+    // BF16 activations with an F32 weight gradient (the training setup); F32 and F16 keep
+    // dweight in their own dtype so its rounding on accumulate is covered too.
+    const DType dweight_dtype = dtype == DType::BF16 ? DType::F32 : dtype;
+    for (const auto& shape : kShapes) {
+      const int64_t C = shape.back(), N = rows(shape);
+      Random rng(62);
+      HostTensor inp = random_tensor(rng, dtype, shape, -2.0, 3.0);
+      HostTensor weight = random_tensor(rng, dtype, {C}, 0.5, 1.5);
+      HostTensor out = nan_tensor(dtype, shape), rstd = nan_tensor(DType::F32, {N});
+      cpu_backend().rmsnorm_forward(out, rstd, inp, weight, kEps, nullptr);
+      HostTensor dout = random_tensor(rng, dtype, shape);
+      // Both gradients accumulate: start from non-zero values.
+      HostTensor dinp_cpu = random_tensor(rng, dtype, shape), dinp_gpu = dinp_cpu.clone();
+      HostTensor dweight_cpu = random_tensor(rng, dweight_dtype, {C});
+      HostTensor dweight_gpu = dweight_cpu.clone();
+      cpu_backend().rmsnorm_backward(dinp_cpu, dweight_cpu, dout, inp, weight, rstd, nullptr);
+      GpuRun run;
+      cuda_backend().rmsnorm_backward(run(dinp_gpu), run(dweight_gpu), run(dout), run(inp),
+                                      run(weight), run(rstd), nullptr);
+      run.finish();
+      const std::string where = std::string(dtype_name(dtype)) + " " + inp.t().shape_str();
+      EXPECT_TRUE(all_close(dinp_gpu.values(), dinp_cpu.values(), value_tolerance(dtype)))
+          << "dinp " << where;
+      EXPECT_TRUE(
+          all_close(dweight_gpu.values(), dweight_cpu.values(), column_sum_tolerance(dtype)))
+          << "dweight " << where;
+      EXPECT_TRUE(guards_intact({&dinp_gpu, &dweight_gpu})) << where;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dstrain::test

@@ -1,0 +1,157 @@
+// Hugging Face transformers' own LLaMA-family models (tests/reference/make_llama_reference.py:
+// Llama with grouped-query attention and an untied head, F32 in 3 shards with an index; Qwen2
+// with q/k/v biases and a tied head, BF16), loaded from their model directories: the first
+// micro-batch's loss and every gradient, and 10 training steps (losses, gradient norms, final
+// weights) against transformers trained on the same data with the same AdamW.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/safetensors.h"
+#include "kernels/ops.h"
+#include "model/llama.h"
+#include "model/stage.h"
+#include "tests/common/temp_dir.h"
+#include "tests/model/host_params.h"
+#include "tests/model/reference_fixture.h"
+#include "tests/train/hf_fixture.h"
+#include "tests/train/small_model.h"
+#include "train/trainer.h"
+#include "train/weights_io.h"
+
+namespace dstrain {
+namespace {
+
+// Hugging Face transformers' own models (tests/reference/make_llama_reference.py): the loss and
+// every gradient of micro-batch 0, from the weights dstrain loads out of the model directory
+// (Llama: F32 in 3 shards with an index; Qwen2: BF16, tied head).
+class LlamaAgainstTransformers : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(LlamaAgainstTransformers, LossAndGradientsOfTheFirstMicroBatch) {
+  const std::string dir = std::string(DSTRAIN_SOURCE_DIR "/tests/reference/") + GetParam() + "/";
+  const ModelConfig config = load_model_config(dir);
+  const LlamaArchitecture arch(config);
+  const ParamLayout& layout = arch.layout();
+  HostBlocks weights(layout);
+  load_weights(layout, weights, dir);
+  test::HostParams params(layout);
+  for (int block = 0; block < layout.num_blocks(); ++block) {
+    std::memcpy(params.params[block].data(), weights.block(block).data,
+                params.params[block].size() * sizeof(float));
+  }
+  const int64_t B = 4, T = 16, N = B * T;
+  const std::vector<int32_t> stream = test::read_llmc_u16(dir + "train.bin");
+  std::vector<int32_t> inputs(stream.begin(), stream.begin() + N);
+  std::vector<int32_t> targets(stream.begin() + 1, stream.begin() + N + 1);
+  auto backend = make_cpu_backend(2);
+  auto allocator = make_cpu_allocator();
+  ModelStage model(arch, whole_model(config), *backend, *allocator, B, T, DType::F32, true,
+                   Recompute::None, 1);
+  Tensor input_tensor(inputs.data(), DType::I32, {B, T});
+  Tensor target_tensor(targets.data(), DType::I32, {B, T});
+  const double loss =
+      model.forward(params, 0, B, T, input_tensor, target_tensor, 1.0f / N, nullptr);
+  model.backward(params, 0, input_tensor, nullptr);
+  const nlohmann::json expected = nlohmann::json::parse(test::slurp(dir + "expected.json"));
+  EXPECT_NEAR(loss, expected["initial_loss"].get<double>(), 2e-6);
+
+  // Every gradient: normalized error mse(ours, ref) / mse(ref, 0) and a max bound.
+  const SafetensorsFile grads = SafetensorsFile::open(dir + "grads0.safetensors");
+  ASSERT_EQ(grads.names().size(), layout.params().size());
+  for (const ParamSpec& spec : layout.params()) {
+    const std::vector<float> ref = grads.read_f32(spec.name);
+    ASSERT_EQ(static_cast<int64_t>(ref.size()), spec.file_numel()) << spec.name;
+    const float* ours = ParamLayout::view(spec, params.acquire_grads(spec.block)).f32();
+    double error = 0.0, norm = 0.0, max_error = 0.0, max_ref = 0.0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double diff = double(ours[i]) - ref[i];
+      error += diff * diff;
+      norm += double(ref[i]) * ref[i];
+      max_error = std::max(max_error, std::abs(diff));
+      max_ref = std::max(max_ref, std::abs(double(ref[i])));
+    }
+    ASSERT_GT(norm, 0.0) << spec.name;
+    EXPECT_LT(error / norm, 1e-10) << spec.name;
+    EXPECT_LT(max_error, 1e-6 + 1e-4 * max_ref) << spec.name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaAgainstTransformers,
+                         ::testing::Values("llama_tiny", "qwen2_tiny"));
+
+class TrainsLikeTransformers : public ::testing::TestWithParam<test::FixturePlan> {};
+
+// transformers' losses and pre-clip gradient norms within 1e-5 (relative; the bound is
+// 1e-4), the final weights within 2e-5 (Adam divides by sqrt(v): an fp32 rounding difference
+// where a gradient is tiny moves an update by up to ~lr * 1e-3).
+TEST_P(TrainsLikeTransformers, LossesGradNormsAndFinalWeights) {
+  const test::FixturePlan& p = GetParam();
+  testing::TempDir dir;
+  const TrainOptions options = test::fixture_run(p, test::fixture_expected(p.fixture), dir.path());
+  test::expect_trains_like_transformers(options, p.fixture, 1e-5, 2e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Plans, TrainsLikeTransformers,
+                         ::testing::Values(test::FixturePlan{"llama_tiny"},
+                                           test::FixturePlan{"qwen2_tiny"},
+                                           test::FixturePlan{"llama_tiny", 2, 1, 1, 3, true},
+                                           test::FixturePlan{"qwen2_tiny", 2, 1, 1, 3, true},
+                                           test::FixturePlan{"llama_tiny", 1, 1, 2, 1},
+                                           test::FixturePlan{"qwen2_tiny", 1, 1, 2, 0},
+                                           test::FixturePlan{"llama_tiny", 1, 2, 1, 0},
+                                           test::FixturePlan{"qwen2_tiny", 1, 2, 2, 1}),
+                         [](const ::testing::TestParamInfo<test::FixturePlan>& info) {
+                           return info.param.name();
+                         });
+
+// A checkpoint above --save-shard-size is a sharded Hugging Face directory: shards named as
+// transformers names them, an index mapping every tensor, the same weights as one file, and a
+// resume from it continues the run.
+TEST(HfCheckpoints, ShardedCheckpointsHoldTheSameWeightsAndResume) {
+  const nlohmann::json expected = test::fixture_expected("llama_tiny");
+  testing::TempDir dir;
+  std::filesystem::create_directories(dir.path() / "one");
+  TrainOptions one_file =
+      test::fixture_run(test::FixturePlan{"llama_tiny"}, expected, dir.path() / "one");
+  one_file.steps = 2;
+  one_file.save_shard_size = "0";
+  TrainOptions sharded = one_file;
+  sharded.save_shard_size = "30K";
+  sharded.out = (dir.path() / "sharded").string();
+  sharded.log = (dir.path() / "sharded.jsonl").string();
+  std::ostringstream out;
+  train(one_file, out);
+  train(sharded, out);
+  const std::filesystem::path step = std::filesystem::path(sharded.out) / "step-000002";
+  ASSERT_TRUE(std::filesystem::exists(step / "model-00001-of-00004.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(step / "model.safetensors"));
+  const nlohmann::json index =
+      nlohmann::json::parse(test::slurp((step / "model.safetensors.index.json").string()));
+  const SafetensorsFile whole =
+      SafetensorsFile::open(one_file.out + "/step-000002/model.safetensors");
+  ASSERT_EQ(index["weight_map"].size(), whole.names().size());
+  uint64_t total = 0;
+  for (const std::string& name : whole.names()) {
+    const SafetensorsFile shard =
+        SafetensorsFile::open(step / index["weight_map"][name].get<std::string>());
+    EXPECT_EQ(shard.read_f32(name), whole.read_f32(name)) << name;
+    total += whole.info(name).nbytes;
+  }
+  EXPECT_EQ(index["metadata"]["total_size"].get<uint64_t>(), total);
+
+  TrainOptions resumed = sharded;
+  resumed.init_from.clear();
+  resumed.resume = step.string();
+  resumed.steps = 3;
+  resumed.log = (dir.path() / "resumed.jsonl").string();
+  train(resumed, out);
+  EXPECT_EQ(test::read_logged_run(resumed).losses.size(), 1u);
+}
+
+}  // namespace
+}  // namespace dstrain
