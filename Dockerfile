@@ -9,7 +9,8 @@ FROM ${BASE}
 ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update && apt-get install -y --no-install-recommends \
         cmake ninja-build g++ pkg-config git \
-        libboost-program-options-dev nlohmann-json3-dev libopenblas-dev libgtest-dev libpcre2-dev \
+        libboost-program-options-dev libboost-context-dev nlohmann-json3-dev libopenblas-dev \
+        libgtest-dev libpcre2-dev libutf8proc-dev \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/dstrain

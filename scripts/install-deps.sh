@@ -2,7 +2,7 @@
 # Installs what dstrain builds with, from Debian packages (run as root; skips what is there).
 set -euo pipefail
 packages=(cmake ninja-build g++ pkg-config libboost-program-options-dev libboost-context-dev
-          nlohmann-json3-dev libopenblas-dev libgtest-dev libpcre2-dev)
+          nlohmann-json3-dev libopenblas-dev libgtest-dev libpcre2-dev libutf8proc-dev)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||

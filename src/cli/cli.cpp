@@ -31,14 +31,15 @@ po::options_description train_flags(TrainOptions& o) {
   po::options_description model("Model and data");
   model.add_options()
       ("model", po::value(&o.model)->value_name("NAME|PATH"),
-       ("preset name or path of a config.json (default tiny; presets: " + preset_list() + ")").c_str())
+       ("a preset, or a Hugging Face config.json (gpt2, llama or qwen2) or the model directory holding it (default tiny; presets: " + preset_list() + ")").c_str())
       ("data", po::value(&o.data)->value_name("FILE|GLOB"),
        "token shards (llm.c .bin, raw .u16/.u32); default: the built-in synthetic corpus")
       ("val-data", po::value(&o.val_data)->value_name("FILE|GLOB"),
        "validation shards (default: the last 10% of --data)")
       ("shuffle", po::bool_switch(&o.shuffle), "shuffle the windows each epoch (seeded)")
-      ("init-from", po::value(&o.init_from)->value_name("FILE"),
-       "start from a Hugging Face GPT-2 model.safetensors");
+      ("init-from", po::value(&o.init_from)->value_name("DIR|FILE"),
+       "start from Hugging Face weights: a model directory (model.safetensors, or shards with "
+       "model.safetensors.index.json), or one of those files; fp32/fp16/bf16 on disk");
   po::options_description optim("Batch and optimization");
   optim.add_options()
       ("batch", po::value(&o.batch)->default_value(o.batch)->value_name("B"), "sequences per micro-batch per data-parallel rank")
@@ -96,7 +97,7 @@ po::options_description train_flags(TrainOptions& o) {
 }
 
 void print_usage(std::ostream& out, const po::options_description& flags) {
-  out << "dstrain " << kVersion << ": trains GPT-2-style transformers on the GPUs (or CPU) of one machine\n\n"
+  out << "dstrain " << kVersion << ": trains GPT-2 and LLaMA-family (Llama, DeepSeek, Qwen2) transformers on the GPUs (or CPU) of one machine\n\n"
       << "Usage:\n"
       << "  dstrain [train] [flags]                 train (the default command)\n"
       << "  dstrain prepare --input FILE.txt --out DIR [--tokenizer tokenizer.json]   tokenize text into shards\n"

@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "core/fs.h"
+#include "data/unicode_nfc.h"
 #include "data/unicode_regex.h"
 
 namespace dstrain {
@@ -149,6 +150,7 @@ struct BpeTokenizer::Impl {
   std::optional<int32_t> unk_id;
   bool fuse_unk = false;
   bool ignore_merges = false;
+  bool nfc = false;  // the normalizer: NFC (Qwen2) or none
   bool added_has_newline = false;
   std::unordered_map<std::string, std::vector<int32_t>> word_cache;  // pre-token -> ids
 
@@ -360,6 +362,15 @@ void read_pre_tokenizer(const json& root, BpeTokenizer::Impl& impl) {
   }
 }
 
+// None, or NFC (Qwen2's): applied to the text between the added tokens that are not
+// "normalized", before the normalized ones are cut out (the library's order).
+void read_normalizer(const json& root, BpeTokenizer::Impl& impl) {
+  if (!root.contains("normalizer") || root["normalizer"].is_null()) return;
+  const std::string type = type_of(root["normalizer"]);
+  if (type != "NFC") unsupported(impl.name, "the normalizer " + type + " (supported: none, NFC)");
+  impl.nfc = true;
+}
+
 }  // namespace
 
 BpeTokenizer BpeTokenizer::from_json(std::string_view json_text, const std::string& name) {
@@ -375,8 +386,7 @@ BpeTokenizer BpeTokenizer::from_json(std::string_view json_text, const std::stri
   auto impl = std::make_unique<Impl>();
   impl->name = name;
   try {
-    if (root.contains("normalizer") && !root["normalizer"].is_null())
-      unsupported(name, "the normalizer " + type_of(root["normalizer"]));
+    read_normalizer(root, *impl);
     DSTRAIN_USER_CHECK(root.contains("model")) << "tokenizer '" << name << "' has no model.";
     read_model(root["model"], *impl);
     read_added_tokens(root, *impl);
@@ -426,6 +436,8 @@ std::optional<int32_t> BpeTokenizer::end_of_text_id() const {
 // pre-tokenizer.
 void BpeTokenizer::Impl::encode_text(std::string_view text, bool normalized_pass,
                                      std::vector<int32_t>& ids) {
+  std::string normalized;  // the text of the normalized pass, when there is a normalizer
+  if (normalized_pass && nfc) text = normalized = nfc_normalize(text);
   size_t piece_begin = 0;
   for (size_t i = 0; i < text.size(); ++i) {
     for (const int index : added_by_first_byte[static_cast<unsigned char>(text[i])]) {

@@ -9,7 +9,8 @@
 // byte-to-character alphabet, and merged by BPE rank. The post_processor (Llama 3's
 // <|begin_of_text|>) is not applied.
 //
-// Supported: normalizer null; model BPE (merges as "a b" strings or [a, b] pairs,
+// Supported: normalizer null or NFC (Qwen2's; the text between the added tokens that are not
+// "normalized" is put in NFC before the rest is cut out, as the library does); model BPE (merges as "a b" strings or [a, b] pairs,
 // ignore_merges, unk_token and fuse_unk; no dropout, no continuing_subword_prefix, no
 // end_of_word_suffix); added tokens without lstrip, rstrip or single_word. Anything else is
 // refused when the file is read, in one sentence naming what is unsupported.

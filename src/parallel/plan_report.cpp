@@ -57,9 +57,11 @@ std::string format_plan_report(const ModelConfig& config, const NodeTopology& to
   std::ostringstream out;
   out.precision(2);
   out << std::fixed;
-  out << "dstrain plan: " << config.name << " (" << config.num_parameters() / 1e9
-      << "B parameters: " << config.n_layer << " layers, n_embd " << config.n_embd << ", "
-      << config.n_head << " heads) on " << gpus << " x " << result.machine << "\n";
+  out << "dstrain plan: " << config.name << " (" << model_type_name(config.type) << ", "
+      << config.num_parameters() / 1e9 << "B parameters: " << config.n_layer << " layers, width "
+      << config.n_embd << ", " << config.n_head << " heads";
+  if (config.kv_heads() != config.n_head) out << " (" << config.kv_heads() << " key/value)";
+  out << ") on " << gpus << " x " << result.machine << "\n";
   out << "  machine: " << result.wiring << " Host memory "
       << (result.host_memory_bytes ? format_bytes(result.host_memory_bytes) : "unknown") << ".\n";
   out << "  global batch: " << plan.tokens_per_step()

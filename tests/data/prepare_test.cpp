@@ -162,7 +162,7 @@ std::vector<int32_t> shard_tokens(const std::vector<std::string>& files, int64_t
 
 TEST(Prepare, TokenizerJsonShardsHoldTheLibrarysIds) {
   const nlohmann::json expected = nlohmann::json::parse(read_file(kTokenizers + "prepare_ids.json"));
-  for (const char* name : {"gpt2_kind", "llama3_kind", "deepseek_kind"}) {
+  for (const char* name : {"gpt2_kind", "llama3_kind", "deepseek_kind", "qwen2_kind"}) {
     TempDir dir;
     PrepareOptions options;
     options.inputs = {kTokenizers + "corpus.txt", kTokenizers + "corpus.txt"};

@@ -14,12 +14,16 @@ Writes tests/reference/tokenizers/:
                           ignore_merges, <|begin_of_text|>/<|end_of_text|>, and a
                           TemplateProcessing post-processor that adds <|begin_of_text|>
                           (dstrain, like encode(add_special_tokens=False), leaves it out)
+  qwen2_kind.json         Qwen2's: an NFC normalizer, Split(Qwen2 regex: one digit a pre-token,
+                          Isolated), ByteLevel(use_regex=False), <|endoftext|> <|im_start|>
+                          <|im_end|>, a ByteLevel post-processor
   deepseek_kind.json      Sequence of several Splits (DeepSeek-LLM style, with `\\s+$`), then
                           ByteLevel(use_regex=False), <｜end▁of▁sentence｜>
   cases.json              [{"tokenizer", "text", "ids", "decoded"}]: ids =
                           encode(text, add_special_tokens=False).ids and decoded =
                           decode(ids, skip_special_tokens=False), plus "prefix_decoded": the
-                          decode of the ids without the last one (may cut a character)
+                          decode of the ids without the last one (may cut a character) and
+                          "normalized": the text the ids stand for (the NFC form for qwen2_kind)
   corpus.txt              a text for `dstrain prepare --tokenizer`, and its ids per tokenizer in
                           prepare_ids.json (each with and without an end-of-text id at the end)
 """
@@ -28,13 +32,17 @@ import os
 import random
 
 import tokenizers
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import (Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
+                        processors, trainers)
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenizers")
 
 # GPT-2's pattern is built into ByteLevel(use_regex=True). Llama 3's (tiktoken cl100k style):
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                   r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Qwen2's (Qwen2.5's tokenizer.json): Llama 3's with one digit per pre-token.
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # DeepSeek-LLM's Splits, with its long letter class cut down to Latin-1 letters.
 DEEPSEEK_PATTERNS = [r"[\r\n]", r"\s?[A-Za-zµÀ-ÖØ-öø-ÿ]+", r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
                      r"\s+$", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}+"]
@@ -82,6 +90,10 @@ TEXTS = [
     "a" * 300 + " " + "ab" * 100 + " " + " " * 50 + "z" + "\n" * 20 + "9" * 40,
     "mixed12abc34def 56.78 x1y2z3 ÷×",
     "\u00e9\u0301 combining e\u0301 and precomposed \u00e9",
+    # Not in NFC: decomposed accents, Hangul jamo, the Angstrom and Ohm signs, reordered marks.
+    "cafe\u0301 nai\u0308ve A\u030angstro\u0308m \u212b \u2126 \u1100\u1161\u11a8 "
+    "a\u0323\u0302 a\u0302\u0323 \ufb01 \u00bd",
+    "e\u0301<|endoftext|>\u0301x<|im_start|>u\u0308<|im_end|>",
 ]
 
 
@@ -114,6 +126,23 @@ def llama3_kind():
     return Tokenizer.from_str(json.dumps(data))
 
 
+def qwen2_kind():
+    pre = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=680,
+                                  special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train_from_iterator(list(corpus_lines(4)), trainer=trainer)
+    return tokenizer
+
+
 def deepseek_kind():
     splits = [pre_tokenizers.Split(Regex(p), behavior="isolated", invert=False)
               for p in DEEPSEEK_PATTERNS]
@@ -130,6 +159,25 @@ def legacy_merges(tokenizer):
     return json.dumps(data, ensure_ascii=False, indent=2)
 
 
+def normalized_text(tokenizer, text):
+    """The text with the normalizer applied between the added tokens that are not normalized
+    (the special ones here), as encode() does."""
+    if tokenizer.normalizer is None:
+        return text
+    specials = sorted((t for t in tokenizer.get_added_tokens_decoder().values()),
+                      key=lambda t: -len(t.content))
+    out, i, start = [], 0, 0
+    while i < len(text):
+        token = next((t.content for t in specials if text.startswith(t.content, i)), None)
+        if token is None:
+            i += 1
+            continue
+        out += [tokenizer.normalizer.normalize_str(text[start:i]), token]
+        i = start = i + len(token)
+    out.append(tokenizer.normalizer.normalize_str(text[start:]))
+    return "".join(out)
+
+
 def write_json(name, value):
     with open(os.path.join(OUT, name), "w", encoding="utf-8") as f:
         json.dump(value, f, ensure_ascii=False, indent=1)
@@ -139,7 +187,7 @@ def write_json(name, value):
 def main():
     os.makedirs(OUT, exist_ok=True)
     made = {"gpt2_kind": gpt2_kind(), "llama3_kind": llama3_kind(),
-            "deepseek_kind": deepseek_kind()}
+            "deepseek_kind": deepseek_kind(), "qwen2_kind": qwen2_kind()}
     texts = {name: tokenizer.to_str(pretty=True) for name, tokenizer in made.items()}
     texts["gpt2_kind_legacy"] = legacy_merges(made["gpt2_kind"])
     made["gpt2_kind_legacy"] = Tokenizer.from_str(texts["gpt2_kind_legacy"])
@@ -152,6 +200,7 @@ def main():
         for text in TEXTS:
             ids = tokenizer.encode(text, add_special_tokens=False).ids
             cases.append({"tokenizer": name, "text": text, "ids": ids,
+                          "normalized": normalized_text(tokenizer, text),
                           "decoded": tokenizer.decode(ids, skip_special_tokens=False),
                           "prefix_decoded": tokenizer.decode(ids[:-1],
                                                              skip_special_tokens=False)})
@@ -168,7 +217,7 @@ def main():
     with open(os.path.join(OUT, "corpus.txt"), "w", encoding="utf-8") as f:
         f.write(corpus)
     eot = {"gpt2_kind": "<|endoftext|>", "llama3_kind": "<|end_of_text|>",
-           "deepseek_kind": DEEPSEEK_EOS}
+           "deepseek_kind": DEEPSEEK_EOS, "qwen2_kind": "<|endoftext|>"}
     write_json("prepare_ids.json", {
         name: {"ids": made[name].encode(corpus, add_special_tokens=False).ids,
                "eot_id": made[name].token_to_id(eot[name])} for name in eot})

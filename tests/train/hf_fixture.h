@@ -38,6 +38,9 @@ struct FixturePlan {
   }
 };
 
+// gtest's name for a case (else it prints the struct's bytes).
+inline void PrintTo(const FixturePlan& plan, std::ostream* out) { *out << plan.name(); }
+
 inline TrainOptions fixture_run(const FixturePlan& p, const nlohmann::json& expected,
                                 const std::filesystem::path& dir) {
   const std::string fixture = fixture_dir(p.fixture);
