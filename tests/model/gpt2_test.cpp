@@ -75,23 +75,7 @@ TEST(Gpt2, GradientsMatchPyTorchReference) {
   EXPECT_LT(max_logit_error, 1e-5);
 
   // Every gradient tensor: normalized error mse(ours, ref) / mse(ref, 0) and a max bound.
-  const SafetensorsFile grads_file = SafetensorsFile::open(kFixture + "grads0.safetensors");
-  for (const ParamSpec& spec : layout.params()) {
-    const std::vector<float> ref = grads_file.read_f32(spec.name);
-    ASSERT_EQ(static_cast<int64_t>(ref.size()), spec.file_numel()) << spec.name;
-    const float* ours = ParamLayout::view(spec, params.acquire_grads(spec.block)).f32();
-    double error = 0.0, norm = 0.0, max_error = 0.0, max_ref = 0.0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      const double diff = double(ours[i]) - ref[i];
-      error += diff * diff;
-      norm += double(ref[i]) * ref[i];
-      max_error = std::max(max_error, std::abs(diff));
-      max_ref = std::max(max_ref, std::abs(double(ref[i])));
-    }
-    ASSERT_GT(norm, 0.0) << spec.name << ": the reference gradient is all zeros";
-    EXPECT_LT(error / norm, 1e-10) << spec.name;
-    EXPECT_LT(max_error, 1e-6 + 1e-4 * max_ref) << spec.name;
-  }
+  test::expect_gradients_match_fixture(layout, params, kFixture + "grads0.safetensors");
   // The padded vocabulary rows of wte never get a gradient.
   const ParamSpec& wte = layout.find("wte.weight");
   const float* wte_grad = ParamLayout::view(wte, params.acquire_grads(0)).f32();

@@ -1,15 +1,21 @@
-// Reading the committed reference fixtures (tests/reference/): whole files and llm.c token
-// shards.
+// Reading the committed reference fixtures (tests/reference/): whole files, llm.c token
+// shards, and a fixture's gradients against a model's.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <string>
 #include <vector>
+
+#include "core/safetensors.h"
+#include "model/layout.h"
+#include "model/param_provider.h"
 
 namespace dstrain::test {
 
@@ -32,6 +38,31 @@ inline std::vector<int32_t> read_llmc_u16(const std::string& path) {
     tokens[i] = token;
   }
   return tokens;
+}
+
+// Every gradient tensor in `params` against the fixture file `path` (grads0.safetensors, the
+// layout's tensors by name, file shapes): the normalized error mse(ours, ref) / mse(ref, 0)
+// below 1e-10, and every element within 1e-6 + 1e-4 * max|ref|.
+inline void expect_gradients_match_fixture(const ParamLayout& layout, ParamProvider& params,
+                                           const std::string& path) {
+  const SafetensorsFile grads = SafetensorsFile::open(path);
+  ASSERT_EQ(grads.names().size(), layout.params().size());
+  for (const ParamSpec& spec : layout.params()) {
+    const std::vector<float> ref = grads.read_f32(spec.name);
+    ASSERT_EQ(static_cast<int64_t>(ref.size()), spec.file_numel()) << spec.name;
+    const float* ours = ParamLayout::view(spec, params.acquire_grads(spec.block)).f32();
+    double error = 0.0, norm = 0.0, max_error = 0.0, max_ref = 0.0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double diff = double(ours[i]) - ref[i];
+      error += diff * diff;
+      norm += double(ref[i]) * ref[i];
+      max_error = std::max(max_error, std::abs(diff));
+      max_ref = std::max(max_ref, std::abs(double(ref[i])));
+    }
+    ASSERT_GT(norm, 0.0) << spec.name << ": the reference gradient is all zeros";
+    EXPECT_LT(error / norm, 1e-10) << spec.name;
+    EXPECT_LT(max_error, 1e-6 + 1e-4 * max_ref) << spec.name;
+  }
 }
 
 }  // namespace dstrain::test

@@ -61,24 +61,7 @@ TEST_P(LlamaAgainstTransformers, LossAndGradientsOfTheFirstMicroBatch) {
   EXPECT_NEAR(loss, expected["initial_loss"].get<double>(), 2e-6);
 
   // Every gradient: normalized error mse(ours, ref) / mse(ref, 0) and a max bound.
-  const SafetensorsFile grads = SafetensorsFile::open(dir + "grads0.safetensors");
-  ASSERT_EQ(grads.names().size(), layout.params().size());
-  for (const ParamSpec& spec : layout.params()) {
-    const std::vector<float> ref = grads.read_f32(spec.name);
-    ASSERT_EQ(static_cast<int64_t>(ref.size()), spec.file_numel()) << spec.name;
-    const float* ours = ParamLayout::view(spec, params.acquire_grads(spec.block)).f32();
-    double error = 0.0, norm = 0.0, max_error = 0.0, max_ref = 0.0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      const double diff = double(ours[i]) - ref[i];
-      error += diff * diff;
-      norm += double(ref[i]) * ref[i];
-      max_error = std::max(max_error, std::abs(diff));
-      max_ref = std::max(max_ref, std::abs(double(ref[i])));
-    }
-    ASSERT_GT(norm, 0.0) << spec.name;
-    EXPECT_LT(error / norm, 1e-10) << spec.name;
-    EXPECT_LT(max_error, 1e-6 + 1e-4 * max_ref) << spec.name;
-  }
+  test::expect_gradients_match_fixture(layout, params, dir + "grads0.safetensors");
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaAgainstTransformers,
