@@ -31,8 +31,9 @@
 #include "core/check.h"
 #include "core/rng.h"
 #include "model/config.h"
-#include "model/gpt2.h"
+#include "model/architecture.h"
 #include "model/layout.h"
+#include "model/stage.h"
 #include "optim/adamw.h"
 #include "optim/grad_scaler.h"
 #include "optim/schedule.h"
@@ -184,7 +185,9 @@ Result run_case(const Options& o, const RunDevices& devices, const ModelConfig& 
     const Stream compute = rank.compute.get();
     ShardedModel state(config, sharding, *rank.comm, backend, *rank.device, *rank.host, compute);
     state.set_full_params(initial.tensors());
-    Gpt2 model(config, backend, *rank.device, B, T, dtype, true, parse_recompute(o.recompute));
+    const std::unique_ptr<Architecture> arch = make_architecture(config);
+    ModelStage model(*arch, whole_model(config), backend, *rank.device, B, T, dtype, true,
+                     parse_recompute(o.recompute), 1);
 
     // Random tokens (B*T + 1 of them: targets are the inputs shifted by one), in the device
     // memory the model reads, uploaded once: every step trains on the same batch.
@@ -217,10 +220,10 @@ Result run_case(const Options& o, const RunDevices& devices, const ModelConfig& 
       const auto start = std::chrono::steady_clock::now();
       const double loss_scale = scaler.scale();
       state.begin_step();
-      const double loss = model.forward(state, inputs, targets,
+      const double loss = model.forward(state, 0, B, T, inputs, targets,
                                         static_cast<float>(loss_scale / double(B * T)), compute);
       state.last_micro_batch();
-      model.backward(state, inputs, compute);
+      model.backward(state, 0, inputs, compute);
       const StepStats stats =
           state.finish_step(adam, learning_rate(schedule, step), adam_step + 1, loss_scale);
       const bool skipped = scaler.update(stats.found_inf);
@@ -299,7 +302,7 @@ int run(const Options& o) {
   bool header_printed = false;
   for (const std::string& model_name : o.models) {
     const ModelConfig config = load_model_config(model_name);
-    const bool small = config.name == "tiny";
+    const bool small = config.num_parameters() < 1000000;  // tiny, llama-tiny
     const int64_t B = o.batch ? o.batch : (cuda ? 8 : (small ? 16 : 4));
     const int64_t T = o.seq_len
                           ? o.seq_len
@@ -368,8 +371,8 @@ int run(const Options& o) {
   }
   std::printf(
       "\nms/step: median of the timed steps (each ends with a device synchronize). Model FLOPs "
-      "(src/parallel/cost_model.h model_flops, PaLM's convention): per token 3 x (L x (24 C^2 + "
-      "4 T C) + 2 C Vp), attention without the causal halving, recomputation not counted. MFU = "
+      "(src/parallel/model_flops.h, PaLM's convention): per token 3 x (L x (2 x the multiply-adds "
+      "of a layer's matrices + 4 T C) + 2 C Vp) (GPT-2: 24 C^2 + 4 T C a layer), attention without the causal halving, recomputation not counted. MFU = "
       "achieved / peak; peak: %s. Peak memory: the allocator's (parameters, optimizer state, "
       "activations, workspace), without the backend's scratch pool.\n",
       peak_sources.empty() ? "none known (give --peak-tflops)" : [&] {
@@ -388,7 +391,8 @@ int run(const Options& o) {
                        {"warmup", o.warmup},
                        {"steps", o.steps},
                        {"flops_convention",
-                        "per token 3 x (L x (24 C^2 + 4 T C) + 2 C Vp) (cost_model.h model_flops)"},
+                        "per token 3 x (L x (2 x the multiply-adds of a layer's matrices + 4 T C) + 2 C Vp) "
+                        "(model_flops.h)"},
                        {"rows", nlohmann::json::array()}};
     for (const Result& r : results) out["rows"].push_back(to_json(r, o.device, o.recompute));
     std::ofstream file(o.json);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "data/bpe_tokenizer.h"
 #include "tests/common/temp_dir.h"
 #include "train/devices.h"
 
@@ -226,6 +227,37 @@ TEST_F(CliTest, PrepareWithTokenizerJsonWritesTheLibrarysIds) {
                     "not valid JSON");
   EXPECT_FALSE(fs::exists(file("shards2")));
   expect_user_error("prepare --input '" + fixtures + "corpus.txt' --out shards2 --eot", "--tokenizer");
+}
+
+// The path of the README's fine-tuning section on a small scale: shards made with a
+// tokenizer.json, a LLaMA model from a config.json, and the sample decoded with the tokenizer:
+// the prompt (the first 8 validation tokens) shows as the text they stand for.
+TEST_F(CliTest, SampleIsDecodedWithTheTokenizerOfTheRun) {
+  const std::string fixtures = std::string(DSTRAIN_SOURCE_DIR) + "/tests/reference/tokenizers/";
+  const std::string tokenizer = fixtures + "qwen2_kind.json";
+  Result prepared = run_dstrain("prepare --input '" + fixtures + "corpus.txt' --out shards "
+                                "--tokenizer '" + tokenizer + "' --eot", dir_);
+  ASSERT_EQ(prepared.exit_code, 0) << prepared.err;
+  write("config.json", R"({"model_type": "qwen2", "vocab_size": 700, "hidden_size": 32,
+      "intermediate_size": 48, "num_hidden_layers": 1, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "max_position_embeddings": 64, "tie_word_embeddings": true})");
+  Result run = run_dstrain("--model config.json --data 'shards/train_*.bin' "
+                           "--val-data 'shards/val_*.bin' --batch 2 --seq-len 32 --steps 2 "
+                           "--eval-every 0 --sample 12 --tokenizer '" + tokenizer + "'", dir_);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  std::ifstream shard(file("shards/val_000000.bin"), std::ios::binary);
+  const std::string bytes(std::istreambuf_iterator<char>(shard), {});
+  std::vector<int32_t> prompt(8);
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    uint16_t id;
+    std::memcpy(&id, bytes.data() + 1024 + 2 * i, 2);
+    prompt[i] = id;
+  }
+  const std::string text = dstrain::BpeTokenizer::from_file(tokenizer).decode(prompt);
+  ASSERT_GT(text.size(), 8u);
+  EXPECT_NE(run.out.find("sampled):\n    " + text), std::string::npos) << text << "\n" << run.out;
+  expect_user_error("--model config.json --data 'shards/train_*.bin' --steps 1 --tokenizer nope.json",
+                    "nope.json");
 }
 
 TEST_F(CliTest, SyntheticRunLogsEntropyFloor) {
