@@ -118,6 +118,21 @@ void write_file_atomic(const fs::path& path, std::string_view bytes) {
   out.commit();
 }
 
+void replace_symlink_atomic(const fs::path& link, const fs::path& target) {
+  const fs::path temp = parent_of(link) / ("." + link.filename().string() + ".tmp-" + unique_suffix());
+  if (::symlink(target.c_str(), temp.c_str()) != 0) {
+    DSTRAIN_USER_ERROR() << "cannot create the link '" << link.string() << "': "
+                         << errno_text(errno) << ".";
+  }
+  if (::rename(temp.c_str(), link.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(temp.c_str());
+    DSTRAIN_USER_ERROR() << "cannot replace '" << link.string() << "' with a link: "
+                         << errno_text(error) << ".";
+  }
+  fsync_directory(parent_of(link));
+}
+
 void fsync_directory(const fs::path& path) { fsync_path(path, /*directory=*/true); }
 
 void fsync_tree(const fs::path& path) {

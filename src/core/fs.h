@@ -25,6 +25,11 @@ std::string read_file(const std::filesystem::path& path);
 // A symbolic link at `path` is replaced by the file, not followed.
 void write_file_atomic(const std::filesystem::path& path, std::string_view bytes);
 
+// Replaces (or creates) `link` with a symbolic link to `target` atomically (made under a temp
+// name, renamed over `link`, the directory fsynced): a reader finds the old link (or file) or
+// the new link, never none. UserError naming the path on failure.
+void replace_symlink_atomic(const std::filesystem::path& link, const std::filesystem::path& target);
+
 // Makes the creations, renames and removals inside directory `path` durable.
 void fsync_directory(const std::filesystem::path& path);
 

@@ -51,7 +51,8 @@ std::string CheckpointWriter::finish(const nlohmann::json& trainer_state) {
   trainer["complete"] = true;
   write_file_atomic(staging_->path() / "trainer.json", trainer.dump(2) + "\n");
   staging_->commit();
-  write_file_atomic(fs::path(out_dir_) / "latest", step_dir_name(step_) + "\n");
+  // A link, so that from_pretrained(OUT/latest), ls and cp follow it.
+  replace_symlink_atomic(fs::path(out_dir_) / "latest", step_dir_name(step_));
   return (fs::path(out_dir_) / step_dir_name(step_)).string();
 }
 
@@ -60,8 +61,10 @@ CheckpointInfo open_checkpoint(const std::string& path) {
   DSTRAIN_USER_CHECK(fs::is_directory(dir))
       << "--resume " << path << " is not a directory (give a run's --out directory or one of "
       << "its step-NNNNNN checkpoints)";
-  if (fs::exists(dir / "latest") && !fs::exists(dir / "trainer.json")) {
-    std::string name = read_file(dir / "latest");
+  const fs::path latest = dir / "latest";
+  if (fs::is_symlink(latest) || (fs::exists(latest) && !fs::exists(dir / "trainer.json"))) {
+    // A link to the step directory; runs of earlier versions wrote its name as text.
+    std::string name = fs::is_symlink(latest) ? fs::read_symlink(latest).string() : read_file(latest);
     while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
     DSTRAIN_USER_CHECK(!name.empty() && name.find('/') == std::string::npos &&
                        fs::is_directory(dir / name))

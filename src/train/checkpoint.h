@@ -3,7 +3,8 @@
 // model.safetensors.index.json), config.json, optimizer.safetensors (Adam moments, "<name>.exp_avg" and
 // "<name>.exp_avg_sq") and trainer.json (step, seed, data position, hyper-parameters).
 // Each directory appears whole or not at all (filled under a temp name, fsynced, renamed);
-// OUT/latest names the newest one and is replaced atomically after it.
+// OUT/latest, a symbolic link to the newest one, is replaced atomically after it (runs of
+// earlier versions wrote it as a text file naming the step; resume reads both).
 #pragma once
 
 #include <cstdint>

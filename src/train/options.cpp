@@ -37,8 +37,6 @@ void validate_options(const TrainOptions& options) {
   (void)save_shard_bytes(options);  // a UserError naming the flag
   DSTRAIN_USER_CHECK(options.save_every == 0 || !options.out.empty())
       << "--save-every needs --out (the directory checkpoints go to)";
-  DSTRAIN_USER_CHECK(options.resume.empty() || options.init_from.empty())
-      << "--resume and --init-from exclude each other (a resume restores the weights)";
   DSTRAIN_USER_CHECK(options.gpus >= 1) << "--gpus must be at least 1";
   DSTRAIN_USER_CHECK(options.gpus <= 64)
       << "--gpus " << options.gpus << " is more ranks than one machine holds (at most 64)";

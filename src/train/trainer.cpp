@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <ctime>
 #include <memory>
 
 #include "model/gpt2.h"
@@ -17,11 +18,26 @@ namespace dstrain {
 namespace {
 
 // SIGINT / SIGTERM: the first asks the run to stop after the current step (with a checkpoint
-// when --out is set); a second one exits at once. A checkpoint directory only appears whole
-// (renamed from its temp name), so exiting at once never corrupts the last good one.
+// when --out is set); a second one exits at once. The same signal again within a second is the
+// first one delivered twice (`timeout` and job schedulers signal the whole process group, and
+// a shell forwards it too), not a second. A checkpoint directory only appears whole (renamed
+// from its temp name), so exiting at once never corrupts the last good one.
 std::atomic<int> g_stop_signal{0};
+std::atomic<int64_t> g_stop_signal_ns{0};  // CLOCK_MONOTONIC time of the first signal
+
+int64_t monotonic_ns() {  // async-signal-safe (clock_gettime is)
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);
+  return int64_t{now.tv_sec} * 1000000000 + now.tv_nsec;
+}
 
 extern "C" void on_stop_signal(int signal) {
+  const int first = g_stop_signal.load();
+  if (first == 0) {
+    g_stop_signal_ns = monotonic_ns();
+  } else if (first == signal && monotonic_ns() - g_stop_signal_ns.load() < 1000000000) {
+    return;  // the same delivery again
+  }
   if (g_stop_signal.exchange(signal) != 0) {
     static const char message[] = "\ndstrain: second signal, exiting now\n";
     (void)!::write(STDERR_FILENO, message, sizeof message - 1);
@@ -127,6 +143,13 @@ TrainSummary train(const TrainOptions& given, std::ostream& out) {
     ctx.resume = open_checkpoint(options.resume);
     if (ctx.resume->trainer_state.contains("options")) {
       apply_resumable_options(options, ctx.resume->trainer_state["options"]);
+    }
+    // The first run's command line repeated with --resume (DeepSpeed's and the HF Trainer's
+    // habit): the checkpoint's weights win.
+    if (!options.init_from.empty()) {
+      out << "dstrain: --init-from " << options.init_from << " is ignored: the run resumes from "
+          << ctx.resume->dir << "\n";
+      options.init_from.clear();
     }
   }
   validate_options(options);

@@ -127,12 +127,15 @@ TEST(HfCheckpoints, ShardedCheckpointsHoldTheSameWeightsAndResume) {
   }
   EXPECT_EQ(index["metadata"]["total_size"].get<uint64_t>(), total);
 
+  // The first run's options again with --resume, --init-from included: the checkpoint wins.
   TrainOptions resumed = sharded;
-  resumed.init_from.clear();
   resumed.resume = step.string();
   resumed.steps = 3;
   resumed.log = (dir.path() / "resumed.jsonl").string();
-  train(resumed, out);
+  std::ostringstream resumed_out;
+  train(resumed, resumed_out);
+  EXPECT_NE(resumed_out.str().find("--init-from " + sharded.init_from + " is ignored"),
+            std::string::npos) << resumed_out.str();
   EXPECT_EQ(test::read_logged_run(resumed).losses.size(), 1u);
 }
 

@@ -230,7 +230,9 @@ TEST_F(TrainTest, BrokenCheckpointsAreClearErrors) {
   train(options, out);
   const fs::path good = path("run/step-000002");
   ASSERT_TRUE(fs::exists(good / "model.safetensors"));
-  EXPECT_EQ(slurp(path("run/latest")), "step-000002\n");
+  ASSERT_TRUE(fs::is_symlink(path("run/latest")));
+  EXPECT_EQ(fs::read_symlink(path("run/latest")), "step-000002");
+  EXPECT_TRUE(fs::exists(path("run/latest/config.json"))) << "a link that tools can follow";
   // No temp directory is left behind.
   for (const auto& entry : fs::directory_iterator(path("run"))) {
     EXPECT_EQ(entry.path().filename().string().rfind(".tmp", 0), std::string::npos);
@@ -266,6 +268,22 @@ TEST_F(TrainTest, BrokenCheckpointsAreClearErrors) {
     std::ofstream(path("dangling/latest")) << "step-000099\n";
     resume.resume = path("dangling");
     expect_user_error(resume, "does not exist");
+    fs::create_directories(path("dangling_link"));
+    fs::create_directory_symlink("step-000099", path("dangling_link/latest"));
+    resume.resume = path("dangling_link");
+    expect_user_error(resume, "does not exist");
+  }
+  // A run of an earlier version: `latest` a text file naming the step.
+  {
+    fs::create_directories(path("old_run"));
+    fs::copy(good, path("old_run/step-000002"), fs::copy_options::recursive);
+    std::ofstream(path("old_run/latest")) << "step-000002\n";
+    TrainOptions old = resume;
+    old.resume = path("old_run");
+    old.out = path("old_run");
+    std::ostringstream log;
+    EXPECT_EQ(train(old, log).steps, 4);
+    EXPECT_EQ(fs::read_symlink(path("old_run/latest")), "step-000004") << "replaced by a link";
   }
   // A different model than the checkpoint's.
   resume.resume = good.string();
