@@ -7,8 +7,9 @@ Trains the fixture (llama_tiny or qwen2_tiny, made by make_llama_reference.py) w
 dstrain binary DSTRAIN, on the CPU, with the training settings transformers used, into
 WORK_DIR, the weights in shards (--save-shard-size 30K) so that the index is read too. Then,
 in transformers:
-  - AutoModelForCausalLM.from_pretrained(the final checkpoint directory) loads with no missing,
-    unexpected or misshapen tensor, as the fixture's class (LlamaForCausalLM / Qwen2ForCausalLM);
+  - AutoModelForCausalLM.from_pretrained(WORK_DIR/run/latest, the link to the final
+    checkpoint) loads with no missing, unexpected or misshapen tensor, as the fixture's class
+    (LlamaForCausalLM / Qwen2ForCausalLM);
   - its loss on every micro-batch of the run equals (1e-4 relative) the loss of transformers'
     own model after the same 10 steps (the fixture's final.safetensors);
   - its weights are within 2e-5 of those (the bound of hf_models_test.cpp).
@@ -50,7 +51,10 @@ def train_with_dstrain(dstrain, fixture, expected, out_dir):
     }
     command = [dstrain, "--quiet"] + [f"--{k}={v}" for k, v in flags.items()]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    return os.path.join(out_dir, "step-%06d" % expected["steps"])
+    latest = os.path.join(out_dir, "latest")  # a link to step-000010: what users load
+    assert os.path.realpath(latest) == os.path.realpath(
+        os.path.join(out_dir, "step-%06d" % expected["steps"])), latest
+    return latest
 
 
 def tokens_of(path):
