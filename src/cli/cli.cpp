@@ -8,6 +8,7 @@
 #include <boost/program_options.hpp>
 
 #include "cli/commands.h"
+#include "cli/config_file.h"
 #include "core/check.h"
 #include "data/prepare.h"
 #include "model/config.h"
@@ -30,6 +31,9 @@ std::string preset_list() {
 po::options_description train_flags(TrainOptions& o) {
   po::options_description model("Model and data");
   model.add_options()
+      ("config", po::value<std::string>()->value_name("FILE"),
+       "read flags from FILE: JSON with the flag names as keys (as OUT/run_config.json, which every "
+       "run with --out writes), or `flag = value` lines; flags on the command line win")
       ("model", po::value(&o.model)->value_name("NAME|PATH"),
        ("a preset, or a Hugging Face config.json (gpt2, llama or qwen2) or the model directory holding it (default tiny; presets: " + preset_list() + ")").c_str())
       ("data", po::value(&o.data)->value_name("FILE|GLOB"),
@@ -129,11 +133,12 @@ int run_train(const std::vector<std::string>& args, std::ostream& out) {
   options.model.clear();  // empty: tiny, or the checkpoint's model on --resume
   po::options_description flags = train_flags(options);
   flags.add_options()("help,h", "this help");
-  const po::variables_map values = parse(args, flags);
+  po::variables_map values = parse(args, flags);
   if (values.count("help")) {
     print_usage(out, flags);
     return 0;
   }
+  if (values.count("config")) store_config_file(values["config"].as<std::string>(), flags, values);
   options.explicit_flags.emplace();
   for (const auto& [name, value] : values) {
     if (!value.defaulted()) options.explicit_flags->insert(name);

@@ -108,6 +108,19 @@ nlohmann::json resumable_options(const TrainOptions& options) {
   return saved;
 }
 
+nlohmann::json run_config(const TrainOptions& options) {
+  nlohmann::json config = resumable_options(options);
+  config["model"] = options.model;
+  if (!options.init_from.empty()) config["init-from"] = options.init_from;
+  if (!options.tokenizer.empty()) config["tokenizer"] = options.tokenizer;
+  config["device"] = options.device;
+  config["threads"] = options.threads;
+  config["comm-timeout"] = options.comm_timeout;
+  config["save-shard-size"] = options.save_shard_size;
+  config["sample"] = options.sample_tokens;
+  return config;
+}
+
 void apply_resumable_options(TrainOptions& options, const nlohmann::json& saved) {
   if (!options.explicit_flags || !saved.is_object()) return;
   const std::set<std::string>& given = *options.explicit_flags;

@@ -96,6 +96,10 @@ uint64_t save_shard_bytes(const TrainOptions& options);
 // micro-batches per step (grad-accum x data-parallel ranks) stay the same: the accumulation
 // follows. A new --pp drops the remembered --pp-split.
 nlohmann::json resumable_options(const TrainOptions& options);
+// Every setting of a run under its flag name (the resumable ones and the model, its weights and
+// tokenizer, the device and the output settings): OUT/run_config.json, which --config reads
+// back to repeat the run.
+nlohmann::json run_config(const TrainOptions& options);
 void apply_resumable_options(TrainOptions& options, const nlohmann::json& saved);
 
 // The data-parallel ranks the options give: gpus / (tp x pp).

@@ -5,8 +5,10 @@
 
 #include <atomic>
 #include <ctime>
+#include <filesystem>
 #include <memory>
 
+#include "core/fs.h"
 #include "model/gpt2.h"
 #include "optim/schedule.h"
 #include "parallel/pipeline_split.h"
@@ -89,6 +91,18 @@ void take_resumed_run(RunContext& ctx) {
         << "--model " << options.model << " differs from the model of checkpoint "
         << ctx.resume->dir << "; drop --model to resume it";
   }
+}
+
+// OUT/run_config.json: the run's settings as flags (the planner's choices included), so that
+// `dstrain --config OUT/run_config.json` repeats it.
+void write_run_config(const TrainOptions& options, const ModelConfig& config) {
+  nlohmann::json settings = run_config(options);
+  if (options.model.empty()) settings["model"] = config.name;  // a resume: the checkpoint's
+  std::error_code error;
+  std::filesystem::create_directories(options.out, error);
+  DSTRAIN_USER_CHECK(!error) << "cannot create --out directory " << options.out << ": "
+                             << error.message();
+  write_file_atomic(std::filesystem::path(options.out) / "run_config.json", settings.dump(2) + "\n");
 }
 
 void check_fingerprint(const RunContext& ctx) {
@@ -179,6 +193,7 @@ TrainSummary train(const TrainOptions& given, std::ostream& out) {
   Datasets data = open_datasets(options, config, ctx.plan.micro_batch, ctx.plan.seq_len, ctx.plan.dp);
   ctx.data = &data;
   ctx.fingerprint = run_fingerprint(options, ctx.plan, config);
+  if (!options.out.empty()) write_run_config(options, config);
   const ParamLayout layout(config);
   FullTrainingState initial(layout);
   load_initial_state(ctx, layout, initial);

@@ -260,6 +260,49 @@ TEST_F(CliTest, SampleIsDecodedWithTheTokenizerOfTheRun) {
                     "nope.json");
 }
 
+// The step records' losses of a JSONL log, in order.
+std::vector<double> logged_losses(const fs::path& log) {
+  std::vector<double> losses;
+  std::ifstream file(log);
+  for (std::string line; std::getline(file, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (record.contains("loss") && !record.contains("type")) losses.push_back(record["loss"]);
+  }
+  return losses;
+}
+
+// --config: flags from a `flag = value` file under the command line's; every run with --out
+// writes OUT/run_config.json, and --config with it repeats the run to the bit.
+TEST_F(CliTest, ConfigFilesAndRunConfigRepeatARun) {
+  write("run.cfg", "# a run kept as a file\nbatch = 4\nseq-len = 32\nsteps = 5\nlr = 0.01\n"
+                   "eval-every = 0\nsample = 0\nzero = 1\ngpus = 2\noffload = true\n");
+  Result first = run_dstrain("--config run.cfg --steps 3 --out run --log log.jsonl --device cpu", dir_);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const std::vector<double> losses = logged_losses(file("log.jsonl"));
+  ASSERT_EQ(losses.size(), 3u) << "the command line's --steps wins";
+  const nlohmann::json saved = nlohmann::json::parse(std::ifstream(file("run/run_config.json")));
+  EXPECT_EQ(saved["batch"], 4);
+  EXPECT_EQ(saved["steps"], 3);
+  EXPECT_EQ(saved["gpus"], 2);
+  EXPECT_EQ(saved["offload"], true);
+  EXPECT_EQ(saved["lr"], 0.01);
+
+  Result again = run_dstrain("--config run/run_config.json --out run2 --log log2.jsonl", dir_);
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(logged_losses(file("log2.jsonl")), losses);
+  EXPECT_TRUE(fs::exists(file("run2/run_config.json")));
+
+  write("bad_key.json", R"({"batch": 4, "bacth": 8})");
+  expect_user_error("--config bad_key.json", "\"bacth\" is not a dstrain flag");
+  write("bad_switch.json", R"({"offload": "yes"})");
+  expect_user_error("--config bad_switch.json", "switch");
+  write("bad.json", "{\"batch\": ");
+  expect_user_error("--config bad.json", "not valid JSON");
+  write("bad.cfg", "batch = many\n");
+  expect_user_error("--config bad.cfg", "bad.cfg");
+  expect_user_error("--config missing.cfg", "missing.cfg");
+}
+
 TEST_F(CliTest, SyntheticRunLogsEntropyFloor) {
   Result result = run_dstrain("--batch 4 --seq-len 32 --steps 2 --eval-every 2 --sample 8 --log log.jsonl", dir_);
   ASSERT_EQ(result.exit_code, 0) << result.err;
