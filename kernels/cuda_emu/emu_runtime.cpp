@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "kernels/cuda_emu/emu_ptx.h"
 
 namespace dstrain::emu {
 
@@ -78,12 +79,17 @@ struct Lane {
   Wait wait = Wait::kNone;
   uint64_t wait_generation = 0;
   std::exception_ptr error;
+  AsyncCopies async_copies;  // cp.async issued and not yet waited for
 };
 
 struct WarpState {
   unsigned live_mask = 0;     // lanes that exist and have not exited
   unsigned arrived_mask = 0;  // lanes waiting in the exchange in progress
   unsigned pending_mask = 0;  // that exchange's mask
+  // That exchange's operation: a .sync.aligned collective's completion (nullptr for shuffles,
+  // votes and __syncwarp), and its name for errors.
+  WarpComplete pending_complete = nullptr;
+  const char* pending_what = "";
   uint64_t generation = 0;
   // Exchange g writes slots[g & 1]: a lane can only write exchange g + 2 after every lane
   // arrived at g + 1, that is after every lane read g.
@@ -141,6 +147,7 @@ void release_block_barrier(Block& block) {
 }
 
 void on_exit(Block& block, Lane& lane) {
+  finish_async_copies(lane.async_copies);
   lane.done = true;
   --block.live;
   WarpState& warp = block.warps[lane.warp];
@@ -148,8 +155,7 @@ void on_exit(Block& block, Lane& lane) {
   warp.live_mask &= ~bit;
   DSTRAIN_CHECK(!(warp.arrived_mask != 0 && (warp.pending_mask & bit)))
       << where(block, &lane) << ": this thread exited while lanes 0x" << std::hex
-      << warp.arrived_mask
-      << " of its warp wait for it in a shuffle, vote or __syncwarp with mask 0x"
+      << warp.arrived_mask << " of its warp wait for it in " << warp.pending_what << " with mask 0x"
       << warp.pending_mask;
   // Exited threads no longer count at __syncthreads (what GPUs since Volta do).
   if (block.arrived > 0 && block.arrived == block.live) release_block_barrier(block);
@@ -249,9 +255,20 @@ void sync_block() {
 
 namespace {
 
+// The lanes of `mask` that arrive at one exchange must all be in the same kind of operation.
+void check_same_operation(const Block& block, const Lane& lane, const WarpState& warp,
+                          WarpComplete complete, const char* what) {
+  DSTRAIN_CHECK(warp.pending_complete == complete)
+      << where(block, &lane) << ": " << what << " while lanes 0x" << std::hex << warp.arrived_mask
+      << " of its warp wait in " << warp.pending_what
+      << " (a .sync.aligned instruction that not every lane executes)";
+}
+
 // Every lane of `mask` arrives with `value`; returns the slots of this exchange (valid until
-// this lane's next exchange).
-const uint64_t* exchange(unsigned mask, uint64_t value, const char* what) {
+// this lane's next exchange). `complete` (a collective's, or nullptr) runs on the last lane to
+// arrive, with every lane's value as a pointer, before any lane leaves.
+const uint64_t* exchange(unsigned mask, uint64_t value, const char* what,
+                         WarpComplete complete = nullptr) {
   Lane& lane = this_lane(what);
   Block& block = *t_block;
   WarpState& warp = block.warps[lane.warp];
@@ -264,7 +281,10 @@ const uint64_t* exchange(unsigned mask, uint64_t value, const char* what) {
       << " names lanes that exited or do not exist (live lanes 0x" << warp.live_mask << ")";
   if (warp.arrived_mask == 0) {
     warp.pending_mask = mask;
+    warp.pending_complete = complete;
+    warp.pending_what = what;
   } else {
+    check_same_operation(block, lane, warp, complete, what);
     DSTRAIN_CHECK(warp.pending_mask == mask)
         << where(block, &lane) << ": " << what << " with mask 0x" << std::hex << mask
         << " while lanes 0x" << warp.arrived_mask << " wait in one with mask 0x"
@@ -277,6 +297,11 @@ const uint64_t* exchange(unsigned mask, uint64_t value, const char* what) {
   lane.wait = Wait::kWarp;
   lane.wait_generation = generation;
   if (warp.arrived_mask == mask) {
+    if (complete) {
+      void* lane_data[32];
+      for (int l = 0; l < 32; ++l) lane_data[l] = reinterpret_cast<void*>(slots[l]);
+      complete(lane_data);
+    }
     warp.arrived_mask = 0;
     ++warp.generation;
   } else {
@@ -328,6 +353,12 @@ unsigned ballot(unsigned mask, bool predicate) {
   }
   return result;
 }
+
+void warp_collective(void* lane_data, WarpComplete complete, const char* what) {
+  exchange(0xffffffffu, reinterpret_cast<uint64_t>(lane_data), what, complete);
+}
+
+AsyncCopies& async_copies() { return this_lane("cp.async").async_copies; }
 
 cudaError_t set_max_dynamic_shared(const void* kernel, int bytes) {
   if (bytes < 0 || static_cast<size_t>(bytes) > kOptinSharedBytes) return cudaErrorInvalidValue;

@@ -56,6 +56,18 @@ enum class ShuffleKind { kIndex, kXor, kDown, kUp };
 uint64_t shuffle(unsigned mask, uint64_t value, ShuffleKind kind, int operand, int width);
 unsigned ballot(unsigned mask, bool predicate);
 
+// A .sync.aligned warp instruction (mma, ldmatrix; emu_ptx.cpp): every lane of the full warp
+// arrives with a pointer to its own operands, and the last to arrive calls
+// complete(lane_data), lane_data[l] being lane l's pointer, while the others wait inside this
+// call (so every pointer is live). A lane that exited, a partial warp, or lanes waiting in
+// another warp operation (another `complete`, a shuffle) is an error naming `what`.
+using WarpComplete = void (*)(void* const lane_data[32]);
+void warp_collective(void* lane_data, WarpComplete complete, const char* what);
+
+// The calling GPU thread's cp.async copies not yet performed (emu_ptx.h).
+struct AsyncCopies;
+AsyncCopies& async_copies();
+
 // A kernel launch: checks the configuration (an invalid one sets the sticky launch error that
 // cudaGetLastError returns, as CUDA does) and runs `body` once per GPU thread of the grid.
 // The grid runs when the stream reaches it (see enqueue below): `body` owns copies of the
