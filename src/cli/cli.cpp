@@ -1,6 +1,7 @@
 #include "cli/cli.h"
 
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -9,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/config_file.h"
+#include "cli/deepspeed_config.h"
 #include "core/check.h"
 #include "data/prepare.h"
 #include "model/config.h"
@@ -34,6 +36,10 @@ po::options_description train_flags(TrainOptions& o) {
       ("config", po::value<std::string>()->value_name("FILE"),
        "read flags from FILE: JSON with the flag names as keys (as OUT/run_config.json, which every "
        "run with --out writes), or `flag = value` lines; flags on the command line win")
+      ("deepspeed-config", po::value<std::string>()->value_name("FILE"),
+       "a DeepSpeed ds_config.json: its batch, ZeRO, offload, fp16/bf16, clipping, AdamW and "
+       "WarmupLR/WarmupCosineLR settings as dstrain flags (printed); what dstrain cannot do is "
+       "named; --config and command-line flags win")
       ("model", po::value(&o.model)->value_name("NAME|PATH"),
        ("a preset, or a Hugging Face config.json (gpt2, llama or qwen2) or the model directory holding it (default tiny; presets: " + preset_list() + ")").c_str())
       ("data", po::value(&o.data)->value_name("FILE|GLOB"),
@@ -60,7 +66,11 @@ po::options_description train_flags(TrainOptions& o) {
       ("eps", po::value(&o.eps)->default_value(o.eps, "1e-8"), "AdamW epsilon")
       ("grad-clip", po::value(&o.grad_clip)->default_value(o.grad_clip, "1.0"), "clip the global gradient norm to this (0 disables)")
       ("seed", po::value(&o.seed)->default_value(o.seed), "seed of initialization, shuffling and sampling")
-      ("precision", po::value(&o.precision)->default_value(o.precision), "fp32 | fp16 (with dynamic loss scaling) | bf16");
+      ("precision", po::value(&o.precision)->default_value(o.precision), "fp32 | fp16 (with dynamic loss scaling) | bf16")
+      ("loss-scale-init", po::value(&o.loss_scaling.initial_scale)->default_value(o.loss_scaling.initial_scale, "65536")->value_name("S"), "fp16: the first loss scale")
+      ("loss-scale-window", po::value(&o.loss_scaling.growth_interval)->default_value(o.loss_scaling.growth_interval)->value_name("N"), "fp16: clean steps in a row before the scale doubles")
+      ("loss-scale-hysteresis", po::value(&o.loss_scaling.hysteresis)->default_value(o.loss_scaling.hysteresis)->value_name("N"), "fp16: overflows until the scale halves (DeepSpeed's hysteresis; every overflow skips its step)")
+      ("min-loss-scale", po::value(&o.loss_scaling.min_scale)->default_value(o.loss_scaling.min_scale, "0")->value_name("S"), "fp16: the scale never halves below S (0: no floor)");
   po::options_description hardware("Hardware");
   hardware.add_options()
       ("device", po::value(&o.device)->default_value(o.device), "auto | cpu | cuda")
@@ -139,10 +149,19 @@ int run_train(const std::vector<std::string>& args, std::ostream& out) {
     return 0;
   }
   if (values.count("config")) store_config_file(values["config"].as<std::string>(), flags, values);
+  std::optional<DeepSpeedMapping> deepspeed;
+  if (values.count("deepspeed-config")) {
+    const std::string path = values["deepspeed-config"].as<std::string>();
+    deepspeed = map_deepspeed_config(path);
+    out << "deepspeed config " << path << ":\n";
+    for (const std::string& line : deepspeed->lines) out << "  " << line << "\n";
+    store_flag_json(deepspeed->flags, "deepspeed config " + path, flags, values);
+  }
   options.explicit_flags.emplace();
   for (const auto& [name, value] : values) {
     if (!value.defaulted()) options.explicit_flags->insert(name);
   }
+  if (deepspeed) apply_train_batch_size(*deepspeed, *options.explicit_flags, options);
   if (values.count("micro-batch")) {
     DSTRAIN_USER_CHECK(!options.explicit_flags->count("batch"))
         << "--batch and --micro-batch are the same setting: give one";

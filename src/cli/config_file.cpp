@@ -30,22 +30,16 @@ std::string flag_text(const std::string& path, const std::string& key,
                        << " is not a flag value (a string, number, true/false or a list)";
 }
 
-// The JSON file as command-line arguments ("--batch=8", "--offload").
-std::vector<std::string> json_arguments(const std::string& path,
+// A JSON object of flags as command-line arguments ("--batch=8", "--offload").
+std::vector<std::string> json_arguments(const nlohmann::json& json, const std::string& path,
                                         const po::options_description& flags) {
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(read_file(path));
-  } catch (const nlohmann::json::exception& error) {
-    DSTRAIN_USER_ERROR() << "config file " << path << " is not valid JSON (" << error.what() << ")";
-  }
   DSTRAIN_USER_CHECK(json.is_object())
       << "config file " << path << " must be a JSON object of flag names and values";
   std::vector<std::string> args;
   for (const auto& [key, value] : json.items()) {
     if (value.is_null() || (value.is_string() && value.get<std::string>().empty())) continue;
     const po::option_description* flag = flags.find_nothrow(key, false);
-    DSTRAIN_USER_CHECK(flag != nullptr && key != "config")
+    DSTRAIN_USER_CHECK(flag != nullptr && key != "config" && key != "deepspeed-config")
         << "config file " << path << ": \"" << key
         << "\" is not a dstrain flag (see dstrain --help)";
     const bool is_switch = flag->semantic()->max_tokens() == 0;
@@ -60,6 +54,15 @@ std::vector<std::string> json_arguments(const std::string& path,
   return args;
 }
 
+nlohmann::json parse_json_file(const std::string& path) {
+  try {
+    return nlohmann::json::parse(read_file(path));
+  } catch (const nlohmann::json::exception& error) {
+    DSTRAIN_USER_ERROR() << "config file " << path << " is not valid JSON (" << error.what() << ")";
+  }
+  return {};
+}
+
 po::parsed_options parse_file(const std::string& path, const po::options_description& flags) {
   std::error_code error;
   DSTRAIN_USER_CHECK(std::filesystem::is_regular_file(path, error))
@@ -67,7 +70,9 @@ po::parsed_options parse_file(const std::string& path, const po::options_descrip
   const std::string text = read_file(path);
   const size_t first = text.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && text[first] == '{') {
-    return po::command_line_parser(json_arguments(path, flags)).options(flags).run();
+    return po::command_line_parser(json_arguments(parse_json_file(path), path, flags))
+        .options(flags)
+        .run();
   }
   std::istringstream stream(text);
   return po::parse_config_file(stream, flags, false);
@@ -82,6 +87,17 @@ void store_config_file(const std::string& path, const po::options_description& f
     po::notify(values);
   } catch (const po::error& error) {
     DSTRAIN_USER_ERROR() << "config file " << path << ": " << error.what();
+  }
+}
+
+void store_flag_json(const nlohmann::json& settings, const std::string& origin,
+                     const po::options_description& flags, po::variables_map& values) {
+  try {
+    po::store(po::command_line_parser(json_arguments(settings, origin, flags)).options(flags).run(),
+              values);
+    po::notify(values);
+  } catch (const po::error& error) {
+    DSTRAIN_USER_ERROR() << origin << ": " << error.what();
   }
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace dstrain {
@@ -16,5 +17,11 @@ namespace dstrain {
 void store_config_file(const std::string& path,
                        const boost::program_options::options_description& flags,
                        boost::program_options::variables_map& values);
+
+// The same for a JSON object of flag names and values made elsewhere (--deepspeed-config's
+// mapping); `origin` names it in errors.
+void store_flag_json(const nlohmann::json& settings, const std::string& origin,
+                     const boost::program_options::options_description& flags,
+                     boost::program_options::variables_map& values);
 
 }  // namespace dstrain

@@ -49,6 +49,13 @@ void validate_options(const TrainOptions& options) {
   DSTRAIN_USER_CHECK(options.precision == "fp32" || options.precision == "fp16" ||
                      options.precision == "bf16")
       << "--precision must be fp32, fp16 or bf16, not '" << options.precision << "'";
+  const LossScaling& scaling = options.loss_scaling;
+  DSTRAIN_USER_CHECK(scaling.initial_scale > 0 && std::isfinite(scaling.initial_scale))
+      << "--loss-scale-init must be a positive number";
+  DSTRAIN_USER_CHECK(scaling.growth_interval >= 1) << "--loss-scale-window must be at least 1";
+  DSTRAIN_USER_CHECK(scaling.hysteresis >= 1) << "--loss-scale-hysteresis must be at least 1";
+  DSTRAIN_USER_CHECK(scaling.min_scale >= 0 && scaling.min_scale <= scaling.initial_scale)
+      << "--min-loss-scale must be between 0 and --loss-scale-init";
   DSTRAIN_USER_CHECK(options.sample_tokens >= 0) << "--sample must not be negative";
   DSTRAIN_USER_CHECK(options.pp >= 1 && options.pp <= 64) << "--pp must be 1 to 64, not " << options.pp;
   DSTRAIN_USER_CHECK(options.tp >= 1) << "--tp must be at least 1, not " << options.tp;
@@ -89,6 +96,10 @@ void for_each_resumable(TrainOptions& o, Fn&& fn) {
   fn("grad-clip", o.grad_clip);
   fn("seed", o.seed);
   fn("precision", o.precision);
+  fn("loss-scale-init", o.loss_scaling.initial_scale);
+  fn("loss-scale-window", o.loss_scaling.growth_interval);
+  fn("loss-scale-hysteresis", o.loss_scaling.hysteresis);
+  fn("min-loss-scale", o.loss_scaling.min_scale);
   fn("zero", o.zero);
   fn("offload", o.offload);
   fn("recompute", o.recompute);

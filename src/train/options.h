@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "optim/grad_scaler.h"
+
 namespace dstrain {
 
 struct TrainOptions {
@@ -33,6 +35,7 @@ struct TrainOptions {
   double grad_clip = 1.0;          // 0 disables
   uint64_t seed = 1337;
   std::string precision = "fp32";
+  LossScaling loss_scaling;        // fp16's dynamic loss scaling (optim/grad_scaler.h)
   // hardware
   std::string device = "auto";     // auto | cpu | cuda
   int gpus = 1;

@@ -103,7 +103,7 @@ RankTrainer::RankTrainer(const RunContext& ctx, Communicator& world)
                                              ctx.plan.uses_sequence_parallel(), groups_.tensor,
                                              &tp_stats_})),
       split_(pipeline_split(ctx.config, ctx.plan)),
-      scaler_(ctx.plan.param_dtype == DType::F16),
+      scaler_(ctx.plan.param_dtype == DType::F16, ctx.options.loss_scaling),
       adam_{ctx.options.beta1, ctx.options.beta2, ctx.options.eps, ctx.options.weight_decay,
             ctx.options.grad_clip},
       adam_step_(ctx.first_adam_step) {

@@ -303,6 +303,37 @@ TEST_F(CliTest, ConfigFilesAndRunConfigRepeatARun) {
   expect_user_error("--config missing.cfg", "missing.cfg");
 }
 
+// --deepspeed-config: a DeepSpeed user's fp16 ZeRO-2 config trains, the mapping is printed,
+// the scaler starts at 2^initial_scale_power, and the command line wins over the file.
+TEST_F(CliTest, DeepSpeedConfigTrainsWithItsSettings) {
+  write("ds_config.json", R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4,
+      "zero_optimization": {"stage": 2, "overlap_comm": true},
+      "fp16": {"enabled": true, "initial_scale_power": 10, "hysteresis": 3},
+      "optimizer": {"type": "Adam", "params": {"lr": 0.002, "weight_decay": 0.05}},
+      "gradient_clipping": 0.5})");
+  Result run = run_dstrain("--deepspeed-config ds_config.json --gpus 2 --lr 0.001 --seq-len 32 "
+                           "--steps 3 --eval-every 0 --sample 0 --device cpu --log log.jsonl", dir_);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.out.find("zero_optimization.stage -> --zero 2"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("zero_optimization.overlap_comm: no effect"), std::string::npos);
+  std::ifstream log(file("log.jsonl"));
+  nlohmann::json config, first_step;
+  for (std::string line; std::getline(log, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (record.value("type", "") == "config") config = record;
+    if (record.contains("loss") && first_step.is_null()) first_step = record;
+  }
+  ASSERT_FALSE(config.is_null());
+  EXPECT_EQ(config["plan"]["zero"], 2) << config.dump();
+  EXPECT_EQ(config["plan"]["grad_accum"], 2) << "16 = 4 x accumulation x 2 ranks";
+  EXPECT_EQ(first_step["loss_scale"], 1024.0) << first_step.dump();
+  // --lr on the command line wins over optimizer.params.lr (first warmup step: lr / 20).
+  EXPECT_NEAR(first_step["lr"].get<double>(), 0.001 / 20, 1e-12) << first_step.dump();
+  expect_user_error("--deepspeed-config missing.json", "missing.json");
+  write("nvme.json", R"({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}})");
+  expect_user_error("--deepspeed-config nvme.json", "offload_optimizer.device");
+}
+
 TEST_F(CliTest, SyntheticRunLogsEntropyFloor) {
   Result result = run_dstrain("--batch 4 --seq-len 32 --steps 2 --eval-every 2 --sample 8 --log log.jsonl", dir_);
   ASSERT_EQ(result.exit_code, 0) << result.err;

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <cmath>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "core/rng.h"
 #include "optim/grad_scaler.h"
 #include "train/trainer.h"
 
@@ -48,6 +50,57 @@ TEST(GradScaler, PyTorchDefaultsBackoffAndGrowth) {
   GradScaler disabled(false);  // fp32 / bf16
   EXPECT_EQ(disabled.scale(), 1.0);
   EXPECT_FALSE(disabled.update(true));
+}
+
+// DeepSpeed's DynamicLossScaler (runtime/fp16/loss_scaler.py, consecutive_hysteresis off),
+// written from its update rule: an overflow halves the scale (not below min) only once the
+// hysteresis is used up, else spends one; a step is a growth step when the steps since the last
+// overflow are a multiple of the window, and it doubles the scale and restores the hysteresis.
+struct DeepSpeedScaler {
+  double scale;
+  int64_t window, delayed_shift, hysteresis;
+  double min_scale;
+  int64_t iter = 0, last_overflow = -1;
+  void update(bool overflow) {
+    if (overflow) {
+      if (delayed_shift == 1 || hysteresis == 1) {
+        scale = std::max(scale / 2, min_scale);
+      } else {
+        --hysteresis;
+      }
+      last_overflow = iter;
+    } else if ((iter - last_overflow) % window == 0) {
+      hysteresis = delayed_shift;
+      scale *= 2;
+    }
+    ++iter;
+  }
+};
+
+TEST(GradScaler, DeepSpeedHysteresisFloorAndWindowFollowDeepSpeedsRule) {
+  const LossScaling settings{256.0, 7, 3, 16.0};
+  GradScaler scaler(true, settings);
+  DeepSpeedScaler reference{256.0, 7, 3, 3, 16.0};
+  Rng rng(11);
+  int overflows = 0, growths = 0, floored = 0;
+  for (int step = 0; step < 3000; ++step) {
+    // Bursts of overflows and long clean runs, so that every branch is taken.
+    const bool overflow = rng.uniform() < (step % 400 < 100 ? 0.45 : 0.04);
+    const double before = scaler.scale();
+    EXPECT_EQ(scaler.update(overflow), overflow) << "every overflow skips its step";
+    reference.update(overflow);
+    ASSERT_EQ(scaler.scale(), reference.scale) << "step " << step;
+    overflows += overflow;
+    growths += scaler.scale() > before;
+    floored += overflow && scaler.scale() == 16.0;
+  }
+  EXPECT_GT(overflows, 100);
+  EXPECT_GT(growths, 20);
+  EXPECT_GT(floored, 5) << "the floor was reached";
+  // The state carries the hysteresis left across a resume.
+  GradScaler resumed(true, settings);
+  resumed.restore(scaler.state());
+  EXPECT_EQ(resumed.state(), scaler.state());
 }
 
 class MixedPrecisionTest : public ::testing::Test {

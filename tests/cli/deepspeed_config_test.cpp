@@ -1,0 +1,153 @@
+// --deepspeed-config: a DeepSpeed ds_config.json as dstrain's flags, what has no effect named,
+// what dstrain cannot do refused in one sentence naming the key; and a run trained from one.
+#include "cli/deepspeed_config.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <string>
+
+#include "core/check.h"
+#include "tests/common/temp_dir.h"
+
+namespace dstrain {
+namespace {
+
+using nlohmann::json;
+
+class DeepSpeedConfigTest : public ::testing::Test {
+ protected:
+  testing::TempDir temp_;
+  DeepSpeedMapping map(const json& config) const {
+    const std::string path = (temp_.path() / "ds_config.json").string();
+    std::ofstream(path) << config.dump(2);
+    return map_deepspeed_config(path);
+  }
+  void expect_refused(const json& config, const std::string& fragment) const {
+    try {
+      map(config);
+      ADD_FAILURE() << "accepted: " << config.dump();
+    } catch (const UserError& error) {
+      EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos)
+          << "expected '" << fragment << "' in: " << error.what();
+    }
+  }
+};
+
+// A ZeRO-3 + optimizer offload fp16 config as DeepSpeed's tutorials write it.
+const json kZero3Offload = json::parse(R"({
+  "train_micro_batch_size_per_gpu": 4,
+  "gradient_accumulation_steps": 8,
+  "gradient_clipping": 1.0,
+  "steps_per_print": 10,
+  "zero_optimization": {
+    "stage": 3,
+    "offload_optimizer": {"device": "cpu", "pin_memory": true},
+    "offload_param": {"device": "none"},
+    "overlap_comm": true,
+    "contiguous_gradients": true,
+    "stage3_prefetch_bucket_size": 5e8
+  },
+  "fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 500,
+           "min_loss_scale": 2},
+  "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8,
+                                             "weight_decay": 0.1}},
+  "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 1000,
+      "warmup_num_steps": 50, "warmup_min_ratio": 0, "cos_min_ratio": 0.1,
+      "warmup_type": "linear"}},
+  "wall_clock_breakdown": false
+})");
+
+TEST_F(DeepSpeedConfigTest, MapsATypicalZero3OffloadFp16Config) {
+  const DeepSpeedMapping mapping = map(kZero3Offload);
+  const json expected = {{"batch", 4},
+                         {"grad-accum", 8},
+                         {"grad-clip", 1.0},
+                         {"print-every", 10},
+                         {"zero", 3},
+                         {"offload", true},
+                         {"precision", "fp16"},
+                         {"loss-scale-init", 4096.0},
+                         {"loss-scale-window", 500},
+                         {"loss-scale-hysteresis", 2},  // DeepSpeed's default, not given
+                         {"min-loss-scale", 2.0},
+                         {"lr", 3e-4},
+                         {"beta1", 0.9},
+                         {"beta2", 0.95},
+                         {"eps", 1e-8},
+                         {"weight-decay", 0.1},
+                         {"lr-schedule", "cosine"},
+                         {"steps", 1000},
+                         {"warmup", 50},
+                         {"min-lr", 3e-4 * 0.1}};
+  EXPECT_EQ(mapping.flags, expected) << mapping.flags.dump(1);
+  std::string all;
+  for (const std::string& line : mapping.lines) all += line + "\n";
+  for (const char* named : {"zero_optimization.stage -> --zero 3",
+                            "zero_optimization.overlap_comm: no effect in dstrain",
+                            "stage3_prefetch_bucket_size: no effect",
+                            "wall_clock_breakdown: no effect",
+                            "fp16.initial_scale_power"}) {
+    EXPECT_NE(all.find(named), std::string::npos) << named << " in:\n" << all;
+  }
+  EXPECT_FALSE(mapping.train_batch_size.has_value());
+}
+
+TEST_F(DeepSpeedConfigTest, RefusesWhatDstrainCannotDoNamingTheKey) {
+  json c = kZero3Offload;
+  c["zero_optimization"]["offload_optimizer"]["device"] = "nvme";
+  expect_refused(c, "zero_optimization.offload_optimizer.device");
+  c = kZero3Offload;
+  c["zero_optimization"]["offload_param"]["device"] = "cpu";
+  expect_refused(c, "zero_optimization.offload_param");
+  c = kZero3Offload;
+  c["fp16"]["loss_scale"] = 128;
+  expect_refused(c, "static loss scale");
+  c = kZero3Offload;
+  c["optimizer"]["type"] = "Lamb";
+  expect_refused(c, "optimizer.type");
+  c = kZero3Offload;
+  c["train_micro_batch_size_per_gpu"] = "auto";
+  expect_refused(c, "\"auto\"");
+  c = kZero3Offload;
+  c["scheduler"]["params"].erase("warmup_type");  // DeepSpeed's default: log
+  expect_refused(c, "warmup_type");
+  c = kZero3Offload;
+  c["scheduler"] = {{"type", "OneCycle"}};
+  expect_refused(c, "scheduler.type");
+  c = kZero3Offload;
+  c["sparse_attention"] = json::object();
+  expect_refused(c, "sparse_attention is not supported");
+  c = kZero3Offload;
+  c["zero_optimization"]["stage"] = 4;
+  expect_refused(c, "zero_optimization.stage");
+  c = kZero3Offload;
+  c["bf16"] = {{"enabled", true}};
+  expect_refused(c, "choose one");
+}
+
+TEST_F(DeepSpeedConfigTest, TrainBatchSizeIsMicroBatchTimesAccumulationTimesRanks) {
+  DeepSpeedMapping mapping;
+  mapping.train_batch_size = 32;
+  TrainOptions options;
+  options.gpus = 2;
+  options.batch = 4;
+  apply_train_batch_size(mapping, {"gpus", "batch"}, options);
+  EXPECT_EQ(options.grad_accum, 4);  // 32 = 4 x 4 x 2
+  options.grad_accum = 2;
+  apply_train_batch_size(mapping, {"gpus", "grad-accum"}, options);
+  EXPECT_EQ(options.batch, 8);  // 32 = 8 x 2 x 2
+  options.batch = 4;
+  EXPECT_THROW(apply_train_batch_size(mapping, {"gpus", "batch", "grad-accum"}, options), UserError);
+  options.batch = 3;
+  EXPECT_THROW(apply_train_batch_size(mapping, {"gpus", "batch"}, options), UserError);
+  // The ranks left to the planner: it gets the step's tokens.
+  TrainOptions planned;
+  planned.seq_len = 128;
+  apply_train_batch_size(mapping, {}, planned);
+  EXPECT_EQ(planned.global_batch_tokens, 32 * 128);
+}
+
+}  // namespace
+}  // namespace dstrain
