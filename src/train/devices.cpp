@@ -5,8 +5,13 @@
 #include "comm/nccl_communicator.h"
 #include "comm/staged_communicator.h"
 #include "core/check.h"
+#include "topology/shared_memory.h"
 
 #ifdef DSTRAIN_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include <string_view>
+
 #include "kernels/cuda/cuda_allocator.h"
 #include "kernels/cuda/cuda_backend.h"
 #endif
@@ -28,6 +33,25 @@ int usable_cuda_devices() {
   return 0;
 #endif
 }
+
+namespace {
+
+// True on the CUDA emulator (DSTRAIN_CUDA=EMULATOR), whose NCCL exchanges through its own host
+// memory, not /dev/shm. It names its devices so (kernels/cuda_emu/emu_cuda_api.cpp).
+bool gpus_are_emulated() {
+#ifdef DSTRAIN_WITH_CUDA
+  cudaDeviceProp properties{};
+  if (cudaGetDeviceProperties(&properties, 0) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return std::string_view(properties.name) == "dstrain CUDA emulator";
+#else
+  return false;
+#endif
+}
+
+}  // namespace
 
 std::string RunDevices::describe() const {
   if (!cuda) return "the CPU backend";
@@ -58,6 +82,10 @@ RunDevices choose_devices(const std::string& device, int ranks, int max_gpus) {
   if (max_gpus > 0) devices.gpus = std::min(devices.gpus, max_gpus);
   // NCCL cannot put two ranks of one communicator on the same GPU.
   devices.nccl = nccl_available() && ranks <= devices.gpus;
+  // Before any NCCL call and before the model is loaded: a container with Docker's 64 MB of
+  // /dev/shm fails inside NCCL's initialization, with a message that does not say why.
+  // NCCL joins one GPU per rank: the ranks' count, not the machine's GPUs.
+  if (devices.nccl && !gpus_are_emulated()) check_shared_memory_for_nccl(ranks);
   return devices;
 }
 

@@ -42,7 +42,9 @@ struct RunDevices {
 
 // device: "cpu", "cuda", or "auto" (cuda when the CUDA backend is built and a GPU is usable).
 // max_gpus > 0 uses at most that many GPUs (testing: ranks then share them).
-// Throws UserError for "cuda" in a build without the CUDA backend or without a usable GPU.
+// Throws UserError for "cuda" in a build without the CUDA backend or without a usable GPU, and
+// when NCCL would join two or more GPUs but /dev/shm is too small for it
+// (check_shared_memory_for_nccl in topology/shared_memory.h).
 RunDevices choose_devices(const std::string& device, int ranks, int max_gpus = 0);
 
 // What one rank works with. Members are destroyed in reverse order: the communicator wrapper
