@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs what dstrain builds with, from Debian packages (run as root; skips what is there).
 set -euo pipefail
+# Arguments: other packages to install the same way instead (scripts/check-dockerfile-podman.sh).
 packages=(cmake ninja-build g++ pkg-config libboost-program-options-dev libboost-context-dev
           nlohmann-json3-dev libopenblas-dev libgtest-dev libpcre2-dev libutf8proc-dev)
+if (($#)); then packages=("$@"); fi
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||

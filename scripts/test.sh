@@ -21,3 +21,8 @@ if [ -x build/tests_kernels_cuda_emu ]; then
   cmake --build build-emulator -j"$(nproc)"
   ctest --test-dir build-emulator --output-on-failure -j"$(nproc)"
 fi
+
+# The Dockerfile built with podman (about 20 minutes): opt-in, beyond CI's time budget.
+if [ "${DSTRAIN_DOCKER_CHECK:-0}" = 1 ]; then
+  scripts/check-dockerfile-podman.sh
+fi
