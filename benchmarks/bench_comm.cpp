@@ -1,9 +1,10 @@
 // Collectives of the local communicator (ranks are threads of this process): all_reduce,
-// reduce_scatter and all_gather of 16M elements on 2, 4 and 8 ranks. Prints a table of the
-// median time and, as nccl-tests does, the algorithm bandwidth (S / t, S = bytes of the
-// full buffer: the all_reduce buffer, the reduce_scatter input, the all_gather output) and
-// the bus bandwidth (algbw * 2(n-1)/n for all_reduce, * (n-1)/n for the others), next to one
-// thread's memcpy bandwidth on this machine as the reference.
+// reduce_scatter, all_gather and send_recv of 16M elements on 2, 4 and 8 ranks, timed and
+// checked by cli/comm_bench.h (as `dstrain bench comm --device cpu`, which sweeps the sizes).
+// Prints the median time and, as nccl-tests does, the algorithm bandwidth (S / t, S = bytes of
+// the full buffer) and the bus bandwidth (algbw * 2(n-1)/n for all_reduce, * (n-1)/n for
+// reduce_scatter and all_gather, * 1 for send_recv), next to one thread's memcpy bandwidth on
+// this machine as the reference.
 //
 //   bench_comm [--elements N] [--iters N] [--dtype fp32|fp16|bf16] [--quick]
 //
@@ -17,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "cli/comm_bench.h"
 #include "core/check.h"
 #include "core/dtype.h"
 #include "benchmarks/bench_main.h"
@@ -57,74 +58,6 @@ Options parse_options(int argc, char** argv) {
   return options;
 }
 
-enum class Op { AllReduce, ReduceScatter, AllGather };
-
-const char* op_name(Op op) {
-  switch (op) {
-    case Op::AllReduce: return "all_reduce";
-    case Op::ReduceScatter: return "reduce_scatter";
-    case Op::AllGather: return "all_gather";
-  }
-  return "?";
-}
-
-double bus_factor(Op op, int ranks) {
-  const double n = ranks;
-  return op == Op::AllReduce ? 2.0 * (n - 1) / n : (n - 1) / n;
-}
-
-// Non-zero data (never time on zeros): small values so sums stay finite in fp16.
-void fill(std::vector<unsigned char>& bytes, DType dtype, int rank) {
-  const size_t size = dtype_size(dtype);
-  const size_t count = bytes.size() / size;
-  for (size_t i = 0; i < count; ++i) {
-    const float value = static_cast<float>((i * 7 + static_cast<size_t>(rank) * 13) % 17) * 0.01f;
-    if (dtype == DType::F32) {
-      std::memcpy(&bytes[i * size], &value, 4);
-    } else {
-      const uint16_t bits =
-          dtype == DType::F16 ? fp32_to_fp16_bits(value) : fp32_to_bf16_bits(value);
-      std::memcpy(&bytes[i * size], &bits, 2);
-    }
-  }
-}
-
-// Median seconds of one collective over `iters` timed runs after one warm-up, as rank 0 sees
-// it between two barriers (so the slowest rank is included).
-double time_collective(Op op, int ranks, const Options& options) {
-  const int64_t per_rank = options.elements / ranks;
-  const int64_t full = per_rank * ranks;  // the elements the op moves, divisible by ranks
-  std::vector<double> seconds;
-  run_local_ranks(ranks, 600.0, [&](Communicator& comm) {
-    const size_t size = dtype_size(options.dtype);
-    // Each rank allocates and first-touches its own buffers, as a rank of a trainer would.
-    const int64_t input_count = op == Op::AllGather ? per_rank : full;
-    const int64_t output_count = op == Op::ReduceScatter ? per_rank : full;
-    std::vector<unsigned char> input(static_cast<size_t>(input_count) * size);
-    std::vector<unsigned char> output(
-        op == Op::AllReduce ? 0 : static_cast<size_t>(output_count) * size, 0);
-    fill(input, options.dtype, comm.rank());
-    const Tensor in(input.data(), options.dtype, {input_count});
-    const Tensor out(output.data(), options.dtype, {output_count});
-    for (int it = -1; it < options.iters; ++it) {
-      // all_reduce works in place: refill so the values stay the same size every run.
-      if (op == Op::AllReduce) fill(input, options.dtype, comm.rank());
-      comm.barrier();
-      const Clock::time_point start = Clock::now();
-      switch (op) {
-        case Op::AllReduce: comm.all_reduce(in, ReduceOp::Sum, nullptr); break;
-        case Op::ReduceScatter: comm.reduce_scatter(out, in, ReduceOp::Sum, nullptr); break;
-        case Op::AllGather: comm.all_gather(out, in, nullptr); break;
-      }
-      comm.barrier();
-      const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-      if (comm.rank() == 0 && it >= 0) seconds.push_back(elapsed);
-    }
-  });
-  std::sort(seconds.begin(), seconds.end());
-  return seconds[seconds.size() / 2];
-}
-
 double memcpy_gbps(size_t bytes) {
   std::vector<unsigned char> src(bytes, 1), dst(bytes, 0);
   std::vector<double> seconds;
@@ -147,14 +80,17 @@ void run_benchmarks(const Options& options) {
   std::printf("reference: one thread's memcpy of that buffer: %.2f GB/s\n\n",
               memcpy_gbps(bytes));
   std::printf("%-16s %6s %10s %12s %12s\n", "op", "ranks", "ms", "algbw GB/s", "busbw GB/s");
-  for (Op op : {Op::AllReduce, Op::ReduceScatter, Op::AllGather}) {
+  for (CommOp op : all_comm_ops()) {
     for (int ranks : {2, 4, 8}) {
-      const double seconds = time_collective(op, ranks, options);
-      const double moved = static_cast<double>((options.elements / ranks) * ranks) *
-                           static_cast<double>(dtype_size(options.dtype));
-      const double algbw = moved / seconds / 1e9;
-      std::printf("%-16s %6d %10.2f %12.2f %12.2f\n", op_name(op), ranks, seconds * 1e3, algbw,
-                  algbw * bus_factor(op, ranks));
+      CommBenchRequest request;
+      request.ops = {op};
+      request.sizes = {static_cast<int64_t>(bytes)};
+      request.dtype = options.dtype;
+      request.warmup = 1;
+      request.iters = options.iters;
+      const CommBenchRow row = run_comm_bench(choose_devices("cpu", ranks), request).at(0);
+      std::printf("%-16s %6d %10.2f %12.2f %12.2f\n", comm_op_name(op), ranks, row.seconds * 1e3,
+                  row.algbw / 1e9, row.busbw / 1e9);
       std::fflush(stdout);
     }
   }

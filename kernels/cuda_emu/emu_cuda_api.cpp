@@ -176,8 +176,8 @@ const ErrorText& describe(cudaError_t error) {
 constexpr int kSmCount = 2;
 constexpr int kCcMajor = 8, kCcMinor = 9;
 
-// An event: the position its last record captured, and the time that record ran (shared with
-// the queued record, which may run after the event is destroyed).
+// An event: the position its last record captured, and the model time that record ran at
+// (emu_streams.h; shared with the queued record, which may run after the event is destroyed).
 struct Event {
   StreamMark mark;
   bool recorded = false;
@@ -433,7 +433,7 @@ cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (!event) return fail(cudaErrorInvalidResourceHandle);
   if (!is_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
   auto* e = reinterpret_cast<Event*>(event);
-  e->mark = enqueue_work(stream, [time = e->time] { *time = std::chrono::steady_clock::now(); });
+  e->mark = enqueue_work(stream, [time = e->time] { *time = model_now(); });
   e->recorded = true;
   return cudaSuccess;
 }

@@ -7,6 +7,7 @@
 // ends, and no schedule it picks breaks CUDA's rules.
 #include "kernels/cuda_emu/emu_streams.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -44,6 +45,7 @@ struct Dependency {
 
 struct Op {
   uint64_t seq = 0;
+  Clock::time_point issued;     // when the host queued it
   std::function<void()> work;   // may be empty: a marker (an event record, a wait)
   std::function<bool()> ready;  // may be empty: always ready
   Dependency wait;              // cudaStreamWaitEvent
@@ -54,7 +56,14 @@ struct Stream {
   bool legacy = false;
   bool blocking = true;
   std::deque<Op> queue;
+  // The model time (see emu_streams.h) at which its last op ended, and the ends of its last
+  // ops by sequence number (what a later event wait looks up).
+  Clock::time_point model_end{};
+  std::deque<std::pair<uint64_t, Clock::time_point>> ends;
 };
+constexpr size_t kEndsKept = 4096;  // older ops ended long before anything that waits for them
+
+thread_local Clock::time_point t_model_now{};
 
 struct Engine {
   std::mutex mutex;
@@ -143,6 +152,29 @@ void wait_for_progress(Engine& e, uint64_t seq, Lock& lock) {
   e.progress.wait_for(lock, std::chrono::milliseconds(20));
 }
 
+// When the op of `seq` on `stream` ended in model time (long ago when no longer kept).
+Clock::time_point model_end_of(const Dependency& d) {
+  if (d.stream == nullptr) return {};
+  const auto& ends = d.stream->ends;
+  auto after = std::upper_bound(ends.begin(), ends.end(), d.seq,
+                                [](uint64_t seq, const auto& end) { return seq < end.first; });
+  return after == ends.begin() ? Clock::time_point{} : std::prev(after)->second;
+}
+
+// Runs `work` as the op `seq` of `stream`, in model time: it starts once it was issued, its
+// stream's previous op ended and every op it waits for ended, and lasts as long as it takes.
+void run_in_model_time(Stream* stream, uint64_t seq, Clock::time_point issued,
+                       const std::vector<Dependency>& deps, const std::function<void()>& work) {
+  Clock::time_point start = std::max(issued, stream->model_end);
+  for (const Dependency& d : deps) start = std::max(start, model_end_of(d));
+  t_model_now = start;
+  const Clock::time_point began = Clock::now();
+  if (work) work();
+  stream->model_end = start + (Clock::now() - began);
+  stream->ends.emplace_back(seq, stream->model_end);
+  if (stream->ends.size() > kEndsKept) stream->ends.pop_front();
+}
+
 // Tries to run the stream's first op. Returns false only when !block and it cannot run now;
 // true when it ran, or when the queue changed while the lock was released (the caller looks
 // again).
@@ -163,10 +195,11 @@ bool run_front(Engine& e, Stream* stream, bool block, Lock& lock) {
     return true;
   }
   std::function<void()> work = std::move(op.work);
+  const Clock::time_point issued = op.issued;
   stream->queue.pop_front();
   // Popped first: work that throws is not run again, and the queue stays consistent.
   e.progress.notify_all();
-  if (work) work();
+  run_in_model_time(stream, seq, issued, deps, work);
   return true;
 }
 
@@ -180,6 +213,7 @@ bool run_until(Engine& e, Stream* stream, uint64_t limit, bool block, Lock& lock
 
 StreamMark push(Engine& e, Stream* stream, Op op, Lock& lock) {
   op.seq = e.next_seq++;
+  op.issued = Clock::now();
   const uint64_t seq = op.seq;
   stream->queue.push_back(std::move(op));
   e.progress.notify_all();
@@ -194,6 +228,8 @@ void enqueue(cudaStream_t stream, std::function<void()> work, std::function<bool
 }
 
 void notify_progress() { engine().progress.notify_all(); }
+
+std::chrono::steady_clock::time_point model_now() { return t_model_now; }
 
 cudaStream_t create_stream(int device, bool blocking) {
   Engine& e = engine();

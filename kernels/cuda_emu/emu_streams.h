@@ -16,10 +16,18 @@
 // (an emulated NCCL collective) runs once ready() holds; while a host thread waits for such
 // work, every stream's runnable work makes progress, as on a GPU, so peers can arrive.
 // DSTRAIN_CUDA_EMU_STREAMS=eager runs work as soon as it is queued (for debugging the emulator).
+//
+// Time. The host runs the work one op at a time, but a GPU runs streams at once: events are
+// stamped in model time, where an op starts once the host issued it, its stream's previous op
+// ended and every op it waits for (events, the legacy stream's rule) ended, and lasts as long
+// as the host took to run it. Work of two streams with no order between them overlaps in model
+// time as it could on a GPU (with no contention for the SMs: a bound, not a prediction), so a
+// trace timed with events (cudaEventElapsedTime) shows a program's overlap.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 
@@ -46,6 +54,9 @@ StreamMark enqueue_work(cudaStream_t stream, std::function<void()> work,
                         std::function<bool()> ready = {});
 // Queues a wait: the stream's later work runs after `mark`.
 void enqueue_wait(cudaStream_t stream, StreamMark mark);
+
+// The model time at which the op now running on this thread started (event records stamp it).
+std::chrono::steady_clock::time_point model_now();
 
 // Host waits. synchronize_*: blocks until done. query_*: runs what can run without waiting and
 // says whether it is done.

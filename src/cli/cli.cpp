@@ -94,7 +94,7 @@ po::options_description train_flags(TrainOptions& o) {
       ("comm-timeout", po::value(&o.comm_timeout)->default_value(o.comm_timeout, "600")->value_name("SECONDS"), "fail a rank stuck in a collective after this long");
   po::options_description output("Output");
   output.add_options()
-      ("log", po::value(&o.log)->value_name("FILE"), "JSONL log: one record per step and per eval")
+      ("log", po::value(&o.log)->value_name("FILE"), "JSONL log: one record per step and per eval (plot it with `dstrain report FILE`)")
       ("eval-every", po::value(&o.eval_every)->default_value(o.eval_every)->value_name("N"), "evaluate every N steps and at the end (0 disables)")
       ("eval-batches", po::value(&o.eval_batches)->default_value(o.eval_batches)->value_name("N"), "validation micro-batches per evaluation")
       ("out", po::value(&o.out)->value_name("DIR"), "checkpoint directory (a final checkpoint is written there)")
@@ -104,7 +104,10 @@ po::options_description train_flags(TrainOptions& o) {
       ("tokenizer", po::value(&o.tokenizer)->value_name("FILE"), "a Hugging Face tokenizer.json (the one `dstrain prepare --tokenizer` used): the sample at the end is decoded with it")
       ("sample", po::value(&o.sample_tokens)->default_value(o.sample_tokens)->value_name("N"), "tokens to sample at the end (0: none)")
       ("print-every", po::value(&o.print_every)->default_value(o.print_every)->value_name("N"), "keep a progress line every N steps (a terminal also shows every step in place; 0: about 25 per run)")
-      ("quiet", po::bool_switch(&o.quiet), "no progress lines");
+      ("quiet", po::bool_switch(&o.quiet), "no progress lines")
+      ("trace", po::value(&o.trace)->value_name("FILE"), "write a timeline of --trace-steps to FILE: Chrome trace JSON (open in ui.perfetto.dev or chrome://tracing), a track per rank and stream")
+      ("trace-steps", po::value(&o.trace_steps)->default_value(o.trace_steps)->value_name("A:B"), "the steps --trace records (1-based, inclusive)")
+      ("check-replicas", po::value(&o.check_replicas)->default_value(o.check_replicas)->value_name("N"), "every N steps, the ranks that must hold the same weights compare checksums; a difference stops the run naming the tensor, the step and the ranks (0: never)");
   po::options_description all;
   all.add(model).add(optim).add(hardware).add(output);
   return all;
@@ -117,6 +120,8 @@ void print_usage(std::ostream& out, const po::options_description& flags) {
       << "  dstrain prepare --input FILE.txt --out DIR [--tokenizer tokenizer.json]   tokenize text into shards\n"
       << "  dstrain topo [--json] [--from-nvidia-smi FILE --gpu NAME]   how the GPUs are wired\n"
       << "  dstrain plan --model M [--gpus N] [...]   choose a parallel plan (dstrain plan --help)\n"
+      << "  dstrain bench comm [--gpus N] [--sizes 1K:256M] [...]   time the collectives (dstrain bench comm --help)\n"
+      << "  dstrain report RUN.jsonl [MORE.jsonl ...] [--out report.html]   plot training logs (--log) as one HTML page\n"
       << "  dstrain --help | --version\n\n"
       << "With no flags, dstrain trains the tiny model on its built-in synthetic corpus.\n"
       << flags << "\n";
@@ -232,8 +237,10 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
     if (command == "prepare") return run_prepare(args, out);
     if (command == "topo") return run_topo_command(args, out);
     if (command == "plan") return run_plan_command(args, out);
+    if (command == "bench") return run_bench_command(args, out);
+    if (command == "report") return run_report_command(args, out);
     DSTRAIN_USER_ERROR() << "unknown command '" << command
-                         << "' (commands: train, prepare; see dstrain --help)";
+                         << "' (commands: train, prepare, topo, plan, bench, report; see dstrain --help)";
   } catch (const UserError& error) {
     out.flush();
     err << "dstrain: error: " << error.what() << "\n";

@@ -1,5 +1,5 @@
-// The `topo` and `plan` commands, and the flag groups they share with other commands
-// (training takes the same machine and plan flags when it plans).
+// The `topo`, `plan`, `bench` and `report` commands, and the flag groups they share with other
+// commands (training takes the same machine and plan flags when it plans).
 #pragma once
 
 #include <ostream>
@@ -22,6 +22,16 @@ int run_topo_command(const std::vector<std::string>& args, std::ostream& out);
 // [--plan-json] [plan flags]`: the chosen plan, its memory and time, and the alternatives.
 int run_plan_command(const std::vector<std::string>& args, std::ostream& out);
 
+// `dstrain bench comm [--gpus N] [--sizes MIN:MAX] [--ops LIST] [--dtype fp32|fp16|bf16]
+// [--iters N] [--warmup N] [--device auto|cpu|cuda] [--json]`: the collectives of the
+// communicator training would use, timed as nccl-tests does (cli/comm_bench.h), next to the bus
+// bandwidth the planner assumes. Another or no subcommand is a UserError naming comm.
+int run_bench_command(const std::vector<std::string>& args, std::ostream& out);
+
+// `dstrain report RUN.jsonl [MORE.jsonl ...] [--out FILE.html] [--title TEXT]`: one
+// self-contained HTML page plotting the training logs (cli/report.h), written atomically.
+int run_report_command(const std::vector<std::string>& args, std::ostream& out);
+
 // --topology, --from-nvidia-smi, --gpu, --host-memory.
 boost::program_options::options_description machine_flags(MachineSource& source);
 // --dp, --tp, --pp, --zero, --offload [on|off], --recompute, --micro-batch: read them back
@@ -30,8 +40,10 @@ boost::program_options::options_description machine_flags(MachineSource& source)
 boost::program_options::options_description plan_flags();
 void read_plan_flags(const boost::program_options::variables_map& values, PlanRequest& request);
 
-// Parses `args` against `flags`; Boost's errors become one UserError sentence.
+// Parses `args` against `flags` (and the bare words against `positional`); Boost's errors
+// become one UserError sentence.
 boost::program_options::variables_map parse_command_flags(
-    const std::vector<std::string>& args, const boost::program_options::options_description& flags);
+    const std::vector<std::string>& args, const boost::program_options::options_description& flags,
+    const boost::program_options::positional_options_description& positional = {});
 
 }  // namespace dstrain

@@ -12,10 +12,11 @@ namespace dstrain {
 namespace po = boost::program_options;
 
 po::variables_map parse_command_flags(const std::vector<std::string>& args,
-                                      const po::options_description& flags) {
+                                      const po::options_description& flags,
+                                      const po::positional_options_description& positional) {
   po::variables_map values;
   try {
-    po::store(po::command_line_parser(args).options(flags).run(), values);
+    po::store(po::command_line_parser(args).options(flags).positional(positional).run(), values);
     po::notify(values);
   } catch (const po::unknown_option& error) {
     DSTRAIN_USER_ERROR() << "unknown flag " << error.get_option_name() << " (see --help)";

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "core/trace.h"
+
 namespace dstrain {
 
 const char* recompute_name(Recompute recompute) {
@@ -184,7 +186,11 @@ LayerRun ModelStage::layer_run(int slot, int64_t layer, Tensor flat_params, Tens
 void ModelStage::forward_layers(ParamProvider& params, int slot, Stream stream) {
   for (int64_t l = range_.first_layer; l < range_.end_layer; ++l) {
     const int block = ParamLayout::layer_block(static_cast<int>(l));
-    arch_.layer_forward(layer_run(slot, l, params.acquire_params(block), Tensor(), stream));
+    Tensor flat_params = params.acquire_params(block);
+    {
+      const TraceSpan span(TraceTrack::Compute, TraceKind::Compute, "forward layer", l, stream);
+      arch_.layer_forward(layer_run(slot, l, flat_params, Tensor(), stream));
+    }
     if (l + 1 < range_.end_layer) {
       params.prefetch_params(ParamLayout::layer_block(static_cast<int>(l + 1)));
     } else if (range_.last) {
@@ -209,6 +215,7 @@ double ModelStage::forward(ParamProvider& params, int slot, int64_t b, int64_t t
   state = SlotState{b, t, false};
   if (range_.first) {
     const int next = ParamLayout::layer_block(static_cast<int>(range_.first_layer));
+    const TraceSpan span(TraceTrack::Compute, TraceKind::Compute, "forward embedding", -1, stream);
     arch_.embed_forward(params,
                         EmbedRun{backend_, stream, tokens, slot_tensor(slot, plan_.input), Tensor(),
                                  views(plan_.layer_workspace)},
@@ -226,6 +233,9 @@ double ModelStage::forward(ParamProvider& params, int slot, int64_t b, int64_t t
                plan_.head_grad >= 0 ? slot_tensor(slot, plan_.head_grad) : Tensor()};
   // The head's gradient blocks stay acquired when this stage's embedding adds to them later.
   const int next = ParamLayout::layer_block(static_cast<int>(range_.end_layer - 1));
+  const TraceSpan span(TraceTrack::Compute, TraceKind::Compute,
+                       dloss != 0.0f ? "head, loss and their backward" : "head and loss", -1,
+                       stream);
   const double loss = arch_.head_forward(params, head, /*release_grads=*/!range_.first, next);
   state.forwarded = dloss != 0.0f;
   return loss;
@@ -236,8 +246,14 @@ void ModelStage::backward_layers(ParamProvider& params, int slot, Stream stream)
     const int block = ParamLayout::layer_block(static_cast<int>(l));
     Tensor flat_params = params.acquire_params(block);
     const LayerRun run = layer_run(slot, l, flat_params, params.acquire_grads(block), stream);
-    arch_.layer_recompute(run, recompute_);
-    arch_.layer_backward(run);
+    if (recompute_ != Recompute::None) {
+      const TraceSpan span(TraceTrack::Compute, TraceKind::Compute, "recompute layer", l, stream);
+      arch_.layer_recompute(run, recompute_);
+    }
+    {
+      const TraceSpan span(TraceTrack::Compute, TraceKind::Compute, "backward layer", l, stream);
+      arch_.layer_backward(run);
+    }
     // (The embedding's backward needs no parameters: nothing to prefetch after the first.)
     if (l > range_.first_layer) params.prefetch_params(ParamLayout::layer_block(static_cast<int>(l - 1)));
     params.release_grads(block);
@@ -258,6 +274,7 @@ void ModelStage::backward(ParamProvider& params, int slot, Tensor tokens, Stream
   backward_layers(params, slot, stream);
   if (range_.first) {
     DSTRAIN_CHECK(tokens.size(0) == b && tokens.size(1) == t) << tokens.shape_str();
+    const TraceSpan span(TraceTrack::Compute, TraceKind::Compute, "backward embedding", -1, stream);
     arch_.embed_backward(params, EmbedRun{backend_, stream, tokens, Tensor(),
                                           work_tensor(plan_.residual_grad),
                                           views(plan_.layer_workspace)});

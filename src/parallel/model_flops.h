@@ -30,4 +30,11 @@ inline ModelFlops model_flops(const ModelConfig& config, int64_t seq_len) {
   return f;
 }
 
+// Model FLOPs of training on one token (forward and backward, the backward twice the forward;
+// recomputation not counted, as MFU's definition wants): 3 (n_layer layer_forward + head).
+inline double training_flops_per_token(const ModelConfig& config, int64_t seq_len) {
+  const ModelFlops f = model_flops(config, seq_len);
+  return 3.0 * (static_cast<double>(config.n_layer) * f.layer_forward + f.head_forward);
+}
+
 }  // namespace dstrain

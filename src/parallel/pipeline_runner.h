@@ -60,6 +60,8 @@ struct PipelineTimes {
 
 class PipelineRunner {
  public:
+  // The stream of this object's transfers (nullptr on the CPU backend), for traces.
+  Stream comm_stream() const { return comm_stream_.get(); }
   // pipe: the stage-to-stage group (group rank = stage), nullptr with one stage. global_rank:
   // for messages. `stage_model`, `params` and `pipe` outlive the runner.
   PipelineRunner(ModelStage& stage_model, ParamProvider& params, Communicator* pipe, int stage,

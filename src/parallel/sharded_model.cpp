@@ -1,5 +1,7 @@
 #include "parallel/sharded_model.h"
 
+#include "core/trace.h"
+
 #include "parallel/memory_model.h"
 
 #include <algorithm>
@@ -393,6 +395,29 @@ void ShardedModel::begin_step() {
   for (int block : held_) backend_.fill_zero(grads_padded(block), compute_);
 }
 
+std::vector<unsigned char> ShardedModel::working_params_bytes(int block) {
+  const Tensor params = acquire_params(block);
+  std::vector<unsigned char> bytes(params.nbytes());
+  copy_and_wait(bytes.data(), Device{}, params.data, params.device, bytes.size());
+  release_params(block);
+  return bytes;
+}
+
+bool ShardedModel::flip_param_bit(int block, int64_t element) {
+  if (!holds(block)) return false;
+  int64_t index = element;
+  if (shard_params_) {
+    index -= shard_begin(block);
+    if (index < 0 || index >= shard_count(block)) return false;
+  }
+  const Tensor stored = params_padded(block).slice(index, {1});
+  unsigned char bytes[4] = {};
+  copy_and_wait(bytes, Device{}, stored.data, stored.device, stored.nbytes());
+  bytes[0] ^= 1;  // the lowest bit of the mantissa (little-endian)
+  copy_and_wait(stored.data, stored.device, bytes, Device{}, stored.nbytes());
+  return true;
+}
+
 void ShardedModel::inject_inf_gradient() { inject_inf_ = true; }
 
 void ShardedModel::write_injected_inf() {
@@ -485,6 +510,8 @@ double ShardedModel::counted_squares(const FlatRange& part, Tensor grads) {
 // counted on the first stage only, replicated parameters on tp index 0 only): inf/NaN
 // anywhere, agreed by all ranks with a max, and the sum of squares for the global norm.
 StepStats ShardedModel::agree_on_gradients(const AdamWConfig& adam, double loss_scale) {
+  const TraceSpan span(TraceTrack::Compute, TraceKind::Optimizer, "gradient check and norm", -1,
+                       compute_);
   const Stream comm = comm_stream_.get();
   float found_inf = 0.0f;
   double squares = 0.0;
@@ -530,6 +557,8 @@ StepStats ShardedModel::finish_step(const AdamWConfig& adam, double lr, int64_t 
       if (range.numel == 0) continue;
       Tensor m = flat(b.exp_avg, range.numel), v = flat(b.exp_avg_sq, range.numel);
       Tensor copy = b.master.empty() ? Tensor() : range_params(block);
+      const TraceSpan span(TraceTrack::Compute, TraceKind::Optimizer, "adamw block", block,
+                           compute_);
       adamw_update_range(backend_, layout_, tp_rank(), range, master(block), range_grads(block),
                          m, v, copy, adam, lr, adam_step, grad_scale, compute_);
     }
@@ -567,6 +596,9 @@ void ShardedModel::offload_step(const AdamWConfig& adam, double lr, int64_t adam
     const int block = order[i];
     Tensor grads = range_grads(block);
     Tensor staged = flat(host_grads_[i % 2], grads.numel(), dtype_);
+    const TraceSpan span(TraceTrack::Communication, TraceKind::Communication,
+                         "offload gradients down, block", block, comm,
+                         TraceArgs{static_cast<int64_t>(grads.nbytes()), -1, "host"});
     backend_.copy_bytes(staged.data, grads.data, grads.nbytes(), comm);
     backend_.record_event(down_[i % 2].get(), comm);
   };
@@ -584,11 +616,19 @@ void ShardedModel::offload_step(const AdamWConfig& adam, double lr, int64_t adam
     backend_.synchronize_event(up_[i % 2].get());    // block i-2's weights have left
     // The update writes only the tensors' elements: the gaps between them (alignment,
     // padded vocabulary rows) must go up as the zeros they are.
-    std::memset(staged_params.data, 0, staged_params.nbytes());
-    Tensor m = flat(b.exp_avg, range.numel), v = flat(b.exp_avg_sq, range.numel);
-    host_adamw_update_range(layout_, tp_rank(), range, master(block), staged_grads, m, v,
-                            staged_params, adam, lr, adam_step, grad_scale, sharding_.host_threads);
+    {
+      const TraceSpan span(TraceTrack::HostOptimizer, TraceKind::Optimizer, "host adamw block",
+                           block);
+      std::memset(staged_params.data, 0, staged_params.nbytes());
+      Tensor m = flat(b.exp_avg, range.numel), v = flat(b.exp_avg_sq, range.numel);
+      host_adamw_update_range(layout_, tp_rank(), range, master(block), staged_grads, m, v,
+                              staged_params, adam, lr, adam_step, grad_scale,
+                              sharding_.host_threads);
+    }
     Tensor device_params = range_params(block);
+    const TraceSpan span(TraceTrack::Communication, TraceKind::Communication,
+                         "offload weights up, block", block, comm,
+                         TraceArgs{static_cast<int64_t>(staged_params.nbytes()), -1, "host"});
     backend_.copy_bytes(device_params.data, staged_params.data, staged_params.nbytes(), comm);
     backend_.record_event(up_[i % 2].get(), comm);
   }

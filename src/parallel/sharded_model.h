@@ -97,6 +97,8 @@ struct StepStats {
 
 class ShardedModel : public ParamProvider {
  public:
+  // The stream of this object's transfers (nullptr on the CPU backend), for traces.
+  Stream comm_stream() const { return comm_stream_.get(); }
   // compute: the stream the caller runs the model on (nullptr: the backend's default).
   // REQUIRES: groups.data; groups.tied exactly when the blocks hold the embedding on a stage
   // that is first or last of pp > 1 stages.
@@ -143,6 +145,13 @@ class ShardedModel : public ParamProvider {
   // (adam_step is 1-based: the count of steps applied) on this rank's part and makes the
   // updated parameters visible where they are needed. Collective.
   StepStats finish_step(const AdamWConfig& adam, double lr, int64_t adam_step, double loss_scale);
+
+  // Block b's working parameters as the model computes with them (param_dtype bytes; gathered
+  // under ZeRO-3, then collective over the data group), copied to the host.
+  std::vector<unsigned char> working_params_bytes(int block);
+  // Testing: flips the lowest bit of element `element` of block b's working parameters where
+  // this rank stores it (under ZeRO-3 only the rank whose shard holds it); false elsewhere.
+  bool flip_param_bit(int block, int64_t element);
 
   // Testing: makes one gradient element of this rank +inf (as an fp16 overflow would), in
   // its first held layer block, once this step's gradients are reduced (in finish_step).

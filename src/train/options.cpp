@@ -6,6 +6,7 @@
 #include "core/check.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_split.h"
+#include "train/run_trace.h"
 #include "topology/units.h"
 
 namespace dstrain {
@@ -60,6 +61,8 @@ void validate_options(const TrainOptions& options) {
   DSTRAIN_USER_CHECK(options.pp >= 1 && options.pp <= 64) << "--pp must be 1 to 64, not " << options.pp;
   DSTRAIN_USER_CHECK(options.tp >= 1) << "--tp must be at least 1, not " << options.tp;
   parse_pipeline_schedule(options.pp_schedule);  // a UserError naming the flag
+  parse_trace_steps(options.trace_steps);        // likewise
+  DSTRAIN_USER_CHECK(options.check_replicas >= 0) << "--check-replicas must not be negative";
   if (!options.pp_split.empty()) parse_pipeline_split(options.pp_split);
 }
 
@@ -129,6 +132,11 @@ nlohmann::json run_config(const TrainOptions& options) {
   config["comm-timeout"] = options.comm_timeout;
   config["save-shard-size"] = options.save_shard_size;
   config["sample"] = options.sample_tokens;
+  if (!options.trace.empty()) {
+    config["trace"] = options.trace;
+    config["trace-steps"] = options.trace_steps;
+  }
+  if (options.check_replicas > 0) config["check-replicas"] = options.check_replicas;
   return config;
 }
 

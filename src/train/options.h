@@ -68,6 +68,9 @@ struct TrainOptions {
   int64_t sample_tokens = 64;      // printed at the end; 0 disables
   bool quiet = false;              // no progress lines (the log and the summary remain)
   int64_t print_every = 0;         // progress lines kept every N steps; 0: ~25 per run
+  std::string trace;               // Chrome trace file of the steps trace_steps (train/run_trace.h)
+  std::string trace_steps = "3:5"; // A:B, 1-based, inclusive
+  int64_t check_replicas = 0;      // every N steps the replicas compare checksums; 0: never
   // The flags the user gave (command-line names). On --resume, every setting of the run not
   // given again is taken from the checkpoint. nullopt (a library caller): all are given.
   std::optional<std::set<std::string>> explicit_flags;
@@ -84,6 +87,12 @@ struct TrainOptions {
   int fail_micro_batch = 0;
   int64_t fail_step = 1;
   bool fail_hang = false;
+  // Testing: after step diverge_step (1-based; 0: never), rank diverge_rank flips the lowest bit
+  // of the first element of its working copy of tensor diverge_tensor (a replica divergence
+  // --check-replicas must catch).
+  int64_t diverge_step = 0;
+  int diverge_rank = 0;
+  std::string diverge_tensor;
   // Testing: at the end, the two copies of the tied embedding (first and last pipeline stage)
   // are compared bit for bit; a difference is an Error.
   bool verify_tied_embedding = false;

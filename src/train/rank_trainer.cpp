@@ -11,6 +11,7 @@
 
 #include "data/tokenizer.h"
 #include "optim/schedule.h"
+#include "parallel/model_flops.h"
 #include "parallel/pipeline_split.h"
 #include "train/sample.h"
 
@@ -64,17 +65,34 @@ std::array<size_t, kNumMemCategories> peak_bytes(const RankDevices& devices) {
   return mine;
 }
 
-// Per category, the largest count any rank reports (all ranks get it).
-std::array<size_t, kNumMemCategories> max_over_ranks(Communicator& comm,
-                                                     const std::array<size_t, kNumMemCategories>& mine) {
+using MemoryBytes = std::array<size_t, kNumMemCategories>;
+
+// Every rank's counts, in rank order (all ranks get them).
+std::vector<MemoryBytes> over_ranks(Communicator& comm, const MemoryBytes& mine) {
   std::vector<double> values(mine.begin(), mine.end());  // exact below 2^53 bytes
   const std::vector<double> all = gather_doubles(comm, values);
-  std::array<size_t, kNumMemCategories> result{};
+  std::vector<MemoryBytes> ranks(static_cast<size_t>(comm.size()));
   for (size_t i = 0; i < all.size(); ++i) {
-    const size_t c = i % kNumMemCategories;
-    result[c] = std::max(result[c], static_cast<size_t>(all[i]));
+    ranks[i / kNumMemCategories][i % kNumMemCategories] = static_cast<size_t>(all[i]);
+  }
+  return ranks;
+}
+
+// Per category, the largest count of any rank.
+MemoryBytes max_of(const std::vector<MemoryBytes>& ranks) {
+  MemoryBytes result{};
+  for (const MemoryBytes& rank : ranks) {
+    for (size_t c = 0; c < result.size(); ++c) result[c] = std::max(result[c], rank[c]);
   }
   return result;
+}
+
+nlohmann::json memory_json(const MemoryBytes& bytes) {
+  nlohmann::json record = nlohmann::json::object();
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    record[mem_category_name(static_cast<MemCategory>(c))] = bytes[static_cast<size_t>(c)];
+  }
+  return record;
 }
 
 int cpu_threads_per_rank(const TrainOptions& options, int world) {
@@ -96,8 +114,11 @@ RankTrainer::RankTrainer(const RunContext& ctx, Communicator& world)
       accum_(ctx.plan.grad_accum),
       threads_(cpu_threads_per_rank(ctx.options, world.size())),
       devices_(make_rank_devices(ctx.devices, world, threads_)),
+      timer_(make_event_timer(devices_, ctx.origin)),
+      tracer_(ctx.origin, timer_.get()),
       full_layout_(ctx.config),
-      groups_(make_rank_groups(*devices_.comm, ctx.plan, full_layout_.tied_embedding())),
+      groups_(traced_groups(make_rank_groups(*devices_.comm, ctx.plan, full_layout_.tied_embedding()),
+                            traced_groups_)),
       arch_(make_architecture(ctx.config,
                               TensorParallel{ctx.plan.tp, groups_.tensor_index,
                                              ctx.plan.uses_sequence_parallel(), groups_.tensor,
@@ -141,6 +162,9 @@ RankTrainer::RankTrainer(const RunContext& ctx, Communicator& world)
       DSTRAIN_CHECK(false) << "injected failure (testing)";
     });
   }
+  tracer_.set_stream_track(compute, TraceTrack::Compute);
+  tracer_.set_stream_track(state_->comm_stream(), TraceTrack::Communication);
+  tracer_.set_stream_track(runner_->comm_stream(), TraceTrack::Pipeline);
   make_token_buffers();
   const int dp = plan_.dp, d = groups_.data_index;
   val_loader_.emplace(ctx.data->val, LoaderOptions{B_, T_, dp, d, false, 0});
@@ -149,6 +173,7 @@ RankTrainer::RankTrainer(const RunContext& ctx, Communicator& world)
     if (!ctx.data_state.is_null()) loader_->restore(rebase_loader_state(ctx.data_state, dp));
   }
   if (!ctx.scaler_state.is_null()) scaler_.restore(ctx.scaler_state);
+  if (options_.check_replicas > 0) replicas_.emplace(groups_, rank_);
 }
 
 // One token batch per activation slot on the first and last stage (the memory model counts
@@ -196,7 +221,8 @@ int RankTrainer::owner_stage(int block) const {
   return -1;
 }
 
-void RankTrainer::announce(const std::array<size_t, kNumMemCategories>& memory) const {
+void RankTrainer::announce(const std::vector<std::array<size_t, kNumMemCategories>>& ranks) const {
+  const MemoryBytes memory = max_of(ranks);
   const TrainOptions& o = options_;
   const int world = world_.size();
   std::ostringstream text;
@@ -236,10 +262,9 @@ void RankTrainer::announce(const std::array<size_t, kNumMemCategories>& memory) 
          << *ctx_.data->entropy_previous_only << ")";
   }
   ctx_.progress->message(text.str());
-  nlohmann::json memory_record{{"type", "memory"}, {"ranks", world}};
-  for (int c = 0; c < kNumMemCategories; ++c) {
-    memory_record["peak_bytes"][mem_category_name(static_cast<MemCategory>(c))] = memory[c];
-  }
+  nlohmann::json memory_record{{"type", "memory"}, {"ranks", world},
+                               {"peak_bytes", memory_json(memory)}};
+  for (const MemoryBytes& rank : ranks) memory_record["per_rank_peak_bytes"].push_back(memory_json(rank));
   if (!ctx_.resume) {
     ctx_.log->write({{"type", "config"}, {"model", config_.to_json()}, {"run", ctx_.fingerprint},
                      {"plan", to_json(plan_)}, {"zero", plan_.zero}, {"offload", plan_.offload},
@@ -256,6 +281,12 @@ void RankTrainer::announce(const std::array<size_t, kNumMemCategories>& memory) 
 
 RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   StepOutcome o;
+  tracer_.take();  // what evaluation and checkpoints recorded
+  tracer_.rebase();
+  const double trace_begin = tracer_.now();
+  const int step_span = tracer_.begin(TraceTrack::Compute, TraceKind::Step,
+                                      "step " + std::to_string(step + 1), nullptr, {});
+  // (Host-timed: measure_time stretches it to the step's last span.)
   const auto start = Clock::now();
   step_ = step;
   training_ = true;
@@ -286,6 +317,8 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   o.skipped = scaler_.update(o.stats.found_inf);
   if (!o.skipped) ++adam_step_;
   o.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  tracer_.end(step_span, nullptr);
+  measure_time(step, trace_begin, o);
   run_times_ += runner_->times();
   measure_parallelism(o);
   return o;
@@ -318,6 +351,62 @@ void RankTrainer::measure_parallelism(StepOutcome& o) {
   }
 }
 
+std::string RankTrainer::trace_label() const {
+  std::ostringstream text;
+  text << "rank " << rank_;
+  if (plan_.pp > 1) text << ", stage " << groups_.stage;
+  if (plan_.dp > 1) text << ", data " << groups_.data_index;
+  if (plan_.tp > 1) text << ", tensor " << groups_.tensor_index;
+  return text.str();
+}
+
+// The spans are this step's once the device has run its work (take waits for it): the step
+// ends with the last of them.
+void RankTrainer::measure_time(int64_t step, double begin, StepOutcome& o) {
+  std::vector<TraceSpanRecord> spans = tracer_.take();
+  double end = begin;
+  for (const TraceSpanRecord& s : spans) end = std::max(end, s.end);
+  for (TraceSpanRecord& s : spans) {
+    if (s.kind == TraceKind::Step) s.end = end;
+  }
+  const TimeSplit mine = split_step_time(spans, begin, end);
+  const std::vector<double> all = gather_doubles(
+      world_, {mine.step, mine.compute, mine.optimizer, mine.comm_exposed, mine.bubble, mine.other,
+               mine.comm_total});
+  const double ranks = world_.size();
+  TimeSplit sum;
+  for (size_t r = 0; r < all.size(); r += 7) {
+    add_split(sum, TimeSplit{all[r], all[r + 1], all[r + 2], all[r + 3], all[r + 4], all[r + 5],
+                             all[r + 6]});
+  }
+  const TimeSplit& t = o.time = scaled(sum, 1.0 / ranks);
+  if (ctx_.peak_flops > 0 && t.step > 0) {
+    const double tokens = static_cast<double>(B_ * T_ * accum_ * plan_.dp);
+    o.mfu = training_flops_per_token(config_, T_) * tokens /
+            (t.step * ranks * ctx_.peak_flops);
+  }
+  if (ctx_.trace != nullptr && ctx_.trace->window().contains(step + 1)) {
+    ctx_.trace->add(rank_, trace_label(), step + 1, std::move(spans));
+  }
+}
+
+// Rank 0 writes the trace once every rank has handed in the window's last step (or the run's
+// last, when it ends inside the window).
+void RankTrainer::write_trace(int64_t step, bool last) {
+  if (ctx_.trace == nullptr || trace_written_) return;
+  const TraceWindow& window = ctx_.trace->window();
+  if (step + 1 < window.first || (step + 1 < window.last && !last)) return;
+  trace_written_ = true;
+  world_.barrier();
+  if (rank_ != 0) return;
+  const size_t spans = ctx_.trace->write();
+  std::ostringstream text;
+  text << "wrote the trace of steps " << window.first << "-" << std::min(window.last, step + 1)
+       << " (" << spans << " spans, " << world_.size() << (world_.size() == 1 ? " rank" : " ranks")
+       << ") to " << ctx_.trace->path() << " (open it in ui.perfetto.dev or chrome://tracing)";
+  ctx_.progress->message(text.str());
+}
+
 void RankTrainer::report_step(int64_t step, const StepOutcome& o) {
   TrainSummary& summary = *ctx_.summary;
   const double tokens_per_s = static_cast<double>(B_ * T_ * accum_ * plan_.dp) / o.seconds;
@@ -340,6 +429,8 @@ void RankTrainer::report_step(int64_t step, const StepOutcome& o) {
                                  {"all_reduce_bytes", o.tp_bytes},
                                  {"comm_share", o.tp_share}};
   }
+  record["time"] = time_record(o.time);
+  if (o.mfu >= 0) record["mfu"] = o.mfu;
   ctx_.log->write(record);
   if (o.skipped) {
     std::ostringstream text;
@@ -349,6 +440,16 @@ void RankTrainer::report_step(int64_t step, const StepOutcome& o) {
   }
   ctx_.progress->step(step, o.loss, o.lr, o.stats.grad_norm, tokens_per_s,
                       o.seconds * static_cast<double>(options_.steps - step - 1), bubble);
+}
+
+// Every --check-replicas steps and at the end (a testing divergence planted first).
+void RankTrainer::check_replicas(int64_t step, bool last) {
+  if (options_.diverge_step == step + 1 && options_.diverge_rank == rank_) {
+    const ParamSpec& spec = arch_->layout().find(options_.diverge_tensor);
+    state_->flip_param_bit(spec.block, spec.offset);
+  }
+  if (!replicas_ || ((step + 1) % options_.check_replicas != 0 && !last)) return;
+  replicas_->check(*state_, arch_->layout(), step + 1);
 }
 
 // A stop signal, agreed by every rank (they may see it at different moments).
@@ -427,8 +528,9 @@ void RankTrainer::load_initial_state() {
 }
 
 void RankTrainer::run() {
+  const ScopedTracer tracing(&tracer_);
   load_initial_state();
-  const auto memory = max_over_ranks(world_, peak_bytes(devices_));
+  const std::vector<MemoryBytes> memory = over_ranks(world_, peak_bytes(devices_));
   const bool leader = rank_ == 0;
   if (leader) announce(memory);
   TrainSummary& summary = *ctx_.summary;
@@ -437,9 +539,11 @@ void RankTrainer::run() {
     summary.steps = step + 1;
     const StepOutcome outcome = train_step(step);
     train_seconds += outcome.seconds;
+    add_split(run_split_, outcome.time);
     if (leader) report_step(step, outcome);
     const bool interrupted = agree_to_stop() && step + 1 < options_.steps;
     const bool last = step + 1 == options_.steps || interrupted;
+    check_replicas(step, last);
     if (options_.eval_every > 0 &&
         ((step + 1) % options_.eval_every == 0 || step + 1 == options_.steps)) {
       const double eval_loss = evaluate();
@@ -455,6 +559,7 @@ void RankTrainer::run() {
         ctx_.progress->message(text.str());
       }
     }
+    write_trace(step, last);
     if (!options_.out.empty() &&
         ((options_.save_every > 0 && (step + 1) % options_.save_every == 0) || last)) {
       save_checkpoint(step);
@@ -588,6 +693,8 @@ void RankTrainer::finish(double train_seconds) {
                                 {"tokens_per_s", summary.tokens_per_second},
                                 {"train_seconds", train_seconds}};
   print_stage_summary(summary_record);
+  const TimeSplit per_step = scaled(run_split_, 1.0 / static_cast<double>(std::max<int64_t>(1, steps_run)));
+  summary_record["time_per_step"] = time_record(per_step);
   const bool want_sample = options_.sample_tokens > 0 && summary.interrupted_by == 0;
   std::optional<HostBlocks> gathered;
   if (want_sample) {
@@ -601,6 +708,7 @@ void RankTrainer::finish(double train_seconds) {
        << ", " << format_rate(summary.tokens_per_second) << " tokens/s";
   if (!summary.losses.empty()) text << "; final train loss " << summary.losses.back();
   if (summary.final_eval_loss) text << ", eval loss " << *summary.final_eval_loss;
+  if (steps_run > 0) text << "\n  time: " << time_split_line(per_step) << " (mean over ranks)";
   const Datasets& data = *ctx_.data;
   if (data.entropy_floor && summary.final_eval_loss) {
     text << "\n  entropy floor " << *data.entropy_floor << " nats: the model is "

@@ -16,6 +16,7 @@
 
 #include "comm/communicator.h"
 #include "core/allocator.h"
+#include "core/trace.h"
 #include "data/loader.h"
 #include "model/architecture.h"
 #include "model/stage.h"
@@ -26,6 +27,8 @@
 #include "parallel/sharded_model.h"
 #include "train/devices.h"
 #include "train/run_context.h"
+#include "train/replica_check.h"
+#include "train/run_trace.h"
 
 namespace dstrain {
 
@@ -44,19 +47,27 @@ class RankTrainer {
     // Per stage (tp > 1): its ranks' tensor-parallel collectives and their all-reduce volume
     // (the same on each of its ranks), and the share of the step in them (their mean).
     std::vector<double> tp_collectives, tp_bytes, tp_share;
+    TimeSplit time;    // where the step's time went, the mean over ranks
+    double mfu = -1;   // model FLOPs utilization (< 0: unknown, on the CPU backend)
   };
 
   // Setup.
   void make_token_buffers();
   void load_initial_state();
   MicroBatch load_micro_batch(DataLoader& loader, int micro_batch);
-  void announce(const std::array<size_t, kNumMemCategories>& memory) const;
+  // The run's first lines and records; memory: each rank's peak bytes by category.
+  void announce(const std::vector<std::array<size_t, kNumMemCategories>>& memory) const;
   // A step and what follows it.
   StepOutcome train_step(int64_t step);
   // The pipeline bubble and the tensor-parallel traffic of the step, per stage.
   void measure_parallelism(StepOutcome& o);
+  // The step's spans: its time split (the mean over ranks), and the trace window's file.
+  void measure_time(int64_t step, double begin, StepOutcome& o);
+  void write_trace(int64_t step, bool last);
+  std::string trace_label() const;
   void report_step(int64_t step, const StepOutcome& outcome);
   bool agree_to_stop() const;
+  void check_replicas(int64_t step, bool last);
   double evaluate();
   void save_checkpoint(int64_t step);
   // The end.
@@ -83,7 +94,10 @@ class RankTrainer {
   const int64_t B_, T_, accum_;
   const int threads_;
   RankDevices devices_;
+  std::unique_ptr<EventTimer> timer_;  // a GPU's spans are timed with its events
+  Tracer tracer_;
   ParamLayout full_layout_;  // the whole model's (tp = 1): checkpoints, the gathered weights
+  std::vector<std::unique_ptr<Communicator>> traced_groups_;  // groups_' communicators, traced
   RankGroups groups_;
   TensorParallelStats tp_stats_;  // this step's, reset by train_step
   std::unique_ptr<Architecture> arch_;
@@ -101,6 +115,9 @@ class RankTrainer {
   AdamWConfig adam_;
   int64_t adam_step_ = 0;
   PipelineTimes run_times_;  // over the whole run
+  TimeSplit run_split_;      // sums over the steps run of the mean over ranks
+  bool trace_written_ = false;
+  std::optional<ReplicaChecker> replicas_;  // --check-replicas
   int64_t step_ = 0;         // the step in progress (0-based)
   bool training_ = false;    // in a training step's pipeline (not evaluating)
 };

@@ -3,6 +3,7 @@
 // each rank's RankTrainer (train/rank_trainer.h).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -20,6 +21,7 @@
 #include "train/jsonl_log.h"
 #include "train/options.h"
 #include "train/progress.h"
+#include "train/run_trace.h"
 #include "train/trainer.h"
 
 namespace dstrain {
@@ -46,6 +48,10 @@ struct RunContext {
   std::ostream* out = nullptr;
   // The checkpoint being written: made by rank 0, filled by every rank (between barriers).
   std::unique_ptr<CheckpointWriter>* checkpoint = nullptr;
+  // --trace: the ranks' spans of the window (nullptr: no trace file).
+  TraceCollector* trace = nullptr;
+  std::chrono::steady_clock::time_point origin;  // when the run began: time 0 of the trace
+  double peak_flops = 0;  // one GPU's dense peak at the plan's precision; 0: unknown (no MFU)
 };
 
 // SIGINT / SIGTERM seen by this process (0: none); set by train()'s handlers.

@@ -7,11 +7,14 @@
 #include <ctime>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "core/fs.h"
 #include "model/gpt2.h"
 #include "optim/schedule.h"
+#include "parallel/cost_model.h"
 #include "parallel/pipeline_split.h"
+#include "topology/probe.h"
 #include "train/plan_run.h"
 #include "train/run_context.h"
 
@@ -142,6 +145,30 @@ void load_initial_state(RunContext& ctx, const ParamLayout& layout, FullTraining
   ctx.initial = &initial;
 }
 
+// --trace: the collector of the window's spans. A window that starts after the run's last step
+// is a mistake; one wholly before a resumed run's first step traces nothing (said once).
+std::optional<TraceCollector> make_trace_collector(const TrainOptions& options, int64_t first_step,
+                                                   std::ostream& out) {
+  if (options.trace.empty()) return std::nullopt;
+  const TraceWindow window = parse_trace_steps(options.trace_steps);
+  DSTRAIN_USER_CHECK(window.first <= options.steps)
+      << "--trace-steps " << options.trace_steps << " starts after the run's last step (--steps "
+      << options.steps << ")";
+  if (window.last <= first_step) {
+    out << "dstrain: --trace-steps " << options.trace_steps << " is before step " << first_step + 1
+        << ", where the run resumes: no trace is written\n";
+    return std::nullopt;
+  }
+  return std::optional<TraceCollector>(std::in_place, options.trace, window);
+}
+
+// The dense peak of this machine's GPU 0 at the run's precision, as the planner sees it.
+double gpu_peak_flops(DType precision) {
+  std::string report;
+  const NodeTopology local = probe_local_topology(&report);
+  return local.gpus.empty() ? 0.0 : gpu_speed(local, precision).peak_flops;
+}
+
 }  // namespace
 
 int stop_signal() { return g_stop_signal.load(); }
@@ -198,6 +225,9 @@ TrainSummary train(const TrainOptions& given, std::ostream& out) {
   FullTrainingState initial(layout);
   load_initial_state(ctx, layout, initial);
 
+  std::optional<TraceCollector> trace = make_trace_collector(options, ctx.first_step, out);
+  if (trace) ctx.trace = &*trace;
+  if (ctx.devices.cuda) ctx.peak_flops = gpu_peak_flops(ctx.plan.param_dtype);
   JsonlLog log;
   if (!options.log.empty()) log = JsonlLog(options.log, ctx.resume.has_value());
   ProgressPrinter progress(out, options.steps, options.quiet, options.print_every);
@@ -211,6 +241,7 @@ TrainSummary train(const TrainOptions& given, std::ostream& out) {
   ctx.summary = &summary;
   ctx.out = &out;
   StopSignals stop_signals;
+  ctx.origin = std::chrono::steady_clock::now();
   launch_ranks(ctx.devices, options.comm_timeout,
                [&ctx](Communicator& world) { run_rank(ctx, world); });
   return summary;

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/bpe_tokenizer.h"
+#include "tests/common/run_binary.h"
 #include "tests/common/temp_dir.h"
 #include "train/devices.h"
 
@@ -23,25 +24,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
+using Result = dstrain::testing::BinaryResult;
 
 // Runs the dstrain binary with `args` (a shell word list), capturing stdout and stderr.
 Result run_dstrain(const std::string& args, const fs::path& dir) {
-  const fs::path out_file = dir / "stdout.txt", err_file = dir / "stderr.txt";
-  const std::string command = std::string("cd '") + dir.string() + "' && " + DSTRAIN_BINARY +
-                              " " + args + " >'" + out_file.string() + "' 2>'" +
-                              err_file.string() + "' </dev/null";
-  const int status = std::system(command.c_str());
-  Result result;
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  std::ifstream out(out_file), err(err_file);
-  result.out.assign(std::istreambuf_iterator<char>(out), {});
-  result.err.assign(std::istreambuf_iterator<char>(err), {});
-  return result;
+  return dstrain::testing::run_binary(DSTRAIN_BINARY, args, dir);
 }
 
 class CliTest : public ::testing::Test {

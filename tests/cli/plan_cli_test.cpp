@@ -8,27 +8,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli/cli.h"
+#include "tests/common/cli_run.h"
 
 namespace dstrain {
 namespace {
 
-struct CliResult {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-CliResult run(std::vector<std::string> args) {
-  args.insert(args.begin(), "dstrain");
-  std::vector<const char*> argv;
-  for (const std::string& a : args) argv.push_back(a.c_str());
-  std::ostringstream out, err;
-  CliResult r;
-  r.exit_code = run_cli(static_cast<int>(argv.size()), argv.data(), out, err);
-  r.out = out.str();
-  r.err = err.str();
-  return r;
-}
+using testing::CliResult;
+constexpr auto run = testing::run_cli_args;
 
 std::string fixture(const std::string& name) {
   return std::string(DSTRAIN_SOURCE_DIR) + "/tests/topology/fixtures/" + name;
@@ -41,16 +27,8 @@ std::vector<std::string> rtx4090_x8(std::vector<std::string> more) {
   return args;
 }
 
-// Exit 2, nothing on stdout, and exactly one line "dstrain: error: ..." holding `fragment`.
-void expect_user_error(const std::vector<std::string>& args, const std::string& fragment) {
-  const CliResult r = run(args);
-  std::string joined;
-  for (const std::string& a : args) joined += a + " ";
-  EXPECT_EQ(r.exit_code, 2) << joined << "\nstderr: " << r.err;
-  EXPECT_EQ(r.err.rfind("dstrain: error: ", 0), 0u) << joined << "\nstderr: " << r.err;
-  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "one line: " << r.err;
-  EXPECT_NE(r.err.find(fragment), std::string::npos) << joined << "\nstderr: " << r.err;
-}
+// Exit 2 and exactly one line "dstrain: error: ..." holding `fragment`.
+constexpr auto expect_user_error = testing::expect_cli_user_error;
 
 TEST(PlanCli, PrintsThePlanMemoryTimeAndAlternatives) {
   const CliResult r = run(rtx4090_x8({"--model", "6b"}));

@@ -4,6 +4,8 @@
 // for kernels a GPU would hang on or answer with garbage.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -383,6 +385,53 @@ TEST(CudaEmulatorStreams, AMissingWaitBetweenStreamsShowsUpAndAnEventWaitFixesIt
   cudaEventDestroy(written);
   cudaStreamDestroy(producer);
   cudaStreamDestroy(consumer);
+  cudaFree(a);
+  cudaFree(b);
+}
+
+// Events are stamped in model time (emu_streams.h): two streams with no order between them
+// overlap, as on a GPU, though the host runs their kernels one after the other; an event wait
+// makes the second start after the first.
+TEST(CudaEmulatorStreams, EventsTimeStreamsAsRunningAtOnceUnlessAnEventOrdersThem) {
+  REQUIRE_LAZY_STREAMS();  // eager streams run each kernel as it is issued
+  const int n = 1 << 16;  // long enough to take milliseconds on the host
+  float* a = device_floats(n, 1.0f);
+  float* b = device_floats(n, 2.0f);
+  cudaStream_t first, second;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&first, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&second, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t begin1, end1, begin2, end2;
+  for (cudaEvent_t* e : {&begin1, &end1, &begin2, &end2}) ASSERT_EQ(cudaEventCreate(e), cudaSuccess);
+  auto elapsed = [](cudaEvent_t from, cudaEvent_t to) {
+    float ms = 0;
+    EXPECT_EQ(cudaEventElapsedTime(&ms, from, to), cudaSuccess);
+    return ms;
+  };
+  for (bool ordered : {false, true}) {
+    ASSERT_EQ(cudaEventRecord(begin1, first), cudaSuccess);
+    DSTRAIN_LAUNCH(iota_kernel, 4, 64, 0, first)(a, n, 1.0f);
+    ASSERT_EQ(cudaEventRecord(end1, first), cudaSuccess);
+    if (ordered) ASSERT_EQ(cudaStreamWaitEvent(second, end1, 0), cudaSuccess);
+    ASSERT_EQ(cudaEventRecord(begin2, second), cudaSuccess);
+    DSTRAIN_LAUNCH(iota_kernel, 4, 64, 0, second)(b, n, 2.0f);
+    ASSERT_EQ(cudaEventRecord(end2, second), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const float one = elapsed(begin1, end1), two = elapsed(begin2, end2);
+    const float both = std::max(elapsed(begin1, end2), elapsed(begin1, end1));
+    ASSERT_GT(one, 0.0f);
+    ASSERT_GT(two, 0.0f);
+    if (ordered) {
+      EXPECT_GE(elapsed(end1, begin2), 0.0f) << "the second stream started before the event";
+      EXPECT_GE(both, one + two - 1e-3f);
+    } else {
+      // Both issued at once (within the host's launch time): they overlap.
+      EXPECT_LT(elapsed(begin1, begin2), one) << "the second kernel waited for the first";
+      EXPECT_LT(both, one + two);
+    }
+  }
+  for (cudaEvent_t e : {begin1, end1, begin2, end2}) cudaEventDestroy(e);
+  cudaStreamDestroy(first);
+  cudaStreamDestroy(second);
   cudaFree(a);
   cudaFree(b);
 }

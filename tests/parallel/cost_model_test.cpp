@@ -43,6 +43,8 @@ TEST(CostModel, FlopsFollowPalmsFormula) {
   const double L = 12, C = 768, T = 1024, Vp = 50304;
   const double per_token = 3 * (L * f.layer_forward + f.head_forward);
   EXPECT_DOUBLE_EQ(per_token, 6 * (12 * L * C * C + C * Vp) + 12 * L * T * C);
+  // What MFU counts (the trainer's step records on a GPU).
+  EXPECT_DOUBLE_EQ(training_flops_per_token(config, 1024), per_token);
 }
 
 TEST(CostModel, RingBandwidthOfRealMachines) {
