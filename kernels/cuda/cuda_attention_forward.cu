@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "kernels/cuda/cuda_attention.cuh"
+#include "kernels/cuda/cuda_attention_mma.cuh"
 
 namespace dstrain::cuda {
 
@@ -112,7 +113,10 @@ void attention_forward(const CudaContext& ctx, Tensor out, Tensor lse, Tensor qk
                        int n_kv_head, cudaStream_t stream) {
   const QkvShape s = check_attention(ctx, qkv, out, lse, n_head, n_kv_head);
   if (s.B == 0 || s.T == 0 || s.hd == 0) return;
-  if (s.hd <= 64) {
+  // BF16/F16 with hd 64, 128, 256: the tensor-core kernel (cuda_attention_mma.cu).
+  if (attention::mma_forward_supports(s, qkv, out)) {
+    attention::attention_forward_mma(s, out, lse, qkv, stream);
+  } else if (s.hd <= 64) {
     launch_forward<2>(s, out, lse, qkv, stream);
   } else if (s.hd <= 128) {
     launch_forward<4>(s, out, lse, qkv, stream);

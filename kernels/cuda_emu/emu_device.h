@@ -32,6 +32,9 @@
 #define __shared__ static thread_local
 #undef __forceinline__
 #define __forceinline__ inline
+// Launch bounds guide nvcc's register allocation: nothing to bound on the host.
+#undef __launch_bounds__
+#define __launch_bounds__(...)
 
 #define threadIdx (::dstrain::emu::current().thread_idx)
 #define blockIdx (::dstrain::emu::current().block_idx)

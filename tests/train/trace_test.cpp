@@ -21,6 +21,8 @@
 #include "tests/common/temp_dir.h"
 #include "tests/train/expect_user_error.h"
 #include "tests/train/small_model.h"
+#include "parallel/cost_model.h"
+#include "topology/probe.h"
 #include "train/devices.h"
 #include "train/trainer.h"
 
@@ -304,6 +306,26 @@ TEST_F(TraceTest, OnGpusTheGathersOverlapTheLayers) {
     total += t.at("comm_total_s").get<double>();
   }
   EXPECT_LT(exposed, total) << "some communication hides behind computation";
+  // MFU: PaLM's training FLOPs of the step's tokens over the step and the GPUs' peak at the
+  // run's precision, as the planner knows it (the emulated GPU's is an estimate: the number
+  // means nothing there, its arithmetic is what is checked).
+  std::string report;
+  const double peak = gpu_speed(probe_local_topology(&report), DType::F32).peak_flops;
+  const double C = 24, L = 2, T = o.seq_len, Vp = 64;  // vocab 37 padded to 64
+  const double flops_per_token = 6 * (12 * L * C * C + C * Vp) + 12 * L * T * C;
+  const double tokens = static_cast<double>(o.batch * o.seq_len * test::kSmallRunMicroBatches);
+  std::ifstream log(o.log);
+  size_t steps = 0;
+  for (std::string line; std::getline(log, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (!record.contains("loss")) continue;
+    ++steps;
+    const double step_s = record.at("time").at("step_s").get<double>();
+    ASSERT_TRUE(record.contains("mfu")) << line;
+    EXPECT_NEAR(record.at("mfu").get<double>(), flops_per_token * tokens / (step_s * 2 * peak),
+                1e-9 * record.at("mfu").get<double>());
+  }
+  EXPECT_EQ(steps, 6u);
 }
 
 }  // namespace

@@ -1,0 +1,22 @@
+// The tensor-core (mma.sync) attention forward of cuda_attention_mma.cu, FlashAttention-2 style,
+// for bf16/f16 storage and head dims 64, 128 and 256. cuda_attention_forward.cu routes to it
+// whatever it supports and keeps its fp32 CUDA-core kernel for the rest (F32 storage, other
+// head dims, unaligned views).
+#pragma once
+
+#include "kernels/cuda/cuda_attention.cuh"
+
+namespace dstrain::cuda::attention {
+
+// Whether attention_forward_mma takes this case: qkv and out both BF16 or both F16, hd 64, 128
+// or 256, both base pointers 16-byte aligned (every row then starts on a 16-byte boundary:
+// cp.async and the 128-bit stores move 8 elements at a time).
+bool mma_forward_supports(const QkvShape& s, const Tensor& qkv, const Tensor& out);
+
+// out (B,T,NH*hd), lse (B,NH,T) F32 natural-log log-sum-exp of the scaled scores, qkv
+// (B,T,(NH+2KV)*hd): the contract of attention_forward (kernels/ops.h). Deterministic.
+// REQUIRES: mma_forward_supports(s, qkv, out); checks of check_attention passed.
+void attention_forward_mma(const QkvShape& s, Tensor out, Tensor lse, Tensor qkv,
+                           cudaStream_t stream);
+
+}  // namespace dstrain::cuda::attention

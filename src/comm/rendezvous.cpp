@@ -1,0 +1,258 @@
+#include "comm/rendezvous.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <initializer_list>
+#include <sstream>
+
+#include "core/check.h"
+
+namespace dstrain {
+namespace {
+
+constexpr int kMaxNodes = 4096;  // the store serves at most this many connections
+constexpr double kMaxLingerSeconds = 10;
+
+// A setting's value and where it came from: a flag ("--master-port") or a variable
+// ("MASTER_PORT"). Messages show it as the user wrote it.
+struct Setting {
+  std::string value;
+  std::string source;
+
+  std::string shown() const {
+    const bool flag = source.rfind("--", 0) == 0;
+    return source + (flag ? " '" : "='") + value + "'";
+  }
+};
+
+// The flag if given, else the first of `variables` that is set and not empty.
+std::optional<Setting> pick(const std::optional<std::string>& flag, const char* flag_name,
+                            const EnvironmentLookup& environment,
+                            std::initializer_list<const char*> variables) {
+  if (flag) return Setting{*flag, flag_name};
+  for (const char* variable : variables) {
+    const std::optional<std::string> value = environment(variable);
+    if (value && !value->empty()) return Setting{*value, variable};
+  }
+  return std::nullopt;
+}
+
+// `setting` as an integer in [low, high]; else a UserError saying what it should be.
+int parse_int(const Setting& setting, int low, int high, const std::string& what) {
+  const std::string& text = setting.value;
+  int value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  DSTRAIN_USER_CHECK(error == std::errc() && end == text.data() + text.size() && value >= low &&
+                     value <= high)
+      << setting.shown() << " is not " << what << " from " << low << " to " << high << ".";
+  return value;
+}
+
+double parse_timeout(const Setting& setting) {
+  const std::string& text = setting.value;
+  double value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  DSTRAIN_USER_CHECK(error == std::errc() && end == text.data() + text.size() &&
+                     std::isfinite(value) && value > 0)
+      << setting.shown() << " is not a positive number of seconds.";
+  return value;
+}
+
+int parse_node_rank(const std::optional<Setting>& rank, const std::optional<Setting>& nnodes,
+                    int node_count) {
+  if (!rank) {
+    DSTRAIN_USER_CHECK(node_count == 1)
+        << "--node-rank (or NODE_RANK) is required with " << node_count << " nodes: give each "
+        << "node its number, 0 to " << node_count - 1 << ".";
+    return 0;
+  }
+  const int value = parse_int(*rank, 0, kMaxNodes - 1, "a node rank");
+  DSTRAIN_USER_CHECK(value < node_count)
+      << rank->shown() << " is not below the node count"
+      << (nnodes ? " " + nnodes->shown() : std::string(" (1 node by default)"))
+      << ": number the nodes 0 to " << node_count - 1 << ".";
+  return value;
+}
+
+std::string parse_master_addr(const std::optional<Setting>& addr, int node_count) {
+  if (!addr) {
+    DSTRAIN_USER_CHECK(node_count == 1)
+        << "--master-addr (or MASTER_ADDR) is required with " << node_count
+        << " nodes: give every node the address of node 0.";
+    return "127.0.0.1";
+  }
+  DSTRAIN_USER_CHECK(!addr->value.empty())
+      << addr->source << " is empty: give the address or host name of node 0.";
+  return addr->value;
+}
+
+std::string seconds_text(double seconds) {
+  std::ostringstream text;
+  text << seconds << " s";
+  return text.str();
+}
+
+std::string this_host() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "unknown-host";
+  return name;
+}
+
+// What a node registers: "<nnodes> <pid> <host>".
+std::string node_record(int nnodes) {
+  return std::to_string(nnodes) + " " + std::to_string(::getpid()) + " " + this_host();
+}
+
+std::string ranks_text(const std::vector<int>& ranks, int nnodes) {
+  std::string text = ranks.size() == 1 ? "node " : "nodes ";
+  for (size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
+  return text + " of " + std::to_string(nnodes);
+}
+
+std::vector<std::string> node_keys(const std::string& prefix, int nnodes) {
+  std::vector<std::string> keys;
+  for (int rank = 0; rank < nnodes; ++rank) keys.push_back(prefix + std::to_string(rank));
+  return keys;
+}
+
+}  // namespace
+
+EnvironmentLookup process_environment() {
+  return [](const std::string& name) -> std::optional<std::string> {
+    const char* value = std::getenv(name.c_str());
+    if (value == nullptr) return std::nullopt;
+    return std::string(value);
+  };
+}
+
+RendezvousOptions rendezvous_options(const RendezvousFlags& flags,
+                                     const EnvironmentLookup& environment) {
+  const std::optional<Setting> nnodes =
+      pick(flags.nnodes, "--nnodes", environment, {"NNODES", "WORLD_SIZE"});
+  const std::optional<Setting> rank =
+      pick(flags.node_rank, "--node-rank", environment, {"NODE_RANK"});
+  const std::optional<Setting> addr =
+      pick(flags.master_addr, "--master-addr", environment, {"MASTER_ADDR"});
+  const std::optional<Setting> port =
+      pick(flags.master_port, "--master-port", environment, {"MASTER_PORT"});
+  RendezvousOptions options;
+  options.nnodes = nnodes ? parse_int(*nnodes, 1, kMaxNodes, "a node count") : 1;
+  options.node_rank = parse_node_rank(rank, nnodes, options.nnodes);
+  options.master_addr = parse_master_addr(addr, options.nnodes);
+  if (port) options.master_port = parse_int(*port, 1, 65535, "a port number");
+  if (flags.timeout_seconds)
+    options.timeout_seconds =
+        parse_timeout(Setting{*flags.timeout_seconds, "--rendezvous-timeout"});
+  return options;
+}
+
+Rendezvous::Rendezvous(RendezvousOptions options) : options_(std::move(options)) {
+  DSTRAIN_CHECK(options_.nnodes >= 1 && options_.nnodes <= kMaxNodes) << options_.nnodes;
+  DSTRAIN_CHECK(options_.node_rank >= 0 && options_.node_rank < options_.nnodes)
+      << "node rank " << options_.node_rank << " of " << options_.nnodes;
+  DSTRAIN_CHECK(options_.master_port >= (options_.node_rank == 0 ? 0 : 1) &&
+                options_.master_port <= 65535)
+      << "port " << options_.master_port;
+  DSTRAIN_CHECK(options_.timeout_seconds > 0) << options_.timeout_seconds;
+  if (options_.node_rank == 0)
+    server_ = std::make_unique<TcpStoreServer>(options_.master_port, options_.timeout_seconds);
+}
+
+Rendezvous::~Rendezvous() {
+  client_.reset();  // our own connection must not hold the linger up
+  if (server_) server_->stop(std::min(options_.timeout_seconds, kMaxLingerSeconds));
+}
+
+int Rendezvous::server_port() const {
+  DSTRAIN_CHECK(server_) << "only node 0 runs the rendezvous server";
+  return server_->port();
+}
+
+std::string Rendezvous::address() const {
+  const int port = server_ ? server_->port() : options_.master_port;
+  return options_.master_addr + ":" + std::to_string(port);
+}
+
+TcpStoreClient& Rendezvous::client() {
+  DSTRAIN_CHECK(client_) << "the rendezvous is used before join()";
+  return *client_;
+}
+
+std::vector<RendezvousNode> Rendezvous::join() {
+  DSTRAIN_CHECK(!client_) << "join() runs once";
+  const auto start = std::chrono::steady_clock::now();
+  const int port = server_ ? server_->port() : options_.master_port;
+  client_ = std::make_unique<TcpStoreClient>(options_.master_addr, port, options_.timeout_seconds);
+  const std::string me = "node/" + std::to_string(options_.node_rank);
+  DSTRAIN_USER_CHECK(client().add(me + "/arrivals", 1) == 1)
+      << "two nodes were started with node rank " << options_.node_rank << " (this one is "
+      << this_host() << ", pid " << ::getpid() << "): give each node its own --node-rank, 0 to "
+      << options_.nnodes - 1 << ".";
+  client().set(me, node_record(options_.nnodes));
+  const std::chrono::duration<double> spent = std::chrono::steady_clock::now() - start;
+  const std::vector<std::string> keys = node_keys("node/", options_.nnodes);
+  wait_for_nodes(keys, options_.timeout_seconds - spent.count(), true, "join");
+
+  std::vector<RendezvousNode> nodes;
+  for (int rank = 0; rank < options_.nnodes; ++rank) {
+    std::istringstream record(client().get(keys[static_cast<size_t>(rank)]));
+    int nnodes = 0;
+    RendezvousNode& node = nodes.emplace_back();
+    node.rank = rank;
+    record >> nnodes >> node.pid >> node.host;
+    DSTRAIN_USER_CHECK(nnodes == options_.nnodes)
+        << "node " << rank << " was started with --nnodes " << nnodes << " and node "
+        << options_.node_rank << " with --nnodes " << options_.nnodes
+        << ": give every node the same --nnodes (NNODES).";
+  }
+  return nodes;
+}
+
+void Rendezvous::wait_for_nodes(const std::vector<std::string>& keys, double seconds, bool joining,
+                                const std::string& what) {
+  if (client().wait_for(keys, std::max(seconds, 0.0))) return;
+  const std::vector<bool> present = client().check(keys);
+  std::vector<int> missing;
+  for (size_t rank = 0; rank < keys.size(); ++rank)
+    if (!present[rank]) missing.push_back(static_cast<int>(rank));
+  if (missing.empty()) return;  // they arrived between the timeout and the check
+  const std::string nodes = ranks_text(missing, options_.nnodes);
+  const std::string within = " within " + seconds_text(options_.timeout_seconds);
+  DSTRAIN_USER_CHECK(!joining)
+      << nodes << " never joined the rendezvous at " << address() << within
+      << ": start them with the same --master-addr and --master-port, or allow more time.";
+  throw Error(nodes + " did not reach " + what + within + " (rendezvous at " + address() +
+              ", this is node " + std::to_string(options_.node_rank) + ")");
+}
+
+std::string Rendezvous::next_round(const std::string& kind, const std::string& name) {
+  const std::string base = kind + "/" + name;
+  return base + "/" + std::to_string(rounds_[base]++);
+}
+
+std::string Rendezvous::broadcast_bytes(const std::string& key, const std::string& bytes) {
+  const std::string round = next_round("broadcast", key);
+  if (options_.node_rank == 0) {
+    client().set(round, bytes);
+    return bytes;
+  }
+  if (!client().wait_for({round}, options_.timeout_seconds))
+    throw Error("node 0 did not broadcast '" + key + "' within " +
+                seconds_text(options_.timeout_seconds) + " (rendezvous at " + address() +
+                ", this is node " + std::to_string(options_.node_rank) + ")");
+  return client().get(round);
+}
+
+void Rendezvous::barrier(const std::string& name) {
+  const std::string round = next_round("barrier", name) + "/";
+  client().set(round + std::to_string(options_.node_rank), "");
+  wait_for_nodes(node_keys(round, options_.nnodes), options_.timeout_seconds, false,
+                 "barrier '" + name + "'");
+}
+
+}  // namespace dstrain

@@ -1,0 +1,205 @@
+// The tensor-core attention forward (kernels/cuda/cuda_attention_mma.cu: BF16/F16 storage, head
+// dims 64, 128, 256) against the CPU twin on the same 16-bit inputs: odd T that cut the 64-row
+// query blocks and the 64- or 32-key tiles, multi-head and grouped-query (2 and 4 query heads
+// per kv head), a peaked softmax whose running max moves from tile to tile; the bits repeat;
+// the backward takes its out and lse; P is rounded to 16 bits exactly as documented.
+//
+// Tolerance. u = 2^-8 (bf16) or 2^-11 (f16), the storage type's unit roundoff. The kernel
+// differs from the CPU twin (fp32 throughout) in three ways:
+//   1. P is rounded to 16 bits before the PV product (relative error d_j, |d_j| <= u), the row
+//      sum l is not: out - ref = sum_j p_j d_j v_j / l, so |out - ref| <= u max|v|.
+//   2. Both round their fp32 output to 16 bits: at most u |out| each.
+//   3. fp32 sums in another order and exp2f(x log2 e) for expf(x): relative O(2^-24 hd), noise
+//      next to u.
+// Per element (all_close's atol + rtol |ref|): |gpu - cpu| <= u max|v| + 2u |cpu| (+ 3.), so
+// atol = 1.25 u max|v|, rtol = 2.5 u (25 % for the fp32 terms and the (1 + u) factors).
+// Normalized, mse(gpu, cpu) / mse(cpu, 0): the d_j are independent and spread over +-half an
+// ulp, E[d^2] <= u^2/3; with v of random sign E[(sum_j p_j d_j v_j)^2] <= (u^2/3) E[(sum_j
+// p_j v_j)^2], so term 1 adds <= u^2/3 and each output rounding <= u^2/3: about u^2 in all,
+// bound 2 u^2 (bf16 3.1e-5, f16 4.8e-7).
+// lse comes from fp32 sums of unrounded p: the fp32 kernel's bound {1e-5, 1e-5, 1e-11}.
+#include <cmath>
+
+#include "cuda_test_util.h"
+
+namespace dstrain::test {
+namespace {
+
+struct MmaCase {
+  int64_t B, T, NH, KV, hd;
+  int64_t C() const { return NH * hd; }             // an out row
+  int64_t W() const { return (NH + 2 * KV) * hd; }  // a qkv row
+  int nh() const { return static_cast<int>(NH); }
+  int kv() const { return static_cast<int>(KV); }
+};
+
+std::string case_name(const MmaCase& c, DType dtype) {
+  return std::string(dtype_name(dtype)) + " B=" + std::to_string(c.B) +
+         " T=" + std::to_string(c.T) + " NH=" + std::to_string(c.NH) +
+         " KV=" + std::to_string(c.KV) + " hd=" + std::to_string(c.hd);
+}
+
+double unit_roundoff(DType dtype) { return dtype == DType::BF16 ? 0x1p-8 : 0x1p-11; }
+
+// See the file comment: v_max bounds |v| of the data.
+Tolerance out_tolerance(DType dtype, double v_max) {
+  const double u = unit_roundoff(dtype);
+  return {1.25 * u * v_max, 2.5 * u, 2.0 * u * u};
+}
+constexpr Tolerance kLseTolerance{1e-5, 1e-5, 1e-11};
+
+// Values of magnitude in [lo, hi) and random sign: never zero.
+HostTensor nonzero_tensor(Random& rng, DType dtype, const std::vector<int64_t>& dims, double lo,
+                          double hi) {
+  HostTensor t(dtype, dims);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const double magnitude = rng.uniform(lo, hi);
+    t.set(i, rng.uniform(0.0, 1.0) < 0.5 ? -magnitude : magnitude);
+  }
+  return t;
+}
+
+struct Forward {
+  HostTensor out, lse;
+};
+
+Forward cpu_forward(const HostTensor& qkv, const MmaCase& c) {
+  Forward f{nan_tensor(qkv.dtype(), {c.B, c.T, c.C()}), nan_tensor(DType::F32, {c.B, c.NH, c.T})};
+  cpu_backend().attention_forward(f.out, f.lse, qkv, c.nh(), c.kv(), nullptr);
+  return f;
+}
+
+// The CUDA backend's forward; also checks that qkv is untouched and no guard region written.
+Forward gpu_forward(const HostTensor& qkv, const MmaCase& c) {
+  Forward f{nan_tensor(qkv.dtype(), {c.B, c.T, c.C()}), nan_tensor(DType::F32, {c.B, c.NH, c.T})};
+  HostTensor qkv_gpu = qkv.clone();
+  GpuRun run;
+  cuda_backend().attention_forward(run(f.out), run(f.lse), run(qkv_gpu), c.nh(), c.kv(), nullptr);
+  run.finish();
+  EXPECT_TRUE(bitwise_equal(qkv_gpu, qkv)) << "qkv was written " << case_name(c, qkv.dtype());
+  EXPECT_TRUE(guards_intact({&f.out, &f.lse, &qkv_gpu})) << case_name(c, qkv.dtype());
+  return f;
+}
+
+// Every T of the file's list with KV = 4, 2, 1 (NH = 4), B = 2, q/k/v magnitudes in
+// [1/8, 3/2): scores of standard deviation about 0.75.
+void expect_forward_matches_cpu(DType dtype, int64_t hd) {
+  REQUIRE_CUDA_DEVICE();
+  for (int64_t T : {1, 17, 64, 100, 130}) {
+    for (int64_t KV : {4, 2, 1}) {
+      const MmaCase c{2, T, 4, KV, hd};
+      Random rng(static_cast<uint64_t>(1000 * hd + 10 * T + KV));
+      const HostTensor qkv = nonzero_tensor(rng, dtype, {c.B, c.T, c.W()}, 0.125, 1.5);
+      const Forward cpu = cpu_forward(qkv, c), gpu = gpu_forward(qkv, c);
+      EXPECT_TRUE(all_close(gpu.out.values(), cpu.out.values(), out_tolerance(dtype, 1.5)))
+          << "out " << case_name(c, dtype);
+      EXPECT_TRUE(all_close(gpu.lse.values(), cpu.lse.values(), kLseTolerance))
+          << "lse " << case_name(c, dtype);
+    }
+  }
+}
+
+TEST(CudaAttentionMma, ForwardMatchesCpu_bf16_hd64) { expect_forward_matches_cpu(DType::BF16, 64); }
+TEST(CudaAttentionMma, ForwardMatchesCpu_bf16_hd128) {
+  expect_forward_matches_cpu(DType::BF16, 128);
+}
+TEST(CudaAttentionMma, ForwardMatchesCpu_bf16_hd256) {
+  expect_forward_matches_cpu(DType::BF16, 256);
+}
+TEST(CudaAttentionMma, ForwardMatchesCpu_f16_hd64) { expect_forward_matches_cpu(DType::F16, 64); }
+TEST(CudaAttentionMma, ForwardMatchesCpu_f16_hd128) { expect_forward_matches_cpu(DType::F16, 128); }
+TEST(CudaAttentionMma, ForwardMatchesCpu_f16_hd256) { expect_forward_matches_cpu(DType::F16, 256); }
+
+// q and k up to 4 in magnitude: scores of standard deviation about 5, a softmax dominated by a
+// few keys, and a running max that grows from tile to tile (the rescaling of O and the sums).
+TEST(CudaAttentionMma, PeakedSoftmaxAcrossTilesMatchesCpu) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    for (int64_t hd : {64, 256}) {
+      const MmaCase c{1, 130, 2, 1, hd};
+      Random rng(static_cast<uint64_t>(7 + hd));
+      HostTensor qkv = nonzero_tensor(rng, dtype, {c.B, c.T, c.W()}, 0.125, 4.0);
+      const Forward cpu = cpu_forward(qkv, c), gpu = gpu_forward(qkv, c);
+      EXPECT_TRUE(all_close(gpu.out.values(), cpu.out.values(), out_tolerance(dtype, 4.0)))
+          << "out " << case_name(c, dtype);
+      EXPECT_TRUE(all_close(gpu.lse.values(), cpu.lse.values(), kLseTolerance))
+          << "lse " << case_name(c, dtype);
+    }
+  }
+}
+
+// No atomics, sums in a fixed order: a second run gives the same bits.
+TEST(CudaAttentionMma, ForwardRepeatsBitwise) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    const MmaCase c{2, 130, 4, 2, 128};
+    Random rng(5);
+    const HostTensor qkv = nonzero_tensor(rng, dtype, {c.B, c.T, c.W()}, 0.125, 1.5);
+    const Forward first = gpu_forward(qkv, c), second = gpu_forward(qkv, c);
+    EXPECT_TRUE(bitwise_equal(first.out, second.out)) << case_name(c, dtype);
+    EXPECT_TRUE(bitwise_equal(first.lse, second.lse)) << case_name(c, dtype);
+  }
+}
+
+// The backward (CUDA-core kernels) given this forward's out and lse: the CUDA and CPU backwards
+// agree within attention_test.cpp's bound, and the forward's own outputs are within bounds.
+TEST(CudaAttentionMma, BackwardTakesTheForwardsOutAndLse) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    const MmaCase c{2, 100, 4, 2, 64};
+    Random rng(9);
+    const HostTensor qkv = nonzero_tensor(rng, dtype, {c.B, c.T, c.W()}, 0.125, 1.5);
+    const Forward gpu = gpu_forward(qkv, c), cpu = cpu_forward(qkv, c);
+    ASSERT_TRUE(all_close(gpu.out.values(), cpu.out.values(), out_tolerance(dtype, 1.5)));
+    const HostTensor dout = nonzero_tensor(rng, dtype, {c.B, c.T, c.C()}, 0.125, 1.0);
+    HostTensor dqkv_cpu = nan_tensor(dtype, {c.B, c.T, c.W()}), dqkv_gpu = dqkv_cpu.clone();
+    cpu_backend().attention_backward(dqkv_cpu, dout, qkv, gpu.out, gpu.lse, c.nh(), c.kv(),
+                                     nullptr);
+    HostTensor dout_gpu = dout.clone(), qkv_gpu = qkv.clone(), out_gpu = gpu.out.clone(),
+               lse_gpu = gpu.lse.clone();
+    GpuRun run;
+    cuda_backend().attention_backward(run(dqkv_gpu), run(dout_gpu), run(qkv_gpu), run(out_gpu),
+                                      run(lse_gpu), c.nh(), c.kv(), nullptr);
+    run.finish();
+    EXPECT_TRUE(all_close(dqkv_gpu.values(), dqkv_cpu.values(), storage_tolerance(dtype)))
+        << "dqkv " << case_name(c, dtype);
+    EXPECT_TRUE(guards_intact({&dqkv_gpu}));
+  }
+}
+
+// The rounding itself, exactly: query 1 sees key 0 (score 1 after scaling: the row max, p = 1)
+// and key 1 (score -1: p = e^-2, not a 16-bit number). The kernel rounds p to 16 bits for the
+// PV product and divides by the unrounded sum: out = rnd(v0 + rnd(e^-2) v1) / (1 + e^-2)),
+// which v0 = 1/8, v1 = -1 (cancellation) makes several ulps away from the unrounded
+// rnd((v0 + e^-2 v1) / (1 + e^-2)) that the CPU twin and the fp32 kernel give. Also proves that
+// the tensor-core kernel is the one attention_forward runs for 16-bit storage.
+TEST(CudaAttentionMma, RoundsPToSixteenBitsBeforeThePvProduct) {
+  REQUIRE_CUDA_DEVICE();
+  const MmaCase c{1, 2, 1, 1, 64};
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    HostTensor qkv(dtype, {c.B, c.T, c.W()});  // row t: q (64) | k (64) | v (64)
+    for (int64_t t = 0; t < c.T; ++t) {
+      for (int64_t d = 0; d < c.hd; ++d) {
+        qkv.set(t * c.W() + d, 0.5);                               // q . k0 / 8 = 1
+        qkv.set(t * c.W() + c.hd + d, t == 0 ? 0.25 : -0.25);      // q . k1 / 8 = -1
+        qkv.set(t * c.W() + 2 * c.hd + d, t == 0 ? 0.125 : -1.0);  // v0, v1
+      }
+    }
+    const double p1 = std::exp(-2.0), sum = 1.0 + p1;
+    const double rounded = round_to(dtype, (0.125 - round_to(dtype, p1)) / sum);
+    const double unrounded = round_to(dtype, (0.125 - p1) / sum);
+    ASSERT_GT(std::fabs(rounded - unrounded), 4 * unit_roundoff(dtype) * std::fabs(rounded))
+        << "the case must tell the two apart";
+    const Forward gpu = gpu_forward(qkv, c);
+    for (int64_t d = 0; d < c.hd; ++d) {
+      EXPECT_EQ(gpu.out.get(d), 0.125) << "row 0 sees only v0, column " << d;
+      EXPECT_EQ(gpu.out.get(c.hd + d), rounded) << dtype_name(dtype) << " row 1, column " << d
+                                                << " (unrounded P gives " << unrounded << ")";
+    }
+    EXPECT_NEAR(gpu.lse.get(0), 1.0, 1e-6);
+    EXPECT_NEAR(gpu.lse.get(1), 1.0 + std::log(sum), 1e-6);
+  }
+}
+
+}  // namespace
+}  // namespace dstrain::test

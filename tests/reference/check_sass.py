@@ -1,0 +1,134 @@
+#!/usr/bin/python3
+"""The CUDA kernels read as machine code (issue 13, item 5): the objects nvcc built for the
+CUDA backend are disassembled with cuobjdump for sm_89 and sm_90 and checked:
+
+  1. no kernel spills to local memory (cuobjdump -res-usage: LOCAL:0 for every function);
+  2. each rule below holds: every kernel whose name matches the rule's pattern contains the
+     rule's instructions (the tensor-core attention kernels: HMMA, LDSM, LDGSTS), and at least
+     one kernel matches each rule (a rule that matches nothing would pass silently).
+
+It prints a table of registers, shared and local memory per kernel and architecture (the record
+in benchmarks/RESULTS.md comes from it).
+
+Usage: check_sass.py OBJECT.o [OBJECT.o ...]
+Exit 77 (skipped) where no cuobjdump is found: the toolkit's, or PyPI's nvidia-cuda-cuobjdump
+(scripts/install-test-references.sh installs it for /usr/bin/python3).
+"""
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+SKIP = 77
+ARCHS = ("sm_89", "sm_90")
+# (what, pattern on the demangled kernel name, instructions every match must contain)
+RULES = [
+    ("bf16/f16 attention forward on tensor cores", r"attention_forward_mma_kernel<",
+     ("HMMA", "LDSM", "LDGSTS")),
+]
+
+
+def find_cuobjdump():
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    for pattern in ("/usr/local/cuda/bin/cuobjdump",
+                    "/usr/local/lib/python3*/dist-packages/nvidia/*/bin/cuobjdump",
+                    "/usr/lib/python3/dist-packages/nvidia/*/bin/cuobjdump"):
+        for path in sorted(glob.glob(pattern)):
+            if os.access(path, os.X_OK):
+                return path
+    return None
+
+
+def demangle(names):
+    if not names or not shutil.which("c++filt"):
+        return dict(zip(names, names))
+    out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    return dict(zip(names, out))
+
+
+def run(cuobjdump, *args):
+    result = subprocess.run([cuobjdump, *args], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"cuobjdump {' '.join(args)} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+def resource_usage(cuobjdump, obj, arch):
+    """{mangled kernel: {"REG": n, "SHARED": n, "LOCAL": n, ...}}"""
+    usage, current = {}, None
+    for line in run(cuobjdump, "-res-usage", "-arch", arch, obj).splitlines():
+        match = re.match(r"\s*Function (\S+):", line)
+        if match:
+            current = match.group(1)
+            continue
+        if current and "REG:" in line:
+            usage[current] = {k: int(v) for k, v in re.findall(r"(\w+):(\d+)", line)}
+            current = None
+    return usage
+
+
+def sass_by_function(cuobjdump, obj, arch):
+    """{mangled kernel: set of opcodes (the mnemonic before the first '.')}"""
+    functions, current = {}, None
+    for line in run(cuobjdump, "-sass", "-arch", arch, obj).splitlines():
+        match = re.match(r"\s*Function : (\S+)", line)
+        if match:
+            current = match.group(1)
+            functions[current] = set()
+            continue
+        match = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if current and match:
+            functions[current].add(match.group(1))
+    return functions
+
+
+def short(name, width=70):
+    name = name.replace("dstrain::cuda::", "").replace("(anonymous namespace)::", "")
+    return name if len(name) <= width else name[:width - 3] + "..."
+
+
+def main():
+    objects = sys.argv[1:]
+    if not objects:
+        raise SystemExit("usage: check_sass.py OBJECT.o [OBJECT.o ...]")
+    cuobjdump = find_cuobjdump()
+    if cuobjdump is None:
+        print("no cuobjdump (the toolkit's or PyPI's nvidia-cuda-cuobjdump): skipped")
+        return SKIP
+    failures, rows, matched = [], [], {rule[0]: 0 for rule in RULES}
+    for arch in ARCHS:
+        for obj in objects:
+            usage = resource_usage(cuobjdump, obj, arch)
+            sass = sass_by_function(cuobjdump, obj, arch)
+            names = demangle(sorted(set(usage) | set(sass)))
+            for mangled, name in names.items():
+                u = usage.get(mangled, {})
+                rows.append((arch, short(name), u.get("REG", -1), u.get("SHARED", -1),
+                             u.get("LOCAL", -1)))
+                if u.get("LOCAL", 0) != 0:
+                    failures.append(f"{arch} {name}: {u['LOCAL']} bytes of local memory (spills)")
+                for what, pattern, needed in RULES:
+                    if not re.search(pattern, name):
+                        continue
+                    matched[what] += 1
+                    missing = [op for op in needed if op not in sass.get(mangled, set())]
+                    if missing:
+                        failures.append(f"{arch} {name} ({what}) has no {', '.join(missing)}")
+    for what, count in matched.items():
+        if count == 0:
+            failures.append(f"no kernel is a {what}: the rule matched nothing")
+    print(f"{'arch':6} {'kernel':70} {'regs':>5} {'smem':>7} {'local':>6}")
+    for arch, name, regs, smem, local in sorted(rows):
+        print(f"{arch:6} {name:70} {regs:5} {smem:7} {local:6}")
+    for failure in failures:
+        print("FAIL:", failure)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
