@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "kernels/cuda/cuda_attention.cuh"
+#include "kernels/cuda/cuda_attention_mma.cuh"
 
 namespace dstrain::cuda {
 
@@ -250,6 +251,10 @@ void attention_backward(const CudaContext& ctx, Tensor dqkv, Tensor dout, Tensor
   const QkvShape s =
       check_attention_backward_shapes(dqkv, dout, qkv, out, lse, n_head, n_kv_head);
   if (s.B == 0 || s.T == 0 || s.hd == 0) return;
+  // BF16/F16 with hd 64, 128, 256: the tensor-core kernels (cuda_attention_mma_backward.cu).
+  if (attention::mma_backward_supports(s, dqkv, dout, qkv, out)) {
+    return attention::attention_backward_mma(ctx, s, dqkv, dout, qkv, out, lse, stream);
+  }
   const int64_t rows = s.B * s.T * s.NH;
   Scratch delta(ctx, static_cast<size_t>(rows) * sizeof(float), stream);
   constexpr int kDeltaWarps = 8;

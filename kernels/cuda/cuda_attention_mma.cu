@@ -17,9 +17,7 @@
 //     zero-filled by cp.async) are masked;
 //   - the output goes through shared memory (the warp's own Q rows) and leaves with 128-bit
 //     stores; lse = max * scale + log(sum), natural log, as the fp32 kernel and the backward use.
-// Shared-memory tiles are (rows, hd) of 16-bit elements with the 16-byte chunks of row r stored
-// at chunk ^ (r % 8): the 8 rows an ldmatrix matrix reads (and the cp.async copies of 8 adjacent
-// chunks) then fall in 8 different groups of 4 banks, without padding.
+// Shared-memory tiles: swizzled (rows, hd), see cuda_attention_mma_common.cuh.
 //
 // Deterministic: every sum runs in a fixed order (the mma's, the quad's butterfly), no atomics.
 // Against the CPU twin the output differs by P's rounding to 16 bits (tests/kernels_cuda/
@@ -28,18 +26,13 @@
 #include <cstring>
 
 #include "kernels/cuda/cuda_attention_mma.cuh"
-#include "kernels/cuda/cuda_ptx.cuh"
+#include "kernels/cuda/cuda_attention_mma_common.cuh"
 
 namespace dstrain::cuda::attention {
 
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = 32 * kWarps;
-constexpr int kWarpRows = 16;                   // query rows per warp: the mma's M
-constexpr int kQueryRows = kWarpRows * kWarps;  // query rows per block
-constexpr int kChunkElements = 8;               // 16-bit elements per 16-byte chunk
-constexpr float kLog2e = 1.4426950408889634f;
+using namespace mma;
 
 // Tile sizes per head dim. Shared memory: (64 + 2 stages * 2 * kKeys) rows of hd 16-bit
 // elements: 40 KiB (hd 64), 80 KiB (128), 96 KiB (256, with 32-key tiles) -- at most the 99 KiB
@@ -54,74 +47,6 @@ struct Tiling {
   static constexpr size_t kSharedBytes =
       static_cast<size_t>(kQueryRows + 2 * kStages * kKeys) * kHeadDim * 2;
 };
-
-// The mma and the fp32 -> 16-bit pair conversion of each storage type.
-template <class Element>
-struct TensorCore;
-template <>
-struct TensorCore<__nv_bfloat16> {
-  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4],
-                                             const uint32_t (&b)[2]) {
-    mma_m16n8k16_bf16(d, a, b, d);
-  }
-  // (low, high) rounded to nearest even, low in the low half: one cvt.rn.bf16x2.f32.
-  __device__ __forceinline__ static uint32_t pack(float low, float high) {
-    const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
-    uint32_t bits;
-    memcpy(&bits, &pair, 4);
-    return bits;
-  }
-};
-template <>
-struct TensorCore<__half> {
-  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4],
-                                             const uint32_t (&b)[2]) {
-    mma_m16n8k16_f16(d, a, b, d);
-  }
-  __device__ __forceinline__ static uint32_t pack(float low, float high) {
-    const __half2 pair = __floats2half2_rn(low, high);
-    uint32_t bits;
-    memcpy(&bits, &pair, 4);
-    return bits;
-  }
-};
-
-// Element offset of 16-byte chunk `chunk` of row `row` in a swizzled (rows, kHeadDim) tile.
-template <int kHeadDim>
-__device__ __forceinline__ int swizzled(int row, int chunk) {
-  return row * kHeadDim + (chunk ^ (row & 7)) * kChunkElements;
-}
-
-// Issues the cp.async copies of rows [first_row, first_row + kRows) of one head slice into
-// `tile` (kRows, kHeadDim), swizzled; rows at or past T are zero-filled (src-size 0, from row 0
-// of the slice: a valid address that is not read). `head` is the slice's row 0, rows `width`
-// elements apart. A thread copies one chunk column, every kThreads / kChunks rows.
-template <int kRows, int kHeadDim, class Element>
-__device__ __forceinline__ void load_tile_async(Element* tile, const Element* head, int64_t width,
-                                                int first_row, int T) {
-  constexpr int kChunks = kHeadDim / kChunkElements;
-  constexpr int kRowStep = kThreads / kChunks;
-  static_assert(kThreads % kChunks == 0 && kRows % kRowStep == 0, "a whole tile per pass");
-  const int chunk = threadIdx.x % kChunks;
-  const Element* column = head + chunk * kChunkElements;
-#pragma unroll
-  for (int row = threadIdx.x / kChunks; row < kRows; row += kRowStep) {
-    const int t = first_row + row;
-    const bool inside = t < T;
-    cp_async_cg_16_zfill(tile + swizzled<kHeadDim>(row, chunk), column + (inside ? t : 0) * width,
-                         inside ? 16 : 0);
-  }
-}
-
-// The A fragment of this warp's Q rows for head-dim columns [16 kk, 16 kk + 16): matrices
-// (rows 0-7 | 8-15) x (columns 0-7 | 8-15) in the order a0a1, a2a3, a4a5, a6a7.
-template <int kHeadDim, class Element>
-__device__ __forceinline__ void load_q_fragment(uint32_t (&a)[4], const Element* q_tile, int warp,
-                                                int lane, int kk) {
-  const int matrix = lane / 8;
-  const int row = kWarpRows * warp + lane % 8 + 8 * (matrix % 2);
-  ldmatrix<4>(a, q_tile + swizzled<kHeadDim>(row, 2 * kk + matrix / 2));
-}
 
 // out (B,T,NH*hd), lse (B,NH,T), qkv (B,T,(NH+2KV)*hd). Grid (ceil(T/64), B*NH), 128 threads,
 // Tiling<kHeadDim>::kSharedBytes of dynamic shared memory. scale_log2 = scale * log2(e).
@@ -195,7 +120,7 @@ __global__ void __launch_bounds__(kThreads)
       if (tile == 0) {
 #pragma unroll
         for (int kk = 0; kk < kDimSteps; ++kk)
-          load_q_fragment<kHeadDim>(q_fragments[kk], q_tile, warp, lane, kk);
+          load_a_fragment<kHeadDim>(q_fragments[kk], q_tile, kWarpRows * warp, lane, kk);
       }
     }
 
@@ -216,18 +141,14 @@ __global__ void __launch_bounds__(kThreads)
         if constexpr (Tile::kQInRegisters) {
           for (int i = 0; i < 4; ++i) a[i] = q_fragments[kk][i];
         } else {
-          load_q_fragment<kHeadDim>(a, q_tile, warp, lane, kk);
+          load_a_fragment<kHeadDim>(a, q_tile, kWarpRows * warp, lane, kk);
         }
 #pragma unroll
         for (int np = 0; np < kKeyTiles / 2; ++np) {
           if (2 * np >= active_tiles) continue;
-          // B fragments of n-tiles 2np, 2np + 1: matrices (keys 0-7 | 8-15 of the pair) x
-          // (columns 0-7 | 8-15 of the k-step); K's rows are B's columns (.col).
-          const int matrix = lane / 8;
-          const int key = 16 * np + lane % 8 + 8 * (matrix / 2);
-          uint32_t k_regs[4];
-          ldmatrix<4>(k_regs, k_tile + swizzled<kHeadDim>(key, 2 * kk + matrix % 2));
-          const uint32_t b0[2] = {k_regs[0], k_regs[1]}, b1[2] = {k_regs[2], k_regs[3]};
+          // B fragments of n-tiles 2np, 2np + 1: K's rows are B's columns (.col).
+          uint32_t b0[2], b1[2];
+          load_b_pair<kHeadDim>(b0, b1, k_tile, lane, np, kk);
           Core::mma(s[2 * np], a, b0);
           Core::mma(s[2 * np + 1], a, b1);
         }
@@ -279,19 +200,13 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int kk = 0; kk < kKeySteps; ++kk) {
         if (2 * kk >= active_tiles) continue;
-        const uint32_t p[4] = {Core::pack(s[2 * kk][0], s[2 * kk][1]),
-                               Core::pack(s[2 * kk][2], s[2 * kk][3]),
-                               Core::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                               Core::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        uint32_t p[4];
+        pack_a_fragment<Element>(p, s, kk);
 #pragma unroll
         for (int dp = 0; dp < kDimTiles / 2; ++dp) {
-          // B fragments of column n-tiles 2dp, 2dp + 1: matrices (keys 0-7 | 8-15) x (columns
-          // 0-7 | 8-15), transposed: V's rows are B's rows (k = key).
-          const int matrix = lane / 8;
-          const int key = 16 * kk + lane % 8 + 8 * (matrix % 2);
-          uint32_t v_regs[4];
-          ldmatrix<4, true>(v_regs, v_tile + swizzled<kHeadDim>(key, 2 * dp + matrix / 2));
-          const uint32_t b0[2] = {v_regs[0], v_regs[1]}, b1[2] = {v_regs[2], v_regs[3]};
+          // B fragments of column n-tiles 2dp, 2dp + 1, transposed: V's rows are B's rows.
+          uint32_t b0[2], b1[2];
+          load_b_pair_trans<kHeadDim>(b0, b1, v_tile, lane, kk, dp);
           Core::mma(o[2 * dp], p, b0);
           Core::mma(o[2 * dp + 1], p, b1);
         }

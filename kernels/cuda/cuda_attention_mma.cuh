@@ -1,6 +1,7 @@
-// The tensor-core (mma.sync) attention forward of cuda_attention_mma.cu, FlashAttention-2 style,
-// for bf16/f16 storage and head dims 64, 128 and 256. cuda_attention_forward.cu routes to it
-// whatever it supports and keeps its fp32 CUDA-core kernel for the rest (F32 storage, other
+// The tensor-core (mma.sync) attention forward (cuda_attention_mma.cu) and backward
+// (cuda_attention_mma_backward.cu), FlashAttention-2 style, for bf16/f16 storage and head dims
+// 64, 128 and 256. cuda_attention_forward.cu and cuda_attention_backward.cu route to them
+// whatever they support and keep their fp32 CUDA-core kernels for the rest (F32 storage, other
 // head dims, unaligned views).
 #pragma once
 
@@ -18,5 +19,17 @@ bool mma_forward_supports(const QkvShape& s, const Tensor& qkv, const Tensor& ou
 // REQUIRES: mma_forward_supports(s, qkv, out); checks of check_attention passed.
 void attention_forward_mma(const QkvShape& s, Tensor out, Tensor lse, Tensor qkv,
                            cudaStream_t stream);
+
+// Whether attention_backward_mma takes this case: mma_forward_supports(s, qkv, out), and dqkv
+// and dout of qkv's dtype with 16-byte aligned base pointers.
+bool mma_backward_supports(const QkvShape& s, const Tensor& dqkv, const Tensor& dout,
+                           const Tensor& qkv, const Tensor& out);
+
+// dqkv (B,T,(NH+2KV)*hd) written (every element: dq, dk, dv), dout (B,T,NH*hd), qkv, out, lse
+// as saved by the forward: the contract of attention_backward (kernels/ops.h), deterministic.
+// Takes a (B,NH,T) fp32 scratch for delta from ctx.
+// REQUIRES: mma_backward_supports(s, dqkv, dout, qkv, out); the checks of attention_backward.
+void attention_backward_mma(const CudaContext& ctx, const QkvShape& s, Tensor dqkv, Tensor dout,
+                            Tensor qkv, Tensor out, Tensor lse, cudaStream_t stream);
 
 }  // namespace dstrain::cuda::attention

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "tests/comm/spawn_util.h"
 #include "core/rng.h"
 
 extern char** environ;
@@ -382,36 +383,8 @@ int run_spawned_node(int rank, int port) {
 }();
 
 pid_t spawn_node(int rank, int port) {
-  std::vector<std::string> variables = {std::string(kNodeVariable) + "=" + std::to_string(rank),
-                                        std::string(kPortVariable) + "=" + std::to_string(port)};
-  std::vector<char*> environment;
-  for (char** variable = environ; *variable != nullptr; ++variable)
-    environment.push_back(*variable);
-  for (std::string& variable : variables) environment.push_back(variable.data());
-  environment.push_back(nullptr);
-  char name[] = "tests_comm";
-  char* argv[] = {name, nullptr};
-  pid_t pid = -1;
-  const int error =
-      ::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, environment.data());
-  EXPECT_EQ(error, 0) << "posix_spawn: " << std::strerror(error);
-  return pid;
-}
-
-// The exit code of `pid`, waiting at most `seconds`; a child still running then is killed
-// (and -1 returned) so a broken rendezvous fails the test instead of hanging it.
-int wait_for_exit(pid_t pid, double seconds) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  int status = 0;
-  while (::waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return spawn_this_binary({std::string(kNodeVariable) + "=" + std::to_string(rank),
+                            std::string(kPortVariable) + "=" + std::to_string(port)});
 }
 
 TEST(RendezvousProcesses, ThreeProcessesJoinOnLoopbackInAnyOrder) {

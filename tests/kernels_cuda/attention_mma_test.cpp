@@ -20,18 +20,13 @@
 // lse comes from fp32 sums of unrounded p: the fp32 kernel's bound {1e-5, 1e-5, 1e-11}.
 #include <cmath>
 
+#include "attention_case.h"
 #include "cuda_test_util.h"
 
 namespace dstrain::test {
 namespace {
 
-struct MmaCase {
-  int64_t B, T, NH, KV, hd;
-  int64_t C() const { return NH * hd; }             // an out row
-  int64_t W() const { return (NH + 2 * KV) * hd; }  // a qkv row
-  int nh() const { return static_cast<int>(NH); }
-  int kv() const { return static_cast<int>(KV); }
-};
+using MmaCase = AttentionCase;
 
 std::string case_name(const MmaCase& c, DType dtype) {
   return std::string(dtype_name(dtype)) + " B=" + std::to_string(c.B) +

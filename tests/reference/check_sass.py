@@ -27,6 +27,8 @@ ARCHS = ("sm_89", "sm_90")
 RULES = [
     ("bf16/f16 attention forward on tensor cores", r"attention_forward_mma_kernel<",
      ("HMMA", "LDSM", "LDGSTS")),
+    ("bf16/f16 attention backward on tensor cores (dK/dV, dQ)",
+     r"attention_(dkdv|dq)_mma_kernel<", ("HMMA", "LDSM", "LDGSTS")),
 ]
 
 

@@ -1,0 +1,132 @@
+// Shared by the tensor-core attention kernels (cuda_attention_mma.cu, the forward;
+// cuda_attention_mma_backward.cu, the backward): the block shape, the mma and 16-bit packing of
+// each storage type, the swizzled shared-memory tiles and their cp.async loads. Device code:
+// include it from .cu files only, after cuda_ptx.cuh's requirements (nvcc or the emulator).
+//
+// Shared-memory tiles are (rows, hd) of 16-bit elements with the 16-byte chunks of row r stored
+// at chunk ^ (r % 8): the 8 rows an ldmatrix matrix reads (and the cp.async copies of 8 adjacent
+// chunks) then fall in 8 different groups of 4 banks, without padding.
+#pragma once
+
+#include <cstring>
+
+#include "kernels/cuda/cuda_attention.cuh"
+#include "kernels/cuda/cuda_ptx.cuh"
+
+namespace dstrain::cuda::attention::mma {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kWarpRows = 16;                   // rows per warp: the mma's M
+constexpr int kQueryRows = kWarpRows * kWarps;  // query rows per block (forward, dQ)
+constexpr int kChunkElements = 8;               // 16-bit elements per 16-byte chunk
+constexpr float kLog2e = 1.4426950408889634f;
+
+// The mma and the fp32 -> 16-bit pair conversion of each storage type.
+template <class Element>
+struct TensorCore;
+template <>
+struct TensorCore<__nv_bfloat16> {
+  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4],
+                                             const uint32_t (&b)[2]) {
+    mma_m16n8k16_bf16(d, a, b, d);
+  }
+  // (low, high) rounded to nearest even, low in the low half: one cvt.rn.bf16x2.f32.
+  __device__ __forceinline__ static uint32_t pack(float low, float high) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
+    uint32_t bits;
+    memcpy(&bits, &pair, 4);
+    return bits;
+  }
+  __device__ __forceinline__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+};
+template <>
+struct TensorCore<__half> {
+  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4],
+                                             const uint32_t (&b)[2]) {
+    mma_m16n8k16_f16(d, a, b, d);
+  }
+  __device__ __forceinline__ static uint32_t pack(float low, float high) {
+    const __half2 pair = __floats2half2_rn(low, high);
+    uint32_t bits;
+    memcpy(&bits, &pair, 4);
+    return bits;
+  }
+  __device__ __forceinline__ static float to_float(__half x) { return __half2float(x); }
+};
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a swizzled (rows, kHeadDim) tile.
+template <int kHeadDim>
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+  return row * kHeadDim + (chunk ^ (row & 7)) * kChunkElements;
+}
+
+// Issues the cp.async copies of rows [first_row, first_row + kRows) of one head slice into
+// `tile` (kRows, kHeadDim), swizzled; rows at or past T are zero-filled (src-size 0, from row 0
+// of the slice: a valid address that is not read). `head` is the slice's row 0, rows `width`
+// elements apart. A thread copies one chunk column, every kThreads / kChunks rows.
+template <int kRows, int kHeadDim, class Element>
+__device__ __forceinline__ void load_tile_async(Element* tile, const Element* head, int64_t width,
+                                                int first_row, int T) {
+  constexpr int kChunks = kHeadDim / kChunkElements;
+  constexpr int kRowStep = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && kRows % kRowStep == 0, "a whole tile per pass");
+  const int chunk = threadIdx.x % kChunks;
+  const Element* column = head + chunk * kChunkElements;
+#pragma unroll
+  for (int row = threadIdx.x / kChunks; row < kRows; row += kRowStep) {
+    const int t = first_row + row;
+    const bool inside = t < T;
+    cp_async_cg_16_zfill(tile + swizzled<kHeadDim>(row, chunk), column + (inside ? t : 0) * width,
+                         inside ? 16 : 0);
+  }
+}
+
+// The A fragment (or, read as B of a .col operand, two n-tiles' B fragments -- see
+// load_b_pair) of rows [row0, row0 + 16) of a swizzled tile for columns [16 kk, 16 kk + 16):
+// matrices (rows 0-7 | 8-15) x (columns 0-7 | 8-15) in the order a0a1, a2a3, a4a5, a6a7.
+template <int kHeadDim, class Element>
+__device__ __forceinline__ void load_a_fragment(uint32_t (&a)[4], const Element* tile, int row0,
+                                                int lane, int kk) {
+  const int matrix = lane / 8;
+  const int row = row0 + lane % 8 + 8 * (matrix % 2);
+  ldmatrix<4>(a, tile + swizzled<kHeadDim>(row, 2 * kk + matrix / 2));
+}
+
+// B fragments of n-tiles (2 np, 2 np + 1) of X^T for a tile X whose rows are B's columns (.col:
+// K in Q K^T): matrices (rows 16 np + 0-7 | 8-15) x (columns 16 kk + 0-7 | 8-15).
+template <int kHeadDim, class Element>
+__device__ __forceinline__ void load_b_pair(uint32_t (&b0)[2], uint32_t (&b1)[2],
+                                            const Element* tile, int lane, int np, int kk) {
+  const int matrix = lane / 8;
+  const int row = 16 * np + lane % 8 + 8 * (matrix / 2);
+  uint32_t regs[4];
+  ldmatrix<4>(regs, tile + swizzled<kHeadDim>(row, 2 * kk + matrix % 2));
+  b0[0] = regs[0], b0[1] = regs[1], b1[0] = regs[2], b1[1] = regs[3];
+}
+
+// B fragments of column n-tiles (2 dp, 2 dp + 1) of a tile X whose rows are B's rows (k = the
+// row: V in P V), for k-step kk (rows 16 kk + 0-15): ldmatrix .trans.
+template <int kHeadDim, class Element>
+__device__ __forceinline__ void load_b_pair_trans(uint32_t (&b0)[2], uint32_t (&b1)[2],
+                                                  const Element* tile, int lane, int kk, int dp) {
+  const int matrix = lane / 8;
+  const int row = 16 * kk + lane % 8 + 8 * (matrix % 2);
+  uint32_t regs[4];
+  ldmatrix<4, true>(regs, tile + swizzled<kHeadDim>(row, 2 * dp + matrix / 2));
+  b0[0] = regs[0], b0[1] = regs[1], b1[0] = regs[2], b1[1] = regs[3];
+}
+
+// The A fragment of k-step kk (16 keys) from an (16, 8 n) accumulator s (P, dS) rounded to 16
+// bits: the accumulator's layout IS the A fragment's.
+template <class Element, int kTiles>
+__device__ __forceinline__ void pack_a_fragment(uint32_t (&a)[4], const float (&s)[kTiles][4],
+                                                int kk) {
+  using Core = TensorCore<Element>;
+  a[0] = Core::pack(s[2 * kk][0], s[2 * kk][1]);
+  a[1] = Core::pack(s[2 * kk][2], s[2 * kk][3]);
+  a[2] = Core::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  a[3] = Core::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+}  // namespace dstrain::cuda::attention::mma
