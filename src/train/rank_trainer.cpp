@@ -9,6 +9,7 @@
 #include <sstream>
 #include <thread>
 
+#include "comm/gather_values.h"
 #include "data/tokenizer.h"
 #include "optim/schedule.h"
 #include "parallel/model_flops.h"
@@ -21,18 +22,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Every rank's values (n each), in rank order: doubles exactly, through an I32 all-gather of
-// their bits.
 std::vector<double> gather_doubles(Communicator& comm, const std::vector<double>& mine) {
-  const int64_t words = static_cast<int64_t>(mine.size()) * 2;
-  if (comm.size() == 1) return mine;
-  std::vector<int32_t> local(static_cast<size_t>(words)), all(static_cast<size_t>(words * comm.size()));
-  std::memcpy(local.data(), mine.data(), mine.size() * sizeof(double));
-  comm.all_gather(Tensor(all.data(), DType::I32, {static_cast<int64_t>(all.size())}),
-                  Tensor(local.data(), DType::I32, {words}), nullptr);
-  std::vector<double> values(mine.size() * static_cast<size_t>(comm.size()));
-  std::memcpy(values.data(), all.data(), values.size() * sizeof(double));
-  return values;
+  return all_gather_values(comm, mine);
 }
 
 // The sum over ranks, in rank order in fp64: the same bits on every rank.

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "comm/gather_values.h"
 #include "core/check.h"
 
 namespace dstrain {
@@ -18,18 +19,9 @@ uint64_t fnv1a64(const unsigned char* bytes, size_t count) {
 
 namespace {
 
-// Every member's values (n each), in group rank order, through an I32 all-gather of their bits.
-std::vector<uint64_t> gather_u64(Communicator& comm, const std::vector<uint64_t>& mine) {
-  const int64_t words = static_cast<int64_t>(mine.size()) * 2;
-  std::vector<uint64_t> all(mine.size() * static_cast<size_t>(comm.size()));
-  if (words == 0) return all;
-  comm.all_gather(Tensor(all.data(), DType::I32, {words * comm.size()}),
-                  Tensor(const_cast<uint64_t*>(mine.data()), DType::I32, {words}), nullptr);
-  return all;
-}
-
 std::vector<int> member_world_ranks(Communicator& comm, int world_rank) {
-  std::vector<uint64_t> all = gather_u64(comm, {static_cast<uint64_t>(world_rank)});
+  const std::vector<uint64_t> all =
+      all_gather_values(comm, std::vector<uint64_t>{static_cast<uint64_t>(world_rank)});
   return std::vector<int>(all.begin(), all.end());
 }
 
@@ -78,7 +70,7 @@ void ReplicaChecker::check(ShardedModel& state, const ParamLayout& layout, int64
     }
     std::vector<uint64_t> mine;
     for (int i : tensors) mine.push_back(sums[static_cast<size_t>(i)]);
-    const std::vector<uint64_t> all = gather_u64(*group.comm, mine);
+    const std::vector<uint64_t> all = all_gather_values(*group.comm, mine);
     std::vector<std::string> differing;
     std::string first;
     for (size_t t = 0; t < tensors.size(); ++t) {

@@ -53,17 +53,6 @@ double unit_roundoff(DType dtype) { return dtype == DType::BF16 ? 0x1p-8 : 0x1p-
 // Half the smallest subnormal: a rounding's absolute error below the normal range.
 double subnormal_eta(DType dtype) { return dtype == DType::BF16 ? 0x1p-134 : 0x1p-25; }
 
-// Values of magnitude in [lo, hi) and random sign: never zero.
-HostTensor nonzero_tensor(Random& rng, DType dtype, const std::vector<int64_t>& dims, double lo,
-                          double hi) {
-  HostTensor t(dtype, dims);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    const double magnitude = rng.uniform(lo, hi);
-    t.set(i, rng.uniform(0.0, 1.0) < 0.5 ? -magnitude : magnitude);
-  }
-  return t;
-}
-
 struct Inputs {
   HostTensor qkv, out, lse, dout;
 };

@@ -43,17 +43,6 @@ Tolerance out_tolerance(DType dtype, double v_max) {
 }
 constexpr Tolerance kLseTolerance{1e-5, 1e-5, 1e-11};
 
-// Values of magnitude in [lo, hi) and random sign: never zero.
-HostTensor nonzero_tensor(Random& rng, DType dtype, const std::vector<int64_t>& dims, double lo,
-                          double hi) {
-  HostTensor t(dtype, dims);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    const double magnitude = rng.uniform(lo, hi);
-    t.set(i, rng.uniform(0.0, 1.0) < 0.5 ? -magnitude : magnitude);
-  }
-  return t;
-}
-
 struct Forward {
   HostTensor out, lse;
 };

@@ -22,10 +22,7 @@ class ReplicaCheckTest : public ::testing::Test {
  protected:
   TrainOptions options(const std::string& name, int ranks) {
     TrainOptions o = test::small_run_options(dir_.path(), name, ranks);
-    std::ofstream(dir_.path() / "config4.json")
-        << R"({"model_type": "gpt2", "vocab_size": 37, "n_positions": 32, "n_embd": 24,
-               "n_layer": 2, "n_head": 4})";
-    o.model = (dir_.path() / "config4.json").string();
+    o.model = test::write_small_model_config(dir_.path(), 2, 4);
     o.steps = 4;
     o.threads = ranks;
     o.check_replicas = 1;

@@ -28,14 +28,16 @@ constexpr int kSmallRunSteps = 20;
 constexpr int kSmallRunMicroBatches = 8;  // per step, over all ranks
 
 // Writes the model's config.json into `dir` (created if needed); returns its path. Pipeline
-// tests use 4 layers (pp up to 4).
-inline std::string write_small_model_config(const std::filesystem::path& dir, int layers = 2) {
-  const std::filesystem::path sub = dir / ("model_" + std::to_string(layers));
+// tests use 4 layers (pp up to 4); tensor-parallel runs 4 heads (of 6 channels: tp 2 splits them).
+inline std::string write_small_model_config(const std::filesystem::path& dir, int layers = 2,
+                                            int heads = 3) {
+  const std::filesystem::path sub =
+      dir / ("model_" + std::to_string(layers) + (heads == 3 ? "" : "_h" + std::to_string(heads)));
   std::filesystem::create_directories(sub);
   const std::filesystem::path path = sub / "config.json";
   std::ofstream(path) << R"({"model_type": "gpt2", "vocab_size": 37, "n_positions": 32,
                             "n_embd": 24, "n_layer": )"
-                      << layers << R"(, "n_head": 3})";
+                      << layers << R"(, "n_head": )" << heads << "}";
   return path.string();
 }
 
