@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/allocator.h"
@@ -105,5 +106,44 @@ inline double norm_squared(const std::vector<double>& values) {
 }
 
 inline const char* dtype_case(DType dtype) { return dtype_name(dtype); }
+
+// Views that start inside a buffer, for the 128-bit vector paths (kernels/cuda/cuda_vector.cuh):
+// 0 and 8 elements in (16 or 32 bytes: aligned, the vector kernel) and 1 element in (misaligned
+// in every dtype: the scalar fallback). A view's tensor is buffer.slice(offset, dims).
+constexpr int64_t kViewOffsets[] = {0, 8, 1};
+
+// "BF16 13x301 at offset 8": a view case in failure messages.
+inline std::string view_case(DType dtype, int64_t rows, int64_t cols, int64_t offset) {
+  return std::string(dtype_name(dtype)) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
+         " at offset " + std::to_string(offset);
+}
+
+// Two copies of each buffer, one for the CPU twin and one for the CUDA backend: an op runs on
+// views into each, then every buffer compares whole -- the elements before a view and the guard
+// after it must come back as they were.
+struct TwinBuffers {
+  std::vector<HostTensor> cpu, gpu;
+  explicit TwinBuffers(std::initializer_list<const HostTensor*> buffers) {
+    for (const HostTensor* buffer : buffers) {
+      cpu.push_back(buffer->clone());
+      gpu.push_back(buffer->clone());
+    }
+  }
+  ::testing::AssertionResult bitwise_equal_all() const {
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      auto equal = bitwise_equal(gpu[i], cpu[i]);
+      if (!equal) return equal << " (buffer " << i << ")";
+    }
+    return ::testing::AssertionSuccess();
+  }
+  ::testing::AssertionResult guards_intact_all() const {
+    for (size_t i = 0; i < gpu.size(); ++i) {
+      if (!gpu[i].guard_intact()) {
+        return ::testing::AssertionFailure() << "guard of buffer " << i << " was overwritten";
+      }
+    }
+    return ::testing::AssertionSuccess();
+  }
+};
 
 }  // namespace dstrain::test

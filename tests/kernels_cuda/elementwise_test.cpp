@@ -134,5 +134,127 @@ TEST(CudaElementwise, AddBiasBitwiseEqualCpu) {
   }
 }
 
+// ---- the 128-bit vector paths: scalar tails, views inside a buffer, misaligned views ----
+// (rows, cols) with n % 8 != 0 (n = 5, 201, 3913: no vector, vectors + tail) and one shape of
+// whole vectors; each at every offset of kViewOffsets.
+const std::pair<int64_t, int64_t> kVectorShapes[] = {{1, 5}, {3, 67}, {13, 301}, {4, 96}};
+
+TEST(CudaElementwise, GeluVectorTailsAndOffsetsMatchCpu) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : kFloatDTypes) {
+    for (const auto& [rows, cols] : kVectorShapes) {
+      for (int64_t offset : kViewOffsets) {
+        const auto v = [&](const Tensor& buffer) { return buffer.slice(offset, {rows, cols}); };
+        const int64_t size = offset + rows * cols;
+        Random rng(91);
+        const HostTensor x = random_tensor(rng, dtype, {size}, -4.0, 4.0);
+        const HostTensor dout = random_tensor(rng, dtype, {size});
+        const HostTensor out = random_tensor(rng, dtype, {size});  // not NaN: compared whole
+        TwinBuffers f({&out, &x}), b({&out, &dout, &x});
+        cpu_backend().gelu_forward(v(f.cpu[0]), v(f.cpu[1]), nullptr);
+        cpu_backend().gelu_backward(v(b.cpu[0]), v(b.cpu[1]), v(b.cpu[2]), nullptr);
+        GpuRun run;
+        cuda_backend().gelu_forward(v(run(f.gpu[0])), v(run(f.gpu[1])), nullptr);
+        cuda_backend().gelu_backward(v(run(b.gpu[0])), v(run(b.gpu[1])), v(run(b.gpu[2])), nullptr);
+        run.finish();
+        const std::string where = view_case(dtype, rows, cols, offset);
+        EXPECT_GT(norm_squared(f.cpu[0].values()), 0.0);
+        EXPECT_TRUE(all_close(f.gpu[0].values(), f.cpu[0].values(), gelu_tolerance(dtype)))
+            << "forward " << where;
+        EXPECT_TRUE(all_close(b.gpu[0].values(), b.cpu[0].values(), gelu_tolerance(dtype)))
+            << "backward " << where;
+        EXPECT_TRUE(bitwise_equal(f.gpu[1], x)) << where;
+        EXPECT_TRUE(f.guards_intact_all()) << where;
+        EXPECT_TRUE(b.guards_intact_all()) << where;
+      }
+    }
+  }
+}
+
+// residual, accumulate, scale: one IEEE operation per element, bitwise on every path.
+TEST(CudaElementwise, AddScaleVectorTailsAndOffsetsBitwiseEqualCpu) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : kFloatDTypes) {
+    for (const auto& [rows, cols] : kVectorShapes) {
+      for (int64_t offset : kViewOffsets) {
+        const auto v = [&](const Tensor& buffer) { return buffer.slice(offset, {rows, cols}); };
+        const int64_t size = offset + rows * cols;
+        Random rng(92);
+        const HostTensor a = random_tensor(rng, dtype, {size});
+        const HostTensor b = random_tensor(rng, dtype, {size});
+        const HostTensor out = random_tensor(rng, dtype, {size});
+        TwinBuffers t({&out, &a, &b});
+        for (Backend* backend : {&cpu_backend(), &cuda_backend()}) {
+          const bool gpu = backend == &cuda_backend();
+          std::vector<HostTensor>& buffers = gpu ? t.gpu : t.cpu;
+          GpuRun run;
+          const auto view = [&](HostTensor& h) { return v(gpu ? run(h) : h.t()); };
+          const Tensor out_view = view(buffers[0]), a_view = view(buffers[1]),
+                       b_view = view(buffers[2]);
+          backend->residual_forward(out_view, a_view, b_view, nullptr);
+          backend->accumulate(b_view, out_view, nullptr);  // b += a + b
+          backend->scale(a_view, 0.3f, nullptr);
+          run.finish();
+        }
+        const std::string where = view_case(dtype, rows, cols, offset);
+        EXPECT_GT(norm_squared(t.cpu[0].values()), 0.0);
+        EXPECT_TRUE(t.bitwise_equal_all()) << where;
+        EXPECT_TRUE(t.guards_intact_all()) << where;
+      }
+    }
+  }
+}
+
+// copy (copy_convert) between every pair of dtypes (the vector kernel converts 8 at a time).
+TEST(CudaElementwise, ConvertVectorTailsAndOffsetsBitwiseEqualCpu) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dst_dtype : kFloatDTypes) {
+    for (DType src_dtype : kFloatDTypes) {
+      for (int64_t offset : kViewOffsets) {
+        const int64_t rows = 13, cols = 301, size = offset + rows * cols;
+        const auto v = [&](const Tensor& buffer) { return buffer.slice(offset, {rows, cols}); };
+        Random rng(93);
+        const HostTensor src = random_tensor(rng, src_dtype, {size}, -300.0, 300.0);
+        const HostTensor dst = random_tensor(rng, dst_dtype, {size});
+        TwinBuffers t({&dst, &src});
+        cpu_backend().copy(v(t.cpu[0]), v(t.cpu[1]), nullptr);
+        GpuRun run;
+        cuda_backend().copy(v(run(t.gpu[0])), v(run(t.gpu[1])), nullptr);
+        run.finish();
+        const std::string where =
+            std::string(dtype_name(src_dtype)) + " -> " + view_case(dst_dtype, rows, cols, offset);
+        EXPECT_TRUE(t.bitwise_equal_all()) << where;
+        EXPECT_TRUE(t.guards_intact_all()) << where;
+      }
+    }
+  }
+}
+
+// add_bias: the vector kernel needs cols % 8 == 0 and x, bias aligned (bias in another dtype).
+TEST(CudaElementwise, AddBiasVectorOffsetsBitwiseEqualCpu) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : kFloatDTypes) {
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{5, 40}, {3, 37}}) {
+      for (int64_t offset : kViewOffsets) {
+        const int64_t size = offset + rows * cols;
+        Random rng(94);
+        const HostTensor x = random_tensor(rng, dtype, {size});
+        const HostTensor bias = random_tensor(rng, DType::F32, {offset + cols});
+        TwinBuffers t({&x, &bias});
+        cpu_backend().add_bias(t.cpu[0].t().slice(offset, {rows, cols}),
+                               t.cpu[1].t().slice(offset, {cols}), nullptr);
+        GpuRun run;
+        cuda_backend().add_bias(run(t.gpu[0]).slice(offset, {rows, cols}),
+                                run(t.gpu[1]).slice(offset, {cols}), nullptr);
+        run.finish();
+        const std::string where = view_case(dtype, rows, cols, offset);
+        EXPECT_FALSE(bitwise_equal(t.cpu[0], x)) << "the reference did not change";
+        EXPECT_TRUE(t.bitwise_equal_all()) << where;
+        EXPECT_TRUE(t.guards_intact_all()) << where;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dstrain::test

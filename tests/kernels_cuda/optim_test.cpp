@@ -57,6 +57,50 @@ TEST(CudaAdamW, BitwiseEqualCpuOverSteps) {
   }
 }
 
+// The 128-bit vector kernel: n = 5 (tail only) and 1003 (125 vectors + 3), views 8 elements into
+// their buffers (aligned: the vector kernel) or 1 (misaligned: the scalar kernel), every grad and
+// param_copy dtype (F32 copy dtype: no copy), two steps; bitwise as the CPU on every path.
+TEST(CudaAdamW, VectorTailsAndOffsetsBitwiseEqualCpu) {
+  REQUIRE_CUDA_DEVICE();
+  for (int64_t n : {int64_t{5}, int64_t{1003}}) {
+    for (int64_t offset : kViewOffsets) {
+      for (DType grad_dtype : kFloatDTypes) {
+        for (DType copy_dtype : kFloatDTypes) {
+          const auto v = [&](const Tensor& buffer) { return buffer.slice(offset, {n}); };
+          const bool with_copy = copy_dtype != DType::F32;
+          Random rng(84);
+          const HostTensor param = random_tensor(rng, DType::F32, {offset + n});
+          const HostTensor m = random_tensor(rng, DType::F32, {offset + n}, -0.1, 0.1);
+          const HostTensor v2 = random_tensor(rng, DType::F32, {offset + n}, 0.01, 0.1);
+          const HostTensor grad = random_tensor(rng, grad_dtype, {offset + n}, -2.0, 2.0);
+          const HostTensor copy = random_tensor(rng, copy_dtype, {offset + n});
+          TwinBuffers t({&param, &m, &v2, &grad, &copy});
+          AdamWStep step;
+          step.lr = 3e-3f;
+          step.weight_decay = 0.1f;
+          step.grad_scale = 0.5f;
+          for (int s = 1; s <= 2; ++s) {
+            step.step = s;
+            cpu_backend().adamw(v(t.cpu[0]), v(t.cpu[3]), v(t.cpu[1]), v(t.cpu[2]),
+                                with_copy ? v(t.cpu[4]) : Tensor(), step, nullptr);
+            GpuRun run;
+            const Tensor copy_view = v(run(t.gpu[4]));
+            cuda_backend().adamw(v(run(t.gpu[0])), v(run(t.gpu[3])), v(run(t.gpu[1])),
+                                 v(run(t.gpu[2])), with_copy ? copy_view : Tensor(), step, nullptr);
+            run.finish();
+          }
+          const std::string where = "n " + std::to_string(n) + " offset " + std::to_string(offset) +
+                                    " grad " + dtype_name(grad_dtype) + " copy " +
+                                    dtype_name(copy_dtype);
+          EXPECT_FALSE(bitwise_equal(t.cpu[0], param)) << "the reference did not change";
+          EXPECT_TRUE(t.bitwise_equal_all()) << where;
+          EXPECT_TRUE(t.guards_intact_all()) << where;
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaSumSquares, MatchesCpuAndRepeatsBitwise) {
   REQUIRE_CUDA_DEVICE();
   for (DType dtype : kFloatDTypes) {

@@ -4,16 +4,20 @@ CUDA backend are disassembled with cuobjdump for sm_89 and sm_90 and checked:
 
   1. no kernel spills to local memory (cuobjdump -res-usage: LOCAL:0 for every function);
   2. each rule below holds: every kernel whose name matches the rule's pattern contains the
-     rule's instructions (the tensor-core attention kernels: HMMA, LDSM, LDGSTS), and at least
-     one kernel matches each rule (a rule that matches nothing would pass silently).
+     rule's instructions (the tensor-core attention kernels: HMMA, LDSM, LDGSTS; the bf16
+     memory-bound vector kernels: LDG.E.128 and STG.E.128), and at least one kernel matches each
+     rule (a rule that matches nothing would pass silently). An instruction is matched by its
+     mnemonic ("LDG") or by its whole opcode with modifiers as cuobjdump prints it ("LDG.E.128").
 
-It prints a table of registers, shared and local memory per kernel and architecture (the record
-in benchmarks/RESULTS.md comes from it).
+It prints a table of registers, shared and local memory, and the static count of 128-bit global
+loads and stores (LDG/STG with a .128 modifier) per kernel and architecture (the records in
+benchmarks/RESULTS.md come from it).
 
 Usage: check_sass.py OBJECT.o [OBJECT.o ...]
 Exit 77 (skipped) where no cuobjdump is found: the toolkit's, or PyPI's nvidia-cuda-cuobjdump
 (scripts/install-test-references.sh installs it for /usr/bin/python3).
 """
+import collections
 import glob
 import os
 import re
@@ -29,6 +33,10 @@ RULES = [
      ("HMMA", "LDSM", "LDGSTS")),
     ("bf16/f16 attention backward on tensor cores (dK/dV, dQ)",
      r"attention_(dkdv|dq)_mma_kernel<", ("HMMA", "LDSM", "LDGSTS")),
+    # kernels/cuda/cuda_vector.cuh's users (elementwise, layernorm rows, AdamW): every
+    # instantiation with a bf16 template argument moves data 128 bits at a time.
+    ("bf16 memory-bound kernel with 128-bit global loads and stores",
+     r"_vector_kernel<[^>]*__nv_bfloat16", ("LDG.E.128", "STG.E.128")),
 ]
 
 
@@ -75,18 +83,26 @@ def resource_usage(cuobjdump, obj, arch):
 
 
 def sass_by_function(cuobjdump, obj, arch):
-    """{mangled kernel: set of opcodes (the mnemonic before the first '.')}"""
+    """{mangled kernel: Counter of opcodes: each mnemonic ("LDG") and each whole opcode with its
+    modifiers ("LDG.E.128"), with how often each occurs}"""
     functions, current = {}, None
     for line in run(cuobjdump, "-sass", "-arch", arch, obj).splitlines():
         match = re.match(r"\s*Function : (\S+)", line)
         if match:
             current = match.group(1)
-            functions[current] = set()
+            functions[current] = collections.Counter()
             continue
-        match = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        match = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
         if current and match:
-            functions[current].add(match.group(1))
+            opcode = match.group(1)
+            functions[current].update({opcode.split(".")[0], opcode})
     return functions
+
+
+def count_128(opcodes, mnemonic):
+    """How many 128-bit `mnemonic` (LDG, STG) instructions a kernel's SASS holds."""
+    return sum(n for op, n in (opcodes or {}).items()
+               if op.startswith(mnemonic + ".") and "128" in op.split(".")[1:])
 
 
 def short(name, width=70):
@@ -111,7 +127,8 @@ def main():
             for mangled, name in names.items():
                 u = usage.get(mangled, {})
                 rows.append((arch, short(name), u.get("REG", -1), u.get("SHARED", -1),
-                             u.get("LOCAL", -1)))
+                             u.get("LOCAL", -1), count_128(sass.get(mangled), "LDG"),
+                             count_128(sass.get(mangled), "STG")))
                 if u.get("LOCAL", 0) != 0:
                     failures.append(f"{arch} {name}: {u['LOCAL']} bytes of local memory (spills)")
                 for what, pattern, needed in RULES:
@@ -124,9 +141,10 @@ def main():
     for what, count in matched.items():
         if count == 0:
             failures.append(f"no kernel is a {what}: the rule matched nothing")
-    print(f"{'arch':6} {'kernel':70} {'regs':>5} {'smem':>7} {'local':>6}")
-    for arch, name, regs, smem, local in sorted(rows):
-        print(f"{arch:6} {name:70} {regs:5} {smem:7} {local:6}")
+    print(f"{'arch':6} {'kernel':70} {'regs':>5} {'smem':>7} {'local':>6} {'ldg128':>6} "
+          f"{'stg128':>6}")
+    for arch, name, regs, smem, local, loads, stores in sorted(rows):
+        print(f"{arch:6} {name:70} {regs:5} {smem:7} {local:6} {loads:6} {stores:6}")
     for failure in failures:
         print("FAIL:", failure)
     return 1 if failures else 0
