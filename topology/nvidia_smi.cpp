@@ -249,6 +249,36 @@ void check_self_cell(const MatrixRow& row, size_t i) {
       << " where nvidia-smi prints X";
 }
 
+// The network devices of the matrix: its columns that are not GPUs, NIC# named by the legend
+// ("NIC Legend:" lines "  NIC0: mlx5_0"), older drivers' columns (mlx5_0) as they are.
+std::vector<std::string> nic_names(const Matrix& m) {
+  std::vector<std::string> legend_names;  // by "NIC" index
+  for (const std::string& line : split_lines(m.legend)) {
+    const std::vector<std::string> words = split_words(line);
+    if (words.size() != 2 || words[0].size() < 5 || words[0].back() != ':' ||
+        words[0].compare(0, 3, "NIC") != 0) {
+      continue;
+    }
+    const std::optional<int> index = parse_small_int(words[0].substr(3, words[0].size() - 4));
+    if (!index) continue;
+    const size_t position = static_cast<size_t>(*index);
+    if (legend_names.size() <= position) legend_names.resize(position + 1);
+    legend_names[position] = words[1];
+  }
+  std::vector<std::string> nics;
+  for (const std::string& column : m.columns) {
+    if (is_gpu_label(column, nullptr)) continue;
+    std::optional<int> index;
+    if (column.size() > 3 && column.compare(0, 3, "NIC") == 0) {
+      index = parse_small_int(column.substr(3));
+    }
+    const bool named = index && static_cast<size_t>(*index) < legend_names.size() &&
+                       !legend_names[static_cast<size_t>(*index)].empty();
+    nics.push_back(named ? legend_names[static_cast<size_t>(*index)] : column);
+  }
+  return nics;
+}
+
 }  // namespace
 
 NodeTopology parse_nvidia_smi_topo(const std::string& text) {
@@ -315,6 +345,8 @@ NodeTopology parse_nvidia_smi_topo(const std::string& text) {
     if (gpu.numa_node >= 0) numa_nodes.insert(gpu.numa_node);
   }
   topology.numa_nodes = static_cast<int>(numa_nodes.size());
+  topology.nics = nic_names(m);
+  topology.nics_known = true;
 
   // The -mp view prints PCIe paths only; its legend has no NV# line.
   const bool legend_has_nvlink = m.legend.find("NV#") != std::string::npos;

@@ -90,6 +90,11 @@ struct NodeTopology {
   uint64_t host_memory_bytes = 0;  // 0: unknown
   int numa_nodes = 0;              // host NUMA nodes; 0: unknown
   std::string source;              // "nvidia-smi topo -m", "probe (CUDA runtime, NVML)", ...
+  // The network devices `nvidia-smi topo -m` lists ("mlx5_0", ...: its NIC legend's names, or
+  // the column names of older drivers), for the inter-node link (topology/cluster.h). Known
+  // only from that text: nics_known with no names means the machine has none it lists.
+  std::vector<std::string> nics;
+  bool nics_known = false;
 
   int gpu_count() const { return static_cast<int>(gpus.size()); }
   // REQUIRES: 0 <= a, b < gpu_count(), a != b (order does not matter).

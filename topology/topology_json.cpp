@@ -56,6 +56,7 @@ nlohmann::json to_json(const NodeTopology& topology) {
   out["numa_nodes"] = topology.numa_nodes;
   out["classification"] = classification.label();
   out["source"] = topology.source;
+  if (topology.nics_known) out["nics"] = topology.nics;
   return out;
 }
 
@@ -226,6 +227,16 @@ NodeTopology topology_from_json(const nlohmann::json& json_in) {
   topology.host_memory_bytes = bytes_member(json_in, "host_memory_bytes", "topology");
   topology.numa_nodes = static_cast<int>(int_member(json_in, "numa_nodes", "topology", 0, 1 << 16, 0));
   topology.source = string_member(json_in, "source", "topology");
+  if (const json* nics = member(json_in, "nics"); nics != nullptr && !nics->is_null()) {
+    DSTRAIN_USER_CHECK(nics->is_array())
+        << "topology JSON: \"nics\" must be an array of network device names";
+    for (const json& name : *nics) {
+      DSTRAIN_USER_CHECK(name.is_string())
+          << "topology JSON: \"nics\" must be an array of network device names";
+      topology.nics.push_back(name.get<std::string>());
+    }
+    topology.nics_known = true;
+  }
   return topology;
 }
 

@@ -13,7 +13,8 @@
 // a PCIe link without "path" or without "peer_access". Optional GPU fields: "gpu_numa_id",
 // "cpu_affinity", "pcie_generation", "pcie_lanes"; an NVLink link may carry "path" and
 // "peer_access" too. "islands" and "classification" are written for people and tools; they
-// are derived, so topology_from_json ignores them.
+// are derived, so topology_from_json ignores them. "nics": the network devices `nvidia-smi
+// topo -m` listed (["mlx5_0", ...]), written when known (an empty list: none).
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -14,4 +14,13 @@ namespace dstrain {
 // negative number, and on a size that does not fit in 64 bits.
 uint64_t parse_size(std::string_view text);
 
+// A network rate as people write it (`--inter-node-bandwidth 200Gbit/s`), decimal prefixes K, M,
+// G, T (case-insensitive), then the unit:
+//   bytes: "25GB/s", "25 GBps", "25GB"  (an upper-case B)
+//   bits:  "200Gbit/s", "200Gb/s", "200Gbps", "200 Gbit", "100G" (a bare prefix: links are
+//          named in bits, "100G Ethernet", "400G NDR")
+// Returns bytes/s. Throws UserError with one sentence naming `flag` on anything else: no
+// number, no prefix or unit, a zero or negative rate.
+double parse_rate(std::string_view text, const std::string& flag);
+
 }  // namespace dstrain

@@ -14,6 +14,8 @@
 #include "core/check.h"
 #include "data/prepare.h"
 #include "model/config.h"
+#include "topology/cluster.h"
+#include "train/cluster.h"
 #include "train/trainer.h"
 
 namespace dstrain {
@@ -108,13 +110,21 @@ po::options_description train_flags(TrainOptions& o) {
       ("trace", po::value(&o.trace)->value_name("FILE"), "write a timeline of --trace-steps to FILE: Chrome trace JSON (open in ui.perfetto.dev or chrome://tracing), a track per rank and stream")
       ("trace-steps", po::value(&o.trace_steps)->default_value(o.trace_steps)->value_name("A:B"), "the steps --trace records (1-based, inclusive)")
       ("check-replicas", po::value(&o.check_replicas)->default_value(o.check_replicas)->value_name("N"), "every N steps, the ranks that must hold the same weights compare checksums; a difference stops the run naming the tensor, the step and the ranks (0: never)");
+  po::options_description nodes("Several machines (one dstrain per node, the same flags on every one; see README)");
+  nodes.add_options()
+      ("nnodes", po::value<std::string>()->value_name("N"), "nodes in the run (default: NNODES, else WORLD_SIZE, else 1); --gpus counts one node's ranks")
+      ("node-rank", po::value<std::string>()->value_name("R"), "this node's number, 0 to N-1 (default: NODE_RANK)")
+      ("master-addr", po::value<std::string>()->value_name("HOST"), "node 0's address, where the rendezvous runs (default: MASTER_ADDR)")
+      ("master-port", po::value<std::string>()->value_name("PORT"), "the rendezvous port on node 0 (default: MASTER_PORT, else 29500)")
+      ("rendezvous-timeout", po::value<std::string>()->value_name("SECONDS"), "how long nodes wait for each other to join (default 900)")
+      (kInterNodeBandwidthFlag, po::value(&o.inter_node_bandwidth)->value_name("RATE"), kInterNodeBandwidthHelp);
   po::options_description all;
-  all.add(model).add(optim).add(hardware).add(output);
+  all.add(model).add(optim).add(hardware).add(nodes).add(output);
   return all;
 }
 
 void print_usage(std::ostream& out, const po::options_description& flags) {
-  out << "dstrain " << kVersion << ": trains GPT-2 and LLaMA-family (Llama, DeepSeek, Qwen2) transformers on the GPUs (or CPU) of one machine\n\n"
+  out << "dstrain " << kVersion << ": trains GPT-2 and LLaMA-family (Llama, DeepSeek, Qwen2) transformers on the GPUs (or CPU) of one machine or several\n\n"
       << "Usage:\n"
       << "  dstrain [train] [flags]                 train (the default command)\n"
       << "  dstrain prepare --input FILE.txt --out DIR [--tokenizer tokenizer.json]   tokenize text into shards\n"
@@ -143,6 +153,20 @@ po::variables_map parse(const std::vector<std::string>& args, const po::options_
   return values;
 }
 
+// The rendezvous flags given (checked, with the environment, by rendezvous_options).
+RendezvousFlags rendezvous_flags(const po::variables_map& values) {
+  RendezvousFlags flags;
+  const auto take = [&values](const char* name, std::optional<std::string>& into) {
+    if (values.count(name)) into = values[name].as<std::string>();
+  };
+  take("master-addr", flags.master_addr);
+  take("master-port", flags.master_port);
+  take("nnodes", flags.nnodes);
+  take("node-rank", flags.node_rank);
+  take("rendezvous-timeout", flags.timeout_seconds);
+  return flags;
+}
+
 int run_train(const std::vector<std::string>& args, std::ostream& out) {
   TrainOptions options;
   options.model.clear();  // empty: tiny, or the checkpoint's model on --resume
@@ -167,6 +191,7 @@ int run_train(const std::vector<std::string>& args, std::ostream& out) {
     if (!value.defaulted()) options.explicit_flags->insert(name);
   }
   if (deepspeed) apply_train_batch_size(*deepspeed, *options.explicit_flags, options);
+  options.rendezvous = rendezvous_options(rendezvous_flags(values), process_environment());
   if (values.count("micro-batch")) {
     DSTRAIN_USER_CHECK(!options.explicit_flags->count("batch"))
         << "--batch and --micro-batch are the same setting: give one";
@@ -245,6 +270,10 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
     out.flush();
     err << "dstrain: error: " << error.what() << "\n";
     return 2;
+  } catch (const RunFailure& error) {
+    out.flush();
+    err << "dstrain: error: " << error.what() << "\n";
+    return 1;
   } catch (const std::exception& error) {
     out.flush();
     err << "dstrain: internal error: " << error.what() << "\n";

@@ -17,7 +17,7 @@ po::options_description plan_flags() {
   po::options_description flags("Fix parts of the plan (the planner chooses the rest)");
   flags.add_options()
       ("dp", po::value<int>()->value_name("N"), "data-parallel ranks")
-      ("tp", po::value<int>()->value_name("N"), "tensor-parallel ranks (inside an NVLink island)")
+      ("tp", po::value<int>()->value_name("N"), "tensor-parallel ranks (inside an NVLink island of one node)")
       ("pp", po::value<int>()->value_name("N"), "pipeline stages")
       ("zero", po::value<int>()->value_name("STAGE"),
        "ZeRO stage: 0 replicated, 1 optimizer state sharded, 2 + gradients, 3 + parameters")
@@ -28,6 +28,14 @@ po::options_description plan_flags() {
       ("pp-schedule", po::value<std::string>()->value_name("KIND"), "pipeline schedule: 1f1b | gpipe")
       ("pp-split", po::value<std::string>()->value_name("N,N,..."),
        "layers per pipeline stage, e.g. 7,7,7,7 (default: balanced, counting the embedding and the head)");
+  return flags;
+}
+
+po::options_description inter_node_flags(std::string& inter_node_bandwidth) {
+  po::options_description flags("Across nodes");
+  flags.add_options()(kInterNodeBandwidthFlag,
+                      po::value(&inter_node_bandwidth)->value_name("RATE"),
+                      kInterNodeBandwidthHelp);
   return flags;
 }
 
@@ -63,11 +71,16 @@ int run_plan_command(const std::vector<std::string>& args, std::ostream& out) {
   int gpus = 0;
   int64_t global_batch_tokens = kDefaultGlobalBatchTokens, seq_len = 0;
   int alternatives = 8;
+  int nnodes = 1;
+  std::string inter_node_bandwidth;
   MachineSource source;
   po::options_description main_flags("dstrain plan");
   main_flags.add_options()
       ("model", po::value(&model)->value_name("NAME|PATH"), "preset name or path of a config.json")
-      ("gpus", po::value(&gpus)->value_name("N"), "GPUs to plan for (default: all of the machine's)")
+      ("gpus", po::value(&gpus)->value_name("N"), "GPUs per node to plan for (default: all of the machine's)")
+      ("nnodes", po::value(&nnodes)->default_value(nnodes)->value_name("N"),
+       "nodes like this machine, joined by the inter-node link: tensor parallelism stays inside "
+       "a node, pipeline stages and data parallelism may span nodes")
       ("global-batch-tokens", po::value(&global_batch_tokens)->default_value(global_batch_tokens)->value_name("K"),
        "tokens per optimizer step over all ranks (GPT-2's 0.5M)")
       ("seq-len", po::value(&seq_len)->value_name("T"), "tokens per sequence (default: min(1024, n_positions))")
@@ -78,14 +91,20 @@ int run_plan_command(const std::vector<std::string>& args, std::ostream& out) {
       ("plan-json", "print the result as JSON")
       ("help,h", "this help");
   po::options_description flags;
-  flags.add(main_flags).add(machine_flags(source)).add(plan_flags());
+  flags.add(main_flags).add(machine_flags(source)).add(inter_node_flags(inter_node_bandwidth))
+      .add(plan_flags());
   const po::variables_map values = parse_command_flags(args, flags);
   if (values.count("help")) {
     out << "Usage: dstrain plan --model M [--gpus N] [--topology FILE | --from-nvidia-smi FILE "
-           "--gpu NAME --host-memory SIZE] [--global-batch-tokens K] [--seq-len T] [--plan-json]\n"
+           "--gpu NAME --host-memory SIZE] [--nnodes N [--inter-node-bandwidth RATE]] "
+           "[--global-batch-tokens K] [--seq-len T] [--plan-json]\n"
         << "Chooses how to train M on the GPUs: data, tensor and pipeline parallelism, ZeRO "
            "stage, optimizer offload, recompute and micro-batch, by predicted memory and step "
-           "time.\n\n"
+           "time.\n"
+        << "With --nnodes N the plan is for N such machines (ranks node x GPUs per node + GPU): "
+           "the link between them is --inter-node-bandwidth, else read from the NICs "
+           "`nvidia-smi topo -m` lists (InfiniBand/RoCE mlx5_* at an assumed 200 Gbit/s each, "
+           "else 25 Gbit/s Ethernet); the report says which.\n\n"
         << flags << "\n";
     return 0;
   }
@@ -95,6 +114,8 @@ int run_plan_command(const std::vector<std::string>& args, std::ostream& out) {
   DSTRAIN_USER_CHECK(!values.count("seq-len") || seq_len >= 1)
       << "--seq-len must be at least 1, not " << seq_len;
   DSTRAIN_USER_CHECK(alternatives >= 0) << "--alternatives must not be negative";
+  DSTRAIN_USER_CHECK(nnodes >= 1 && nnodes <= kMaxNodes)
+      << "--nnodes must be between 1 and " << kMaxNodes << ", not " << nnodes;
 
   PlanRequest request;
   request.gpus = gpus;
@@ -115,7 +136,8 @@ int run_plan_command(const std::vector<std::string>& args, std::ostream& out) {
       << "dstrain plan found no GPU on this machine (" << report
       << "); to plan for another machine give --topology FILE, or --from-nvidia-smi FILE "
          "with --gpu NAME (and --host-memory SIZE for offload)";
-  const PlanResult result = choose_plan(config, topology, request);
+  const ClusterShape cluster = make_cluster_shape(nnodes, inter_node_bandwidth, topology);
+  const PlanResult result = choose_plan(config, topology, request, cluster);
   if (values.count("plan-json")) {
     out << plan_result_to_json(config, result).dump(2) << "\n";
   } else {

@@ -37,6 +37,7 @@
 // - annotate: ignored (the ranks cannot see each other's labels).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -69,5 +70,27 @@ std::unique_ptr<Communicator> make_gloo_communicator(TcpStoreClient& store,
                                                      const std::string& prefix, int rank, int size,
                                                      double timeout_seconds,
                                                      const GlooNetwork& network = {});
+
+// This process's ranks of a Gloo world that spans several processes (one per node): world
+// ranks first_rank .. first_rank + local_ranks - 1 of world_size, each a thread with its own
+// client of the store at store_host:store_port, the world named `prefix` in the store.
+struct GlooRanks {
+  std::string store_host;
+  int store_port = 0;
+  std::string prefix = "world";
+  int first_rank = 0;
+  int local_ranks = 1;
+  int world_size = 1;
+  GlooNetwork network;
+};
+
+// Runs fn(communicator) on one thread per local rank, each joined to the world, and returns
+// when every thread has. A rank whose fn throws closes its communicator at once, so that its
+// peers' waits on it fail instead of running into the timeout (and theirs in turn close); the
+// first error of this process is rethrown after every thread has joined. timeout_seconds: as
+// make_gloo_communicator's (connecting to the store and joining included).
+// REQUIRES: 0 <= first_rank, 1 <= local_ranks, first_rank + local_ranks <= world_size.
+void run_gloo_ranks(const GlooRanks& ranks, double timeout_seconds,
+                    const std::function<void(Communicator&)>& fn);
 
 }  // namespace dstrain

@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -502,12 +503,12 @@ class NcclCommunicator final : public Communicator {
 };
 
 void run_nccl_rank(const std::shared_ptr<NcclWorld>& world, const ncclUniqueId& id, int rank,
-                   const std::function<void(Communicator&)>& fn) {
+                   int device, const std::function<void(Communicator&)>& fn) {
   thread_error_context().rank = rank;
-  thread_error_context().device = "cuda:" + std::to_string(rank);
+  thread_error_context().device = "cuda:" + std::to_string(device);
   std::unique_ptr<NcclCommunicator> communicator;
   try {
-    CUDA_CHECK(cudaSetDevice(rank));
+    CUDA_CHECK(cudaSetDevice(device));
     const std::string what = "ncclCommInitRank of rank " + std::to_string(rank);
     ncclConfig_t config = nonblocking_config();
     ncclComm_t comm = nullptr;
@@ -523,6 +524,30 @@ void run_nccl_rank(const std::shared_ptr<NcclWorld>& world, const ncclUniqueId& 
   communicator.reset();
 }
 
+int usable_gpus() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) {
+    cudaGetLastError();
+    devices = 0;
+  }
+  return devices;
+}
+
+// Runs this process's ranks (first_rank + i on GPU i) and rethrows the first failure.
+void run_local_nccl_ranks(const NcclNodeRanks& ranks, const ncclUniqueId& id,
+                          double timeout_seconds, const std::function<void(Communicator&)>& fn) {
+  auto world = std::make_shared<NcclWorld>(ranks.world_size, timeout_seconds);
+  comm_detail::run_rank_threads(
+      ranks.local_ranks,
+      [&](int local) {
+        run_nccl_rank(world, id, ranks.first_rank + local, ranks.first_device + local, fn);
+      },
+      // Could not start every rank: the started ones wait in ncclCommInitRank for the missing
+      // ones, see the recorded failure there and abort.
+      [&](std::exception_ptr error) { world->record_failure(-1, std::move(error)); });
+  if (world->root_error) std::rethrow_exception(world->root_error);
+}
+
 }  // namespace
 
 bool nccl_available() { return true; }
@@ -533,22 +558,37 @@ void run_nccl_ranks(int world_size, double timeout_seconds,
       << "the number of NCCL ranks must be at least 1 (got " << world_size << ")";
   DSTRAIN_USER_CHECK(timeout_seconds > 0)
       << "the collective timeout must be positive (got " << timeout_seconds << " s)";
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess) {
-    cudaGetLastError();
-    devices = 0;
-  }
+  const int devices = usable_gpus();
   DSTRAIN_USER_CHECK(world_size <= devices) << "NCCL needs one GPU per rank: " << world_size
                                             << " ranks, but " << devices << " GPUs are usable here";
   ncclUniqueId id;
   NCCL_CHECK(ncclGetUniqueId(&id), std::string("ncclGetUniqueId"));
-  auto world = std::make_shared<NcclWorld>(world_size, timeout_seconds);
-  comm_detail::run_rank_threads(
-      world_size, [&](int rank) { run_nccl_rank(world, id, rank, fn); },
-      // Could not start every rank: the started ones wait in ncclCommInitRank for the missing
-      // ones, see the recorded failure there and abort.
-      [&](std::exception_ptr error) { world->record_failure(-1, std::move(error)); });
-  if (world->root_error) std::rethrow_exception(world->root_error);
+  run_local_nccl_ranks(NcclNodeRanks{0, world_size, world_size, {}, 0}, id, timeout_seconds, fn);
+}
+
+std::string nccl_unique_id() {
+  ncclUniqueId id;
+  NCCL_CHECK(ncclGetUniqueId(&id), std::string("ncclGetUniqueId"));
+  return std::string(id.internal, sizeof id.internal);
+}
+
+void run_nccl_node_ranks(const NcclNodeRanks& ranks, double timeout_seconds,
+                         const std::function<void(Communicator&)>& fn) {
+  DSTRAIN_CHECK(ranks.first_rank >= 0 && ranks.local_ranks >= 1 &&
+                ranks.first_rank + ranks.local_ranks <= ranks.world_size)
+      << "run_nccl_node_ranks: ranks " << ranks.first_rank << " + " << ranks.local_ranks
+      << " of " << ranks.world_size;
+  DSTRAIN_CHECK(timeout_seconds > 0) << "timeout " << timeout_seconds;
+  const int devices = usable_gpus();
+  DSTRAIN_USER_CHECK(ranks.first_device >= 0 && ranks.first_device + ranks.local_ranks <= devices)
+      << "NCCL needs one GPU per rank: " << ranks.local_ranks << " ranks on this node"
+      << (ranks.first_device > 0 ? " from GPU " + std::to_string(ranks.first_device) : "")
+      << ", but " << devices << " GPUs are usable here";
+  ncclUniqueId id;
+  DSTRAIN_CHECK(ranks.unique_id.size() == sizeof id.internal)
+      << "an ncclUniqueId of " << ranks.unique_id.size() << " bytes";
+  std::memcpy(id.internal, ranks.unique_id.data(), sizeof id.internal);
+  run_local_nccl_ranks(ranks, id, timeout_seconds, fn);
 }
 
 }  // namespace dstrain
@@ -560,6 +600,15 @@ namespace dstrain {
 bool nccl_available() { return false; }
 
 void run_nccl_ranks(int, double, const std::function<void(Communicator&)>&) {
+  DSTRAIN_CHECK(false) << "this build has no NCCL (it needs the CUDA toolkit with NCCL)";
+}
+
+std::string nccl_unique_id() {
+  DSTRAIN_CHECK(false) << "this build has no NCCL (it needs the CUDA toolkit with NCCL)";
+  return {};
+}
+
+void run_nccl_node_ranks(const NcclNodeRanks&, double, const std::function<void(Communicator&)>&) {
   DSTRAIN_CHECK(false) << "this build has no NCCL (it needs the CUDA toolkit with NCCL)";
 }
 

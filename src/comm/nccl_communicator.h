@@ -35,6 +35,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 
 #include "comm/communicator.h"
 
@@ -53,5 +54,28 @@ bool nccl_available();
 // (Error otherwise).
 void run_nccl_ranks(int world_size, double timeout_seconds,
                     const std::function<void(Communicator&)>& fn);
+
+// A new ncclUniqueId as bytes (ncclGetUniqueId; node 0 makes it and the rendezvous hands it to
+// every node). REQUIRES: a build with NCCL.
+std::string nccl_unique_id();
+
+// This process's ranks of an NCCL world spanning several processes (one per node): world ranks
+// first_rank .. first_rank + local_ranks - 1 of world_size, rank first_rank + i on GPU
+// first_device + i (first_device: 0 on a node of its own; several "nodes" of one machine, as
+// the tests run them on the emulator, give each its own GPUs),
+// joined with the shared `unique_id` (nccl_unique_id()'s bytes). Otherwise as run_nccl_ranks:
+// a failure of one of this process's ranks aborts the others here; NCCL itself reports a rank
+// of another process that fails (its asynchronous error), or the timeout does.
+// REQUIRES: 0 <= first_rank, first_device + local_ranks <= the GPUs here, first_rank +
+// local_ranks <= world_size; unique_id from nccl_unique_id().
+struct NcclNodeRanks {
+  int first_rank = 0;
+  int local_ranks = 1;
+  int world_size = 1;
+  std::string unique_id;
+  int first_device = 0;
+};
+void run_nccl_node_ranks(const NcclNodeRanks& ranks, double timeout_seconds,
+                         const std::function<void(Communicator&)>& fn);
 
 }  // namespace dstrain

@@ -168,6 +168,11 @@ Rendezvous::~Rendezvous() {
   if (server_) server_->stop(std::min(options_.timeout_seconds, kMaxLingerSeconds));
 }
 
+void Rendezvous::stop_now() {
+  client_.reset();
+  if (server_) server_->stop(0);
+}
+
 int Rendezvous::server_port() const {
   DSTRAIN_CHECK(server_) << "only node 0 runs the rendezvous server";
   return server_->port();
@@ -182,6 +187,10 @@ TcpStoreClient& Rendezvous::client() {
   DSTRAIN_CHECK(client_) << "the rendezvous is used before join()";
   return *client_;
 }
+
+int Rendezvous::store_port() const { return server_ ? server_->port() : options_.master_port; }
+
+std::string Rendezvous::local_address() { return client().local_address(); }
 
 std::vector<RendezvousNode> Rendezvous::join() {
   DSTRAIN_CHECK(!client_) << "join() runs once";
@@ -246,6 +255,17 @@ std::string Rendezvous::broadcast_bytes(const std::string& key, const std::strin
                 seconds_text(options_.timeout_seconds) + " (rendezvous at " + address() +
                 ", this is node " + std::to_string(options_.node_rank) + ")");
   return client().get(round);
+}
+
+std::vector<std::string> Rendezvous::all_gather_bytes(const std::string& key,
+                                                       const std::string& bytes) {
+  const std::string round = next_round("gather", key) + "/";
+  client().set(round + std::to_string(options_.node_rank), bytes);
+  const std::vector<std::string> keys = node_keys(round, options_.nnodes);
+  wait_for_nodes(keys, options_.timeout_seconds, false, "the gather of '" + key + "'");
+  std::vector<std::string> values;
+  for (const std::string& node_key : keys) values.push_back(client().get(node_key));
+  return values;
 }
 
 void Rendezvous::barrier(const std::string& name) {

@@ -71,10 +71,18 @@ class Rendezvous {
   Rendezvous& operator=(const Rendezvous&) = delete;
 
   const RendezvousOptions& options() const { return options_; }
+  // After a failed run: closes this node's connection and (node 0) stops the store at once,
+  // without the destructor's wait for the other nodes to hang up.
+  void stop_now();
   // "host:port" of the store, as messages name it.
   std::string address() const;
   // The port the server listens on. REQUIRES: node 0.
   int server_port() const;
+  // The store's port as every node reaches it (node 0: server_port(), for --master-port 0).
+  int store_port() const;
+  // This node's address on the way to the store (TcpStoreClient::local_address): where the
+  // other nodes can reach it. REQUIRES: join() returned.
+  std::string local_address();
 
   // Connects, registers "node/<rank>" (host name and pid) and waits until every node has.
   // Returns the nodes by rank. Within the timeout (from this call): nodes missing then are a
@@ -87,6 +95,10 @@ class Rendezvous {
   // call is a new round. Node 0 silent for the timeout is an Error naming the key.
   // REQUIRES: join() returned.
   std::string broadcast_bytes(const std::string& key, const std::string& bytes);
+
+  // Collective: every node's `bytes`, by node rank. Nodes missing at the timeout are an Error
+  // naming them. REQUIRES: join() returned.
+  std::vector<std::string> all_gather_bytes(const std::string& key, const std::string& bytes);
 
   // Collective: returns when every node has called barrier(name) as often as this one. Nodes
   // missing at the timeout are an Error naming them and the barrier.

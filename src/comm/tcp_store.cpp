@@ -643,6 +643,17 @@ TcpStoreClient::TcpStoreClient(std::string host, int port, double timeout_second
   fd_ = connect_with_retry(host, port, timeout_seconds).release();
 }
 
+std::string TcpStoreClient::local_address() const {
+  sockaddr_in local{};
+  socklen_t length = sizeof local;
+  DSTRAIN_CHECK(fd_ >= 0 && ::getsockname(fd_, reinterpret_cast<sockaddr*>(&local), &length) == 0 &&
+                local.sin_family == AF_INET)
+      << "the local address of the connection to the store at " << address_;
+  char text[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof text);
+  return text;
+}
+
 TcpStoreClient::~TcpStoreClient() {
   if (fd_ >= 0) ::close(fd_);
 }

@@ -91,6 +91,9 @@ class TcpStoreClient {
   // "host:port", as messages name the store.
   const std::string& address() const { return address_; }
   double timeout_seconds() const { return timeout_seconds_; }
+  // The IPv4 address of this end of the connection ("10.0.0.2"): the address of this machine
+  // the store's host reaches it by, so a good one for peers on that network to connect to.
+  std::string local_address() const;
 
  private:
   struct Reply {

@@ -236,9 +236,19 @@ void AtomicFileWriter::commit() {
 // ---------------------------------------------------------------------------------------------
 // StagingDir
 
-StagingDir::StagingDir(fs::path final_path) : final_path_(std::move(final_path)) {
-  // "run/step-000100/" has an empty filename; drop the trailing separator.
-  if (final_path_.filename().empty()) final_path_ = final_path_.parent_path();
+static fs::path without_trailing_separator(fs::path path) {
+  // "run/step-000100/" has an empty filename.
+  return path.filename().empty() ? path.parent_path() : path;
+}
+
+fs::path staging_path(const fs::path& final_path, const std::string& tag) {
+  const fs::path path = without_trailing_separator(final_path);
+  return parent_of(path) / (".tmp-" + path.filename().string() + "-" +
+                            (tag.empty() ? std::to_string(::getpid()) : tag));
+}
+
+StagingDir::StagingDir(fs::path final_path, std::string tag)
+    : final_path_(without_trailing_separator(std::move(final_path))) {
   DSTRAIN_USER_CHECK(!final_path_.filename().empty())
       << "cannot create directory '" << final_path_.string() << "': no directory name.";
   const fs::path parent = parent_of(final_path_);
@@ -246,9 +256,8 @@ StagingDir::StagingDir(fs::path final_path) : final_path_(std::move(final_path))
   fs::create_directories(parent, error);
   DSTRAIN_USER_CHECK(!error) << "cannot create directory '" << parent.string()
                              << "': " << error.message() << ".";
-  staging_path_ = parent / (".tmp-" + final_path_.filename().string() + "-" +
-                            std::to_string(::getpid()));
-  fs::remove_all(staging_path_, error);  // a leftover of a crashed run that had our pid
+  staging_path_ = staging_path(final_path_, tag);
+  fs::remove_all(staging_path_, error);  // a leftover of a crashed run that had our tag
   DSTRAIN_USER_CHECK(!error) << "cannot remove the stale directory '" << staging_path_.string()
                              << "': " << error.message() << ".";
   if (::mkdir(staging_path_.c_str(), 0777) != 0) {

@@ -74,19 +74,24 @@ class AtomicFileWriter {
 };
 
 // A directory that appears whole or not at all (a checkpoint): it is filled under the name
-// `<parent>/.tmp-<name>-<pid>` and published by commit() with one rename.
+// `<parent>/.tmp-<name>-<tag>` (tag: the pid by default) and published by commit() with one
+// rename. Processes on other machines sharing the storage may write into it too, under the
+// same tag (staging_path()), as long as they are done before commit().
 //
 //   StagingDir staging(run_dir / "step-000100");
 //   write_file_atomic(staging.path() / "config.json", config_text);   // any writes
 //   staging.commit();        // fsync all, rename to run_dir/step-000100, fsync run_dir
 //
 // Without commit() the destructor removes the staging directory recursively.
-// REQUIRES: at most one StagingDir per final path in a process at a time (the temp name is
-// derived from the pid; a leftover of a crashed run with the same pid is removed first).
+// REQUIRES: at most one StagingDir per final path and tag at a time (a leftover of a crashed
+// run with the same tag is removed first).
+// The staging directory StagingDir(final_path, tag) fills (tag "": this process's pid).
+std::filesystem::path staging_path(const std::filesystem::path& final_path, const std::string& tag);
+
 class StagingDir {
  public:
   // Creates the parent directories when missing, and the (empty) staging directory.
-  explicit StagingDir(std::filesystem::path final_path);
+  explicit StagingDir(std::filesystem::path final_path, std::string tag = "");
   ~StagingDir();
   StagingDir(const StagingDir&) = delete;
   StagingDir& operator=(const StagingDir&) = delete;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "core/check.h"
@@ -198,24 +200,107 @@ double ring_bandwidth(const NodeTopology& topology, const std::vector<int>& grou
 
 namespace {
 
-// Ranks of the plan as GPU indices (rank r runs on GPU r).
 int rank_of(const Plan& plan, int t, int d, int s) { return t + plan.tp * (d + plan.dp * s); }
 
-std::vector<int> all_ranks(const Plan& plan) {
-  std::vector<int> ranks;
-  for (int r = 0; r < plan.world(); ++r) ranks.push_back(r);
-  return ranks;
+// Where ranks run: rank r on GPU r % G of node r / G (G = the node's GPUs; the launcher's
+// order). With one node rank r is GPU r.
+struct Placement {
+  const NodeTopology& node;
+  const ClusterShape& cluster;
+  int node_of(int rank) const { return rank / node.gpu_count(); }
+  int local(int rank) const { return rank % node.gpu_count(); }
+  bool spans_nodes(const std::vector<int>& group) const {
+    for (int r : group) {
+      if (node_of(r) != node_of(group[0])) return true;
+    }
+    return false;
+  }
+};
+
+// The GPUs of a node that run ranks of the plan (every node alike).
+std::vector<int> busy_gpus(const Placement& where, const Plan& plan) {
+  std::vector<int> gpus;
+  for (int r = 0; r < std::min(plan.world(), where.node.gpu_count()); ++r) gpus.push_back(r);
+  return gpus;
+}
+
+// Rings of one kind that enter and leave the busiest node: they share its inter-node link.
+int ring_link_sharers(const Placement& where, const std::vector<std::vector<int>>& groups) {
+  std::vector<int> per_node(static_cast<size_t>(where.cluster.nnodes), 0);
+  for (const std::vector<int>& group : groups) {
+    if (group.size() < 2 || !where.spans_nodes(group)) continue;
+    std::set<int> nodes;
+    for (int r : group) nodes.insert(where.node_of(r));
+    for (int n : nodes) ++per_node[static_cast<size_t>(n)];
+  }
+  return std::max(1, *std::max_element(per_node.begin(), per_node.end()));
+}
+
+// Point-to-point sends {from, to} at one time that cross nodes: the most leaving one node or
+// arriving at one node.
+int send_link_sharers(const Placement& where, const std::vector<std::vector<int>>& sends) {
+  std::vector<int> out(static_cast<size_t>(where.cluster.nnodes), 0), in = out;
+  for (const std::vector<int>& send : sends) {
+    if (!where.spans_nodes(send)) continue;
+    ++out[static_cast<size_t>(where.node_of(send[0]))];
+    ++in[static_cast<size_t>(where.node_of(send[1]))];
+  }
+  return std::max({1, *std::max_element(out.begin(), out.end()),
+                   *std::max_element(in.begin(), in.end())});
+}
+
+std::string node_link_text(const Placement& where, const std::vector<int>& group, int sharers,
+                           double rate) {
+  std::set<int> nodes;
+  for (int r : group) nodes.insert(where.node_of(r));
+  std::ostringstream text;
+  if (group.size() == 2) {
+    text << "node " << where.node_of(group[0]) << " to node " << where.node_of(group[1]);
+  } else {
+    text << "a ring over nodes " << *nodes.begin() << "-" << *nodes.rbegin();
+  }
+  text << ": the inter-node link";
+  if (where.cluster.inter_node_kind != NetworkKind::Unknown) {
+    text << " (" << network_kind_name(where.cluster.inter_node_kind) << ")";
+  }
+  text << ", " << rate_text(where.cluster.inter_node_bytes_per_s) << " per node";
+  if (sharers > 1) text << " shared by " << sharers << " transfers";
+  text << " (" << rate_text(rate) << ")";
+  return text.str();
+}
+
+// The rate of a ring over `group` (world ranks), `sharers` of its kind crossing each node's
+// link at the same time (cost_model.h).
+double group_rate(const Placement& where, const std::vector<int>& group,
+                  const std::vector<int>& busy, int sharers, std::string* route) {
+  std::map<int, std::vector<int>> members;  // node -> its GPUs in the ring, in ring order
+  for (int r : group) members[where.node_of(r)].push_back(where.local(r));
+  if (members.size() == 1) return ring_bandwidth(where.node, members.begin()->second, busy, route);
+  double rate = where.cluster.inter_node_bytes_per_s / sharers;
+  std::string text = node_link_text(where, group, sharers, rate);
+  for (const auto& [node, gpus] : members) {
+    if (gpus.size() < 2) continue;
+    std::string in_node;
+    const double in_node_rate = ring_bandwidth(where.node, gpus, busy, &in_node);
+    if (in_node_rate < rate) {
+      rate = in_node_rate;
+      text = in_node;
+    }
+  }
+  if (route) *route = text;
+  return rate;
 }
 
 // The slowest of the concurrent groups of one kind.
-double slowest_groups(const NodeTopology& topology, const std::vector<std::vector<int>>& groups,
+double slowest_groups(const Placement& where, const std::vector<std::vector<int>>& groups,
                       const std::vector<int>& busy, std::string* route) {
+  const int sharers = ring_link_sharers(where, groups);
   double slowest = 0;
   bool first = true;
   for (const std::vector<int>& group : groups) {
     if (group.size() < 2) continue;
     std::string text;
-    const double rate = ring_bandwidth(topology, group, busy, &text);
+    const double rate = group_rate(where, group, busy, sharers, &text);
     if (first || rate < slowest) {
       slowest = rate;
       *route = text;
@@ -225,7 +310,99 @@ double slowest_groups(const NodeTopology& topology, const std::vector<std::vecto
   return slowest;
 }
 
+// Pipeline neighbours: per boundary (stage s, s + 1), the slowest pair of ranks with the
+// same t and d; `route` gets the slowest of all.
+std::vector<double> pipeline_rates(const Placement& where, const Plan& plan,
+                                   const std::vector<int>& busy, std::string* route) {
+  std::vector<double> rates;
+  double slowest_pp = 0;
+  for (int s = 0; s + 1 < plan.pp; ++s) {
+    std::vector<std::vector<int>> sends;
+    for (int d = 0; d < plan.dp; ++d) {
+      for (int t = 0; t < plan.tp; ++t) {
+        sends.push_back({rank_of(plan, t, d, s), rank_of(plan, t, d, s + 1)});
+      }
+    }
+    const int sharers = send_link_sharers(where, sends);
+    double slowest = 0;
+    for (size_t i = 0; i < sends.size(); ++i) {
+      std::string text;
+      const double rate = group_rate(where, sends[i], busy, sharers, &text);
+      if (i == 0 || rate < slowest) slowest = rate;
+      if ((s == 0 && i == 0) || rate < slowest_pp) {
+        slowest_pp = rate;
+        *route = text;
+      }
+    }
+    rates.push_back(slowest);
+  }
+  return rates;
+}
+
+// GPU <-> host: the slowest busy GPU, its switch's uplink shared by the busy GPUs under it.
+double host_rate(const NodeTopology& node, const std::vector<int>& busy, std::string* route) {
+  double slowest = 0;
+  for (int r : busy) {
+    const PathBandwidth path = gpu_to_host_bandwidth(node, r);
+    const int sharers = switch_sharers(node, r, busy);
+    const double rate = path.bytes_per_s / sharers;
+    if (r == 0 || rate < slowest) {
+      slowest = rate;
+      *route = "GPU" + std::to_string(r) + ": " + path.route +
+               (sharers > 1 ? ", its switch's uplink shared by " + std::to_string(sharers) + " GPUs"
+                            : "") +
+               " (" + rate_text(rate) + ")";
+    }
+  }
+  return slowest;
+}
+
+// Link rates of each kind of group, bytes/s: the slowest group of each kind. The slowest
+// links' descriptions go to `cost`.
+struct LinkRates {
+  double tp = 0, dp = 0, host = 0;
+  std::vector<double> pp;  // per boundary (stage s, s + 1)
+};
+
+LinkRates link_rates(const Placement& where, const Plan& plan, StepCost& cost) {
+  const std::vector<int> busy = busy_gpus(where, plan);
+  std::vector<std::vector<int>> tp_groups, dp_groups;
+  for (int s = 0; s < plan.pp; ++s) {
+    for (int d = 0; d < plan.dp; ++d) {
+      std::vector<int> g;
+      for (int t = 0; t < plan.tp; ++t) g.push_back(rank_of(plan, t, d, s));
+      tp_groups.push_back(g);
+    }
+    for (int t = 0; t < plan.tp; ++t) {
+      std::vector<int> g;
+      for (int d = 0; d < plan.dp; ++d) g.push_back(rank_of(plan, t, d, s));
+      dp_groups.push_back(g);
+    }
+  }
+  LinkRates rates;
+  rates.tp = slowest_groups(where, tp_groups, busy, &cost.tp_route);
+  rates.dp = slowest_groups(where, dp_groups, busy, &cost.dp_route);
+  rates.pp = pipeline_rates(where, plan, busy, &cost.pp_route);
+  rates.host = host_rate(where.node, busy, &cost.host_route);
+  return rates;
+}
+
 }  // namespace
+
+double fullest_node_total(const Plan& plan, int gpus_per_node,
+                          const std::vector<double>& per_stage) {
+  DSTRAIN_CHECK(gpus_per_node > 0 && per_stage.size() == static_cast<size_t>(plan.pp));
+  const int stage_ranks = plan.dp * plan.tp;
+  double fullest = 0;
+  for (int first = 0; first < plan.world(); first += gpus_per_node) {
+    double total = 0;
+    for (int r = first; r < std::min(plan.world(), first + gpus_per_node); ++r) {
+      total += per_stage[static_cast<size_t>(r / stage_ranks)];
+    }
+    fullest = std::max(fullest, total);
+  }
+  return fullest;
+}
 
 // The tensor-parallel collectives of one micro-batch on a stage (model/gpt2.cpp). Per layer,
 // forward: two row-parallel outputs reduced (all-reduce, or with sequence parallelism a
@@ -250,72 +427,25 @@ TensorParallelTraffic tensor_parallel_traffic(const Plan& plan, const StageRange
 }
 
 StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topology,
-                           const Plan& plan) {
+                           const Plan& plan, const ClusterShape& cluster) {
   const ModelConfig& config = memory.config();
-  DSTRAIN_CHECK(plan.world() <= topology.gpu_count())
-      << plan.world() << " ranks on " << topology.gpu_count() << " GPUs";
+  DSTRAIN_CHECK(cluster.nnodes >= 1 &&
+                plan.world() <= topology.gpu_count() * cluster.nnodes &&
+                (!cluster.multi_node() || cluster.inter_node_bytes_per_s > 0))
+      << plan.world() << " ranks on " << cluster.nnodes << " x " << topology.gpu_count()
+      << " GPUs";
   const GpuSpeed speed = gpu_speed(topology, plan.param_dtype);
   const ModelFlops flops = model_flops(config, plan.seq_len);
   const double P = static_cast<double>(dtype_size(plan.param_dtype));
   const double tokens = static_cast<double>(plan.micro_batch * plan.seq_len);
   const double m = static_cast<double>(plan.grad_accum);
-  const std::vector<int> busy = all_ranks(plan);
 
   StepCost cost;
   cost.efficiency = gemm_efficiency(plan.micro_batch * plan.seq_len, config.n_embd / plan.tp);
   const double rate = speed.peak_flops * cost.efficiency;
 
-  // Link rates of each kind of group (the slowest group of each kind).
-  std::vector<std::vector<int>> tp_groups, dp_groups;
-  for (int s = 0; s < plan.pp; ++s) {
-    for (int d = 0; d < plan.dp; ++d) {
-      std::vector<int> g;
-      for (int t = 0; t < plan.tp; ++t) g.push_back(rank_of(plan, t, d, s));
-      tp_groups.push_back(g);
-    }
-    for (int t = 0; t < plan.tp; ++t) {
-      std::vector<int> g;
-      for (int d = 0; d < plan.dp; ++d) g.push_back(rank_of(plan, t, d, s));
-      dp_groups.push_back(g);
-    }
-  }
-  const double tp_rate = slowest_groups(topology, tp_groups, busy, &cost.tp_route);
-  const double dp_rate = slowest_groups(topology, dp_groups, busy, &cost.dp_route);
-  // Pipeline neighbours: per boundary (stage s, s + 1), the slowest pair of ranks with the
-  // same t and d.
-  std::vector<double> pp_rates;
-  double slowest_pp = 0;
-  for (int s = 0; s + 1 < plan.pp; ++s) {
-    double slowest = 0;
-    for (int d = 0; d < plan.dp; ++d) {
-      for (int t = 0; t < plan.tp; ++t) {
-        std::string text;
-        const double rate_ab = ring_bandwidth(
-            topology, {rank_of(plan, t, d, s), rank_of(plan, t, d, s + 1)}, busy, &text);
-        const bool first_pair = d == 0 && t == 0;
-        if (first_pair || rate_ab < slowest) slowest = rate_ab;
-        if ((s == 0 && first_pair) || rate_ab < slowest_pp) {
-          slowest_pp = rate_ab;
-          cost.pp_route = text;
-        }
-      }
-    }
-    pp_rates.push_back(slowest);
-  }
-  double host_rate = 0;
-  for (int r : busy) {
-    const PathBandwidth path = gpu_to_host_bandwidth(topology, r);
-    const int sharers = switch_sharers(topology, r, busy);
-    const double rate_r = path.bytes_per_s / sharers;
-    if (r == 0 || rate_r < host_rate) {
-      host_rate = rate_r;
-      cost.host_route =
-          "GPU" + std::to_string(r) + ": " + path.route +
-          (sharers > 1 ? ", its switch's uplink shared by " + std::to_string(sharers) + " GPUs"
-                       : "") +
-          " (" + rate_text(rate_r) + ")";
-    }
-  }
+  const Placement where{topology, cluster};
+  const LinkRates rates = link_rates(where, plan, cost);
   const double host_optimizer_rate =
       kHostOptimizerBytesPerSPerNuma * std::max(1, topology.numa_nodes);
 
@@ -327,6 +457,7 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
   std::vector<StageTime> stages(static_cast<size_t>(plan.pp));
   const ShardingSpec spec{plan.zero, plan.dp, plan.offload, plan.param_dtype};
   double host_optimizer_bytes = 0;  // all ranks together: they share the host's memory
+  std::vector<double> host_optimizer_bytes_per_rank(static_cast<size_t>(plan.pp), 0.0);
   for (int s = 0; s < plan.pp; ++s) {
     StageTime& st = stages[static_cast<size_t>(s)];
     const StageRange ps = memory.stage_range(plan, s);
@@ -349,11 +480,11 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
     const double activation_bytes = tokens * static_cast<double>(config.n_embd) * P;
     if (plan.tp > 1) {
       const TensorParallelTraffic traffic = tensor_parallel_traffic(plan, ps);
-      st.tp = traffic.all_reduces * all_reduce_volume(activation_bytes, plan.tp) / tp_rate +
+      st.tp = traffic.all_reduces * all_reduce_volume(activation_bytes, plan.tp) / rates.tp +
               traffic.collectives * kCollectiveSeconds;
     }
-    if (!ps.last) st.pp += activation_bytes / pp_rates[static_cast<size_t>(s)];       // forward
-    if (!ps.first) st.pp += activation_bytes / pp_rates[static_cast<size_t>(s - 1)];  // backward
+    if (!ps.last) st.pp += activation_bytes / rates.pp[static_cast<size_t>(s)];       // forward
+    if (!ps.first) st.pp += activation_bytes / rates.pp[static_cast<size_t>(s - 1)];  // backward
 
     // Data parallelism over this stage's blocks.
     const std::vector<int64_t> numels = memory.stage_block_numels(plan, s);
@@ -367,8 +498,8 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
     const double state_bytes = padded * P;
     if (plan.dp > 1) {
       const double latency = blocks * kCollectiveSeconds;
-      const double all_reduce = all_reduce_volume(state_bytes, plan.dp) / dp_rate + latency;
-      const double gather = gather_volume(state_bytes, plan.dp) / dp_rate + latency;
+      const double all_reduce = all_reduce_volume(state_bytes, plan.dp) / rates.dp + latency;
+      const double gather = gather_volume(state_bytes, plan.dp) / rates.dp + latency;
       switch (plan.zero) {
         case 0:  // all-reduce once, under the last micro-batch's backward
           st.dp_step = exposed(all_reduce, bwd_seconds, blocks);
@@ -390,17 +521,23 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
     if (plan.offload) {
       // Gradients of the optimizer range down (hidden by the last backward where possible),
       // the host step, and the updated weights up, block by block behind the host step.
-      const double down = optimizer_elements * P / host_rate;
-      const double up = optimizer_elements * P / host_rate;
+      const double down = optimizer_elements * P / rates.host;
+      const double up = optimizer_elements * P / rates.host;
       st.offload = exposed(down, bwd_seconds, blocks) + up / std::max(blocks, 1);
       host_optimizer_bytes += adam_bytes * plan.dp * plan.tp;
+      host_optimizer_bytes_per_rank[static_cast<size_t>(s)] = adam_bytes;
       st.optimizer = 0;
     } else {
       st.optimizer = adam_bytes / speed.memory_bytes_per_s;
     }
     st.micro = st.compute + st.tp + st.pp + st.dp_micro;
   }
-  // The host step: all ranks at once over the host's memory (the uploads run behind it).
+  // The host step: all ranks of a node at once over its host's memory (the uploads run behind
+  // it); across nodes, the fullest node's.
+  if (cluster.multi_node()) {
+    host_optimizer_bytes =
+        fullest_node_total(plan, topology.gpu_count(), host_optimizer_bytes_per_rank);
+  }
   const double host_step = host_optimizer_bytes / host_optimizer_rate;
 
   size_t slowest = 0;

@@ -11,14 +11,25 @@
 // 2(N-1)/N of the buffer per rank (all-reduce) or (N-1)/N (reduce-scatter, all-gather).
 // Every constant and its source is in cost_model.cpp. The model ranks plans; it does not
 // promise wall-clock seconds.
+//
+// Across nodes (topology/cluster.h): rank r runs on node r / G, GPU r % G of that node (G GPUs
+// per node). A group whose ranks are on one node moves bytes as above. A group that spans nodes
+// is a ring over its nodes, each node's members consecutive in it: every inter-node hop carries
+// the whole ring's per-rank volume (2(N-1)/N of the buffer for an all-reduce), so the ring runs
+// at the slower of its in-node hops and the node's inter-node link divided among the groups of
+// the same kind that cross it at the same time (8 data-parallel rings leaving a node of 8 GPUs
+// share its NICs 8 ways). Pipeline sends between stages on different nodes share the link the
+// same way. The inter-node latency is not modelled (kCollectiveSeconds per call, as in a node).
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "model/config.h"
 #include "parallel/memory_model.h"
 #include "parallel/model_flops.h"
 #include "parallel/plan.h"
+#include "topology/cluster.h"
 #include "topology/topology.h"
 
 namespace dstrain {
@@ -73,9 +84,15 @@ struct StepCost {
   std::string dp_route, tp_route, pp_route, host_route;  // slowest links, for people
 };
 
-// REQUIRES: plan.world() <= topology.gpu_count() (ranks are GPUs 0..world-1), the plan is
-// valid for the model (tp divides n_head, pp <= n_layer), GPU 0 is a known GPU.
+// The most any one node holds of an amount every rank of a stage has (`per_stage`, one value
+// per pipeline stage): rank r is on node r / gpus_per_node and in stage r / (dp x tp).
+double fullest_node_total(const Plan& plan, int gpus_per_node,
+                          const std::vector<double>& per_stage);
+
+// `topology`: one node. REQUIRES: plan.world() <= topology.gpu_count() x cluster.nnodes (rank
+// r is GPU r % G of node r / G), the plan is valid for the model (tp divides n_head, pp <=
+// n_layer), GPU 0 is a known GPU. With one node (the default) rank r is GPU r.
 StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topology,
-                           const Plan& plan);
+                           const Plan& plan, const ClusterShape& cluster = {});
 
 }  // namespace dstrain

@@ -47,6 +47,39 @@ std::string breakdown_text(const StepCost& c) {
   return text.str();
 }
 
+// "  cluster: ..." and where the chosen plan's groups sit, for a plan across nodes.
+std::string cluster_text(const PlanResult& result) {
+  const Plan& plan = result.best.plan;
+  const int per_node = result.gpus_per_node;
+  std::ostringstream out;
+  out << "  cluster: " << describe_cluster(result.cluster, per_node) << "\n";
+  out << "  across nodes: rank = node x " << per_node
+      << " + GPU; tensor parallelism stays inside a node (it all-reduces activations in every "
+         "layer: tp divides the "
+      << per_node << " GPUs per node); pipeline stages and data parallelism may span nodes, "
+      << "their traffic at the inter-node link\n";
+  const int stage_ranks = plan.dp * plan.tp;
+  bool dp_spans = false;  // the first and the last member of some data-parallel group
+  for (int s = 0; s < plan.pp && plan.dp > 1; ++s) {
+    for (int t = 0; t < plan.tp; ++t) {
+      const int first = s * stage_ranks + t, last = first + (plan.dp - 1) * plan.tp;
+      dp_spans |= first / per_node != last / per_node;
+    }
+  }
+  out << "  placement: data-parallel groups " << (dp_spans ? "span nodes" : "stay inside a node");
+  if (plan.pp > 1) {
+    out << "; pipeline stage";
+    for (int s = 0; s < plan.pp && s < 8; ++s) {
+      const int first = s * stage_ranks / per_node, last = ((s + 1) * stage_ranks - 1) / per_node;
+      out << (s ? ", " : " ") << s << " on node " << first;
+      if (last != first) out << "-" << last;
+    }
+    if (plan.pp > 8) out << ", ...";
+  }
+  out << "\n";
+  return out.str();
+}
+
 }  // namespace
 
 std::string format_plan_report(const ModelConfig& config, const NodeTopology& topology,
@@ -62,8 +95,9 @@ std::string format_plan_report(const ModelConfig& config, const NodeTopology& to
       << config.n_embd << ", " << config.n_head << " heads";
   if (config.kv_heads() != config.n_head) out << " (" << config.kv_heads() << " key/value)";
   out << ") on " << gpus << " x " << result.machine << "\n";
-  out << "  machine: " << result.wiring << " Host memory "
+  out << (result.cluster.multi_node() ? "  each node: " : "  machine: ") << result.wiring << " Host memory "
       << (result.host_memory_bytes ? format_bytes(result.host_memory_bytes) : "unknown") << ".\n";
+  if (result.cluster.multi_node()) out << cluster_text(result);
   out << "  global batch: " << plan.tokens_per_step()
       << " tokens = " << plan.dp * plan.micro_batch * plan.grad_accum << " sequences of "
       << plan.seq_len << " tokens\n\n";
@@ -105,7 +139,11 @@ std::string format_plan_report(const ModelConfig& config, const NodeTopology& to
       if (!item.host) continue;
       out << "  " << padded(item.what, kWidth) << format_bytes(item.bytes) << "\n";
     }
-    out << "  " << padded("all " + std::to_string(gpus) + " ranks", kWidth)
+    const std::string ranks =
+        result.cluster.multi_node()
+            ? "the " + std::to_string(result.gpus_per_node) + " ranks of the fullest node"
+            : "all " + std::to_string(gpus) + " ranks";
+    out << "  " << padded(ranks, kWidth)
         << format_bytes(best.host_bytes) << " of " << format_bytes(result.usable_host_bytes)
         << " usable (" << format_bytes(result.host_memory_bytes) << " less 20% and 8 GiB)\n";
   }
@@ -183,6 +221,14 @@ nlohmann::json plan_result_to_json(const ModelConfig& config, const PlanResult& 
   }
   j["excluded"] = result.excluded;
   j["candidates_evaluated"] = result.candidates;
+  j["nnodes"] = result.cluster.nnodes;
+  j["gpus_per_node"] = result.gpus_per_node;
+  if (result.cluster.multi_node()) {
+    j["inter_node"] = {{"bytes_per_s", result.cluster.inter_node_bytes_per_s},
+                       {"kind", network_kind_name(result.cluster.inter_node_kind)},
+                       {"source", result.cluster.inter_node_source},
+                       {"tensor_parallel", "inside a node: tp divides the GPUs per node"}};
+  }
   return j;
 }
 

@@ -53,6 +53,8 @@ NodeTopology first_gpus(const NodeTopology& topology, int n) {
   sub.host_memory_bytes = topology.host_memory_bytes;
   sub.numa_nodes = topology.numa_nodes;
   sub.source = topology.source;
+  sub.nics = topology.nics;
+  sub.nics_known = topology.nics_known;
   return sub;
 }
 
@@ -64,13 +66,34 @@ uint64_t smallest_gpu_memory(const NodeTopology& topology) {
   return smallest;
 }
 
+// Why tensor-parallel groups of `tp` consecutive ranks would span two nodes of `topology`'s
+// GPUs each, or "" when none does (tp divides the GPUs per node).
+std::string tp_node_violation(const NodeTopology& topology, const ClusterShape& cluster, int tp) {
+  const int per_node = topology.gpu_count();
+  if (per_node % tp == 0) return "";
+  const int world = per_node * cluster.nnodes;
+  int base = 0;  // the first group that spans two nodes
+  while (base + tp <= world && base / per_node == (base + tp - 1) / per_node) base += tp;
+  std::ostringstream why;
+  why << "tp " << tp << " would put ranks " << base << "-" << base + tp - 1 << " of node "
+      << base / per_node << " and node " << (base + tp - 1) / per_node
+      << " in one tensor-parallel group (tensor parallelism all-reduces activations in every "
+         "layer, so it stays inside a node: tp must divide the "
+      << per_node << " GPUs per node)";
+  return why.str();
+}
+
 // Why tensor parallelism over `tp` GPUs breaks a rule, or "" when it does not.
-std::string tp_rule_violation(const ModelConfig& config, const NodeTopology& topology, int tp) {
+std::string tp_rule_violation(const ModelConfig& config, const NodeTopology& topology, int tp,
+                              const ClusterShape& cluster) {
   if (tp == 1) return "";
   std::ostringstream why;
   if (const std::string reason = tp_unsupported_reason(config, tp); !reason.empty()) {
     why << "tp " << tp << ": " << reason;
     return why.str();
+  }
+  if (std::string across = tp_node_violation(topology, cluster, tp); !across.empty()) {
+    return across;
   }
   for (int base = 0; base < topology.gpu_count(); base += tp) {
     for (int a = base; a < base + tp; ++a) {
@@ -236,6 +259,42 @@ std::string features(const Plan& p) {
                        << ": use more or larger GPUs, or a smaller model";
 }
 
+// The fixed parts of a request, checked against the rules with the rule as the message.
+// `world`: the ranks over all nodes; `world_text`: "8 GPUs", "32 GPUs of 4 nodes x 8".
+void check_fixed_parts(const ModelConfig& config, const NodeTopology& topology,
+                       const ClusterShape& cluster, const PlanRequest& request, int world,
+                       const std::string& world_text) {
+  for (const auto& [flag, value] : {std::pair{"--dp", request.dp}, std::pair{"--tp", request.tp},
+                                    std::pair{"--pp", request.pp}}) {
+    DSTRAIN_USER_CHECK(!value || (*value >= 1 && world % *value == 0))
+        << flag << " " << *value << " must be at least 1 and divide the " << world_text;
+  }
+  DSTRAIN_USER_CHECK(!request.zero || (*request.zero >= 0 && *request.zero <= 3))
+      << "--zero must be 0, 1, 2 or 3, not " << *request.zero;
+  DSTRAIN_USER_CHECK(!request.micro_batch || *request.micro_batch >= 1)
+      << "--micro-batch must be at least 1";
+  if (request.dp && request.tp && request.pp) {
+    DSTRAIN_USER_CHECK(*request.dp * *request.tp * *request.pp == world)
+        << "--dp " << *request.dp << " x --tp " << *request.tp << " x --pp " << *request.pp
+        << " = " << *request.dp * *request.tp * *request.pp << " ranks, but the plan is for "
+        << world_text;
+  }
+  if (!request.pp_split.empty()) {
+    DSTRAIN_USER_CHECK(!request.pp || *request.pp == static_cast<int>(request.pp_split.size()))
+        << "--pp-split " << pipeline_split_text(request.pp_split) << " gives "
+        << request.pp_split.size() << " stages, but --pp is " << *request.pp;
+    check_pipeline_split(config, static_cast<int>(request.pp_split.size()), request.pp_split);
+  }
+  if (request.tp) {
+    const std::string why = tp_rule_violation(config, topology, *request.tp, cluster);
+    DSTRAIN_USER_CHECK(why.empty()) << "--tp " << *request.tp << " is not possible here: " << why;
+  }
+  if (request.pp) {
+    const std::string why = pp_rule_violation(config, *request.pp);
+    DSTRAIN_USER_CHECK(why.empty()) << "--pp " << *request.pp << " is not possible: " << why;
+  }
+}
+
 }  // namespace
 
 uint64_t usable_device_memory(uint64_t gpu_memory_bytes) {
@@ -250,13 +309,29 @@ double PlanCandidate::seconds_per_token() const {
   return cost.step_seconds / static_cast<double>(plan.tokens_per_step());
 }
 
+namespace {
+
+// Host memory of the ranks of the fullest node (all ranks with one node).
+uint64_t host_bytes_per_node(const MemoryModel& memory, const Plan& plan, int gpus_per_node,
+                             const ClusterShape& cluster) {
+  if (!cluster.multi_node()) return memory.host_bytes_all_ranks(plan);
+  std::vector<double> per_stage;
+  for (int s = 0; s < plan.pp; ++s) {
+    per_stage.push_back(static_cast<double>(memory.predict_stage(plan, s).host_total()));
+  }
+  return static_cast<uint64_t>(fullest_node_total(plan, gpus_per_node, per_stage));
+}
+
+}  // namespace
+
 PlanCandidate evaluate_plan(const MemoryModel& memory, const NodeTopology& topology,
-                            const Plan& plan) {
+                            const Plan& plan, const ClusterShape& cluster) {
   PlanCandidate c;
   c.plan = plan;
   c.memory = memory.predict(plan);
-  c.host_bytes = plan.offload ? memory.host_bytes_all_ranks(plan) : 0;
-  c.cost = predict_step_cost(memory, topology, plan);
+  c.host_bytes =
+      plan.offload ? host_bytes_per_node(memory, plan, topology.gpu_count(), cluster) : 0;
+  c.cost = predict_step_cost(memory, topology, plan, cluster);
   c.fits_device = c.memory.device_total() <= usable_device_memory(smallest_gpu_memory(topology));
   c.fits_host = !plan.offload || (topology.host_memory_bytes > 0 &&
                                   c.host_bytes <= usable_host_memory(topology.host_memory_bytes));
@@ -264,7 +339,7 @@ PlanCandidate evaluate_plan(const MemoryModel& memory, const NodeTopology& topol
 }
 
 PlanResult choose_plan(const ModelConfig& config, const NodeTopology& whole,
-                       const PlanRequest& request) {
+                       const PlanRequest& request, const ClusterShape& cluster) {
   DSTRAIN_USER_CHECK(whole.gpu_count() > 0)
       << "the topology has no GPU; plan for a machine with --topology FILE or "
          "--from-nvidia-smi FILE --gpu NAME";
@@ -272,7 +347,16 @@ PlanResult choose_plan(const ModelConfig& config, const NodeTopology& whole,
   DSTRAIN_USER_CHECK(request.gpus >= 0) << "--gpus must be at least 1, not " << request.gpus;
   DSTRAIN_USER_CHECK(gpus <= whole.gpu_count())
       << "--gpus " << gpus << " is more GPUs than the machine's " << whole.gpu_count();
+  DSTRAIN_USER_CHECK(cluster.nnodes >= 1 && cluster.nnodes <= kMaxNodes)
+      << "--nnodes must be between 1 and " << kMaxNodes << ", not " << cluster.nnodes;
   const NodeTopology topology = first_gpus(whole, gpus);
+  // Ranks over all nodes, and how to say it: "8 GPUs", "32 GPUs of 4 nodes x 8".
+  const int world = gpus * cluster.nnodes;
+  const std::string world_text =
+      std::to_string(world) + " GPUs" +
+      (cluster.multi_node()
+           ? " of " + std::to_string(cluster.nnodes) + " nodes x " + std::to_string(gpus)
+           : std::string());
   for (const GpuInfo& gpu : topology.gpus) {
     DSTRAIN_USER_CHECK(gpu.memory_bytes > 0)
         << "the topology does not say how much memory GPU " << gpu.index
@@ -292,6 +376,8 @@ PlanResult choose_plan(const ModelConfig& config, const NodeTopology& whole,
     result.machine = text.str();
     result.wiring = topology.classify().sentence();
   }
+  result.cluster = cluster;
+  result.gpus_per_node = gpus;
 
   const int64_t seq_len =
       request.seq_len > 0 ? request.seq_len : std::min<int64_t>(1024, config.n_positions);
@@ -313,47 +399,18 @@ PlanResult choose_plan(const ModelConfig& config, const NodeTopology& whole,
       << "bf16 needs compute capability 8.0 or newer; " << gpu0.name << " has "
       << gpu0.cc_major << "." << gpu0.cc_minor << ": use fp16";
 
-  // The fixed parts, checked against the rules with the rule as the message.
-  for (const auto& [flag, value] : {std::pair{"--dp", request.dp}, std::pair{"--tp", request.tp},
-                                    std::pair{"--pp", request.pp}}) {
-    DSTRAIN_USER_CHECK(!value || (*value >= 1 && gpus % *value == 0))
-        << flag << " " << *value << " must be at least 1 and divide the " << gpus << " GPUs";
-  }
-  DSTRAIN_USER_CHECK(!request.zero || (*request.zero >= 0 && *request.zero <= 3))
-      << "--zero must be 0, 1, 2 or 3, not " << *request.zero;
-  DSTRAIN_USER_CHECK(!request.micro_batch || *request.micro_batch >= 1)
-      << "--micro-batch must be at least 1";
-  if (request.dp && request.tp && request.pp) {
-    DSTRAIN_USER_CHECK(*request.dp * *request.tp * *request.pp == gpus)
-        << "--dp " << *request.dp << " x --tp " << *request.tp << " x --pp " << *request.pp
-        << " = " << *request.dp * *request.tp * *request.pp << " ranks, but the plan is for "
-        << gpus << " GPUs";
-  }
-  if (!request.pp_split.empty()) {
-    DSTRAIN_USER_CHECK(!request.pp || *request.pp == static_cast<int>(request.pp_split.size()))
-        << "--pp-split " << pipeline_split_text(request.pp_split) << " gives "
-        << request.pp_split.size() << " stages, but --pp is " << *request.pp;
-    check_pipeline_split(config, static_cast<int>(request.pp_split.size()), request.pp_split);
-  }
-  if (request.tp) {
-    const std::string why = tp_rule_violation(config, topology, *request.tp);
-    DSTRAIN_USER_CHECK(why.empty()) << "--tp " << *request.tp << " is not possible here: " << why;
-  }
-  if (request.pp) {
-    const std::string why = pp_rule_violation(config, *request.pp);
-    DSTRAIN_USER_CHECK(why.empty()) << "--pp " << *request.pp << " is not possible: " << why;
-  }
+  check_fixed_parts(config, topology, cluster, request, world, world_text);
 
   const MemoryModel memory(config);
   std::vector<PlanCandidate> all;
-  for (int tp : divisors(gpus)) {
+  for (int tp : divisors(world)) {
     if (request.tp && tp != *request.tp) continue;
-    if (const std::string why = tp_rule_violation(config, topology, tp); !why.empty()) {
+    if (const std::string why = tp_rule_violation(config, topology, tp, cluster); !why.empty()) {
       result.excluded.push_back(why);
       continue;
     }
-    for (int pp : divisors(gpus / tp)) {
-      const int dp = gpus / tp / pp;
+    for (int pp : divisors(world / tp)) {
+      const int dp = world / tp / pp;
       if ((request.pp && pp != *request.pp) || (request.dp && dp != *request.dp)) continue;
       if (!request.pp_split.empty() && pp != static_cast<int>(request.pp_split.size())) continue;
       if (const std::string why = pp_rule_violation(config, pp); !why.empty()) {
@@ -396,7 +453,7 @@ PlanResult choose_plan(const ModelConfig& config, const NodeTopology& whole,
               plan.pp_split = request.pp_split.empty() ? memory.split(plan) : request.pp_split;
               const int64_t reached = dp * mb * plan.grad_accum;
               if ((reached - sequences) * kOvershootDenominator > sequences) continue;
-              PlanCandidate c = evaluate_plan(memory, topology, plan);
+              PlanCandidate c = evaluate_plan(memory, topology, plan, cluster);
               const bool stop = !c.fits();  // larger micro-batches only need more
               all.push_back(std::move(c));
               if (stop) break;
@@ -408,7 +465,7 @@ PlanResult choose_plan(const ModelConfig& config, const NodeTopology& whole,
   }
   result.candidates = static_cast<int>(all.size());
   DSTRAIN_USER_CHECK(!all.empty())
-      << "no plan of " << gpus << " GPUs" << fixed_parts(request) << " reaches the global batch of "
+      << "no plan of " << world_text << fixed_parts(request) << " reaches the global batch of "
       << sequences << " sequences of " << seq_len
       << " tokens; choose --global-batch-tokens as a multiple of dp x micro-batch x seq-len";
 
@@ -416,7 +473,7 @@ PlanResult choose_plan(const ModelConfig& config, const NodeTopology& whole,
   for (const PlanCandidate& c : all) {
     if (c.fits() && (!fastest || faster(c, *fastest))) fastest = &c;
   }
-  if (!fastest) explain_no_fit(config, request, all, result, gpus);
+  if (!fastest) explain_no_fit(config, request, all, result, world);
   const PlanCandidate* best = fastest;
   for (const PlanCandidate& c : all) {
     if (c.fits() && c.seconds_per_token() <= fastest->seconds_per_token() * (1 + kTieMargin) &&

@@ -9,6 +9,12 @@
 // Rules: tensor parallelism only inside an NVLink island (its all-reduces are on the critical
 // path of every layer) and only over a divisor of n_head; pipeline stages cut at block
 // boundaries (pp <= n_layer); offload only when the host RAM holds every rank's share.
+// Across nodes (a ClusterShape of nnodes identical nodes, topology/cluster.h): the world is
+// nnodes x the GPUs per node, rank = node_rank x gpus_per_node + local_rank; tensor
+// parallelism stays inside a node (tp divides the GPUs per node, so its groups of consecutive
+// ranks never span two: its collectives are per layer and would run at network speed);
+// pipeline stages and data parallelism may span nodes, their traffic costed at the inter-node
+// link (cost_model.h). Host memory is per node.
 // Precision: bf16 where the GPU has it (compute capability >= 8.0), else fp16.
 #pragma once
 
@@ -29,7 +35,7 @@ namespace dstrain {
 constexpr int64_t kDefaultGlobalBatchTokens = 524288;
 
 struct PlanRequest {
-  int gpus = 0;                  // ranks: GPUs 0..gpus-1 of the topology; 0: all of them
+  int gpus = 0;                  // per node: GPUs 0..gpus-1 of the topology; 0: all of them
   int64_t global_batch_tokens = kDefaultGlobalBatchTokens;
   int64_t seq_len = 0;           // 0: min(1024, n_positions)
   std::optional<DType> precision;  // default: bf16 with compute capability >= 8.0, else fp16
@@ -47,7 +53,7 @@ struct PlanRequest {
 struct PlanCandidate {
   Plan plan;
   MemoryPrediction memory;     // the rank that needs the most device memory
-  uint64_t host_bytes = 0;     // host memory of all ranks together (offload)
+  uint64_t host_bytes = 0;     // host memory of all ranks of the fullest node (offload)
   StepCost cost;
   bool fits_device = false, fits_host = false;
   bool fits() const { return fits_device && fits_host; }
@@ -68,7 +74,9 @@ struct PlanResult {
   int64_t global_batch_sequences = 0;
   int candidates = 0;                 // plans evaluated
   std::string machine;                // "NVIDIA GeForce RTX 4090 (24.00 GiB)"
-  std::string wiring;                 // how the planned GPUs are joined, one sentence
+  std::string wiring;                 // how the planned GPUs of a node are joined, one sentence
+  ClusterShape cluster;               // the nodes and their link (one node: nnodes 1)
+  int gpus_per_node = 0;              // the GPUs planned on each node
 };
 
 // Memory a plan may use: the GPU's memory less 10% and 1 GiB; the host's less 20% and 8 GiB
@@ -76,14 +84,16 @@ struct PlanResult {
 uint64_t usable_device_memory(uint64_t gpu_memory_bytes);
 uint64_t usable_host_memory(uint64_t host_memory_bytes);
 
+// `topology`: one node; `cluster`: how many such nodes and their link (make_cluster_shape;
+// the default is this one node).
 // Throws UserError with one sentence when the request cannot be planned: no GPU, GPU memory
 // unknown, a fixed part that breaks a rule, a fixed plan that does not fit (by how much), a
 // model that fits no plan (what it would need).
 PlanResult choose_plan(const ModelConfig& config, const NodeTopology& topology,
-                       const PlanRequest& request);
+                       const PlanRequest& request, const ClusterShape& cluster = {});
 
 // Memory and time of one given plan (no search, no rules checked beyond validity).
 PlanCandidate evaluate_plan(const MemoryModel& memory, const NodeTopology& topology,
-                            const Plan& plan);
+                            const Plan& plan, const ClusterShape& cluster = {});
 
 }  // namespace dstrain

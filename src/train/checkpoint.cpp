@@ -15,24 +15,45 @@ std::string step_dir_name(int64_t step) {
   return name;
 }
 
-CheckpointWriter::CheckpointWriter(const std::string& out_dir, int64_t step,
+CheckpointWriter::CheckpointWriter(LayoutsOnly, const std::string& out_dir, int64_t step,
                                    const ModelConfig& config, uint64_t max_shard_bytes)
     : out_dir_(out_dir),
       step_(step),
       config_(config),
       layout_(config),
       weights_(tensor_file_layout(layout_, "model", {""}, {{"format", "pt"}}, max_shard_bytes)),
-      optimizer_(tensor_file_layout(layout_, "optimizer", {".exp_avg", ".exp_avg_sq"})) {
-  staging_ = std::make_unique<StagingDir>(fs::path(out_dir) / step_dir_name(step));
-  create_tensor_files(staging_->path().string(), layout_, weights_);
-  create_tensor_files(staging_->path().string(), layout_, optimizer_);
+      optimizer_(tensor_file_layout(layout_, "optimizer", {".exp_avg", ".exp_avg_sq"})) {}
+
+CheckpointWriter::CheckpointWriter(const std::string& out_dir, int64_t step,
+                                   const ModelConfig& config, uint64_t max_shard_bytes,
+                                   const std::string& staging_tag)
+    : CheckpointWriter(LayoutsOnly{}, out_dir, step, config, max_shard_bytes) {
+  staging_ = std::make_unique<StagingDir>(fs::path(out_dir) / step_dir_name(step), staging_tag);
+  staging_path_ = staging_->path().string();
+  create_tensor_files(staging_path_, layout_, weights_);
+  create_tensor_files(staging_path_, layout_, optimizer_);
+}
+
+std::unique_ptr<CheckpointWriter> CheckpointWriter::join(const std::string& out_dir, int64_t step,
+                                                         const ModelConfig& config,
+                                                         uint64_t max_shard_bytes,
+                                                         const std::string& staging_tag) {
+  std::unique_ptr<CheckpointWriter> writer(
+      new CheckpointWriter(LayoutsOnly{}, out_dir, step, config, max_shard_bytes));
+  writer->staging_path_ =
+      staging_path(fs::path(out_dir) / step_dir_name(step), staging_tag).string();
+  DSTRAIN_USER_CHECK(fs::is_directory(writer->staging_path_))
+      << "--out " << out_dir << ": this node cannot see " << writer->staging_path_
+      << ", which node 0 created for the checkpoint of step " << step
+      << "; put --out on storage every node shares (NFS and the like)";
+  return writer;
 }
 
 CheckpointWriter::~CheckpointWriter() = default;
 
 void CheckpointWriter::write_part(const Part& part) const {
-  TensorFilePart weights(staging_->path().string(), layout_, weights_);
-  TensorFilePart optimizer(staging_->path().string(), layout_, optimizer_);
+  TensorFilePart weights(staging_path_, layout_, weights_);
+  TensorFilePart optimizer(staging_path_, layout_, optimizer_);
   const TpSlices source{part.layout, part.tp_rank, part.replicated};
   for (int block = 0; block < layout_.num_blocks(); ++block) {
     if (part.params[block].empty()) continue;  // another pipeline stage's block
@@ -45,6 +66,7 @@ void CheckpointWriter::write_part(const Part& part) const {
 }
 
 std::string CheckpointWriter::finish(const nlohmann::json& trainer_state) {
+  DSTRAIN_CHECK(staging_) << "finish() on a joined checkpoint writer";
   write_file_atomic(staging_->path() / "config.json", config_.to_json().dump(2) + "\n");
   nlohmann::json trainer = trainer_state;
   trainer["step"] = step_;

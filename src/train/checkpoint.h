@@ -35,8 +35,17 @@ class CheckpointWriter {
   // Creates the staging directory and the tensor files at their full size: the weights in
   // one model.safetensors, or in shards of at most max_shard_bytes of data (0: no limit) with
   // model.safetensors.index.json, as transformers writes them.
+  // staging_tag: names the staging directory (fs.h's StagingDir; "": this process's pid).
   CheckpointWriter(const std::string& out_dir, int64_t step, const ModelConfig& config,
-                   uint64_t max_shard_bytes = 0);
+                   uint64_t max_shard_bytes = 0, const std::string& staging_tag = "");
+  // Several nodes on shared storage: another process's writer of the checkpoint that node 0's
+  // writer (made with the same arguments and tag) staged, for write_part() only (no finish();
+  // it never removes the directory). A staging directory this machine cannot see is a
+  // UserError: --out must be on storage every node shares.
+  static std::unique_ptr<CheckpointWriter> join(const std::string& out_dir, int64_t step,
+                                                const ModelConfig& config,
+                                                uint64_t max_shard_bytes,
+                                                const std::string& staging_tag);
   ~CheckpointWriter();
   const ParamLayout& layout() const { return layout_; }  // the whole model's (tp = 1)
   // One rank's part: for each block, F32 master weights and Adam moments of the flat range
@@ -56,12 +65,17 @@ class CheckpointWriter {
   std::string finish(const nlohmann::json& trainer_state);
 
  private:
+  struct LayoutsOnly {};
+  CheckpointWriter(LayoutsOnly, const std::string& out_dir, int64_t step,
+                   const ModelConfig& config, uint64_t max_shard_bytes);
+
   std::string out_dir_;
   int64_t step_;
   ModelConfig config_;
   ParamLayout layout_;
   TensorFileLayout weights_, optimizer_;
-  std::unique_ptr<class StagingDir> staging_;
+  std::unique_ptr<class StagingDir> staging_;  // null on a joined writer
+  std::string staging_path_;
 };
 
 

@@ -108,7 +108,7 @@ RankDevices make_rank_devices(const RunDevices& devices, Communicator& launched,
     return rank;
   }
 #ifdef DSTRAIN_WITH_CUDA
-  const int gpu = launched.rank() % devices.gpus;
+  const int gpu = (launched.rank() - devices.first_rank) % devices.gpus;
   thread_error_context().device = "cuda:" + std::to_string(gpu);
   rank.backend = make_cuda_backend(gpu);
   rank.device = make_cuda_allocator(gpu);

@@ -32,8 +32,9 @@ int usable_cuda_devices();
 
 struct RunDevices {
   bool cuda = false;
-  int ranks = 1;
-  int gpus = 0;       // cuda: the GPUs used; rank r runs on GPU r % gpus
+  int ranks = 1;       // this process's ranks
+  int first_rank = 0;  // the world rank of the first (several nodes: node_rank x ranks)
+  int gpus = 0;       // cuda: the GPUs used; rank first_rank + i runs on GPU i % gpus
   bool nccl = false;  // cuda: NCCL joins the ranks, else the local communicator through copies
   // "the CPU backend", "CUDA on 2 GPUs, NCCL", "CUDA on 1 GPU shared by 2 ranks, local
   // communicator through host copies".

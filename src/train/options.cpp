@@ -6,8 +6,9 @@
 #include "core/check.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_split.h"
-#include "train/run_trace.h"
+#include "topology/cluster.h"
 #include "topology/units.h"
+#include "train/run_trace.h"
 
 namespace dstrain {
 
@@ -39,8 +40,9 @@ void validate_options(const TrainOptions& options) {
   DSTRAIN_USER_CHECK(options.save_every == 0 || !options.out.empty())
       << "--save-every needs --out (the directory checkpoints go to)";
   DSTRAIN_USER_CHECK(options.gpus >= 1) << "--gpus must be at least 1";
-  DSTRAIN_USER_CHECK(options.gpus <= 64)
-      << "--gpus " << options.gpus << " is more ranks than one machine holds (at most 64)";
+  const int per_node = options.gpus / std::max(1, options.rendezvous.nnodes);  // train(): the world's
+  DSTRAIN_USER_CHECK(per_node <= 64)
+      << "--gpus " << per_node << " is more ranks than one machine holds (at most 64)";
   DSTRAIN_USER_CHECK(options.zero >= 0 && options.zero <= 3)
       << "--zero must be 0, 1, 2 or 3, not " << options.zero;
   DSTRAIN_USER_CHECK(options.comm_timeout > 0) << "--comm-timeout must be positive (seconds)";
@@ -63,6 +65,7 @@ void validate_options(const TrainOptions& options) {
   parse_pipeline_schedule(options.pp_schedule);  // a UserError naming the flag
   parse_trace_steps(options.trace_steps);        // likewise
   DSTRAIN_USER_CHECK(options.check_replicas >= 0) << "--check-replicas must not be negative";
+  if (!options.inter_node_bandwidth.empty()) parse_network_bandwidth(options.inter_node_bandwidth);
   if (!options.pp_split.empty()) parse_pipeline_split(options.pp_split);
 }
 

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/rendezvous.h"
 #include "optim/grad_scaler.h"
 
 namespace dstrain {
@@ -44,6 +45,11 @@ struct TrainOptions {
   bool offload = false;            // optimizer state and step on the host
   std::string recompute = "none";  // none | selective | full
   double comm_timeout = 600.0;     // seconds a rank may wait in one collective
+  // Several nodes (train/cluster.h): --nnodes, --node-rank, --master-addr, --master-port,
+  // --rendezvous-timeout or their variables. --gpus counts the ranks of one node; train() makes
+  // it the world's (gpus x nnodes) before planning.
+  RendezvousOptions rendezvous;
+  std::string inter_node_bandwidth;  // for the planner across nodes (topology/cluster.h); "": the NICs'
   // The machine to plan for (parallel/machine.h): --topology, --from-nvidia-smi, --gpu,
   // --host-memory. Without one, the GPUs of this machine (none: the CPU backend, no planning).
   std::string topology_file, nvidia_smi_file, gpu_model, host_memory;

@@ -9,6 +9,7 @@
 #include "parallel/machine.h"
 #include "parallel/pipeline_split.h"
 #include "parallel/planner.h"
+#include "topology/cluster.h"
 #include "topology/probe.h"
 #include "train/devices.h"
 
@@ -21,9 +22,10 @@ bool given(const TrainOptions& options, const char* flag) {
   return !options.explicit_flags.has_value() || options.explicit_flags->count(flag) != 0;
 }
 
+// `gpus`: the world's (every node's); the request's are one node's.
 PlanRequest request_from_flags(const TrainOptions& options, const ModelConfig& config, int gpus) {
   PlanRequest request;
-  if (given(options, "gpus")) request.gpus = options.gpus;
+  if (given(options, "gpus")) request.gpus = options.gpus / options.rendezvous.nnodes;
   if (given(options, "seq-len")) request.seq_len = options.seq_len;
   if (given(options, "global-batch-tokens") && options.global_batch_tokens > 0) {
     request.global_batch_tokens = options.global_batch_tokens;
@@ -52,11 +54,16 @@ PlanRequest request_from_flags(const TrainOptions& options, const ModelConfig& c
 // The planner's plan for `machine`.
 Plan plan_for_machine(TrainOptions& options, const ModelConfig& config,
                       const NodeTopology& machine, std::ostream& out) {
-  PlanRequest request = request_from_flags(options, config, static_cast<int>(machine.gpus.size()));
-  const int gpus = request.gpus > 0 ? request.gpus : static_cast<int>(machine.gpus.size());
-  const PlanResult result = choose_plan(config, machine, request);
+  const int nnodes = options.rendezvous.nnodes;
+  PlanRequest request =
+      request_from_flags(options, config, static_cast<int>(machine.gpus.size()) * nnodes);
+  const int gpus =
+      (request.gpus > 0 ? request.gpus : static_cast<int>(machine.gpus.size())) * nnodes;
+  const ClusterShape cluster = make_cluster_shape(nnodes, options.inter_node_bandwidth, machine);
+  const PlanResult result = choose_plan(config, machine, request, cluster);
   char seconds[32];
   std::snprintf(seconds, sizeof seconds, "%.3g", result.best.cost.step_seconds);
+  if (cluster.multi_node()) out << "cluster: " << describe_cluster(cluster, gpus / nnodes) << "\n";
   out << "plan for " << gpus << " x " << result.machine << ": " << describe(result.best.plan)
       << "\n  predicted " << format_bytes(result.best.memory.device_total()) << " per GPU, "
       << seconds << " s per step there (`dstrain plan` shows the alternatives)\n";
@@ -64,7 +71,7 @@ Plan plan_for_machine(TrainOptions& options, const ModelConfig& config,
 }
 
 // The GPUs found here run the plan: this build and this machine must be able to.
-void check_runs_here(const Plan& plan, const MachineSource& source) {
+void check_runs_here(const Plan& plan, const MachineSource& source, int nnodes) {
   DSTRAIN_USER_CHECK(!source.names_a_machine())
       << "the machine described (--topology, --from-nvidia-smi, --gpu) is not this one: run "
       << "its plan on simulated ranks with --device cpu";
@@ -73,8 +80,9 @@ void check_runs_here(const Plan& plan, const MachineSource& source) {
       << "the CUDA toolkit to train on the GPUs found, or run the plan on simulated ranks with "
       << "--device cpu";
   const int usable = usable_cuda_devices();
-  DSTRAIN_USER_CHECK(usable >= plan.world())
-      << "the plan needs " << plan.world() << " GPUs, but the CUDA runtime can use " << usable
+  DSTRAIN_USER_CHECK(usable >= plan.world() / nnodes)
+      << "the plan needs " << plan.world() / nnodes << " GPUs"
+      << (nnodes > 1 ? " on each node" : "") << ", but the CUDA runtime can use " << usable
       << " here (check the driver and CUDA_VISIBLE_DEVICES), or run the plan on simulated "
       << "ranks with --device cpu";
 }
@@ -117,6 +125,10 @@ Plan plan_from_options(const TrainOptions& options, const ModelConfig& config) {
       << (plan.tp > 1 ? " of " + std::to_string(plan.tp) + " tensor-parallel ranks (--tp)" : "")
       << " of equal data-parallel ranks";
   plan.dp = gpus / model_ranks;
+  const int nnodes = options.rendezvous.nnodes;
+  DSTRAIN_USER_CHECK(nnodes == 1 || (gpus % nnodes == 0 && (gpus / nnodes) % plan.tp == 0))
+      << "--tp " << plan.tp << " would put one tensor-parallel group on two nodes: tp must divide "
+      << "the ranks of a node (--gpus " << gpus / nnodes << ")";
   plan.zero = options.zero;
   plan.offload = options.offload;
   plan.recompute = parse_recompute(options.recompute);
@@ -173,7 +185,7 @@ static Plan choose_run_plan(TrainOptions& options, const ModelConfig& config, st
   }
   Plan plan = plan_for_machine(options, config, *machine, out);  // its split filled in
   if (options.device != "cpu") {
-    check_runs_here(plan, source);
+    check_runs_here(plan, source, options.rendezvous.nnodes);
     options.device = "cuda";
   }
   return plan;

@@ -14,6 +14,7 @@
 #include "optim/schedule.h"
 #include "parallel/model_flops.h"
 #include "parallel/pipeline_split.h"
+#include "train/cluster.h"
 #include "train/sample.h"
 
 namespace dstrain {
@@ -103,7 +104,7 @@ RankTrainer::RankTrainer(const RunContext& ctx, Communicator& world)
       B_(ctx.plan.micro_batch),
       T_(ctx.plan.seq_len),
       accum_(ctx.plan.grad_accum),
-      threads_(cpu_threads_per_rank(ctx.options, world.size())),
+      threads_(cpu_threads_per_rank(ctx.options, ctx.devices.ranks)),
       devices_(make_rank_devices(ctx.devices, world, threads_)),
       timer_(make_event_timer(devices_, ctx.origin)),
       tracer_(ctx.origin, timer_.get()),
@@ -389,12 +390,16 @@ void RankTrainer::write_trace(int64_t step, bool last) {
   if (step + 1 < window.first || (step + 1 < window.last && !last)) return;
   trace_written_ = true;
   world_.barrier();
-  if (rank_ != 0) return;
+  // Each node writes its own ranks' (train/cluster.h's node_file); rank 0 says so.
+  if (rank_ != ctx_.devices.first_rank) return;
   const size_t spans = ctx_.trace->write();
+  if (rank_ != 0) return;
+  const int ranks = ctx_.devices.ranks;
   std::ostringstream text;
   text << "wrote the trace of steps " << window.first << "-" << std::min(window.last, step + 1)
-       << " (" << spans << " spans, " << world_.size() << (world_.size() == 1 ? " rank" : " ranks")
-       << ") to " << ctx_.trace->path() << " (open it in ui.perfetto.dev or chrome://tracing)";
+       << " (" << spans << " spans, " << ranks << (ranks == 1 ? " rank" : " ranks") << ") to "
+       << ctx_.trace->path() << (ranks < world_.size() ? " (the other nodes' ranks: one file per node)" : "")
+       << " (open it in ui.perfetto.dev or chrome://tracing)";
   ctx_.progress->message(text.str());
 }
 
@@ -443,11 +448,12 @@ void RankTrainer::check_replicas(int64_t step, bool last) {
   replicas_->check(*state_, arch_->layout(), step + 1);
 }
 
-// A stop signal, agreed by every rank (they may see it at different moments).
-bool RankTrainer::agree_to_stop() const {
-  float stop = stop_signal() != 0 ? 1.0f : 0.0f;
+// A stop signal, agreed by every rank (they may see it at different moments, on other nodes):
+// the highest signal number any rank's process has seen, 0: none.
+int RankTrainer::agree_to_stop() const {
+  float stop = static_cast<float>(stop_signal());
   if (world_.size() > 1) world_.all_reduce(Tensor(&stop, DType::F32, {1}), ReduceOp::Max, nullptr);
-  return stop != 0.0f;
+  return static_cast<int>(stop);
 }
 
 double RankTrainer::evaluate() {
@@ -466,12 +472,19 @@ double RankTrainer::evaluate() {
 void RankTrainer::save_checkpoint(int64_t step) {
   // Each rank writes its own part of the same files, in parallel: its shard of the blocks its
   // stage holds (the last stage's copy of the tied embedding is the first stage's, not written).
+  // Rank 0 stages the directory; on other nodes each rank joins it (the same tag: shared storage).
   const bool leader = rank_ == 0;
+  const std::string tag = ctx_.cluster != nullptr ? ctx_.cluster->checkpoint_tag() : "";
   if (leader) {
     *ctx_.checkpoint = std::make_unique<CheckpointWriter>(options_.out, step + 1, config_,
-                                                          save_shard_bytes(options_));
+                                                          save_shard_bytes(options_), tag);
   }
   world_.barrier();
+  std::unique_ptr<CheckpointWriter> joined;
+  if (ctx_.devices.first_rank != 0) {
+    joined = CheckpointWriter::join(options_.out, step + 1, config_, save_shard_bytes(options_), tag);
+  }
+  const CheckpointWriter& writer = joined ? *joined : **ctx_.checkpoint;
   // Under tp each rank writes its slices where they lie in the full tensors; the replicated
   // tensors (the same on every tp rank) come from tp index 0.
   CheckpointWriter::Part part;
@@ -485,7 +498,7 @@ void RankTrainer::save_checkpoint(int64_t step) {
     part.exp_avg.push_back(mine ? state_->moment_part(0, block) : Tensor());
     part.exp_avg_sq.push_back(mine ? state_->moment_part(1, block) : Tensor());
   }
-  (*ctx_.checkpoint)->write_part(part);
+  writer.write_part(part);
   world_.barrier();
   if (leader) {
     const nlohmann::json trainer{{"step", step + 1},          {"adam_step", adam_step_},
@@ -532,7 +545,8 @@ void RankTrainer::run() {
     train_seconds += outcome.seconds;
     add_split(run_split_, outcome.time);
     if (leader) report_step(step, outcome);
-    const bool interrupted = agree_to_stop() && step + 1 < options_.steps;
+    const int signal = agree_to_stop();
+    const bool interrupted = signal != 0 && step + 1 < options_.steps;
     const bool last = step + 1 == options_.steps || interrupted;
     check_replicas(step, last);
     if (options_.eval_every > 0 &&
@@ -556,8 +570,7 @@ void RankTrainer::run() {
       save_checkpoint(step);
     }
     if (interrupted) {
-      summary.interrupted_by = stop_signal();
-      if (summary.interrupted_by == 0) summary.interrupted_by = SIGINT;  // another rank saw it
+      summary.interrupted_by = signal;  // this process's, or another node's
       break;
     }
   }

@@ -66,7 +66,7 @@ class RankTrainer {
   void write_trace(int64_t step, bool last);
   std::string trace_label() const;
   void report_step(int64_t step, const StepOutcome& outcome);
-  bool agree_to_stop() const;
+  int agree_to_stop() const;
   void check_replicas(int64_t step, bool last);
   double evaluate();
   void save_checkpoint(int64_t step);

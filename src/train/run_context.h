@@ -26,12 +26,15 @@
 
 namespace dstrain {
 
+class Cluster;
+
 struct RunContext {
   TrainOptions options;
   ModelConfig config;
   Plan plan;            // what every rank executes (train/plan_run.h)
   LrScheduleConfig schedule;
-  RunDevices devices;   // the backend, memory and communicator of every rank
+  RunDevices devices;   // the backend, memory and communicator of this process's ranks
+  const Cluster* cluster = nullptr;  // the nodes (train/cluster.h)
   Datasets* data = nullptr;
   const FullTrainingState* initial = nullptr;  // the starting weights (and moments on resume)
   bool have_moments = false;

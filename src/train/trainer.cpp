@@ -15,6 +15,7 @@
 #include "parallel/cost_model.h"
 #include "parallel/pipeline_split.h"
 #include "topology/probe.h"
+#include "train/cluster.h"
 #include "train/plan_run.h"
 #include "train/run_context.h"
 
@@ -101,6 +102,7 @@ void take_resumed_run(RunContext& ctx) {
 void write_run_config(const TrainOptions& options, const ModelConfig& config) {
   nlohmann::json settings = run_config(options);
   if (options.model.empty()) settings["model"] = config.name;  // a resume: the checkpoint's
+  settings["gpus"] = options.gpus / options.rendezvous.nnodes;  // --gpus is per node
   std::error_code error;
   std::filesystem::create_directories(options.out, error);
   DSTRAIN_USER_CHECK(!error) << "cannot create --out directory " << options.out << ": "
@@ -148,7 +150,7 @@ void load_initial_state(RunContext& ctx, const ParamLayout& layout, FullTraining
 // --trace: the collector of the window's spans. A window that starts after the run's last step
 // is a mistake; one wholly before a resumed run's first step traces nothing (said once).
 std::optional<TraceCollector> make_trace_collector(const TrainOptions& options, int64_t first_step,
-                                                   std::ostream& out) {
+                                                   const Cluster& cluster, std::ostream& out) {
   if (options.trace.empty()) return std::nullopt;
   const TraceWindow window = parse_trace_steps(options.trace_steps);
   DSTRAIN_USER_CHECK(window.first <= options.steps)
@@ -159,7 +161,7 @@ std::optional<TraceCollector> make_trace_collector(const TrainOptions& options, 
         << ", where the run resumes: no trace is written\n";
     return std::nullopt;
   }
-  return std::optional<TraceCollector>(std::in_place, options.trace, window);
+  return std::optional<TraceCollector>(std::in_place, cluster.node_file(options.trace), window);
 }
 
 // The dense peak of this machine's GPU 0 at the run's precision, as the planner sees it.
@@ -167,6 +169,31 @@ double gpu_peak_flops(DType precision) {
   std::string report;
   const NodeTopology local = probe_local_topology(&report);
   return local.gpus.empty() ? 0.0 : gpu_speed(local, precision).peak_flops;
+}
+
+// This process's ranks of the plan, on the devices it will use.
+RunDevices choose_node_devices(const TrainOptions& options, const Plan& plan,
+                               const Cluster& cluster) {
+  const int nnodes = cluster.nnodes();
+  DSTRAIN_USER_CHECK(plan.world() % nnodes == 0)
+      << "the plan's " << plan.world() << " ranks cannot be shared evenly by " << nnodes
+      << " nodes: give --gpus (ranks per node) so that every node runs the same number";
+  RunDevices devices = choose_devices(options.device, plan.world() / nnodes, options.max_gpus);
+  devices.first_rank = cluster.first_rank(devices.ranks);
+  return devices;
+}
+
+// What every node must run identically: the plan, the model, the settings, the starting step
+// (not --log, which only node 0 writes).
+nlohmann::json node_settings(const RunContext& ctx) {
+  nlohmann::json options = resumable_options(ctx.options);
+  options.erase("log");
+  return nlohmann::json{{"plan", to_json(ctx.plan)},
+                        {"run", ctx.fingerprint},
+                        {"options", options},
+                        {"model", ctx.config.to_json()},
+                        {"steps", ctx.options.steps},
+                        {"first_step", ctx.first_step}};
 }
 
 }  // namespace
@@ -177,6 +204,9 @@ TrainSummary train(const TrainOptions& given, std::ostream& out) {
   RunContext ctx;
   ctx.options = given;
   TrainOptions& options = ctx.options;
+  // Several nodes: --gpus counts one node's ranks; from here on it is the world's, as a
+  // checkpoint remembers it (a resume without --gpus takes the world's from there).
+  options.gpus *= options.rendezvous.nnodes;
 
   // The model: from the checkpoint on resume (a different --model is an error), and the run's
   // settings not given again.
@@ -194,6 +224,8 @@ TrainSummary train(const TrainOptions& given, std::ostream& out) {
     }
   }
   validate_options(options);
+  Cluster cluster(options.rendezvous, out);
+  ctx.cluster = &cluster;
   if (!options.tokenizer.empty()) {
     ctx.tokenizer =
         std::make_shared<const BpeTokenizer>(BpeTokenizer::from_file(options.tokenizer));
@@ -216,20 +248,22 @@ TrainSummary train(const TrainOptions& given, std::ostream& out) {
   if (options.min_lr < 0) options.min_lr = options.lr / 10;
   ctx.schedule = LrScheduleConfig{parse_lr_schedule(options.lr_schedule), options.lr,
                                   options.min_lr, options.warmup, options.steps};
-  ctx.devices = choose_devices(options.device, ctx.plan.world(), options.max_gpus);
+  ctx.devices = choose_node_devices(options, ctx.plan, cluster);
   Datasets data = open_datasets(options, config, ctx.plan.micro_batch, ctx.plan.seq_len, ctx.plan.dp);
   ctx.data = &data;
   ctx.fingerprint = run_fingerprint(options, ctx.plan, config);
-  if (!options.out.empty()) write_run_config(options, config);
+  const bool node0 = cluster.node_rank() == 0;
+  if (!options.out.empty() && node0) write_run_config(options, config);
   const ParamLayout layout(config);
   FullTrainingState initial(layout);
   load_initial_state(ctx, layout, initial);
+  cluster.agree(node_settings(ctx));
 
-  std::optional<TraceCollector> trace = make_trace_collector(options, ctx.first_step, out);
+  std::optional<TraceCollector> trace = make_trace_collector(options, ctx.first_step, cluster, out);
   if (trace) ctx.trace = &*trace;
   if (ctx.devices.cuda) ctx.peak_flops = gpu_peak_flops(ctx.plan.param_dtype);
   JsonlLog log;
-  if (!options.log.empty()) log = JsonlLog(options.log, ctx.resume.has_value());
+  if (!options.log.empty() && node0) log = JsonlLog(options.log, ctx.resume.has_value());
   ProgressPrinter progress(out, options.steps, options.quiet, options.print_every);
   TrainSummary summary;
   summary.first_step = ctx.first_step;
@@ -242,8 +276,12 @@ TrainSummary train(const TrainOptions& given, std::ostream& out) {
   ctx.out = &out;
   StopSignals stop_signals;
   ctx.origin = std::chrono::steady_clock::now();
-  launch_ranks(ctx.devices, options.comm_timeout,
-               [&ctx](Communicator& world) { run_rank(ctx, world); });
+  cluster.launch(ctx.devices, options.comm_timeout,
+                 [&ctx](Communicator& world) { run_rank(ctx, world); });
+  if (!node0) {
+    out << "dstrain: " << cluster.describe_node(cluster.node_rank(), ctx.devices.ranks)
+        << " done after step " << summary.steps << " (rank 0 on node 0 reports the run)\n";
+  }
   return summary;
 }
 

@@ -82,6 +82,74 @@ TEST(PlanCli, MistakesAreOneSentenceAndExitTwo) {
   expect_user_error({"plan", "--topology", fixture("nope.json"), "--model", "6b"}, "nope.json");
 }
 
+// 8 x H100 on NVSwitch with 4 RDMA NICs (NIC0..NIC3: mlx5_0, mlx5_3, mlx5_4, mlx5_5).
+std::vector<std::string> h100_nodes(std::vector<std::string> more) {
+  std::vector<std::string> args = {"plan", "--from-nvidia-smi",
+                                   fixture("h100-8gpu-nvswitch-4nic.txt"), "--gpu", "h100-sxm",
+                                   "--host-memory", "2T", "--model", "13b"};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+TEST(PlanCli, NnodesExplainsTheClusterAndKeepsTensorParallelismInsideANode) {
+  const CliResult r = run(h100_nodes({"--nnodes", "4"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // 4 NICs x 200 Gbit/s assumed at 90% = 90 GB/s per node (topology/cluster.cpp).
+  for (const char* part :
+       {"on 32 x NVIDIA H100", "each node: ",
+        "cluster: 4 nodes x 8 GPUs joined by InfiniBand/RoCE, 90 GB/s per node each way (from 4 "
+        "InfiniBand/RoCE NICs (mlx5_0, mlx5_3, mlx5_4, mlx5_5) in nvidia-smi topo -m",
+        "rank = node x 8 + GPU; tensor parallelism stays inside a node", "placement: "}) {
+    EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;
+  }
+
+  const CliResult json = run(h100_nodes({"--nnodes", "4", "--plan-json"}));
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const nlohmann::json j = nlohmann::json::parse(json.out);
+  EXPECT_EQ(j["nnodes"], 4);
+  EXPECT_EQ(j["gpus_per_node"], 8);
+  EXPECT_EQ(j["gpus"], 32);
+  EXPECT_EQ(j["dp"].get<int>() * j["tp"].get<int>() * j["pp"].get<int>(), 32);
+  EXPECT_EQ(8 % j["tp"].get<int>(), 0);
+  EXPECT_EQ(j["inter_node"]["kind"], "InfiniBand/RoCE");
+  EXPECT_DOUBLE_EQ(j["inter_node"]["bytes_per_s"].get<double>(), 90e9);
+  EXPECT_NE(j["inter_node"]["source"].get<std::string>().find("mlx5_0"), std::string::npos);
+
+  const CliResult given = run(h100_nodes({"--nnodes", "4", "--inter-node-bandwidth", "100G",
+                                          "--plan-json"}));
+  ASSERT_EQ(given.exit_code, 0) << given.err;
+  const nlohmann::json g = nlohmann::json::parse(given.out);
+  EXPECT_DOUBLE_EQ(g["inter_node"]["bytes_per_s"].get<double>(), 12.5e9);
+  EXPECT_EQ(g["inter_node"]["source"], "--inter-node-bandwidth 100G");
+}
+
+TEST(PlanCli, OneNodeLooksAsBefore) {
+  const CliResult r = run(h100_nodes({"--nnodes", "1", "--plan-json"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["nnodes"], 1);
+  EXPECT_FALSE(j.contains("inter_node"));
+  const CliResult text = run(h100_nodes({}));
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_EQ(text.out.find("cluster:"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("  machine: "), std::string::npos) << text.out;
+}
+
+TEST(PlanCli, BadNodeCountsAndBandwidthsAreOneSentence) {
+  expect_user_error(h100_nodes({"--nnodes", "0"}), "--nnodes must be between 1 and 65536, not 0");
+  expect_user_error(h100_nodes({"--nnodes=-2"}), "--nnodes must be between 1 and 65536, not -2");
+  expect_user_error(h100_nodes({"--nnodes", "two"}), "--nnodes");
+  expect_user_error(h100_nodes({"--nnodes", "2", "--inter-node-bandwidth", "fast"}),
+                    "--inter-node-bandwidth 'fast' is not a bandwidth");
+  // 2 nodes x 6 GPUs: tp 4 divides the 12 ranks and 13b's 40 heads, but ranks 4-7 span nodes.
+  expect_user_error(h100_nodes({"--nnodes", "2", "--gpus", "6", "--tp", "4"}),
+                    "tp 4 would put ranks 4-7 of node 0 and node 1 in one tensor-parallel group");
+  const CliResult help = run({"plan", "--help"});
+  ASSERT_EQ(help.exit_code, 0) << help.err;
+  EXPECT_NE(help.out.find("--nnodes"), std::string::npos);
+  EXPECT_NE(help.out.find("--inter-node-bandwidth"), std::string::npos);
+}
+
 TEST(PlanCli, WithoutAMachineSaysWhatItNeeds) {
   // This build has no CUDA and the test machines no driver: nothing to plan for.
   const CliResult probe = run({"topo", "--json"});

@@ -2,6 +2,7 @@
 // collective against the contract's reference, host tensors staged through the device, splits,
 // point to point, and a failing rank releasing the others. Skips without NCCL or a GPU.
 #include "comm/nccl_communicator.h"
+#include "comm/rendezvous.h"
 #include "comm_test_util.h"
 
 #ifdef DSTRAIN_WITH_NCCL
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <thread>
 #endif
 
 namespace dstrain::test {
@@ -199,6 +201,55 @@ TEST(Nccl, AFailingRankReleasesTheOthers) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("rank 1 gives up"), std::string::npos) << e.what();
   }
+}
+
+// Two "nodes" (threads of this process, each with its own rendezvous client, as dstrain's
+// processes have) of 2 ranks: node 0 makes the ncclUniqueId, the rendezvous hands it to node 1,
+// and the 4 ranks form one world (ranks 0-1 on GPUs 0-1, ranks 2-3 on GPUs 2-3) whose
+// all_reduce and all_gather see every rank. (The emulator's NCCL lives in one process: two
+// processes cannot join it; on a GPU machine the same code runs across processes.)
+TEST(Nccl, TwoNodesJoinOneWorldThroughTheRendezvous) {
+  REQUIRE_CUDA_DEVICE();
+  if (usable_gpus() < 4) GTEST_SKIP() << "needs 4 GPUs";
+  RendezvousOptions options;
+  options.master_addr = "127.0.0.1";
+  options.master_port = 0;  // node 0: a free port
+  options.nnodes = 2;
+  options.timeout_seconds = 60;
+  Rendezvous node0(options);
+  options.master_port = node0.server_port();
+  options.node_rank = 1;
+  Rendezvous node1(options);
+  std::vector<float> sums(4, -1), gathered(16, -1);
+  std::vector<int> devices(4, -1);  // by world rank: the GPU the rank runs on
+  const auto run_node = [&](Rendezvous& rendezvous, int node) {
+    rendezvous.join();
+    NcclNodeRanks ranks;
+    ranks.first_rank = 2 * node;
+    ranks.local_ranks = 2;
+    ranks.world_size = 4;
+    ranks.first_device = 2 * node;
+    ranks.unique_id = rendezvous.broadcast_bytes("nccl", node == 0 ? nccl_unique_id() : "");
+    run_nccl_node_ranks(ranks, 60, [&](Communicator& comm) {
+      const int r = comm.rank();
+      EXPECT_EQ(cudaGetDevice(&devices[static_cast<size_t>(r)]), cudaSuccess);
+      float value = 1.5f + static_cast<float>(r);  // host memory: staged through the device
+      comm.all_reduce(Tensor(&value, DType::F32, {1}), ReduceOp::Sum, nullptr);
+      sums[static_cast<size_t>(r)] = value;
+      std::vector<float> mine(4, static_cast<float>(10 * r)), all(16);
+      comm.all_gather(Tensor(all.data(), DType::F32, {16}), Tensor(mine.data(), DType::F32, {4}),
+                      nullptr);
+      if (r == 3) gathered = all;
+    });
+  };
+  std::thread second([&] { run_node(node1, 1); });
+  run_node(node0, 0);
+  second.join();
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(devices[static_cast<size_t>(r)], r) << "rank r on GPU first_device + local";
+    EXPECT_EQ(sums[static_cast<size_t>(r)], 1.5f + 2.5f + 3.5f + 4.5f) << "rank " << r;
+  }
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(gathered[static_cast<size_t>(i)], 10.0f * (i / 4)) << i;
 }
 
 #else  // no NCCL in this build

@@ -23,17 +23,7 @@ std::vector<int> range(int n) {
   return r;
 }
 
-Plan bf16_plan(int dp, int tp, int pp, int64_t micro_batch, int64_t grad_accum) {
-  Plan p;
-  p.dp = dp;
-  p.tp = tp;
-  p.pp = pp;
-  p.micro_batch = micro_batch;
-  p.grad_accum = grad_accum;
-  p.seq_len = 1024;
-  p.param_dtype = DType::BF16;
-  return p;
-}
+using testing::bf16_plan;
 
 TEST(CostModel, FlopsFollowPalmsFormula) {
   // PaLM appendix B: 6N + 12 L T C per token for forward + backward, N the matmul weights

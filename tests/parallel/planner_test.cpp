@@ -265,14 +265,7 @@ TEST(Planner, FixedPartsConstrainTheSearch) {
   EXPECT_EQ(m.best.plan.recompute, Recompute::Full);
 }
 
-std::string user_error(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using testing::user_error;
 
 TEST(Planner, ImpossibleFixedPlansAreOneClearSentence) {
   // Replicated 6b (ZeRO-0, no offload, no pipeline) on 24 GB GPUs: says by how much.

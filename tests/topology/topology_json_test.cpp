@@ -22,7 +22,7 @@ const char* const kTopoFixtures[] = {
     "rtx4090-8gpu-pcie.txt",     "h100-8gpu-nvswitch.txt",        "a100-4gpu-spaces-nics.txt",
     "rtx4090-2gpu-ansi.txt",     "v100-8gpu-mlx5-cubemesh.txt",   "k80-4gpu-soc.txt",
     "a100-4gpu-mp.txt",          "gh200-4gpu-gpu-numa-id.txt",    "rtx3090-4gpu-nvlink-pairs.txt",
-    "single-gpu.txt",            "rtx5070-2gpu-prompt.txt",
+    "single-gpu.txt",            "rtx5070-2gpu-prompt.txt",       "h100-8gpu-nvswitch-4nic.txt",
 };
 
 // A topology with every field set, as a probe on a real machine would give.
@@ -94,6 +94,8 @@ void expect_same(const NodeTopology& x, const NodeTopology& y) {
   EXPECT_EQ(x.host_memory_bytes, y.host_memory_bytes);
   EXPECT_EQ(x.numa_nodes, y.numa_nodes);
   EXPECT_EQ(x.source, y.source);
+  EXPECT_EQ(x.nics_known, y.nics_known);
+  EXPECT_EQ(x.nics, y.nics);
 }
 
 TEST(TopologyJson, Round_trip_every_fixture) {

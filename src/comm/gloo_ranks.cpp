@@ -1,0 +1,67 @@
+// run_gloo_ranks (comm/gloo_communicator.h): a process's share of a Gloo world, as threads.
+#include <exception>
+#include <memory>
+#include <mutex>
+
+#include "comm/gloo_communicator.h"
+#include "comm/rank_threads.h"
+#include "core/check.h"
+
+namespace dstrain {
+
+namespace {
+
+// The first failure among this process's ranks.
+class FirstError {
+ public:
+  void record(std::exception_ptr error) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!error_) error_ = std::move(error);
+  }
+  void rethrow() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::exception_ptr error_;
+};
+
+void run_gloo_rank(const GlooRanks& ranks, int local, double timeout_seconds,
+                   const std::function<void(Communicator&)>& fn, FirstError& failure) {
+  const int rank = ranks.first_rank + local;
+  thread_error_context().rank = rank;
+  try {
+    TcpStoreClient store(ranks.store_host, ranks.store_port, timeout_seconds);
+    std::unique_ptr<Communicator> world = make_gloo_communicator(
+        store, ranks.prefix, rank, ranks.world_size, timeout_seconds, ranks.network);
+    try {
+      fn(*world);
+    } catch (...) {
+      world.reset();  // closes every connection of this rank now: the peers see it go
+      throw;
+    }
+  } catch (...) {
+    failure.record(std::current_exception());
+  }
+}
+
+}  // namespace
+
+void run_gloo_ranks(const GlooRanks& ranks, double timeout_seconds,
+                    const std::function<void(Communicator&)>& fn) {
+  DSTRAIN_CHECK(ranks.first_rank >= 0 && ranks.local_ranks >= 1 &&
+                ranks.first_rank + ranks.local_ranks <= ranks.world_size)
+      << "run_gloo_ranks: ranks " << ranks.first_rank << " + " << ranks.local_ranks << " of "
+      << ranks.world_size;
+  FirstError failure;
+  comm_detail::run_rank_threads(
+      ranks.local_ranks,
+      [&](int local) { run_gloo_rank(ranks, local, timeout_seconds, fn, failure); },
+      // A thread that cannot start: the started ranks fail at their timeout (joining or later).
+      [&](std::exception_ptr error) { failure.record(std::move(error)); });
+  failure.rethrow();
+}
+
+}  // namespace dstrain
