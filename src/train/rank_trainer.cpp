@@ -398,7 +398,8 @@ void RankTrainer::write_trace(int64_t step, bool last) {
   std::ostringstream text;
   text << "wrote the trace of steps " << window.first << "-" << std::min(window.last, step + 1)
        << " (" << spans << " spans, " << ranks << (ranks == 1 ? " rank" : " ranks") << ") to "
-       << ctx_.trace->path() << (ranks < world_.size() ? " (the other nodes' ranks: one file per node)" : "")
+       << ctx_.trace->path()
+       << (ranks < world_.size() ? " (the other nodes' ranks: one file per node)" : "")
        << " (open it in ui.perfetto.dev or chrome://tracing)";
   ctx_.progress->message(text.str());
 }

@@ -140,6 +140,10 @@ class MultiNodeTest : public ::testing::Test {
     return read_file(dir_ / (name + ".out")) + read_file(dir_ / (name + ".err"));
   }
 
+  // Run dir_/<name> ended where 6 uninterrupted steps of one process with `plan` end: the same
+  // losses and checkpoint bytes.
+  void expect_same_as_one_process(const std::string& name, const std::vector<std::string>& plan);
+
   // The checkpoint's weights and moments of runs a and b are the same bytes.
   void expect_same_checkpoint(const fs::path& a, const fs::path& b) const {
     for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
@@ -170,6 +174,25 @@ void expect_same_run(const fs::path& dir, const std::string& a, const std::strin
   EXPECT_LT(la.back(), la.front()) << "the model learns";
 }
 
+// Resumes run dir/<name> to step 6 on the CPU, its checkpoints and log where they were.
+std::vector<std::string> resume_to_six(const fs::path& dir, const std::string& name,
+                                       std::vector<std::string> plan) {
+  std::vector<std::string> args = {"--resume", (dir / name).string(), "--steps", "6",
+                                   "--device", "cpu", "--threads", "2",
+                                   "--out", (dir / name).string(),
+                                   "--log", (dir / (name + ".jsonl")).string()};
+  args.insert(args.end(), plan.begin(), plan.end());
+  return args;
+}
+
+void MultiNodeTest::expect_same_as_one_process(const std::string& name,
+                                               const std::vector<std::string>& plan) {
+  const Process single = start("single", tiny_run(dir_, "single", plan));
+  ASSERT_EQ(wait_exit(single, 300), 0) << output("single");
+  expect_same_run(dir_, name, "single");
+  expect_same_checkpoint(dir_ / name / "step-000006", dir_ / "single" / "step-000006");
+}
+
 TEST_F(MultiNodeTest, TwoNodesOfTwoRanksEqualOneProcessOfFourZero3) {
   SKIP_WITHOUT_GLOO();
   const auto [code0, code1] =
@@ -179,10 +202,7 @@ TEST_F(MultiNodeTest, TwoNodesOfTwoRanksEqualOneProcessOfFourZero3) {
   EXPECT_NE(output("node0").find("every node joined: node 0"), std::string::npos);
   EXPECT_NE(output("node0").find("dp 4"), std::string::npos) << "4 ranks in all";
   EXPECT_NE(output("node1").find("node 1 ("), std::string::npos) << output("node1");
-  const Process single = start("single", tiny_run(dir_, "single", {"--gpus", "4", "--zero", "3"}));
-  ASSERT_EQ(wait_exit(single, 300), 0) << output("single");
-  expect_same_run(dir_, "nodes", "single");
-  expect_same_checkpoint(dir_ / "nodes" / "step-000006", dir_ / "single" / "step-000006");
+  expect_same_as_one_process("nodes", {"--gpus", "4", "--zero", "3"});
   // Node 1 left no staging directory behind, and only node 0 wrote the log.
   for (const auto& entry : fs::directory_iterator(dir_ / "nodes")) {
     EXPECT_FALSE(entry.path().filename().string().starts_with(".tmp")) << entry.path();
@@ -198,11 +218,7 @@ TEST_F(MultiNodeTest, APipelineAcrossTwoNodesEqualsOneProcess) {
   ASSERT_EQ(code0, 0) << output("node0");
   ASSERT_EQ(code1, 0) << output("node1");
   EXPECT_NE(output("node0").find("dp 2 x tp 1 x pp 2"), std::string::npos) << output("node0");
-  const Process single = start(
-      "single", tiny_run(dir_, "single", {"--gpus", "4", "--pp", "2", "--grad-accum", "2"}));
-  ASSERT_EQ(wait_exit(single, 300), 0) << output("single");
-  expect_same_run(dir_, "nodes", "single");
-  expect_same_checkpoint(dir_ / "nodes" / "step-000006", dir_ / "single" / "step-000006");
+  expect_same_as_one_process("nodes", {"--gpus", "4", "--pp", "2", "--grad-accum", "2"});
 }
 
 TEST_F(MultiNodeTest, ACheckpointOfTwoNodesResumesOnOneProcess) {
@@ -215,15 +231,9 @@ TEST_F(MultiNodeTest, ACheckpointOfTwoNodesResumesOnOneProcess) {
   ASSERT_EQ(code1, 0) << output("node1");
   ASSERT_TRUE(fs::is_directory(dir_ / "nodes" / "step-000003"));
   // No --gpus: the checkpoint remembers the world's 4 ranks.
-  const Process resumed =
-      start("resumed", {"--resume", (dir_ / "nodes").string(), "--steps", "6", "--device", "cpu",
-                        "--threads", "2", "--out", (dir_ / "nodes").string(), "--log",
-                        (dir_ / "nodes.jsonl").string()});
+  const Process resumed = start("resumed", resume_to_six(dir_, "nodes", {}));
   ASSERT_EQ(wait_exit(resumed, 300), 0) << output("resumed");
-  const Process single = start("single", tiny_run(dir_, "single", {"--gpus", "4", "--zero", "3"}));
-  ASSERT_EQ(wait_exit(single, 300), 0) << output("single");
-  expect_same_run(dir_, "nodes", "single");
-  expect_same_checkpoint(dir_ / "nodes" / "step-000006", dir_ / "single" / "step-000006");
+  expect_same_as_one_process("nodes", {"--gpus", "4", "--zero", "3"});
 }
 
 TEST_F(MultiNodeTest, AOneProcessCheckpointResumesOnTwoNodes) {
@@ -232,16 +242,10 @@ TEST_F(MultiNodeTest, AOneProcessCheckpointResumesOnTwoNodes) {
   const Process first =
       start("first", tiny_run(dir_, "resumed", {"--gpus", "4", "--zero", "3"}, "3"));
   ASSERT_EQ(wait_exit(first, 300), 0) << output("first");
-  const auto [code0, code1] = run_two_nodes(
-      {"--resume", (dir_ / "resumed").string(), "--steps", "6", "--gpus", "2", "--device", "cpu",
-       "--threads", "2", "--out", (dir_ / "resumed").string(), "--log",
-       (dir_ / "resumed.jsonl").string()});
+  const auto [code0, code1] = run_two_nodes(resume_to_six(dir_, "resumed", {"--gpus", "2"}));
   ASSERT_EQ(code0, 0) << output("node0");
   ASSERT_EQ(code1, 0) << output("node1");
-  const Process single = start("single", tiny_run(dir_, "single", {"--gpus", "4", "--zero", "3"}));
-  ASSERT_EQ(wait_exit(single, 300), 0) << output("single");
-  expect_same_run(dir_, "resumed", "single");
-  expect_same_checkpoint(dir_ / "resumed" / "step-000006", dir_ / "single" / "step-000006");
+  expect_same_as_one_process("resumed", {"--gpus", "4", "--zero", "3"});
 }
 
 // With a machine to plan for, the planner plans for the cluster (topology/cluster.h) and every
