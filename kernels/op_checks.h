@@ -27,6 +27,14 @@ inline bool same_rows(const Tensor& a, const Tensor& b) {
   return x.rows == y.rows && x.cols == y.cols;
 }
 
+// The residual add fused into a norm (residual_layernorm_forward, residual_rmsnorm_forward):
+// residual, a, b alike (N,C).
+inline void check_residual_shapes(const Tensor& residual, const Tensor& a, const Tensor& b) {
+  DSTRAIN_CHECK(same_rows(residual, a) && same_rows(b, a))
+      << "residual " << residual.shape_str() << ", a " << a.shape_str() << " and b "
+      << b.shape_str() << " must have the same rows";
+}
+
 // rmsnorm_forward: inp (N,C) with C > 0, out like inp, rstd (N), weight (C), eps >= 0 finite.
 // Returns (N, C).
 inline RowShape check_rmsnorm_shapes(const Tensor& out, const Tensor& rstd, const Tensor& inp,

@@ -21,8 +21,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -39,6 +41,29 @@ struct AdamWStep {
   float weight_decay = 0.0f;  // decoupled: param -= lr * weight_decay * param
   int64_t step = 1;           // 1-based, for bias correction
   float grad_scale = 1.0f;    // gradients are multiplied by this first (unscale * clip)
+};
+
+// One buffer of a multi-tensor AdamW (Backend::adamw_multi): adamw's tensors and this
+// buffer's weight decay.
+struct AdamWTensors {
+  Tensor param;       // (n) F32 master weights
+  Tensor grad;        // (n) any float dtype
+  Tensor m, v;        // (n) F32
+  Tensor param_copy;  // (n) any float dtype, or empty
+  float weight_decay = 0.0f;
+};
+
+// One buffer of a gradient check (Backend::gradient_stats): any float dtype; its sum of
+// squares is wanted or not (a tensor-parallel replica's copy is checked for inf/NaN but counted
+// on one rank only).
+struct GradientTensor {
+  Tensor x;
+  bool count_squares = true;
+};
+
+struct GradientStats {
+  bool found_inf = false;       // some element of some tensor is inf or NaN
+  std::vector<double> squares;  // per tensor: sum_squares(x) where counted, else 0
 };
 
 class Backend {
@@ -101,6 +126,24 @@ class Backend {
   virtual void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout,
                                   Tensor inp, Tensor weight, Tensor mean, Tensor rstd,
                                   Stream stream) = 0;
+
+  // ---- the residual add fused into the norm after it (a pre-norm block's second norm) ----
+  // residual (N,C) = a + b as residual_forward, then the norm of residual AS STORED into out
+  // (and its statistics): bitwise what residual_forward and then layernorm_forward /
+  // rmsnorm_forward give on the same backend, so selective recompute (the norm again from the
+  // kept residual) sees the same bits. The reference is the two ops (below); a GPU backend
+  // reads a and b once and writes residual and out in one pass.
+  virtual void residual_layernorm_forward(Tensor residual, Tensor out, Tensor mean, Tensor rstd,
+                                          Tensor a, Tensor b, Tensor weight, Tensor bias,
+                                          Stream stream) {
+    residual_forward(residual, a, b, stream);
+    layernorm_forward(out, mean, rstd, residual, weight, bias, stream);
+  }
+  virtual void residual_rmsnorm_forward(Tensor residual, Tensor out, Tensor rstd, Tensor a,
+                                        Tensor b, Tensor weight, float eps, Stream stream) {
+    residual_forward(residual, a, b, stream);
+    rmsnorm_forward(out, rstd, residual, weight, eps, stream);
+  }
 
   // ---- RMSNorm (Llama, Qwen2) ----
   // out (N,C) = inp * rstd * weight, rstd (N) F32 = 1 / sqrt(mean over C of inp^2 + eps);
@@ -228,6 +271,32 @@ class Backend {
   virtual void scale(Tensor x, float s, Stream stream) = 0;
   // True when x holds any inf or NaN. Waits for the stream.
   virtual bool has_inf_or_nan(Tensor x, Stream stream) = 0;
+
+  // ---- multi-tensor: every buffer of a step in one launch ----
+  // The reference semantics are the loops below (the CPU backend's); a GPU backend runs all
+  // buffers in one launch, with one host synchronization for gradient_stats.
+  // AdamW on every buffer with `step` and the buffer's own weight_decay (step.weight_decay is
+  // not used): bitwise what adamw gives buffer by buffer. REQUIRES: the buffers do not overlap.
+  virtual void adamw_multi(std::span<const AdamWTensors> buffers, const AdamWStep& step,
+                           Stream stream) {
+    AdamWStep piece_step = step;
+    for (const AdamWTensors& b : buffers) {
+      piece_step.weight_decay = b.weight_decay;
+      adamw(b.param, b.grad, b.m, b.v, b.param_copy, piece_step, stream);
+    }
+  }
+  // Whether any buffer holds inf or NaN, and each counted buffer's sum of squares, bitwise
+  // what sum_squares gives for it (so a caller adding them up in its own order gets the bits
+  // it got before). Waits for the stream (once).
+  virtual GradientStats gradient_stats(std::span<const GradientTensor> buffers, Stream stream) {
+    GradientStats stats;
+    stats.squares.assign(buffers.size(), 0.0);
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      stats.found_inf = stats.found_inf || has_inf_or_nan(buffers[i].x, stream);
+      if (buffers[i].count_squares) stats.squares[i] = sum_squares(buffers[i].x, stream);
+    }
+    return stats;
+  }
 };
 
 // A stream or event of a backend, destroyed with this object (the backend must outlive it).

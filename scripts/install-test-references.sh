@@ -36,13 +36,18 @@ if ! { command -v chromium >/dev/null && /usr/bin/python3 -c "import PIL" 2>/dev
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium python3-pil >/dev/null; } ||
     echo "could not install them: the report screenshot check will be skipped"
 fi
+# cuobjdump -sass needs nvdisasm beside it (PyPI's cuobjdump 13.5 no longer works without).
 if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
-  if ! command -v cuobjdump >/dev/null && [ ! -x /usr/local/cuda/bin/cuobjdump ] &&
-     ! ls /usr/local/lib/python3*/dist-packages/nvidia/*/bin/cuobjdump >/dev/null 2>&1; then
-    echo "installing cuobjdump (PyPI nvidia-cuda-cuobjdump, best effort)"
+  have_disassembler() {  # cuobjdump with nvdisasm in the same place: PATH, the toolkit, PyPI's
+    { command -v cuobjdump && command -v nvdisasm; } >/dev/null ||
+      { [ -x /usr/local/cuda/bin/cuobjdump ] && [ -x /usr/local/cuda/bin/nvdisasm ]; } ||
+      ls /usr/local/lib/python3*/dist-packages/nvidia/*/bin/{cuobjdump,nvdisasm} >/dev/null 2>&1
+  }
+  if ! have_disassembler; then
+    echo "installing cuobjdump and nvdisasm (PyPI nvidia-cuda-cuobjdump/-nvdisasm, best effort)"
     $SUDO /usr/bin/python3 -m pip install -q --break-system-packages nvidia-cuda-cuobjdump \
-      >/dev/null 2>&1 ||
-      echo "could not install it: the machine-code check of the kernels will be skipped"
+      nvidia-cuda-nvdisasm >/dev/null 2>&1 ||
+      echo "could not install them: the machine-code check of the kernels will be skipped"
   fi
 fi
 exit 0

@@ -4,11 +4,13 @@
 
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <sstream>
 #include <string>
 
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/op_checks.h"
 
 namespace dstrain::cuda {
 
@@ -35,6 +37,14 @@ void check_tensor_dtype(const CudaContext& ctx, const Tensor& t, DType dtype, co
                                   << dtype_name(dtype);
 }
 
+void check_residual_operands(const CudaContext& ctx, const Tensor& residual, const Tensor& a,
+                             const Tensor& b) {
+  check_float_tensor(ctx, residual, "residual");
+  check_float_tensor(ctx, a, "residual a");
+  check_float_tensor(ctx, b, "residual b");
+  check_residual_shapes(residual, a, b);
+}
+
 void check_same_numel(const Tensor& a, const char* a_name, const Tensor& b, const char* b_name) {
   DSTRAIN_CHECK(a.numel() == b.numel())
       << a_name << " " << a.shape_str() << " and " << b_name << " " << b.shape_str()
@@ -56,6 +66,28 @@ Scratch::~Scratch() {
   // A destructor must not throw; a failure here means the context is broken and the next
   // checked call reports it.
   if (data_) cudaFreeAsync(data_, stream_);
+}
+
+void* pinned_readback(size_t bytes) {
+  // One per host thread, freed when the thread ends (best effort: at process exit the runtime
+  // may already be gone).
+  struct Buffer {
+    void* data = nullptr;
+    size_t bytes = 0;
+    ~Buffer() {
+      if (data) cudaFreeHost(data);
+    }
+  };
+  thread_local Buffer buffer;
+  if (bytes > buffer.bytes) {
+    if (buffer.data) CUDA_CHECK(cudaFreeHost(buffer.data));
+    buffer.data = nullptr;
+    buffer.bytes = 0;
+    const size_t grown = std::max<size_t>(bytes, 4096);
+    CUDA_CHECK(cudaHostAlloc(&buffer.data, grown, cudaHostAllocPortable));
+    buffer.bytes = grown;
+  }
+  return buffer.data;
 }
 
 namespace {
@@ -367,20 +399,40 @@ class CudaBackend final : public Backend {
     cuda::adamw(ctx_, param, grad, m, v, param_copy, step, to_stream(stream));
   }
   double sum_squares(Tensor x, Stream stream) override {
-    DeviceScope scope(ctx_.device);
-    const double result = cuda::sum_squares(ctx_, x, to_stream(stream));
-    check_error_word(to_stream(stream));
-    return result;
+    const GradientTensor buffer{x, true};
+    return gradient_stats({&buffer, 1}, stream).squares[0];
   }
   void scale(Tensor x, float s, Stream stream) override {
     DeviceScope scope(ctx_.device);
     cuda::scale(ctx_, x, s, to_stream(stream));
   }
   bool has_inf_or_nan(Tensor x, Stream stream) override {
+    const GradientTensor buffer{x, false};
+    return gradient_stats({&buffer, 1}, stream).found_inf;
+  }
+  void residual_layernorm_forward(Tensor residual, Tensor out, Tensor mean, Tensor rstd,
+                                  Tensor a, Tensor b, Tensor weight, Tensor bias,
+                                  Stream stream) override {
     DeviceScope scope(ctx_.device);
-    const bool result = cuda::has_inf_or_nan(ctx_, x, to_stream(stream));
-    check_error_word(to_stream(stream));
-    return result;
+    cuda::residual_layernorm_forward(ctx_, residual, out, mean, rstd, a, b, weight, bias,
+                                     to_stream(stream));
+  }
+  void residual_rmsnorm_forward(Tensor residual, Tensor out, Tensor rstd, Tensor a, Tensor b,
+                                Tensor weight, float eps, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::residual_rmsnorm_forward(ctx_, residual, out, rstd, a, b, weight, eps,
+                                   to_stream(stream));
+  }
+  void adamw_multi(std::span<const AdamWTensors> buffers, const AdamWStep& step,
+                   Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::adamw_multi(ctx_, buffers, step, to_stream(stream));
+  }
+  GradientStats gradient_stats(std::span<const GradientTensor> buffers, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    GradientReadback readback = cuda::gradient_stats(ctx_, buffers, to_stream(stream));
+    if (readback.device_error != 0) raise_device_error(readback.device_error, to_stream(stream));
+    return std::move(readback.stats);
   }
 
  private:
@@ -389,12 +441,18 @@ class CudaBackend final : public Backend {
   // Waits for `stream`, then: did a kernel flag bad data? Clears the word and says what was
   // wrong. The read is ordered on `stream` itself (not the legacy default stream, which would
   // also wait for every other blocking stream, e.g. a communication stream).
+  // The word lands in pinned memory, so the stream is waited on once.
   void check_error_word(cudaStream_t stream) {
-    unsigned word = 0;
+    auto* word = static_cast<unsigned*>(pinned_readback(sizeof(unsigned)));
     CUDA_CHECK(
-        cudaMemcpyAsync(&word, ctx_.error_word, sizeof word, cudaMemcpyDeviceToHost, stream));
+        cudaMemcpyAsync(word, ctx_.error_word, sizeof *word, cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
-    if (word == 0) return;
+    if (*word != 0) raise_device_error(*word, stream);
+  }
+
+  // A kernel flagged bad data (`word`, read after `stream` was waited on): clears the word and
+  // says what was wrong.
+  [[noreturn]] void raise_device_error(unsigned word, cudaStream_t stream) {
     CUDA_CHECK(cudaMemsetAsync(ctx_.error_word, 0, sizeof word, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
     std::ostringstream sentence;

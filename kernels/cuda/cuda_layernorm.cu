@@ -3,9 +3,11 @@
 //
 // Rows: one warp per row, lanes striding over the channels, reductions by warp butterfly (fixed
 // order). Columns (dweight, dbias): the rows are cut into fixed chunks of kPartialRows (a
-// function of N only, not of the GPU); one block per (32 columns, chunk) sums its chunk in a
-// fixed order into a partial, and a second kernel adds the partials in chunk order to the
-// gradient. No atomics: the same inputs give the same bits on every run.
+// function of N only, not of the GPU); one block per (columns, chunk) sums its chunk in a fixed
+// order into a partial (8 adjacent columns per thread with 128-bit loads where C % 8 == 0 and
+// the rows are aligned, else one column per thread: the same order per column, the same bits),
+// and a second kernel adds the partials in chunk order to the gradient. No atomics: the same
+// inputs give the same bits on every run.
 //
 // Row kernels in two forms. Where C % 8 == 0, C <= kMaxRegisterC, and every row tensor (inp,
 // out, dout, dinp) has one storage dtype T with 16-byte aligned pointers (weight and bias too),
@@ -19,10 +21,8 @@
 // vs a stride of 32). Each sum is still a sequential sum of C / 32 terms followed by 5 pairwise
 // levels, so the error bound behind the tests' tolerances (|error| <= (C / 32 + 5) * eps * sum
 // of |terms|, against the CPU's sequential sum's C * eps * sum of |terms|) is the same.
-#include <initializer_list>
-#include <type_traits>
-
-#include "kernels/cuda/cuda_vector.cuh"
+#include "kernels/cuda/cuda_rows.cuh"
+#include "kernels/op_checks.h"
 
 namespace dstrain::cuda {
 
@@ -32,9 +32,6 @@ constexpr float kLayernormEps = 1e-5f;
 constexpr int kRowsPerBlock = 8;   // warps per block of the row kernels
 constexpr int kPartialRows = 128;  // rows per partial of the column sums
 constexpr int kColumnThreadsY = 8;
-// Register-held rows: up to kMaxPacks packs of 8 elements per lane, so C <= 32 * 8 * kMaxPacks.
-constexpr int kMaxPacks = 8;
-constexpr int64_t kMaxRegisterC = int64_t{32} * kVectorElements * kMaxPacks;
 
 // out (N,C), mean (N), rstd (N); one warp per row.
 __global__ void layernorm_forward_kernel(DeviceTensor out, float* mean, float* rstd,
@@ -89,12 +86,14 @@ __global__ void layernorm_backward_dinp_kernel(DeviceTensor dinp, DeviceTensor d
   }
 }
 
-// ---- the vector forms: lane `lane` holds packs p = lane + 32 * k (k < kPacks, p < C / 8) of its
-// row, elements 8p .. 8p + 7, as fp32 in registers ----
+// ---- the vector forms: rows in registers (cuda_rows.cuh) ----
 
-// out (N,C), mean (N), rstd (N) as layernorm_forward_kernel; weight, bias (C) in any float dtype.
-template <class T, int kPacks>
+// out (N,C), mean (N), rstd (N) as layernorm_forward_kernel of the rows inp; weight, bias (C) in
+// any float dtype. With residual_b (not null) the rows are inp + residual_b, stored to residual
+// (N,C) on the way: the residual add fused in.
+template <class T, int kPacks, bool kResidual>
 __global__ void layernorm_forward_vector_kernel(T* out, float* mean, float* rstd, const T* inp,
+                                                const T* residual_b, T* residual,
                                                 DeviceTensor weight, DeviceTensor bias, int64_t N,
                                                 int64_t C) {
   const int lane = threadIdx.x % 32;
@@ -102,12 +101,12 @@ __global__ void layernorm_forward_vector_kernel(T* out, float* mean, float* rstd
   if (n >= N) return;
   const int64_t base = n * C, packs = C / kVectorElements;
   float x[kPacks][kVectorElements];
-  float sum = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kPacks; ++k) {  // every load issued before the first use
-    const int64_t p = lane + 32 * k;
-    if (p < packs) load_vector(inp + base + p * kVectorElements, x[k]);
+  if constexpr (kResidual) {
+    load_row<T, kPacks, true>(x, inp + base, residual_b + base, residual + base, packs, lane);
+  } else {
+    load_row<T, kPacks, false>(x, inp + base, nullptr, nullptr, packs, lane);
   }
+  float sum = 0.0f;
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
     if (lane + 32 * k >= packs) continue;
@@ -193,7 +192,8 @@ __global__ void layernorm_backward_dinp_vector_kernel(T* dinp, const T* dout, co
   }
 }
 
-// Partial column sums of one chunk of rows. Block (32, kColumnThreadsY), grid (column blocks,
+// Partial column sums of one chunk of rows, 16 bits at a time (the fallback of the vector
+// kernel below). Block (32, kColumnThreadsY), grid (column blocks,
 // chunks). partial_dy (chunks, C) = sum of dout; with kWithNorm also partial_dw (chunks, C) =
 // sum of norm * dout, norm = (inp - mean) * rstd.
 template <bool kWithNorm>
@@ -226,6 +226,93 @@ __global__ void column_partials_kernel(float* partial_dy, float* partial_dw, Dev
   if constexpr (kWithNorm) partial_dw[blockIdx.y * C + c] = dw_total;
 }
 
+// The same partial sums with 128-bit loads: a thread sums 8 adjacent columns (one pack of
+// dout, and of inp with kWithNorm) over the chunk's rows row_begin + threadIdx.y, +
+// kColumnThreadsY, ...: per column the same terms in the same order as column_partials_kernel,
+// so the same partials. Block (kColumnPacks, kColumnThreadsY) covers 8 * kColumnPacks columns.
+// REQUIRES: C % 8 == 0; dout (and inp) of storage type T, 16-byte aligned.
+constexpr int kColumnPacks = 32;
+template <class T, bool kWithNorm>
+__global__ void column_partials_vector_kernel(float* partial_dy, float* partial_dw, const T* dout,
+                                              const T* inp, const float* mean, const float* rstd,
+                                              int64_t N, int64_t C) {
+  constexpr int kColumns = kColumnPacks * kVectorElements;
+  __shared__ float dy_sums[kColumnThreadsY][kColumns];
+  __shared__ float dw_sums[kWithNorm ? kColumnThreadsY : 1][kWithNorm ? kColumns : 1];
+  const int64_t c = (blockIdx.x * int64_t{kColumnPacks} + threadIdx.x) * kVectorElements;
+  const int64_t row_begin = blockIdx.y * int64_t{kPartialRows};
+  const int64_t row_end = min(row_begin + kPartialRows, N);
+  float dy_sum[kVectorElements] = {}, dw_sum[kVectorElements] = {};
+  if (c < C) {
+    for (int64_t r = row_begin + threadIdx.y; r < row_end; r += kColumnThreadsY) {
+      float dy[kVectorElements], x[kVectorElements];
+      load_vector(dout + r * C + c, dy);
+      if constexpr (kWithNorm) load_vector(inp + r * C + c, x);
+#pragma unroll
+      for (int j = 0; j < kVectorElements; ++j) {
+        dy_sum[j] += dy[j];
+        if constexpr (kWithNorm) dw_sum[j] += (x[j] - mean[r]) * rstd[r] * dy[j];
+      }
+    }
+  }
+  const int column = threadIdx.x * kVectorElements;
+#pragma unroll
+  for (int j = 0; j < kVectorElements; ++j) {
+    dy_sums[threadIdx.y][column + j] = dy_sum[j];
+    if constexpr (kWithNorm) dw_sums[threadIdx.y][column + j] = dw_sum[j];
+  }
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= C) return;
+  float dy_total[kVectorElements] = {}, dw_total[kVectorElements] = {};
+  for (int y = 0; y < kColumnThreadsY; ++y) {  // fixed order
+#pragma unroll
+    for (int j = 0; j < kVectorElements; ++j) {
+      dy_total[j] += dy_sums[y][column + j];
+      if constexpr (kWithNorm) dw_total[j] += dw_sums[y][column + j];
+    }
+  }
+  // (blockIdx.y * C + c) * 4 bytes is a multiple of 32 (C % 8 == 0): 16-byte aligned stores.
+  store_vector(partial_dy + blockIdx.y * C + c, dy_total);
+  if constexpr (kWithNorm) store_vector(partial_dw + blockIdx.y * C + c, dw_total);
+}
+
+// The partials of column_sums: the vector kernel where dout (and inp) allow, else the scalar.
+void launch_column_partials(float* partial_dy, float* partial_dw, Tensor dout, Tensor inp,
+                            const float* mean, const float* rstd, int64_t N, int64_t C,
+                            int64_t chunks, cudaStream_t stream) {
+  const bool with_norm = partial_dw != nullptr;
+  const bool vector = C % kVectorElements == 0 && vector_aligned(dout.data) &&
+                      (!with_norm || (inp.dtype == dout.dtype && vector_aligned(inp.data)));
+  if (vector) {
+    const dim3 grid(ceil_div(C, kColumnPacks * kVectorElements), static_cast<unsigned>(chunks));
+    const dim3 block(kColumnPacks, kColumnThreadsY);
+    with_storage_type(dout.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const auto* dy = static_cast<const T*>(dout.data);
+      const auto* x = static_cast<const T*>(inp.data);
+      if (with_norm) {
+        DSTRAIN_LAUNCH((column_partials_vector_kernel<T, true>), grid, block, 0, stream)
+        (partial_dy, partial_dw, dy, x, mean, rstd, N, C);
+      } else {
+        DSTRAIN_LAUNCH((column_partials_vector_kernel<T, false>), grid, block, 0, stream)
+        (partial_dy, nullptr, dy, nullptr, nullptr, nullptr, N, C);
+      }
+    });
+  } else {
+    const dim3 grid(ceil_div(C, 32), static_cast<unsigned>(chunks));
+    const dim3 block(32, kColumnThreadsY);
+    if (with_norm) {
+      DSTRAIN_LAUNCH(column_partials_kernel<true>, grid, block, 0, stream)
+      (partial_dy, partial_dw, device_tensor(dout), device_tensor(inp), mean, rstd, N, C);
+    } else {
+      DSTRAIN_LAUNCH(column_partials_kernel<false>, grid, block, 0, stream)
+      (partial_dy, nullptr, device_tensor(dout), DeviceTensor{nullptr, DType::F32}, nullptr,
+       nullptr, N, C);
+    }
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
 // dst (C) += the partials (chunks, C) added in chunk order; one thread per column.
 __global__ void add_partials_kernel(DeviceTensor dst, const float* partials, int64_t chunks,
                                     int64_t C) {
@@ -248,17 +335,7 @@ void column_sums(const CudaContext& ctx, Tensor dy_sum, Tensor dw_sum, Tensor do
   Scratch scratch(ctx, (with_norm ? 2 : 1) * partial_bytes, stream);
   float* partial_dy = scratch.as<float>();
   float* partial_dw = with_norm ? partial_dy + partial_bytes / sizeof(float) : nullptr;
-  const dim3 grid(ceil_div(C, 32), static_cast<unsigned>(chunks));
-  const dim3 block(32, kColumnThreadsY);
-  if (with_norm) {
-    DSTRAIN_LAUNCH(column_partials_kernel<true>, grid, block, 0, stream)
-    (partial_dy, partial_dw, device_tensor(dout), device_tensor(inp), mean, rstd, N, C);
-  } else {
-    DSTRAIN_LAUNCH(column_partials_kernel<false>, grid, block, 0, stream)
-    (partial_dy, nullptr, device_tensor(dout), DeviceTensor{nullptr, DType::F32}, nullptr, nullptr,
-     N, C);
-  }
-  CUDA_CHECK_LAUNCH();
+  launch_column_partials(partial_dy, partial_dw, dout, inp, mean, rstd, N, C, chunks, stream);
   DSTRAIN_LAUNCH(add_partials_kernel, ceil_div(C, 256), 256, 0, stream)
   (device_tensor(dy_sum), partial_dy, chunks, C);
   CUDA_CHECK_LAUNCH();
@@ -269,43 +346,21 @@ void column_sums(const CudaContext& ctx, Tensor dy_sum, Tensor dw_sum, Tensor do
   }
 }
 
-// Packs per lane of the register-held vector form for rows of C elements in `rows` (one dtype,
-// 16-byte aligned) with `params` (aligned); 0 where that form does not apply. Instantiated for
-// 2, 4 and 8 packs (C <= 512, 1024, 2048).
-int register_packs(int64_t C, std::initializer_list<Tensor> rows,
-                   std::initializer_list<Tensor> params) {
-  if (C % kVectorElements != 0 || C > kMaxRegisterC) return 0;
-  for (const Tensor& t : rows) {
-    if (t.dtype != rows.begin()->dtype || !vector_aligned(t.data)) return 0;
-  }
-  for (const Tensor& t : params) {
-    if (!vector_aligned(t.data)) return 0;
-  }
-  const int64_t per_lane = (C / kVectorElements + 31) / 32;
-  return per_lane <= 2 ? 2 : per_lane <= 4 ? 4 : kMaxPacks;
-}
-
-// Calls f(std::integral_constant<int, packs>{}) for packs 2, 4 or 8.
-template <class F>
-void with_packs(int packs, F&& f) {
-  if (packs == 2) {
-    f(std::integral_constant<int, 2>{});
-  } else if (packs == 4) {
-    f(std::integral_constant<int, 4>{});
-  } else {
-    f(std::integral_constant<int, kMaxPacks>{});
-  }
-}
-
+// residual and residual_b: empty, or the fused residual add (see the kernel).
 void launch_forward_vector(int packs, Tensor out, Tensor mean, Tensor rstd, Tensor inp,
-                           Tensor weight, Tensor bias, int64_t N, int64_t C, cudaStream_t stream) {
+                           Tensor residual_b, Tensor residual, Tensor weight, Tensor bias,
+                           int64_t N, int64_t C, cudaStream_t stream) {
   with_storage_type(inp.dtype, [&](auto tag) {
     using T = decltype(tag);
     with_packs(packs, [&](auto kPacks) {
-      DSTRAIN_LAUNCH((layernorm_forward_vector_kernel<T, decltype(kPacks)::value>),
-                     ceil_div(N, kRowsPerBlock), 32 * kRowsPerBlock, 0, stream)
-      (static_cast<T*>(out.data), mean.f32(), rstd.f32(), static_cast<const T*>(inp.data),
-       device_tensor(weight), device_tensor(bias), N, C);
+      with_residual(!residual_b.empty(), [&](auto kResidual) {
+        DSTRAIN_LAUNCH((layernorm_forward_vector_kernel<T, decltype(kPacks)::value,
+                                                        decltype(kResidual)::value>),
+                       ceil_div(N, kRowsPerBlock), 32 * kRowsPerBlock, 0, stream)
+        (static_cast<T*>(out.data), mean.f32(), rstd.f32(), static_cast<const T*>(inp.data),
+         static_cast<const T*>(residual_b.data), static_cast<T*>(residual.data),
+         device_tensor(weight), device_tensor(bias), N, C);
+      });
     });
   });
 }
@@ -326,8 +381,11 @@ void launch_backward_dinp_vector(int packs, Tensor dinp, Tensor dout, Tensor inp
 
 }  // namespace
 
-void layernorm_forward(const CudaContext& ctx, Tensor out, Tensor mean, Tensor rstd, Tensor inp,
-                       Tensor weight, Tensor bias, cudaStream_t stream) {
+namespace {
+
+// The checks of layernorm_forward; returns the rows (N, C).
+RowShape check_layernorm_forward(const CudaContext& ctx, Tensor out, Tensor mean, Tensor rstd,
+                                 Tensor inp, Tensor weight, Tensor bias) {
   check_float_tensor(ctx, out, "layernorm out");
   check_float_tensor(ctx, inp, "layernorm inp");
   check_float_tensor(ctx, weight, "layernorm weight");
@@ -344,15 +402,41 @@ void layernorm_forward(const CudaContext& ctx, Tensor out, Tensor mean, Tensor r
   DSTRAIN_CHECK(weight.numel() == C && bias.numel() == C)
       << "layernorm weight " << weight.shape_str() << " and bias " << bias.shape_str()
       << " must have " << C << " elements";
+  return {N, C};
+}
+
+}  // namespace
+
+void layernorm_forward(const CudaContext& ctx, Tensor out, Tensor mean, Tensor rstd, Tensor inp,
+                       Tensor weight, Tensor bias, cudaStream_t stream) {
+  const auto [N, C] = check_layernorm_forward(ctx, out, mean, rstd, inp, weight, bias);
   if (N == 0) return;
   if (const int packs = register_packs(C, {out, inp}, {weight, bias})) {
-    launch_forward_vector(packs, out, mean, rstd, inp, weight, bias, N, C, stream);
+    launch_forward_vector(packs, out, mean, rstd, inp, Tensor(), Tensor(), weight, bias, N, C,
+                          stream);
   } else {
     DSTRAIN_LAUNCH(layernorm_forward_kernel, ceil_div(N, kRowsPerBlock), 32 * kRowsPerBlock, 0,
                    stream)
     (device_tensor(out), mean.f32(), rstd.f32(), device_tensor(inp), device_tensor(weight),
      device_tensor(bias), N, C);
   }
+  CUDA_CHECK_LAUNCH();
+}
+
+// One pass where the rows fit the register-held form, else the two ops (the same bits).
+void residual_layernorm_forward(const CudaContext& ctx, Tensor residual, Tensor out, Tensor mean,
+                                Tensor rstd, Tensor a, Tensor b, Tensor weight, Tensor bias,
+                                cudaStream_t stream) {
+  check_residual_operands(ctx, residual, a, b);
+  const auto [N, C] = check_layernorm_forward(ctx, out, mean, rstd, a, weight, bias);
+  const int packs = register_packs(C, {out, a, b, residual}, {weight, bias});
+  if (packs == 0) {
+    residual_forward(ctx, residual, a, b, stream);
+    layernorm_forward(ctx, out, mean, rstd, residual, weight, bias, stream);
+    return;
+  }
+  if (N == 0) return;
+  launch_forward_vector(packs, out, mean, rstd, a, b, residual, weight, bias, N, C, stream);
   CUDA_CHECK_LAUNCH();
 }
 

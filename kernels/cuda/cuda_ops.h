@@ -78,6 +78,9 @@ bool is_float_dtype(DType dtype);
 // `t` is non-empty, on this backend's GPU, and a float dtype (resp. exactly `dtype`).
 void check_float_tensor(const CudaContext& ctx, const Tensor& t, const char* name);
 void check_tensor_dtype(const CudaContext& ctx, const Tensor& t, DType dtype, const char* name);
+// residual, a, b: float tensors of this GPU with the same rows (op_checks.h).
+void check_residual_operands(const CudaContext& ctx, const Tensor& residual, const Tensor& a,
+                             const Tensor& b);
 void check_same_numel(const Tensor& a, const char* a_name, const Tensor& b, const char* b_name);
 int64_t rows_of(const Tensor& t);  // numel / last dim
 int64_t cols_of(const Tensor& t);  // the last dim
@@ -113,7 +116,15 @@ void column_sums_accumulate(const CudaContext& ctx, Tensor dsum, Tensor x, cudaS
 // stage of a deterministic column reduction (rmsnorm's dweight).
 void add_column_partials(Tensor dst, const float* partials, int64_t chunks, cudaStream_t stream);
 
+// residual (N,C) = a + b (residual_forward), then the layernorm of it as stored: bitwise the
+// two ops, in one pass where the rows fit in registers.
+void residual_layernorm_forward(const CudaContext& ctx, Tensor residual, Tensor out, Tensor mean,
+                                Tensor rstd, Tensor a, Tensor b, Tensor weight, Tensor bias,
+                                cudaStream_t stream);
+
 // cuda_rmsnorm.cu
+void residual_rmsnorm_forward(const CudaContext& ctx, Tensor residual, Tensor out, Tensor rstd,
+                              Tensor a, Tensor b, Tensor weight, float eps, cudaStream_t stream);
 void rmsnorm_forward(const CudaContext& ctx, Tensor out, Tensor rstd, Tensor inp, Tensor weight,
                      float eps, cudaStream_t stream);
 void rmsnorm_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Tensor dout, Tensor inp,
@@ -151,10 +162,24 @@ void cross_entropy_from_stats(const CudaContext& ctx, Tensor losses, Tensor dlog
                               Tensor logits, Tensor stats, Tensor targets, int64_t vocab_begin,
                               int vocab, float dloss, cudaStream_t stream);
 
-// cuda_optim.cu
+// cuda_optim.cu: every buffer of the list in one launch; adamw is a list of one.
+void adamw_multi(const CudaContext& ctx, std::span<const AdamWTensors> buffers,
+                 const AdamWStep& step, cudaStream_t stream);
 void adamw(const CudaContext& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy,
            const AdamWStep& step, cudaStream_t stream);
-double sum_squares(const CudaContext& ctx, Tensor x, cudaStream_t stream);   // waits
-bool has_inf_or_nan(const CudaContext& ctx, Tensor x, cudaStream_t stream);  // waits
+// Backend::gradient_stats, and the device error word read in the same copy: one wait for the
+// stream (the results land in this host thread's pinned readback buffer).
+struct GradientReadback {
+  GradientStats stats;
+  unsigned device_error = 0;  // DeviceErrorBits set by earlier kernels (not cleared here)
+};
+GradientReadback gradient_stats(const CudaContext& ctx, std::span<const GradientTensor> buffers,
+                                cudaStream_t stream);
+
+// cuda_backend.cpp: pinned host memory of at least `bytes` for device-to-host results, this
+// host thread's own (ranks sharing a backend do not share it), valid until its next call. A
+// copy into pinned memory is truly asynchronous: the op waits once, for its stream, instead of
+// once per copy as a copy into pageable memory would.
+void* pinned_readback(size_t bytes);
 
 }  // namespace dstrain::cuda

@@ -1,12 +1,16 @@
 // CUDA RMSNorm (Llama, Qwen2): fp32 statistics, the normalized value rounded to the input's
 // dtype before the weight multiply (as Hugging Face's LlamaRMSNorm), like the CPU twin.
 //
-// Rows: one warp per row, lanes striding over the channels, the sum of squares by warp butterfly
-// (fixed order). dweight: the rows are cut into fixed chunks of kPartialRows (a function of N
+// Rows: one warp per row, the sum of squares by warp butterfly (fixed order). The forward holds
+// the row in registers (cuda_rows.cuh: 128-bit loads and stores, each element read once) where
+// C % 8 == 0, C <= 2048 and the row tensors share a dtype and are 16-byte aligned, and can fuse
+// the residual add before it; else (and in backward) lanes stride over the channels. Both forms
+// add a lane's C / 32 squares in sequence, then the 32 lane sums by butterfly: the same error
+// bound, other bits. dweight: the rows are cut into fixed chunks of kPartialRows (a function of N
 // only, not of the GPU); one block per (32 columns, chunk) sums its chunk in a fixed order into a
 // partial, and add_column_partials adds the partials in chunk order. No atomics: the same inputs
 // give the same bits on every run.
-#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_rows.cuh"
 #include "kernels/op_checks.h"
 
 namespace dstrain::cuda {
@@ -47,6 +51,66 @@ __global__ void rmsnorm_forward_kernel(DeviceTensor out, float* rstd, DeviceTens
     store(out, base + c, round_to_storage(inp.dtype, load(inp, base + c) * r) * load(weight, c));
   }
   if (lane == 0) rstd[n] = r;
+}
+
+// out (N,C), rstd (N) as rmsnorm_forward_kernel, the row in registers; weight (C) any float
+// dtype. With residual_b (not null) the rows are inp + residual_b, stored to residual (N,C) on
+// the way: the residual add fused in.
+template <class T, int kPacks, bool kResidual>
+__global__ void rmsnorm_forward_vector_kernel(T* out, float* rstd, const T* inp,
+                                              const T* residual_b, T* residual, DeviceTensor weight,
+                                              float eps, int64_t N, int64_t C) {
+  const int lane = threadIdx.x % 32;
+  const int64_t n = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.x / 32;
+  if (n >= N) return;
+  const int64_t base = n * C, packs = C / kVectorElements;
+  float x[kPacks][kVectorElements];
+  if constexpr (kResidual) {
+    load_row<T, kPacks, true>(x, inp + base, residual_b + base, residual + base, packs, lane);
+  } else {
+    load_row<T, kPacks, false>(x, inp + base, nullptr, nullptr, packs, lane);
+  }
+  float squares = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    if (lane + 32 * k >= packs) continue;
+#pragma unroll
+    for (int j = 0; j < kVectorElements; ++j) squares += x[k][j] * x[k][j];
+  }
+  const float r = 1.0f / sqrtf(warp_sum(squares) / static_cast<float>(C) + eps);
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t p = lane + 32 * k;
+    if (p >= packs) continue;
+    float w[kVectorElements];
+    load_vector(weight, p * kVectorElements, w);
+#pragma unroll
+    for (int j = 0; j < kVectorElements; ++j) {
+      x[k][j] = to_float(from_float<T>(x[k][j] * r)) * w[j];
+    }
+    store_vector(out + base + p * kVectorElements, x[k]);
+  }
+  if (lane == 0) rstd[n] = r;
+}
+
+// residual and residual_b: empty, or the fused residual add (see the kernel).
+void launch_forward_vector(int packs, Tensor out, Tensor rstd, Tensor inp, Tensor residual_b,
+                           Tensor residual, Tensor weight, float eps, RowShape s,
+                           cudaStream_t stream) {
+  with_storage_type(inp.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    with_packs(packs, [&](auto kPacks) {
+      with_residual(!residual_b.empty(), [&](auto kResidual) {
+        DSTRAIN_LAUNCH(
+            (rmsnorm_forward_vector_kernel<T, decltype(kPacks)::value, decltype(kResidual)::value>),
+            ceil_div(s.rows, kRowsPerBlock), 32 * kRowsPerBlock, 0, stream)
+        (static_cast<T*>(out.data), rstd.f32(), static_cast<const T*>(inp.data),
+         static_cast<const T*>(residual_b.data), static_cast<T*>(residual.data),
+         device_tensor(weight), eps, s.rows, s.cols);
+      });
+    });
+  });
+  CUDA_CHECK_LAUNCH();
 }
 
 // dinp (N,C) += rstd * (dnorm - norm * mean(dnorm * norm)), dnorm = w * dout, norm = x * rstd
@@ -119,10 +183,31 @@ void rmsnorm_forward(const CudaContext& ctx, Tensor out, Tensor rstd, Tensor inp
   check_tensor_dtype(ctx, rstd, DType::F32, "rmsnorm rstd");
   const RowShape s = check_rmsnorm_shapes(out, rstd, inp, weight, eps);
   if (s.rows == 0) return;
+  if (const int packs = register_packs(s.cols, {out, inp}, {weight})) {
+    return launch_forward_vector(packs, out, rstd, inp, Tensor(), Tensor(), weight, eps, s, stream);
+  }
   DSTRAIN_LAUNCH(rmsnorm_forward_kernel, ceil_div(s.rows, kRowsPerBlock), 32 * kRowsPerBlock, 0,
                  stream)
   (device_tensor(out), rstd.f32(), device_tensor(inp), device_tensor(weight), eps, s.rows, s.cols);
   CUDA_CHECK_LAUNCH();
+}
+
+// One pass where the rows fit the register-held form, else the two ops (the same bits).
+void residual_rmsnorm_forward(const CudaContext& ctx, Tensor residual, Tensor out, Tensor rstd,
+                              Tensor a, Tensor b, Tensor weight, float eps, cudaStream_t stream) {
+  check_residual_operands(ctx, residual, a, b);
+  check_float_tensor(ctx, out, "rmsnorm out");
+  check_float_tensor(ctx, weight, "rmsnorm weight");
+  check_tensor_dtype(ctx, rstd, DType::F32, "rmsnorm rstd");
+  const RowShape s = check_rmsnorm_shapes(out, rstd, a, weight, eps);
+  const int packs = register_packs(s.cols, {out, a, b, residual}, {weight});
+  if (packs == 0) {
+    residual_forward(ctx, residual, a, b, stream);
+    rmsnorm_forward(ctx, out, rstd, residual, weight, eps, stream);
+    return;
+  }
+  if (s.rows == 0) return;
+  launch_forward_vector(packs, out, rstd, a, b, residual, weight, eps, s, stream);
 }
 
 void rmsnorm_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Tensor dout, Tensor inp,

@@ -89,6 +89,15 @@ void set_last_error(cudaError_t error);
 constexpr int kPinnedHost = -1, kNotAllocated = -2;
 int allocation_device(const void* pointer, size_t bytes);
 
+// What the calling host thread has asked of the emulated GPUs so far: kernel launches, and
+// host waits (a stream, event or device synchronization, or a copy into pageable memory, which
+// returns once it has landed). For tests that count how often an op stops the host.
+struct HostCounters {
+  uint64_t kernel_launches = 0;
+  uint64_t host_waits = 0;
+};
+HostCounters& this_thread_counters();
+
 // ---- stream-ordered work (emu_streams.cpp) ----
 // Queues `work` on `stream` (nullptr or cudaStreamLegacy: the calling thread's device's legacy
 // stream). Work runs lazily -- when the host waits for it (cudaStreamSynchronize, an event, a

@@ -280,7 +280,13 @@ void enqueue_wait(cudaStream_t handle, StreamMark mark) {
   push(e, resolve(e, handle), std::move(op), lock);
 }
 
+HostCounters& this_thread_counters() {
+  thread_local HostCounters counters;
+  return counters;
+}
+
 void synchronize_stream(cudaStream_t handle) {
+  ++this_thread_counters().host_waits;
   Engine& e = engine();
   Lock lock(e.mutex);
   run_until(e, resolve(e, handle), kEnd, true, lock);
@@ -294,6 +300,7 @@ bool query_stream(cudaStream_t handle) {
 
 void synchronize_mark(StreamMark mark) {
   if (mark.stream == nullptr) return;
+  ++this_thread_counters().host_waits;
   Engine& e = engine();
   Lock lock(e.mutex);
   run_until(e, static_cast<Stream*>(const_cast<void*>(mark.stream)), mark.seq + 1, true, lock);
@@ -308,6 +315,7 @@ bool query_mark(StreamMark mark) {
 }
 
 void synchronize_device(int device) {
+  ++this_thread_counters().host_waits;
   Engine& e = engine();
   Lock lock(e.mutex);
   // Up to the last op issued now: work queued meanwhile by other threads is not waited for.

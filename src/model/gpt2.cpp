@@ -182,9 +182,9 @@ void Gpt2Architecture::layer_forward(const LayerRun& run) const {
                             static_cast<int>(heads()), static_cast<int>(heads()), run.stream);
   Tensor attn_out =
       row_parallel_forward(run, atty.reshape({N, Cl}), w[kAttnProjWeight], w[kAttnProjBias]);
-  backend.residual_forward(residual2, input, attn_out, run.stream);
-  backend.layernorm_forward(ln2, prefix(a[kLn2Mean], {R}), prefix(a[kLn2Rstd], {R}), residual2,
-                            w[kLn2Weight], w[kLn2Bias], run.stream);
+  backend.residual_layernorm_forward(residual2, ln2, prefix(a[kLn2Mean], {R}),
+                                     prefix(a[kLn2Rstd], {R}), input, attn_out, w[kLn2Weight],
+                                     w[kLn2Bias], run.stream);
   Tensor ln2_full = enter_region_forward(tp_, ln2, gathered(run), run.stream);
   backend.matmul_gelu_forward(fch_gelu, fch, ln2_full, w[kFcWeight], w[kFcBias], run.stream);
   Tensor mlp_out = row_parallel_forward(run, fch_gelu, w[kFcProjWeight], w[kFcProjBias]);

@@ -296,9 +296,8 @@ void LlamaArchitecture::layer_forward(const LayerRun& run) const {
   backend.attention_forward(atty, prefix(a[kAttLse], {b, wd.heads, t}), qkv, heads, kv_heads,
                             run.stream);
   Tensor attn_out = row_parallel(run, atty.reshape({N, wd.attn}), w[i.o], optional(w, i.o_bias));
-  backend.residual_forward(residual2, input, attn_out, run.stream);
-  backend.rmsnorm_forward(norm2, prefix(a[kNorm2Rstd], {R}), residual2, w[i.mlp_norm], eps,
-                          run.stream);
+  backend.residual_rmsnorm_forward(residual2, norm2, prefix(a[kNorm2Rstd], {R}), input, attn_out,
+                                   w[i.mlp_norm], eps, run.stream);
   Tensor norm2_full = enter_region_forward(tp_, norm2, gathered(run), run.stream);
   backend.matmul_forward(gate_up, norm2_full, packed_rows(w[i.gate], 2 * wd.mlp),
                          packed_rows(optional(w, i.gate_bias), 2 * wd.mlp), true, run.stream);

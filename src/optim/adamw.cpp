@@ -13,7 +13,7 @@ float clip_coefficient(double grad_norm, double max_norm) {
   return static_cast<float>(std::min(1.0, coefficient));
 }
 
-static AdamWStep adam_step(const AdamWConfig& config, double lr, int64_t step, float grad_scale) {
+AdamWStep adamw_step(const AdamWConfig& config, double lr, int64_t step, float grad_scale) {
   AdamWStep adam;
   adam.lr = static_cast<float>(lr);
   adam.beta1 = static_cast<float>(config.beta1);
@@ -39,21 +39,28 @@ void for_each_decay_piece(const ParamLayout& layout, int tp_rank, const FlatRang
   }
 }
 
+void append_adamw_buffers(const ParamLayout& layout, int tp_rank, const FlatRange& range,
+                          Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy,
+                          double weight_decay, std::vector<AdamWTensors>& buffers) {
+  DSTRAIN_CHECK(param.numel() == range.numel && grad.numel() == range.numel &&
+                m.numel() == range.numel && v.numel() == range.numel);
+  for_each_decay_piece(layout, tp_rank, range, weight_decay,
+                       [&](int64_t local, int64_t count, float piece_decay) {
+    const auto piece = [&](const Tensor& t) { return t.slice(local, {count}); };
+    buffers.push_back({piece(param), piece(grad), piece(m), piece(v),
+                       param_copy.empty() ? Tensor() : piece(param_copy), piece_decay});
+  });
+}
+
 void adamw_update_range(Backend& backend, const ParamLayout& layout, int tp_rank,
                         const FlatRange& range, Tensor param, Tensor grad, Tensor m, Tensor v,
                         Tensor param_copy,
                         const AdamWConfig& config, double lr, int64_t step, float grad_scale,
                         Stream stream) {
-  DSTRAIN_CHECK(param.numel() == range.numel && grad.numel() == range.numel &&
-                m.numel() == range.numel && v.numel() == range.numel);
-  AdamWStep adam = adam_step(config, lr, step, grad_scale);
-  for_each_decay_piece(layout, tp_rank, range, config.weight_decay,
-                       [&](int64_t local, int64_t count, float weight_decay) {
-    adam.weight_decay = weight_decay;
-    backend.adamw(param.slice(local, {count}), grad.slice(local, {count}),
-                  m.slice(local, {count}), v.slice(local, {count}),
-                  param_copy.empty() ? Tensor() : param_copy.slice(local, {count}), adam, stream);
-  });
+  std::vector<AdamWTensors> buffers;
+  append_adamw_buffers(layout, tp_rank, range, param, grad, m, v, param_copy, config.weight_decay,
+                       buffers);
+  backend.adamw_multi(buffers, adamw_step(config, lr, step, grad_scale), stream);
 }
 
 void host_adamw_update_range(const ParamLayout& layout, int tp_rank, const FlatRange& range,
@@ -65,7 +72,7 @@ void host_adamw_update_range(const ParamLayout& layout, int tp_rank, const FlatR
   DSTRAIN_CHECK(param.device.is_cpu() && grad.device.is_cpu() && m.device.is_cpu() &&
                 v.device.is_cpu() && (param_copy.empty() || param_copy.device.is_cpu()))
       << "the host AdamW works on host memory";
-  AdamWStep adam = adam_step(config, lr, step, grad_scale);
+  AdamWStep adam = adamw_step(config, lr, step, grad_scale);
   const size_t grad_width = dtype_size(grad.dtype);
   for_each_decay_piece(layout, tp_rank, range, config.weight_decay,
                        [&](int64_t local, int64_t count, float weight_decay) {

@@ -40,6 +40,15 @@ void for_each_decay_piece(const ParamLayout& layout, int tp_rank, const FlatRang
                           double weight_decay,
                           const std::function<void(int64_t, int64_t, float)>& fn);
 
+// The step's scalars for Backend::adamw / adamw_multi (the weight decay is per buffer).
+AdamWStep adamw_step(const AdamWConfig& config, double lr, int64_t step, float grad_scale);
+
+// Appends the pieces of param[range] .. (as adamw_update_range splits them, each with its
+// tensor's weight decay) to `buffers`, for one Backend::adamw_multi over many blocks.
+void append_adamw_buffers(const ParamLayout& layout, int tp_rank, const FlatRange& range,
+                          Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy,
+                          double weight_decay, std::vector<AdamWTensors>& buffers);
+
 // Updates param[range] with grad[range] (views of exactly that range: param/m/v F32, grad any
 // float dtype), splitting the range at parameter boundaries so each piece gets its tensor's
 // weight decay. param_copy (optional, same range) receives the rounded low-precision weights.

@@ -495,33 +495,45 @@ void ShardedModel::sum_sequence_parallel_gradients() {
   compute_waits_for_comm();
 }
 
-double ShardedModel::counted_squares(const FlatRange& part, Tensor grads) {
-  if (tensor_ == nullptr || tensor_->rank() == 0) return backend_.sum_squares(grads, compute_);
+void ShardedModel::append_gradient_check(const FlatRange& part, Tensor grads,
+                                         std::vector<GradientTensor>& buffers) const {
+  if (tensor_ == nullptr || tensor_->rank() == 0) {
+    buffers.push_back({grads, true});
+    return;
+  }
   // A replicated parameter's gradient is the same on every tp rank: counted on index 0.
-  double squares = 0.0;
+  buffers.push_back({grads, false});
   for_each_param_in(part, [&](int64_t offset, int64_t count, const ParamSpec& spec) {
-    if (spec.tp_dim >= 0) squares += backend_.sum_squares(grads.slice(offset, {count}), compute_);
+    if (spec.tp_dim >= 0) buffers.push_back({grads.slice(offset, {count}), true});
   });
-  return squares;
 }
 
 // Every rank looks at its own part of every block it holds (at stage 0 the reduced gradients
 // are the same on every data-parallel rank, so each takes its shard's range; the tied copy is
 // counted on the first stage only, replicated parameters on tp index 0 only): inf/NaN
-// anywhere, agreed by all ranks with a max, and the sum of squares for the global norm.
+// anywhere, agreed by all ranks with a max, and the sum of squares for the global norm. All
+// blocks in one check, one wait for the device.
 StepStats ShardedModel::agree_on_gradients(const AdamWConfig& adam, double loss_scale) {
   const TraceSpan span(TraceTrack::Compute, TraceKind::Optimizer, "gradient check and norm", -1,
                        compute_);
   const Stream comm = comm_stream_.get();
-  float found_inf = 0.0f;
-  double squares = 0.0;
+  std::vector<GradientTensor> buffers;
+  std::vector<size_t> block_end;  // the blocks' buffers end here, in held_ order
   for (int block : held_) {
     const int64_t begin = shard_begin(block), count = shard_count(block);
     if (count == 0 || is_tied_copy(block)) continue;
     Tensor grads = shard_grads_ ? grads_padded(block).slice(0, {count})
                                 : grads_padded(block).slice(begin, {count});
-    if (backend_.has_inf_or_nan(grads, compute_)) found_inf = 1.0f;
-    squares += counted_squares(FlatRange{block, begin, count}, grads);
+    append_gradient_check(FlatRange{block, begin, count}, grads, buffers);
+    block_end.push_back(buffers.size());
+  }
+  const GradientStats checked = backend_.gradient_stats(buffers, compute_);
+  float found_inf = checked.found_inf ? 1.0f : 0.0f;
+  double squares = 0.0;  // block by block, each block's pieces first: a fixed order
+  for (size_t block = 0, i = 0; block < block_end.size(); ++block) {
+    double block_squares = 0.0;
+    for (; i < block_end[block]; ++i) block_squares += checked.squares[i];
+    squares += block_squares;
   }
   StepStats stats;
   if (all_.size() > 1) all_.all_reduce(Tensor(&found_inf, DType::F32, {1}), ReduceOp::Max, comm);
@@ -551,17 +563,19 @@ StepStats ShardedModel::finish_step(const AdamWConfig& adam, double lr, int64_t 
   if (sharding_.offload) {
     offload_step(adam, lr, adam_step, grad_scale);
   } else {
+    // Every block's range in one multi-tensor update.
+    const TraceSpan span(TraceTrack::Compute, TraceKind::Optimizer, "adamw", -1, compute_);
+    std::vector<AdamWTensors> buffers;
     for (int block : held_) {
       Block& b = blocks_[block];
       const FlatRange range = optimizer_range(block);
       if (range.numel == 0) continue;
       Tensor m = flat(b.exp_avg, range.numel), v = flat(b.exp_avg_sq, range.numel);
       Tensor copy = b.master.empty() ? Tensor() : range_params(block);
-      const TraceSpan span(TraceTrack::Compute, TraceKind::Optimizer, "adamw block", block,
-                           compute_);
-      adamw_update_range(backend_, layout_, tp_rank(), range, master(block), range_grads(block),
-                         m, v, copy, adam, lr, adam_step, grad_scale, compute_);
+      append_adamw_buffers(layout_, tp_rank(), range, master(block), range_grads(block), m, v,
+                           copy, adam.weight_decay, buffers);
     }
+    backend_.adamw_multi(buffers, adamw_step(adam, lr, adam_step, grad_scale), compute_);
   }
   // Stages 1 and 2 hold full parameters: gather the updated shards.
   if (shard_optimizer_ && !shard_params_) {

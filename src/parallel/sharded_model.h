@@ -200,8 +200,10 @@ class ShardedModel : public ParamProvider {
   void sum_tied_gradients();
   void sum_sequence_parallel_gradients();
   StepStats agree_on_gradients(const AdamWConfig& adam, double loss_scale);
-  // The sum of squares of the reduced gradients `grads` of `part` that the norm counts here.
-  double counted_squares(const FlatRange& part, Tensor grads);
+  // Appends the reduced gradients `grads` of `part` to a gradient check: all of them checked
+  // for inf/NaN, counted in the norm where this rank counts them.
+  void append_gradient_check(const FlatRange& part, Tensor grads,
+                             std::vector<GradientTensor>& buffers) const;
   // Calls fn(offset, count, spec) for each parameter of `range`'s block inside it, offset
   // relative to range.begin.
   template <typename Fn>

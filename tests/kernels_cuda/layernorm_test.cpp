@@ -175,5 +175,105 @@ TEST(CudaLayernorm, BackwardVectorRowsAndOffsetsMatchCpu) {
   }
 }
 
+// The residual add fused into the layernorm: on the GPU bitwise what residual_forward then
+// layernorm_forward give there (the residual stream, the normalized rows, mean and rstd), on
+// the vector rows (kVectorC at aligned offsets) and on the fallback (misaligned views, C = 13);
+// against the CPU's two ops the residual is bitwise, the rest within the layernorm's
+// tolerances. Every buffer compared whole, guards intact.
+TEST(CudaLayernorm, ResidualFusedIsBitwiseTheTwoOps) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : kFloatDTypes) {
+    for (int64_t C : {int64_t{40}, int64_t{264}, int64_t{1032}, int64_t{13}}) {
+      for (int64_t offset : kViewOffsets) {
+        const int64_t N = 5, size = offset + N * C;
+        Random rng(34);
+        const HostTensor a = random_tensor(rng, dtype, {size}, -2.0, 3.0);
+        const HostTensor b = random_tensor(rng, dtype, {size}, -1.0, 1.0);
+        const HostTensor weight = random_tensor(rng, dtype, {offset + C}, 0.5, 1.5);
+        const HostTensor bias = random_tensor(rng, DType::F32, {offset + C});
+        const HostTensor residual = random_tensor(rng, dtype, {size});  // compared whole
+        const HostTensor out = random_tensor(rng, dtype, {size});
+        const HostTensor stats = nan_tensor(DType::F32, {N});
+        TwinBuffers fused({&residual, &out, &stats, &stats, &a, &b, &weight, &bias});
+        TwinBuffers two_ops({&residual, &out, &stats, &stats, &a, &b, &weight, &bias});
+        const auto rows = [&](const Tensor& buffer) { return buffer.slice(offset, {N, C}); };
+        const auto cols = [&](const Tensor& buffer) { return buffer.slice(offset, {C}); };
+        std::vector<Tensor> f(fused.cpu.begin(), fused.cpu.end());
+        cpu_backend().residual_layernorm_forward(rows(f[0]), rows(f[1]), f[2], f[3], rows(f[4]),
+                                                 rows(f[5]), cols(f[6]), cols(f[7]), nullptr);
+        GpuRun run;
+        std::vector<Tensor> g, h;
+        for (HostTensor& buffer : fused.gpu) g.push_back(run(buffer));
+        for (HostTensor& buffer : two_ops.gpu) h.push_back(run(buffer));
+        cuda_backend().residual_layernorm_forward(rows(g[0]), rows(g[1]), g[2], g[3], rows(g[4]),
+                                                  rows(g[5]), cols(g[6]), cols(g[7]), nullptr);
+        cuda_backend().residual_forward(rows(h[0]), rows(h[4]), rows(h[5]), nullptr);
+        cuda_backend().layernorm_forward(rows(h[1]), h[2], h[3], rows(h[0]), cols(h[6]), cols(h[7]),
+                                         nullptr);
+        run.finish();
+        const std::string where = view_case(dtype, N, C, offset);
+        EXPECT_GT(norm_squared(fused.cpu[1].values()), 0.0);
+        for (size_t i = 0; i < fused.gpu.size(); ++i) {
+          EXPECT_TRUE(bitwise_equal(fused.gpu[i], two_ops.gpu[i]))
+              << "buffer " << i << " " << where;
+        }
+        EXPECT_TRUE(bitwise_equal(fused.gpu[0], fused.cpu[0])) << "residual " << where;
+        EXPECT_TRUE(all_close(fused.gpu[1].values(), fused.cpu[1].values(), value_tolerance(dtype)))
+            << where;
+        for (int stat : {2, 3}) {
+          EXPECT_TRUE(
+              all_close(fused.gpu[stat].values(), fused.cpu[stat].values(), {1e-6, 1e-5, 1e-12}))
+              << (stat == 2 ? "mean " : "rstd ") << where;
+        }
+        EXPECT_TRUE(fused.guards_intact_all()) << where;
+      }
+    }
+  }
+}
+
+// dweight and dbias (the column sums) take 8 columns per thread with 128-bit loads where the
+// rows allow and one column per thread where they do not (a view 1 element in): per column the
+// same terms in the same order, so the same bits. N = 300: three chunks of rows, the last short;
+// C = 2056 is above the register-held rows' bound but still in packs of 8.
+TEST(CudaLayernorm, ColumnSumsVectorAndScalarPathsGiveTheSameBits) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : kFloatDTypes) {
+    for (int64_t C : {int64_t{40}, int64_t{264}, int64_t{2056}}) {
+      const int64_t N = 300;
+      Random rng(35);
+      HostTensor inp = random_tensor(rng, dtype, {N, C}, -2.0, 3.0);
+      HostTensor dout = random_tensor(rng, dtype, {N, C});
+      HostTensor weight = random_tensor(rng, dtype, {C}, 0.5, 1.5);
+      const HostTensor bias = random_tensor(rng, dtype, {C});
+      const HostTensor dweight = random_tensor(rng, DType::F32, {C});
+      const HostTensor dbias = random_tensor(rng, DType::F32, {C});
+      HostTensor mean(DType::F32, {N}), rstd(DType::F32, {N}), out(dtype, {N, C});
+      cpu_backend().layernorm_forward(out, mean, rstd, inp, weight, bias, nullptr);
+      // The rows again, 1 element into a buffer: misaligned for every dtype.
+      HostTensor shifted_inp(dtype, {N * C + 1}), shifted_dout(dtype, {N * C + 1});
+      for (int64_t i = 0; i < N * C; ++i) {
+        shifted_inp.set(i + 1, inp.get(i));
+        shifted_dout.set(i + 1, dout.get(i));
+      }
+      HostTensor dw_vector = dweight.clone(), db_vector = dbias.clone();
+      HostTensor dw_scalar = dweight.clone(), db_scalar = dbias.clone();
+      HostTensor dinp_vector(dtype, {N, C}), dinp_scalar(dtype, {N, C});
+      GpuRun run;
+      const Tensor w = run(weight);
+      const Tensor m = run(mean), s = run(rstd);
+      cuda_backend().layernorm_backward(run(dinp_vector), run(dw_vector), run(db_vector), run(dout),
+                                        run(inp), w, m, s, nullptr);
+      cuda_backend().layernorm_backward(run(dinp_scalar), run(dw_scalar), run(db_scalar),
+                                        run(shifted_dout).slice(1, {N, C}),
+                                        run(shifted_inp).slice(1, {N, C}), w, m, s, nullptr);
+      run.finish();
+      const std::string where = std::string(dtype_name(dtype)) + " C " + std::to_string(C);
+      EXPECT_FALSE(bitwise_equal(dw_vector, dweight)) << "dweight did not change, " << where;
+      EXPECT_TRUE(bitwise_equal(dw_vector, dw_scalar)) << "dweight " << where;
+      EXPECT_TRUE(bitwise_equal(db_vector, db_scalar)) << "dbias " << where;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dstrain::test

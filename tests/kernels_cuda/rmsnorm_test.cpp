@@ -88,5 +88,56 @@ TEST(CudaRmsnorm, BackwardMatchesCpu) {
   }
 }
 
+// The residual add fused into the RMSNorm: on the GPU bitwise what residual_forward then
+// rmsnorm_forward give there (the residual stream, the normalized rows, rstd), on the
+// register-held rows (C = 40: 5 packs; 264: lane 0 holds two; 1032: 8 packs instantiated) at
+// aligned offsets and on the fallback (misaligned views, C = 13); against the CPU's two ops the
+// residual is bitwise, the rest within the RMSNorm's tolerances. Buffers compared whole.
+TEST(CudaRmsnorm, ResidualFusedIsBitwiseTheTwoOps) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : kFloatDTypes) {
+    for (int64_t C : {int64_t{40}, int64_t{264}, int64_t{1032}, int64_t{13}}) {
+      for (int64_t offset : kViewOffsets) {
+        const int64_t N = 5, size = offset + N * C;
+        Random rng(62);
+        const HostTensor a = random_tensor(rng, dtype, {size}, -2.0, 3.0);
+        const HostTensor b = random_tensor(rng, dtype, {size}, -1.0, 1.0);
+        const HostTensor weight = random_tensor(rng, dtype, {offset + C}, 0.5, 1.5);
+        const HostTensor residual = random_tensor(rng, dtype, {size});  // compared whole
+        const HostTensor out = random_tensor(rng, dtype, {size});
+        const HostTensor rstd = nan_tensor(DType::F32, {N});
+        TwinBuffers fused({&residual, &out, &rstd, &a, &b, &weight});
+        TwinBuffers two_ops({&residual, &out, &rstd, &a, &b, &weight});
+        const auto rows = [&](const Tensor& buffer) { return buffer.slice(offset, {N, C}); };
+        const auto cols = [&](const Tensor& buffer) { return buffer.slice(offset, {C}); };
+        std::vector<Tensor> f(fused.cpu.begin(), fused.cpu.end());
+        cpu_backend().residual_rmsnorm_forward(rows(f[0]), rows(f[1]), f[2], rows(f[3]), rows(f[4]),
+                                               cols(f[5]), kEps, nullptr);
+        GpuRun run;
+        std::vector<Tensor> g, h;
+        for (HostTensor& buffer : fused.gpu) g.push_back(run(buffer));
+        for (HostTensor& buffer : two_ops.gpu) h.push_back(run(buffer));
+        cuda_backend().residual_rmsnorm_forward(rows(g[0]), rows(g[1]), g[2], rows(g[3]),
+                                                rows(g[4]), cols(g[5]), kEps, nullptr);
+        cuda_backend().residual_forward(rows(h[0]), rows(h[3]), rows(h[4]), nullptr);
+        cuda_backend().rmsnorm_forward(rows(h[1]), h[2], rows(h[0]), cols(h[5]), kEps, nullptr);
+        run.finish();
+        const std::string where = view_case(dtype, N, C, offset);
+        EXPECT_GT(norm_squared(fused.cpu[1].values()), 0.0);
+        for (size_t i = 0; i < fused.gpu.size(); ++i) {
+          EXPECT_TRUE(bitwise_equal(fused.gpu[i], two_ops.gpu[i]))
+              << "buffer " << i << " " << where;
+        }
+        EXPECT_TRUE(bitwise_equal(fused.gpu[0], fused.cpu[0])) << "residual " << where;
+        EXPECT_TRUE(all_close(fused.gpu[1].values(), fused.cpu[1].values(), value_tolerance(dtype)))
+            << where;
+        EXPECT_TRUE(all_close(fused.gpu[2].values(), fused.cpu[2].values(), {1e-6, 1e-5, 1e-11}))
+            << "rstd " << where;
+        EXPECT_TRUE(fused.guards_intact_all()) << where;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dstrain::test

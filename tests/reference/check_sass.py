@@ -15,7 +15,8 @@ benchmarks/RESULTS.md come from it).
 
 Usage: check_sass.py OBJECT.o [OBJECT.o ...]
 Exit 77 (skipped) where no cuobjdump is found: the toolkit's, or PyPI's nvidia-cuda-cuobjdump
-(scripts/install-test-references.sh installs it for /usr/bin/python3).
+with nvidia-cuda-nvdisasm beside it (scripts/install-test-references.sh installs both for
+/usr/bin/python3).
 """
 import collections
 import glob
@@ -33,10 +34,16 @@ RULES = [
      ("HMMA", "LDSM", "LDGSTS")),
     ("bf16/f16 attention backward on tensor cores (dK/dV, dQ)",
      r"attention_(dkdv|dq)_mma_kernel<", ("HMMA", "LDSM", "LDGSTS")),
-    # kernels/cuda/cuda_vector.cuh's users (elementwise, layernorm rows, AdamW): every
+    # kernels/cuda/cuda_vector.cuh's users (elementwise, layernorm and RMSNorm rows): every
     # instantiation with a bf16 template argument moves data 128 bits at a time.
     ("bf16 memory-bound kernel with 128-bit global loads and stores",
      r"_vector_kernel<[^>]*__nv_bfloat16", ("LDG.E.128", "STG.E.128")),
+    # The multi-tensor optimizer step (cuda_optim.cu): AdamW over every buffer in one launch,
+    # 128 bits at a time where a buffer allows; the gradient check reads 128 bits at a time.
+    ("multi-tensor AdamW with bf16 gradients, 128-bit loads and stores",
+     r"adamw_multi_kernel<__nv_bfloat16", ("LDG.E.128", "STG.E.128")),
+    ("multi-tensor gradient check (inf/NaN and squares) with 128-bit loads",
+     r"gradient_partials_kernel", ("LDG.E.128",)),
 ]
 
 
@@ -62,7 +69,11 @@ def demangle(names):
 
 
 def run(cuobjdump, *args):
-    result = subprocess.run([cuobjdump, *args], capture_output=True, text=True)
+    # cuobjdump -sass runs nvdisasm, looked up on PATH: PyPI's nvidia-cuda-nvdisasm puts it
+    # beside PyPI's cuobjdump, the toolkit beside its own.
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(cuobjdump) + os.pathsep + env.get("PATH", "")
+    result = subprocess.run([cuobjdump, *args], capture_output=True, text=True, env=env)
     if result.returncode != 0:
         raise SystemExit(f"cuobjdump {' '.join(args)} failed: {result.stderr.strip()}")
     return result.stdout

@@ -74,7 +74,22 @@ struct Run {
   int tp = 1;  // tensor-parallel ranks
   bool sequence_parallel = true;
   bool four_heads = false;  // the small model with 4 heads of 6 channels (tp 2 and 4 split it)
+  // 2 heads of 64 channels: a head dimension the tensor-core attention takes in bf16/fp16
+  // (kernels/cuda/cuda_attention_mma.cu); the small model's heads of 8 take the fp32 kernels.
+  bool tensor_core_heads = false;
 };
+
+using RunSpec = Run;  // (inside a TEST, Run names testing::Test::Run)
+
+// The small model with other heads: dir/NAME/config.json with n_embd and n_head as given.
+std::string small_model_with_heads(const fs::path& dir, const std::string& name, int n_embd,
+                                   int n_head) {
+  fs::create_directories(dir / name);
+  const fs::path path = dir / name / "config.json";
+  std::ofstream(path) << R"({"model_type": "gpt2", "vocab_size": 37, "n_positions": 32, "n_embd": )"
+                      << n_embd << R"(, "n_layer": 2, "n_head": )" << n_head << "}";
+  return path.string();
+}
 
 struct RunResult {
   std::vector<double> losses;
@@ -88,14 +103,11 @@ RunResult train_run(const fs::path& dir, const Run& run) {
                            "_z" + std::to_string(run.zero) + (run.offload ? "_offload" : "") +
                            (run.gpu_per_rank ? "_gpus" : "") + "_pp" + std::to_string(run.pp) +
                            run.schedule + "_tp" + std::to_string(run.tp) +
-                           (run.sequence_parallel ? "sp" : "") + (run.four_heads ? "_4h" : "");
+                           (run.sequence_parallel ? "sp" : "") + (run.four_heads ? "_4h" : "") +
+                           (run.tensor_core_heads ? "_hd64" : "");
   TrainOptions options = test::small_run_options(dir, name, run.ranks);
-  if (run.four_heads) {
-    fs::create_directories(dir / "four_heads");
-    options.model = (dir / "four_heads" / "config.json").string();
-    std::ofstream(options.model) << R"({"model_type": "gpt2", "vocab_size": 37, "n_positions": 32,
-                                       "n_embd": 24, "n_layer": 2, "n_head": 4})";
-  }
+  if (run.four_heads) options.model = small_model_with_heads(dir, "four_heads", 24, 4);
+  if (run.tensor_core_heads) options.model = small_model_with_heads(dir, "heads_of_64", 128, 2);
   options.device = run.device;
   // One GPU (or one per rank), and the flags are the plan (plan_run does not plan with
   // max_gpus).
@@ -162,6 +174,32 @@ TEST(CudaTraining, Fp16TwentyStepsMatchTheCpuBackend) {
   EXPECT_EQ(cuda.skipped, cpu.skipped) << "the scaler skipped other steps";
 }
 
+// bf16 and fp16 on the tensor-core attention (heads of 64), 20 steps against the CPU backend.
+// Tolerance: the kernel rounds the probabilities P to the storage dtype before the P V product
+// (the CPU twin keeps them in fp32) and sums in other orders; a bf16 value carries 8 bits
+// (2^-9 relative rounding), fp16 11: per-step loss within 2e-2 (bf16) and 1e-2 (fp16, the fp16
+// test's above) relative. Both runs skip the same fp16 steps.
+TEST(CudaTraining, Bf16AndFp16OnTensorCoreAttentionMatchTheCpuBackend) {
+  REQUIRE_CUDA_DEVICE();
+  const testing::TempDir dir;
+  for (const auto& [precision, tolerance] : {std::pair{"bf16", 2e-2}, std::pair{"fp16", 1e-2}}) {
+    RunSpec run{"cpu", precision};
+    run.tensor_core_heads = true;
+    const RunResult cpu = train_run(dir.path(), run);
+    run.device = "cuda";
+    const RunResult cuda = train_run(dir.path(), run);
+    ASSERT_LT(cpu.losses.back(), cpu.losses.front() - 0.1) << precision;
+    expect_losses_near(cuda, cpu, tolerance, std::string(precision) + " CUDA vs CPU, heads of 64");
+    EXPECT_EQ(cuda.skipped, cpu.skipped) << precision << ": the scaler skipped other steps";
+    double worst = 0;
+    for (int step = 0; step < kSteps; ++step) {
+      worst = std::max(worst, std::abs(cuda.losses[step] / cpu.losses[step] - 1));
+    }
+    std::cout << "  " << precision << ", heads of 64: largest relative loss difference " << worst
+              << ", max |weight difference| " << max_weight_difference(cuda, cpu) << "\n";
+  }
+}
+
 TEST(CudaTraining, TwoRanksSharingOneGpuZero3OffloadMatchOneRank) {
   REQUIRE_CUDA_DEVICE();
   const testing::TempDir dir;
@@ -213,8 +251,6 @@ TEST(CudaTraining, TwoRanksWithAGpuEachThroughNcclZero3MatchOneRank) {
     std::cout << "  " << what << ": max |weight difference| vs 1 rank " << error << "\n";
   }
 }
-
-using RunSpec = Run;  // (inside a TEST, Run names testing::Test::Run)
 
 // Pipelines on the CUDA backend: the stages' activations and gradients go through the
 // pipeline group's exchanges (grouped ncclSend/ncclRecv on the emulator's NCCL, one GPU per

@@ -1,0 +1,131 @@
+// Launches and host waits of the CUDA backend's fused and multi-tensor ops, counted by the
+// emulator (emu::this_thread_counters): the multi-tensor gradient check is two launches and one
+// wait for any number of buffers, where the ops buffer by buffer wait once each; the
+// multi-tensor AdamW is one launch and no wait; the residual add fused into a norm is one
+// launch where the two ops are two.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda_emu/emu_runtime.h"
+
+namespace dstrain {
+namespace {
+
+constexpr int kBuffers = 40;
+constexpr int64_t kElements = 1000;  // per buffer; the buffers lie kElements + 3 apart
+
+// kBuffers x (kElements + 3) random floats in emulated device memory.
+struct DeviceArena {
+  float* data = nullptr;
+  DeviceArena() {
+    std::vector<float> host(kBuffers * (kElements + 3));
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    for (float& x : host) x = uniform(rng);
+    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&data), host.size() * sizeof(float)),
+              cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(data, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  ~DeviceArena() { cudaFree(data); }
+  Tensor buffer(int i) const {
+    return Tensor(data + i * (kElements + 3), DType::F32, {kElements},
+                  Device{Device::Kind::CUDA, 0});
+  }
+};
+
+emu::HostCounters since(const emu::HostCounters& before) {
+  const emu::HostCounters now = emu::this_thread_counters();
+  return {now.kernel_launches - before.kernel_launches, now.host_waits - before.host_waits};
+}
+
+TEST(EmulatedHostWaits, GradientStatsWaitsOnceForAnyNumberOfBuffers) {
+  std::unique_ptr<Backend> backend = make_cuda_backend(0);
+  const Stream stream = backend->create_stream();
+  DeviceArena arena;
+  std::vector<GradientTensor> buffers;
+  for (int i = 0; i < kBuffers; ++i) buffers.push_back({arena.buffer(i), i % 4 != 3});
+  backend->gradient_stats(buffers, stream);  // the first call allocates its pinned readback
+
+  const emu::HostCounters before = emu::this_thread_counters();
+  const GradientStats stats = backend->gradient_stats(buffers, stream);
+  const emu::HostCounters multi = since(before);
+  EXPECT_EQ(multi.kernel_launches, 2u) << "the partials of every buffer, then their sums";
+  EXPECT_EQ(multi.host_waits, 1u);
+
+  const emu::HostCounters before_alone = emu::this_thread_counters();
+  for (int i = 0; i < kBuffers; ++i) {
+    if (!buffers[i].count_squares) continue;
+    EXPECT_EQ(stats.squares[i], backend->sum_squares(buffers[i].x, stream)) << "buffer " << i;
+    EXPECT_GT(stats.squares[i], 0.0);
+  }
+  EXPECT_EQ(since(before_alone).host_waits, static_cast<uint64_t>(kBuffers - kBuffers / 4))
+      << "one wait per buffer checked alone";
+  backend->destroy_stream(stream);
+}
+
+TEST(EmulatedHostWaits, AdamWMultiIsOneLaunchAndNoWait) {
+  std::unique_ptr<Backend> backend = make_cuda_backend(0);
+  const Stream stream = backend->create_stream();
+  DeviceArena param, grad, m, v;
+  std::vector<AdamWTensors> buffers;
+  for (int i = 0; i < kBuffers; ++i) {
+    buffers.push_back(
+        {param.buffer(i), grad.buffer(i), m.buffer(i), v.buffer(i), Tensor(), i % 2 ? 0.1f : 0.0f});
+  }
+  backend->synchronize(stream);
+  const emu::HostCounters before = emu::this_thread_counters();
+  AdamWStep step;
+  step.lr = 1e-3f;
+  backend->adamw_multi(buffers, step, stream);
+  const emu::HostCounters queued = since(before);
+  EXPECT_EQ(queued.kernel_launches, 1u);
+  EXPECT_EQ(queued.host_waits, 0u);
+  backend->synchronize(stream);
+  EXPECT_EQ(since(before).host_waits, 1u) << "synchronize waits once";
+  backend->destroy_stream(stream);
+}
+
+// Rows of 64 channels in bf16: the register-held form, so the fused op is one kernel.
+TEST(EmulatedLaunchCounts, ResidualFusedIntoTheNormIsOneLaunch) {
+  std::unique_ptr<Backend> backend = make_cuda_backend(0);
+  constexpr int64_t kRows = 4, kC = 64;
+  void* memory = nullptr;
+  ASSERT_EQ(cudaMalloc(&memory, 6 * kRows * kC * sizeof(uint16_t)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(memory, 0, 6 * kRows * kC * sizeof(uint16_t)), cudaSuccess);
+  const auto rows = [&](int i) {
+    return Tensor(static_cast<uint16_t*>(memory) + i * kRows * kC, DType::BF16, {kRows, kC},
+                  Device{Device::Kind::CUDA, 0});
+  };
+  const Tensor weight = rows(5).slice(0, {kC}), bias = rows(5).slice(kC, {kC});
+  float* stats = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&stats), 2 * kRows * sizeof(float)), cudaSuccess);
+  const Device gpu{Device::Kind::CUDA, 0};
+  const Tensor mean(stats, DType::F32, {kRows}, gpu), rstd(stats + kRows, DType::F32, {kRows}, gpu);
+  backend->synchronize(nullptr);
+
+  emu::HostCounters before = emu::this_thread_counters();
+  backend->residual_layernorm_forward(rows(0), rows(1), mean, rstd, rows(2), rows(3), weight, bias,
+                                      nullptr);
+  EXPECT_EQ(since(before).kernel_launches, 1u) << "layernorm";
+  before = emu::this_thread_counters();
+  backend->residual_rmsnorm_forward(rows(0), rows(1), rstd, rows(2), rows(3), weight, 1e-5f,
+                                    nullptr);
+  EXPECT_EQ(since(before).kernel_launches, 1u) << "RMSNorm";
+  before = emu::this_thread_counters();
+  backend->residual_forward(rows(0), rows(2), rows(3), nullptr);
+  backend->rmsnorm_forward(rows(1), rstd, rows(0), weight, 1e-5f, nullptr);
+  EXPECT_EQ(since(before).kernel_launches, 2u) << "the two ops";
+  backend->synchronize(nullptr);
+  cudaFree(stats);
+  cudaFree(memory);
+}
+
+}  // namespace
+}  // namespace dstrain
