@@ -169,7 +169,7 @@ void print_row(const Case& c, const Case& one, double scale, double activation_m
   const double predicted_rest = (c.cost.step_seconds - c.cost.tp_comm_seconds) * scale;
   const double same_efficiency =
       predicted_rest -
-      c.cost.compute_seconds * (1 - c.cost.efficiency / one.cost.efficiency) * scale;
+      c.cost.gemm_seconds * (1 - c.cost.efficiency / one.cost.efficiency) * scale;
   if (!c.error.empty()) {
     std::printf("| %s | failed: %s | | | %.3f | %.3f | | | | | |\n", case_name(c).c_str(),
                 c.error.c_str(), predicted_rest, same_efficiency);

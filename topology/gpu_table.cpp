@@ -18,7 +18,10 @@ constexpr double kGBps = 1e9;
 //
 // Peak tensor rates are dense (no 2:4 sparsity) with FP32 accumulation, the mode a trainer
 // uses. GeForce parts run FP32-accumulate at half their FP16-accumulate rate; datacenter
-// parts at the full rate.
+// parts at the full rate. FP32 rates are the CUDA cores' (non-tensor), from the same documents:
+// GA102 whitepaper 35.6 (RTX 3090), Ada whitepaper 82.6 (RTX 4090), RTX Blackwell whitepaper
+// 104.8 (RTX 5090), A100 datasheet 19.5, H100 datasheet 67 (SXM) and 51 (PCIe), H200
+// datasheet 67, L40S datasheet 91.6. dstrain's fp32 GEMMs (no TF32) and fp32 attention run there.
 //
 // Compute capabilities: CUDA C++ Programming Guide, "Compute Capabilities" table
 // (8.0 A100, 8.6 GA10x, 8.9 Ada, 9.0 Hopper, 12.0 GeForce Blackwell).
@@ -46,6 +49,7 @@ std::vector<KnownGpu> make_table() {
     g.cc_major = 8, g.cc_minor = 6;
     g.fp16_tflops = 71;
     g.bf16_tflops = 71;
+    g.fp32_tflops = 35.6;
     // Same whitepaper, "Third-Generation NVLink": four x4 links, each 14.0625 GB/s in each
     // direction (56.25 GB/s per direction over the bridge; nvidia-smi shows NV4).
     g.nvlink_generation = 3;
@@ -69,6 +73,7 @@ std::vector<KnownGpu> make_table() {
     g.cc_major = 8, g.cc_minor = 9;
     g.fp16_tflops = 165.2;
     g.bf16_tflops = 165.2;
+    g.fp32_tflops = 82.6;
     g.pcie_generation = 4;
     g.pcie_peer_access = false;
     g.consumer = true;
@@ -89,6 +94,7 @@ std::vector<KnownGpu> make_table() {
     g.cc_major = 12, g.cc_minor = 0;
     g.fp16_tflops = 209.5;
     g.bf16_tflops = 209.5;
+    g.fp32_tflops = 104.8;
     g.pcie_generation = 5;
     g.pcie_peer_access = false;
     g.consumer = true;
@@ -108,6 +114,7 @@ std::vector<KnownGpu> make_table() {
     g.cc_major = 8, g.cc_minor = 0;
     g.fp16_tflops = 312;
     g.bf16_tflops = 312;
+    g.fp32_tflops = 19.5;
     g.nvlink_generation = 3;
     g.nvlinks_per_gpu = 12;
     g.nvlink_bytes_per_s = 25 * kGBps;
@@ -125,6 +132,7 @@ std::vector<KnownGpu> make_table() {
     g.cc_major = 8, g.cc_minor = 0;
     g.fp16_tflops = 312;
     g.bf16_tflops = 312;
+    g.fp32_tflops = 19.5;
     g.nvlink_generation = 3;
     g.nvlinks_per_gpu = 12;
     g.nvlink_bytes_per_s = 25 * kGBps;
@@ -148,6 +156,7 @@ std::vector<KnownGpu> make_table() {
     g.cc_major = 9, g.cc_minor = 0;
     g.fp16_tflops = 989.4;
     g.bf16_tflops = 989.4;
+    g.fp32_tflops = 67;
     g.nvlink_generation = 4;
     g.nvlinks_per_gpu = 18;
     g.nvlink_bytes_per_s = 25 * kGBps;
@@ -165,6 +174,7 @@ std::vector<KnownGpu> make_table() {
     g.cc_major = 9, g.cc_minor = 0;
     g.fp16_tflops = 756.5;
     g.bf16_tflops = 756.5;
+    g.fp32_tflops = 51;
     g.nvlink_generation = 4;
     g.nvlinks_per_gpu = 12;  // 600 GB/s total = 12 links x 25 GB/s x 2 directions
     g.nvlink_bytes_per_s = 25 * kGBps;
@@ -185,6 +195,7 @@ std::vector<KnownGpu> make_table() {
     g.cc_major = 9, g.cc_minor = 0;
     g.fp16_tflops = 989.4;
     g.bf16_tflops = 989.4;
+    g.fp32_tflops = 67;
     g.nvlink_generation = 4;
     g.nvlinks_per_gpu = 18;
     g.nvlink_bytes_per_s = 25 * kGBps;
@@ -207,6 +218,7 @@ std::vector<KnownGpu> make_table() {
     g.cc_major = 8, g.cc_minor = 9;
     g.fp16_tflops = 362.05;
     g.bf16_tflops = 362.05;
+    g.fp32_tflops = 91.6;
     g.pcie_generation = 4;
     g.pcie_peer_access = true;
     table.push_back(g);

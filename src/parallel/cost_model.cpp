@@ -16,13 +16,13 @@ namespace {
 
 // ---- Constants ------------------------------------------------------------------------------
 
-// ASSUMPTION: the best fraction of peak tensor FLOP/s a training step reaches, before the
-// shape penalties of gemm_efficiency. With 8192-token micro-batches and n_embd 4096 the model
-// gives 0.55 x 0.985 x 0.94 = 0.51, in line with published model-FLOPs utilization of large
-// GPT training: 44-52% of A100 peak (Narayanan et al., "Efficient Large-Scale Language Model
-// Training on GPU Clusters Using Megatron-LM", SC'21, table 1) and 46.2% for PaLM 540B
-// (Chowdhery et al. 2022, table 3). Elementwise ops, softmax and launch gaps are inside it.
-constexpr double kMaxPeakFraction = 0.55;
+// ASSUMPTION: the best fraction of peak FLOP/s the GEMMs (cuBLAS, cuBLASLt) reach, before the
+// shape penalties of gemm_efficiency: 0.80, the low end of the "80-90% of the theoretical
+// maximum device throughput" of optimized GEMMs (Dao, "FlashAttention-2", 2023, section 1).
+// With 8192-token micro-batches and n_embd 4096 the model gives 0.80 x 0.985 x 0.94 = 0.74.
+// The attention and the memory-bound kernels are timed apart (below); launch gaps are not
+// modelled.
+constexpr double kMaxPeakFraction = 0.80;
 // ASSUMPTION: GEMM utilization halves at 128 rows (tokens per micro-batch) and at a narrow side
 // of 256 (n_embd / tp): small GEMMs cannot fill the SMs' tiles (a 128x256 tile grid of a
 // 128 x 256 output is one tile for 100+ SMs). Shape of the curve: x / (x + half). With
@@ -31,9 +31,33 @@ constexpr double kMaxPeakFraction = 0.55;
 constexpr double kHalfEfficiencyRows = 128;
 constexpr double kHalfEfficiencyWidth = 256;
 
-// ASSUMPTION: fp32 training runs on TF32 tensor cores at half the dense fp16/bf16 rate
-// (A100 datasheet: TF32 156 vs BF16 312 TFLOPS; H100 SXM: 494.7 vs 989.4 dense).
+// ASSUMPTION: MFU's peak for fp32 is the TF32 tensor rate, half the dense fp16/bf16 rate (A100
+// datasheet: TF32 156 vs BF16 312 TFLOPS; H100 SXM: 494.7 vs 989.4 dense). dstrain's fp32 GEMMs
+// do not use it (cuda_matmul.cu: exact fp32, no TF32): the cost model times them on the CUDA
+// cores (GpuSpeed::fp32_flops).
 constexpr double kFp32PeakFraction = 0.5;
+
+// ASSUMPTION: the tensor-core attention kernels (FlashAttention-2 style, mma.sync m16n8k16)
+// reach 50% of the tensor peak forward and 43% backward, on the FLOPs they execute
+// (kernel_work.h). FlashAttention-2 reaches 50-73% of the A100's peak (Dao 2023, abstract), "up
+// to 73% ... in the forward pass, and up to 63% ... in the backward pass" (section 1): the low
+// end for the forward, and the backward the same 63/73 of it. dstrain's kernels are untuned
+// (4 warps, fixed tiles), hence the low end.
+constexpr double kAttentionForwardPeakFraction = 0.50;
+constexpr double kAttentionBackwardPeakFraction = 0.50 * 63 / 73;
+// ASSUMPTION: on Hopper and datacenter Blackwell mma.sync reaches 46% of what it reaches on an
+// A100, relative to the peak: the same FlashAttention-2 code reaches "up to 335 TFLOPs/s" on an
+// H100 (Dao 2023, section 4.1), 34% of its 989.4, against 73% on the A100. (FlashAttention-3,
+// Shah et al. 2024, abstract: FlashAttention-2 achieves "only 35% utilization on the H100".)
+// Their peak needs warpgroup MMA (wgmma, tcgen05), which cuBLAS uses and these kernels do not.
+constexpr double kHopperMmaSyncFraction = 335.0 / 989.4 / 0.73;
+// ASSUMPTION: the fp32 attention kernels (cuda_attention_forward.cu / _backward.cu) reach 10% of
+// the CUDA cores' fp32 rate. Derived: each multiply-add of their dot products reads two fp32
+// operands from shared memory (dot_rows; a broadcast and one word per lane), and an SM serves
+// one warp-wide shared load per clock, so at most 16 multiply-adds per SM per clock, 1/8 of the
+// 128 fp32 lanes of an SM since Ampere GA10x (1/4 of an A100's 64); the exps, shuffles and
+// barriers between them take the rest.
+constexpr double kCudaCoreAttentionFraction = 0.10;
 
 // Device memory bandwidth, datasheet values (bytes/s): GA102 whitepaper (RTX 3090 936 GB/s),
 // Ada whitepaper (RTX 4090 1008 GB/s), RTX Blackwell whitepaper (RTX 5090 1792 GB/s), A100
@@ -120,8 +144,22 @@ double tensor_flops_per_sm_clock(int cc_major, int cc_minor) {
   if (cc_major >= 11) return 512;                        // Blackwell consumer (sm_120)
   return 256;
 }
+// FP32 FLOPs per SM per clock on the CUDA cores: 2 x the fp32 lanes of an SM (64 on Volta, Turing
+// and A100; 128 from GA10x on, as in the Ampere GA102, Ada and Hopper whitepapers: RTX 4090 82.6
+// TFLOP/s = 128 SMs x 2.52 GHz x 256; H100 SXM 67 = 132 x 1.98 GHz x 256).
+double cuda_core_flops_per_sm_clock(int cc_major, int cc_minor) {
+  if (cc_major < 8 || (cc_major == 8 && cc_minor == 0)) return 128;
+  return 256;
+}
+
+// mma.sync's share of the tensor peak by architecture (kHopperMmaSyncFraction).
+double mma_sync_fraction(int cc_major) {
+  return cc_major == 9 || cc_major == 10 ? kHopperMmaSyncFraction : 1.0;
+}
+
 constexpr double kAssumedClockHz = 1.7e9;        // a typical boost clock
 constexpr double kUnknownGpuPeakFlops = 100e12;  // when not even the SM count is known
+constexpr double kUnknownGpuFp32Fraction = 0.5;  // of it on the CUDA cores: a GeForce's ratio
 
 GpuSpeed estimated_gpu_speed(const GpuInfo& gpu, DType precision) {
   GpuSpeed speed;
@@ -130,11 +168,15 @@ GpuSpeed estimated_gpu_speed(const GpuInfo& gpu, DType precision) {
   if (gpu.sm_count > 0 && gpu.cc_major > 0) {
     speed.peak_flops =
         gpu.sm_count * tensor_flops_per_sm_clock(gpu.cc_major, gpu.cc_minor) * kAssumedClockHz;
+    speed.fp32_flops =
+        gpu.sm_count * cuda_core_flops_per_sm_clock(gpu.cc_major, gpu.cc_minor) * kAssumedClockHz;
+    speed.mma_sync_fraction = mma_sync_fraction(gpu.cc_major);
     note << "GPU '" << name << "' is not in dstrain's GPU table: its peak is estimated from "
          << gpu.sm_count << " SMs of compute capability " << gpu.cc_major << "." << gpu.cc_minor
          << " at an assumed " << kAssumedClockHz / 1e9 << " GHz";
   } else {
     speed.peak_flops = kUnknownGpuPeakFlops;
+    speed.fp32_flops = kUnknownGpuPeakFlops * kUnknownGpuFp32Fraction;
     note << "GPU '" << name << "' is not in dstrain's GPU table and its SM count is unknown: "
          << "its peak is assumed to be " << kUnknownGpuPeakFlops / 1e12 << " TFLOP/s";
   }
@@ -156,6 +198,8 @@ GpuSpeed gpu_speed(const NodeTopology& topology, DType precision) {
   GpuSpeed speed;
   const double tflops = precision == DType::F16 ? known->fp16_tflops : known->bf16_tflops;
   speed.peak_flops = tflops * 1e12 * (precision == DType::F32 ? kFp32PeakFraction : 1.0);
+  speed.fp32_flops = known->fp32_tflops * 1e12;
+  speed.mma_sync_fraction = mma_sync_fraction(known->cc_major);
   speed.memory_bytes_per_s = kDefaultMemoryBytesPerS * kMemoryEfficiency;
   for (const MemoryBandwidth& m : kMemoryBandwidth) {
     if (known->key == m.key) speed.memory_bytes_per_s = m.bytes_per_s * kMemoryEfficiency;
@@ -166,6 +210,24 @@ GpuSpeed gpu_speed(const NodeTopology& topology, DType precision) {
 double gemm_efficiency(int64_t rows, int64_t width) {
   const double r = static_cast<double>(rows), w = static_cast<double>(width);
   return kMaxPeakFraction * r / (r + kHalfEfficiencyRows) * w / (w + kHalfEfficiencyWidth);
+}
+
+ComputeRates compute_rates(const GpuSpeed& speed, const ModelConfig& config, const Plan& plan) {
+  ComputeRates r;
+  r.gemm_peak_flops = plan.param_dtype == DType::F32 ? speed.fp32_flops : speed.peak_flops;
+  r.gemm_efficiency = gemm_efficiency(plan.micro_batch * plan.seq_len, config.n_embd / plan.tp);
+  r.gemm_flops = r.gemm_peak_flops * r.gemm_efficiency;
+  r.attention = attention_kernels(config, plan.param_dtype);
+  if (r.attention == AttentionKernels::TensorCore) {
+    const double mma_sync_peak = speed.peak_flops * speed.mma_sync_fraction;
+    r.attention_forward_flops = mma_sync_peak * kAttentionForwardPeakFraction;
+    r.attention_backward_flops = mma_sync_peak * kAttentionBackwardPeakFraction;
+  } else {
+    r.attention_forward_flops = speed.fp32_flops * kCudaCoreAttentionFraction;
+    r.attention_backward_flops = r.attention_forward_flops;
+  }
+  r.memory_bytes_per_s = speed.memory_bytes_per_s;
+  return r;
 }
 
 double ring_bandwidth(const NodeTopology& topology, const std::vector<int>& group,
@@ -426,6 +488,66 @@ TensorParallelTraffic tensor_parallel_traffic(const Plan& plan, const StageRange
   return t;
 }
 
+namespace {
+
+// One micro-batch's compute on a stage, seconds: by kind, and as forward and backward (the
+// windows that hide data-parallel traffic; backward includes what recompute repeats).
+struct ComputeTime {
+  double gemm = 0, attention = 0, memory_bound = 0;
+  double forward = 0, backward = 0;
+};
+
+// The work of a pass over a stage: GEMM and attention FLOPs, bytes of the memory-bound kernels.
+struct PassWork {
+  double gemm = 0, attention = 0, bytes = 0;
+};
+
+// The stage's layers' GEMMs and attention heads, and the vocabulary-parallel head, split over
+// the tp ranks (kernel_work.h's traffic is already per tp rank).
+ComputeTime stage_compute(const ModelConfig& config, const Plan& plan, const StageRange& range,
+                          const ComputeRates& rates) {
+  const ModelFlops flops = model_flops(config, plan.seq_len);
+  const AttentionWork attention = attention_work(config, plan.seq_len, plan.param_dtype);
+  const MemoryTraffic traffic = memory_traffic(config, plan.tp, plan.uses_sequence_parallel());
+  const double tokens = static_cast<double>(plan.micro_batch * plan.seq_len);
+  const double per_rank = tokens / plan.tp, layers = static_cast<double>(range.layers());
+  const double bytes = tokens * static_cast<double>(dtype_size(plan.param_dtype));
+  PassWork forward, backward;
+  forward.gemm =
+      per_rank * (layers * flops.layer_gemm_forward + (range.last ? flops.head_forward : 0));
+  forward.attention = per_rank * layers * attention.forward;
+  forward.bytes =
+      bytes * (layers * traffic.layer_forward + (range.first ? traffic.embed_forward : 0) +
+               (range.last ? traffic.head_forward : 0));
+  backward.gemm = 2 * forward.gemm;  // dX and dW
+  backward.attention = per_rank * layers * attention.backward;
+  backward.bytes =
+      bytes * (layers * traffic.layer_backward + (range.first ? traffic.embed_backward : 0) +
+               (range.last ? traffic.head_backward : 0));
+  double recomputed_attention = 0;  // runs at the forward's rate
+  if (plan.recompute == Recompute::Full) {
+    backward.gemm += per_rank * layers * flops.layer_gemm_forward;
+    recomputed_attention = forward.attention;
+    backward.bytes += bytes * layers * traffic.layer_forward;
+  } else if (plan.recompute == Recompute::Selective) {
+    backward.bytes += bytes * layers * traffic.layer_selective;
+  }
+  ComputeTime t;
+  const double forward_attention = forward.attention / rates.attention_forward_flops;
+  const double backward_attention = backward.attention / rates.attention_backward_flops +
+                                    recomputed_attention / rates.attention_forward_flops;
+  t.forward = forward.gemm / rates.gemm_flops + forward_attention +
+              forward.bytes / rates.memory_bytes_per_s;
+  t.backward = backward.gemm / rates.gemm_flops + backward_attention +
+               backward.bytes / rates.memory_bytes_per_s;
+  t.gemm = (forward.gemm + backward.gemm) / rates.gemm_flops;
+  t.attention = forward_attention + backward_attention;
+  t.memory_bound = (forward.bytes + backward.bytes) / rates.memory_bytes_per_s;
+  return t;
+}
+
+}  // namespace
+
 StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topology,
                            const Plan& plan, const ClusterShape& cluster) {
   const ModelConfig& config = memory.config();
@@ -435,14 +557,13 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
       << plan.world() << " ranks on " << cluster.nnodes << " x " << topology.gpu_count()
       << " GPUs";
   const GpuSpeed speed = gpu_speed(topology, plan.param_dtype);
-  const ModelFlops flops = model_flops(config, plan.seq_len);
   const double P = static_cast<double>(dtype_size(plan.param_dtype));
   const double tokens = static_cast<double>(plan.micro_batch * plan.seq_len);
   const double m = static_cast<double>(plan.grad_accum);
 
   StepCost cost;
-  cost.efficiency = gemm_efficiency(plan.micro_batch * plan.seq_len, config.n_embd / plan.tp);
-  const double rate = speed.peak_flops * cost.efficiency;
+  cost.rates = compute_rates(speed, config, plan);
+  cost.efficiency = cost.rates.gemm_efficiency;
 
   const Placement where{topology, cluster};
   const LinkRates rates = link_rates(where, plan, cost);
@@ -451,8 +572,9 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
 
   // Per stage: time per micro-batch, and what the step adds once.
   struct StageTime {
-    double micro = 0, compute = 0, tp = 0, pp = 0, dp_micro = 0;  // per micro-batch
-    double dp_step = 0, offload = 0, optimizer = 0;               // per step
+    ComputeTime compute;  // per micro-batch, as are the next
+    double micro = 0, tp = 0, pp = 0, dp_micro = 0;
+    double dp_step = 0, offload = 0, optimizer = 0;  // per step
   };
   std::vector<StageTime> stages(static_cast<size_t>(plan.pp));
   const ShardingSpec spec{plan.zero, plan.dp, plan.offload, plan.param_dtype};
@@ -461,22 +583,8 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
   for (int s = 0; s < plan.pp; ++s) {
     StageTime& st = stages[static_cast<size_t>(s)];
     const StageRange ps = memory.stage_range(plan, s);
-    const double layers = static_cast<double>(ps.layers());
-    // The layers and the vocabulary-parallel head split over the tp ranks.
-    const double forward =
-        tokens * (layers * flops.layer_forward + (ps.last ? flops.head_forward : 0)) / plan.tp;
-    const double recompute =
-        plan.recompute == Recompute::Full ? tokens * layers * flops.layer_forward / plan.tp : 0;
-    const double fwd_seconds = forward / rate;
-    const double bwd_seconds = (2 * forward + recompute) / rate;
-    st.compute = fwd_seconds + bwd_seconds;
-    if (plan.recompute == Recompute::Selective) {
-      // Two layernorms (read and write C each; a 1/tp of the tokens under sequence
-      // parallelism) and the GELU (4C / tp each way), again.
-      const double C = static_cast<double>(config.n_embd), tp = plan.tp;
-      const double norms = 4 * C / (plan.uses_sequence_parallel() ? tp : 1.0);
-      st.compute += tokens * layers * (norms + 8 * C / tp) * P / speed.memory_bytes_per_s;
-    }
+    st.compute = stage_compute(config, plan, ps, cost.rates);
+    const double fwd_seconds = st.compute.forward, bwd_seconds = st.compute.backward;
     const double activation_bytes = tokens * static_cast<double>(config.n_embd) * P;
     if (plan.tp > 1) {
       const TensorParallelTraffic traffic = tensor_parallel_traffic(plan, ps);
@@ -530,7 +638,7 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
     } else {
       st.optimizer = adam_bytes / speed.memory_bytes_per_s;
     }
-    st.micro = st.compute + st.tp + st.pp + st.dp_micro;
+    st.micro = st.compute.forward + st.compute.backward + st.tp + st.pp + st.dp_micro;
   }
   // The host step: all ranks of a node at once over its host's memory (the uploads run behind
   // it); across nodes, the fullest node's.
@@ -545,7 +653,10 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
     if (stages[s].micro > stages[slowest].micro) slowest = s;
   }
   const StageTime& st = stages[slowest];
-  cost.compute_seconds = st.compute * m;
+  cost.gemm_seconds = st.compute.gemm * m;
+  cost.attention_seconds = st.compute.attention * m;
+  cost.memory_bound_seconds = st.compute.memory_bound * m;
+  cost.compute_seconds = (st.compute.forward + st.compute.backward) * m;
   cost.tp_comm_seconds = st.tp * m;
   cost.pp_comm_seconds = st.pp * m;
   cost.bubble_seconds = st.micro * (plan.pp - 1);

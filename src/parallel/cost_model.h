@@ -3,9 +3,14 @@
 //   step = slowest pipeline stage's time per micro-batch x (grad_accum + pp - 1)     (1F1B)
 //        + what the step adds once (gradient / parameter collectives that backward and forward
 //          cannot hide, offload transfers, the optimizer on the device or the host)
-//   time per micro-batch = compute (forward + backward + recompute FLOPs at a fraction of the
-//        GPU's peak) + selective recompute's elementwise passes + tensor-parallel collectives
-//        + pipeline sends + the ZeRO-2/3 collectives of the micro-batch that compute cannot hide
+//   time per micro-batch = compute + tensor-parallel collectives + pipeline sends + the
+//        ZeRO-2/3 collectives of the micro-batch that compute cannot hide
+//   compute (forward, backward, and what recompute repeats) = three terms, as the CUDA kernels
+//        run them: the GEMMs' FLOPs (model_flops.h) at a fraction of the peak; the attention's
+//        executed FLOPs (kernel_work.h: causal tiles skipped, the backward's recomputed
+//        products) at a fraction of the tensor-core peak, or of the CUDA cores' fp32 rate for
+//        the fp32 kernels; the memory-bound kernels' bytes (kernel_work.h) at the achievable
+//        memory bandwidth
 //
 // Bytes move at topology/bandwidth.h's achievable rates; ring collectives over N ranks move
 // 2(N-1)/N of the buffer per rank (all-reduce) or (N-1)/N (reduce-scatter, all-gather).
@@ -26,6 +31,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "parallel/kernel_work.h"
 #include "parallel/memory_model.h"
 #include "parallel/model_flops.h"
 #include "parallel/plan.h"
@@ -38,7 +44,11 @@ namespace dstrain {
 
 // What the GPUs of a topology compute and move, from the known-GPU table by name.
 struct GpuSpeed {
-  double peak_flops = 0;          // dense tensor FLOP/s at the plan's precision
+  double peak_flops = 0;  // dense tensor FLOP/s at the plan's precision (MFU's peak)
+  double fp32_flops = 0;  // the CUDA cores' fp32 FLOP/s (no tensor cores)
+  // What mma.sync reaches of peak_flops: 1 up to Ampere and Ada; below 1 on Hopper and
+  // datacenter Blackwell, whose peak needs their asynchronous warpgroup MMA.
+  double mma_sync_fraction = 1;
   double memory_bytes_per_s = 0;  // achievable device memory bandwidth
   // Empty for a GPU of the known-GPU table. For any other GPU: how the numbers above were
   // estimated (from its SM count and compute capability), a sentence for the plan report.
@@ -52,6 +62,18 @@ GpuSpeed gpu_speed(const NodeTopology& topology, DType precision);
 // Fraction of peak the GEMMs of a micro-batch reach: rows = tokens of the micro-batch,
 // width = the GEMMs' narrow side (n_embd / tp).
 double gemm_efficiency(int64_t rows, int64_t width);
+
+// What the compute of a plan runs at on a GPU.
+struct ComputeRates {
+  double gemm_flops = 0;       // FLOP/s of the GEMMs, gemm_efficiency included
+  double gemm_efficiency = 0;  // of gemm_peak_flops
+  double gemm_peak_flops = 0;  // tensor peak; fp32: the CUDA cores' (no TF32)
+  AttentionKernels attention = AttentionKernels::TensorCore;
+  double attention_forward_flops = 0;  // FLOP/s of the attention kernels' executed FLOPs
+  double attention_backward_flops = 0;
+  double memory_bytes_per_s = 0;  // the memory-bound kernels'
+};
+ComputeRates compute_rates(const GpuSpeed& speed, const ModelConfig& config, const Plan& plan);
 
 // Ring collective bandwidth (one direction, bytes/s) of a group of GPUs running at the same
 // time as the other `busy` GPUs: the slowest hop of the ring group[0] -> group[1] -> ... ->
@@ -73,14 +95,18 @@ struct StepCost {
   double step_seconds = 0;
   double tokens_per_second = 0;
   // Parts of step_seconds (they add up to it), on the slowest pipeline stage.
-  double compute_seconds = 0;    // forward + backward + recompute of all micro-batches
-  double bubble_seconds = 0;     // pipeline fill and drain
-  double tp_comm_seconds = 0;    // tensor-parallel collectives (never hidden)
-  double pp_comm_seconds = 0;    // pipeline sends (counted as not hidden)
-  double dp_comm_seconds = 0;    // data-parallel / ZeRO collectives not hidden by compute
-  double offload_seconds = 0;    // host transfers and the host optimizer step
-  double optimizer_seconds = 0;  // the optimizer step on the device
-  double efficiency = 0;         // the fraction of peak the GEMMs were given
+  double compute_seconds = 0;       // forward + backward + recompute of all micro-batches,
+  double gemm_seconds = 0;          //   of which in the GEMMs,
+  double attention_seconds = 0;     //   in the attention kernels,
+  double memory_bound_seconds = 0;  //   in the memory-bound kernels (the three add up to it)
+  double bubble_seconds = 0;        // pipeline fill and drain
+  double tp_comm_seconds = 0;       // tensor-parallel collectives (never hidden)
+  double pp_comm_seconds = 0;       // pipeline sends (counted as not hidden)
+  double dp_comm_seconds = 0;       // data-parallel / ZeRO collectives not hidden by compute
+  double offload_seconds = 0;       // host transfers and the host optimizer step
+  double optimizer_seconds = 0;     // the optimizer step on the device
+  double efficiency = 0;            // the fraction of peak the GEMMs were given
+  ComputeRates rates;               // what compute ran at
   std::string dp_route, tp_route, pp_route, host_route;  // slowest links, for people
 };
 

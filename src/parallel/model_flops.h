@@ -1,6 +1,7 @@
 // Floating-point work of a model per token (PaLM's model-FLOPs convention, Chowdhery et
 // al. 2022, appendix B: 2 FLOPs per multiply-add, attention counted without the causal
-// halving). Used by the cost model and by the pipeline split's balance.
+// halving). Used by the cost model and by the pipeline split's balance. What the attention
+// kernels execute instead (the causal halving, the recomputed products): kernel_work.h.
 #pragma once
 
 #include <cstdint>
@@ -10,11 +11,12 @@
 namespace dstrain {
 
 struct ModelFlops {
-  // One layer: 2 C (q + 2 kv) for the qkv projection, 2 C q for the output projection, the
-  // MLP's matrices (GPT-2: 2 x 2 C I; SwiGLU: 3 x 2 C I), and 4 T q for the attention scores
-  // and their product with v. GPT-2 (q = kv = C, I = 4 C): 24 C^2 + 4 T C.
-  double layer_forward = 0;
-  double head_forward = 0;  // the LM head: 2 C Vp
+  // One layer's GEMMs: 2 C (q + 2 kv) for the qkv projection, 2 C q for the output projection,
+  // the MLP's matrices (GPT-2: 2 x 2 C I; SwiGLU: 3 x 2 C I). GPT-2 (q = kv = C, I = 4 C): 24 C^2.
+  double layer_gemm_forward = 0;
+  double attention_forward = 0;  // 4 T q: the attention scores and their product with v
+  double layer_forward = 0;      // the two above: GPT-2 24 C^2 + 4 T C
+  double head_forward = 0;       // the LM head: 2 C Vp
 };
 
 inline ModelFlops model_flops(const ModelConfig& config, int64_t seq_len) {
@@ -25,7 +27,9 @@ inline ModelFlops model_flops(const ModelConfig& config, int64_t seq_len) {
   const double I = static_cast<double>(config.mlp_width());
   const double mlp_matrices = config.llama_family() ? 3 : 2;
   ModelFlops f;
-  f.layer_forward = 2 * C * (q + 2 * kv) + 2 * C * q + mlp_matrices * 2 * C * I + 4 * T * q;
+  f.layer_gemm_forward = 2 * C * (q + 2 * kv) + 2 * C * q + mlp_matrices * 2 * C * I;
+  f.attention_forward = 4 * T * q;
+  f.layer_forward = f.layer_gemm_forward + f.attention_forward;
   f.head_forward = 2 * C * static_cast<double>(config.padded_vocab());
   return f;
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
+#include <string_view>
 
 #include "core/format.h"
 #include "parallel/pipeline_split.h"
@@ -27,9 +28,13 @@ std::string padded(std::string text, size_t width) {
   return text;
 }
 
-// "compute 34.86 s, pipeline bubble 0.83 s, ...": the non-zero parts.
+// "compute 34.86 s (GEMMs 30.12 s, attention 2.50 s, memory-bound 2.24 s), pipeline bubble
+// 0.83 s, ...": the non-zero parts.
 std::string breakdown_text(const StepCost& c) {
   std::ostringstream text;
+  const std::string compute_parts = " (GEMMs " + seconds_text(c.gemm_seconds) + ", attention " +
+                                    seconds_text(c.attention_seconds) + ", memory-bound " +
+                                    seconds_text(c.memory_bound_seconds) + ")";
   const std::pair<const char*, double> parts[] = {
       {"compute", c.compute_seconds},
       {"pipeline bubble", c.bubble_seconds},
@@ -42,9 +47,24 @@ std::string breakdown_text(const StepCost& c) {
   for (const auto& [name, seconds] : parts) {
     if (seconds <= 0) continue;
     text << (first ? "" : ", ") << name << " " << seconds_text(seconds);
+    if (std::string_view(name) == "compute") text << compute_parts;
     first = false;
   }
   return text.str();
+}
+
+// "  GEMMs at 74% of 165 TFLOP/s bf16 peak; attention on tensor cores at 83 / 71 TFLOP/s ...".
+std::string compute_rates_text(const ComputeRates& r, const Plan& plan) {
+  std::ostringstream out;
+  out.precision(0);
+  out << std::fixed << "  GEMMs at " << r.gemm_efficiency * 100 << "% of "
+      << r.gemm_peak_flops / 1e12 << " TFLOP/s " << precision_name(plan.param_dtype)
+      << (plan.param_dtype == DType::F32 ? " (CUDA cores)" : "") << " peak; attention on "
+      << (r.attention == AttentionKernels::TensorCore ? "tensor cores" : "CUDA cores") << " at "
+      << r.attention_forward_flops / 1e12 << " / " << r.attention_backward_flops / 1e12
+      << " TFLOP/s forward / backward (causal tiles skipped); memory-bound kernels at "
+      << r.memory_bytes_per_s / 1e9 << " GB/s (estimates: cost_model.cpp)\n";
+  return out.str();
 }
 
 // "  cluster: ..." and where the chosen plan's groups sit, for a plan across nodes.
@@ -155,8 +175,7 @@ std::string format_plan_report(const ModelConfig& config, const NodeTopology& to
   out << "  " << breakdown_text(c) << "\n";
   out.precision(0);
   const GpuSpeed speed = gpu_speed(topology, plan.param_dtype);
-  out << "  GEMMs at " << c.efficiency * 100 << "% of " << speed.peak_flops / 1e12 << " TFLOP/s "
-      << precision_name(plan.param_dtype) << " peak (an estimate: cost_model.cpp)\n";
+  out << compute_rates_text(c.rates, plan);
   if (!speed.estimate_note.empty()) out << "  note: " << speed.estimate_note << "\n";
   const std::pair<const char*, const std::string*> routes[] = {{"tensor parallel", &c.tp_route},
                                                                {"data parallel", &c.dp_route},
@@ -209,10 +228,13 @@ nlohmann::json plan_result_to_json(const ModelConfig& config, const PlanResult& 
   j["host_memory_by_category_per_rank"] = host;
   j["activations_bytes_without_recompute"] = best.memory.activations_without_recompute;
   const StepCost& c = best.cost;
-  j["step_breakdown"] = {{"compute", c.compute_seconds},     {"bubble", c.bubble_seconds},
-                         {"tp_comm", c.tp_comm_seconds},     {"pp_comm", c.pp_comm_seconds},
-                         {"dp_comm", c.dp_comm_seconds},     {"offload", c.offload_seconds},
-                         {"optimizer", c.optimizer_seconds}, {"gemm_efficiency", c.efficiency}};
+  j["step_breakdown"] = {
+      {"compute", c.compute_seconds},     {"gemm", c.gemm_seconds},
+      {"attention", c.attention_seconds}, {"memory_bound", c.memory_bound_seconds},
+      {"bubble", c.bubble_seconds},       {"tp_comm", c.tp_comm_seconds},
+      {"pp_comm", c.pp_comm_seconds},     {"dp_comm", c.dp_comm_seconds},
+      {"offload", c.offload_seconds},     {"optimizer", c.optimizer_seconds},
+      {"gemm_efficiency", c.efficiency}};
   j["alternatives"] = nlohmann::json::array();
   for (const PlanCandidate& a : result.alternatives) {
     nlohmann::json alternative = candidate_json(a);

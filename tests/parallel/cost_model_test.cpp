@@ -60,8 +60,9 @@ TEST(CostModel, RingBandwidthOfRealMachines) {
 TEST(CostModel, EfficiencyGrowsWithGemmSizeAndStaysBelowPeak) {
   EXPECT_LT(gemm_efficiency(1024, 768), gemm_efficiency(8192, 768));
   EXPECT_LT(gemm_efficiency(8192, 512), gemm_efficiency(8192, 4096));
-  EXPECT_NEAR(gemm_efficiency(8192, 4096), 0.5, 0.02);  // "0.5 of peak for large steps"
-  EXPECT_LT(gemm_efficiency(1 << 30, 1 << 30), 0.56);
+  // GEMMs alone (attention and memory-bound kernels apart): 0.80 x 0.985 x 0.94.
+  EXPECT_NEAR(gemm_efficiency(8192, 4096), 0.74, 0.01);
+  EXPECT_LT(gemm_efficiency(1 << 30, 1 << 30), 0.801);
 }
 
 TEST(CostModel, PartsAddUpToTheStep) {
@@ -158,9 +159,12 @@ TEST(CostModel, HostOptimizerScalesWithNumaNodes) {
 }
 
 TEST(CostModel, Fp32RunsAtHalfTheTensorPeak) {
+  // MFU's peak: fp32 counts against the TF32 rate. The fp32 GEMMs themselves (no TF32) run on
+  // the CUDA cores: the datasheet's 67 TFLOP/s.
   const NodeTopology h100 = machine("h100-8gpu-nvswitch.txt", "h100-sxm");
   EXPECT_DOUBLE_EQ(gpu_speed(h100, DType::BF16).peak_flops, 989.4e12);
   EXPECT_DOUBLE_EQ(gpu_speed(h100, DType::F32).peak_flops, 989.4e12 / 2);
+  EXPECT_DOUBLE_EQ(gpu_speed(h100, DType::F32).fp32_flops, 67e12);
   EXPECT_TRUE(gpu_speed(h100, DType::BF16).estimate_note.empty());
 }
 
@@ -181,11 +185,247 @@ TEST(CostModel, UnknownGpuIsEstimatedFromItsSmsAndComputeCapability) {
   EXPECT_NE(estimated.estimate_note.find("--gpu"), std::string::npos);
   EXPECT_DOUBLE_EQ(gpu_speed(machine_with_unknown, DType::F32).peak_flops,
                    estimated.peak_flops / 2);
+  // Its CUDA cores: 128 fp32 lanes per Hopper SM, 2 FLOPs each per clock, at the assumed
+  // 1.7 GHz against its 1.98 GHz boost (datasheet: 67 TFLOP/s).
+  EXPECT_NEAR(estimated.fp32_flops, 67e12, 0.15 * 67e12);
   // Nothing known about it at all: a stated assumption, still a plan.
   for (GpuInfo& gpu : machine_with_unknown.gpus) gpu.sm_count = 0;
   EXPECT_GT(gpu_speed(machine_with_unknown, DType::BF16).peak_flops, 0);
   EXPECT_NE(gpu_speed(machine_with_unknown, DType::BF16).estimate_note.find("assumed"),
             std::string::npos);
+}
+
+// ---- The compute terms: GEMMs, attention as the kernels run it, memory-bound kernels ----
+
+// A GPT-2 block's shape written out: C 768, 12 heads of 64, vocabulary padded to 50304.
+ModelConfig small_gpt2() { return load_model_config("gpt2-124m"); }
+
+// A Llama block with grouped-query attention: 8 query heads of 64 sharing 2 key/value heads.
+ModelConfig small_llama() {
+  ModelConfig c = load_model_config("llama3.2-1b");
+  c.n_embd = 512, c.n_head = 8, c.n_kv_head = 2, c.intermediate_size = 1536, c.n_layer = 4;
+  c.qkv_bias = c.o_bias = c.mlp_bias = false;
+  return c;
+}
+
+TEST(KernelWork, AttentionCountsTheTilesTheKernelsRun) {
+  const ModelConfig gpt2 = small_gpt2();
+  const double T = 1024, hd = 64, heads = 12, pair = 2 * hd * heads;  // one product, all heads
+  // Tensor cores: the forward's warps own 16 query rows and run 16-key mma pairs up to the
+  // diagonal: T (T + 16) / 2 pairs per head, (T + 16) / 2 per token; S and P V.
+  const AttentionWork bf16 = attention_work(gpt2, 1024, DType::BF16);
+  EXPECT_DOUBLE_EQ(bf16.forward, 2 * pair * (T + 16) / 2);
+  // Backward at head dim 64: the dK/dV pass streams 64-query tiles (S, dP, dV, dK), the dQ pass
+  // 16-row warps again (S, dP, dQ).
+  EXPECT_DOUBLE_EQ(bf16.backward, 4 * pair * (T + 64) / 2 + 3 * pair * (T + 16) / 2);
+  // The causal halving: against PaLM's 4 T q (the full T x T), a little over half.
+  const double palm = model_flops(gpt2, 1024).attention_forward;
+  EXPECT_DOUBLE_EQ(palm, 4 * T * hd * heads);
+  EXPECT_DOUBLE_EQ(bf16.forward / palm, (T + 16) / (2 * T));
+  // fp32 storage: the CUDA-core kernels' 32-row tiles, the same 2 + 7 products.
+  const AttentionWork fp32 = attention_work(gpt2, 1024, DType::F32);
+  EXPECT_DOUBLE_EQ(fp32.forward, 2 * pair * (T + 32) / 2);
+  EXPECT_DOUBLE_EQ(fp32.backward, 7 * pair * (T + 32) / 2);
+  EXPECT_EQ(attention_kernels(gpt2, DType::F32), AttentionKernels::CudaCore);
+  EXPECT_EQ(attention_kernels(gpt2, DType::F16), AttentionKernels::TensorCore);
+}
+
+TEST(KernelWork, HeadDim256RunsTheScoresTwiceInTheDkDvPass) {
+  // The 6b preset: 16 heads of 256. Two warps share 16 keys (each half of dK, dV's columns)
+  // and both compute S^T and dP^T; 16-query tiles.
+  const ModelConfig six_b = load_model_config("6b");
+  const double T = 2048, pair = 2 * 256 * 16;
+  const AttentionWork w = attention_work(six_b, 2048, DType::BF16);
+  EXPECT_DOUBLE_EQ(w.forward, 2 * pair * (T + 16) / 2);
+  EXPECT_DOUBLE_EQ(w.backward, (2 * 2 + 2) * pair * (T + 16) / 2 + 3 * pair * (T + 16) / 2);
+  // A head dim the tensor-core kernels do not take: the CUDA-core kernels run it.
+  ModelConfig odd = six_b;
+  odd.n_head = 32, odd.n_embd = 32 * 96;
+  EXPECT_EQ(attention_kernels(odd, DType::BF16), AttentionKernels::CudaCore);
+}
+
+TEST(KernelWork, GroupedQueryAttentionCostsItsQueryHeads) {
+  // Key/value heads shared by 4 query heads: the same pairs per query head as full multi-head.
+  ModelConfig gqa = small_llama();
+  ModelConfig mha = gqa;
+  mha.n_kv_head = mha.n_head;
+  EXPECT_DOUBLE_EQ(attention_work(gqa, 512, DType::BF16).forward,
+                   attention_work(mha, 512, DType::BF16).forward);
+  EXPECT_DOUBLE_EQ(attention_work(gqa, 512, DType::BF16).backward,
+                   attention_work(mha, 512, DType::BF16).backward);
+}
+
+TEST(KernelWork, MemoryTrafficOfAGpt2Block) {
+  // Per token, in elements, C = 768, MLP 4C: forward the first layernorm (read + write C), the
+  // second with the residual add before it fused (a, b read, residual and norm written: 4C; C
+  // <= 2048), the last residual add (2 read + 1 written) and the GELU (4C read, 4C written);
+  // backward two layernorm
+  // backwards (dout, inp, dinp read, dinp written, then dout and inp again for dweight/dbias:
+  // 6C), the attention's delta (dO, O: 2C), GELU backward (3 x 4C) and the bias gradients (qkv
+  // 3C, attention projection C, fc 4C, fc projection C, one read each).
+  const ModelConfig gpt2 = small_gpt2();
+  const double C = 768, Vp = 50304;
+  const MemoryTraffic t = memory_traffic(gpt2, 1, false);
+  EXPECT_DOUBLE_EQ(t.layer_forward, 2 * C + 4 * C + 3 * C + 2 * 4 * C);
+  EXPECT_DOUBLE_EQ(t.layer_backward, 2 * 6 * C + 2 * C + 3 * 4 * C + (3 + 1 + 4 + 1) * C);
+  EXPECT_DOUBLE_EQ(t.layer_selective, 2 * 2 * C + 2 * 4 * C);
+  EXPECT_DOUBLE_EQ(t.embed_forward, 3 * C);  // wte and wpe rows read, the sum written
+  // The final layernorm, and the softmax + cross-entropy reading the logits twice and writing
+  // their gradient; backward the layernorm's 6C and zeroing its input gradient.
+  EXPECT_DOUBLE_EQ(t.head_forward, 2 * C + 3 * Vp);
+  EXPECT_DOUBLE_EQ(t.head_backward, 7 * C);
+  // tp 2 with sequence parallelism: the MLP, the heads and the vocabulary split; the norm and
+  // residual rows split too; the two row-parallel biases are added after the reduction.
+  const MemoryTraffic sp = memory_traffic(gpt2, 2, true);
+  EXPECT_DOUBLE_EQ(sp.layer_forward, (2 + 4 + 3) * C / 2 + 2 * 4 * C / 2 + 2 * 2 * C / 2);
+  EXPECT_DOUBLE_EQ(sp.layer_backward,
+                   2 * 6 * C / 2 + 2 * C / 2 + 3 * 4 * C / 2 + (3 * C + 4 * C) / 2 + 2 * C);
+  EXPECT_DOUBLE_EQ(sp.head_forward, 2 * C / 2 + 3 * Vp / 2);
+  // Without sequence parallelism the norm and residual rows are whole on every tp rank.
+  const MemoryTraffic no_sp = memory_traffic(gpt2, 2, false);
+  EXPECT_DOUBLE_EQ(no_sp.layer_forward, (2 + 4 + 3) * C + 2 * 4 * C / 2 + 2 * 2 * C);
+  // 6b's rows (4096) do not fit the registers: the residual add and the norm run apart.
+  const MemoryTraffic six_b = memory_traffic(load_model_config("6b"), 1, false);
+  EXPECT_DOUBLE_EQ(six_b.layer_forward, (2 * 2 + 2 * 3) * 4096.0 + 2 * 4 * 4096.0);
+}
+
+TEST(KernelWork, MemoryTrafficOfALlamaBlock) {
+  // C 512, q 512, kv 128, I 1536, no biases: RMSNorms and residuals as GPT-2's; rope in place
+  // on q and k (read + write); SwiGLU reads gate and up and writes I, backward reads dout, gate,
+  // up and writes dgate, dup; no wpe in the embedding.
+  const ModelConfig llama = small_llama();
+  const double C = 512, q = 512, kv = 128, I = 1536;
+  const MemoryTraffic t = memory_traffic(llama, 1, false);
+  EXPECT_DOUBLE_EQ(t.layer_forward, 2 * C + 4 * C + 3 * C + 2 * (q + kv) + 3 * I);
+  EXPECT_DOUBLE_EQ(t.layer_backward, 2 * 6 * C + 2 * q + 2 * (q + kv) + 5 * I);
+  EXPECT_DOUBLE_EQ(t.layer_selective, 2 * 2 * C + 3 * I);
+  EXPECT_DOUBLE_EQ(t.embed_forward, 2 * C);
+}
+
+// The compute of a micro-batch on one RTX 4090 (165.2 TFLOP/s bf16, 1008 GB/s), by hand.
+TEST(CostModel, ComputeIsGemmsPlusAttentionPlusMemoryBound) {
+  const NodeTopology rtx4090 = machine("rtx4090-8gpu-pcie.txt", "rtx4090");
+  const ModelConfig gpt2 = small_gpt2();
+  const MemoryModel memory(gpt2);
+  Plan p = bf16_plan(1, 1, 1, 4, 2);  // 4 x 1024 tokens, 2 micro-batches
+  const StepCost c = predict_step_cost(memory, rtx4090, p);
+  const double L = 12, C = 768, Vp = 50304, T = 1024, tokens = 4 * T, m = 2, peak = 165.2e12;
+  const double gemm_rate = peak * 0.80 * tokens / (tokens + 128) * C / (C + 256);
+  const double gemm_flops = 3 * tokens * (L * 24 * C * C + 2 * C * Vp);  // forward + 2x backward
+  EXPECT_NEAR(c.gemm_seconds, m * gemm_flops / gemm_rate, 1e-9 * c.gemm_seconds);
+  const double pair = 2 * 64 * 12;
+  const double attention_forward = tokens * L * 2 * pair * (T + 16) / 2;
+  const double attention_backward =
+      tokens * L * (4 * pair * (T + 64) / 2 + 3 * pair * (T + 16) / 2);
+  EXPECT_NEAR(
+      c.attention_seconds,
+      m * (attention_forward / (peak * 0.50) + attention_backward / (peak * 0.50 * 63 / 73)),
+      1e-9 * c.attention_seconds);
+  const double elements =
+      L * (17 * C + 35 * C) + 3 * C + 3 * C + 2 * C + 3 * Vp + 7 * C;  // layers, embedding, head
+  EXPECT_NEAR(c.memory_bound_seconds, m * tokens * 2 * elements / (1008e9 * 0.8),
+              1e-9 * c.memory_bound_seconds);
+  EXPECT_NEAR(c.compute_seconds, c.gemm_seconds + c.attention_seconds + c.memory_bound_seconds,
+              1e-12 * c.compute_seconds);
+  // Recompute: full runs the layers' forward again (GEMMs, attention forward, memory-bound
+  // forward); selective only the norms and the GELU.
+  p.recompute = Recompute::Selective;
+  const StepCost selective = predict_step_cost(memory, rtx4090, p);
+  EXPECT_DOUBLE_EQ(selective.gemm_seconds, c.gemm_seconds);
+  EXPECT_NEAR(selective.memory_bound_seconds - c.memory_bound_seconds,
+              m * tokens * 2 * L * 12 * C / (1008e9 * 0.8), 1e-9 * c.memory_bound_seconds);
+  p.recompute = Recompute::Full;
+  const StepCost full = predict_step_cost(memory, rtx4090, p);
+  EXPECT_NEAR(full.attention_seconds - c.attention_seconds, m * attention_forward / (peak * 0.5),
+              1e-9 * c.attention_seconds);
+  EXPECT_NEAR(full.gemm_seconds - c.gemm_seconds, m * tokens * L * 24 * C * C / gemm_rate,
+              1e-9 * c.gemm_seconds);
+}
+
+TEST(CostModel, ComputePartsAddUpAcrossPlans) {
+  const NodeTopology h100 = machine("h100-8gpu-nvswitch.txt", "h100-sxm");
+  for (const char* model : {"6b", "deepseek-7b"}) {
+    const MemoryModel memory(load_model_config(model));
+    for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+      Plan p = bf16_plan(2, 2, 2, 2, 8);
+      p.recompute = r;
+      const StepCost c = predict_step_cost(memory, h100, p);
+      EXPECT_GT(c.gemm_seconds, 0);
+      EXPECT_GT(c.attention_seconds, 0);
+      EXPECT_GT(c.memory_bound_seconds, 0);
+      EXPECT_NEAR(c.compute_seconds, c.gemm_seconds + c.attention_seconds + c.memory_bound_seconds,
+                  1e-12 * c.compute_seconds)
+          << model;
+    }
+  }
+}
+
+TEST(CostModel, AttentionGrowsAsTSquaredAndGemmsAsT) {
+  // One sequence per micro-batch, 4x longer: the GEMMs' work grows 4x (their efficiency a
+  // little too, with more rows), the attention's about 16x.
+  const NodeTopology rtx4090 = machine("rtx4090-8gpu-pcie.txt", "rtx4090");
+  const MemoryModel memory(load_model_config("gpt2-1.5b"));
+  Plan p = bf16_plan(1, 1, 1, 1, 1);
+  p.seq_len = 256;
+  const StepCost short_seq = predict_step_cost(memory, rtx4090, p);
+  p.seq_len = 1024;
+  const StepCost long_seq = predict_step_cost(memory, rtx4090, p);
+  const double gemm_growth = long_seq.gemm_seconds / short_seq.gemm_seconds;
+  const double attention_growth = long_seq.attention_seconds / short_seq.attention_seconds;
+  const double efficiency_gain = gemm_efficiency(1024, 1600) / gemm_efficiency(256, 1600);
+  EXPECT_NEAR(gemm_growth, 4 / efficiency_gain, 1e-9);
+  // 4 x (1024 + g) / (256 + g) with the tiles' g of 16 and 64: between 13.6 and 15.3.
+  EXPECT_GT(attention_growth, 13.6);
+  EXPECT_LT(attention_growth, 15.3);
+  EXPECT_NEAR(long_seq.memory_bound_seconds / short_seq.memory_bound_seconds, 4, 1e-9);
+}
+
+TEST(CostModel, Fp32AttentionRunsOnCudaCoresSlowerThanBf16) {
+  // fp32 storage: the CUDA-core kernels at 10% of the 4090's 82.6 TFLOP/s fp32, against the
+  // tensor-core kernels' 50% / 43% of 165.2.
+  const NodeTopology rtx4090 = machine("rtx4090-8gpu-pcie.txt", "rtx4090");
+  const MemoryModel memory(load_model_config("gpt2-124m"));
+  Plan p = bf16_plan(1, 1, 1, 4, 1);
+  const StepCost bf16 = predict_step_cost(memory, rtx4090, p);
+  p.param_dtype = DType::F32;
+  const StepCost fp32 = predict_step_cost(memory, rtx4090, p);
+  EXPECT_EQ(bf16.rates.attention, AttentionKernels::TensorCore);
+  EXPECT_EQ(fp32.rates.attention, AttentionKernels::CudaCore);
+  EXPECT_DOUBLE_EQ(fp32.rates.attention_forward_flops, 82.6e12 * 0.10);
+  EXPECT_GT(fp32.attention_seconds, 8 * bf16.attention_seconds);
+  // fp32 GEMMs: exact fp32 on the CUDA cores, not TF32.
+  EXPECT_DOUBLE_EQ(fp32.rates.gemm_peak_flops, 82.6e12);
+  // Twice the bytes for the memory-bound kernels.
+  EXPECT_NEAR(fp32.memory_bound_seconds, 2 * bf16.memory_bound_seconds,
+              1e-12 * fp32.memory_bound_seconds);
+}
+
+TEST(CostModel, TensorParallelismSplitsHeadsAndSequenceParallelismTheNorms) {
+  const NodeTopology h100 = machine("h100-8gpu-nvswitch.txt", "h100-sxm");
+  const MemoryModel memory(load_model_config("6b"));
+  const StepCost tp1 = predict_step_cost(memory, h100, bf16_plan(1, 1, 1, 2, 4));
+  Plan p = bf16_plan(1, 2, 1, 2, 4);
+  p.sequence_parallel = false;
+  const StepCost tp2 = predict_step_cost(memory, h100, p);
+  p.sequence_parallel = true;
+  const StepCost tp2_sp = predict_step_cost(memory, h100, p);
+  // Heads split: half the attention per rank, at the same rates.
+  EXPECT_NEAR(tp2.attention_seconds, tp1.attention_seconds / 2, 1e-12 * tp1.attention_seconds);
+  // The norm and residual rows split only with sequence parallelism.
+  EXPECT_LT(tp2_sp.memory_bound_seconds, tp2.memory_bound_seconds);
+  EXPECT_LT(tp2.memory_bound_seconds, tp1.memory_bound_seconds);
+  EXPECT_DOUBLE_EQ(tp2_sp.attention_seconds, tp2.attention_seconds);
+}
+
+TEST(CostModel, HopperRunsMmaSyncAttentionBelowItsPeak) {
+  // FlashAttention-2's 335 TFLOP/s on an H100 (34% of 989.4) against 73% on an A100.
+  const NodeTopology h100 = machine("h100-8gpu-nvswitch.txt", "h100-sxm");
+  const GpuSpeed speed = gpu_speed(h100, DType::BF16);
+  EXPECT_NEAR(speed.mma_sync_fraction, 335 / 989.4 / 0.73, 1e-12);
+  const ComputeRates r = compute_rates(speed, load_model_config("6b"), bf16_plan(8, 1, 1, 1, 1));
+  EXPECT_NEAR(r.attention_forward_flops, 989.4e12 * speed.mma_sync_fraction * 0.5, 1e3);
+  const NodeTopology rtx4090 = machine("rtx4090-8gpu-pcie.txt", "rtx4090");
+  EXPECT_DOUBLE_EQ(gpu_speed(rtx4090, DType::BF16).mma_sync_fraction, 1.0);
 }
 
 }  // namespace

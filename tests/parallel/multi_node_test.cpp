@@ -146,7 +146,9 @@ TEST(MultiNode, CrossNodeRingRunsAtTheLinkSharedByItsKind) {
 TEST(MultiNode, ZeroAllReduceAcrossNodesFollowsTheRingFormula) {
   // ZeRO-0 over dp 16 on a 1 Gbit/s link: one all-reduce of the bf16 gradients per step,
   // 2(16-1)/16 of them through each node's link, plus 20 us per block; the last micro-batch's
-  // backward (2/3 of its compute) hides part of it (cost_model.cpp: exposed()).
+  // backward hides part of it (cost_model.cpp: exposed()): a little over 2/3 of its compute
+  // (the GEMMs' backward is twice their forward; the attention's and the memory-bound
+  // kernels' backward a bit more than that).
   const NodeTopology h100 = h100_node();
   const ClusterShape cluster = make_cluster_shape(2, "1Gbit/s", h100);
   const MemoryModel memory(load_model_config("6b"));
@@ -160,8 +162,9 @@ TEST(MultiNode, ZeroAllReduceAcrossNodesFollowsTheRingFormula) {
   const double all_reduce =
       2.0 * 15 / 16 * padded * 2 / 0.125e9 + static_cast<double>(numels.size()) * 20e-6;
   const StepCost c = predict_step_cost(memory, h100, plan, cluster);
-  const double backward = c.compute_seconds / 32 * 2 / 3;
-  EXPECT_NEAR(c.dp_comm_seconds, all_reduce - backward, 1e-9 * all_reduce);
+  const double micro_batch = c.compute_seconds / 32, hidden = all_reduce - c.dp_comm_seconds;
+  EXPECT_GT(hidden, micro_batch * 2 / 3);
+  EXPECT_LT(hidden, micro_batch * 0.7);
 }
 
 TEST(MultiNode, PipelineSendsAcrossNodesShareTheLink) {

@@ -1,0 +1,146 @@
+#include "parallel/kernel_work.h"
+
+namespace dstrain {
+
+namespace {
+
+// ---- The attention kernels' tiles: the granularity g of the causal skipping ----------------
+
+// Tensor-core forward (cuda_attention_mma.cu) and dQ pass (cuda_attention_mma_backward.cu): a
+// warp owns 16 query rows and issues its mma pairs over 16 keys, up to the key of its last row.
+constexpr double kMmaWarpRows = 16;
+// Tensor-core dK/dV pass: a warp owns 16 keys and streams whole query tiles (BackwardTiling::
+// kQueries: 64 rows at head dim 64, 16 at 128 and 256) from the tile holding its first key. At
+// head dim 256 two warps share 16 keys, each owning half of dK and dV's columns but computing
+// S^T and dP^T in full: those two products run twice.
+double mma_dkdv_query_tile(int64_t hd) { return hd == 64 ? 64 : 16; }
+double mma_dkdv_score_copies(int64_t hd) { return hd == 256 ? 2 : 1; }
+// CUDA-core kernels (cuda_attention.cuh, kStreamRows): one lane per key or query of a streamed
+// 32-row tile, lanes past the diagonal idle.
+constexpr double kCudaCoreTileRows = 32;
+
+// Query-key pairs per token of one query head: T (T + g) / 2 pairs over T tokens.
+double causal_keys_per_query(double T, double granularity) { return (T + granularity) / 2; }
+
+// ---- Elements a memory-bound kernel reads + writes per element of its row --------------------
+
+// layernorm/rmsnorm forward (cuda_layernorm.cu, cuda_rmsnorm.cu): the row held in registers,
+// read once and written once (the fp32 mean/rstd per row are left out here and below).
+constexpr double kNormForward = 2;
+// Their backward: dinp += ...: dout, inp and dinp read, dinp written; then the deterministic
+// column sums for dweight (and dbias) read dout and inp again.
+constexpr double kNormBackward = 6;
+constexpr double kResidual = 3;  // residual_forward (cuda_elementwise.cu): a, b read, out written
+// residual_layernorm_forward / residual_rmsnorm_forward, a block's second norm with the residual
+// add before it in one pass: a, b read, the residual and the norm written. The kernels fuse where
+// the row fits the registers (cuda_rows.cuh, kMaxRegisterC: C % 8 == 0, C <= 2048); else they
+// run the two ops.
+constexpr double kFusedResidualNorm = 4;
+constexpr int64_t kMaxFusedNormC = 2048;
+// add_bias after a row-parallel reduction (tp > 1; at tp 1 cuBLASLt's BIAS epilogue adds it).
+constexpr double kBiasAdd = 2;
+constexpr double kBiasGrad = 1;      // dbias: cuda_layernorm.cu's column sums read dout once
+constexpr double kGeluForward = 2;   // pre-GELU read, GELU written (matmul_gelu_forward's 2nd pass)
+constexpr double kGeluBackward = 3;  // dout, pre-GELU read, dinp written
+// SwiGLU (cuda_swiglu.cu), per element of its output (N, I): gate and up read, out written;
+// backward: dout, gate and up read, dgate and dup written.
+constexpr double kSwigluForward = 3;
+constexpr double kSwigluBackward = 5;
+constexpr double kRope = 2;  // cuda_rope.cu, in place on the q and k heads: read, written
+// The attention backward's delta = rowsum(dO * O) (one fp32 per row and head written).
+constexpr double kAttentionDelta = 2;
+// cuda_cross_entropy.cu, per logit: read for the row's max and sum, read again and the gradient
+// written (the vocabulary-parallel stats and from_stats kernels: the same two passes).
+constexpr double kCrossEntropy = 3;
+constexpr double kFill = 1;  // fill_zero of the head's input gradient before its norm backward
+// cuda_embedding.cu, per channel: wte (and GPT-2's wpe) rows read, the sum written; backward reads
+// dout for dwte and writes the token's dwte row (at most once per token), and GPT-2 reads dout
+// again for dwpe.
+double embedding_traffic(const ModelConfig& config) { return config.llama_family() ? 2 : 3; }
+
+// Widths per token on one tp rank.
+struct Widths {
+  double C = 0;     // the residual stream
+  double rows = 0;  // the norm and residual rows: C, or C / tp under sequence parallelism
+  double q = 0, kv = 0, mlp = 0;  // this rank's query heads, key/value heads, MLP width
+};
+
+Widths widths(const ModelConfig& config, int tp, bool sequence_parallel) {
+  Widths w;
+  const double hd = static_cast<double>(config.head_dim());
+  w.C = static_cast<double>(config.n_embd);
+  w.rows = w.C / (sequence_parallel ? tp : 1);
+  w.q = static_cast<double>(config.n_head) * hd / tp;
+  w.kv = static_cast<double>(config.kv_heads()) * hd / tp;
+  w.mlp = static_cast<double>(config.mlp_width()) / tp;
+  return w;
+}
+
+// The two norms and two residual adds of a block, per element of a row.
+double norms_and_residuals(const ModelConfig& config) {
+  const bool fused = config.n_embd % 8 == 0 && config.n_embd <= kMaxFusedNormC;
+  return kNormForward + kResidual + (fused ? kFusedResidualNorm : kNormForward + kResidual);
+}
+
+// The MLP's activation.
+double activation_forward(const ModelConfig& config, const Widths& w) {
+  return config.llama_family() ? kSwigluForward * w.mlp : kGeluForward * w.mlp;
+}
+
+// dbias of every bias the block has: row-parallel ones (o, the MLP's down) from the whole dout.
+double bias_gradients(const ModelConfig& config, const Widths& w) {
+  double elements = 0;
+  if (config.qkv_bias) elements += w.q + 2 * w.kv;
+  if (config.o_bias) elements += w.C;
+  if (config.mlp_bias) elements += (config.llama_family() ? 2 * w.mlp : w.mlp) + w.C;
+  return kBiasGrad * elements;
+}
+
+}  // namespace
+
+AttentionKernels attention_kernels(const ModelConfig& config, DType storage) {
+  const int64_t hd = config.head_dim();
+  const bool tensor_dtype = storage == DType::BF16 || storage == DType::F16;
+  return tensor_dtype && (hd == 64 || hd == 128 || hd == 256) ? AttentionKernels::TensorCore
+                                                              : AttentionKernels::CudaCore;
+}
+
+AttentionWork attention_work(const ModelConfig& config, int64_t seq_len, DType storage) {
+  const double T = static_cast<double>(seq_len);
+  const int64_t hd = config.head_dim();
+  const double per_product = 2 * static_cast<double>(hd) * static_cast<double>(config.n_head);
+  AttentionWork work;
+  if (attention_kernels(config, storage) == AttentionKernels::TensorCore) {
+    const double rows = causal_keys_per_query(T, kMmaWarpRows);
+    const double dkdv = causal_keys_per_query(T, mma_dkdv_query_tile(hd));
+    work.forward = 2 * per_product * rows;
+    work.backward = (2 * mma_dkdv_score_copies(hd) + 2) * per_product * dkdv  // S, dP; dV, dK
+                    + 3 * per_product * rows;                                 // S, dP, dQ
+  } else {
+    const double keys = causal_keys_per_query(T, kCudaCoreTileRows);
+    work.forward = 2 * per_product * keys;
+    work.backward = (4 + 3) * per_product * keys;
+  }
+  return work;
+}
+
+MemoryTraffic memory_traffic(const ModelConfig& config, int tp, bool sequence_parallel) {
+  const Widths w = widths(config, tp, sequence_parallel);
+  const bool llama = config.llama_family();
+  const double rope = llama ? kRope * (w.q + w.kv) : 0;
+  const double row_parallel_biases = (config.o_bias ? 1 : 0) + (config.mlp_bias ? 1 : 0);
+  MemoryTraffic t;
+  // Two norms and two residual adds per block, the MLP's activation, the rope.
+  t.layer_forward = norms_and_residuals(config) * w.rows + activation_forward(config, w) + rope +
+                    (tp > 1 ? kBiasAdd * row_parallel_biases * w.rows : 0);
+  t.layer_backward = 2 * kNormBackward * w.rows + kAttentionDelta * w.q + rope +
+                     (llama ? kSwigluBackward : kGeluBackward) * w.mlp + bias_gradients(config, w);
+  t.layer_selective = 2 * kNormForward * w.rows + activation_forward(config, w);
+  t.embed_forward = t.embed_backward = embedding_traffic(config) * w.C;
+  const double vocab = static_cast<double>(config.padded_vocab()) / tp;
+  t.head_forward = kNormForward * w.rows + kCrossEntropy * vocab;
+  t.head_backward = (kNormBackward + kFill) * w.rows;
+  return t;
+}
+
+}  // namespace dstrain
