@@ -101,11 +101,7 @@ __global__ void layernorm_forward_vector_kernel(T* out, float* mean, float* rstd
   if (n >= N) return;
   const int64_t base = n * C, packs = C / kVectorElements;
   float x[kPacks][kVectorElements];
-  if constexpr (kResidual) {
-    load_row<T, kPacks, true>(x, inp + base, residual_b + base, residual + base, packs, lane);
-  } else {
-    load_row<T, kPacks, false>(x, inp + base, nullptr, nullptr, packs, lane);
-  }
+  load_row<T, kPacks, kResidual>(x, inp, residual_b, residual, base, packs, lane);
   float sum = 0.0f;
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {

@@ -16,20 +16,23 @@ namespace dstrain::cuda {
 constexpr int kMaxPacks = 8;
 constexpr int64_t kMaxRegisterC = int64_t{32} * kVectorElements * kMaxPacks;
 
-// x = this lane's share of the row `a` (packs = C / 8 packs; a points at the row). With
+// x = this lane's share of the row at a + base (packs = C / 8 packs). With
 // kResidual the row is a + b rounded to T, exactly residual_forward's sum, and is also stored at
-// `sum`: the residual add fused into the norm that reads its result. The loads of `a` are all
-// issued before the first use; b is read one pack at a time (8 registers, not 8 per pack: the
-// row already takes 8 per pack).
+// sum + base (b and sum unused otherwise): the residual add fused into the norm that reads its
+// result. The loads of `a` are all issued before the first use; b is read one pack at a time (8
+// registers, not 8 per pack: the row already takes 8 per pack).
 template <class T, int kPacks, bool kResidual>
 __device__ __forceinline__ void load_row(float (&x)[kPacks][kVectorElements], const T* a,
-                                         const T* b, T* sum, int64_t packs, int lane) {
+                                         const T* b, T* sum, int64_t base, int64_t packs,
+                                         int lane) {
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
     const int64_t p = lane + 32 * k;
-    if (p < packs) load_vector(a + p * kVectorElements, x[k]);
+    if (p < packs) load_vector(a + base + p * kVectorElements, x[k]);
   }
   if constexpr (kResidual) {
+    b += base;
+    sum += base;
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
       const int64_t p = lane + 32 * k;

@@ -146,4 +146,19 @@ struct TwinBuffers {
   }
 };
 
+// The cases of the norms with the residual add fused in (layernorm and RMSNorm tests): rows of
+// C in packs of 8 (40: 5 packs, most lanes idle; 264: lane 0 holds two; 1032: 8 packs
+// instantiated) and C = 13 (the two ops' fallback), each at every offset of kViewOffsets.
+constexpr int64_t kFusedNormC[] = {40, 264, 1032, 13};
+
+// Every GPU buffer of a fused op's run equals the same buffer of the two ops' run, bit for bit.
+inline ::testing::AssertionResult gpu_buffers_bitwise_equal(const TwinBuffers& fused,
+                                                            const TwinBuffers& two_ops) {
+  for (size_t i = 0; i < fused.gpu.size(); ++i) {
+    auto equal = bitwise_equal(fused.gpu[i], two_ops.gpu[i]);
+    if (!equal) return equal << " (buffer " << i << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
 }  // namespace dstrain::test

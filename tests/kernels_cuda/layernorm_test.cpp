@@ -177,13 +177,13 @@ TEST(CudaLayernorm, BackwardVectorRowsAndOffsetsMatchCpu) {
 
 // The residual add fused into the layernorm: on the GPU bitwise what residual_forward then
 // layernorm_forward give there (the residual stream, the normalized rows, mean and rstd), on
-// the vector rows (kVectorC at aligned offsets) and on the fallback (misaligned views, C = 13);
+// the vector rows (kFusedNormC at aligned offsets) and on the fallback (misaligned views, C = 13);
 // against the CPU's two ops the residual is bitwise, the rest within the layernorm's
 // tolerances. Every buffer compared whole, guards intact.
 TEST(CudaLayernorm, ResidualFusedIsBitwiseTheTwoOps) {
   REQUIRE_CUDA_DEVICE();
   for (DType dtype : kFloatDTypes) {
-    for (int64_t C : {int64_t{40}, int64_t{264}, int64_t{1032}, int64_t{13}}) {
+    for (int64_t C : kFusedNormC) {
       for (int64_t offset : kViewOffsets) {
         const int64_t N = 5, size = offset + N * C;
         Random rng(34);
@@ -213,10 +213,7 @@ TEST(CudaLayernorm, ResidualFusedIsBitwiseTheTwoOps) {
         run.finish();
         const std::string where = view_case(dtype, N, C, offset);
         EXPECT_GT(norm_squared(fused.cpu[1].values()), 0.0);
-        for (size_t i = 0; i < fused.gpu.size(); ++i) {
-          EXPECT_TRUE(bitwise_equal(fused.gpu[i], two_ops.gpu[i]))
-              << "buffer " << i << " " << where;
-        }
+        EXPECT_TRUE(gpu_buffers_bitwise_equal(fused, two_ops)) << where;
         EXPECT_TRUE(bitwise_equal(fused.gpu[0], fused.cpu[0])) << "residual " << where;
         EXPECT_TRUE(all_close(fused.gpu[1].values(), fused.cpu[1].values(), value_tolerance(dtype)))
             << where;
