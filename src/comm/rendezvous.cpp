@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <sstream>
+#include <thread>
 
 #include "core/check.h"
 
@@ -17,6 +18,10 @@ namespace {
 
 constexpr int kMaxNodes = 4096;  // the store serves at most this many connections
 constexpr double kMaxLingerSeconds = 10;
+// Node 0, finding a node started with another --nnodes, keeps its store accepting this long
+// before it stops: nodes started with it are still connecting (their retries pause up to
+// 250 ms) and then read its record and name the mismatch themselves.
+constexpr double kMismatchLingerSeconds = 2;
 
 // A setting's value and where it came from: a flag ("--master-port") or a variable
 // ("MASTER_PORT"). Messages show it as the user wrote it.
@@ -203,23 +208,38 @@ std::vector<RendezvousNode> Rendezvous::join() {
       << this_host() << ", pid " << ::getpid() << "): give each node its own --node-rank, 0 to "
       << options_.nnodes - 1 << ".";
   client().set(me, node_record(options_.nnodes));
-  const std::chrono::duration<double> spent = std::chrono::steady_clock::now() - start;
+  const auto remaining = [&] {
+    const std::chrono::duration<double> spent = std::chrono::steady_clock::now() - start;
+    return options_.timeout_seconds - spent.count();
+  };
   const std::vector<std::string> keys = node_keys("node/", options_.nnodes);
-  wait_for_nodes(keys, options_.timeout_seconds - spent.count(), true, "join");
-
-  std::vector<RendezvousNode> nodes;
+  std::vector<RendezvousNode> nodes(static_cast<size_t>(options_.nnodes));
+  // Node 0 registers as soon as its store is up: another --nnodes shows in its record at once,
+  // before waiting for nodes that would never come.
+  if (options_.node_rank != 0) {
+    wait_for_nodes({keys[0]}, remaining(), true, "join");
+    read_node(0, nodes[0]);
+  }
+  wait_for_nodes(keys, remaining(), true, "join");
   for (int rank = 0; rank < options_.nnodes; ++rank) {
-    std::istringstream record(client().get(keys[static_cast<size_t>(rank)]));
-    int nnodes = 0;
-    RendezvousNode& node = nodes.emplace_back();
-    node.rank = rank;
-    record >> nnodes >> node.pid >> node.host;
-    DSTRAIN_USER_CHECK(nnodes == options_.nnodes)
-        << "node " << rank << " was started with --nnodes " << nnodes << " and node "
-        << options_.node_rank << " with --nnodes " << options_.nnodes
-        << ": give every node the same --nnodes (NNODES).";
+    read_node(rank, nodes[static_cast<size_t>(rank)]);
   }
   return nodes;
+}
+
+void Rendezvous::read_node(int rank, RendezvousNode& node) {
+  std::istringstream record(client().get("node/" + std::to_string(rank)));
+  int nnodes = 0;
+  node.rank = rank;
+  record >> nnodes >> node.pid >> node.host;
+  if (nnodes == options_.nnodes) return;
+  if (server_) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(
+        std::min(kMismatchLingerSeconds, std::max(options_.timeout_seconds, 0.0))));
+  }
+  DSTRAIN_USER_CHECK(false) << "node " << rank << " was started with --nnodes " << nnodes
+                            << " and node " << options_.node_rank << " with --nnodes "
+                            << options_.nnodes << ": give every node the same --nnodes (NNODES).";
 }
 
 void Rendezvous::wait_for_nodes(const std::vector<std::string>& keys, double seconds, bool joining,

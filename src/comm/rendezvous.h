@@ -110,6 +110,10 @@ class Rendezvous {
   // `keys[r]` belongs to node r.
   void wait_for_nodes(const std::vector<std::string>& keys, double seconds, bool joining,
                       const std::string& what);
+  // Reads node `rank`'s record into `node`; another --nnodes than this node's is a UserError
+  // (node 0 keeps its store up a moment first, so that nodes still joining read its record and
+  // say the same, instead of finding no store).
+  void read_node(int rank, RendezvousNode& node);
   std::string next_round(const std::string& kind, const std::string& name);
   TcpStoreClient& client();
 
