@@ -32,6 +32,8 @@
 #                  budget); model: the whole model as one graph
 #   PREWARM        1: fill PyTorch's compile caches in the background during the build and the
 #                  tests, so the timed torch.compile runs compile from cache
+#   SANITIZE       1: last, compute-sanitizer's racecheck on the tensor-core attention tests and
+#                  memcheck on all kernel tests (0: skip)
 #   NCCL_FROM_PIP  1: when the CUDA toolkit has no NCCL, build against the NCCL of python's
 #                  nvidia-nccl package if it has one
 #   DEPS           .gpu-deps: carried .deb files of the build dependencies (see --fetch-deps)
@@ -69,6 +71,7 @@ BATCH_1_5B=${BATCH_1_5B:-16}
 PREWARM=${PREWARM:-1}
 MODELS=${MODELS:-gpt2-1.5b gpt2-124m}
 PYTORCH=${PYTORCH:-1}
+SANITIZE=${SANITIZE:-1}
 COMPILE_SCOPE=${COMPILE_SCOPE:-blocks}
 NCCL_FROM_PIP=${NCCL_FROM_PIP:-1}
 DEPS=${DEPS:-.gpu-deps}
@@ -302,6 +305,27 @@ done
 # Last, as the least needed: the kernels at the shapes of gpt2-1.5b (C=1600, 25 heads).
 run_step bench_cuda_ops_bf16_1.5b_shapes 60 "$BUILD/bench_cuda_ops" --dtype bf16 --batch \
   "$BATCH_1_5B" --channels 1600 --heads 25 --json "$json/ops_bf16_c1600.json"
+# The attention kernels at the other head dims they are built for: 128 (Llama, C=2048, 16
+# heads) and 256 (the 6b preset, C=4096, 16 heads).
+run_step bench_cuda_ops_bf16_hd128 45 "$BUILD/bench_cuda_ops" --dtype bf16 --batch 8 \
+  --channels 2048 --heads 16 --json "$json/ops_bf16_hd128.json"
+run_step bench_cuda_ops_bf16_hd256 45 "$BUILD/bench_cuda_ops" --dtype bf16 --batch 4 \
+  --channels 4096 --heads 16 --json "$json/ops_bf16_hd256.json"
+
+# ---- the hardware checks the emulator cannot make: shared-memory races (cp.async double
+# buffering, ldmatrix after the barrier) and out-of-bounds accesses, on the kernel tests ----------
+sanitizer=$(command -v compute-sanitizer 2>/dev/null ||
+  ls "$(dirname "$nvcc_path")/compute-sanitizer" 2>/dev/null)
+if ((!SANITIZE)); then
+  record sanitizer "not run (SANITIZE=0)"
+elif [ -z "$sanitizer" ] && ((!dry_run)); then
+  record sanitizer "not run: no compute-sanitizer beside nvcc or on PATH"
+else
+  run_step racecheck_attention_mma 90 "${sanitizer:-compute-sanitizer}" --tool racecheck \
+    --error-exitcode 3 "$BUILD/tests_kernels_cuda" --gtest_filter='CudaAttentionMma*'
+  run_step memcheck_kernels 120 "${sanitizer:-compute-sanitizer}" --tool memcheck \
+    --error-exitcode 3 "$BUILD/tests_kernels_cuda"
+fi
 
 # ---- the summary and the combined results -----------------------------------------------------
 if ((dry_run)); then
