@@ -183,6 +183,9 @@ elif compgen -G "$DEPS/*.deb" >/dev/null; then
   find "$prefix" -name '*.pc' -exec sed -i "s|/usr/|$prefix/usr/|g" {} +
   triplet_lib=$prefix/usr/lib/x86_64-linux-gnu
   export CMAKE_PREFIX_PATH=$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+  # Searched before everything else: a machine with another Boost's CMake files but without
+  # its program_options (Ubuntu 24.04's 1.83, seen 2026-11-26) takes the carried one.
+  export Boost_ROOT=$prefix/usr
   pc_path=$triplet_lib/openblas-pthread/pkgconfig:$triplet_lib/pkgconfig
   export PKG_CONFIG_PATH=$pc_path${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
   lib_path=$triplet_lib/openblas-pthread:$triplet_lib
