@@ -78,10 +78,13 @@ DEPS=${DEPS:-.gpu-deps}
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export PYTHONUNBUFFERED=1
 # Debian 12 names of what CMakeLists.txt finds (scripts/install-deps.sh installs the same with
-# apt): Boost.Program_options, nlohmann-json, OpenBLAS (pthreads), GoogleTest, pkg-config.
+# apt): Boost.Program_options, nlohmann-json, OpenBLAS (pthreads), GoogleTest, pkg-config,
+# PCRE2 and utf8proc (the tokenizers').
 deb_packages=(libboost1.74-dev libboost-program-options1.74-dev libboost-program-options1.74.0
               nlohmann-json3-dev libopenblas-pthread-dev libopenblas0-pthread libgfortran5
-              libquadmath0 libgtest-dev pkgconf pkgconf-bin libpkgconf3)
+              libquadmath0 libgtest-dev pkgconf pkgconf-bin libpkgconf3
+              libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3
+              libutf8proc-dev libutf8proc2)
 
 if ((fetch_deps)); then
   mkdir -p "$DEPS" || exit 1
@@ -172,6 +175,7 @@ if ((!dry_run)); then
 fi
 
 # ---- build dependencies: carried .debs, NCCL from pip ---------------------------------------
+cmake_deps_args=()
 if ((dry_run)) && compgen -G "$DEPS/*.deb" >/dev/null; then
   echo "[deps] would unpack the $(compgen -G "$DEPS/*.deb" | wc -l) packages of $DEPS"
 elif compgen -G "$DEPS/*.deb" >/dev/null; then
@@ -180,12 +184,17 @@ elif compgen -G "$DEPS/*.deb" >/dev/null; then
   rm -rf "$prefix"
   for deb in "$DEPS"/*.deb; do dpkg-deb -x "$deb" "$prefix"; done
   # Their pkg-config files and the libraries' paths name /usr: point them at the prefix.
-  find "$prefix" -name '*.pc' -exec sed -i "s|/usr/|$prefix/usr/|g" {} +
+  # (PCRE2's say prefix=/usr, with no slash after it).
+  find "$prefix" -name '*.pc' -exec sed -i -e "s|/usr/|$prefix/usr/|g" \
+    -e "s|^prefix=/usr\$|prefix=$prefix/usr|" {} +
   triplet_lib=$prefix/usr/lib/x86_64-linux-gnu
   export CMAKE_PREFIX_PATH=$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
   # Searched before everything else: a machine with another Boost's CMake files but without
   # its program_options (Ubuntu 24.04's 1.83, seen 2026-11-26) takes the carried one.
   export Boost_ROOT=$prefix/usr
+  # CMake's FindBoost module still takes the machine's BoostConfig first: name the carried one.
+  boost_dir=$(compgen -G "$prefix/usr/lib/x86_64-linux-gnu/cmake/Boost-*" | head -1)
+  cmake_deps_args+=("-DBoost_DIR=$boost_dir")
   pc_path=$triplet_lib/openblas-pthread/pkgconfig:$triplet_lib/pkgconfig
   export PKG_CONFIG_PATH=$pc_path${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
   lib_path=$triplet_lib/openblas-pthread:$triplet_lib
@@ -251,8 +260,19 @@ fi
 # ---- build ------------------------------------------------------------------------------------
 targets=(tests_kernels_cuda tests_comm tests_train bench_cuda_ops bench_train)
 run_step configure 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DDSTRAIN_CUDA=ON -DDSTRAIN_CUDA_ARCHITECTURES=90
-run_step build "${BUILD_TIMEOUT:-360}" ninja -C "$BUILD" -j"$JOBS" "${targets[@]}"
+  -DDSTRAIN_CUDA=ON -DDSTRAIN_CUDA_ARCHITECTURES=90 "${cmake_deps_args[@]}" &&
+  run_step build "${BUILD_TIMEOUT:-360}" ninja -C "$BUILD" -j"$JOBS" "${targets[@]}"
+built=$?
+if ((built != 0 && !dry_run)); then
+  # Nothing of dstrain can run: stop here, the device's time being short (a PyTorch
+  # comparison without dstrain's numbers is not what this session is for).
+  record stopped "configure or build failed (exit status $built): nothing of dstrain to run"
+  [ -n "$prewarm_pid" ] && { pkill -TERM -P "$prewarm_pid"; kill -TERM "$prewarm_pid"; } 2>/dev/null
+  printf '# dstrain GPU session: the build failed\n\nSee session.log and status.tsv.\n' \
+    >"$OUT/summary.md"
+  rm -rf "$work"
+  exit 1
+fi
 
 # ---- tests (a GPU test that cannot run skips with its reason) ---------------------------------
 run_step tests_kernels_cuda 120 "$BUILD/tests_kernels_cuda"
