@@ -226,8 +226,11 @@ __global__ void __launch_bounds__(kThreads)
       lse[(int64_t{b} * NH + h) * T + rows[r]] = row_max[r] * scale + logf(sum);
     }
   }
-  // Only this warp reads (read) its 16 Q rows, so it alone may overwrite them.
+  // Only this warp reads (read) its 16 Q rows, so it alone may overwrite them, once all its
+  // lanes are past their last ldmatrix of them (compute-sanitizer's racecheck flagged the
+  // writes on an H200 without this barrier: lanes of a warp are not ordered without one).
   Element* o_tile = q_tile;  // (64, hd), swizzled like Q
+  __syncwarp();
 #pragma unroll
   for (int n = 0; n < kDimTiles; ++n) {
 #pragma unroll

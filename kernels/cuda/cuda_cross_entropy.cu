@@ -139,10 +139,19 @@ __global__ void cross_entropy_from_stats_kernel(float* losses, DeviceTensor dlog
   }
   float max_logit = -INFINITY;
   for (int64_t p = 0; p < P; ++p) max_logit = fmaxf(max_logit, stats[(p * N + n) * 3]);
+  // Both fields read before the test, and the loop not unrolled (P is the tp degree): nvcc
+  // 13.0.88 unrolled the earlier form (row[1] read, then row[0] under the test) by four and
+  // gave the 2nd-4th copies row[1]'s address for row[0] (PTX `ld.global.f32 [%rd30]` where
+  // `[%rd30+-4]` was due), so 4 slices on a real GPU summed s * exp(s - max). The emulator
+  // runs the source, not nvcc's code: the GPU run of 2026-11-26 found it (RESULTS.md).
   float sum = 0.0f;
+#pragma unroll 1
   for (int64_t p = 0; p < P; ++p) {
-    const float* row = stats + (p * N + n) * 3;
-    if (row[1] != 0.0f) sum = __fadd_rn(sum, __fmul_rn(row[1], expf(row[0] - max_logit)));
+    const float slice_max = stats[(p * N + n) * 3];
+    const float slice_sum = stats[(p * N + n) * 3 + 1];
+    if (slice_sum != 0.0f) {
+      sum = __fadd_rn(sum, __fmul_rn(slice_sum, expf(slice_max - max_logit)));
+    }
   }
   const float target_logit = stats[((target / Vs) * N + n) * 3 + 2];
   if (threadIdx.x == 0) losses[n] = logf(sum) - (target_logit - max_logit);
