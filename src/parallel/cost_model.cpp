@@ -37,14 +37,28 @@ constexpr double kHalfEfficiencyWidth = 256;
 // cores (GpuSpeed::fp32_flops).
 constexpr double kFp32PeakFraction = 0.5;
 
-// ASSUMPTION: the tensor-core attention kernels (FlashAttention-2 style, mma.sync m16n8k16)
-// reach 50% of the tensor peak forward and 43% backward, on the FLOPs they execute
-// (kernel_work.h). FlashAttention-2 reaches 50-73% of the A100's peak (Dao 2023, abstract), "up
-// to 73% ... in the forward pass, and up to 63% ... in the backward pass" (section 1): the low
-// end for the forward, and the backward the same 63/73 of it. dstrain's kernels are untuned
-// (4 warps, fixed tiles), hence the low end.
-constexpr double kAttentionForwardPeakFraction = 0.50;
-constexpr double kAttentionBackwardPeakFraction = 0.50 * 63 / 73;
+// MEASURED: the tensor-core attention kernels' rate, per head dim, as a fraction of the
+// dense tensor peak times mma_sync_fraction, on the FLOPs they execute (kernel_work.h). From
+// bench_cuda_ops in bf16 on an H200 (2026-11-26, commit 29d5dcc; benchmarks/RESULTS.md), over
+// 989.4 TFLOP/s x kHopperMmaSyncFraction: head dim 64 (B=16, C=1600) 131.4 / 121.7 TFLOP/s
+// forward / backward, 128 (B=8, C=2048) 106.2 / 108.9, 256 (B=4, C=4096) 92.2 / 118.0.
+// Other architectures get the same fractions of their mma.sync rate (an assumption: only
+// Hopper was measured). Before the measurement the model assumed FlashAttention-2's 50% / 43%,
+// which put gpt2-1.5b's attention at 59 ms a step on one H200 where the kernels take 97 ms.
+struct AttentionFractions {
+  int64_t head_dim;
+  double forward, backward;
+};
+constexpr AttentionFractions kMeasuredAttention[] = {
+    {64, 0.286, 0.265}, {128, 0.231, 0.237}, {256, 0.201, 0.257}};
+
+AttentionFractions attention_fractions(int64_t head_dim) {
+  for (const AttentionFractions& f : kMeasuredAttention) {
+    if (f.head_dim == head_dim) return f;
+  }
+  DSTRAIN_CHECK(false) << "no tensor-core attention kernel for head dim " << head_dim;
+  return {};
+}
 // ASSUMPTION: on Hopper and datacenter Blackwell mma.sync reaches 46% of what it reaches on an
 // A100, relative to the peak: the same FlashAttention-2 code reaches "up to 335 TFLOPs/s" on an
 // H100 (Dao 2023, section 4.1), 34% of its 989.4, against 73% on the A100. (FlashAttention-3,
@@ -220,8 +234,9 @@ ComputeRates compute_rates(const GpuSpeed& speed, const ModelConfig& config, con
   r.attention = attention_kernels(config, plan.param_dtype);
   if (r.attention == AttentionKernels::TensorCore) {
     const double mma_sync_peak = speed.peak_flops * speed.mma_sync_fraction;
-    r.attention_forward_flops = mma_sync_peak * kAttentionForwardPeakFraction;
-    r.attention_backward_flops = mma_sync_peak * kAttentionBackwardPeakFraction;
+    const AttentionFractions f = attention_fractions(config.head_dim());
+    r.attention_forward_flops = mma_sync_peak * f.forward;
+    r.attention_backward_flops = mma_sync_peak * f.backward;
   } else {
     r.attention_forward_flops = speed.fp32_flops * kCudaCoreAttentionFraction;
     r.attention_backward_flops = r.attention_forward_flops;

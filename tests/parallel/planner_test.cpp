@@ -177,12 +177,14 @@ TEST(Planner, Rtx3090NvlinkPairsGpt2_1_5bIsDataParallelWithZero1) {
 TEST(Planner, Rtx3090NvlinkPairs6bNeedsOffloadAndZero3) {
   // 94 GB of state over 4 x 20.6 GiB = 82 GiB does not fit even fully sharded: offload is
   // required (66 GiB of host state for all ranks, of 94 GiB usable of 128 GB). With the
-  // optimizer on the host, ZeRO-3 shards the bf16 params and grads too (4/4 bytes/param), so
-  // micro-batch 4 fits with selective recompute; its gathers over the PHB links hide under
-  // ~4 s of compute per micro-batch. Tensor parallelism inside the NVLink pairs is allowed
+  // optimizer on the host, ZeRO-2 fits micro-batch 2 with selective recompute. ZeRO-3 would
+  // shard the bf16 params too and fit micro-batch 4, its gathers over the PHB links hidden
+  // under ~4 s of compute per micro-batch, but it is predicted only 2.0% faster (with the
+  // attention rates measured on an H200): within what the model cannot tell apart, so the
+  // plan with fewer moving parts wins. Tensor parallelism inside the NVLink pairs is allowed
   // but splits the GEMMs and leaves the LM head replicated: slower.
   const PlanResult r = plan("6b", rtx3090_nvlink_pairs());
-  expect_plan(r, {4, 1, 1, 3, true, Recompute::Selective, 4, 32});
+  expect_plan(r, {4, 1, 1, 2, true, Recompute::Selective, 2, 64});
   // tp 4 would span both pairs, across PCIe: excluded. tp 2 (inside a pair) is allowed.
   EXPECT_TRUE(any_excluded_mentions(r, "tp 4"));
   EXPECT_FALSE(any_excluded_mentions(r, "tp 2 "));
