@@ -203,7 +203,9 @@ TEST_F(TraceTest, PipelineTransfersOnThePipelineTrackWithPeerAndBytes) {
     EXPECT_EQ(s.cat, "pipeline");
     // One (B*T, C) fp32 activation or gradient each way: 2 x 16 x 24 x 4 bytes.
     EXPECT_EQ(s.bytes % (2 * 16 * 24 * 4), 0) << s.name;
-    if (s.name == "send" || s.name == "recv") EXPECT_EQ(s.peer, 1 - s.rank) << s.name;
+    if (s.name == "send" || s.name == "recv") {
+      EXPECT_EQ(s.peer, 1 - s.rank) << s.name;
+    }
   }
   EXPECT_GE(transfers, 2u * 3 * 4);  // each rank sends and receives for every micro-batch
   EXPECT_EQ(count(spans, kCompute, "forward embedding"), 3u * 4);  // stage 0 only
