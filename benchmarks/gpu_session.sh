@@ -193,10 +193,9 @@ elif compgen -G "$DEPS/*.deb" >/dev/null; then
     -e "s|^prefix=/usr\$|prefix=$prefix/usr|" {} +
   triplet_lib=$prefix/usr/lib/x86_64-linux-gnu
   export CMAKE_PREFIX_PATH=$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
-  # Searched before everything else: a machine with another Boost's CMake files but without
-  # its program_options (Ubuntu 24.04's 1.83, seen 2026-11-26) takes the carried one.
-  export Boost_ROOT=$prefix/usr
-  # CMake's FindBoost module still takes the machine's BoostConfig first: name the carried one.
+  # A machine with another Boost's CMake files but without its program_options (Ubuntu
+  # 24.04's 1.83, seen 2026-11-26): CMake's FindBoost takes the machine's BoostConfig before
+  # CMAKE_PREFIX_PATH's (Boost_ROOT did not change that), so name the carried one.
   boost_dir=$(compgen -G "$prefix/usr/lib/x86_64-linux-gnu/cmake/Boost-*" | head -1)
   cmake_deps_args+=("-DBoost_DIR=$boost_dir")
   pc_path=$triplet_lib/openblas-pthread/pkgconfig:$triplet_lib/pkgconfig
