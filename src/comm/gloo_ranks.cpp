@@ -39,8 +39,10 @@ void run_gloo_rank(const GlooRanks& ranks, int local, double timeout_seconds,
     try {
       fn(*world);
     } catch (...) {
+      // Recorded first: the peers' failures that the closing below causes are follow-ons, and
+      // one of this process's ranks could otherwise record its own before this root cause.
+      failure.record(std::current_exception());
       world.reset();  // closes every connection of this rank now: the peers see it go
-      throw;
     }
   } catch (...) {
     failure.record(std::current_exception());

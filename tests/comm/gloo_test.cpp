@@ -391,6 +391,32 @@ TEST(Gloo, ARankThatNeverArrivesIsNamedAndTheCommunicatorStaysBroken) {
   EXPECT_EQ(errors[1], "");
 }
 
+TEST(Gloo, TheProcessReportsTheRankThatFailedNotThePeerItsClosingBroke) {
+  // Rank 0 fails on its own while rank 1 waits on it in a barrier; rank 0's closing
+  // connections then break rank 1's wait. run_gloo_ranks must rethrow rank 0's error (the root
+  // cause), which it records before it closes (the order that made a 2-node CLI test report
+  // "Connection closed by peer" instead of the timeout, once in a CI run). Repeated: the
+  // closing and the recording race when they are in the wrong order.
+  SKIP_WITHOUT_GLOO();
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    TcpStoreServer server(0, kStoreTimeout);
+    GlooRanks ranks;
+    ranks.store_host = "127.0.0.1";
+    ranks.store_port = server.port();
+    ranks.local_ranks = ranks.world_size = 2;
+    try {
+      dstrain::run_gloo_ranks(ranks, kStoreTimeout, [](Communicator& comm) {
+        comm.barrier();  // both joined
+        if (comm.rank() == 0) throw Error("rank 0's own failure");
+        comm.barrier();  // rank 1: broken by rank 0's closing, long before the timeout
+      });
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      ASSERT_TRUE(mentions(e.what(), "rank 0's own failure")) << "attempt " << attempt;
+    }
+  }
+}
+
 TEST(Gloo, ACudaTensorIsAnError) {
   SKIP_WITHOUT_GLOO();
   const std::vector<std::string> errors = run_gloo_ranks(1, kNoTimeout, [](Communicator& comm) {
