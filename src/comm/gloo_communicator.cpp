@@ -413,20 +413,24 @@ class GlooCommunicator : public Communicator {
                                            : transfer.buffer->waitRecv(timeout);
         if (!done) fail(call, transfer, "it was aborted");
       } catch (const gloo::Exception& e) {
+        const std::string message = e.what();
         const bool timed_out = Clock::now() >= call.deadline ||
-                               std::string(e.what()).find("Timed out") != std::string::npos;
+                               message.find("Timed out") != std::string::npos;
         fail(call, transfer,
              timed_out ? "rank " + std::to_string(transfer.peer) + " did not come within " +
                              seconds_text(timeout_seconds_)
-                       : std::string("Gloo: ") + e.what());
+                       : "Gloo: " + message,
+             !timed_out && message.find("Connection closed by peer") != std::string::npos);
       }
     }
   }
 
-  [[noreturn]] void fail(const Call& call, const Transfer& transfer, const std::string& why) {
+  [[noreturn]] void fail(const Call& call, const Transfer& transfer, const std::string& why,
+                         bool peer_closed = false) {
     std::ostringstream text;
     text << call.what << " failed on rank " << rank() << " at " << transfer.what << ": " << why;
     broken_ = text.str();
+    if (peer_closed) throw PeerClosedError(broken_);
     throw Error(broken_);
   }
 

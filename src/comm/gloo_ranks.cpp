@@ -11,12 +11,14 @@ namespace dstrain {
 
 namespace {
 
-// The first failure among this process's ranks.
+// The first failure among this process's ranks, a peer's closing (PeerClosedError) giving way
+// to a later failure of another kind: the rank that closed may be one of ours, its own error
+// recorded only after the stack it unwound (split groups' connections among it) has closed.
 class FirstError {
  public:
   void record(std::exception_ptr error) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!error_) error_ = std::move(error);
+    if (!error_ || (is_peer_closed(error_) && !is_peer_closed(error))) error_ = std::move(error);
   }
   void rethrow() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -24,6 +26,15 @@ class FirstError {
   }
 
  private:
+  static bool is_peer_closed(const std::exception_ptr& error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const PeerClosedError&) {
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }
   std::mutex mutex_;
   std::exception_ptr error_;
 };
