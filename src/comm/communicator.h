@@ -48,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "core/check.h"
 #include "core/tensor.h"
 #include "kernels/ops.h"
 
@@ -97,6 +98,15 @@ class Communicator {
   // Collective: ranks with the same color form a new communicator, ranked by (key, old rank).
   // color < 0: this rank joins none and gets nullptr.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+};
+
+// A transfer that failed because its peer closed the connection (Gloo): the consequence of
+// the peer's own failure, which a process running several ranks reports instead when the peer
+// is one of its ranks (run_gloo_ranks). Code that adds context to a communicator's error keeps
+// this type.
+class PeerClosedError : public Error {
+ public:
+  using Error::Error;
 };
 
 // Runs fn(communicator) on `world_size` threads, one rank each, sharing one local world.

@@ -71,13 +71,6 @@ std::unique_ptr<Communicator> make_gloo_communicator(TcpStoreClient& store,
                                                      double timeout_seconds,
                                                      const GlooNetwork& network = {});
 
-// A Gloo transfer that failed because its peer closed the connection: the consequence of the
-// peer's own failure, which run_gloo_ranks reports instead when the peer is one of its ranks.
-class PeerClosedError : public Error {
- public:
-  using Error::Error;
-};
-
 // This process's ranks of a Gloo world that spans several processes (one per node): world
 // ranks first_rank .. first_rank + local_ranks - 1 of world_size, each a thread with its own
 // client of the store at store_host:store_port, the world named `prefix` in the store.

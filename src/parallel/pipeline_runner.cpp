@@ -166,6 +166,9 @@ double PipelineRunner::run(const StageActions& actions, int micro_batches, int64
     } catch (const UserError& error) {
       annotate("");
       throw UserError(where(action) + ": " + error.what());
+    } catch (const PeerClosedError& error) {  // a follow-on: keeps its type (communicator.h)
+      annotate("");
+      throw PeerClosedError(where(action) + ": " + error.what());
     } catch (const Error& error) {
       annotate("");
       throw Error(where(action) + ": " + error.what());
