@@ -378,6 +378,10 @@ int run(const Options& options) {
        [&] { be.rope_backward(dqkv, freqs, nh, nh, nullptr); }},
       {"gelu_forward (4C)", 8 * act, 0, [&] { be.gelu_forward(fc_out, fc, nullptr); }},
       {"gelu_backward (4C)", 12 * act, 0, [&] { be.gelu_backward(fc_out, dfc, fc, nullptr); }},
+      // The same with the fc bias's column sums in its pass (the bytes of the GELU alone: the
+      // partials are 1/128 of a row per row).
+      {"gelu_backward_bias (4C)", 12 * act, 0,
+       [&] { be.gelu_backward_bias(fc_out, db_fc, dfc, fc, nullptr); }},
       // Reads [gate | up] (2I = 8C), writes I = 4C; backward also reads dout, writes 2I.
       {"swiglu_forward (I = 4C)", 12 * act, 0,
        [&] { be.swiglu_forward(fc_out, gate_up, nullptr); }},

@@ -220,6 +220,12 @@ class Backend {
   virtual void gelu_forward(Tensor out, Tensor inp, Stream stream) = 0;
   // dinp = gelu'(inp) * dout
   virtual void gelu_backward(Tensor dinp, Tensor dout, Tensor inp, Stream stream) = 0;
+  // The MLP's GELU backward with its up-projection's bias gradient: dinp (N,OC) as
+  // gelu_backward, then dbias (OC; skipped when empty) += column sums of dinp AS STORED. Bitwise
+  // what gelu_backward then matmul_backward's dbias over dinp give on the same backend: a
+  // backend may fuse the sums into the GELU pass (dinp not read back), not change the numbers.
+  virtual void gelu_backward_bias(Tensor dinp, Tensor dbias, Tensor dout, Tensor inp,
+                                  Stream stream) = 0;
 
   // ---- residual ----
   // out = a + b (same shape)

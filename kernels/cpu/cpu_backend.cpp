@@ -166,6 +166,10 @@ class CpuBackend final : public Backend {
   void gelu_backward(Tensor dinp, Tensor dout, Tensor inp, Stream) override {
     cpu::gelu_backward(ctx_, dinp, dout, inp);
   }
+  void gelu_backward_bias(Tensor dinp, Tensor dbias, Tensor dout, Tensor inp, Stream) override {
+    cpu::gelu_backward(ctx_, dinp, dout, inp);
+    if (!dbias.empty()) cpu::column_sums_accumulate(ctx_, dbias, dinp);
+  }
   void residual_forward(Tensor out, Tensor a, Tensor b, Stream) override {
     cpu::residual_forward(ctx_, out, a, b);
   }

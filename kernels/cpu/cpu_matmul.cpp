@@ -106,6 +106,22 @@ void check_rows_cols(const Tensor& t, const char* name, int64_t rows, int64_t co
       << name << " " << t.shape_str() << " must be (" << rows << ", " << cols << ")";
 }
 
+// dsum (OC) += column sums of dy (N,OC) F32, rows in order, one task per column block.
+void column_sums(const CpuContext& ctx, Tensor dsum, const float* dy, int64_t N, int64_t OC) {
+  const int64_t blocks = (OC + kBiasColumnBlock - 1) / kBiasColumnBlock;
+  ThreadScratch scratch(ctx, kBiasColumnBlock);
+  parallel_for(ctx, blocks, [&](int64_t block, int thread) {
+    const int64_t j0 = block * kBiasColumnBlock, width = std::min(kBiasColumnBlock, OC - j0);
+    float* sum = scratch.get(thread);
+    std::fill(sum, sum + width, 0.0f);
+    for (int64_t n = 0; n < N; ++n) {
+      const float* row = dy + n * OC + j0;
+      for (int64_t j = 0; j < width; ++j) sum[j] += row[j];
+    }
+    accumulate_span(dsum, j0, width, sum);
+  });
+}
+
 }  // namespace
 
 void matmul_forward(const CpuContext& ctx, Tensor out, Tensor inp, Tensor weight, Tensor bias,
@@ -161,22 +177,18 @@ void matmul_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tensor 
     tiled_gemm(ctx, dweight, s.C, s.OC, s.N, Operand{x.data(), s.C, true},
                Operand{dy.data(), s.OC, false}, nullptr, true);
   }
-  if (!dbias.empty()) {
-    // Column sums of dout, rows in order, one task per column block.
-    const int64_t blocks = (s.OC + kBiasColumnBlock - 1) / kBiasColumnBlock;
-    ThreadScratch scratch(ctx, kBiasColumnBlock);
-    const float* dy_data = dy.data();
-    parallel_for(ctx, blocks, [&](int64_t block, int thread) {
-      const int64_t j0 = block * kBiasColumnBlock, width = std::min(kBiasColumnBlock, s.OC - j0);
-      float* sum = scratch.get(thread);
-      std::fill(sum, sum + width, 0.0f);
-      for (int64_t n = 0; n < s.N; ++n) {
-        const float* row = dy_data + n * s.OC + j0;
-        for (int64_t j = 0; j < width; ++j) sum[j] += row[j];
-      }
-      accumulate_span(dbias, j0, width, sum);
-    });
-  }
+  if (!dbias.empty()) column_sums(ctx, dbias, dy.data(), s.N, s.OC);
+}
+
+void column_sums_accumulate(const CpuContext& ctx, Tensor dsum, Tensor x) {
+  check_float_tensor(dsum, "column sums dst");
+  check_float_tensor(x, "column sums x");
+  const int64_t cols = cols_of(x);
+  DSTRAIN_CHECK(dsum.numel() == cols) << "column sums dst " << dsum.shape_str() << " must have "
+                                      << cols << " elements for x " << x.shape_str();
+  if (cols == 0) return;
+  const F32View values(ctx, x);
+  column_sums(ctx, dsum, values.data(), x.numel() / cols, cols);
 }
 
 void matmul_gelu_forward(const CpuContext& ctx, Tensor out, Tensor pre_gelu, Tensor inp,

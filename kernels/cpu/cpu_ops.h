@@ -189,6 +189,8 @@ void cross_entropy_from_stats(const CpuContext& ctx, Tensor losses, Tensor dlogi
 
 void matmul_forward(const CpuContext& ctx, Tensor out, Tensor inp, Tensor weight, Tensor bias,
                     bool weight_out_by_in);
+// dsum (cols) += column sums of x (rows, cols), rows in order: matmul_backward's dbias.
+void column_sums_accumulate(const CpuContext& ctx, Tensor dsum, Tensor x);
 void matmul_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout,
                      Tensor inp, Tensor weight, bool weight_out_by_in);
 void matmul_gelu_forward(const CpuContext& ctx, Tensor out, Tensor pre_gelu, Tensor inp,

@@ -363,6 +363,11 @@ class CudaBackend final : public Backend {
     DeviceScope scope(ctx_.device);
     cuda::gelu_backward(ctx_, dinp, dout, inp, to_stream(stream));
   }
+  void gelu_backward_bias(Tensor dinp, Tensor dbias, Tensor dout, Tensor inp,
+                          Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::gelu_backward_bias(ctx_, dinp, dbias, dout, inp, to_stream(stream));
+  }
   void residual_forward(Tensor out, Tensor a, Tensor b, Stream stream) override {
     DeviceScope scope(ctx_.device);
     cuda::residual_forward(ctx_, out, a, b, to_stream(stream));

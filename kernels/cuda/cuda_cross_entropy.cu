@@ -1,7 +1,9 @@
 // CUDA fused softmax + cross-entropy: one block per row. One read of the row computes the
 // running max and sum of exponentials (online softmax per thread, then combined across the
 // block in a fixed order); the loss follows; with dlogits, a second sweep over the same row
-// writes (softmax - onehot) * dloss. Every thread reads an element before it writes the same
+// writes (softmax - onehot) * dloss. Where Vp % 8 == 0 and logits and dlogits share a dtype and
+// are 16-byte aligned, the row moves in packs of 8 (128-bit loads and stores, one rescale of a
+// thread's sum per pack: other bits than the element-wise form, the same tolerances). Every thread reads an element before it writes the same
 // element, and the target logit is read before the first block barrier, so dlogits may be
 // logits itself.
 //
@@ -13,7 +15,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_vector.cuh"
 
 namespace dstrain::cuda {
 
@@ -32,20 +34,10 @@ __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
   return {m, a.sum * expf(a.max - m) + b.sum * expf(b.max - m)};
 }
 
-// The block's (max, sum of exp(x - max)) over columns [0, end) of row `base`: online softmax
-// per thread, then across warps in a fixed order. Every thread gets the total.
-__device__ MaxSum block_max_sum(const DeviceTensor& logits, int64_t base, int64_t end) {
+// The block's total of the threads' (max, sum of exp(x - max)): by butterfly within each warp,
+// then across warps in a fixed order. Every thread gets the total.
+__device__ MaxSum block_combine(MaxSum local) {
   __shared__ MaxSum warp_results[kThreads / 32];
-  MaxSum local{-INFINITY, 0.0f};
-  for (int64_t j = threadIdx.x; j < end; j += blockDim.x) {
-    const float x = load(logits, base + j);
-    if (x > local.max) {
-      local.sum = local.sum * expf(local.max - x) + 1.0f;
-      local.max = x;
-    } else {
-      local.sum += expf(x - local.max);
-    }
-  }
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
     const MaxSum other{__shfl_xor_sync(0xffffffffu, local.max, offset),
@@ -57,6 +49,48 @@ __device__ MaxSum block_max_sum(const DeviceTensor& logits, int64_t base, int64_
   MaxSum total = warp_results[0];
   for (int w = 1; w < kThreads / 32; ++w) total = combine(total, warp_results[w]);
   return total;
+}
+
+// The block's (max, sum of exp(x - max)) over columns [0, end) of row `base`: online softmax
+// per thread, element by element, then block_combine.
+__device__ MaxSum block_max_sum(const DeviceTensor& logits, int64_t base, int64_t end) {
+  MaxSum local{-INFINITY, 0.0f};
+  for (int64_t j = threadIdx.x; j < end; j += blockDim.x) {
+    const float x = load(logits, base + j);
+    if (x > local.max) {
+      local.sum = local.sum * expf(local.max - x) + 1.0f;
+      local.max = x;
+    } else {
+      local.sum += expf(x - local.max);
+    }
+  }
+  return block_combine(local);
+}
+
+// The same over the columns [0, V) of `row` (storage type T), 8 columns per step with 128-bit
+// loads: a thread's online softmax takes a pack's max first, so one rescale per pack. Columns
+// from V to the end of the last pack are read (they lie in the row: Vp % 8 == 0) and skipped.
+template <class T>
+__device__ MaxSum block_max_sum_vector(const T* row, int64_t V) {
+  MaxSum local{-INFINITY, 0.0f};
+  const int64_t packs = (V + kVectorElements - 1) / kVectorElements;
+  for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+    float x[kVectorElements];
+    load_vector(row + p * kVectorElements, x);
+    const int real = static_cast<int>(min(V - p * kVectorElements, int64_t{kVectorElements}));
+    float m = local.max;
+#pragma unroll
+    for (int j = 0; j < kVectorElements; ++j) {
+      if (j < real) m = fmaxf(m, x[j]);
+    }
+    float sum = local.sum * expf(local.max - m);  // 0 while local is empty (exp(-inf))
+#pragma unroll
+    for (int j = 0; j < kVectorElements; ++j) {
+      if (j < real) sum += expf(x[j] - m);
+    }
+    local = {m, sum};
+  }
+  return block_combine(local);
 }
 
 // losses (N), logits / dlogits (N, Vp), targets (N).
@@ -93,6 +127,49 @@ __global__ void softmax_cross_entropy_kernel(float* losses, DeviceTensor dlogits
       dx = (p - (j == target ? 1.0f : 0.0f)) * dloss;
     }
     store(dlogits, base + j, dx);
+  }
+}
+
+// softmax_cross_entropy_kernel with the row in packs of 8: 128-bit loads of the logits and
+// stores of the gradient, and block_max_sum_vector. REQUIRES: Vp % 8 == 0; logits and dlogits
+// of storage type T, 16-byte aligned.
+template <class T>
+__global__ void softmax_cross_entropy_vector_kernel(float* losses, T* dlogits, const T* logits,
+                                                    const int32_t* targets, int64_t Vp, int64_t V,
+                                                    float dloss, unsigned* error_word) {
+  const int64_t n = blockIdx.x, packs = Vp / kVectorElements;
+  const T* row = logits + n * Vp;
+  T* drow = dlogits == nullptr ? nullptr : dlogits + n * Vp;
+  const int32_t target = targets[n];
+  if (target < 0 || target >= V) {  // the same for the whole block: no barrier is skipped
+    if (threadIdx.x == 0) {
+      atomicOr(error_word, kBadTargetId);
+      losses[n] = NAN;
+    }
+    if (drow == nullptr) return;
+    for (int64_t j = threadIdx.x; j < Vp; j += blockDim.x) drow[j] = from_float<T>(NAN);
+    return;
+  }
+  const float target_logit = to_float(row[target]);  // before the block's first barrier
+  const MaxSum total = block_max_sum_vector(row, V);
+  if (threadIdx.x == 0) losses[n] = logf(total.sum) - (target_logit - total.max);
+  if (drow == nullptr) return;
+  const float inv_sum = 1.0f / total.sum;
+  for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+    const int64_t first = p * kVectorElements;
+    float x[kVectorElements];
+    load_vector(row + first, x);
+#pragma unroll
+    for (int j = 0; j < kVectorElements; ++j) {
+      const int64_t column = first + j;
+      float dx = 0.0f;  // padded columns do not exist
+      if (column < V) {
+        const float p = expf(x[j] - total.max) * inv_sum;
+        dx = (p - (column == target ? 1.0f : 0.0f)) * dloss;
+      }
+      x[j] = dx;
+    }
+    store_vector(drow + first, x);
   }
 }
 
@@ -252,6 +329,21 @@ void softmax_cross_entropy(const CudaContext& ctx, Tensor losses, Tensor dlogits
   }
   if (N == 0) return;
   DSTRAIN_CHECK(N <= INT32_MAX) << "cross-entropy over " << N << " rows";
+  const bool vector =
+      Vp % kVectorElements == 0 && vector_aligned(logits.data) &&
+      (!with_grad || (dlogits.dtype == logits.dtype && vector_aligned(dlogits.data)));
+  if (vector) {
+    with_storage_type(logits.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      DSTRAIN_LAUNCH(softmax_cross_entropy_vector_kernel<T>, static_cast<unsigned>(N), kThreads, 0,
+                     stream)
+      (losses.f32(), with_grad ? static_cast<T*>(dlogits.data) : nullptr,
+       static_cast<const T*>(logits.data), static_cast<const int32_t*>(targets.data), Vp, V, dloss,
+       ctx.error_word);
+    });
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   DSTRAIN_LAUNCH(softmax_cross_entropy_kernel, static_cast<unsigned>(N), kThreads, 0, stream)
   (losses.f32(), with_grad ? device_tensor(dlogits) : DeviceTensor{nullptr, DType::F32},
    device_tensor(logits), static_cast<const int32_t*>(targets.data), Vp, V, dloss, with_grad,

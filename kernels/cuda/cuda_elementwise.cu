@@ -7,6 +7,7 @@
 // elements per thread per step with 128-bit loads and stores (cuda_vector.cuh) and ends in a
 // scalar tail; otherwise (mixed dtypes, a misaligned view) the scalar kernel with the run-time
 // dtype switch of load()/store().
+#include "kernels/cuda/cuda_gelu.cuh"
 #include "kernels/cuda/cuda_vector.cuh"
 
 namespace dstrain::cuda {
@@ -14,33 +15,11 @@ namespace dstrain::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluCubic = 0.044715f;
 
 // ---- the per-element math, shared by both forms ----
 
 struct Identity {
   __device__ float operator()(float x) const { return x; }
-};
-
-struct GeluForward {
-  __device__ float operator()(float x) const {
-    const float cube = kGeluCubic * x * x * x;
-    return 0.5f * x * (1.0f + tanhf(kGeluScale * (x + cube)));
-  }
-};
-
-// dinp = gelu'(x) * dout.
-struct GeluBackward {
-  __device__ float operator()(float dout, float x) const {
-    const float cube = kGeluCubic * x * x * x;
-    const float tanh_out = tanhf(kGeluScale * (x + cube));
-    // sech^2 as 1 - tanh^2: no cosh overflow for large |x| (as the CPU twin).
-    const float sech2 = 1.0f - tanh_out * tanh_out;
-    const float local_grad = 0.5f * (1.0f + tanh_out) +
-                             x * 0.5f * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
-    return local_grad * dout;
-  }
 };
 
 // __fadd_rn / __fmul_rn: one rounding, bitwise as the CPU.

@@ -9,18 +9,20 @@
 // and a second kernel adds the partials in chunk order to the gradient. No atomics: the same
 // inputs give the same bits on every run.
 //
-// Row kernels in two forms. Where C % 8 == 0, C <= kMaxRegisterC, and every row tensor (inp,
-// out, dout, dinp) has one storage dtype T with 16-byte aligned pointers (weight and bias too),
-// a kernel templated on T and on the packs per lane holds its lanes' share of the row in
-// registers: each row element is read from memory once, with 128-bit loads (8 elements per
-// lane per pack, packs lane, lane + 32, ...), and written with 128-bit stores. Otherwise the
-// scalar kernels below, which read the row again for each pass.
+// Row kernels in two forms. Where C % 8 == 0, C <= kMaxRegisterC (8192), and every row tensor
+// (inp, out, dout, dinp) has one storage dtype T with 16-byte aligned pointers (weight and bias
+// too), a kernel templated on T, the warps per row and the packs per thread holds the row in
+// registers (cuda_rows.cuh): each row element is read from memory once, with 128-bit loads, and
+// written with 128-bit stores. Otherwise the scalar kernels below, one warp per row, which read
+// the row again for each pass.
 //
-// Reduction order: in both forms a lane adds its C / 32 elements in sequence and the warp adds
-// the 32 lane sums by butterfly; only which elements a lane holds differs (8 consecutive per pack
-// vs a stride of 32). Each sum is still a sequential sum of C / 32 terms followed by 5 pairwise
-// levels, so the error bound behind the tests' tolerances (|error| <= (C / 32 + 5) * eps * sum
-// of |terms|, against the CPU's sequential sum's C * eps * sum of |terms|) is the same.
+// Reduction order: in the scalar form a lane adds its C / 32 elements in sequence and the warp
+// adds the 32 lane sums by butterfly; the vector form differs in which elements a thread holds (8
+// consecutive per pack vs a stride of 32) and, for C > 2048, in the 8 warp sums added after the
+// butterfly. Each sum is a sequential sum of at most C / 32 terms followed by at most 13
+// pairwise levels, so the error bound behind the tests' tolerances (|error| <= (C / 32 + 13) *
+// eps * sum of |terms|, against the CPU's sequential sum's C * eps * sum of |terms|) holds.
+#include "kernels/cuda/cuda_columns.cuh"
 #include "kernels/cuda/cuda_rows.cuh"
 #include "kernels/op_checks.h"
 
@@ -29,9 +31,7 @@ namespace dstrain::cuda {
 namespace {
 
 constexpr float kLayernormEps = 1e-5f;
-constexpr int kRowsPerBlock = 8;   // warps per block of the row kernels
-constexpr int kPartialRows = 128;  // rows per partial of the column sums
-constexpr int kColumnThreadsY = 8;
+constexpr int kRowsPerBlock = 8;  // warps (rows) per block of the scalar row kernels
 
 // out (N,C), mean (N), rstd (N); one warp per row.
 __global__ void layernorm_forward_kernel(DeviceTensor out, float* mean, float* rstd,
@@ -91,39 +91,38 @@ __global__ void layernorm_backward_dinp_kernel(DeviceTensor dinp, DeviceTensor d
 // out (N,C), mean (N), rstd (N) as layernorm_forward_kernel of the rows inp; weight, bias (C) in
 // any float dtype. With residual_b (not null) the rows are inp + residual_b, stored to residual
 // (N,C) on the way: the residual add fused in.
-template <class T, int kPacks, bool kResidual>
+template <class T, int kWarps, int kPacks, bool kResidual>
 __global__ void layernorm_forward_vector_kernel(T* out, float* mean, float* rstd, const T* inp,
                                                 const T* residual_b, T* residual,
                                                 DeviceTensor weight, DeviceTensor bias, int64_t N,
                                                 int64_t C) {
-  const int lane = threadIdx.x % 32;
-  const int64_t n = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.x / 32;
-  if (n >= N) return;
-  const int64_t base = n * C, packs = C / kVectorElements;
+  const RowThread<kWarps> row;
+  if (row.n >= N) return;
+  const int64_t n = row.n, base = n * C, packs = C / kVectorElements;
   float x[kPacks][kVectorElements];
-  load_row<T, kPacks, kResidual>(x, inp, residual_b, residual, base, packs, lane);
+  load_row<T, kWarps, kPacks, kResidual>(x, inp, residual_b, residual, base, packs, row);
   float sum = 0.0f;
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
-    if (lane + 32 * k >= packs) continue;
+    if (row.pack(k) >= packs) continue;
 #pragma unroll
     for (int j = 0; j < kVectorElements; ++j) sum += x[k][j];
   }
-  const float m = warp_sum(sum) / static_cast<float>(C);
+  const float m = row_sum<kWarps>(sum) / static_cast<float>(C);
   float squares = 0.0f;  // two-pass variance over the registers: no cancellation, no re-read
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
-    if (lane + 32 * k >= packs) continue;
+    if (row.pack(k) >= packs) continue;
 #pragma unroll
     for (int j = 0; j < kVectorElements; ++j) {
       const float d = x[k][j] - m;
       squares += d * d;
     }
   }
-  const float s = 1.0f / sqrtf(warp_sum(squares) / static_cast<float>(C) + kLayernormEps);
+  const float s = 1.0f / sqrtf(row_sum<kWarps>(squares) / static_cast<float>(C) + kLayernormEps);
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
-    const int64_t p = lane + 32 * k;
+    const int64_t p = row.pack(k);
     if (p >= packs) continue;
     float w[kVectorElements], b[kVectorElements];
     load_vector(weight, p * kVectorElements, w);
@@ -132,7 +131,7 @@ __global__ void layernorm_forward_vector_kernel(T* out, float* mean, float* rstd
     for (int j = 0; j < kVectorElements; ++j) x[k][j] = (x[k][j] - m) * s * w[j] + b[j];
     store_vector(out + base + p * kVectorElements, x[k]);
   }
-  if (lane == 0) {
+  if (row.t == 0) {
     mean[n] = m;
     rstd[n] = s;
   }
@@ -140,27 +139,20 @@ __global__ void layernorm_forward_vector_kernel(T* out, float* mean, float* rstd
 
 // dinp (N,C) += ... as layernorm_backward_dinp_kernel, with inp and dout read once: x holds
 // norm and dy holds dnorm after the first pass. weight (C) in any float dtype.
-template <class T, int kPacks>
+template <class T, int kWarps, int kPacks>
 __global__ void layernorm_backward_dinp_vector_kernel(T* dinp, const T* dout, const T* inp,
                                                       DeviceTensor weight, const float* mean,
                                                       const float* rstd, int64_t N, int64_t C) {
-  const int lane = threadIdx.x % 32;
-  const int64_t n = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.x / 32;
-  if (n >= N) return;
-  const int64_t base = n * C, packs = C / kVectorElements;
+  const RowThread<kWarps> row;
+  if (row.n >= N) return;
+  const int64_t n = row.n, base = n * C, packs = C / kVectorElements;
   const float m = mean[n], s = rstd[n];
   float x[kPacks][kVectorElements], dy[kPacks][kVectorElements];
-#pragma unroll
-  for (int k = 0; k < kPacks; ++k) {
-    const int64_t p = lane + 32 * k;
-    if (p >= packs) continue;
-    load_vector(inp + base + p * kVectorElements, x[k]);
-    load_vector(dout + base + p * kVectorElements, dy[k]);
-  }
+  load_rows(x, dy, inp, dout, base, packs, row);
   float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
-    const int64_t p = lane + 32 * k;
+    const int64_t p = row.pack(k);
     if (p >= packs) continue;
     float w[kVectorElements];
     load_vector(weight, p * kVectorElements, w);
@@ -172,20 +164,11 @@ __global__ void layernorm_backward_dinp_vector_kernel(T* dinp, const T* dout, co
       dnorm_norm_sum += dy[k][j] * x[k][j];
     }
   }
-  const float dnorm_mean = warp_sum(dnorm_sum) / static_cast<float>(C);
-  const float dnorm_norm_mean = warp_sum(dnorm_norm_sum) / static_cast<float>(C);
-#pragma unroll
-  for (int k = 0; k < kPacks; ++k) {
-    const int64_t p = lane + 32 * k;
-    if (p >= packs) continue;
-    float d[kVectorElements];
-    load_vector(dinp + base + p * kVectorElements, d);
-#pragma unroll
-    for (int j = 0; j < kVectorElements; ++j) {
-      d[j] = d[j] + (dy[k][j] - dnorm_mean - x[k][j] * dnorm_norm_mean) * s;
-    }
-    store_vector(dinp + base + p * kVectorElements, d);
-  }
+  const float dnorm_mean = row_sum<kWarps>(dnorm_sum) / static_cast<float>(C);
+  const float dnorm_norm_mean = row_sum<kWarps>(dnorm_norm_sum) / static_cast<float>(C);
+  add_to_row<kPacks>(dinp, base, packs, row, [&](int k, int j) {
+    return (dy[k][j] - dnorm_mean - x[k][j] * dnorm_norm_mean) * s;
+  });
 }
 
 // Partial column sums of one chunk of rows, 16 bits at a time (the fallback of the vector
@@ -223,53 +206,27 @@ __global__ void column_partials_kernel(float* partial_dy, float* partial_dw, Dev
 }
 
 // The same partial sums with 128-bit loads: a thread sums 8 adjacent columns (one pack of
-// dout, and of inp with kWithNorm) over the chunk's rows row_begin + threadIdx.y, +
-// kColumnThreadsY, ...: per column the same terms in the same order as column_partials_kernel,
-// so the same partials. Block (kColumnPacks, kColumnThreadsY) covers 8 * kColumnPacks columns.
+// dout, and of inp with kWithNorm) in the order of cuda_columns.cuh: per column the same terms
+// in the same order as column_partials_kernel, so the same partials.
 // REQUIRES: C % 8 == 0; dout (and inp) of storage type T, 16-byte aligned.
-constexpr int kColumnPacks = 32;
 template <class T, bool kWithNorm>
 __global__ void column_partials_vector_kernel(float* partial_dy, float* partial_dw, const T* dout,
                                               const T* inp, const float* mean, const float* rstd,
                                               int64_t N, int64_t C) {
-  constexpr int kColumns = kColumnPacks * kVectorElements;
-  __shared__ float dy_sums[kColumnThreadsY][kColumns];
-  __shared__ float dw_sums[kWithNorm ? kColumnThreadsY : 1][kWithNorm ? kColumns : 1];
-  const int64_t c = (blockIdx.x * int64_t{kColumnPacks} + threadIdx.x) * kVectorElements;
-  const int64_t row_begin = blockIdx.y * int64_t{kPartialRows};
-  const int64_t row_end = min(row_begin + kPartialRows, N);
+  const int64_t c = vector_column();
   float dy_sum[kVectorElements] = {}, dw_sum[kVectorElements] = {};
-  if (c < C) {
-    for (int64_t r = row_begin + threadIdx.y; r < row_end; r += kColumnThreadsY) {
-      float dy[kVectorElements], x[kVectorElements];
-      load_vector(dout + r * C + c, dy);
-      if constexpr (kWithNorm) load_vector(inp + r * C + c, x);
-#pragma unroll
-      for (int j = 0; j < kVectorElements; ++j) {
-        dy_sum[j] += dy[j];
-        if constexpr (kWithNorm) dw_sum[j] += (x[j] - mean[r]) * rstd[r] * dy[j];
-      }
-    }
-  }
-  const int column = threadIdx.x * kVectorElements;
-#pragma unroll
-  for (int j = 0; j < kVectorElements; ++j) {
-    dy_sums[threadIdx.y][column + j] = dy_sum[j];
-    if constexpr (kWithNorm) dw_sums[threadIdx.y][column + j] = dw_sum[j];
-  }
-  __syncthreads();
-  if (threadIdx.y != 0 || c >= C) return;
-  float dy_total[kVectorElements] = {}, dw_total[kVectorElements] = {};
-  for (int y = 0; y < kColumnThreadsY; ++y) {  // fixed order
+  for_chunk_rows(N, c, C, [&](int64_t r) {
+    float dy[kVectorElements], x[kVectorElements];
+    load_vector(dout + r * C + c, dy);
+    if constexpr (kWithNorm) load_vector(inp + r * C + c, x);
 #pragma unroll
     for (int j = 0; j < kVectorElements; ++j) {
-      dy_total[j] += dy_sums[y][column + j];
-      if constexpr (kWithNorm) dw_total[j] += dw_sums[y][column + j];
+      dy_sum[j] += dy[j];
+      if constexpr (kWithNorm) dw_sum[j] += (x[j] - mean[r]) * rstd[r] * dy[j];
     }
-  }
-  // (blockIdx.y * C + c) * 4 bytes is a multiple of 32 (C % 8 == 0): 16-byte aligned stores.
-  store_vector(partial_dy + blockIdx.y * C + c, dy_total);
-  if constexpr (kWithNorm) store_vector(partial_dw + blockIdx.y * C + c, dw_total);
+  });
+  column_block_sum(partial_dy + blockIdx.y * C, dy_sum, c, C);
+  if constexpr (kWithNorm) column_block_sum(partial_dw + blockIdx.y * C, dw_sum, c, C);
 }
 
 // The partials of column_sums: the vector kernel where dout (and inp) allow, else the scalar.
@@ -343,16 +300,17 @@ void column_sums(const CudaContext& ctx, Tensor dy_sum, Tensor dw_sum, Tensor do
 }
 
 // residual and residual_b: empty, or the fused residual add (see the kernel).
-void launch_forward_vector(int packs, Tensor out, Tensor mean, Tensor rstd, Tensor inp,
+void launch_forward_vector(RowForm form, Tensor out, Tensor mean, Tensor rstd, Tensor inp,
                            Tensor residual_b, Tensor residual, Tensor weight, Tensor bias,
                            int64_t N, int64_t C, cudaStream_t stream) {
   with_storage_type(inp.dtype, [&](auto tag) {
     using T = decltype(tag);
-    with_packs(packs, [&](auto kPacks) {
+    with_row_form(form, [&](auto kWarps, auto kPacks) {
       with_residual(!residual_b.empty(), [&](auto kResidual) {
-        DSTRAIN_LAUNCH((layernorm_forward_vector_kernel<T, decltype(kPacks)::value,
+        DSTRAIN_LAUNCH((layernorm_forward_vector_kernel<T, decltype(kWarps)::value,
+                                                        decltype(kPacks)::value,
                                                         decltype(kResidual)::value>),
-                       ceil_div(N, kRowsPerBlock), 32 * kRowsPerBlock, 0, stream)
+                       form.blocks(N), kRowBlockThreads, 0, stream)
         (static_cast<T*>(out.data), mean.f32(), rstd.f32(), static_cast<const T*>(inp.data),
          static_cast<const T*>(residual_b.data), static_cast<T*>(residual.data),
          device_tensor(weight), device_tensor(bias), N, C);
@@ -361,14 +319,15 @@ void launch_forward_vector(int packs, Tensor out, Tensor mean, Tensor rstd, Tens
   });
 }
 
-void launch_backward_dinp_vector(int packs, Tensor dinp, Tensor dout, Tensor inp, Tensor weight,
-                                 Tensor mean, Tensor rstd, int64_t N, int64_t C,
+void launch_backward_dinp_vector(RowForm form, Tensor dinp, Tensor dout, Tensor inp,
+                                 Tensor weight, Tensor mean, Tensor rstd, int64_t N, int64_t C,
                                  cudaStream_t stream) {
   with_storage_type(inp.dtype, [&](auto tag) {
     using T = decltype(tag);
-    with_packs(packs, [&](auto kPacks) {
-      DSTRAIN_LAUNCH((layernorm_backward_dinp_vector_kernel<T, decltype(kPacks)::value>),
-                     ceil_div(N, kRowsPerBlock), 32 * kRowsPerBlock, 0, stream)
+    with_row_form(form, [&](auto kWarps, auto kPacks) {
+      DSTRAIN_LAUNCH((layernorm_backward_dinp_vector_kernel<T, decltype(kWarps)::value,
+                                                            decltype(kPacks)::value>),
+                     form.blocks(N), kRowBlockThreads, 0, stream)
       (static_cast<T*>(dinp.data), static_cast<const T*>(dout.data),
        static_cast<const T*>(inp.data), device_tensor(weight), mean.f32(), rstd.f32(), N, C);
     });
@@ -407,8 +366,8 @@ void layernorm_forward(const CudaContext& ctx, Tensor out, Tensor mean, Tensor r
                        Tensor weight, Tensor bias, cudaStream_t stream) {
   const auto [N, C] = check_layernorm_forward(ctx, out, mean, rstd, inp, weight, bias);
   if (N == 0) return;
-  if (const int packs = register_packs(C, {out, inp}, {weight, bias})) {
-    launch_forward_vector(packs, out, mean, rstd, inp, Tensor(), Tensor(), weight, bias, N, C,
+  if (const RowForm form = row_form(C, {out, inp}, {weight, bias})) {
+    launch_forward_vector(form, out, mean, rstd, inp, Tensor(), Tensor(), weight, bias, N, C,
                           stream);
   } else {
     DSTRAIN_LAUNCH(layernorm_forward_kernel, ceil_div(N, kRowsPerBlock), 32 * kRowsPerBlock, 0,
@@ -425,14 +384,14 @@ void residual_layernorm_forward(const CudaContext& ctx, Tensor residual, Tensor 
                                 cudaStream_t stream) {
   check_residual_operands(ctx, residual, a, b);
   const auto [N, C] = check_layernorm_forward(ctx, out, mean, rstd, a, weight, bias);
-  const int packs = register_packs(C, {out, a, b, residual}, {weight, bias});
-  if (packs == 0) {
+  const RowForm form = row_form(C, {out, a, b, residual}, {weight, bias});
+  if (!form) {
     residual_forward(ctx, residual, a, b, stream);
     layernorm_forward(ctx, out, mean, rstd, residual, weight, bias, stream);
     return;
   }
   if (N == 0) return;
-  launch_forward_vector(packs, out, mean, rstd, a, b, residual, weight, bias, N, C, stream);
+  launch_forward_vector(form, out, mean, rstd, a, b, residual, weight, bias, N, C, stream);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -460,8 +419,8 @@ void layernorm_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Ten
       << "layernorm weight " << weight.shape_str() << ", dweight " << dweight.shape_str()
       << ", dbias " << dbias.shape_str() << " must have " << C << " elements";
   if (N == 0) return;
-  if (const int packs = register_packs(C, {dinp, dout, inp}, {weight})) {
-    launch_backward_dinp_vector(packs, dinp, dout, inp, weight, mean, rstd, N, C, stream);
+  if (const RowForm form = row_form(C, {dinp, dout, inp}, {weight})) {
+    launch_backward_dinp_vector(form, dinp, dout, inp, weight, mean, rstd, N, C, stream);
   } else {
     DSTRAIN_LAUNCH(layernorm_backward_dinp_kernel, ceil_div(N, kRowsPerBlock), 32 * kRowsPerBlock,
                    0, stream)

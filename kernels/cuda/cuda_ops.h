@@ -96,6 +96,11 @@ void accumulate(const CudaContext& ctx, Tensor dst, Tensor src, cudaStream_t str
 void add_bias(const CudaContext& ctx, Tensor x, Tensor bias, cudaStream_t stream);
 void scale(const CudaContext& ctx, Tensor x, float s, cudaStream_t stream);
 
+// cuda_gelu_bias.cu: gelu_backward, then dbias (cols; may be empty) += column sums of dinp as
+// stored (column_sums_accumulate): bitwise the two ops, in one pass where the rows allow.
+void gelu_backward_bias(const CudaContext& ctx, Tensor dinp, Tensor dbias, Tensor dout, Tensor inp,
+                        cudaStream_t stream);
+
 // cuda_embedding.cu
 void embedding_forward(const CudaContext& ctx, Tensor out, Tensor tokens, Tensor wte, Tensor wpe,
                        int64_t vocab_begin, int64_t vocab_rows, cudaStream_t stream);

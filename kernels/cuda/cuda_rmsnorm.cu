@@ -1,15 +1,19 @@
 // CUDA RMSNorm (Llama, Qwen2): fp32 statistics, the normalized value rounded to the input's
 // dtype before the weight multiply (as Hugging Face's LlamaRMSNorm), like the CPU twin.
 //
-// Rows: one warp per row, the sum of squares by warp butterfly (fixed order). The forward holds
-// the row in registers (cuda_rows.cuh: 128-bit loads and stores, each element read once) where
-// C % 8 == 0, C <= 2048 and the row tensors share a dtype and are 16-byte aligned, and can fuse
-// the residual add before it; else (and in backward) lanes stride over the channels. Both forms
-// add a lane's C / 32 squares in sequence, then the 32 lane sums by butterfly: the same error
-// bound, other bits. dweight: the rows are cut into fixed chunks of kPartialRows (a function of N
-// only, not of the GPU); one block per (32 columns, chunk) sums its chunk in a fixed order into a
-// partial, and add_column_partials adds the partials in chunk order. No atomics: the same inputs
+// Rows: the forward and the backward's dinp hold the row in registers (cuda_rows.cuh: 128-bit
+// loads and stores, each element read once; one warp per row for C <= 2048, a block of 8 warps
+// for C <= 8192) where C % 8 == 0 and the row tensors share a dtype and are 16-byte aligned; the
+// forward can fuse the residual add before it. Elsewhere one warp per row, lanes striding over
+// the channels. Both forms add a thread's terms in sequence, then by butterfly (and, for wide
+// rows, the 8 warp sums in order): the error bound of cuda_rows.cuh, other bits.
+// dweight: the rows are cut into fixed chunks of kPartialRows (a function of N only, not of the
+// GPU); one block per (columns, chunk) sums its chunk in a fixed order into a partial (8 adjacent
+// columns per thread with 128-bit loads where C % 8 == 0 and dout, inp are aligned and of one
+// dtype, else one column per thread: per column the same terms in the same order, the same
+// bits), and add_column_partials adds the partials in chunk order. No atomics: the same inputs
 // give the same bits on every run.
+#include "kernels/cuda/cuda_columns.cuh"
 #include "kernels/cuda/cuda_rows.cuh"
 #include "kernels/op_checks.h"
 
@@ -17,9 +21,7 @@ namespace dstrain::cuda {
 
 namespace {
 
-constexpr int kRowsPerBlock = 8;   // warps per block of the row kernels
-constexpr int kPartialRows = 128;  // rows per partial of dweight
-constexpr int kColumnThreadsY = 8;
+constexpr int kRowsPerBlock = 8;  // warps (rows) per block of the scalar row kernels
 
 // value rounded through `dtype` (RNE) and back to fp32: core/dtype.h's round_through.
 __device__ __forceinline__ float round_to_storage(DType dtype, float value) {
@@ -56,27 +58,26 @@ __global__ void rmsnorm_forward_kernel(DeviceTensor out, float* rstd, DeviceTens
 // out (N,C), rstd (N) as rmsnorm_forward_kernel, the row in registers; weight (C) any float
 // dtype. With residual_b (not null) the rows are inp + residual_b, stored to residual (N,C) on
 // the way: the residual add fused in.
-template <class T, int kPacks, bool kResidual>
+template <class T, int kWarps, int kPacks, bool kResidual>
 __global__ void rmsnorm_forward_vector_kernel(T* out, float* rstd, const T* inp,
                                               const T* residual_b, T* residual, DeviceTensor weight,
                                               float eps, int64_t N, int64_t C) {
-  const int lane = threadIdx.x % 32;
-  const int64_t n = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.x / 32;
-  if (n >= N) return;
-  const int64_t base = n * C, packs = C / kVectorElements;
+  const RowThread<kWarps> row;
+  if (row.n >= N) return;
+  const int64_t n = row.n, base = n * C, packs = C / kVectorElements;
   float x[kPacks][kVectorElements];
-  load_row<T, kPacks, kResidual>(x, inp, residual_b, residual, base, packs, lane);
+  load_row<T, kWarps, kPacks, kResidual>(x, inp, residual_b, residual, base, packs, row);
   float squares = 0.0f;
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
-    if (lane + 32 * k >= packs) continue;
+    if (row.pack(k) >= packs) continue;
 #pragma unroll
     for (int j = 0; j < kVectorElements; ++j) squares += x[k][j] * x[k][j];
   }
-  const float r = 1.0f / sqrtf(warp_sum(squares) / static_cast<float>(C) + eps);
+  const float r = 1.0f / sqrtf(row_sum<kWarps>(squares) / static_cast<float>(C) + eps);
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
-    const int64_t p = lane + 32 * k;
+    const int64_t p = row.pack(k);
     if (p >= packs) continue;
     float w[kVectorElements];
     load_vector(weight, p * kVectorElements, w);
@@ -86,20 +87,21 @@ __global__ void rmsnorm_forward_vector_kernel(T* out, float* rstd, const T* inp,
     }
     store_vector(out + base + p * kVectorElements, x[k]);
   }
-  if (lane == 0) rstd[n] = r;
+  if (row.t == 0) rstd[n] = r;
 }
 
 // residual and residual_b: empty, or the fused residual add (see the kernel).
-void launch_forward_vector(int packs, Tensor out, Tensor rstd, Tensor inp, Tensor residual_b,
+void launch_forward_vector(RowForm form, Tensor out, Tensor rstd, Tensor inp, Tensor residual_b,
                            Tensor residual, Tensor weight, float eps, RowShape s,
                            cudaStream_t stream) {
   with_storage_type(inp.dtype, [&](auto tag) {
     using T = decltype(tag);
-    with_packs(packs, [&](auto kPacks) {
+    with_row_form(form, [&](auto kWarps, auto kPacks) {
       with_residual(!residual_b.empty(), [&](auto kResidual) {
-        DSTRAIN_LAUNCH(
-            (rmsnorm_forward_vector_kernel<T, decltype(kPacks)::value, decltype(kResidual)::value>),
-            ceil_div(s.rows, kRowsPerBlock), 32 * kRowsPerBlock, 0, stream)
+        DSTRAIN_LAUNCH((rmsnorm_forward_vector_kernel<T, decltype(kWarps)::value,
+                                                      decltype(kPacks)::value,
+                                                      decltype(kResidual)::value>),
+                       form.blocks(s.rows), kRowBlockThreads, 0, stream)
         (static_cast<T*>(out.data), rstd.f32(), static_cast<const T*>(inp.data),
          static_cast<const T*>(residual_b.data), static_cast<T*>(residual.data),
          device_tensor(weight), eps, s.rows, s.cols);
@@ -131,6 +133,52 @@ __global__ void rmsnorm_backward_dinp_kernel(DeviceTensor dinp, DeviceTensor dou
   }
 }
 
+// dinp (N,C) += ... as rmsnorm_backward_dinp_kernel, the row in registers: x holds norm and dy
+// holds dnorm after the first pass. weight (C) in any float dtype.
+template <class T, int kWarps, int kPacks>
+__global__ void rmsnorm_backward_dinp_vector_kernel(T* dinp, const T* dout, const T* inp,
+                                                    DeviceTensor weight, const float* rstd,
+                                                    int64_t N, int64_t C) {
+  const RowThread<kWarps> row;
+  if (row.n >= N) return;
+  const int64_t n = row.n, base = n * C, packs = C / kVectorElements;
+  const float r = rstd[n];
+  float x[kPacks][kVectorElements], dy[kPacks][kVectorElements];
+  load_rows(x, dy, inp, dout, base, packs, row);
+  float dnorm_norm_sum = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t p = row.pack(k);
+    if (p >= packs) continue;
+    float w[kVectorElements];
+    load_vector(weight, p * kVectorElements, w);
+#pragma unroll
+    for (int j = 0; j < kVectorElements; ++j) {
+      x[k][j] = x[k][j] * r;       // norm
+      dy[k][j] = w[j] * dy[k][j];  // dnorm
+      dnorm_norm_sum += dy[k][j] * x[k][j];
+    }
+  }
+  const float dnorm_norm_mean = row_sum<kWarps>(dnorm_norm_sum) / static_cast<float>(C);
+  add_to_row<kPacks>(dinp, base, packs, row,
+             [&](int k, int j) { return (dy[k][j] - x[k][j] * dnorm_norm_mean) * r; });
+}
+
+void launch_backward_dinp_vector(RowForm form, Tensor dinp, Tensor dout, Tensor inp,
+                                 Tensor weight, Tensor rstd, RowShape s, cudaStream_t stream) {
+  with_storage_type(inp.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    with_row_form(form, [&](auto kWarps, auto kPacks) {
+      DSTRAIN_LAUNCH((rmsnorm_backward_dinp_vector_kernel<T, decltype(kWarps)::value,
+                                                          decltype(kPacks)::value>),
+                     form.blocks(s.rows), kRowBlockThreads, 0, stream)
+      (static_cast<T*>(dinp.data), static_cast<const T*>(dout.data),
+       static_cast<const T*>(inp.data), device_tensor(weight), rstd.f32(), s.rows, s.cols);
+    });
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
 // partial_dw (chunks, C): per chunk of kPartialRows rows, the sum of dout * round(inp * rstd)
 // (the rounded norm: what forward multiplied the weight with). Block (32, kColumnThreadsY),
 // grid (column blocks, chunks).
@@ -155,6 +203,50 @@ __global__ void rmsnorm_dweight_partials_kernel(float* partial_dw, DeviceTensor 
   partial_dw[blockIdx.y * C + c] = total;
 }
 
+// The same partials with 128-bit loads, in the order of cuda_columns.cuh: per column the terms
+// and order of rmsnorm_dweight_partials_kernel, so the same partials. REQUIRES: C % 8 == 0;
+// dout, inp of storage type T, 16-byte aligned.
+template <class T>
+__global__ void rmsnorm_dweight_partials_vector_kernel(float* partial_dw, const T* dout,
+                                                       const T* inp, const float* rstd, int64_t N,
+                                                       int64_t C) {
+  const int64_t c = vector_column();
+  float sum[kVectorElements] = {};
+  for_chunk_rows(N, c, C, [&](int64_t r) {
+    float dy[kVectorElements], x[kVectorElements];
+    load_vector(dout + r * C + c, dy);
+    load_vector(inp + r * C + c, x);
+#pragma unroll
+    for (int j = 0; j < kVectorElements; ++j) {
+      sum[j] += dy[j] * to_float(from_float<T>(x[j] * rstd[r]));
+    }
+  });
+  column_block_sum(partial_dw + blockIdx.y * C, sum, c, C);
+}
+
+// The partials of rmsnorm_dweight: the vector kernel where dout and inp allow, else the scalar.
+void launch_dweight_partials(float* partials, Tensor dout, Tensor inp, const float* rstd,
+                             RowShape s, int64_t chunks, cudaStream_t stream) {
+  const bool vector = s.cols % kVectorElements == 0 && inp.dtype == dout.dtype &&
+                      vector_aligned(dout.data) && vector_aligned(inp.data);
+  if (!vector) {
+    const dim3 grid(ceil_div(s.cols, 32), static_cast<unsigned>(chunks));
+    DSTRAIN_LAUNCH(rmsnorm_dweight_partials_kernel, grid, dim3(32, kColumnThreadsY), 0, stream)
+    (partials, device_tensor(dout), device_tensor(inp), rstd, s.rows, s.cols);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const dim3 grid(ceil_div(s.cols, kColumnPacks * kVectorElements), static_cast<unsigned>(chunks));
+  with_storage_type(dout.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    DSTRAIN_LAUNCH(rmsnorm_dweight_partials_vector_kernel<T>, grid,
+                   dim3(kColumnPacks, kColumnThreadsY), 0, stream)
+    (partials, static_cast<const T*>(dout.data), static_cast<const T*>(inp.data), rstd, s.rows,
+     s.cols);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
 // dweight (C) += sum over the N rows of dout * round(inp * rstd), deterministic.
 void rmsnorm_dweight(const CudaContext& ctx, Tensor dweight, Tensor dout, Tensor inp,
                      const float* rstd, RowShape s, cudaStream_t stream) {
@@ -162,10 +254,7 @@ void rmsnorm_dweight(const CudaContext& ctx, Tensor dweight, Tensor dout, Tensor
   DSTRAIN_CHECK(chunks <= 65535) << "rmsnorm dweight over " << s.rows << " rows: at most "
                                  << 65535 * int64_t{kPartialRows} << " rows";
   Scratch partials(ctx, static_cast<size_t>(chunks * s.cols) * sizeof(float), stream);
-  const dim3 grid(ceil_div(s.cols, 32), static_cast<unsigned>(chunks));
-  DSTRAIN_LAUNCH(rmsnorm_dweight_partials_kernel, grid, dim3(32, kColumnThreadsY), 0, stream)
-  (partials.as<float>(), device_tensor(dout), device_tensor(inp), rstd, s.rows, s.cols);
-  CUDA_CHECK_LAUNCH();
+  launch_dweight_partials(partials.as<float>(), dout, inp, rstd, s, chunks, stream);
   add_column_partials(dweight, partials.as<float>(), chunks, stream);
 }
 
@@ -179,8 +268,8 @@ void rmsnorm_forward(const CudaContext& ctx, Tensor out, Tensor rstd, Tensor inp
   check_tensor_dtype(ctx, rstd, DType::F32, "rmsnorm rstd");
   const RowShape s = check_rmsnorm_shapes(out, rstd, inp, weight, eps);
   if (s.rows == 0) return;
-  if (const int packs = register_packs(s.cols, {out, inp}, {weight})) {
-    return launch_forward_vector(packs, out, rstd, inp, Tensor(), Tensor(), weight, eps, s, stream);
+  if (const RowForm form = row_form(s.cols, {out, inp}, {weight})) {
+    return launch_forward_vector(form, out, rstd, inp, Tensor(), Tensor(), weight, eps, s, stream);
   }
   DSTRAIN_LAUNCH(rmsnorm_forward_kernel, ceil_div(s.rows, kRowsPerBlock), 32 * kRowsPerBlock, 0,
                  stream)
@@ -196,14 +285,14 @@ void residual_rmsnorm_forward(const CudaContext& ctx, Tensor residual, Tensor ou
   check_float_tensor(ctx, weight, "rmsnorm weight");
   check_tensor_dtype(ctx, rstd, DType::F32, "rmsnorm rstd");
   const RowShape s = check_rmsnorm_shapes(out, rstd, a, weight, eps);
-  const int packs = register_packs(s.cols, {out, a, b, residual}, {weight});
-  if (packs == 0) {
+  const RowForm form = row_form(s.cols, {out, a, b, residual}, {weight});
+  if (!form) {
     residual_forward(ctx, residual, a, b, stream);
     rmsnorm_forward(ctx, out, rstd, residual, weight, eps, stream);
     return;
   }
   if (s.rows == 0) return;
-  launch_forward_vector(packs, out, rstd, a, b, residual, weight, eps, s, stream);
+  launch_forward_vector(form, out, rstd, a, b, residual, weight, eps, s, stream);
 }
 
 void rmsnorm_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Tensor dout, Tensor inp,
@@ -216,11 +305,15 @@ void rmsnorm_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Tenso
   check_tensor_dtype(ctx, rstd, DType::F32, "rmsnorm rstd");
   const RowShape s = check_rmsnorm_backward_shapes(dinp, dweight, dout, inp, weight, rstd);
   if (s.rows == 0) return;
-  DSTRAIN_LAUNCH(rmsnorm_backward_dinp_kernel, ceil_div(s.rows, kRowsPerBlock), 32 * kRowsPerBlock,
-                 0, stream)
-  (device_tensor(dinp), device_tensor(dout), device_tensor(inp), device_tensor(weight), rstd.f32(),
-   s.rows, s.cols);
-  CUDA_CHECK_LAUNCH();
+  if (const RowForm form = row_form(s.cols, {dinp, dout, inp}, {weight})) {
+    launch_backward_dinp_vector(form, dinp, dout, inp, weight, rstd, s, stream);
+  } else {
+    DSTRAIN_LAUNCH(rmsnorm_backward_dinp_kernel, ceil_div(s.rows, kRowsPerBlock),
+                   32 * kRowsPerBlock, 0, stream)
+    (device_tensor(dinp), device_tensor(dout), device_tensor(inp), device_tensor(weight),
+     rstd.f32(), s.rows, s.cols);
+    CUDA_CHECK_LAUNCH();
+  }
   rmsnorm_dweight(ctx, dweight, dout, inp, rstd.f32(), s, stream);
 }
 

@@ -232,9 +232,10 @@ void Gpt2Architecture::layer_backward(const LayerRun& run) const {
   Tensor dout = exit_region_backward(tp_, dresidual, gathered(run), stream);
   backend.matmul_backward(dfch_gelu, g[kFcProjWeight], g[kFcProjBias], dout,
                           prefix(a[kFchGelu], {N, Fl}), w[kFcProjWeight], false, stream);
-  backend.gelu_backward(dfch, dfch_gelu, prefix(a[kFch], {N, Fl}), stream);
+  // The fc bias's gradient (the column sums of dfch) in the GELU's pass, not in fc's backward.
+  backend.gelu_backward_bias(dfch, g[kFcBias], dfch_gelu, prefix(a[kFch], {N, Fl}), stream);
   Tensor ln2_full = enter_region_forward(tp_, prefix(a[kLn2], {R, C}), gathered(run), stream);
-  backend.matmul_backward(dbtc, g[kFcWeight], g[kFcBias], dfch, ln2_full, w[kFcWeight], false,
+  backend.matmul_backward(dbtc, g[kFcWeight], Tensor(), dfch, ln2_full, w[kFcWeight], false,
                           stream);
   Tensor dln2 = enter_region_backward(tp_, dbtc, stream_part(run), stream);
   backend.layernorm_backward(dresidual, g[kLn2Weight], g[kLn2Bias], dln2,

@@ -1,5 +1,7 @@
 #include "parallel/kernel_work.h"
 
+#include <cmath>
+
 namespace dstrain {
 
 namespace {
@@ -33,15 +35,17 @@ constexpr double kNormBackward = 6;
 constexpr double kResidual = 3;  // residual_forward (cuda_elementwise.cu): a, b read, out written
 // residual_layernorm_forward / residual_rmsnorm_forward, a block's second norm with the residual
 // add before it in one pass: a, b read, the residual and the norm written. The kernels fuse where
-// the row fits the registers (cuda_rows.cuh, kMaxRegisterC: C % 8 == 0, C <= 2048); else they
+// the row fits the registers (cuda_rows.cuh, kMaxRegisterC: C % 8 == 0, C <= 8192); else they
 // run the two ops.
 constexpr double kFusedResidualNorm = 4;
-constexpr int64_t kMaxFusedNormC = 2048;
+constexpr int64_t kMaxFusedNormC = 8192;
 // add_bias after a row-parallel reduction (tp > 1; at tp 1 cuBLASLt's BIAS epilogue adds it).
 constexpr double kBiasAdd = 2;
 constexpr double kBiasGrad = 1;      // dbias: cuda_layernorm.cu's column sums read dout once
 constexpr double kGeluForward = 2;   // pre-GELU read, GELU written (matmul_gelu_forward's 2nd pass)
-constexpr double kGeluBackward = 3;  // dout, pre-GELU read, dinp written
+// dout, pre-GELU read, dinp written; GPT-2's fc bias gradient summed from dinp in the same pass
+// (cuda_gelu_bias.cu, where the rows are in packs of 8), not read again.
+constexpr double kGeluBackward = 3;
 // SwiGLU (cuda_swiglu.cu), per element of its output (N, I): gate and up read, out written;
 // backward: dout, gate and up read, dgate and dup written.
 constexpr double kSwigluForward = 3;
@@ -92,7 +96,10 @@ double bias_gradients(const ModelConfig& config, const Widths& w) {
   double elements = 0;
   if (config.qkv_bias) elements += w.q + 2 * w.kv;
   if (config.o_bias) elements += w.C;
-  if (config.mlp_bias) elements += (config.llama_family() ? 2 * w.mlp : w.mlp) + w.C;
+  if (config.mlp_bias) {
+    const bool gelu_fused = !config.llama_family() && std::fmod(w.mlp, 8.0) == 0.0;
+    elements += (config.llama_family() ? 2 * w.mlp : gelu_fused ? 0.0 : w.mlp) + w.C;
+  }
   return kBiasGrad * elements;
 }
 

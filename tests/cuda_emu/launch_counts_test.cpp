@@ -2,7 +2,7 @@
 // emulator (emu::this_thread_counters): the multi-tensor gradient check is two launches and one
 // wait for any number of buffers, where the ops buffer by buffer wait once each; the
 // multi-tensor AdamW is one launch and no wait; the residual add fused into a norm is one
-// launch where the two ops are two.
+// launch where the two ops are two; the GELU backward with its bias gradient two where three.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -124,6 +124,33 @@ TEST(EmulatedLaunchCounts, ResidualFusedIntoTheNormIsOneLaunch) {
   EXPECT_EQ(since(before).kernel_launches, 2u) << "the two ops";
   backend->synchronize(nullptr);
   cudaFree(stats);
+  cudaFree(memory);
+}
+
+// The GELU backward with the fc bias's gradient: one kernel for dinp and the partial column
+// sums, one adding the partials; the two ops are the GELU, the partials and their sum.
+TEST(EmulatedLaunchCounts, GeluBackwardBiasIsTwoLaunchesWhereTheTwoOpsAreThree) {
+  std::unique_ptr<Backend> backend = make_cuda_backend(0);
+  constexpr int64_t kRows = 4, kC = 64;
+  const size_t bytes = (3 * kRows * kC + 8) * sizeof(uint16_t) + kC * sizeof(float);
+  void* memory = nullptr;
+  ASSERT_EQ(cudaMalloc(&memory, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(memory, 0, bytes), cudaSuccess);
+  const Device gpu{Device::Kind::CUDA, 0};
+  const auto rows = [&](int i, int64_t offset) {
+    return Tensor(static_cast<uint16_t*>(memory) + i * kRows * kC + offset, DType::BF16,
+                  {kRows, kC}, gpu);
+  };
+  const Tensor dbias(static_cast<uint16_t*>(memory) + 3 * kRows * kC + 8, DType::F32, {kC}, gpu);
+  backend->synchronize(nullptr);
+
+  emu::HostCounters before = emu::this_thread_counters();
+  backend->gelu_backward_bias(rows(0, 0), dbias, rows(1, 0), rows(2, 0), nullptr);
+  EXPECT_EQ(since(before).kernel_launches, 2u) << "fused";
+  before = emu::this_thread_counters();
+  backend->gelu_backward_bias(rows(0, 1), dbias, rows(1, 1), rows(2, 1), nullptr);
+  EXPECT_EQ(since(before).kernel_launches, 3u) << "misaligned rows: the two ops";
+  backend->synchronize(nullptr);
   cudaFree(memory);
 }
 

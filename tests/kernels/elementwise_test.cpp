@@ -52,6 +52,54 @@ TEST(Gelu, BackwardOddShapeF16) { check_gelu_backward({3, 7, 13}, DType::F16); }
 TEST(Gelu, BackwardOddShapeBF16) { check_gelu_backward({3, 7, 13}, DType::BF16); }
 TEST(Gelu, BackwardMultiChunkF32) { check_gelu_backward({3, 7001}, DType::F32); }
 
+// gelu_backward_bias: dinp bitwise gelu_backward's (the same op), dbias (accumulated onto random
+// values) against the float64 column sums of the finite-difference gradient of sum(gelu(x) * R)
+// w.r.t. the bias that feeds x: d/db_c = sum over rows of gelu'(x) R. F32 {1e-5, 1e-5, 1e-10};
+// F16/BF16 inputs the storage tolerance of dinp, summed over the rows.
+void check_gelu_backward_bias(int64_t N, int64_t C, DType dtype) {
+  Random rng(54);
+  HostTensor inp(dtype, {N, C}), dout(dtype, {N, C}), dinp(dtype, {N, C}), alone(dtype, {N, C});
+  HostTensor dbias(DType::F32, {C});
+  const std::vector<double> x = inp.fill_random(rng, -5.0, 5.0);
+  const std::vector<double> r = dout.fill_random(rng, -1.0, 1.0);
+  const std::vector<double> bias0 = dbias.fill_random(rng, -1.0, 1.0);
+  test_backend()->gelu_backward_bias(dinp, dbias, dout, inp, nullptr);
+  test_backend()->gelu_backward(alone, dout, inp, nullptr);
+  EXPECT_TRUE(bitwise_equal(dinp, alone));
+  std::vector<double> expected(bias0);
+  const double eps = 1e-6;
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t c = 0; c < C; ++c) {
+      const double xi = x[n * C + c];
+      expected[c] += (gelu_reference(xi + eps) - gelu_reference(xi - eps)) / (2 * eps) * r[n * C + c];
+    }
+  }
+  Tolerance tol = {1e-5, 1e-5, 1e-10};
+  if (dtype != DType::F32) {
+    const Tolerance one = storage_tolerance(dtype);
+    tol = {one.atol * static_cast<double>(N), one.rtol, one.nmse};
+  }
+  EXPECT_TRUE(all_close(dbias.values(), expected, tol));
+  EXPECT_TRUE(guards_intact({&dinp, &dbias, &dout, &inp}));
+}
+
+TEST(Gelu, BackwardBiasF32) { check_gelu_backward_bias(37, 300, DType::F32); }
+TEST(Gelu, BackwardBiasBF16) { check_gelu_backward_bias(37, 300, DType::BF16); }
+// An empty dbias: the op is gelu_backward.
+TEST(Gelu, BackwardBiasWithoutABiasIsTheGeluBackward) {
+  Random rng(55);
+  HostTensor inp(DType::F32, {5, 9}), dout(DType::F32, {5, 9}), a(DType::F32, {5, 9}),
+      b(DType::F32, {5, 9});
+  inp.fill_random(rng, -3.0, 3.0);
+  dout.fill_random(rng, -1.0, 1.0);
+  test_backend()->gelu_backward_bias(a, Tensor(), dout, inp, nullptr);
+  test_backend()->gelu_backward(b, dout, inp, nullptr);
+  EXPECT_TRUE(bitwise_equal(a, b));
+  double squares = 0.0;
+  for (double v : a.values()) squares += v * v;
+  EXPECT_GT(squares, 0.0);
+}
+
 TEST(Gelu, LargeInputsStayFinite) {
   HostTensor inp(DType::F32, {4}), out(DType::F32, {4}), dinp(DType::F32, {4}),
       dout(DType::F32, {4});

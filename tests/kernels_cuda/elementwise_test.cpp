@@ -71,6 +71,63 @@ TEST(CudaElementwise, GeluBackwardMixedDTypes) {
   EXPECT_TRUE(guards_intact({&dinp_gpu}));
 }
 
+// The GELU backward with the bias gradient fused in (gelu_backward_bias): on rows the fused
+// kernel takes (C % 8 == 0, aligned) it is bitwise the same op on a view 1 element into a buffer
+// (misaligned: gelu_backward then the column sums, the two ops), dinp and dbias; against the CPU
+// twin dinp within gelu_tolerance and dbias within a column sum's tolerance (F32 {1e-4, 1e-4,
+// 1e-9} as matmul's dbias; its terms are dinp as stored, so F16/BF16 dinp storage_tolerance).
+// N = 300: three chunks of rows, the last short; C = 40 (most threads of the block idle), 264,
+// 2056 (9 blocks of columns). dbias F32 under BF16 (the training setup), else the dtype's own.
+TEST(CudaElementwise, GeluBackwardBiasIsBitwiseTheTwoOps) {
+  REQUIRE_CUDA_DEVICE();
+  // `t` one element further into a buffer of the same size: t's element i at i + 1.
+  const auto shifted = [](const HostTensor& t) {
+    HostTensor out = t.clone();
+    for (int64_t i = 0; i + 1 < t.numel(); ++i) out.set(i + 1, t.get(i));
+    return out;
+  };
+  for (DType dtype : kFloatDTypes) {
+    const DType dbias_dtype = dtype == DType::BF16 ? DType::F32 : dtype;
+    for (int64_t C : {int64_t{40}, int64_t{264}, int64_t{2056}}) {
+      const int64_t N = 300, size = 1 + N * C;
+      Random rng(15);
+      const HostTensor x = random_tensor(rng, dtype, {size}, -4.0, 4.0);
+      const HostTensor dout = random_tensor(rng, dtype, {size});
+      const HostTensor dinp = random_tensor(rng, dtype, {size});
+      const HostTensor dbias = random_tensor(rng, dbias_dtype, {C});  // accumulates
+      const HostTensor dinp_1 = shifted(dinp), dout_1 = shifted(dout), x_1 = shifted(x);
+      TwinBuffers fused({&dinp, &dbias, &dout, &x}), two_ops({&dinp_1, &dbias, &dout_1, &x_1});
+      const auto rows = [&](const Tensor& buffer, int64_t offset) {
+        return buffer.slice(offset, {N, C});
+      };
+      cpu_backend().gelu_backward_bias(rows(fused.cpu[0], 0), fused.cpu[1], rows(fused.cpu[2], 0),
+                                       rows(fused.cpu[3], 0), nullptr);
+      GpuRun run;
+      std::vector<Tensor> f, t;
+      for (HostTensor& buffer : fused.gpu) f.push_back(run(buffer));
+      for (HostTensor& buffer : two_ops.gpu) t.push_back(run(buffer));
+      cuda_backend().gelu_backward_bias(rows(f[0], 0), f[1], rows(f[2], 0), rows(f[3], 0), nullptr);
+      cuda_backend().gelu_backward_bias(rows(t[0], 1), t[1], rows(t[2], 1), rows(t[3], 1), nullptr);
+      run.finish();
+      const std::string where = view_case(dtype, N, C, 0);
+      EXPECT_FALSE(bitwise_equal(fused.gpu[1], dbias)) << "dbias did not change, " << where;
+      // The last element of the aligned run's buffer and the first of the misaligned one's are
+      // outside the rows: the rest, shifted, is the same bits.
+      HostTensor fused_dinp = shifted(fused.gpu[0]);
+      fused_dinp.set(0, two_ops.gpu[0].get(0));
+      EXPECT_TRUE(bitwise_equal(fused_dinp, two_ops.gpu[0])) << "dinp " << where;
+      EXPECT_TRUE(bitwise_equal(fused.gpu[1], two_ops.gpu[1])) << "dbias " << where;
+      EXPECT_TRUE(all_close(fused.gpu[0].values(), fused.cpu[0].values(), gelu_tolerance(dtype)))
+          << "dinp " << where;
+      const Tolerance column_sum =
+          dtype == DType::F32 ? Tolerance{1e-4, 1e-4, 1e-9} : storage_tolerance(dtype);
+      EXPECT_TRUE(all_close(fused.gpu[1].values(), fused.cpu[1].values(), column_sum))
+          << "dbias " << where;
+      EXPECT_TRUE(fused.guards_intact_all() && two_ops.guards_intact_all()) << where;
+    }
+  }
+}
+
 TEST(CudaElementwise, ResidualAccumulateScaleBitwiseEqualCpu) {
   REQUIRE_CUDA_DEVICE();
   for (DType out_dtype : kFloatDTypes) {

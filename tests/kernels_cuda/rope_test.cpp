@@ -1,6 +1,6 @@
 // Rotary position embedding forward and backward against the CPU twin, every dtype, round and odd
 // shapes (odd T, odd head counts, hd/2 odd, grouped-query and multi-head, a table longer than
-// T). Bitwise: both backends compute the same two products and one sum per output in fp32
+// T; hd/2 a multiple of 8 takes the 128-bit form, the odd ones the element-wise). Bitwise: both backends compute the same two products and one sum per output in fp32
 // without FMA (the kernel's __fmul_rn/__fadd_rn, the CPU's -ffp-contract=off) and round once.
 #include "cuda_test_util.h"
 #include "kernels/rope_table.h"
@@ -18,6 +18,7 @@ const RopeCase kCases[] = {
     {3, 7, 3, 1, 10, 12},      // odd: multi-query, hd/2 = 5, table longer than T
     {1, 33, 5, 5, 6, 33},      // odd: multi-head, hd/2 = 3
     {1, 17, 4, 2, 128, 20},    // Llama 3 8B's head dim
+    {2, 5, 3, 1, 16, 9},       // hd/2 = 8: one pack of 8 pairs per head (the 128-bit form)
 };
 
 std::string case_name(const RopeCase& c, DType dtype, bool backward) {

@@ -67,5 +67,43 @@ TEST(CudaSwiglu, BackwardMatchesCpu) {
   }
 }
 
+// The 128-bit form (I % 8 == 0, every tensor aligned: I = 24, three packs per row, and 1024) and
+// the element-wise one on the same rows 1 element into their buffers (misaligned), forward and
+// backward, against the CPU twin; every buffer compared whole.
+TEST(CudaSwiglu, VectorRowsAndOffsetsMatchCpu) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : kFloatDTypes) {
+    for (int64_t I : {int64_t{24}, int64_t{1024}}) {
+      for (int64_t offset : kViewOffsets) {
+        const int64_t N = 5;
+        const auto rows = [&](const Tensor& buffer, int64_t width) {
+          return buffer.slice(offset, {N, width});
+        };
+        Random rng(73);
+        const HostTensor inp = random_tensor(rng, dtype, {offset + N * 2 * I}, -6.0, 6.0);
+        const HostTensor out = random_tensor(rng, dtype, {offset + N * I});
+        const HostTensor dout = random_tensor(rng, dtype, {offset + N * I});
+        const HostTensor dinp = random_tensor(rng, dtype, {offset + N * 2 * I});
+        TwinBuffers t({&out, &dinp, &inp, &dout});
+        cpu_backend().swiglu_forward(rows(t.cpu[0], I), rows(t.cpu[2], 2 * I), nullptr);
+        cpu_backend().swiglu_backward(rows(t.cpu[1], 2 * I), rows(t.cpu[3], I),
+                                      rows(t.cpu[2], 2 * I), nullptr);
+        GpuRun run;
+        std::vector<Tensor> g;
+        for (HostTensor& buffer : t.gpu) g.push_back(run(buffer));
+        cuda_backend().swiglu_forward(rows(g[0], I), rows(g[2], 2 * I), nullptr);
+        cuda_backend().swiglu_backward(rows(g[1], 2 * I), rows(g[3], I), rows(g[2], 2 * I),
+                                       nullptr);
+        run.finish();
+        const std::string where = view_case(dtype, N, I, offset);
+        EXPECT_FALSE(bitwise_equal(t.gpu[0], out)) << "out did not change, " << where;
+        for (int i : {0, 1}) EXPECT_TRUE(matches_twin(t.gpu[i], t.cpu[i])) << i << " " << where;
+        EXPECT_TRUE(bitwise_equal(t.gpu[2], inp) && bitwise_equal(t.gpu[3], dout)) << where;
+        EXPECT_TRUE(t.guards_intact_all()) << where;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dstrain::test
