@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_main.h"
@@ -151,6 +152,16 @@ class Workspace {
   std::mt19937_64 engine_{1234};
   uint64_t seed_ = 1234;
 };
+
+// f with the norms' rows in blocks of 8 warps at every width (set_cuda_norm_block_rows_above),
+// the default restored after each call.
+std::function<void()> block_per_row(std::function<void()> f) {
+  return [f = std::move(f)] {
+    set_cuda_norm_block_rows_above(0);
+    f();
+    set_cuda_norm_block_rows_above(2048);
+  };
+}
 
 // Median milliseconds of `runs` calls of f after `warmup` calls, by events on the legacy stream.
 double time_ms(const std::function<void()>& f, int warmup, int runs) {
@@ -344,6 +355,17 @@ int run(const Options& options) {
        [&] { be.residual_rmsnorm_forward(residual, y, rstd, x, dx, ln_w, 1e-5f, nullptr); }},
       {"rmsnorm_backward", 4 * act + 4.0 * N, 0,
        [&] { be.rmsnorm_backward(y, dln_w, dx, x, ln_w, rstd, nullptr); }},
+      // The same norms with every row in a block of 8 warps (the form of C > 2048): at C <= 2048
+      // against the one-warp rows above, to choose the bound between the two forms.
+      {"layernorm_forward (8 warps per row)", 2 * act + 8.0 * N, 0,
+       block_per_row([&] { be.layernorm_forward(y, mean, rstd, x, ln_w, ln_b, nullptr); })},
+      {"layernorm_backward (8 warps per row)", 4 * act + 8.0 * N, 0, block_per_row([&] {
+         be.layernorm_backward(y, dln_w, dln_b, dx, x, ln_w, mean, rstd, nullptr);
+       })},
+      {"rmsnorm_forward (8 warps per row)", 2 * act + 4.0 * N, 0,
+       block_per_row([&] { be.rmsnorm_forward(y, rstd, x, ln_w, 1e-5f, nullptr); })},
+      {"rmsnorm_backward (8 warps per row)", 4 * act + 4.0 * N, 0,
+       block_per_row([&] { be.rmsnorm_backward(y, dln_w, dx, x, ln_w, rstd, nullptr); })},
       {"matmul_forward qkv (C->3C)", 0, 2.0 * nd * cd * 3 * cd,
        [&] { be.matmul_forward(qkv, x, w_qkv, b_qkv, false, nullptr); }},
       {"matmul_backward qkv", 0, 4.0 * nd * cd * 3 * cd,

@@ -14,17 +14,19 @@
 //   on either side (pinned host memory from make_pinned_host_allocator() for async copies).
 // - Op scratch comes from a stream-ordered memory pool owned by the backend (no sync, no race
 //   between streams), not from an Allocator, so the Allocator's stats do not count it:
-//   embedding_backward 16 B per position + CUB's sort space; layernorm_backward and dbias
-//   ceil(N/128) * C * 4 B (x2 for layernorm); attention_backward B*NH*T*4 B; a matmul whose
-//   operands differ in dtype, or whose output dtype cuBLAS cannot write from them (e.g. F16 out
-//   of F32 operands, or a bias of another dtype than the output), stages in fp32: up to
-//   4 B * (N*C + C*OC + N*OC). Same-dtype GEMMs need none. The pool keeps up to 256 MiB of
-//   freed scratch for reuse. Fixed: the cuBLAS workspace (32 MiB) and a 4-byte flag word.
+//   embedding_backward 16 B per position + CUB's sort space; layernorm_backward,
+//   rmsnorm_backward, gelu_backward_bias and dbias ceil(N/128) * C * 4 B (x2 for layernorm);
+//   attention_backward B*NH*T*4 B; a matmul whose operands differ in dtype, or whose output dtype
+//   cuBLAS cannot write from them (e.g. F16 out of F32 operands, or a bias of another dtype than
+//   the output), stages in fp32: up to 4 B * (N*C + C*OC + N*OC). Same-dtype GEMMs need none. The
+//   pool keeps up to 256 MiB of freed scratch for reuse. Fixed: the cuBLAS workspace (32 MiB) and a
+//   4-byte flag word.
 // - Bad token or target ids are detected on the device (NaN where they were used, and a
 //   flag): the next call that waits for the stream (synchronize, sum_squares, has_inf_or_nan)
 //   throws UserError saying which kind of id was out of range.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "kernels/ops.h"
@@ -37,5 +39,11 @@ std::unique_ptr<Backend> make_cuda_backend(int device);
 
 // Number of usable CUDA devices; 0 when there is no GPU or no driver (never throws).
 int cuda_device_count();
+
+// The norm kernels hold a row of C <= 2048 elements in one warp and a wider one (up to 8192) in a
+// block of 8 warps (kernels/cuda/cuda_rows.cuh). This moves the bound down to `C` (clamped to
+// [0, 2048]; 2048 restores the default), so that a benchmark can time both forms on one shape and
+// a test can check both. Process-wide: set it while no norm kernel is being launched.
+void set_cuda_norm_block_rows_above(int64_t C);
 
 }  // namespace dstrain

@@ -44,8 +44,9 @@ __device__ __forceinline__ void for_chunk_rows(int64_t N, int64_t c, int64_t C, 
 // (`sum`, this thread's), added in y order; partial is this chunk's row of C floats. Every thread
 // of the block calls it. (partial + c) * 4 bytes is a multiple of 32 where C % 8 == 0: 16-byte
 // aligned stores.
-__device__ __forceinline__ void column_block_sum(float* partial, const float (&sum)[kVectorElements],
-                                                 int64_t c, int64_t C) {
+__device__ __forceinline__ void column_block_sum(float* partial,
+                                                 const float (&sum)[kVectorElements], int64_t c,
+                                                 int64_t C) {
   __shared__ float sums[kColumnThreadsY][kColumnPacks * kVectorElements];
   const int column = threadIdx.x * kVectorElements;
 #pragma unroll

@@ -3,9 +3,9 @@
 // block in a fixed order); the loss follows; with dlogits, a second sweep over the same row
 // writes (softmax - onehot) * dloss. Where Vp % 8 == 0 and logits and dlogits share a dtype and
 // are 16-byte aligned, the row moves in packs of 8 (128-bit loads and stores, one rescale of a
-// thread's sum per pack: other bits than the element-wise form, the same tolerances). Every thread reads an element before it writes the same
-// element, and the target logit is read before the first block barrier, so dlogits may be
-// logits itself.
+// thread's sum per pack: other bits than the element-wise form, the same tolerances). Every
+// thread reads an element before it writes the same element, and the target logit is read before
+// the first block barrier, so dlogits may be logits itself.
 //
 // Vocabulary-parallel (the logits' columns split over ranks): cross_entropy_stats reduces a
 // slice's rows to (max, sum of exponentials, target logit) with the same block reduction;

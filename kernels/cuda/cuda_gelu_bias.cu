@@ -70,8 +70,8 @@ void gelu_backward_bias(const CudaContext& ctx, Tensor dinp, Tensor dbias, Tenso
     using T = decltype(tag);
     DSTRAIN_LAUNCH(gelu_backward_bias_vector_kernel<T>, grid, dim3(kColumnPacks, kColumnThreadsY),
                    0, stream)
-    (static_cast<T*>(dinp.data), static_cast<const T*>(dout.data),
-     static_cast<const T*>(inp.data), partials.as<float>(), N, C);
+    (static_cast<T*>(dinp.data), static_cast<const T*>(dout.data), static_cast<const T*>(inp.data),
+     partials.as<float>(), N, C);
   });
   CUDA_CHECK_LAUNCH();
   add_column_partials(dbias, partials.as<float>(), chunks, stream);

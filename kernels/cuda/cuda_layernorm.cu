@@ -22,6 +22,9 @@
 // butterfly. Each sum is a sequential sum of at most C / 32 terms followed by at most 13
 // pairwise levels, so the error bound behind the tests' tolerances (|error| <= (C / 32 + 13) *
 // eps * sum of |terms|, against the CPU's sequential sum's C * eps * sum of |terms|) holds.
+#include <algorithm>
+
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_columns.cuh"
 #include "kernels/cuda/cuda_rows.cuh"
 #include "kernels/op_checks.h"
@@ -307,10 +310,10 @@ void launch_forward_vector(RowForm form, Tensor out, Tensor mean, Tensor rstd, T
     using T = decltype(tag);
     with_row_form(form, [&](auto kWarps, auto kPacks) {
       with_residual(!residual_b.empty(), [&](auto kResidual) {
-        DSTRAIN_LAUNCH((layernorm_forward_vector_kernel<T, decltype(kWarps)::value,
-                                                        decltype(kPacks)::value,
-                                                        decltype(kResidual)::value>),
-                       form.blocks(N), kRowBlockThreads, 0, stream)
+        DSTRAIN_LAUNCH(
+            (layernorm_forward_vector_kernel<T, decltype(kWarps)::value, decltype(kPacks)::value,
+                                             decltype(kResidual)::value>),
+            form.blocks(N), kRowBlockThreads, 0, stream)
         (static_cast<T*>(out.data), mean.f32(), rstd.f32(), static_cast<const T*>(inp.data),
          static_cast<const T*>(residual_b.data), static_cast<T*>(residual.data),
          device_tensor(weight), device_tensor(bias), N, C);
@@ -319,8 +322,8 @@ void launch_forward_vector(RowForm form, Tensor out, Tensor mean, Tensor rstd, T
   });
 }
 
-void launch_backward_dinp_vector(RowForm form, Tensor dinp, Tensor dout, Tensor inp,
-                                 Tensor weight, Tensor mean, Tensor rstd, int64_t N, int64_t C,
+void launch_backward_dinp_vector(RowForm form, Tensor dinp, Tensor dout, Tensor inp, Tensor weight,
+                                 Tensor mean, Tensor rstd, int64_t N, int64_t C,
                                  cudaStream_t stream) {
   with_storage_type(inp.dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -449,3 +452,11 @@ void add_column_partials(Tensor dst, const float* partials, int64_t chunks, cuda
 }
 
 }  // namespace dstrain::cuda
+
+namespace dstrain {
+
+void set_cuda_norm_block_rows_above(int64_t C) {
+  cuda::block_rows_above() = std::clamp<int64_t>(C, 0, cuda::kMaxWarpRowC);
+}
+
+}  // namespace dstrain

@@ -98,10 +98,10 @@ void launch_forward_vector(RowForm form, Tensor out, Tensor rstd, Tensor inp, Te
     using T = decltype(tag);
     with_row_form(form, [&](auto kWarps, auto kPacks) {
       with_residual(!residual_b.empty(), [&](auto kResidual) {
-        DSTRAIN_LAUNCH((rmsnorm_forward_vector_kernel<T, decltype(kWarps)::value,
-                                                      decltype(kPacks)::value,
-                                                      decltype(kResidual)::value>),
-                       form.blocks(s.rows), kRowBlockThreads, 0, stream)
+        DSTRAIN_LAUNCH(
+            (rmsnorm_forward_vector_kernel<T, decltype(kWarps)::value, decltype(kPacks)::value,
+                                           decltype(kResidual)::value>),
+            form.blocks(s.rows), kRowBlockThreads, 0, stream)
         (static_cast<T*>(out.data), rstd.f32(), static_cast<const T*>(inp.data),
          static_cast<const T*>(residual_b.data), static_cast<T*>(residual.data),
          device_tensor(weight), eps, s.rows, s.cols);
@@ -161,11 +161,11 @@ __global__ void rmsnorm_backward_dinp_vector_kernel(T* dinp, const T* dout, cons
   }
   const float dnorm_norm_mean = row_sum<kWarps>(dnorm_norm_sum) / static_cast<float>(C);
   add_to_row<kPacks>(dinp, base, packs, row,
-             [&](int k, int j) { return (dy[k][j] - x[k][j] * dnorm_norm_mean) * r; });
+                     [&](int k, int j) { return (dy[k][j] - x[k][j] * dnorm_norm_mean) * r; });
 }
 
-void launch_backward_dinp_vector(RowForm form, Tensor dinp, Tensor dout, Tensor inp,
-                                 Tensor weight, Tensor rstd, RowShape s, cudaStream_t stream) {
+void launch_backward_dinp_vector(RowForm form, Tensor dinp, Tensor dout, Tensor inp, Tensor weight,
+                                 Tensor rstd, RowShape s, cudaStream_t stream) {
   with_storage_type(inp.dtype, [&](auto tag) {
     using T = decltype(tag);
     with_row_form(form, [&](auto kWarps, auto kPacks) {

@@ -137,6 +137,13 @@ void with_residual(bool residual, F&& f) {
   }
 }
 
+// Rows of more than this many elements take the 8-warp form (kMaxWarpRowC unless a benchmark or
+// a test lowers it: set_cuda_norm_block_rows_above in cuda_backend.h). One value per process.
+inline int64_t& block_rows_above() {
+  static int64_t C = kMaxWarpRowC;
+  return C;
+}
+
 // The register-held form of a row kernel: warps per row and packs per thread (0: not this form).
 struct RowForm {
   int warps = 0;
@@ -151,7 +158,8 @@ struct RowForm {
 
 // The form for rows of C elements in `rows` (one dtype, 16-byte aligned; empty tensors ignored)
 // with `params` (aligned); {} where it does not apply. Kernels are instantiated for 1 warp with
-// 2, 4 and 8 packs (C <= 512, 1024, 2048) and 8 warps with 2 and 4 (C <= 4096, 8192).
+// 2, 4 and 8 packs (C <= 512, 1024, 2048) and 8 warps with 2 and 4 (C <= 4096, 8192); the 8-warp
+// form takes the rows above block_rows_above().
 inline RowForm row_form(int64_t C, std::initializer_list<Tensor> rows,
                         std::initializer_list<Tensor> params) {
   if (C % kVectorElements != 0 || C > kMaxRegisterC) return {};
@@ -163,7 +171,7 @@ inline RowForm row_form(int64_t C, std::initializer_list<Tensor> rows,
     if (!vector_aligned(t.data)) return {};
   }
   const int64_t packs = C / kVectorElements;
-  if (C <= kMaxWarpRowC) {
+  if (C <= block_rows_above()) {
     const int64_t per_lane = (packs + 31) / 32;
     return {1, per_lane <= 2 ? 2 : per_lane <= 4 ? 4 : kMaxPacks};
   }

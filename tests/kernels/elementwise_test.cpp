@@ -71,7 +71,8 @@ void check_gelu_backward_bias(int64_t N, int64_t C, DType dtype) {
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t c = 0; c < C; ++c) {
       const double xi = x[n * C + c];
-      expected[c] += (gelu_reference(xi + eps) - gelu_reference(xi - eps)) / (2 * eps) * r[n * C + c];
+      expected[c] +=
+          (gelu_reference(xi + eps) - gelu_reference(xi - eps)) / (2 * eps) * r[n * C + c];
     }
   }
   Tolerance tol = {1e-5, 1e-5, 1e-10};

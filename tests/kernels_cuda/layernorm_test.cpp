@@ -44,8 +44,10 @@ TEST(CudaLayernorm, ForwardMatchesCpu) {
       run.finish();
       const std::string where = std::string(dtype_name(dtype)) + " " + inp.t().shape_str();
       EXPECT_TRUE(all_close(out_gpu.values(), out_cpu.values(), value_tolerance(dtype))) << where;
-      EXPECT_TRUE(all_close(mean_gpu.values(), mean_cpu.values(), row_stat_tolerance(C, 1e-12))) << where;
-      EXPECT_TRUE(all_close(rstd_gpu.values(), rstd_cpu.values(), row_stat_tolerance(C, 1e-12))) << where;
+      EXPECT_TRUE(all_close(mean_gpu.values(), mean_cpu.values(), row_stat_tolerance(C, 1e-12)))
+          << where;
+      EXPECT_TRUE(all_close(rstd_gpu.values(), rstd_cpu.values(), row_stat_tolerance(C, 1e-12)))
+          << where;
       EXPECT_TRUE(bitwise_equal(inp_gpu, inp));
       EXPECT_TRUE(guards_intact({&out_gpu, &mean_gpu, &rstd_gpu, &inp_gpu}));
     }
@@ -95,37 +97,42 @@ TEST(CudaLayernorm, BackwardMatchesCpu) {
 
 TEST(CudaLayernorm, ForwardVectorRowsAndOffsetsMatchCpu) {
   REQUIRE_CUDA_DEVICE();
-  for (DType dtype : kFloatDTypes) {
-    for (int64_t C : kRowC) {
-      for (int64_t offset : kViewOffsets) {
-        const int64_t N = 5, size = offset + N * C;
-        Random rng(33);
-        const HostTensor inp = random_tensor(rng, dtype, {size}, -2.0, 3.0);
-        const HostTensor weight = random_tensor(rng, dtype, {offset + C}, 0.5, 1.5);
-        const HostTensor bias = random_tensor(rng, DType::F32, {offset + C});
-        const HostTensor out = random_tensor(rng, dtype, {size});  // not NaN: compared whole
-        const HostTensor stats = nan_tensor(DType::F32, {N});
-        TwinBuffers t({&out, &stats, &stats, &inp, &weight, &bias});
-        const auto rows = [&](const Tensor& buffer) { return buffer.slice(offset, {N, C}); };
-        const auto cols = [&](const Tensor& buffer) { return buffer.slice(offset, {C}); };
-        cpu_backend().layernorm_forward(rows(t.cpu[0]), t.cpu[1], t.cpu[2], rows(t.cpu[3]),
-                                        cols(t.cpu[4]), cols(t.cpu[5]), nullptr);
-        GpuRun run;
-        cuda_backend().layernorm_forward(rows(run(t.gpu[0])), run(t.gpu[1]), run(t.gpu[2]),
-                                         rows(run(t.gpu[3])), cols(run(t.gpu[4])),
-                                         cols(run(t.gpu[5])), nullptr);
-        run.finish();
-        const std::string where = view_case(dtype, N, C, offset);
-        EXPECT_GT(norm_squared(t.cpu[0].values()), 0.0);
-        EXPECT_TRUE(all_close(t.gpu[0].values(), t.cpu[0].values(), value_tolerance(dtype)))
-            << where;
-        for (int stat : {1, 2}) {
-          EXPECT_TRUE(
-              all_close(t.gpu[stat].values(), t.cpu[stat].values(), row_stat_tolerance(C, 1e-12)))
-              << (stat == 1 ? "mean " : "rstd ") << where;
+  // Both row forms where C <= 2048: one warp per row (the default) and a block of 8 warps.
+  for (bool block_per_row : {false, true}) {
+    const BlockPerRowNorms form(block_per_row);
+    for (DType dtype : kFloatDTypes) {
+      for (int64_t C : kRowC) {
+        for (int64_t offset : kViewOffsets) {
+          const int64_t N = 5, size = offset + N * C;
+          Random rng(33);
+          const HostTensor inp = random_tensor(rng, dtype, {size}, -2.0, 3.0);
+          const HostTensor weight = random_tensor(rng, dtype, {offset + C}, 0.5, 1.5);
+          const HostTensor bias = random_tensor(rng, DType::F32, {offset + C});
+          const HostTensor out = random_tensor(rng, dtype, {size});  // not NaN: compared whole
+          const HostTensor stats = nan_tensor(DType::F32, {N});
+          TwinBuffers t({&out, &stats, &stats, &inp, &weight, &bias});
+          const auto rows = [&](const Tensor& buffer) { return buffer.slice(offset, {N, C}); };
+          const auto cols = [&](const Tensor& buffer) { return buffer.slice(offset, {C}); };
+          cpu_backend().layernorm_forward(rows(t.cpu[0]), t.cpu[1], t.cpu[2], rows(t.cpu[3]),
+                                          cols(t.cpu[4]), cols(t.cpu[5]), nullptr);
+          GpuRun run;
+          cuda_backend().layernorm_forward(rows(run(t.gpu[0])), run(t.gpu[1]), run(t.gpu[2]),
+                                           rows(run(t.gpu[3])), cols(run(t.gpu[4])),
+                                           cols(run(t.gpu[5])), nullptr);
+          run.finish();
+          const std::string where =
+              view_case(dtype, N, C, offset) + (block_per_row ? " (8 warps per row)" : "");
+          EXPECT_GT(norm_squared(t.cpu[0].values()), 0.0);
+          EXPECT_TRUE(all_close(t.gpu[0].values(), t.cpu[0].values(), value_tolerance(dtype)))
+              << where;
+          for (int stat : {1, 2}) {
+            EXPECT_TRUE(
+                all_close(t.gpu[stat].values(), t.cpu[stat].values(), row_stat_tolerance(C, 1e-12)))
+                << (stat == 1 ? "mean " : "rstd ") << where;
+          }
+          EXPECT_TRUE(bitwise_equal(t.gpu[3], inp)) << where;
+          EXPECT_TRUE(t.guards_intact_all()) << where;
         }
-        EXPECT_TRUE(bitwise_equal(t.gpu[3], inp)) << where;
-        EXPECT_TRUE(t.guards_intact_all()) << where;
       }
     }
   }
@@ -133,43 +140,48 @@ TEST(CudaLayernorm, ForwardVectorRowsAndOffsetsMatchCpu) {
 
 TEST(CudaLayernorm, BackwardVectorRowsAndOffsetsMatchCpu) {
   REQUIRE_CUDA_DEVICE();
-  for (DType dtype : kFloatDTypes) {
-    for (int64_t C : kRowC) {
-      for (int64_t offset : kViewOffsets) {
-        const int64_t N = 5, size = offset + N * C;
-        const auto rows = [&](const Tensor& buffer) { return buffer.slice(offset, {N, C}); };
-        const auto cols = [&](const Tensor& buffer) { return buffer.slice(offset, {C}); };
-        Random rng(34);
-        const HostTensor inp = random_tensor(rng, dtype, {size}, -2.0, 3.0);
-        const HostTensor weight = random_tensor(rng, dtype, {offset + C}, 0.5, 1.5);
-        const HostTensor bias = random_tensor(rng, dtype, {offset + C});
-        HostTensor out = nan_tensor(dtype, {size});
-        HostTensor mean = nan_tensor(DType::F32, {N}), rstd = nan_tensor(DType::F32, {N});
-        cpu_backend().layernorm_forward(rows(out), mean, rstd, rows(inp), cols(weight), cols(bias),
-                                        nullptr);
-        const HostTensor dout = random_tensor(rng, dtype, {size});
-        // All three gradients accumulate: start from non-zero values.
-        const HostTensor dinp = random_tensor(rng, dtype, {size});
-        const HostTensor dweight = random_tensor(rng, DType::F32, {offset + C});
-        const HostTensor dbias = random_tensor(rng, dtype, {offset + C});
-        TwinBuffers t({&dinp, &dweight, &dbias, &dout, &inp, &weight});
-        cpu_backend().layernorm_backward(rows(t.cpu[0]), cols(t.cpu[1]), cols(t.cpu[2]),
-                                         rows(t.cpu[3]), rows(t.cpu[4]), cols(t.cpu[5]), mean, rstd,
-                                         nullptr);
-        GpuRun run;
-        cuda_backend().layernorm_backward(
-            rows(run(t.gpu[0])), cols(run(t.gpu[1])), cols(run(t.gpu[2])), rows(run(t.gpu[3])),
-            rows(run(t.gpu[4])), cols(run(t.gpu[5])), run(mean), run(rstd), nullptr);
-        run.finish();
-        const std::string where = view_case(dtype, N, C, offset);
-        EXPECT_TRUE(all_close(t.gpu[0].values(), t.cpu[0].values(), value_tolerance(dtype)))
-            << "dinp " << where;
-        EXPECT_TRUE(
-            all_close(t.gpu[1].values(), t.cpu[1].values(), column_sum_tolerance(DType::F32)))
-            << "dweight " << where;
-        EXPECT_TRUE(all_close(t.gpu[2].values(), t.cpu[2].values(), column_sum_tolerance(dtype)))
-            << "dbias " << where;
-        EXPECT_TRUE(t.guards_intact_all()) << where;
+  // Both row forms where C <= 2048: one warp per row (the default) and a block of 8 warps.
+  for (bool block_per_row : {false, true}) {
+    const BlockPerRowNorms form(block_per_row);
+    for (DType dtype : kFloatDTypes) {
+      for (int64_t C : kRowC) {
+        for (int64_t offset : kViewOffsets) {
+          const int64_t N = 5, size = offset + N * C;
+          const auto rows = [&](const Tensor& buffer) { return buffer.slice(offset, {N, C}); };
+          const auto cols = [&](const Tensor& buffer) { return buffer.slice(offset, {C}); };
+          Random rng(34);
+          const HostTensor inp = random_tensor(rng, dtype, {size}, -2.0, 3.0);
+          const HostTensor weight = random_tensor(rng, dtype, {offset + C}, 0.5, 1.5);
+          const HostTensor bias = random_tensor(rng, dtype, {offset + C});
+          HostTensor out = nan_tensor(dtype, {size});
+          HostTensor mean = nan_tensor(DType::F32, {N}), rstd = nan_tensor(DType::F32, {N});
+          cpu_backend().layernorm_forward(rows(out), mean, rstd, rows(inp), cols(weight),
+                                          cols(bias), nullptr);
+          const HostTensor dout = random_tensor(rng, dtype, {size});
+          // All three gradients accumulate: start from non-zero values.
+          const HostTensor dinp = random_tensor(rng, dtype, {size});
+          const HostTensor dweight = random_tensor(rng, DType::F32, {offset + C});
+          const HostTensor dbias = random_tensor(rng, dtype, {offset + C});
+          TwinBuffers t({&dinp, &dweight, &dbias, &dout, &inp, &weight});
+          cpu_backend().layernorm_backward(rows(t.cpu[0]), cols(t.cpu[1]), cols(t.cpu[2]),
+                                           rows(t.cpu[3]), rows(t.cpu[4]), cols(t.cpu[5]), mean,
+                                           rstd, nullptr);
+          GpuRun run;
+          cuda_backend().layernorm_backward(
+              rows(run(t.gpu[0])), cols(run(t.gpu[1])), cols(run(t.gpu[2])), rows(run(t.gpu[3])),
+              rows(run(t.gpu[4])), cols(run(t.gpu[5])), run(mean), run(rstd), nullptr);
+          run.finish();
+          const std::string where =
+              view_case(dtype, N, C, offset) + (block_per_row ? " (8 warps per row)" : "");
+          EXPECT_TRUE(all_close(t.gpu[0].values(), t.cpu[0].values(), value_tolerance(dtype)))
+              << "dinp " << where;
+          EXPECT_TRUE(
+              all_close(t.gpu[1].values(), t.cpu[1].values(), column_sum_tolerance(DType::F32)))
+              << "dweight " << where;
+          EXPECT_TRUE(all_close(t.gpu[2].values(), t.cpu[2].values(), column_sum_tolerance(dtype)))
+              << "dbias " << where;
+          EXPECT_TRUE(t.guards_intact_all()) << where;
+        }
       }
     }
   }
@@ -218,9 +230,8 @@ TEST(CudaLayernorm, ResidualFusedIsBitwiseTheTwoOps) {
         EXPECT_TRUE(all_close(fused.gpu[1].values(), fused.cpu[1].values(), value_tolerance(dtype)))
             << where;
         for (int stat : {2, 3}) {
-          EXPECT_TRUE(
-              all_close(fused.gpu[stat].values(), fused.cpu[stat].values(),
-                        row_stat_tolerance(C, 1e-12)))
+          EXPECT_TRUE(all_close(fused.gpu[stat].values(), fused.cpu[stat].values(),
+                                row_stat_tolerance(C, 1e-12)))
               << (stat == 2 ? "mean " : "rstd ") << where;
         }
         EXPECT_TRUE(fused.guards_intact_all()) << where;

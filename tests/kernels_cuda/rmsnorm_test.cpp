@@ -49,7 +49,8 @@ TEST(CudaRmsnorm, ForwardMatchesCpu) {
       run.finish();
       const std::string where = std::string(dtype_name(dtype)) + " " + inp.t().shape_str();
       EXPECT_TRUE(all_close(out_gpu.values(), out_cpu.values(), value_tolerance(dtype))) << where;
-      EXPECT_TRUE(all_close(rstd_gpu.values(), rstd_cpu.values(), row_stat_tolerance(C, 1e-11))) << where;
+      EXPECT_TRUE(all_close(rstd_gpu.values(), rstd_cpu.values(), row_stat_tolerance(C, 1e-11)))
+          << where;
       EXPECT_TRUE(bitwise_equal(inp_gpu, inp)) << where;
       EXPECT_TRUE(guards_intact({&out_gpu, &rstd_gpu, &inp_gpu})) << where;
     }
@@ -95,37 +96,42 @@ TEST(CudaRmsnorm, BackwardMatchesCpu) {
 // compared whole: the elements before a view and the guards come back as they were.
 TEST(CudaRmsnorm, BackwardVectorRowsAndOffsetsMatchCpu) {
   REQUIRE_CUDA_DEVICE();
-  for (DType dtype : kFloatDTypes) {
-    for (int64_t C : kRowC) {
-      for (int64_t offset : kViewOffsets) {
-        const int64_t N = 5, size = offset + N * C;
-        const auto rows = [&](const Tensor& buffer) { return buffer.slice(offset, {N, C}); };
-        const auto cols = [&](const Tensor& buffer) { return buffer.slice(offset, {C}); };
-        Random rng(63);
-        const HostTensor inp = random_tensor(rng, dtype, {size}, -2.0, 3.0);
-        const HostTensor weight = random_tensor(rng, dtype, {offset + C}, 0.5, 1.5);
-        HostTensor out = nan_tensor(dtype, {size}), rstd = nan_tensor(DType::F32, {N});
-        cpu_backend().rmsnorm_forward(rows(out), rstd, rows(inp), cols(weight), kEps, nullptr);
-        const HostTensor dout = random_tensor(rng, dtype, {size});
-        const HostTensor dinp = random_tensor(rng, dtype, {size});  // both accumulate
-        const HostTensor dweight = random_tensor(rng, DType::F32, {offset + C});
-        TwinBuffers t({&dinp, &dweight, &dout, &inp, &weight});
-        cpu_backend().rmsnorm_backward(rows(t.cpu[0]), cols(t.cpu[1]), rows(t.cpu[2]),
-                                       rows(t.cpu[3]), cols(t.cpu[4]), rstd, nullptr);
-        GpuRun run;
-        cuda_backend().rmsnorm_backward(rows(run(t.gpu[0])), cols(run(t.gpu[1])),
-                                        rows(run(t.gpu[2])), rows(run(t.gpu[3])),
-                                        cols(run(t.gpu[4])), run(rstd), nullptr);
-        run.finish();
-        const std::string where = view_case(dtype, N, C, offset);
-        EXPECT_FALSE(bitwise_equal(t.gpu[0], dinp)) << "dinp did not change, " << where;
-        EXPECT_TRUE(all_close(t.gpu[0].values(), t.cpu[0].values(), value_tolerance(dtype)))
-            << "dinp " << where;
-        EXPECT_TRUE(
-            all_close(t.gpu[1].values(), t.cpu[1].values(), column_sum_tolerance(DType::F32)))
-            << "dweight " << where;
-        EXPECT_TRUE(bitwise_equal(t.gpu[2], dout) && bitwise_equal(t.gpu[3], inp)) << where;
-        EXPECT_TRUE(t.guards_intact_all()) << where;
+  // Both row forms where C <= 2048: one warp per row (the default) and a block of 8 warps.
+  for (bool block_per_row : {false, true}) {
+    const BlockPerRowNorms form(block_per_row);
+    for (DType dtype : kFloatDTypes) {
+      for (int64_t C : kRowC) {
+        for (int64_t offset : kViewOffsets) {
+          const int64_t N = 5, size = offset + N * C;
+          const auto rows = [&](const Tensor& buffer) { return buffer.slice(offset, {N, C}); };
+          const auto cols = [&](const Tensor& buffer) { return buffer.slice(offset, {C}); };
+          Random rng(63);
+          const HostTensor inp = random_tensor(rng, dtype, {size}, -2.0, 3.0);
+          const HostTensor weight = random_tensor(rng, dtype, {offset + C}, 0.5, 1.5);
+          HostTensor out = nan_tensor(dtype, {size}), rstd = nan_tensor(DType::F32, {N});
+          cpu_backend().rmsnorm_forward(rows(out), rstd, rows(inp), cols(weight), kEps, nullptr);
+          const HostTensor dout = random_tensor(rng, dtype, {size});
+          const HostTensor dinp = random_tensor(rng, dtype, {size});  // both accumulate
+          const HostTensor dweight = random_tensor(rng, DType::F32, {offset + C});
+          TwinBuffers t({&dinp, &dweight, &dout, &inp, &weight});
+          cpu_backend().rmsnorm_backward(rows(t.cpu[0]), cols(t.cpu[1]), rows(t.cpu[2]),
+                                         rows(t.cpu[3]), cols(t.cpu[4]), rstd, nullptr);
+          GpuRun run;
+          cuda_backend().rmsnorm_backward(rows(run(t.gpu[0])), cols(run(t.gpu[1])),
+                                          rows(run(t.gpu[2])), rows(run(t.gpu[3])),
+                                          cols(run(t.gpu[4])), run(rstd), nullptr);
+          run.finish();
+          const std::string where =
+              view_case(dtype, N, C, offset) + (block_per_row ? " (8 warps per row)" : "");
+          EXPECT_FALSE(bitwise_equal(t.gpu[0], dinp)) << "dinp did not change, " << where;
+          EXPECT_TRUE(all_close(t.gpu[0].values(), t.cpu[0].values(), value_tolerance(dtype)))
+              << "dinp " << where;
+          EXPECT_TRUE(
+              all_close(t.gpu[1].values(), t.cpu[1].values(), column_sum_tolerance(DType::F32)))
+              << "dweight " << where;
+          EXPECT_TRUE(bitwise_equal(t.gpu[2], dout) && bitwise_equal(t.gpu[3], inp)) << where;
+          EXPECT_TRUE(t.guards_intact_all()) << where;
+        }
       }
     }
   }
@@ -177,42 +183,49 @@ TEST(CudaRmsnorm, DweightVectorAndScalarPathsGiveTheSameBits) {
 // tolerances. Buffers compared whole.
 TEST(CudaRmsnorm, ResidualFusedIsBitwiseTheTwoOps) {
   REQUIRE_CUDA_DEVICE();
-  for (DType dtype : kFloatDTypes) {
-    for (int64_t C : kFusedNormC) {
-      for (int64_t offset : kViewOffsets) {
-        const int64_t N = 5, size = offset + N * C;
-        Random rng(62);
-        const HostTensor a = random_tensor(rng, dtype, {size}, -2.0, 3.0);
-        const HostTensor b = random_tensor(rng, dtype, {size}, -1.0, 1.0);
-        const HostTensor weight = random_tensor(rng, dtype, {offset + C}, 0.5, 1.5);
-        const HostTensor residual = random_tensor(rng, dtype, {size});  // compared whole
-        const HostTensor out = random_tensor(rng, dtype, {size});
-        const HostTensor rstd = nan_tensor(DType::F32, {N});
-        TwinBuffers fused({&residual, &out, &rstd, &a, &b, &weight});
-        TwinBuffers two_ops({&residual, &out, &rstd, &a, &b, &weight});
-        const auto rows = [&](const Tensor& buffer) { return buffer.slice(offset, {N, C}); };
-        const auto cols = [&](const Tensor& buffer) { return buffer.slice(offset, {C}); };
-        std::vector<Tensor> f(fused.cpu.begin(), fused.cpu.end());
-        cpu_backend().residual_rmsnorm_forward(rows(f[0]), rows(f[1]), f[2], rows(f[3]), rows(f[4]),
-                                               cols(f[5]), kEps, nullptr);
-        GpuRun run;
-        std::vector<Tensor> g, h;
-        for (HostTensor& buffer : fused.gpu) g.push_back(run(buffer));
-        for (HostTensor& buffer : two_ops.gpu) h.push_back(run(buffer));
-        cuda_backend().residual_rmsnorm_forward(rows(g[0]), rows(g[1]), g[2], rows(g[3]),
-                                                rows(g[4]), cols(g[5]), kEps, nullptr);
-        cuda_backend().residual_forward(rows(h[0]), rows(h[3]), rows(h[4]), nullptr);
-        cuda_backend().rmsnorm_forward(rows(h[1]), h[2], rows(h[0]), cols(h[5]), kEps, nullptr);
-        run.finish();
-        const std::string where = view_case(dtype, N, C, offset);
-        EXPECT_GT(norm_squared(fused.cpu[1].values()), 0.0);
-        EXPECT_TRUE(gpu_buffers_bitwise_equal(fused, two_ops)) << where;
-        EXPECT_TRUE(bitwise_equal(fused.gpu[0], fused.cpu[0])) << "residual " << where;
-        EXPECT_TRUE(all_close(fused.gpu[1].values(), fused.cpu[1].values(), value_tolerance(dtype)))
-            << where;
-        EXPECT_TRUE(all_close(fused.gpu[2].values(), fused.cpu[2].values(), row_stat_tolerance(C, 1e-11)))
-            << "rstd " << where;
-        EXPECT_TRUE(fused.guards_intact_all()) << where;
+  // Both row forms where C <= 2048: one warp per row (the default) and a block of 8 warps.
+  for (bool block_per_row : {false, true}) {
+    const BlockPerRowNorms form(block_per_row);
+    for (DType dtype : kFloatDTypes) {
+      for (int64_t C : kFusedNormC) {
+        for (int64_t offset : kViewOffsets) {
+          const int64_t N = 5, size = offset + N * C;
+          Random rng(62);
+          const HostTensor a = random_tensor(rng, dtype, {size}, -2.0, 3.0);
+          const HostTensor b = random_tensor(rng, dtype, {size}, -1.0, 1.0);
+          const HostTensor weight = random_tensor(rng, dtype, {offset + C}, 0.5, 1.5);
+          const HostTensor residual = random_tensor(rng, dtype, {size});  // compared whole
+          const HostTensor out = random_tensor(rng, dtype, {size});
+          const HostTensor rstd = nan_tensor(DType::F32, {N});
+          TwinBuffers fused({&residual, &out, &rstd, &a, &b, &weight});
+          TwinBuffers two_ops({&residual, &out, &rstd, &a, &b, &weight});
+          const auto rows = [&](const Tensor& buffer) { return buffer.slice(offset, {N, C}); };
+          const auto cols = [&](const Tensor& buffer) { return buffer.slice(offset, {C}); };
+          std::vector<Tensor> f(fused.cpu.begin(), fused.cpu.end());
+          cpu_backend().residual_rmsnorm_forward(rows(f[0]), rows(f[1]), f[2], rows(f[3]),
+                                                 rows(f[4]), cols(f[5]), kEps, nullptr);
+          GpuRun run;
+          std::vector<Tensor> g, h;
+          for (HostTensor& buffer : fused.gpu) g.push_back(run(buffer));
+          for (HostTensor& buffer : two_ops.gpu) h.push_back(run(buffer));
+          cuda_backend().residual_rmsnorm_forward(rows(g[0]), rows(g[1]), g[2], rows(g[3]),
+                                                  rows(g[4]), cols(g[5]), kEps, nullptr);
+          cuda_backend().residual_forward(rows(h[0]), rows(h[3]), rows(h[4]), nullptr);
+          cuda_backend().rmsnorm_forward(rows(h[1]), h[2], rows(h[0]), cols(h[5]), kEps, nullptr);
+          run.finish();
+          const std::string where =
+              view_case(dtype, N, C, offset) + (block_per_row ? " (8 warps per row)" : "");
+          EXPECT_GT(norm_squared(fused.cpu[1].values()), 0.0);
+          EXPECT_TRUE(gpu_buffers_bitwise_equal(fused, two_ops)) << where;
+          EXPECT_TRUE(bitwise_equal(fused.gpu[0], fused.cpu[0])) << "residual " << where;
+          EXPECT_TRUE(
+              all_close(fused.gpu[1].values(), fused.cpu[1].values(), value_tolerance(dtype)))
+              << where;
+          EXPECT_TRUE(
+              all_close(fused.gpu[2].values(), fused.cpu[2].values(), row_stat_tolerance(C, 1e-11)))
+              << "rstd " << where;
+          EXPECT_TRUE(fused.guards_intact_all()) << where;
+        }
       }
     }
   }

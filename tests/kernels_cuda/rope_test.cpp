@@ -1,7 +1,8 @@
 // Rotary position embedding forward and backward against the CPU twin, every dtype, round and odd
 // shapes (odd T, odd head counts, hd/2 odd, grouped-query and multi-head, a table longer than
-// T; hd/2 a multiple of 8 takes the 128-bit form, the odd ones the element-wise). Bitwise: both backends compute the same two products and one sum per output in fp32
-// without FMA (the kernel's __fmul_rn/__fadd_rn, the CPU's -ffp-contract=off) and round once.
+// T; hd/2 a multiple of 8 takes the 128-bit form, the odd ones the element-wise). Bitwise: both
+// backends compute the same two products and one sum per output in fp32 without FMA (the
+// kernel's __fmul_rn/__fadd_rn, the CPU's -ffp-contract=off) and round once.
 #include "cuda_test_util.h"
 #include "kernels/rope_table.h"
 
