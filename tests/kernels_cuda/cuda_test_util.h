@@ -119,6 +119,14 @@ inline std::string view_case(DType dtype, int64_t rows, int64_t cols, int64_t of
          " at offset " + std::to_string(offset);
 }
 
+// t's elements 1 element into a new buffer of t.numel() + 1 (element 0 uninitialized): the same
+// values at an address misaligned for every dtype, for a scalar path against a vector one.
+inline HostTensor one_element_in(const HostTensor& t) {
+  HostTensor buffer(t.dtype(), {t.numel() + 1});
+  for (int64_t i = 0; i < t.numel(); ++i) buffer.set(i + 1, t.get(i));
+  return buffer;
+}
+
 // Two copies of each buffer, one for the CPU twin and one for the CUDA backend: an op runs on
 // views into each, then every buffer compares whole -- the elements before a view and the guard
 // after it must come back as they were.

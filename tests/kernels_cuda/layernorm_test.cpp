@@ -259,11 +259,7 @@ TEST(CudaLayernorm, ColumnSumsVectorAndScalarPathsGiveTheSameBits) {
       HostTensor mean(DType::F32, {N}), rstd(DType::F32, {N}), out(dtype, {N, C});
       cpu_backend().layernorm_forward(out, mean, rstd, inp, weight, bias, nullptr);
       // The rows again, 1 element into a buffer: misaligned for every dtype.
-      HostTensor shifted_inp(dtype, {N * C + 1}), shifted_dout(dtype, {N * C + 1});
-      for (int64_t i = 0; i < N * C; ++i) {
-        shifted_inp.set(i + 1, inp.get(i));
-        shifted_dout.set(i + 1, dout.get(i));
-      }
+      HostTensor shifted_inp = one_element_in(inp), shifted_dout = one_element_in(dout);
       HostTensor dw_vector = dweight.clone(), db_vector = dbias.clone();
       HostTensor dw_scalar = dweight.clone(), db_scalar = dbias.clone();
       HostTensor dinp_vector(dtype, {N, C}), dinp_scalar(dtype, {N, C});

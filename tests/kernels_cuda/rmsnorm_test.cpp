@@ -154,11 +154,7 @@ TEST(CudaRmsnorm, DweightVectorAndScalarPathsGiveTheSameBits) {
       HostTensor rstd(DType::F32, {N}), out(dtype, {N, C});
       cpu_backend().rmsnorm_forward(out, rstd, inp, weight, kEps, nullptr);
       // The rows again, 1 element into a buffer: misaligned for every dtype.
-      HostTensor shifted_inp(dtype, {N * C + 1}), shifted_dout(dtype, {N * C + 1});
-      for (int64_t i = 0; i < N * C; ++i) {
-        shifted_inp.set(i + 1, inp.get(i));
-        shifted_dout.set(i + 1, dout.get(i));
-      }
+      HostTensor shifted_inp = one_element_in(inp), shifted_dout = one_element_in(dout);
       HostTensor dw_vector = dweight.clone(), dw_scalar = dweight.clone();
       HostTensor dinp_vector = random_tensor(rng, dtype, {N, C}), dinp_scalar = dinp_vector.clone();
       GpuRun run;
