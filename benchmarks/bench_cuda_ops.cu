@@ -163,6 +163,17 @@ std::function<void()> block_per_row(std::function<void()> f) {
   };
 }
 
+// f with 32 rows per warp in the tensor-core attention (set_cuda_attention_warp_rows): the
+// forward at head dims 64 and 128, the backward at 64; elsewhere the same kernels as without.
+// The default 16 restored after each call.
+std::function<void()> attention_warp_rows_32(std::function<void()> f) {
+  return [f = std::move(f)] {
+    set_cuda_attention_warp_rows(32);
+    f();
+    set_cuda_attention_warp_rows(16);
+  };
+}
+
 // Median milliseconds of `runs` calls of f after `warmup` calls, by events on the legacy stream.
 double time_ms(const std::function<void()>& f, int warmup, int runs) {
   for (int i = 0; i < warmup; ++i) f();
@@ -391,8 +402,13 @@ int run(const Options& options) {
        [&] { be.matmul_backward(y, dwte, Tensor(), logits, x, wte, true, nullptr); }},
       {"attention_forward", 0, attention_flops,
        [&] { be.attention_forward(att, lse, qkv, nh, nh, nullptr); }},
+      {"attention_forward (32 rows per warp)", 0, attention_flops,
+       attention_warp_rows_32([&] { be.attention_forward(att, lse, qkv, nh, nh, nullptr); })},
       {"attention_backward", 0, 2.5 * attention_flops,
        [&] { be.attention_backward(dqkv, dx, qkv, att, lse, nh, nh, nullptr); }},
+      {"attention_backward (32 rows per warp)", 0, 2.5 * attention_flops,
+       attention_warp_rows_32(
+           [&] { be.attention_backward(dqkv, dx, qkv, att, lse, nh, nh, nullptr); })},
       // In place on the q and k heads (2C of each 3C row), read and written once; the table once.
       {"rope_forward (q, k heads)", 4 * act + 4.0 * rope_host.size(), 0,
        [&] { be.rope_forward(qkv, freqs, nh, nh, nullptr); }},

@@ -1,12 +1,14 @@
 // Causal self-attention forward on tensor cores, FlashAttention-2 style, for bf16/f16 storage.
 //
-// A block of 4 warps owns 64 query rows of one (b, query head), 16 per warp, and streams its kv
-// head's key and value rows through shared memory in tiles of kKeys rows:
+// A block of 4 warps owns 64 query rows of one (b, query head), 16 per warp (or 128, 32 per
+// warp, at head dims 64 and 128: set_cuda_attention_warp_rows), and streams its kv head's key
+// and value rows through shared memory in tiles of kKeys rows:
 //   - cp.async (16 bytes per copy, .cg: a tile is read once per block) fills a tile while the
 //     previous one is being used: two stages, one commit group per tile;
-//   - S (16, kKeys) = Q K^T per warp with mma.sync m16n8k16 (fp32 accumulators), Q fragments
-//     from ldmatrix (once, kept in registers, for hd <= 128; for hd 256 read again for each
-//     tile, to leave the registers to the (16, 256) fp32 output accumulator);
+//   - S (16, kKeys) = Q K^T per 16-row tile of a warp with mma.sync m16n8k16 (fp32
+//     accumulators), Q fragments from ldmatrix (once, kept in registers, for hd 64 and for hd
+//     128 at 16 rows per warp; otherwise read again for each tile, to leave the registers to
+//     the fp32 output accumulator);
 //   - the online softmax on the accumulator fragments: a lane holds two rows (groupID and
 //     groupID + 8) of every 8-key n-tile, the row max is reduced over the 4 lanes of a quad with
 //     shuffles, exp2f with log2(e) folded into the scale;
@@ -30,73 +32,234 @@
 
 namespace dstrain::cuda::attention {
 
+int& attention_warp_rows() {
+  static int rows = 16;
+  return rows;
+}
+
 namespace {
 
 using namespace mma;
 
-// Tile sizes per head dim. Shared memory: (64 + 2 stages * 2 * kKeys) rows of hd 16-bit
-// elements: 40 KiB (hd 64), 80 KiB (128), 96 KiB (256, with 32-key tiles) -- at most the 99 KiB
-// a block may opt in to on sm_86/sm_89.
-template <int kHeadDim>
+// Tile sizes per head dim and query rows per warp (kWarpTiles 16-row mma tiles: 16 or 32 rows).
+// Shared memory: (block rows + 2 stages * 2 * kKeys) rows of hd 16-bit elements: 40 KiB (hd 64),
+// 80 KiB (128), 96 KiB (256, with 32-key tiles) at 16 rows per warp; 48 KiB (hd 64) and 64 KiB
+// (128, with 32-key tiles) at 32 -- at most the 99 KiB a block may opt in to on sm_86/sm_89.
+//
+// 32 rows per warp: every K and V fragment that ldmatrix brings from shared memory feeds 4 mma
+// instead of 2 (on an H100 an ldmatrix.x4 takes about as long on the shared-memory pipe as two
+// m16n8k16 on the tensor cores), for twice the accumulator registers: hd 64 and 128 only.
+template <int kHeadDim, int kWarpTiles>
 struct Tiling {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
-  static constexpr int kKeys = kHeadDim == 256 ? 32 : 64;  // rows of a streamed K or V tile
+  static_assert(kWarpTiles == 1 || (kWarpTiles == 2 && kHeadDim <= 128), "32 rows: hd <= 128");
+  static constexpr int kWarpQueryRows = kWarpRows * kWarpTiles;  // query rows of a warp
+  static constexpr int kBlockRows = kWarpQueryRows * kWarps;     // query rows of a block
+  // Rows of a streamed K or V tile.
+  static constexpr int kKeys = kHeadDim * kWarpTiles <= 128 ? 64 : 32;
   static constexpr int kStages = 2;
-  static constexpr bool kQInRegisters = kHeadDim <= 128;
+  // Q's A fragments kept in registers across key tiles, or read again for each.
+  static constexpr bool kQInRegisters = kHeadDim * kWarpTiles <= 128;
   static constexpr int kChunks = kHeadDim / kChunkElements;  // 16-byte chunks per row
   static constexpr size_t kSharedBytes =
-      static_cast<size_t>(kQueryRows + 2 * kStages * kKeys) * kHeadDim * 2;
+      static_cast<size_t>(kBlockRows + 2 * kStages * kKeys) * kHeadDim * 2;
 };
 
-// out (B,T,NH*hd), lse (B,NH,T), qkv (B,T,(NH+2KV)*hd). Grid (ceil(T/64), B*NH), 128 threads,
-// Tiling<kHeadDim>::kSharedBytes of dynamic shared memory. scale_log2 = scale * log2(e).
-template <class Element, int kHeadDim>
+// The running state of a warp's rows: lane rows (m, r) = warp_q0 + 16 m + group + 8 r.
+template <int kHeadDim, int kWarpTiles>
+struct WarpRows {
+  float o[kWarpTiles][kHeadDim / 8][4];  // O (16 kWarpTiles, hd), unnormalized
+  float max[kWarpTiles][2];              // of the unscaled scores
+  float sum[kWarpTiles][2];              // this lane's part; the quad's sum at the end
+};
+
+// -inf for the keys of the tile (from k0) after a row (causal) or at or past T (zero-filled).
+template <int kWarpTiles, int kKeyTiles>
+__device__ __forceinline__ void mask_scores(float (&s)[kWarpTiles][kKeyTiles][4], int warp_q0,
+                                            int k0, int T, int lane) {
+  const int group = lane / 4, tig = lane % 4;
+#pragma unroll
+  for (int m = 0; m < kWarpTiles; ++m) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      // The last key of the tile row (m, r) sees, relative to k0.
+      const int last_seen = min(warp_q0 + kWarpRows * m + group + 8 * r, T - 1) - k0;
+#pragma unroll
+      for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+        for (int e = 2 * r; e < 2 * r + 2; ++e) {
+          if (8 * n + 2 * tig + (e & 1) > last_seen) s[m][n][e] = -INFINITY;
+        }
+      }
+    }
+  }
+}
+
+// The online softmax over one key tile: the new row maxima, O and the sums rescaled to them,
+// S replaced by P = exp2(S scale log2(e) - max scale log2(e)) (-inf -> 0), added to the sums.
+template <class State, int kWarpTiles, int kKeyTiles>
+__device__ __forceinline__ void online_softmax(State& state, float (&s)[kWarpTiles][kKeyTiles][4],
+                                               float scale_log2) {
+  constexpr int kDimTiles = sizeof(state.o[0]) / sizeof(state.o[0][0]);
+#pragma unroll
+  for (int m = 0; m < kWarpTiles; ++m) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float tile_max = state.max[m][r];
+#pragma unroll
+      for (int n = 0; n < kKeyTiles; ++n)
+        tile_max = fmaxf(tile_max, fmaxf(s[m][n][2 * r], s[m][n][2 * r + 1]));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float max_scaled = tile_max * scale_log2;
+      const float correction = exp2f(state.max[m][r] * scale_log2 - max_scaled);  // 0 on tile 0
+      state.max[m][r] = tile_max;
+      state.sum[m][r] *= correction;
+#pragma unroll
+      for (int n = 0; n < kDimTiles; ++n) {
+        state.o[m][n][2 * r] *= correction;
+        state.o[m][n][2 * r + 1] *= correction;
+      }
+#pragma unroll
+      for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+        for (int e = 2 * r; e < 2 * r + 2; ++e) {
+          s[m][n][e] = exp2f(fmaf(s[m][n][e], scale_log2, -max_scaled));  // -inf -> 0
+          state.sum[m][r] += s[m][n][e];
+        }
+      }
+    }
+  }
+}
+
+// O += P V over the key steps with an active n-tile: P's accumulator layout is the A fragment of
+// the step's 16 keys; each V fragment pair (ldmatrix .trans: V's rows are B's rows) serves every
+// 16-row tile of the warp.
+template <class Element, int kHeadDim, int kWarpTiles, int kKeyTiles>
+__device__ __forceinline__ void accumulate_pv(float (&o)[kWarpTiles][kHeadDim / 8][4],
+                                              const float (&p)[kWarpTiles][kKeyTiles][4],
+                                              const Element* v_tile, int lane, int active_tiles) {
+  using Core = TensorCore<Element>;
+#pragma unroll
+  for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
+    if (2 * kk >= active_tiles) continue;
+    uint32_t a[kWarpTiles][4];
+#pragma unroll
+    for (int m = 0; m < kWarpTiles; ++m) pack_a_fragment<Element>(a[m], p[m], kk);
+#pragma unroll
+    for (int dp = 0; dp < kHeadDim / 16; ++dp) {
+      uint32_t b0[2], b1[2];
+      load_b_pair_trans<kHeadDim>(b0, b1, v_tile, lane, kk, dp);
+#pragma unroll
+      for (int m = 0; m < kWarpTiles; ++m) {
+        Core::mma(o[m][2 * dp], a[m], b0);
+        Core::mma(o[m][2 * dp + 1], a[m], b1);
+      }
+    }
+  }
+}
+
+// The warp's rows leave: lse = max * scale + log(sum) (natural log, as the fp32 kernel and the
+// backward use), O / sum through the warp's own Q rows of shared memory (only this warp read
+// them) and 128-bit stores. `o_tile` is the block's Q tile, `row0` the warp's first row in it.
+template <class Tile, class Element, class State>
+__device__ __forceinline__ void store_warp_rows(Element* out_head, int64_t C, float* lse_head,
+                                                Element* o_tile, const State& state, int row0,
+                                                int warp_q0, int T, float scale, int lane) {
+  using Core = TensorCore<Element>;
+  constexpr int kHeadDim = Tile::kChunks * kChunkElements;
+  constexpr int kWarpTiles = Tile::kWarpQueryRows / kWarpRows;
+  const int group = lane / 4, tig = lane % 4;
+  float inv_sum[kWarpTiles][2];
+#pragma unroll
+  for (int m = 0; m < kWarpTiles; ++m) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = state.sum[m][r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      inv_sum[m][r] = sum > 0.0f ? 1.0f / sum : 0.0f;  // 0: a warp entirely past T computed nothing
+      const int t = warp_q0 + kWarpRows * m + group + 8 * r;
+      if (tig == 0 && t < T) lse_head[t] = state.max[m][r] * scale + logf(sum);
+    }
+  }
+  // Every lane must be past its last ldmatrix of these rows before any overwrites them
+  // (compute-sanitizer's racecheck flagged the writes on an H200 without this barrier: lanes of
+  // a warp are not ordered without one).
+  __syncwarp();
+#pragma unroll
+  for (int m = 0; m < kWarpTiles; ++m) {
+#pragma unroll
+    for (int n = 0; n < kHeadDim / 8; ++n) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = row0 + kWarpRows * m + group + 8 * r;
+        const uint32_t pair = Core::pack(state.o[m][n][2 * r] * inv_sum[m][r],
+                                         state.o[m][n][2 * r + 1] * inv_sum[m][r]);
+        *reinterpret_cast<uint32_t*>(o_tile + swizzled<kHeadDim>(row, n) + 2 * tig) = pair;
+      }
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int k = 0; k < Tile::kWarpQueryRows * Tile::kChunks / 32; ++k) {
+    const int idx = lane + 32 * k;
+    const int row = idx / Tile::kChunks, chunk = idx % Tile::kChunks;
+    const int t = warp_q0 + row;
+    if (t >= T) continue;
+    const uint4 chunk_value =
+        *reinterpret_cast<const uint4*>(o_tile + swizzled<kHeadDim>(row0 + row, chunk));
+    // Default caching (not .cs): the output projection reads it next.
+    store_128(reinterpret_cast<uint4*>(out_head + t * C + chunk * kChunkElements), chunk_value);
+  }
+}
+
+// out (B,T,NH*hd), lse (B,NH,T), qkv (B,T,(NH+2KV)*hd). Grid (ceil(T/kBlockRows), B*NH), 128
+// threads, Tiling<kHeadDim, kWarpTiles>::kSharedBytes of dynamic shared memory.
+// scale_log2 = scale * log2(e).
+template <class Element, int kHeadDim, int kWarpTiles>
 __global__ void __launch_bounds__(kThreads)
     attention_forward_mma_kernel(Element* out, float* lse, const Element* qkv, int T, int NH,
                                  int KV, float scale, float scale_log2) {
-  using Tile = Tiling<kHeadDim>;
-  using Core = TensorCore<Element>;
-  constexpr int kKeys = Tile::kKeys;
-  constexpr int kKeyTiles = kKeys / 8;      // 8-key n-tiles of S
-  constexpr int kDimTiles = kHeadDim / 8;   // 8-column n-tiles of O
-  constexpr int kDimSteps = kHeadDim / 16;  // 16-column k-steps of Q K^T
-  constexpr int kKeySteps = kKeys / 16;     // 16-key k-steps of P V
+  using Tile = Tiling<kHeadDim, kWarpTiles>;
+  constexpr int kKeys = Tile::kKeys, kBlockRows = Tile::kBlockRows;
+  constexpr int kKeyTiles = kKeys / 8;  // 8-key n-tiles of S
   constexpr int kTileElements = kKeys * kHeadDim;
 
   // uint4: 16-byte alignment for cp.async and ldmatrix, and one extern name for every Element.
   DSTRAIN_DYNAMIC_SHARED(uint4, shared_chunks);
-  Element* q_tile = reinterpret_cast<Element*>(shared_chunks);  // (64, hd)
-  Element* k_tiles = q_tile + kQueryRows * kHeadDim;            // (stages, kKeys, hd)
+  Element* q_tile = reinterpret_cast<Element*>(shared_chunks);  // (kBlockRows, hd)
+  Element* k_tiles = q_tile + kBlockRows * kHeadDim;            // (stages, kKeys, hd)
   Element* v_tiles = k_tiles + Tile::kStages * kTileElements;   // (stages, kKeys, hd)
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int group = lane / 4, tig = lane % 4;  // the mma fragments' groupID, thread-in-group
   // The last query blocks have the most key tiles: launched first, they do not trail the grid.
-  const int q0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * kQueryRows;
+  const int q0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * kBlockRows;
   const int b = blockIdx.y / NH, h = blockIdx.y % NH, kv_head = h / (NH / KV);
-  const int64_t width = int64_t{NH + 2 * KV} * kHeadDim,
-                C = int64_t{NH} * kHeadDim;  // qkv, out row
+  const int64_t width = int64_t{NH + 2 * KV} * kHeadDim;  // a qkv row
   const Element* batch = qkv + int64_t{b} * T * width;
-  const Element* q_head = batch + h * kHeadDim;
   const Element* k_head = batch + (NH + kv_head) * kHeadDim;
   const Element* v_head = batch + (NH + KV + kv_head) * kHeadDim;
 
-  const int warp_row0 = q0 + kWarpRows * warp;                     // this warp's first query row
-  const int rows[2] = {warp_row0 + group, warp_row0 + group + 8};  // this lane's two rows
-  const int visible_end = min(q0 + kQueryRows, T);                 // keys [0, visible_end) are seen
-  const int key_tiles = (visible_end + kKeys - 1) / kKeys;
+  const int row0 = Tile::kWarpQueryRows * warp;  // this warp's first row in the block's tiles
+  const int warp_q0 = q0 + row0;                 // and its first query row
+  const int key_tiles = (min(q0 + kBlockRows, T) + kKeys - 1) / kKeys;  // keys the block sees
 
-  load_tile_async<kQueryRows, kHeadDim>(q_tile, q_head, width, q0, T);
+  load_tile_async<kBlockRows, kHeadDim>(q_tile, batch + h * kHeadDim, width, q0, T);
   load_tile_async<kKeys, kHeadDim>(k_tiles, k_head, width, 0, T);
   load_tile_async<kKeys, kHeadDim>(v_tiles, v_head, width, 0, T);
   cp_async_commit_group();
 
-  uint32_t q_fragments[Tile::kQInRegisters ? kDimSteps : 1][4];
-  float o[kDimTiles][4];                      // O (16, hd) of this warp: rows group, group + 8
-  float row_max[2] = {-INFINITY, -INFINITY};  // of the unscaled scores
-  float row_sum[2] = {0.0f, 0.0f};            // this lane's part; the quad's sum at the end
+  uint32_t q_fragments[kWarpTiles][Tile::kQInRegisters ? kHeadDim / 16 : 1][4];  // or unused
+  WarpRows<kHeadDim, kWarpTiles> state;
 #pragma unroll
-  for (int n = 0; n < kDimTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  for (int m = 0; m < kWarpTiles; ++m) {
+    state.max[m][0] = state.max[m][1] = -INFINITY;
+    state.sum[m][0] = state.sum[m][1] = 0.0f;
+#pragma unroll
+    for (int n = 0; n < kHeadDim / 8; ++n)
+      state.o[m][n][0] = state.o[m][n][1] = state.o[m][n][2] = state.o[m][n][3] = 0.0f;
+  }
 
   for (int tile = 0; tile < key_tiles; ++tile) {
     const int stage = tile % Tile::kStages;
@@ -113,158 +276,44 @@ __global__ void __launch_bounds__(kThreads)
                                        T);
       cp_async_commit_group();
     }
-    const Element* k_tile = k_tiles + stage * kTileElements;
-    const Element* v_tile = v_tiles + stage * kTileElements;
-
     if constexpr (Tile::kQInRegisters) {
-      if (tile == 0) {
-#pragma unroll
-        for (int kk = 0; kk < kDimSteps; ++kk)
-          load_a_fragment<kHeadDim>(q_fragments[kk], q_tile, kWarpRows * warp, lane, kk);
-      }
+      if (tile == 0) load_warp_fragments<kHeadDim>(q_fragments, q_tile, row0, lane);
     }
 
     // 8-key n-tiles with a key that some row of this warp sees (warp-uniform): the causal
     // bound, then the sequence's end; none for a warp whose rows are all past T. The first tile
     // is never empty for the others (every row sees key 0), so their running max is finite
     // from then on.
-    const int seen = warp_row0 < T ? min(warp_row0 + kWarpRows, T) - k0 : 0;
+    const int seen = warp_q0 < T ? min(warp_q0 + Tile::kWarpQueryRows, T) - k0 : 0;
     const int active_tiles = min(kKeyTiles, (max(seen, 0) + 7) / 8);
-    if (active_tiles > 0) {
-      // ---- S = Q K^T (unscaled) ----
-      float s[kKeyTiles][4];
-#pragma unroll
-      for (int n = 0; n < kKeyTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < kDimSteps; ++kk) {
-        uint32_t a[4];
-        if constexpr (Tile::kQInRegisters) {
-          for (int i = 0; i < 4; ++i) a[i] = q_fragments[kk][i];
-        } else {
-          load_a_fragment<kHeadDim>(a, q_tile, kWarpRows * warp, lane, kk);
-        }
-#pragma unroll
-        for (int np = 0; np < kKeyTiles / 2; ++np) {
-          if (2 * np >= active_tiles) continue;
-          // B fragments of n-tiles 2np, 2np + 1: K's rows are B's columns (.col).
-          uint32_t b0[2], b1[2];
-          load_b_pair<kHeadDim>(b0, b1, k_tile, lane, np, kk);
-          Core::mma(s[2 * np], a, b0);
-          Core::mma(s[2 * np + 1], a, b1);
-        }
-      }
-
-      // ---- mask: keys after the row (causal), keys >= T (zero-filled); the skipped n-tiles
-      // lie past every row's last key, so this masks them too ----
-      if (k0 + kKeys - 1 > warp_row0 || k0 + kKeys > T) {  // the diagonal or the end
-        // The last key of the tile each of this lane's rows sees, relative to k0.
-        const int last_seen[2] = {min(rows[0], T - 1) - k0, min(rows[1], T - 1) - k0};
-#pragma unroll
-        for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            if (8 * n + 2 * tig + (e & 1) > last_seen[e / 2]) s[n][e] = -INFINITY;
-          }
-        }
-      }
-
-      // ---- online softmax: rescale O and the sums to the new row max, P = exp2 ----
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float tile_max = row_max[r];
-#pragma unroll
-        for (int n = 0; n < kKeyTiles; ++n)
-          tile_max = fmaxf(tile_max, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        const float max_scaled = tile_max * scale_log2;
-        const float correction = exp2f(row_max[r] * scale_log2 - max_scaled);  // 0 on tile 0
-        row_max[r] = tile_max;
-        row_sum[r] *= correction;
-#pragma unroll
-        for (int n = 0; n < kDimTiles; ++n) {
-          o[n][2 * r] *= correction;
-          o[n][2 * r + 1] *= correction;
-        }
-#pragma unroll
-        for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-          for (int e = 2 * r; e < 2 * r + 2; ++e) {
-            s[n][e] = exp2f(fmaf(s[n][e], scale_log2, -max_scaled));  // -inf -> 0
-            row_sum[r] += s[n][e];
-          }
-        }
-      }
-
-      // ---- O += P V: P's accumulator layout is the A fragment of the k-step's 16 keys ----
-#pragma unroll
-      for (int kk = 0; kk < kKeySteps; ++kk) {
-        if (2 * kk >= active_tiles) continue;
-        uint32_t p[4];
-        pack_a_fragment<Element>(p, s, kk);
-#pragma unroll
-        for (int dp = 0; dp < kDimTiles / 2; ++dp) {
-          // B fragments of column n-tiles 2dp, 2dp + 1, transposed: V's rows are B's rows.
-          uint32_t b0[2], b1[2];
-          load_b_pair_trans<kHeadDim>(b0, b1, v_tile, lane, kk, dp);
-          Core::mma(o[2 * dp], p, b0);
-          Core::mma(o[2 * dp + 1], p, b1);
-        }
-      }
-    }
+    if (active_tiles == 0) continue;
+    const Element* k_tile = k_tiles + stage * kTileElements;
+    float s[kWarpTiles][kKeyTiles][4];
+    // S = Q K^T (unscaled)
+    warp_products<Tile::kQInRegisters, kHeadDim>(s, q_fragments, q_tile, k_tile, row0, lane,
+                                                 active_tiles);
+    // The skipped n-tiles lie past every row's last key, so masking covers them too.
+    if (k0 + kKeys - 1 > warp_q0 || k0 + kKeys > T) mask_scores(s, warp_q0, k0, T, lane);
+    online_softmax(state, s, scale_log2);
+    accumulate_pv<Element, kHeadDim>(state.o, s, v_tiles + stage * kTileElements, lane,
+                                     active_tiles);
   }
 
-  // ---- epilogue: O / sum through the warp's own Q rows in shared memory, lse ----
-  float inv_sum[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    inv_sum[r] = sum > 0.0f ? 1.0f / sum : 0.0f;  // 0: a warp entirely past T computed nothing
-    if (tig == 0 && rows[r] < T) {
-      lse[(int64_t{b} * NH + h) * T + rows[r]] = row_max[r] * scale + logf(sum);
-    }
-  }
-  // Only this warp reads (read) its 16 Q rows, so it alone may overwrite them, once all its
-  // lanes are past their last ldmatrix of them (compute-sanitizer's racecheck flagged the
-  // writes on an H200 without this barrier: lanes of a warp are not ordered without one).
-  Element* o_tile = q_tile;  // (64, hd), swizzled like Q
-  __syncwarp();
-#pragma unroll
-  for (int n = 0; n < kDimTiles; ++n) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = kWarpRows * warp + group + 8 * r;
-      const uint32_t pair = Core::pack(o[n][2 * r] * inv_sum[r], o[n][2 * r + 1] * inv_sum[r]);
-      *reinterpret_cast<uint32_t*>(o_tile + swizzled<kHeadDim>(row, n) + 2 * tig) = pair;
-    }
-  }
-  __syncwarp();
-#pragma unroll
-  for (int k = 0; k < kWarpRows * Tile::kChunks / 32; ++k) {
-    const int idx = lane + 32 * k;
-    const int row = idx / Tile::kChunks, chunk = idx % Tile::kChunks;
-    const int t = warp_row0 + row;
-    if (t >= T) continue;
-    const uint4 chunk_value =
-        *reinterpret_cast<const uint4*>(o_tile + swizzled<kHeadDim>(kWarpRows * warp + row, chunk));
-    // Default caching (not .cs): the output projection reads it next.
-    store_128(reinterpret_cast<uint4*>(out + (int64_t{b} * T + t) * C + h * kHeadDim +
-                                       chunk * kChunkElements),
-              chunk_value);
-  }
+  store_warp_rows<Tile>(out + int64_t{b} * T * NH * kHeadDim + h * kHeadDim, int64_t{NH} * kHeadDim,
+                        lse + (int64_t{b} * NH + h) * T, q_tile, state, row0, warp_q0, T, scale,
+                        lane);
 }
 
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, int kWarpTiles>
 void launch_forward_mma(const QkvShape& s, Tensor out, Tensor lse, Tensor qkv,
                         cudaStream_t stream) {
-  constexpr size_t shared_bytes = Tiling<kHeadDim>::kSharedBytes;
-  allow_shared_memory(attention_forward_mma_kernel<Element, kHeadDim>, shared_bytes);
-  const dim3 grid(ceil_div(s.T, kQueryRows), static_cast<unsigned>(s.B * s.NH));
+  using Tile = Tiling<kHeadDim, kWarpTiles>;
+  allow_shared_memory(attention_forward_mma_kernel<Element, kHeadDim, kWarpTiles>,
+                      Tile::kSharedBytes);
+  const dim3 grid(ceil_div(s.T, Tile::kBlockRows), static_cast<unsigned>(s.B * s.NH));
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
-  DSTRAIN_LAUNCH((attention_forward_mma_kernel<Element, kHeadDim>), grid, kThreads, shared_bytes,
-                 stream)
+  DSTRAIN_LAUNCH((attention_forward_mma_kernel<Element, kHeadDim, kWarpTiles>), grid, kThreads,
+                 Tile::kSharedBytes, stream)
   (static_cast<Element*>(out.data), lse.f32(), static_cast<const Element*>(qkv.data),
    static_cast<int>(s.T), static_cast<int>(s.NH), static_cast<int>(s.KV), scale, scale * kLog2e);
   CUDA_CHECK_LAUNCH();
@@ -272,13 +321,16 @@ void launch_forward_mma(const QkvShape& s, Tensor out, Tensor lse, Tensor qkv,
 
 template <class Element>
 void dispatch_head_dim(const QkvShape& s, Tensor out, Tensor lse, Tensor qkv, cudaStream_t stream) {
+  const bool wide = attention_warp_rows() == 32;
   switch (s.hd) {
     case 64:
-      return launch_forward_mma<Element, 64>(s, out, lse, qkv, stream);
+      return wide ? launch_forward_mma<Element, 64, 2>(s, out, lse, qkv, stream)
+                  : launch_forward_mma<Element, 64, 1>(s, out, lse, qkv, stream);
     case 128:
-      return launch_forward_mma<Element, 128>(s, out, lse, qkv, stream);
+      return wide ? launch_forward_mma<Element, 128, 2>(s, out, lse, qkv, stream)
+                  : launch_forward_mma<Element, 128, 1>(s, out, lse, qkv, stream);
     default:
-      return launch_forward_mma<Element, 256>(s, out, lse, qkv, stream);
+      return launch_forward_mma<Element, 256, 1>(s, out, lse, qkv, stream);
   }
 }
 
@@ -301,3 +353,11 @@ void attention_forward_mma(const QkvShape& s, Tensor out, Tensor lse, Tensor qkv
 }
 
 }  // namespace dstrain::cuda::attention
+
+namespace dstrain {
+
+void set_cuda_attention_warp_rows(int rows) {
+  cuda::attention::attention_warp_rows() = rows == 32 ? 32 : 16;
+}
+
+}  // namespace dstrain

@@ -9,6 +9,11 @@
 
 namespace dstrain::cuda::attention {
 
+// Rows of the mma tiles a warp owns (16, the default, or 32): query rows of the forward at head
+// dims 64 and 128, key rows of the backward's dK/dV kernel at head dim 64; elsewhere 16. One
+// value per process, set by set_cuda_attention_warp_rows (cuda_backend.h).
+int& attention_warp_rows();
+
 // Whether attention_forward_mma takes this case: qkv and out both BF16 or both F16, hd 64, 128
 // or 256, both base pointers 16-byte aligned (every row then starts on a 16-byte boundary:
 // cp.async and the 128-bit stores move 8 elements at a time).

@@ -1,23 +1,26 @@
 // Causal self-attention backward on tensor cores, FlashAttention-2 style, for bf16/f16 storage
 // and head dims 64, 128, 256 (the forward: cuda_attention_mma.cu; shared pieces:
 // cuda_attention_mma_common.cuh). Probabilities are recomputed from q, k and the saved lse; no
-// T x T matrix exists. Three kernels:
-//   1. delta (B,NH,T) fp32 = rowsum(dO * O), 128-bit loads, a fixed-order shuffle sum;
+// T x T matrix exists. Two kernels, dQ first:
+//   1. dQ: a block owns 64 query rows of one (b, query head), 16 per warp (128, 32 per warp, at
+//      hd 64 with set_cuda_attention_warp_rows(32)). It first computes
+//      delta (B,NH,T) fp32 = rowsum(dO * O) of its rows (dO from its tile, O with 128-bit loads,
+//      a fixed-order shuffle sum) and stores it for the dK/dV kernel; then it streams its kv
+//      head's key tiles in ascending order: S = Q K^T, P, dP = dO V^T, dS as below, dQ += dS K
+//      (K from ldmatrix .trans); scaled at the end. Key tiles past the block's last query are not
+//      loaded, n-tiles above a warp's rows not computed.
 //   2. dK, dV: a block of 4 warps owns kKeys = 64 key rows of one (b, kv head) (32 for hd 256,
 //      where each 16 key rows belong to 2 warps that split the head-dim columns of dK and dV so
-//      that the two (16, 128) fp32 accumulators fit the registers). It streams the query tiles
+//      that the two (16, 128) fp32 accumulators fit the registers; 128, 32 per warp, at hd 64
+//      with set_cuda_attention_warp_rows(32)). It streams the query tiles
 //      that see its keys, of each of the kv head's query heads in ascending order, through two
 //      cp.async stages, and per warp and tile:
-//        S^T (16 keys, queries) = K Q^T   (mma: K's rows the A operand, Q's rows B's columns)
+//        S^T (keys, queries) = K Q^T      (mma: K's rows the A operand, Q's rows B's columns)
 //        P^T = exp2(S^T scale log2(e) - lse log2(e)), masked (causal, past T)
 //        dP^T = V dO^T,  dS^T = P^T * (dP^T - delta)
 //        dV += P^T dO,   dK += dS^T Q     (P^T, dS^T rounded to 16 bits: the accumulators' layout
 //                                          is the A fragment's; dO, Q from ldmatrix .trans)
 //      dK is scaled once at the end. Query tiles wholly above a warp's keys are skipped.
-//   3. dQ: a block owns 64 query rows of one (b, query head), 16 per warp, and streams its kv
-//      head's key tiles in ascending order: S = Q K^T, P, dP = dO V^T, dS as above, dQ += dS K
-//      (K from ldmatrix .trans); scaled at the end. Key tiles past the block's last query are not
-//      loaded, n-tiles above a warp's rows not computed.
 // dq, dk, dv are written (not accumulated) into dqkv through shared memory with 128-bit stores.
 // Deterministic: every sum in a fixed order (the mma's, the loops'), no atomics; dQ has its own
 // kernel rather than atomic adds from the dK/dV kernel. Against the CPU twin the results differ
@@ -35,77 +38,99 @@ namespace {
 
 using namespace mma;
 
-// Tile sizes per head dim, and shared memory (16-bit tiles, fp32 lse/delta rows):
-//   dK/dV: K, V (kKeys, hd) + 2 stages of Q, dO (kQueries, hd) + 2 stages of lse, delta
-//          (kQueries): 49 KiB (hd 64), 48.3 KiB (128), 64.3 KiB (256) -- 16-row query tiles
-//          for hd 128 and 256 keep the S^T, dP^T fragments small next to the (16, 128) dK and
-//          dV accumulators: 229 and 247 registers, no spills (32 rows spilled at hd 256);
-//   dQ:    Q, dO (64, hd) + 2 stages of K, V (kDqKeys, hd): 48, 64, 96 KiB.
-// At most the 99 KiB a block may opt in to on sm_86/sm_89.
-template <int kHeadDim>
-struct BackwardTiling {
+// Tile sizes per head dim, and shared memory (16-bit tiles, fp32 lse/delta rows), at most the
+// 99 KiB a block may opt in to on sm_86/sm_89.
+//
+// dK/dV: K, V (kKeys, hd) + 2 stages of Q, dO (kQueries, hd) + 2 stages of lse, delta
+// (kQueries): 49 KiB (hd 64), 48.3 KiB (128), 64.3 KiB (256) -- 16-row query tiles for hd 128
+// and 256 keep the S^T, dP^T fragments small next to the (16, 128) dK and dV accumulators: 229
+// and 247 registers, no spills (32 rows spilled at hd 256). At hd 64 a warp may own 32 key rows
+// (kWarpTiles 2, set_cuda_attention_warp_rows): every Q and dO fragment read from shared memory
+// then feeds 4 mma instead of 2, with 32-row query tiles for the registers: 48.3 KiB.
+template <int kHeadDim, int kWarpTiles>
+struct DkdvTiling {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
+  static_assert(kWarpTiles == 1 || (kWarpTiles == 2 && kHeadDim == 64), "32 key rows: hd 64");
   static constexpr int kStages = 2;
-  static constexpr int kChunks = kHeadDim / kChunkElements;  // 16-byte chunks per row
-  // dK/dV kernel: warps per 16 key rows (each owning kHeadDim / kColumnSplit columns of dK, dV).
+  // Warps per key rows (each owning kHeadDim / kColumnSplit columns of dK, dV).
   static constexpr int kColumnSplit = kHeadDim == 256 ? 2 : 1;
   static constexpr int kWarpColumns = kHeadDim / kColumnSplit;
-  static constexpr int kKeys = kWarps / kColumnSplit * kWarpRows;  // key rows of a block
-  static constexpr int kQueries = kHeadDim == 64 ? 64 : 16;        // rows of a query tile
-  static constexpr size_t kDkdvSharedBytes =
+  static constexpr int kWarpKeys = kWarpRows * kWarpTiles;                // key rows of a warp
+  static constexpr int kKeys = kWarps / kColumnSplit * kWarpKeys;         // key rows of a block
+  static constexpr int kQueries = kHeadDim == 64 ? 64 / kWarpTiles : 16;  // rows of a query tile
+  static constexpr size_t kSharedBytes =
       static_cast<size_t>(2 * kKeys + 2 * kStages * kQueries) * kHeadDim * 2 +
       2 * kStages * kQueries * sizeof(float);
-  // dQ kernel: rows of a streamed K or V tile; Q and dO fragments kept in registers (hd 64) or
-  // read again for each tile.
-  static constexpr int kDqKeys = kHeadDim == 64 ? 64 : kHeadDim == 128 ? 32 : 16;
-  static constexpr bool kDqFragmentsInRegisters = kHeadDim == 64;
-  static constexpr size_t kDqSharedBytes =
-      static_cast<size_t>(2 * kQueryRows + 2 * kStages * kDqKeys) * kHeadDim * 2;
 };
 
-// delta (B,NH,T) = sum_d dout * out for each (b, t, head) row of dout, out (B,T,NH*hd): kChunks
-// lanes per row, 8 products each, then a butterfly over the row's lanes (a fixed order).
-// Grid ceil(rows / (kThreads / kChunks)), kThreads.
-template <class Element, int kHeadDim>
-__global__ void __launch_bounds__(kThreads)
-    attention_delta_mma_kernel(float* delta, const Element* dout, const Element* out, int64_t rows,
-                               int T, int NH) {
+// dQ: Q, dO (64, hd) + 2 stages of K, V (kKeys, hd) + delta (64): 48, 64, 96 KiB + 256 B. Q and
+// dO fragments kept in registers (hd 64) or read again for each tile. At hd 64 a warp may own 32
+// query rows (kWarpTiles 2, set_cuda_attention_warp_rows): each K and V fragment then feeds 4
+// mma instead of 2, with 32-key tiles for the registers: 48.5 KiB.
+template <int kHeadDim, int kWarpTiles>
+struct DqTiling {
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
+  static_assert(kWarpTiles == 1 || (kWarpTiles == 2 && kHeadDim == 64), "32 query rows: hd 64");
+  static constexpr int kStages = 2;
+  static constexpr int kChunks = kHeadDim / kChunkElements;      // 16-byte chunks per row
+  static constexpr int kWarpQueryRows = kWarpRows * kWarpTiles;  // query rows of a warp
+  static constexpr int kBlockRows = kWarpQueryRows * kWarps;     // query rows of a block
+  static constexpr int kKeys = kHeadDim == 64 ? 64 / kWarpTiles : kHeadDim == 128 ? 32 : 16;
+  static constexpr bool kFragmentsInRegisters = kHeadDim == 64;
+  static constexpr size_t kSharedBytes =
+      static_cast<size_t>(2 * kBlockRows + 2 * kStages * kKeys) * kHeadDim * 2 +
+      kBlockRows * sizeof(float);
+};
+
+// delta = rowsum(dO * O) of a warp's kRows query rows [t0, t0 + kRows) of one head: dO from the
+// block's swizzled tile (the warp's rows from `row0`), O from global memory with 128-bit loads
+// (`out_head` its row 0, rows C elements apart). kChunks lanes per row, 8 products each in order,
+// then a butterfly over the row's lanes: a fixed order. Rows at or past T get 0 (their dO rows
+// are zero-filled) and are not stored. Each row's sum goes to `block_delta[row0 + row]` (shared)
+// and `head_delta[t]` (the (B,NH,T) scratch the dK/dV kernel reads).
+template <class Element, int kHeadDim, int kRows>
+__device__ __forceinline__ void warp_delta(float* block_delta, float* head_delta,
+                                           const Element* do_tile, const Element* out_head,
+                                           int64_t C, int row0, int t0, int T, int lane) {
   using Core = TensorCore<Element>;
   constexpr int kChunks = kHeadDim / kChunkElements;
-  constexpr int kRowsPerBlock = kThreads / kChunks;
-  const int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + threadIdx.x / kChunks;  // (b, t, h)
-  const int chunk = threadIdx.x % kChunks;
-  float sum = 0.0f;
-  if (row < rows) {
-    const int64_t offset = row * kHeadDim + chunk * kChunkElements;
-    const uint4 dout_bits = load_128(reinterpret_cast<const uint4*>(dout + offset));
-    const uint4 out_bits = load_128(reinterpret_cast<const uint4*>(out + offset));
-    Element dout_values[kChunkElements], out_values[kChunkElements];
-    memcpy(static_cast<void*>(dout_values), &dout_bits, 16);
-    memcpy(static_cast<void*>(out_values), &out_bits, 16);
+  constexpr int kRowsPerPass = 32 / kChunks;
+  const int chunk = lane % kChunks;
 #pragma unroll
-    for (int k = 0; k < kChunkElements; ++k)
-      sum += Core::to_float(dout_values[k]) * Core::to_float(out_values[k]);
-  }
+  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+    const int row = pass * kRowsPerPass + lane / kChunks, t = t0 + row;
+    float sum = 0.0f;
+    if (t < T) {
+      const uint4 out_bits =
+          load_128(reinterpret_cast<const uint4*>(out_head + t * C + chunk * kChunkElements));
+      const uint4 dout_bits =
+          *reinterpret_cast<const uint4*>(do_tile + swizzled<kHeadDim>(row0 + row, chunk));
+      Element dout_values[kChunkElements], out_values[kChunkElements];
+      memcpy(static_cast<void*>(dout_values), &dout_bits, 16);
+      memcpy(static_cast<void*>(out_values), &out_bits, 16);
 #pragma unroll
-  for (int offset = kChunks / 2; offset > 0; offset /= 2)
-    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (row < rows && chunk == 0) {
-    const int64_t h = row % NH, bt = row / NH;
-    delta[(bt / T * NH + h) * T + bt % T] = sum;
+      for (int k = 0; k < kChunkElements; ++k)
+        sum += Core::to_float(dout_values[k]) * Core::to_float(out_values[k]);
+    }
+#pragma unroll
+    for (int offset = kChunks / 2; offset > 0; offset /= 2)
+      sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (chunk == 0) {
+      block_delta[row0 + row] = sum;
+      if (t < T) head_delta[t] = sum;
+    }
   }
 }
 
 // Issues the cp.async copies of one query tile of the dK/dV kernel into `stage` (Q and dO rows
 // [q0, q0 + kQueries) of query head h) and stores the tile's lse * log2(e) (+inf past T: P = 0)
 // and delta (0 past T) with plain stores: the barrier that publishes the copies publishes them.
-template <class Element, int kHeadDim>
+template <int kQueries, int kHeadDim, class Element>
 __device__ __forceinline__ void load_query_tile(Element* q_tile, Element* do_tile, float* tile_lse,
                                                 float* tile_delta, const Element* batch_qkv,
                                                 const Element* batch_dout, const float* head_lse,
                                                 const float* head_delta, int h, int q0, int T,
                                                 int64_t width, int64_t C) {
-  constexpr int kQueries = BackwardTiling<kHeadDim>::kQueries;
   load_tile_async<kQueries, kHeadDim>(q_tile, batch_qkv + h * kHeadDim, width, q0, T);
   load_tile_async<kQueries, kHeadDim>(do_tile, batch_dout + h * kHeadDim, C, q0, T);
   cp_async_commit_group();
@@ -153,20 +178,131 @@ __device__ __forceinline__ void accumulator_to_tile(Element* tile, const float (
   }
 }
 
+// dK/dV kernel helpers. A warp owns kWarpTiles 16-row tiles of keys (rows (m, r) of a lane:
+// warp_key0 + 16 m + group + 8 r) and kColumnTiles 8-column n-tiles of dK and dV.
+
+// S^T = K Q^T and dP^T = V dO^T (16 kWarpTiles keys, kQueryTiles 8-query n-tiles) of one query
+// tile; each Q and dO fragment pair serves every 16-key tile of the warp.
+template <class Element, int kHeadDim, int kWarpTiles, int kQueryTiles>
+__device__ __forceinline__ void transposed_scores(float (&s)[kWarpTiles][kQueryTiles][4],
+                                                  float (&dp)[kWarpTiles][kQueryTiles][4],
+                                                  const Element* k_tile, const Element* v_tile,
+                                                  const Element* q_tile, const Element* do_tile,
+                                                  int warp_key0, int lane) {
+  using Core = TensorCore<Element>;
+#pragma unroll
+  for (int m = 0; m < kWarpTiles; ++m) {
+#pragma unroll
+    for (int n = 0; n < kQueryTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[m][n][e] = dp[m][n][e] = 0.0f;
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    uint32_t a[kWarpTiles][4], b0[2], b1[2];
+#pragma unroll
+    for (int m = 0; m < kWarpTiles; ++m)
+      load_a_fragment<kHeadDim>(a[m], k_tile, warp_key0 + kWarpRows * m, lane, kk);
+#pragma unroll
+    for (int np = 0; np < kQueryTiles / 2; ++np) {
+      load_b_pair<kHeadDim>(b0, b1, q_tile, lane, np, kk);
+#pragma unroll
+      for (int m = 0; m < kWarpTiles; ++m) {
+        Core::mma(s[m][2 * np], a[m], b0);
+        Core::mma(s[m][2 * np + 1], a[m], b1);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < kWarpTiles; ++m)
+      load_a_fragment<kHeadDim>(a[m], v_tile, warp_key0 + kWarpRows * m, lane, kk);
+#pragma unroll
+    for (int np = 0; np < kQueryTiles / 2; ++np) {
+      load_b_pair<kHeadDim>(b0, b1, do_tile, lane, np, kk);
+#pragma unroll
+      for (int m = 0; m < kWarpTiles; ++m) {
+        Core::mma(dp[m][2 * np], a[m], b0);
+        Core::mma(dp[m][2 * np + 1], a[m], b1);
+      }
+    }
+  }
+}
+
+// P^T and dS^T = P^T (dP^T - delta) in place of S^T and dP^T: query i = q0 + column sees key j
+// when j <= i < T (lse +inf past T, so P = 0 there too).
+template <int kWarpTiles, int kQueryTiles>
+__device__ __forceinline__ void probabilities_and_ds(float (&s)[kWarpTiles][kQueryTiles][4],
+                                                     float (&dp)[kWarpTiles][kQueryTiles][4],
+                                                     const float* tile_lse, const float* tile_delta,
+                                                     int key0, int q0, int T, float scale_log2,
+                                                     int lane) {
+  const int group = lane / 4, tig = lane % 4;
+#pragma unroll
+  for (int m = 0; m < kWarpTiles; ++m) {
+#pragma unroll
+    for (int n = 0; n < kQueryTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int column = 8 * n + 2 * tig + (e & 1);
+        const int i = q0 + column, j = key0 + kWarpRows * m + group + 8 * (e / 2);
+        const float p =
+            i >= j && i < T ? exp2f(fmaf(s[m][n][e], scale_log2, -tile_lse[column])) : 0.0f;
+        s[m][n][e] = p;
+        dp[m][n][e] = p * (dp[m][n][e] - tile_delta[column]);
+      }
+    }
+  }
+}
+
+// dV += P^T dO and dK += dS^T Q over the warp's columns (P^T, dS^T rounded to 16 bits: the
+// accumulators' layout is the A fragment's; dO, Q from ldmatrix .trans); each fragment pair
+// serves every 16-key tile of the warp.
+template <class Element, int kHeadDim, int kWarpTiles, int kQueryTiles, int kColumnTiles>
+__device__ __forceinline__ void accumulate_dkdv(float (&dk)[kWarpTiles][kColumnTiles][4],
+                                                float (&dv)[kWarpTiles][kColumnTiles][4],
+                                                const float (&p)[kWarpTiles][kQueryTiles][4],
+                                                const float (&ds)[kWarpTiles][kQueryTiles][4],
+                                                const Element* q_tile, const Element* do_tile,
+                                                int column0, int lane) {
+  using Core = TensorCore<Element>;
+#pragma unroll
+  for (int kk = 0; kk < kQueryTiles / 2; ++kk) {
+    uint32_t p_fragment[kWarpTiles][4], ds_fragment[kWarpTiles][4];
+#pragma unroll
+    for (int m = 0; m < kWarpTiles; ++m) {
+      pack_a_fragment<Element>(p_fragment[m], p[m], kk);
+      pack_a_fragment<Element>(ds_fragment[m], ds[m], kk);
+    }
+#pragma unroll
+    for (int cp = 0; cp < kColumnTiles / 2; ++cp) {
+      uint32_t b0[2], b1[2];
+      load_b_pair_trans<kHeadDim>(b0, b1, do_tile, lane, kk, column0 / 16 + cp);
+#pragma unroll
+      for (int m = 0; m < kWarpTiles; ++m) {
+        Core::mma(dv[m][2 * cp], p_fragment[m], b0);
+        Core::mma(dv[m][2 * cp + 1], p_fragment[m], b1);
+      }
+      load_b_pair_trans<kHeadDim>(b0, b1, q_tile, lane, kk, column0 / 16 + cp);
+#pragma unroll
+      for (int m = 0; m < kWarpTiles; ++m) {
+        Core::mma(dk[m][2 * cp], ds_fragment[m], b0);
+        Core::mma(dk[m][2 * cp + 1], ds_fragment[m], b1);
+      }
+    }
+  }
+}
+
 // dqkv (B,T,(NH+2KV)*hd): writes the k and v columns of kv head blockIdx.y % KV; dout
 // (B,T,NH*hd), qkv (B,T,(NH+2KV)*hd), lse and delta (B,NH,T). Grid (ceil(T/kKeys), B*KV),
-// kThreads, BackwardTiling<kHeadDim>::kDkdvSharedBytes. scale_log2 = scale * log2(e).
-template <class Element, int kHeadDim>
+// kThreads, DkdvTiling<kHeadDim, kWarpTiles>::kSharedBytes. scale_log2 = scale * log2(e).
+template <class Element, int kHeadDim, int kWarpTiles>
 __global__ void __launch_bounds__(kThreads)
     attention_dkdv_mma_kernel(Element* dqkv, const Element* dout, const Element* qkv,
                               const float* lse, const float* delta, int T, int NH, int KV,
                               float scale, float scale_log2) {
-  using Tile = BackwardTiling<kHeadDim>;
-  using Core = TensorCore<Element>;
+  using Tile = DkdvTiling<kHeadDim, kWarpTiles>;
   constexpr int kKeys = Tile::kKeys, kQueries = Tile::kQueries;
   constexpr int kQueryTiles = kQueries / 8;             // 8-query n-tiles of S^T, dP^T
-  constexpr int kQuerySteps = kQueries / 16;            // 16-query k-steps of P^T dO, dS^T Q
-  constexpr int kDimSteps = kHeadDim / 16;              // k-steps of K Q^T, V dO^T
   constexpr int kColumnTiles = Tile::kWarpColumns / 8;  // n-tiles of this warp's dK, dV
   constexpr int kStreamElements = kQueries * kHeadDim;
 
@@ -179,7 +315,6 @@ __global__ void __launch_bounds__(kThreads)
   float* delta_tiles = lse_tiles + Tile::kStages * kQueries;  // (stages, kQueries) each
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int group = lane / 4, tig = lane % 4;  // the mma fragments' groupID, thread-in-group
   const int j0 = static_cast<int>(blockIdx.x) * kKeys;  // the first key blocks work longest
   const int b = blockIdx.y / KV, kv_head = blockIdx.y % KV, heads_per_kv = NH / KV;
   const int64_t width = int64_t{NH + 2 * KV} * kHeadDim, C = int64_t{NH} * kHeadDim;
@@ -187,9 +322,8 @@ __global__ void __launch_bounds__(kThreads)
   const Element* batch_dout = dout + int64_t{b} * T * C;
   const int k_column = (NH + kv_head) * kHeadDim, v_column = (NH + KV + kv_head) * kHeadDim;
 
-  const int warp_key0 = kWarpRows * (warp / Tile::kColumnSplit);  // in the block
+  const int warp_key0 = Tile::kWarpKeys * (warp / Tile::kColumnSplit);  // in the block
   const int column0 = Tile::kWarpColumns * (warp % Tile::kColumnSplit);
-  const int keys[2] = {j0 + warp_key0 + group, j0 + warp_key0 + group + 8};  // this lane's rows
   // Query tiles from the one holding key j0 (earlier queries see none of the block's keys).
   const int first_tile = j0 / kQueries;
   const int query_tiles = (T + kQueries - 1) / kQueries - first_tile;
@@ -199,7 +333,7 @@ __global__ void __launch_bounds__(kThreads)
     const int h = kv_head * heads_per_kv + item / query_tiles;
     const int q0 = (first_tile + item % query_tiles) * kQueries;
     const int64_t head_row = (int64_t{b} * NH + h) * T;
-    load_query_tile<Element, kHeadDim>(
+    load_query_tile<kQueries, kHeadDim>(
         q_tiles + stage * kStreamElements, do_tiles + stage * kStreamElements,
         lse_tiles + stage * kQueries, delta_tiles + stage * kQueries, batch_qkv, batch_dout,
         lse + head_row, delta + head_row, h, q0, T, width, C);
@@ -209,11 +343,14 @@ __global__ void __launch_bounds__(kThreads)
   load_tile_async<kKeys, kHeadDim>(v_tile, batch_qkv + v_column, width, j0, T);
   load_item(0, 0);  // its commit covers K and V too
 
-  float dk[kColumnTiles][4], dv[kColumnTiles][4];  // rows keys[0], keys[1]; unscaled dk
+  float dk[kWarpTiles][kColumnTiles][4], dv[kWarpTiles][kColumnTiles][4];  // unscaled dk
 #pragma unroll
-  for (int n = 0; n < kColumnTiles; ++n) {
+  for (int m = 0; m < kWarpTiles; ++m) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
+    for (int n = 0; n < kColumnTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk[m][n][e] = dv[m][n][e] = 0.0f;
+    }
   }
 
   for (int item = 0; item < items; ++item) {
@@ -226,140 +363,161 @@ __global__ void __launch_bounds__(kThreads)
     if (item + 1 < items) load_item(item + 1, (item + 1) % Tile::kStages);
     const Element* q_tile = q_tiles + stage * kStreamElements;
     const Element* do_tile = do_tiles + stage * kStreamElements;
-    const float* tile_lse = lse_tiles + stage * kQueries;
-    const float* tile_delta = delta_tiles + stage * kQueries;
 
     // Warp-uniform: some query of the tile sees one of this warp's keys, and they are not all
     // past T.
     if (q0 + kQueries <= j0 + warp_key0 || j0 + warp_key0 >= T) continue;
-
-    // ---- S^T = K Q^T, dP^T = V dO^T (16 keys, kQueries) ----
-    float s[kQueryTiles][4], dp[kQueryTiles][4];
-#pragma unroll
-    for (int n = 0; n < kQueryTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.0f;
-    }
-#pragma unroll
-    for (int kk = 0; kk < kDimSteps; ++kk) {
-      uint32_t a[4], b0[2], b1[2];
-      load_a_fragment<kHeadDim>(a, k_tile, warp_key0, lane, kk);
-#pragma unroll
-      for (int np = 0; np < kQueryTiles / 2; ++np) {
-        load_b_pair<kHeadDim>(b0, b1, q_tile, lane, np, kk);
-        Core::mma(s[2 * np], a, b0);
-        Core::mma(s[2 * np + 1], a, b1);
-      }
-      load_a_fragment<kHeadDim>(a, v_tile, warp_key0, lane, kk);
-#pragma unroll
-      for (int np = 0; np < kQueryTiles / 2; ++np) {
-        load_b_pair<kHeadDim>(b0, b1, do_tile, lane, np, kk);
-        Core::mma(dp[2 * np], a, b0);
-        Core::mma(dp[2 * np + 1], a, b1);
-      }
-    }
-
-    // ---- P^T and dS^T in place of S^T and dP^T: query i sees key j when j <= i < T ----
-#pragma unroll
-    for (int n = 0; n < kQueryTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int column = 8 * n + 2 * tig + (e & 1);
-        const int i = q0 + column;
-        const float p =
-            i >= keys[e / 2] && i < T ? exp2f(fmaf(s[n][e], scale_log2, -tile_lse[column])) : 0.0f;
-        s[n][e] = p;
-        dp[n][e] = p * (dp[n][e] - tile_delta[column]);
-      }
-    }
-
-    // ---- dV += P^T dO, dK += dS^T Q over this warp's columns ----
-#pragma unroll
-    for (int kk = 0; kk < kQuerySteps; ++kk) {
-      uint32_t p_fragment[4], ds_fragment[4];
-      pack_a_fragment<Element>(p_fragment, s, kk);
-      pack_a_fragment<Element>(ds_fragment, dp, kk);
-#pragma unroll
-      for (int cp = 0; cp < kColumnTiles / 2; ++cp) {
-        uint32_t b0[2], b1[2];
-        load_b_pair_trans<kHeadDim>(b0, b1, do_tile, lane, kk, column0 / 16 + cp);
-        Core::mma(dv[2 * cp], p_fragment, b0);
-        Core::mma(dv[2 * cp + 1], p_fragment, b1);
-        load_b_pair_trans<kHeadDim>(b0, b1, q_tile, lane, kk, column0 / 16 + cp);
-        Core::mma(dk[2 * cp], ds_fragment, b0);
-        Core::mma(dk[2 * cp + 1], ds_fragment, b1);
-      }
-    }
+    float s[kWarpTiles][kQueryTiles][4], dp[kWarpTiles][kQueryTiles][4];
+    transposed_scores<Element, kHeadDim>(s, dp, k_tile, v_tile, q_tile, do_tile, warp_key0, lane);
+    probabilities_and_ds(s, dp, lse_tiles + stage * kQueries, delta_tiles + stage * kQueries,
+                         j0 + warp_key0, q0, T, scale_log2, lane);
+    accumulate_dkdv<Element, kHeadDim>(dk, dv, s, dp, q_tile, do_tile, column0, lane);
   }
 
   // ---- epilogue: dK * scale and dV through the K and V tiles, 128-bit stores ----
   __syncthreads();  // every warp is done reading K and V
-  accumulator_to_tile<Element, kHeadDim>(k_tile, dk, scale, warp_key0, column0, lane);
-  accumulator_to_tile<Element, kHeadDim>(v_tile, dv, 1.0f, warp_key0, column0, lane);
+#pragma unroll
+  for (int m = 0; m < kWarpTiles; ++m) {
+    const int row0 = warp_key0 + kWarpRows * m;
+    accumulator_to_tile<Element, kHeadDim>(k_tile, dk[m], scale, row0, column0, lane);
+    accumulator_to_tile<Element, kHeadDim>(v_tile, dv[m], 1.0f, row0, column0, lane);
+  }
   __syncthreads();
   Element* batch_dqkv = dqkv + int64_t{b} * T * width;
   store_tile<kKeys, kHeadDim>(batch_dqkv + k_column, width, k_tile, j0, T);
   store_tile<kKeys, kHeadDim>(batch_dqkv + v_column, width, v_tile, j0, T);
 }
 
-// dqkv (B,T,(NH+2KV)*hd): writes the q columns of query head blockIdx.y % NH; dout, qkv, lse,
-// delta as above. Grid (ceil(T/64), B*NH), kThreads, BackwardTiling<kHeadDim>::kDqSharedBytes.
-template <class Element, int kHeadDim>
-__global__ void __launch_bounds__(kThreads)
-    attention_dq_mma_kernel(Element* dqkv, const Element* dout, const Element* qkv,
-                            const float* lse, const float* delta, int T, int NH, int KV,
-                            float scale, float scale_log2) {
-  using Tile = BackwardTiling<kHeadDim>;
+// dS = P (dP - delta) in place of S, with P = exp2(S scale log2(e) - lse log2(e)): row i of the
+// warp (lane rows (m, r): warp_q0 + 16 m + group + 8 r) sees key j = k0 + column when j <= i and
+// j < T (rows past T: lse +inf, P = 0).
+template <int kWarpTiles, int kKeyTiles>
+__device__ __forceinline__ void ds_in_place(float (&s)[kWarpTiles][kKeyTiles][4],
+                                            const float (&dp)[kWarpTiles][kKeyTiles][4],
+                                            const float (&row_lse_log2)[kWarpTiles][2],
+                                            const float (&row_delta)[kWarpTiles][2], int warp_q0,
+                                            int k0, int T, float scale_log2, int lane) {
+  const int group = lane / 4, tig = lane % 4;
+#pragma unroll
+  for (int m = 0; m < kWarpTiles; ++m) {
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = k0 + 8 * n + 2 * tig + (e & 1);
+        const int r = e / 2, i = warp_q0 + kWarpRows * m + group + 8 * r;
+        const float p =
+            j <= i && j < T ? exp2f(fmaf(s[m][n][e], scale_log2, -row_lse_log2[m][r])) : 0.0f;
+        s[m][n][e] = p * (dp[m][n][e] - row_delta[m][r]);
+      }
+    }
+  }
+}
+
+// dQ += dS K over the key steps with an active n-tile: dS rounded to 16 bits (the accumulator's
+// layout is the A fragment's), K's rows are B's rows (.trans); each K fragment pair serves every
+// 16-row tile of the warp.
+template <class Element, int kHeadDim, int kWarpTiles, int kKeyTiles>
+__device__ __forceinline__ void accumulate_dq(float (&dq)[kWarpTiles][kHeadDim / 8][4],
+                                              const float (&ds)[kWarpTiles][kKeyTiles][4],
+                                              const Element* k_tile, int lane, int active_tiles) {
   using Core = TensorCore<Element>;
-  constexpr int kKeys = Tile::kDqKeys;
-  constexpr int kKeyTiles = kKeys / 8;      // 8-key n-tiles of S, dP
-  constexpr int kKeySteps = kKeys / 16;     // 16-key k-steps of dS K
-  constexpr int kDimTiles = kHeadDim / 8;   // 8-column n-tiles of dQ
-  constexpr int kDimSteps = kHeadDim / 16;  // k-steps of Q K^T, dO V^T
+#pragma unroll
+  for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
+    if (2 * kk >= active_tiles) continue;
+    uint32_t ds_fragment[kWarpTiles][4];
+#pragma unroll
+    for (int m = 0; m < kWarpTiles; ++m) pack_a_fragment<Element>(ds_fragment[m], ds[m], kk);
+#pragma unroll
+    for (int dp = 0; dp < kHeadDim / 16; ++dp) {
+      uint32_t b0[2], b1[2];
+      load_b_pair_trans<kHeadDim>(b0, b1, k_tile, lane, kk, dp);
+#pragma unroll
+      for (int m = 0; m < kWarpTiles; ++m) {
+        Core::mma(dq[m][2 * dp], ds_fragment[m], b0);
+        Core::mma(dq[m][2 * dp + 1], ds_fragment[m], b1);
+      }
+    }
+  }
+}
+
+// dqkv (B,T,(NH+2KV)*hd): writes the q columns of query head blockIdx.y % NH; dout, qkv, lse
+// as above; out (B,T,NH*hd) the forward's output; delta (B,NH,T): written for the block's rows
+// (the dK/dV kernel reads it). Grid (ceil(T/kBlockRows), B*NH), kThreads,
+// DqTiling<kHeadDim, kWarpTiles>::kSharedBytes.
+template <class Element, int kHeadDim, int kWarpTiles>
+__global__ void __launch_bounds__(kThreads)
+    attention_dq_mma_kernel(Element* dqkv, float* delta, const Element* dout, const Element* qkv,
+                            const Element* out, const float* lse, int T, int NH, int KV,
+                            float scale, float scale_log2) {
+  using Tile = DqTiling<kHeadDim, kWarpTiles>;
+  constexpr int kKeys = Tile::kKeys, kBlockRows = Tile::kBlockRows;
+  constexpr int kWarpQueryRows = Tile::kWarpQueryRows;
+  constexpr int kKeyTiles = kKeys / 8;  // 8-key n-tiles of S, dP
   constexpr int kTileElements = kKeys * kHeadDim;
-  constexpr bool kInRegisters = Tile::kDqFragmentsInRegisters;
+  constexpr bool kInRegisters = Tile::kFragmentsInRegisters;
 
   DSTRAIN_DYNAMIC_SHARED(uint4, shared_chunks);
-  Element* q_tile = reinterpret_cast<Element*>(shared_chunks);  // (64, hd)
-  Element* do_tile = q_tile + kQueryRows * kHeadDim;            // (64, hd)
-  Element* k_tiles = do_tile + kQueryRows * kHeadDim;           // (stages, kKeys, hd)
+  Element* q_tile = reinterpret_cast<Element*>(shared_chunks);  // (kBlockRows, hd)
+  Element* do_tile = q_tile + kBlockRows * kHeadDim;            // (kBlockRows, hd)
+  Element* k_tiles = do_tile + kBlockRows * kHeadDim;           // (stages, kKeys, hd)
   Element* v_tiles = k_tiles + Tile::kStages * kTileElements;   // (stages, kKeys, hd)
+  float* block_delta = reinterpret_cast<float*>(v_tiles + Tile::kStages * kTileElements);
 
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int group = lane / 4, tig = lane % 4;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, group = lane / 4;
   // The last query blocks have the most key tiles: launched first, they do not trail the grid.
-  const int q0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * kQueryRows;
+  const int q0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * kBlockRows;
   const int b = blockIdx.y / NH, h = blockIdx.y % NH, kv_head = h / (NH / KV);
   const int64_t width = int64_t{NH + 2 * KV} * kHeadDim, C = int64_t{NH} * kHeadDim;
   const Element* batch_qkv = qkv + int64_t{b} * T * width;
   const Element* k_head = batch_qkv + (NH + kv_head) * kHeadDim;
   const Element* v_head = batch_qkv + (NH + KV + kv_head) * kHeadDim;
 
-  const int warp_row0 = q0 + kWarpRows * warp;
-  const int rows[2] = {warp_row0 + group, warp_row0 + group + 8};  // this lane's two rows
-  const int visible_end = min(q0 + kQueryRows, T);
-  const int key_tiles = (visible_end + kKeys - 1) / kKeys;
+  const int row0 = kWarpQueryRows * warp;  // this warp's first row in the block's tiles
+  const int warp_q0 = q0 + row0;           // and its first query row
+  const int key_tiles = (min(q0 + kBlockRows, T) + kKeys - 1) / kKeys;  // keys the block sees
 
-  load_tile_async<kQueryRows, kHeadDim>(q_tile, batch_qkv + h * kHeadDim, width, q0, T);
-  load_tile_async<kQueryRows, kHeadDim>(do_tile, dout + int64_t{b} * T * C + h * kHeadDim, C, q0,
+  const int64_t head_row = (int64_t{b} * NH + h) * T;  // of lse and delta
+  load_tile_async<kBlockRows, kHeadDim>(q_tile, batch_qkv + h * kHeadDim, width, q0, T);
+  load_tile_async<kBlockRows, kHeadDim>(do_tile, dout + int64_t{b} * T * C + h * kHeadDim, C, q0,
                                         T);
+  cp_async_commit_group();
   load_tile_async<kKeys, kHeadDim>(k_tiles, k_head, width, 0, T);
   load_tile_async<kKeys, kHeadDim>(v_tiles, v_head, width, 0, T);
   cp_async_commit_group();
 
-  float row_lse_log2[2], row_delta[2];  // +inf and 0 past T: P = 0
+  float row_lse_log2[kWarpTiles][2], row_delta[kWarpTiles][2];  // +inf and 0 past T: P = 0
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t index = (int64_t{b} * NH + h) * T + rows[r];
-    row_lse_log2[r] = rows[r] < T ? lse[index] * kLog2e : INFINITY;
-    row_delta[r] = rows[r] < T ? delta[index] : 0.0f;
+  for (int m = 0; m < kWarpTiles; ++m) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int t = warp_q0 + kWarpRows * m + group + 8 * r;
+      row_lse_log2[m][r] = t < T ? lse[head_row + t] * kLog2e : INFINITY;
+    }
+  }
+  // delta of the warp's rows while the first K and V tiles stream in: dO's copies (the first
+  // group) by every thread have landed after the barrier.
+  cp_async_wait_group<1>();
+  __syncthreads();
+  warp_delta<Element, kHeadDim, kWarpQueryRows>(block_delta, delta + head_row, do_tile,
+                                                out + int64_t{b} * T * C + h * kHeadDim, C, row0,
+                                                warp_q0, T, lane);
+  __syncwarp();
+#pragma unroll
+  for (int m = 0; m < kWarpTiles; ++m) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) row_delta[m][r] = block_delta[row0 + kWarpRows * m + group + 8 * r];
   }
 
-  uint32_t q_fragments[kInRegisters ? kDimSteps : 1][4];
-  uint32_t do_fragments[kInRegisters ? kDimSteps : 1][4];
-  float dq[kDimTiles][4];  // unscaled
+  constexpr int kFragmentSteps = kInRegisters ? kHeadDim / 16 : 1;
+  uint32_t q_fragments[kWarpTiles][kFragmentSteps][4], do_fragments[kWarpTiles][kFragmentSteps][4];
+  float dq[kWarpTiles][kHeadDim / 8][4];  // unscaled
 #pragma unroll
-  for (int n = 0; n < kDimTiles; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+  for (int m = 0; m < kWarpTiles; ++m) {
+#pragma unroll
+    for (int n = 0; n < kHeadDim / 8; ++n)
+      dq[m][n][0] = dq[m][n][1] = dq[m][n][2] = dq[m][n][3] = 0.0f;
+  }
 
   for (int tile = 0; tile < key_tiles; ++tile) {
     const int stage = tile % Tile::kStages;
@@ -376,148 +534,116 @@ __global__ void __launch_bounds__(kThreads)
     }
     const Element* k_tile = k_tiles + stage * kTileElements;
     const Element* v_tile = v_tiles + stage * kTileElements;
-
     if constexpr (kInRegisters) {
       if (tile == 0) {
-#pragma unroll
-        for (int kk = 0; kk < kDimSteps; ++kk) {
-          load_a_fragment<kHeadDim>(q_fragments[kk], q_tile, kWarpRows * warp, lane, kk);
-          load_a_fragment<kHeadDim>(do_fragments[kk], do_tile, kWarpRows * warp, lane, kk);
-        }
+        load_warp_fragments<kHeadDim>(q_fragments, q_tile, row0, lane);
+        load_warp_fragments<kHeadDim>(do_fragments, do_tile, row0, lane);
       }
     }
 
     // 8-key n-tiles with a key that some row of this warp sees (warp-uniform), as the forward.
-    const int seen = warp_row0 < T ? min(warp_row0 + kWarpRows, T) - k0 : 0;
+    const int seen = warp_q0 < T ? min(warp_q0 + kWarpQueryRows, T) - k0 : 0;
     const int active_tiles = min(kKeyTiles, (max(seen, 0) + 7) / 8);
     if (active_tiles == 0) continue;
-
-    // ---- S = Q K^T, dP = dO V^T (16 rows, kKeys) ----
-    float s[kKeyTiles][4], dp[kKeyTiles][4];
-#pragma unroll
-    for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.0f;
-    }
-#pragma unroll
-    for (int kk = 0; kk < kDimSteps; ++kk) {
-      uint32_t a[4], b0[2], b1[2];
-      if constexpr (kInRegisters) {
-        for (int i = 0; i < 4; ++i) a[i] = q_fragments[kk][i];
-      } else {
-        load_a_fragment<kHeadDim>(a, q_tile, kWarpRows * warp, lane, kk);
-      }
-#pragma unroll
-      for (int np = 0; np < kKeyTiles / 2; ++np) {
-        if (2 * np >= active_tiles) continue;
-        load_b_pair<kHeadDim>(b0, b1, k_tile, lane, np, kk);
-        Core::mma(s[2 * np], a, b0);
-        Core::mma(s[2 * np + 1], a, b1);
-      }
-      if constexpr (kInRegisters) {
-        for (int i = 0; i < 4; ++i) a[i] = do_fragments[kk][i];
-      } else {
-        load_a_fragment<kHeadDim>(a, do_tile, kWarpRows * warp, lane, kk);
-      }
-#pragma unroll
-      for (int np = 0; np < kKeyTiles / 2; ++np) {
-        if (2 * np >= active_tiles) continue;
-        load_b_pair<kHeadDim>(b0, b1, v_tile, lane, np, kk);
-        Core::mma(dp[2 * np], a, b0);
-        Core::mma(dp[2 * np + 1], a, b1);
-      }
-    }
-
-    // ---- dS in place of S: row i sees key j when j <= i and j < T (rows past T: lse +inf) ----
-#pragma unroll
-    for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = k0 + 8 * n + 2 * tig + (e & 1);
-        const int r = e / 2;
-        const float p =
-            j <= rows[r] && j < T ? exp2f(fmaf(s[n][e], scale_log2, -row_lse_log2[r])) : 0.0f;
-        s[n][e] = p * (dp[n][e] - row_delta[r]);
-      }
-    }
-
-    // ---- dQ += dS K: dS rounded to 16 bits, K's rows are B's rows (.trans) ----
-#pragma unroll
-    for (int kk = 0; kk < kKeySteps; ++kk) {
-      if (2 * kk >= active_tiles) continue;
-      uint32_t ds_fragment[4];
-      pack_a_fragment<Element>(ds_fragment, s, kk);
-#pragma unroll
-      for (int dp_pair = 0; dp_pair < kDimTiles / 2; ++dp_pair) {
-        uint32_t b0[2], b1[2];
-        load_b_pair_trans<kHeadDim>(b0, b1, k_tile, lane, kk, dp_pair);
-        Core::mma(dq[2 * dp_pair], ds_fragment, b0);
-        Core::mma(dq[2 * dp_pair + 1], ds_fragment, b1);
-      }
-    }
+    float s[kWarpTiles][kKeyTiles][4], dp[kWarpTiles][kKeyTiles][4];
+    // S = Q K^T, dP = dO V^T
+    warp_products<kInRegisters, kHeadDim>(s, q_fragments, q_tile, k_tile, row0, lane, active_tiles);
+    warp_products<kInRegisters, kHeadDim>(dp, do_fragments, do_tile, v_tile, row0, lane,
+                                          active_tiles);
+    ds_in_place(s, dp, row_lse_log2, row_delta, warp_q0, k0, T, scale_log2, lane);
+    accumulate_dq<Element, kHeadDim>(dq, s, k_tile, lane, active_tiles);
   }
 
   // ---- epilogue: dQ * scale through this warp's own Q rows (only it reads them), 128-bit
   // stores ----
   __syncwarp();
-  accumulator_to_tile<Element, kHeadDim>(q_tile, dq, scale, kWarpRows * warp, 0, lane);
+#pragma unroll
+  for (int m = 0; m < kWarpTiles; ++m)
+    accumulator_to_tile<Element, kHeadDim>(q_tile, dq[m], scale, row0 + kWarpRows * m, 0, lane);
   __syncwarp();
   constexpr int kChunks = Tile::kChunks;
   Element* dq_head = dqkv + int64_t{b} * T * width + h * kHeadDim;
 #pragma unroll
-  for (int k = 0; k < kWarpRows * kChunks / 32; ++k) {
+  for (int k = 0; k < kWarpQueryRows * kChunks / 32; ++k) {
     const int idx = lane + 32 * k;
     const int row = idx / kChunks, chunk = idx % kChunks;
-    const int t = warp_row0 + row;
+    const int t = warp_q0 + row;
     if (t >= T) continue;
     store_128(reinterpret_cast<uint4*>(dq_head + t * width + chunk * kChunkElements),
-              *reinterpret_cast<const uint4*>(q_tile +
-                                              swizzled<kHeadDim>(kWarpRows * warp + row, chunk)));
+              *reinterpret_cast<const uint4*>(q_tile + swizzled<kHeadDim>(row0 + row, chunk)));
   }
 }
 
+// The launch arguments both kernels share.
+template <class Element>
+struct BackwardArgs {
+  Element* dqkv;
+  const Element *dout, *qkv, *out;
+  const float* lse;
+  float* delta;  // (B,NH,T) scratch: the dQ kernel writes it, the dK/dV kernel reads it
+  int B, T, NH, KV;
+  float scale, scale_log2;
+};
+
+template <class Element, int kHeadDim, int kWarpTiles>
+void launch_dq(const BackwardArgs<Element>& a, cudaStream_t stream) {
+  using Tile = DqTiling<kHeadDim, kWarpTiles>;
+  allow_shared_memory(attention_dq_mma_kernel<Element, kHeadDim, kWarpTiles>, Tile::kSharedBytes);
+  const dim3 grid(ceil_div(a.T, Tile::kBlockRows), static_cast<unsigned>(a.B * a.NH));
+  DSTRAIN_LAUNCH((attention_dq_mma_kernel<Element, kHeadDim, kWarpTiles>), grid, kThreads,
+                 Tile::kSharedBytes, stream)
+  (a.dqkv, a.delta, a.dout, a.qkv, a.out, a.lse, a.T, a.NH, a.KV, a.scale, a.scale_log2);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <class Element, int kHeadDim, int kWarpTiles>
+void launch_dkdv(const BackwardArgs<Element>& a, cudaStream_t stream) {
+  using Tile = DkdvTiling<kHeadDim, kWarpTiles>;
+  allow_shared_memory(attention_dkdv_mma_kernel<Element, kHeadDim, kWarpTiles>, Tile::kSharedBytes);
+  const dim3 grid(ceil_div(a.T, Tile::kKeys), static_cast<unsigned>(a.B * a.KV));
+  DSTRAIN_LAUNCH((attention_dkdv_mma_kernel<Element, kHeadDim, kWarpTiles>), grid, kThreads,
+                 Tile::kSharedBytes, stream)
+  (a.dqkv, a.dout, a.qkv, a.lse, a.delta, a.T, a.NH, a.KV, a.scale, a.scale_log2);
+  CUDA_CHECK_LAUNCH();
+}
+
+// dQ first: it computes delta from the dO rows it loads anyway, for the dK/dV kernel.
 template <class Element, int kHeadDim>
-void launch_backward_mma(const CudaContext& ctx, const QkvShape& s, Tensor dqkv, Tensor dout,
-                         Tensor qkv, Tensor out, Tensor lse, cudaStream_t stream) {
-  using Tile = BackwardTiling<kHeadDim>;
-  const int T = static_cast<int>(s.T), NH = static_cast<int>(s.NH), KV = static_cast<int>(s.KV);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
-  auto* dqkv_data = static_cast<Element*>(dqkv.data);
-  const auto* dout_data = static_cast<const Element*>(dout.data);
-  const auto* qkv_data = static_cast<const Element*>(qkv.data);
-
-  const int64_t rows = s.B * s.T * s.NH;
-  Scratch delta(ctx, static_cast<size_t>(rows) * sizeof(float), stream);
-  DSTRAIN_LAUNCH((attention_delta_mma_kernel<Element, kHeadDim>),
-                 ceil_div(rows, kThreads / Tile::kChunks), kThreads, 0, stream)
-  (delta.as<float>(), dout_data, static_cast<const Element*>(out.data), rows, T, NH);
-  CUDA_CHECK_LAUNCH();
-
-  allow_shared_memory(attention_dkdv_mma_kernel<Element, kHeadDim>, Tile::kDkdvSharedBytes);
-  const dim3 key_grid(ceil_div(s.T, Tile::kKeys), static_cast<unsigned>(s.B * s.KV));
-  DSTRAIN_LAUNCH((attention_dkdv_mma_kernel<Element, kHeadDim>), key_grid, kThreads,
-                 Tile::kDkdvSharedBytes, stream)
-  (dqkv_data, dout_data, qkv_data, lse.f32(), delta.as<float>(), T, NH, KV, scale, scale * kLog2e);
-  CUDA_CHECK_LAUNCH();
-
-  allow_shared_memory(attention_dq_mma_kernel<Element, kHeadDim>, Tile::kDqSharedBytes);
-  const dim3 query_grid(ceil_div(s.T, kQueryRows), static_cast<unsigned>(s.B * s.NH));
-  DSTRAIN_LAUNCH((attention_dq_mma_kernel<Element, kHeadDim>), query_grid, kThreads,
-                 Tile::kDqSharedBytes, stream)
-  (dqkv_data, dout_data, qkv_data, lse.f32(), delta.as<float>(), T, NH, KV, scale, scale * kLog2e);
-  CUDA_CHECK_LAUNCH();
+void launch_backward_mma(const BackwardArgs<Element>& a, cudaStream_t stream) {
+  if constexpr (kHeadDim == 64) {
+    if (attention_warp_rows() == 32) {
+      launch_dq<Element, 64, 2>(a, stream);
+      return launch_dkdv<Element, 64, 2>(a, stream);
+    }
+  }
+  launch_dq<Element, kHeadDim, 1>(a, stream);
+  launch_dkdv<Element, kHeadDim, 1>(a, stream);
 }
 
 template <class Element>
 void dispatch_head_dim(const CudaContext& ctx, const QkvShape& s, Tensor dqkv, Tensor dout,
                        Tensor qkv, Tensor out, Tensor lse, cudaStream_t stream) {
+  Scratch delta(ctx, static_cast<size_t>(s.B * s.NH * s.T) * sizeof(float), stream);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
+  const BackwardArgs<Element> a{static_cast<Element*>(dqkv.data),
+                                static_cast<const Element*>(dout.data),
+                                static_cast<const Element*>(qkv.data),
+                                static_cast<const Element*>(out.data),
+                                lse.f32(),
+                                delta.as<float>(),
+                                static_cast<int>(s.B),
+                                static_cast<int>(s.T),
+                                static_cast<int>(s.NH),
+                                static_cast<int>(s.KV),
+                                scale,
+                                scale * kLog2e};
   switch (s.hd) {
     case 64:
-      return launch_backward_mma<Element, 64>(ctx, s, dqkv, dout, qkv, out, lse, stream);
+      return launch_backward_mma<Element, 64>(a, stream);
     case 128:
-      return launch_backward_mma<Element, 128>(ctx, s, dqkv, dout, qkv, out, lse, stream);
+      return launch_backward_mma<Element, 128>(a, stream);
     default:
-      return launch_backward_mma<Element, 256>(ctx, s, dqkv, dout, qkv, out, lse, stream);
+      return launch_backward_mma<Element, 256>(a, stream);
   }
 }
 

@@ -17,9 +17,8 @@ namespace dstrain::cuda::attention::mma {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kWarpRows = 16;                   // rows per warp: the mma's M
-constexpr int kQueryRows = kWarpRows * kWarps;  // query rows per block (forward, dQ)
-constexpr int kChunkElements = 8;               // 16-bit elements per 16-byte chunk
+constexpr int kWarpRows = 16;      // rows per warp: the mma's M
+constexpr int kChunkElements = 8;  // 16-bit elements per 16-byte chunk
 constexpr float kLog2e = 1.4426950408889634f;
 
 // The mma and the fp32 -> 16-bit pair conversion of each storage type.
@@ -127,6 +126,61 @@ __device__ __forceinline__ void pack_a_fragment(uint32_t (&a)[4], const float (&
   a[1] = Core::pack(s[2 * kk][2], s[2 * kk][3]);
   a[2] = Core::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
   a[3] = Core::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+// The A fragments of every k-step of a warp's kWarpTiles 16-row tiles (rows row0 + 16 m of a
+// swizzled tile), to keep in registers across streamed tiles.
+template <int kHeadDim, class Element, int kWarpTiles>
+__device__ __forceinline__ void load_warp_fragments(
+    uint32_t (&fragments)[kWarpTiles][kHeadDim / 16][4], const Element* tile, int row0, int lane) {
+#pragma unroll
+  for (int m = 0; m < kWarpTiles; ++m) {
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk)
+      load_a_fragment<kHeadDim>(fragments[m][kk], tile, row0 + 16 * m, lane, kk);
+  }
+}
+
+// acc (16 kWarpTiles rows, 8 kTiles columns) = X Y^T over the head dim, for a warp's rows of X
+// (rows row0 + 16 m of a swizzled tile: Q, dO) against the rows of a streamed tile Y (K, V),
+// which are B's columns (.col); only the n-tiles [0, active_tiles), the others stay 0. X's A
+// fragments come from `fragments` (kFromRegisters: load_warp_fragments) or from x_tile. Each Y
+// fragment pair serves every 16-row tile of the warp.
+template <bool kFromRegisters, int kHeadDim, class Element, int kWarpTiles, int kTiles, int kSteps>
+__device__ __forceinline__ void warp_products(float (&acc)[kWarpTiles][kTiles][4],
+                                              const uint32_t (&fragments)[kWarpTiles][kSteps][4],
+                                              const Element* x_tile, const Element* y_tile,
+                                              int row0, int lane, int active_tiles) {
+  static_assert(!kFromRegisters || kSteps == kHeadDim / 16, "a fragment per k-step");
+#pragma unroll
+  for (int m = 0; m < kWarpTiles; ++m) {
+#pragma unroll
+    for (int n = 0; n < kTiles; ++n)
+      acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
+  }
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    uint32_t a[kWarpTiles][4];
+#pragma unroll
+    for (int m = 0; m < kWarpTiles; ++m) {
+      if constexpr (kFromRegisters) {
+        for (int i = 0; i < 4; ++i) a[m][i] = fragments[m][kk][i];
+      } else {
+        load_a_fragment<kHeadDim>(a[m], x_tile, row0 + 16 * m, lane, kk);
+      }
+    }
+#pragma unroll
+    for (int np = 0; np < kTiles / 2; ++np) {
+      if (2 * np >= active_tiles) continue;
+      uint32_t b0[2], b1[2];
+      load_b_pair<kHeadDim>(b0, b1, y_tile, lane, np, kk);
+#pragma unroll
+      for (int m = 0; m < kWarpTiles; ++m) {
+        TensorCore<Element>::mma(acc[m][2 * np], a[m], b0);
+        TensorCore<Element>::mma(acc[m][2 * np + 1], a[m], b1);
+      }
+    }
+  }
 }
 
 }  // namespace dstrain::cuda::attention::mma

@@ -46,4 +46,11 @@ int cuda_device_count();
 // a test can check both. Process-wide: set it while no norm kernel is being launched.
 void set_cuda_norm_block_rows_above(int64_t C);
 
+// The tensor-core attention forward gives each warp 16 query rows (the default), or 32 at head
+// dims 64 and 128 (`rows` = 32; any other value restores 16; hd 256 always has 16): each K and V
+// fragment read from shared memory then feeds twice the mma, for twice the accumulator registers
+// (kernels/cuda/cuda_attention_mma.cu). Same contract and bound either way, other bits; for a
+// benchmark to time both and a test to check both. Process-wide, like the norms' bound.
+void set_cuda_attention_warp_rows(int rows);
+
 }  // namespace dstrain

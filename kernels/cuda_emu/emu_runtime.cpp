@@ -374,7 +374,9 @@ void launch(const void* kernel, const char* name, dim3 grid, dim3 block_dim, siz
             cudaStream_t stream, std::function<void()> body) {
   DSTRAIN_CHECK(t_lane == nullptr)
       << "CUDA emulator: kernel " << name << " launched from inside a kernel (not supported)";
-  ++this_thread_counters().kernel_launches;
+  HostCounters& counters = this_thread_counters();
+  ++counters.kernel_launches;
+  if (counters.record_grids) counters.grids.push_back(grid);
   const uint64_t threads = uint64_t{block_dim.x} * block_dim.y * block_dim.z;
   size_t shared_limit = kDefaultSharedBytes;
   {

@@ -21,6 +21,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 namespace dstrain::emu {
 
@@ -89,12 +90,15 @@ void set_last_error(cudaError_t error);
 constexpr int kPinnedHost = -1, kNotAllocated = -2;
 int allocation_device(const void* pointer, size_t bytes);
 
-// What the calling host thread has asked of the emulated GPUs so far: kernel launches, and
-// host waits (a stream, event or device synchronization, or a copy into pageable memory, which
-// returns once it has landed). For tests that count how often an op stops the host.
+// What the calling host thread has asked of the emulated GPUs so far: kernel launches, and host
+// waits (a stream, event or device synchronization, or a copy into pageable memory, which
+// returns once it has landed); while record_grids is set, each launch's grid too. For tests that
+// count how often an op stops the host, or check which tiling an op's kernels were launched with.
 struct HostCounters {
   uint64_t kernel_launches = 0;
   uint64_t host_waits = 0;
+  bool record_grids = false;
+  std::vector<dim3> grids;  // in launch order, while record_grids
 };
 HostCounters& this_thread_counters();
 

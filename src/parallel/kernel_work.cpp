@@ -51,8 +51,9 @@ constexpr double kGeluBackward = 3;
 constexpr double kSwigluForward = 3;
 constexpr double kSwigluBackward = 5;
 constexpr double kRope = 2;  // cuda_rope.cu, in place on the q and k heads: read, written
-// The attention backward's delta = rowsum(dO * O) (one fp32 per row and head written).
-constexpr double kAttentionDelta = 2;
+// The attention backward's delta = rowsum(dO * O): the dQ kernel reads O for it (dO is in its
+// tile already) and writes one fp32 per row and head.
+constexpr double kAttentionDelta = 1;
 // cuda_cross_entropy.cu, per logit: read for the row's max and sum, read again and the gradient
 // written (the vocabulary-parallel stats and from_stats kernels: the same two passes).
 constexpr double kCrossEntropy = 3;

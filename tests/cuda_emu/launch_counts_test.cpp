@@ -2,7 +2,9 @@
 // emulator (emu::this_thread_counters): the multi-tensor gradient check is two launches and one
 // wait for any number of buffers, where the ops buffer by buffer wait once each; the
 // multi-tensor AdamW is one launch and no wait; the residual add fused into a norm is one
-// launch where the two ops are two; the GELU backward with its bias gradient two where three.
+// launch where the two ops are two; the GELU backward with its bias gradient two where three;
+// the tensor-core attention backward two (dQ with delta, then dK/dV); and the attention's
+// blocks follow set_cuda_attention_warp_rows.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -40,9 +42,13 @@ struct DeviceArena {
   }
 };
 
+// The launches and host waits since `before`.
 emu::HostCounters since(const emu::HostCounters& before) {
-  const emu::HostCounters now = emu::this_thread_counters();
-  return {now.kernel_launches - before.kernel_launches, now.host_waits - before.host_waits};
+  const emu::HostCounters& now = emu::this_thread_counters();
+  emu::HostCounters delta;
+  delta.kernel_launches = now.kernel_launches - before.kernel_launches;
+  delta.host_waits = now.host_waits - before.host_waits;
+  return delta;
 }
 
 TEST(EmulatedHostWaits, GradientStatsWaitsOnceForAnyNumberOfBuffers) {
@@ -152,6 +158,84 @@ TEST(EmulatedLaunchCounts, GeluBackwardBiasIsTwoLaunchesWhereTheTwoOpsAreThree) 
   EXPECT_EQ(since(before).kernel_launches, 3u) << "misaligned rows: the two ops";
   backend->synchronize(nullptr);
   cudaFree(memory);
+}
+
+// One head of bf16 attention in emulated device memory (zeros: only launches are looked at):
+// qkv and dqkv (1, T, 3 hd), out and dout (1, T, hd), lse (1, 1, T).
+struct OneHead {
+  int64_t T, hd;
+  void* memory = nullptr;
+  Tensor qkv, dqkv, out, dout, lse;
+  OneHead(int64_t T_, int64_t hd_) : T(T_), hd(hd_) {
+    const int64_t elements = 8 * T * hd;
+    const size_t bytes = elements * sizeof(uint16_t) + T * sizeof(float);
+    EXPECT_EQ(cudaMalloc(&memory, bytes), cudaSuccess);
+    EXPECT_EQ(cudaMemset(memory, 0, bytes), cudaSuccess);
+    const Device gpu{Device::Kind::CUDA, 0};
+    auto* base = static_cast<uint16_t*>(memory);
+    qkv = Tensor(base, DType::BF16, {1, T, 3 * hd}, gpu);
+    dqkv = Tensor(base + 3 * T * hd, DType::BF16, {1, T, 3 * hd}, gpu);
+    out = Tensor(base + 6 * T * hd, DType::BF16, {1, T, hd}, gpu);
+    dout = Tensor(base + 7 * T * hd, DType::BF16, {1, T, hd}, gpu);
+    lse = Tensor(base + elements, DType::F32, {1, 1, T}, gpu);
+  }
+  ~OneHead() { cudaFree(memory); }
+};
+
+// The bf16 attention backward at hd 64 (the tensor-core kernels): the dQ kernel computes delta =
+// rowsum(dO O) from the dO rows it loads anyway, so no kernel of its own reads dO and O for it.
+TEST(EmulatedLaunchCounts, TensorCoreAttentionBackwardIsTwoLaunches) {
+  std::unique_ptr<Backend> backend = make_cuda_backend(0);
+  OneHead head(20, 64);
+  backend->synchronize(nullptr);
+  const emu::HostCounters before = emu::this_thread_counters();
+  backend->attention_backward(head.dqkv, head.dout, head.qkv, head.out, head.lse, 1, 1, nullptr);
+  EXPECT_EQ(since(before).kernel_launches, 2u);
+  backend->synchronize(nullptr);
+}
+
+// The x extent of each grid `op` launches (emu::HostCounters::record_grids).
+template <class Op>
+std::vector<unsigned> grid_x(Op&& op) {
+  emu::HostCounters& counters = emu::this_thread_counters();
+  counters.grids.clear();
+  counters.record_grids = true;
+  op();
+  counters.record_grids = false;
+  std::vector<unsigned> x;
+  for (const dim3& grid : counters.grids) x.push_back(grid.x);
+  return x;
+}
+
+// set_cuda_attention_warp_rows(32) reaches the kernels: the query blocks of the forward (grid.x
+// = ceil(T / block rows)) grow from 64 to 128 rows at hd 64 and 128 and stay 64 at hd 256; those
+// of the backward's dQ kernel (its first launch) and the key blocks of its dK/dV kernel (the
+// second) from 64 to 128 rows at hd 64 only (hd 256: 32-key blocks). At hd 64 both forms give
+// the same bits (tests/kernels_cuda), so only this tells them apart.
+TEST(EmulatedLaunchCounts, AttentionWarpRowsSetTheBlocks) {
+  std::unique_ptr<Backend> backend = make_cuda_backend(0);
+  constexpr int64_t kT = 300;  // 5 blocks of 64 rows, 3 of 128, 10 of 32
+  for (int64_t hd : {64, 128, 256}) {
+    OneHead head(kT, hd);
+    for (int rows : {16, 32}) {
+      set_cuda_attention_warp_rows(rows);
+      const bool wide_forward = rows == 32 && hd <= 128, wide_backward = rows == 32 && hd == 64;
+      const auto forward =
+          grid_x([&] { backend->attention_forward(head.out, head.lse, head.qkv, 1, 1, nullptr); });
+      EXPECT_EQ(forward, std::vector<unsigned>{wide_forward ? 3u : 5u})
+          << "hd " << hd << ", " << rows << " rows per warp";
+      const auto backward = grid_x([&] {
+        backend->attention_backward(head.dqkv, head.dout, head.qkv, head.out, head.lse, 1, 1,
+                                    nullptr);
+      });
+      const unsigned query_blocks = wide_backward ? 3u : 5u;
+      const unsigned key_blocks = hd == 256 ? 10u : wide_backward ? 3u : 5u;
+      EXPECT_EQ(backward, (std::vector<unsigned>{query_blocks, key_blocks}))
+          << "hd " << hd << ", " << rows << " rows per warp";
+    }
+    set_cuda_attention_warp_rows(16);
+    backend->synchronize(nullptr);
+  }
 }
 
 }  // namespace

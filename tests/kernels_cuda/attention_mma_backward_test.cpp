@@ -256,6 +256,28 @@ TEST(CudaAttentionMmaBackward, MatchesCpu_f16_hd256) {
   expect_backward_matches_cpu(DType::F16, 256);
 }
 
+// At hd 64 a warp of the dQ kernel may own 32 query rows and one of the dK/dV kernel 32 key rows
+// (set_cuda_attention_warp_rows(32): blocks of 128 rows, 32-row streamed tiles). Every dQ, dK
+// and dV element still sums the same 16-row mma steps in the same order -- the steps one form
+// has and the other skips hold only masked pairs (P = dS = +0) -- and delta the same products:
+// the bits of 16 rows, which MatchesCpu_*_hd64 bound. (tests/cuda_emu/launch_counts_test.cpp
+// checks that the setting changes the blocks.) Ragged T over several blocks, multi-head and
+// grouped-query.
+TEST(CudaAttentionMmaBackward, ThirtyTwoRowsPerWarpKeepTheBits) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    for (int64_t T : {17, 300}) {
+      for (int64_t KV : {4, 1}) {
+        const BackwardCase c{2, T, 4, KV, 64};
+        const Inputs in = make_inputs(dtype, c, static_cast<uint64_t>(500 + T + KV));
+        const HostTensor narrow = gpu_backward(in, c);
+        const AttentionWarpRows rows(32);
+        EXPECT_TRUE(bitwise_equal(gpu_backward(in, c), narrow)) << case_name(c, dtype);
+      }
+    }
+  }
+}
+
 // No atomics, sums in a fixed order: a second run gives the same bits (grouped-query, every
 // head dim, ragged T).
 TEST(CudaAttentionMmaBackward, RepeatsBitwise) {

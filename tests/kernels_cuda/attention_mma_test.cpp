@@ -1,7 +1,8 @@
 // The tensor-core attention forward (kernels/cuda/cuda_attention_mma.cu: BF16/F16 storage, head
 // dims 64, 128, 256) against the CPU twin on the same 16-bit inputs: odd T that cut the 64-row
 // query blocks and the 64- or 32-key tiles, multi-head and grouped-query (2 and 4 query heads
-// per kv head), a peaked softmax whose running max moves from tile to tile; the bits repeat;
+// per kv head), a peaked softmax whose running max moves from tile to tile; 16 and 32 query rows
+// per warp (set_cuda_attention_warp_rows); the bits repeat;
 // the backward takes its out and lse; P is rounded to 16 bits exactly as documented.
 //
 // Tolerance. u = 2^-8 (bf16) or 2^-11 (f16), the storage type's unit roundoff. The kernel
@@ -19,6 +20,7 @@
 // bound 2 u^2 (bf16 3.1e-5, f16 4.8e-7).
 // lse comes from fp32 sums of unrounded p: the fp32 kernel's bound {1e-5, 1e-5, 1e-11}.
 #include <cmath>
+#include <utility>
 
 #include "attention_case.h"
 #include "cuda_test_util.h"
@@ -66,9 +68,12 @@ Forward gpu_forward(const HostTensor& qkv, const MmaCase& c) {
 }
 
 // Every T of the file's list with KV = 4, 2, 1 (NH = 4), B = 2, q/k/v magnitudes in
-// [1/8, 3/2): scores of standard deviation about 0.75.
-void expect_forward_matches_cpu(DType dtype, int64_t hd) {
+// [1/8, 3/2): scores of standard deviation about 0.75. `warp_rows` query rows per warp (16 or
+// 32): blocks of 64 or 128 rows, which T = 17, 64, 100 cut inside and 130 leaves one or three
+// warps of the last block with no row.
+void expect_forward_matches_cpu(DType dtype, int64_t hd, int warp_rows = 16) {
   REQUIRE_CUDA_DEVICE();
+  const AttentionWarpRows rows(warp_rows);
   for (int64_t T : {1, 17, 64, 100, 130}) {
     for (int64_t KV : {4, 2, 1}) {
       const MmaCase c{2, T, 4, KV, hd};
@@ -93,13 +98,53 @@ TEST(CudaAttentionMma, ForwardMatchesCpu_bf16_hd256) {
 TEST(CudaAttentionMma, ForwardMatchesCpu_f16_hd64) { expect_forward_matches_cpu(DType::F16, 64); }
 TEST(CudaAttentionMma, ForwardMatchesCpu_f16_hd128) { expect_forward_matches_cpu(DType::F16, 128); }
 TEST(CudaAttentionMma, ForwardMatchesCpu_f16_hd256) { expect_forward_matches_cpu(DType::F16, 256); }
+TEST(CudaAttentionMma, ForwardMatchesCpu_bf16_hd64_32RowsPerWarp) {
+  expect_forward_matches_cpu(DType::BF16, 64, 32);
+}
+TEST(CudaAttentionMma, ForwardMatchesCpu_bf16_hd128_32RowsPerWarp) {
+  expect_forward_matches_cpu(DType::BF16, 128, 32);
+}
+TEST(CudaAttentionMma, ForwardMatchesCpu_f16_hd64_32RowsPerWarp) {
+  expect_forward_matches_cpu(DType::F16, 64, 32);
+}
+TEST(CudaAttentionMma, ForwardMatchesCpu_f16_hd128_32RowsPerWarp) {
+  expect_forward_matches_cpu(DType::F16, 128, 32);
+}
+
+// At 32 rows per warp hd 64 keeps its 64-key tiles and every row's sums run in the same order
+// (the n-tiles a warp of 16 rows would skip hold only masked keys: P = +0): the bits of 16 rows
+// per warp. hd 128 takes 32-key tiles there (the registers), so its running max and sums are
+// rescaled every 32 keys: other bits, within the same bound (above) -- which also shows that the
+// setting reaches the kernel. Random data over several blocks (T = 300), grouped-query.
+TEST(CudaAttentionMma, ThirtyTwoRowsPerWarpKeepTheBitsWhereTheTilesAreTheSame) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    for (int64_t hd : {64, 128}) {
+      const MmaCase c{2, 300, 4, 2, hd};
+      Random rng(static_cast<uint64_t>(31 + hd));
+      const HostTensor qkv = nonzero_tensor(rng, dtype, {c.B, c.T, c.W()}, 0.125, 1.5);
+      const Forward narrow = gpu_forward(qkv, c);
+      const Forward wide = [&] {
+        const AttentionWarpRows rows(32);
+        return gpu_forward(qkv, c);
+      }();
+      const bool same = bitwise_equal(narrow.out, wide.out) && bitwise_equal(narrow.lse, wide.lse);
+      EXPECT_EQ(same, hd == 64) << case_name(c, dtype);
+      EXPECT_TRUE(
+          all_close(wide.out.values(), cpu_forward(qkv, c).out.values(), out_tolerance(dtype, 1.5)))
+          << case_name(c, dtype);
+    }
+  }
+}
 
 // q and k up to 4 in magnitude: scores of standard deviation about 5, a softmax dominated by a
 // few keys, and a running max that grows from tile to tile (the rescaling of O and the sums).
+// Also at 32 rows per warp (hd 128: 32-key tiles, more rescaling).
 TEST(CudaAttentionMma, PeakedSoftmaxAcrossTilesMatchesCpu) {
   REQUIRE_CUDA_DEVICE();
   for (DType dtype : {DType::BF16, DType::F16}) {
-    for (int64_t hd : {64, 256}) {
+    for (auto [hd, warp_rows] : {std::pair{64, 16}, {256, 16}, {128, 32}}) {
+      const AttentionWarpRows rows(warp_rows);
       const MmaCase c{1, 130, 2, 1, hd};
       Random rng(static_cast<uint64_t>(7 + hd));
       HostTensor qkv = nonzero_tensor(rng, dtype, {c.B, c.T, c.W()}, 0.125, 4.0);

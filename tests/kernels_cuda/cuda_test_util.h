@@ -172,6 +172,16 @@ struct BlockPerRowNorms {
   BlockPerRowNorms& operator=(const BlockPerRowNorms&) = delete;
 };
 
+// While it lives, the tensor-core attention forward gives each warp `rows` query rows (16 or
+// 32 at head dims 64 and 128: set_cuda_attention_warp_rows); 16, the default, restored at the
+// end.
+struct AttentionWarpRows {
+  explicit AttentionWarpRows(int rows) { set_cuda_attention_warp_rows(rows); }
+  ~AttentionWarpRows() { set_cuda_attention_warp_rows(16); }
+  AttentionWarpRows(const AttentionWarpRows&) = delete;
+  AttentionWarpRows& operator=(const AttentionWarpRows&) = delete;
+};
+
 // The tolerance of a norm's per-row statistics (mean, rstd) over rows of C elements against the
 // CPU twin. The twin adds its C terms in sequence in fp32: C roundings of a growing partial sum,
 // a relative error of rms ~ eps * sqrt(C / 9), so its square, the normalized mse, grows with C.

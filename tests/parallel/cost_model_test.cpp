@@ -259,16 +259,15 @@ TEST(KernelWork, MemoryTrafficOfAGpt2Block) {
   // Per token, in elements, C = 768, MLP 4C: forward the first layernorm (read + write C), the
   // second with the residual add before it fused (a, b read, residual and norm written: 4C; C
   // <= 8192), the last residual add (2 read + 1 written) and the GELU (4C read, 4C written);
-  // backward two layernorm
-  // backwards (dout, inp, dinp read, dinp written, then dout and inp again for dweight/dbias:
-  // 6C), the attention's delta (dO, O: 2C), GELU backward (3 x 4C, the fc bias's 4C column
-  // sums in its pass) and the other bias gradients (qkv 3C, attention projection C, fc
-  // projection C, one read each).
+  // backward two layernorm backwards (dout, inp, dinp read, dinp written, then dout and inp
+  // again for dweight/dbias: 6C), the attention's delta (O read by the dQ kernel, which holds
+  // dO already: C), GELU backward (3 x 4C, the fc bias's 4C column sums in its pass) and the
+  // other bias gradients (qkv 3C, attention projection C, fc projection C, one read each).
   const ModelConfig gpt2 = small_gpt2();
   const double C = 768, Vp = 50304;
   const MemoryTraffic t = memory_traffic(gpt2, 1, false);
   EXPECT_DOUBLE_EQ(t.layer_forward, 2 * C + 4 * C + 3 * C + 2 * 4 * C);
-  EXPECT_DOUBLE_EQ(t.layer_backward, 2 * 6 * C + 2 * C + 3 * 4 * C + (3 + 1 + 1) * C);
+  EXPECT_DOUBLE_EQ(t.layer_backward, 2 * 6 * C + C + 3 * 4 * C + (3 + 1 + 1) * C);
   EXPECT_DOUBLE_EQ(t.layer_selective, 2 * 2 * C + 2 * 4 * C);
   EXPECT_DOUBLE_EQ(t.embed_forward, 3 * C);  // wte and wpe rows read, the sum written
   // The final layernorm, and the softmax + cross-entropy reading the logits twice and writing
@@ -280,7 +279,7 @@ TEST(KernelWork, MemoryTrafficOfAGpt2Block) {
   const MemoryTraffic sp = memory_traffic(gpt2, 2, true);
   EXPECT_DOUBLE_EQ(sp.layer_forward, (2 + 4 + 3) * C / 2 + 2 * 4 * C / 2 + 2 * 2 * C / 2);
   EXPECT_DOUBLE_EQ(sp.layer_backward,
-                   2 * 6 * C / 2 + 2 * C / 2 + 3 * 4 * C / 2 + 3 * C / 2 + 2 * C);
+                   2 * 6 * C / 2 + C / 2 + 3 * 4 * C / 2 + 3 * C / 2 + 2 * C);
   EXPECT_DOUBLE_EQ(sp.head_forward, 2 * C / 2 + 3 * Vp / 2);
   // Without sequence parallelism the norm and residual rows are whole on every tp rank.
   const MemoryTraffic no_sp = memory_traffic(gpt2, 2, false);
@@ -304,7 +303,7 @@ TEST(KernelWork, MemoryTrafficOfALlamaBlock) {
   const double C = 512, q = 512, kv = 128, I = 1536;
   const MemoryTraffic t = memory_traffic(llama, 1, false);
   EXPECT_DOUBLE_EQ(t.layer_forward, 2 * C + 4 * C + 3 * C + 2 * (q + kv) + 3 * I);
-  EXPECT_DOUBLE_EQ(t.layer_backward, 2 * 6 * C + 2 * q + 2 * (q + kv) + 5 * I);
+  EXPECT_DOUBLE_EQ(t.layer_backward, 2 * 6 * C + q + 2 * (q + kv) + 5 * I);
   EXPECT_DOUBLE_EQ(t.layer_selective, 2 * 2 * C + 3 * I);
   EXPECT_DOUBLE_EQ(t.embed_forward, 2 * C);
 }
@@ -328,9 +327,9 @@ TEST(CostModel, ComputeIsGemmsPlusAttentionPlusMemoryBound) {
       c.attention_seconds,
       m * (attention_forward / (peak * 0.286) + attention_backward / (peak * 0.265)),
       1e-9 * c.attention_seconds);
-  // Per token: a layer's forward 17C and backward 31C (MemoryTrafficOfAGpt2Block), the
+  // Per token: a layer's forward 17C and backward 30C (MemoryTrafficOfAGpt2Block), the
   // embedding, the head.
-  const double elements = L * (17 * C + 31 * C) + 3 * C + 3 * C + 2 * C + 3 * Vp + 7 * C;
+  const double elements = L * (17 * C + 30 * C) + 3 * C + 3 * C + 2 * C + 3 * Vp + 7 * C;
   EXPECT_NEAR(c.memory_bound_seconds, m * tokens * 2 * elements / (1008e9 * 0.8),
               1e-9 * c.memory_bound_seconds);
   EXPECT_NEAR(c.compute_seconds, c.gemm_seconds + c.attention_seconds + c.memory_bound_seconds,
