@@ -7,13 +7,16 @@
 //   bench_train [--device cpu|cuda] [--dtype fp32|fp16|bf16[,...]] [--recompute
 //   none|selective|full]
 //               [--models tiny,gpt2-124m] [--batch B] [--seq-len T] [--steps N] [--warmup N]
-//               [--threads N] [--peak-tflops X] [--json FILE]
+//               [--threads N] [--peak-tflops X] [--attention-warp-rows 16|32] [--json FILE]
 //
 // Defaults: cpu: fp32, tiny at 16 x 64 and gpt2-124m at 4 x 128, 1 warm-up and 3 timed steps;
 // cuda: gpt2-124m, 8 x 1024, 3 warm-up and 10 timed steps. The warm-up steps are not timed;
 // each timed step ends with a synchronize of the device before the clock is read, and the
 // table reports the median step. The peak (MFU) is --peak-tflops, else on cuda the dense
 // fp16/bf16 tensor peak of the detected GPU in topology/gpu_table.cpp; otherwise left blank.
+// --attention-warp-rows 32 (cuda) runs the tensor-core attention with 32 rows per warp where it
+// has that form (set_cuda_attention_warp_rows in kernels/cuda/cuda_backend.h), to time a whole
+// step both ways.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -44,6 +47,9 @@
 #include "train/devices.h"
 #include "train/options.h"
 #include "train/weights_io.h"
+#ifdef DSTRAIN_WITH_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 using namespace dstrain;
 
@@ -52,7 +58,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: bench_train [--device cpu|cuda] [--dtype fp32|fp16|bf16[,...]] "
     "[--recompute none|selective|full] [--models a,b] [--batch B] [--seq-len T] [--steps N] "
-    "[--warmup N] [--threads N] [--peak-tflops X] [--json FILE]";
+    "[--warmup N] [--threads N] [--peak-tflops X] [--attention-warp-rows 16|32] [--json FILE]";
 
 struct Options {
   std::string device = "cpu";
@@ -63,6 +69,7 @@ struct Options {
   int steps = -1, warmup = -1;      // -1: the device's default
   int threads = 0;                  // 0: all cores
   double peak_tflops = 0;           // 0: from the GPU table (cuda), else none
+  int attention_warp_rows = 16;     // the CUDA attention's rows per warp: 16 or 32
   std::string json;
 };
 
@@ -107,6 +114,11 @@ Options parse_options(int argc, char** argv) {
       o.peak_tflops = std::strtod(text.c_str(), &end);
       DSTRAIN_USER_CHECK(end != text.c_str() && *end == '\0' && o.peak_tflops > 0)
           << "--peak-tflops takes a positive number (TFLOP/s), not '" << text << "'";
+    } else if (arg == "--attention-warp-rows") {
+      const std::string text = value();
+      DSTRAIN_USER_CHECK(text == "16" || text == "32")
+          << "--attention-warp-rows takes 16 or 32, not '" << text << "'";
+      o.attention_warp_rows = text == "32" ? 32 : 16;
     } else if (arg == "--json") {
       o.json = value();
     } else {
@@ -114,6 +126,8 @@ Options parse_options(int argc, char** argv) {
     }
   }
   const bool cuda = o.device == "cuda";
+  DSTRAIN_USER_CHECK(cuda || o.attention_warp_rows == 16)
+      << "--attention-warp-rows sets the CUDA attention kernels: it needs --device cuda";
   if (o.dtypes.empty()) o.dtypes = {"fp32"};
   if (o.models.empty())
     o.models = cuda ? std::vector<std::string>{"gpt2-124m"}
@@ -257,10 +271,11 @@ std::string format_fixed(double value, int decimals) {
   return text;
 }
 
-nlohmann::json to_json(const Result& r, const std::string& device, const std::string& recompute) {
-  nlohmann::json j{{"impl", "dstrain"}, {"device", device},       {"model", r.model},
-                   {"dtype", r.dtype},  {"recompute", recompute}, {"params", r.params},
+nlohmann::json to_json(const Result& r, const Options& o) {
+  nlohmann::json j{{"impl", "dstrain"}, {"device", o.device},       {"model", r.model},
+                   {"dtype", r.dtype},  {"recompute", o.recompute}, {"params", r.params},
                    {"batch", r.batch},  {"seq_len", r.seq_len}};
+  if (o.device == "cuda") j["attention_warp_rows"] = o.attention_warp_rows;
   if (!r.error.empty()) {
     j["error"] = r.error;
     return j;
@@ -287,6 +302,9 @@ int run(const Options& o) {
   const RunDevices devices = choose_devices(o.device, 1);
   const bool cuda = devices.cuda;
   std::string gpu_name;
+#ifdef DSTRAIN_WITH_CUDA
+  if (cuda) set_cuda_attention_warp_rows(o.attention_warp_rows);
+#endif
   if (cuda) {
     std::string report;
     const NodeTopology topology = probe_local_topology(&report);
@@ -337,9 +355,9 @@ int run(const Options& o) {
         peak_sources.push_back(peak.source);
       }
       if (!header_printed) {
-        std::printf("bench_train: 1 rank on %s (%s), recompute %s, %d warm-up + %d timed steps\n",
+        std::printf("bench_train: 1 rank on %s (%s), recompute %s, %d warm-up + %d timed steps%s\n",
                     devices.describe().c_str(), backend_name.c_str(), o.recompute.c_str(), o.warmup,
-                    o.steps);
+                    o.steps, o.attention_warp_rows == 32 ? ", attention 32 rows per warp" : "");
         std::printf(
             "| model | params | dtype | batch x seq | ms/step | tokens/s | %s | peak %s "
             "| MFU | fp16 skipped | peak memory |\n",
@@ -394,7 +412,7 @@ int run(const Options& o) {
                         "per token 3 x (L x (2 x the multiply-adds of a layer's matrices + 4 T C) + 2 C Vp) "
                         "(model_flops.h)"},
                        {"rows", nlohmann::json::array()}};
-    for (const Result& r : results) out["rows"].push_back(to_json(r, o.device, o.recompute));
+    for (const Result& r : results) out["rows"].push_back(to_json(r, o));
     std::ofstream file(o.json);
     file << out.dump(2) << "\n";
     DSTRAIN_USER_CHECK(file.good()) << "cannot write --json " << o.json;

@@ -339,6 +339,16 @@ if ((!KERNELS_ONLY)); then
     --channels 2048 --heads 16 --json "$json/ops_bf16_hd128.json"
   run_step bench_cuda_ops_bf16_hd256 45 "$BUILD/bench_cuda_ops" --dtype bf16 --batch 4 \
     --channels 4096 --heads 16 --json "$json/ops_bf16_hd256.json"
+  # The attention with 32 rows per warp (set_cuda_attention_warp_rows; the default is 16) in a
+  # whole bf16 step of the first model, against its row above: the measurement that picks the
+  # default (the bench_cuda_ops rows "(32 rows per warp)" time the kernels alone).
+  first_model=${MODELS%% *}
+  batch=$BATCH_124M
+  if [ "$first_model" = gpt2-1.5b ]; then batch=$BATCH_1_5B; fi
+  run_step "bench_train_${first_model}_attention32" 120 "$BUILD/bench_train" --device cuda \
+    --models "$first_model" --dtype bf16 --batch "$batch" --seq-len "$SEQ" --steps "$STEPS" \
+    --warmup "$WARMUP" --attention-warp-rows 32 \
+    --json "$json/dstrain_${first_model}_attention32.json"
 fi  # KERNELS_ONLY
 
 # ---- the hardware checks the emulator cannot make: shared-memory races (cp.async double

@@ -416,6 +416,15 @@ def fmt(value, digits=1, suffix=""):
     return "" if value is None else f"{value:.{digits}f}{suffix}"
 
 
+def dstrain_row(row):
+    """A bench_train row; one run with another attention form than the default (bench_train
+    --attention-warp-rows) gets a line of its own, named after the form."""
+    rows = row.get("attention_warp_rows", 16)
+    if rows == 16:
+        return row
+    return dict(row, model=f"{row['model']} (attention {rows} rows per warp)")
+
+
 def summarize(argv):
     parser = argparse.ArgumentParser(prog="pytorch_gpt2.py summarize",
                                      description="markdown summary of a GPU benchmark session")
@@ -441,7 +450,7 @@ def summarize(argv):
             ops.append(data)
             gpu = gpu or data.get("device", "")
         elif program == "bench_train":
-            dstrain += data.get("rows", [])
+            dstrain += [dstrain_row(r) for r in data.get("rows", [])]
             gpu = gpu or data.get("gpu", "")
         elif program == "pytorch_gpt2":
             pytorch += data.get("rows", [])
