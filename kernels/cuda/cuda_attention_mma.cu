@@ -132,33 +132,6 @@ __device__ __forceinline__ void online_softmax(State& state, float (&s)[kWarpTil
   }
 }
 
-// O += P V over the key steps with an active n-tile: P's accumulator layout is the A fragment of
-// the step's 16 keys; each V fragment pair (ldmatrix .trans: V's rows are B's rows) serves every
-// 16-row tile of the warp.
-template <class Element, int kHeadDim, int kWarpTiles, int kKeyTiles>
-__device__ __forceinline__ void accumulate_pv(float (&o)[kWarpTiles][kHeadDim / 8][4],
-                                              const float (&p)[kWarpTiles][kKeyTiles][4],
-                                              const Element* v_tile, int lane, int active_tiles) {
-  using Core = TensorCore<Element>;
-#pragma unroll
-  for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
-    if (2 * kk >= active_tiles) continue;
-    uint32_t a[kWarpTiles][4];
-#pragma unroll
-    for (int m = 0; m < kWarpTiles; ++m) pack_a_fragment<Element>(a[m], p[m], kk);
-#pragma unroll
-    for (int dp = 0; dp < kHeadDim / 16; ++dp) {
-      uint32_t b0[2], b1[2];
-      load_b_pair_trans<kHeadDim>(b0, b1, v_tile, lane, kk, dp);
-#pragma unroll
-      for (int m = 0; m < kWarpTiles; ++m) {
-        Core::mma(o[m][2 * dp], a[m], b0);
-        Core::mma(o[m][2 * dp + 1], a[m], b1);
-      }
-    }
-  }
-}
-
 // The warp's rows leave: lse = max * scale + log(sum) (natural log, as the fp32 kernel and the
 // backward use), O / sum through the warp's own Q rows of shared memory (only this warp read
 // them) and 128-bit stores. `o_tile` is the block's Q tile, `row0` the warp's first row in it.
@@ -295,8 +268,9 @@ __global__ void __launch_bounds__(kThreads)
     // The skipped n-tiles lie past every row's last key, so masking covers them too.
     if (k0 + kKeys - 1 > warp_q0 || k0 + kKeys > T) mask_scores(s, warp_q0, k0, T, lane);
     online_softmax(state, s, scale_log2);
-    accumulate_pv<Element, kHeadDim>(state.o, s, v_tiles + stage * kTileElements, lane,
-                                     active_tiles);
+    // O += P V
+    warp_accumulate_product<Element, kHeadDim>(state.o, s, v_tiles + stage * kTileElements, lane,
+                                               active_tiles);
   }
 
   store_warp_rows<Tile>(out + int64_t{b} * T * NH * kHeadDim + h * kHeadDim, int64_t{NH} * kHeadDim,

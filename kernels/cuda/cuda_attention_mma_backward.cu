@@ -181,53 +181,6 @@ __device__ __forceinline__ void accumulator_to_tile(Element* tile, const float (
 // dK/dV kernel helpers. A warp owns kWarpTiles 16-row tiles of keys (rows (m, r) of a lane:
 // warp_key0 + 16 m + group + 8 r) and kColumnTiles 8-column n-tiles of dK and dV.
 
-// S^T = K Q^T and dP^T = V dO^T (16 kWarpTiles keys, kQueryTiles 8-query n-tiles) of one query
-// tile; each Q and dO fragment pair serves every 16-key tile of the warp.
-template <class Element, int kHeadDim, int kWarpTiles, int kQueryTiles>
-__device__ __forceinline__ void transposed_scores(float (&s)[kWarpTiles][kQueryTiles][4],
-                                                  float (&dp)[kWarpTiles][kQueryTiles][4],
-                                                  const Element* k_tile, const Element* v_tile,
-                                                  const Element* q_tile, const Element* do_tile,
-                                                  int warp_key0, int lane) {
-  using Core = TensorCore<Element>;
-#pragma unroll
-  for (int m = 0; m < kWarpTiles; ++m) {
-#pragma unroll
-    for (int n = 0; n < kQueryTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[m][n][e] = dp[m][n][e] = 0.0f;
-    }
-  }
-#pragma unroll
-  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-    uint32_t a[kWarpTiles][4], b0[2], b1[2];
-#pragma unroll
-    for (int m = 0; m < kWarpTiles; ++m)
-      load_a_fragment<kHeadDim>(a[m], k_tile, warp_key0 + kWarpRows * m, lane, kk);
-#pragma unroll
-    for (int np = 0; np < kQueryTiles / 2; ++np) {
-      load_b_pair<kHeadDim>(b0, b1, q_tile, lane, np, kk);
-#pragma unroll
-      for (int m = 0; m < kWarpTiles; ++m) {
-        Core::mma(s[m][2 * np], a[m], b0);
-        Core::mma(s[m][2 * np + 1], a[m], b1);
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < kWarpTiles; ++m)
-      load_a_fragment<kHeadDim>(a[m], v_tile, warp_key0 + kWarpRows * m, lane, kk);
-#pragma unroll
-    for (int np = 0; np < kQueryTiles / 2; ++np) {
-      load_b_pair<kHeadDim>(b0, b1, do_tile, lane, np, kk);
-#pragma unroll
-      for (int m = 0; m < kWarpTiles; ++m) {
-        Core::mma(dp[m][2 * np], a[m], b0);
-        Core::mma(dp[m][2 * np + 1], a[m], b1);
-      }
-    }
-  }
-}
-
 // P^T and dS^T = P^T (dP^T - delta) in place of S^T and dP^T: query i = q0 + column sees key j
 // when j <= i < T (lse +inf past T, so P = 0 there too).
 template <int kWarpTiles, int kQueryTiles>
@@ -367,8 +320,12 @@ __global__ void __launch_bounds__(kThreads)
     // Warp-uniform: some query of the tile sees one of this warp's keys, and they are not all
     // past T.
     if (q0 + kQueries <= j0 + warp_key0 || j0 + warp_key0 >= T) continue;
+    // S^T = K Q^T and dP^T = V dO^T (the warp's keys, the tile's queries); K's and V's A
+    // fragments read from shared memory for each tile (no registers left to keep them).
     float s[kWarpTiles][kQueryTiles][4], dp[kWarpTiles][kQueryTiles][4];
-    transposed_scores<Element, kHeadDim>(s, dp, k_tile, v_tile, q_tile, do_tile, warp_key0, lane);
+    const uint32_t no_fragments[kWarpTiles][1][4] = {};
+    warp_products<false, kHeadDim>(s, no_fragments, k_tile, q_tile, warp_key0, lane, kQueryTiles);
+    warp_products<false, kHeadDim>(dp, no_fragments, v_tile, do_tile, warp_key0, lane, kQueryTiles);
     probabilities_and_ds(s, dp, lse_tiles + stage * kQueries, delta_tiles + stage * kQueries,
                          j0 + warp_key0, q0, T, scale_log2, lane);
     accumulate_dkdv<Element, kHeadDim>(dk, dv, s, dp, q_tile, do_tile, column0, lane);
@@ -409,33 +366,6 @@ __device__ __forceinline__ void ds_in_place(float (&s)[kWarpTiles][kKeyTiles][4]
         const float p =
             j <= i && j < T ? exp2f(fmaf(s[m][n][e], scale_log2, -row_lse_log2[m][r])) : 0.0f;
         s[m][n][e] = p * (dp[m][n][e] - row_delta[m][r]);
-      }
-    }
-  }
-}
-
-// dQ += dS K over the key steps with an active n-tile: dS rounded to 16 bits (the accumulator's
-// layout is the A fragment's), K's rows are B's rows (.trans); each K fragment pair serves every
-// 16-row tile of the warp.
-template <class Element, int kHeadDim, int kWarpTiles, int kKeyTiles>
-__device__ __forceinline__ void accumulate_dq(float (&dq)[kWarpTiles][kHeadDim / 8][4],
-                                              const float (&ds)[kWarpTiles][kKeyTiles][4],
-                                              const Element* k_tile, int lane, int active_tiles) {
-  using Core = TensorCore<Element>;
-#pragma unroll
-  for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
-    if (2 * kk >= active_tiles) continue;
-    uint32_t ds_fragment[kWarpTiles][4];
-#pragma unroll
-    for (int m = 0; m < kWarpTiles; ++m) pack_a_fragment<Element>(ds_fragment[m], ds[m], kk);
-#pragma unroll
-    for (int dp = 0; dp < kHeadDim / 16; ++dp) {
-      uint32_t b0[2], b1[2];
-      load_b_pair_trans<kHeadDim>(b0, b1, k_tile, lane, kk, dp);
-#pragma unroll
-      for (int m = 0; m < kWarpTiles; ++m) {
-        Core::mma(dq[m][2 * dp], ds_fragment[m], b0);
-        Core::mma(dq[m][2 * dp + 1], ds_fragment[m], b1);
       }
     }
   }
@@ -551,7 +481,8 @@ __global__ void __launch_bounds__(kThreads)
     warp_products<kInRegisters, kHeadDim>(dp, do_fragments, do_tile, v_tile, row0, lane,
                                           active_tiles);
     ds_in_place(s, dp, row_lse_log2, row_delta, warp_q0, k0, T, scale_log2, lane);
-    accumulate_dq<Element, kHeadDim>(dq, s, k_tile, lane, active_tiles);
+    // dQ += dS K
+    warp_accumulate_product<Element, kHeadDim>(dq, s, k_tile, lane, active_tiles);
   }
 
   // ---- epilogue: dQ * scale through this warp's own Q rows (only it reads them), 128-bit

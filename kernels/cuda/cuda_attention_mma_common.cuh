@@ -183,4 +183,32 @@ __device__ __forceinline__ void warp_products(float (&acc)[kWarpTiles][kTiles][4
   }
 }
 
+// acc (16 kWarpTiles rows, hd) += P Y over the k-steps with an active n-tile of P: P (rows,
+// 8 kTiles) an fp32 accumulator (P, dS), rounded to 16 bits as the A operand (its layout is the
+// A fragment's); Y a streamed tile (V, K) whose rows are B's rows (ldmatrix .trans). Each Y
+// fragment pair serves every 16-row tile of the warp. O += P V, dQ += dS K.
+template <class Element, int kHeadDim, int kWarpTiles, int kTiles>
+__device__ __forceinline__ void warp_accumulate_product(float (&acc)[kWarpTiles][kHeadDim / 8][4],
+                                                        const float (&p)[kWarpTiles][kTiles][4],
+                                                        const Element* y_tile, int lane,
+                                                        int active_tiles) {
+#pragma unroll
+  for (int kk = 0; kk < kTiles / 2; ++kk) {
+    if (2 * kk >= active_tiles) continue;
+    uint32_t a[kWarpTiles][4];
+#pragma unroll
+    for (int m = 0; m < kWarpTiles; ++m) pack_a_fragment<Element>(a[m], p[m], kk);
+#pragma unroll
+    for (int dp = 0; dp < kHeadDim / 16; ++dp) {
+      uint32_t b0[2], b1[2];
+      load_b_pair_trans<kHeadDim>(b0, b1, y_tile, lane, kk, dp);
+#pragma unroll
+      for (int m = 0; m < kWarpTiles; ++m) {
+        TensorCore<Element>::mma(acc[m][2 * dp], a[m], b0);
+        TensorCore<Element>::mma(acc[m][2 * dp + 1], a[m], b1);
+      }
+    }
+  }
+}
+
 }  // namespace dstrain::cuda::attention::mma
