@@ -23,6 +23,8 @@
 #                  COMMIT=$(git rev-parse --short HEAD)
 #   PYTHON         python3
 #   SEQ, STEPS, WARMUP          1024 tokens, 10 timed steps after 3 untimed
+#   DTYPES         the dtypes of the training steps (default fp16,bf16; bench_cuda_ops runs in
+#                  fp16 only when they name it)
 #   MODELS         the models timed, in order (default "gpt2-1.5b gpt2-124m")
 #   PYTORCH        0: time dstrain only (no PyTorch runs, no prewarm)
 #   BATCH_124M, BATCH_1_5B      32 and 16: they fit dstrain and PyTorch eager on a 141 GB H200
@@ -72,6 +74,7 @@ BATCH_124M=${BATCH_124M:-32}
 BATCH_1_5B=${BATCH_1_5B:-16}
 PREWARM=${PREWARM:-1}
 MODELS=${MODELS:-gpt2-1.5b gpt2-124m}
+DTYPES=${DTYPES:-fp16,bf16}
 PYTORCH=${PYTORCH:-1}
 SANITIZE=${SANITIZE:-1}
 KERNELS_ONLY=${KERNELS_ONLY:-0}
@@ -240,7 +243,7 @@ elif torch_version=$("$PYTHON" -c "$torch_probe" 2>&1); then
 else
   record pytorch "python3 -c 'import torch' failed: $(echo "$torch_version" | tail -1)"
 fi
-dtypes=fp16,bf16
+dtypes=$DTYPES
 pytorch=("$PYTHON" benchmarks/pytorch_gpt2.py --device cuda --seq-len "$SEQ" --dtype "$dtypes"
          --compile-scope "$COMPILE_SCOPE")
 prewarm_pid=""
@@ -307,7 +310,9 @@ if ((!KERNELS_ONLY)); then
 
   # ---- benchmarks -------------------------------------------------------------------------------
   run_step bench_cuda_ops_bf16 60 "$BUILD/bench_cuda_ops" --dtype bf16 --json "$json/ops_bf16.json"
-  run_step bench_cuda_ops_fp16 60 "$BUILD/bench_cuda_ops" --dtype fp16 --json "$json/ops_fp16.json"
+  if [[ ,$dtypes, == *,fp16,* ]]; then
+    run_step bench_cuda_ops_fp16 60 "$BUILD/bench_cuda_ops" --dtype fp16 --json "$json/ops_fp16.json"
+  fi
 
   # The peak PyTorch's MFU is taken against: the one bench_train used (the GPU table's).
   peak_of() {
@@ -340,15 +345,15 @@ if ((!KERNELS_ONLY)); then
   run_step bench_cuda_ops_bf16_hd256 45 "$BUILD/bench_cuda_ops" --dtype bf16 --batch 4 \
     --channels 4096 --heads 16 --json "$json/ops_bf16_hd256.json"
   # The attention with 32 rows per warp (set_cuda_attention_warp_rows; the default is 16) in a
-  # whole bf16 step of the first model, against its row above: the measurement that picks the
+  # whole bf16 step of each model, against its row above: the measurement that picks the
   # default (the bench_cuda_ops rows "(32 rows per warp)" time the kernels alone).
-  first_model=${MODELS%% *}
-  batch=$BATCH_124M
-  if [ "$first_model" = gpt2-1.5b ]; then batch=$BATCH_1_5B; fi
-  run_step "bench_train_${first_model}_attention32" 120 "$BUILD/bench_train" --device cuda \
-    --models "$first_model" --dtype bf16 --batch "$batch" --seq-len "$SEQ" --steps "$STEPS" \
-    --warmup "$WARMUP" --attention-warp-rows 32 \
-    --json "$json/dstrain_${first_model}_attention32.json"
+  for model in $MODELS; do
+    batch=$BATCH_124M
+    if [ "$model" = gpt2-1.5b ]; then batch=$BATCH_1_5B; fi
+    run_step "bench_train_${model}_attention32" 120 "$BUILD/bench_train" --device cuda \
+      --models "$model" --dtype bf16 --batch "$batch" --seq-len "$SEQ" --steps "$STEPS" \
+      --warmup "$WARMUP" --attention-warp-rows 32 --json "$json/dstrain_${model}_attention32.json"
+  done
 fi  # KERNELS_ONLY
 
 # ---- the hardware checks the emulator cannot make: shared-memory races (cp.async double
@@ -360,7 +365,7 @@ if ((!SANITIZE)); then
 elif [ -z "$sanitizer" ] && ((!dry_run)); then
   record sanitizer "not run: no compute-sanitizer beside nvcc or on PATH"
 else
-  run_step racecheck_attention_mma 90 "${sanitizer:-compute-sanitizer}" --tool racecheck \
+  run_step racecheck_attention_mma 150 "${sanitizer:-compute-sanitizer}" --tool racecheck \
     --error-exitcode 3 "$BUILD/tests_kernels_cuda" --gtest_filter='CudaAttentionMma*'
   run_step memcheck_kernels 120 "${sanitizer:-compute-sanitizer}" --tool memcheck \
     --report-api-errors no --error-exitcode 3 "$BUILD/tests_kernels_cuda"
