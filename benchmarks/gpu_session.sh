@@ -36,6 +36,13 @@
 #                  tests, so the timed torch.compile runs compile from cache
 #   KERNELS_ONLY   1: build and run tests_kernels_cuda and the sanitizers only (no benchmark,
 #                  no PyTorch): a short call that checks a kernel fix on hardware
+#   PROFILE        1: build bench_cuda_ops and profile the kernels of PROFILE_KERNELS with
+#                  Nsight Compute (ncu --set full, one launch each, bf16): $OUT/ncu.tar.gz holds
+#                  each kernel's details page and its per-instruction source page (SASS, stall
+#                  samples) as text; nothing else runs
+#   PROFILE_KERNELS  OP:KERNEL:SHAPE items (bench_cuda_ops --only OP, ncu's regex KERNEL, SHAPE
+#                  hd64 = gpt2-1.5b's B=16 C=1600 NH=25 or hd128 = B=8 C=2048 NH=16); default the
+#                  tensor-core attention's three kernels at hd64 and its forward at hd128
 #   SANITIZE       1: last, compute-sanitizer's racecheck on the tensor-core attention tests and
 #                  memcheck on all kernel tests (0: skip)
 #   NCCL_FROM_PIP  1: when the CUDA toolkit has no NCCL, build against the NCCL of python's
@@ -78,7 +85,12 @@ DTYPES=${DTYPES:-fp16,bf16}
 PYTORCH=${PYTORCH:-1}
 SANITIZE=${SANITIZE:-1}
 KERNELS_ONLY=${KERNELS_ONLY:-0}
-if ((KERNELS_ONLY)); then PYTORCH=0; fi
+PROFILE=${PROFILE:-0}
+PROFILE_KERNELS=${PROFILE_KERNELS:-attention_forward:forward_mma:hd64 \
+attention_backward:dq_mma:hd64 attention_backward:dkdv_mma:hd64 \
+attention_forward:forward_mma:hd128}
+if ((KERNELS_ONLY || PROFILE)); then PYTORCH=0; fi
+if ((PROFILE)); then KERNELS_ONLY=1 SANITIZE=0; fi
 COMPILE_SCOPE=${COMPILE_SCOPE:-blocks}
 NCCL_FROM_PIP=${NCCL_FROM_PIP:-1}
 DEPS=${DEPS:-.gpu-deps}
@@ -266,6 +278,7 @@ fi
 # ---- build ------------------------------------------------------------------------------------
 targets=(tests_kernels_cuda tests_comm tests_train bench_cuda_ops bench_train)
 if ((KERNELS_ONLY)); then targets=(tests_kernels_cuda); fi
+if ((PROFILE)); then targets=(bench_cuda_ops); fi
 run_step configure 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DDSTRAIN_CUDA=ON -DDSTRAIN_CUDA_ARCHITECTURES=90 "${cmake_deps_args[@]}" &&
   run_step build "${BUILD_TIMEOUT:-360}" ninja -C "$BUILD" -j"$JOBS" "${targets[@]}"
@@ -281,8 +294,35 @@ if ((built != 0 && !dry_run)); then
   exit 1
 fi
 
+# ---- Nsight Compute profiles (PROFILE=1) ------------------------------------------------------
+if ((PROFILE)); then
+  ncu_bin=$(command -v ncu 2>/dev/null || ls "$(dirname "$nvcc_path")/ncu" \
+    /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ -z "$ncu_bin" ] && ((!dry_run)); then
+    record ncu "not run: no ncu on PATH, beside nvcc or in /opt/nvidia/nsight-compute"
+  else
+    profiles=$work/ncu
+    mkdir -p "$profiles"
+    for item in $PROFILE_KERNELS; do
+      IFS=: read -r op kernel shape <<<"$item"
+      shape_args=(--batch 16 --seq-len 1024 --channels 1600 --heads 25)  # hd64: gpt2-1.5b
+      if [ "$shape" = hd128 ]; then shape_args=(--batch 8 --seq-len 1024 --channels 2048 --heads 16); fi
+      name=${kernel}_$shape
+      # The kernel's second launch (past a cold first one) in the op's first form.
+      run_step "ncu_$name" 60 "${ncu_bin:-ncu}" --set full --import-source no \
+        --kernel-name "regex:$kernel" --launch-skip 1 --launch-count 1 -o "$profiles/$name" \
+        "$BUILD/bench_cuda_ops" --dtype bf16 --quick --only "$op" "${shape_args[@]}"
+      ((dry_run)) && continue
+      "$ncu_bin" --import "$profiles/$name.ncu-rep" --page details >"$profiles/${name}.txt" 2>&1
+      "$ncu_bin" --import "$profiles/$name.ncu-rep" --page source --csv --print-source sass \
+        >"$profiles/${name}_sass.csv" 2>&1
+    done
+    ((dry_run)) || tar -czf "$OUT/ncu.tar.gz" -C "$profiles" --exclude='*.ncu-rep' .
+  fi
+fi
+
 # ---- tests (a GPU test that cannot run skips with its reason) ---------------------------------
-run_step tests_kernels_cuda 120 "$BUILD/tests_kernels_cuda"
+((PROFILE)) || run_step tests_kernels_cuda 120 "$BUILD/tests_kernels_cuda"
 json=$work/json  # every benchmark's rows, for the summary
 mkdir -p "$json"
 if ((!KERNELS_ONLY)); then
