@@ -153,13 +153,14 @@ class Workspace {
   uint64_t seed_ = 1234;
 };
 
-// f with the norms' rows in blocks of 8 warps at every width (set_cuda_norm_block_rows_above),
-// the default restored after each call.
-std::function<void()> block_per_row(std::function<void()> f) {
-  return [f = std::move(f)] {
-    set_cuda_norm_block_rows_above(0);
+// f with the norms' rows above C elements in blocks of 8 warps, forward and backward
+// (set_cuda_norm_block_rows_above: 0 for every row, 2048 for one warp wherever it fits), the
+// defaults restored after each call.
+std::function<void()> norm_rows_above(int64_t C, std::function<void()> f) {
+  return [C, f = std::move(f)] {
+    set_cuda_norm_block_rows_above(C);
     f();
-    set_cuda_norm_block_rows_above(2048);
+    set_cuda_norm_block_rows_above(-1);
   };
 }
 
@@ -366,17 +367,24 @@ int run(const Options& options) {
        [&] { be.residual_rmsnorm_forward(residual, y, rstd, x, dx, ln_w, 1e-5f, nullptr); }},
       {"rmsnorm_backward", 4 * act + 4.0 * N, 0,
        [&] { be.rmsnorm_backward(y, dln_w, dx, x, ln_w, rstd, nullptr); }},
-      // The same norms with every row in a block of 8 warps (the form of C > 2048): at C <= 2048
-      // against the one-warp rows above, to choose the bound between the two forms.
+      // The same norms with every row in a block of 8 warps (the form of C > 2048), and the
+      // backwards with every row of C <= 2048 in one warp (the default only up to 1024): against
+      // the rows above, to choose the bounds between the two forms.
       {"layernorm_forward (8 warps per row)", 2 * act + 8.0 * N, 0,
-       block_per_row([&] { be.layernorm_forward(y, mean, rstd, x, ln_w, ln_b, nullptr); })},
-      {"layernorm_backward (8 warps per row)", 4 * act + 8.0 * N, 0, block_per_row([&] {
-         be.layernorm_backward(y, dln_w, dln_b, dx, x, ln_w, mean, rstd, nullptr);
-       })},
+       norm_rows_above(0, [&] { be.layernorm_forward(y, mean, rstd, x, ln_w, ln_b, nullptr); })},
+      {"layernorm_backward (8 warps per row)", 4 * act + 8.0 * N, 0,
+       norm_rows_above(
+           0, [&] { be.layernorm_backward(y, dln_w, dln_b, dx, x, ln_w, mean, rstd, nullptr); })},
+      {"layernorm_backward (one warp per row)", 4 * act + 8.0 * N, 0,
+       norm_rows_above(
+           2048,
+           [&] { be.layernorm_backward(y, dln_w, dln_b, dx, x, ln_w, mean, rstd, nullptr); })},
       {"rmsnorm_forward (8 warps per row)", 2 * act + 4.0 * N, 0,
-       block_per_row([&] { be.rmsnorm_forward(y, rstd, x, ln_w, 1e-5f, nullptr); })},
+       norm_rows_above(0, [&] { be.rmsnorm_forward(y, rstd, x, ln_w, 1e-5f, nullptr); })},
       {"rmsnorm_backward (8 warps per row)", 4 * act + 4.0 * N, 0,
-       block_per_row([&] { be.rmsnorm_backward(y, dln_w, dx, x, ln_w, rstd, nullptr); })},
+       norm_rows_above(0, [&] { be.rmsnorm_backward(y, dln_w, dx, x, ln_w, rstd, nullptr); })},
+      {"rmsnorm_backward (one warp per row)", 4 * act + 4.0 * N, 0,
+       norm_rows_above(2048, [&] { be.rmsnorm_backward(y, dln_w, dx, x, ln_w, rstd, nullptr); })},
       {"matmul_forward qkv (C->3C)", 0, 2.0 * nd * cd * 3 * cd,
        [&] { be.matmul_forward(qkv, x, w_qkv, b_qkv, false, nullptr); }},
       {"matmul_backward qkv", 0, 4.0 * nd * cd * 3 * cd,

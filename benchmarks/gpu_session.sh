@@ -23,6 +23,8 @@
 #                  COMMIT=$(git rev-parse --short HEAD)
 #   PYTHON         python3
 #   SEQ, STEPS, WARMUP          1024 tokens, 10 timed steps after 3 untimed
+#   ATTENTION32_MODELS  the models whose bf16 step is timed again with 32 rows per warp in the
+#                  attention (default: MODELS)
 #   DTYPES         the dtypes of the training steps (default fp16,bf16; bench_cuda_ops runs in
 #                  fp16 only when they name it)
 #   MODELS         the models timed, in order (default "gpt2-1.5b gpt2-124m")
@@ -82,6 +84,7 @@ BATCH_1_5B=${BATCH_1_5B:-16}
 PREWARM=${PREWARM:-1}
 MODELS=${MODELS:-gpt2-1.5b gpt2-124m}
 DTYPES=${DTYPES:-fp16,bf16}
+ATTENTION32_MODELS=${ATTENTION32_MODELS-$MODELS}
 PYTORCH=${PYTORCH:-1}
 SANITIZE=${SANITIZE:-1}
 KERNELS_ONLY=${KERNELS_ONLY:-0}
@@ -306,7 +309,9 @@ if ((PROFILE)); then
     for item in $PROFILE_KERNELS; do
       IFS=: read -r op kernel shape <<<"$item"
       shape_args=(--batch 16 --seq-len 1024 --channels 1600 --heads 25)  # hd64: gpt2-1.5b
-      if [ "$shape" = hd128 ]; then shape_args=(--batch 8 --seq-len 1024 --channels 2048 --heads 16); fi
+      if [ "$shape" = hd128 ]; then
+        shape_args=(--batch 8 --seq-len 1024 --channels 2048 --heads 16)
+      fi
       name=${kernel}_$shape
       # The kernel's second launch (past a cold first one) in the op's first form.
       run_step "ncu_$name" 60 "${ncu_bin:-ncu}" --set full --import-source no \
@@ -385,9 +390,9 @@ if ((!KERNELS_ONLY)); then
   run_step bench_cuda_ops_bf16_hd256 45 "$BUILD/bench_cuda_ops" --dtype bf16 --batch 4 \
     --channels 4096 --heads 16 --json "$json/ops_bf16_hd256.json"
   # The attention with 32 rows per warp (set_cuda_attention_warp_rows; the default is 16) in a
-  # whole bf16 step of each model, against its row above: the measurement that picks the
-  # default (the bench_cuda_ops rows "(32 rows per warp)" time the kernels alone).
-  for model in $MODELS; do
+  # whole bf16 step of each model of ATTENTION32_MODELS, against its row above: the measurement
+  # that picks the default (the bench_cuda_ops rows "(32 rows per warp)" time the kernels alone).
+  for model in $ATTENTION32_MODELS; do
     batch=$BATCH_124M
     if [ "$model" = gpt2-1.5b ]; then batch=$BATCH_1_5B; fi
     run_step "bench_train_${model}_attention32" 120 "$BUILD/bench_train" --device cuda \

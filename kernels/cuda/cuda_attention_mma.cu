@@ -11,12 +11,13 @@
 //     the fp32 output accumulator);
 //   - the online softmax on the accumulator fragments: a lane holds two rows (groupID and
 //     groupID + 8) of every 8-key n-tile, the row max is reduced over the 4 lanes of a quad with
-//     shuffles, exp2f with log2(e) folded into the scale;
+//     shuffles, exp2 (ex2.approx.ftz: one MUFU.EX2 each) with log2(e) folded into the scale;
 //   - P, rounded to 16 bits in registers, is the A operand of O += P V (the S accumulator's
 //     layout IS the A fragment's layout), V's B fragments from ldmatrix .trans;
 //   - key tiles past the block's last query are never loaded, n-tiles above a warp's rows are
 //     skipped (their probabilities are 0), the diagonal and the ragged end (keys >= T,
-//     zero-filled by cp.async) are masked;
+//     zero-filled by cp.async) are masked; the tiles that every row of a warp sees whole (all
+//     but its last one or two) take a code path with neither mask nor n-tile tests;
 //   - the output goes through shared memory (the warp's own Q rows) and leaves with 128-bit
 //     stores; lse = max * scale + log(sum), natural log, as the fp32 kernel and the backward use.
 // Shared-memory tiles: swizzled (rows, hd), see cuda_attention_mma_common.cuh.
@@ -112,7 +113,8 @@ __device__ __forceinline__ void online_softmax(State& state, float (&s)[kWarpTil
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
       const float max_scaled = tile_max * scale_log2;
-      const float correction = exp2f(state.max[m][r] * scale_log2 - max_scaled);  // 0 on tile 0
+      const float correction =  // 0 on tile 0
+          exp2_approx_ftz(state.max[m][r] * scale_log2 - max_scaled);
       state.max[m][r] = tile_max;
       state.sum[m][r] *= correction;
 #pragma unroll
@@ -124,12 +126,33 @@ __device__ __forceinline__ void online_softmax(State& state, float (&s)[kWarpTil
       for (int n = 0; n < kKeyTiles; ++n) {
 #pragma unroll
         for (int e = 2 * r; e < 2 * r + 2; ++e) {
-          s[m][n][e] = exp2f(fmaf(s[m][n][e], scale_log2, -max_scaled));  // -inf -> 0
+          s[m][n][e] = exp2_approx_ftz(fmaf(s[m][n][e], scale_log2, -max_scaled));  // -inf -> 0
           state.sum[m][r] += s[m][n][e];
         }
       }
     }
   }
+}
+
+// One key tile for a warp's rows: S = Q K^T over the n-tiles [0, active_tiles) (the others lie
+// past every row's last key), masked (kMasked: the diagonal, the sequence's end) or not (every
+// row sees every key), the online softmax, O += P V.
+template <bool kMasked, class Tile, class Element, class State, class Fragments>
+__device__ __forceinline__ void attend_key_tile(State& state, const Fragments& q_fragments,
+                                                const Element* q_tile, const Element* k_tile,
+                                                const Element* v_tile, int row0, int warp_q0,
+                                                int k0, int T, int active_tiles, float scale_log2,
+                                                int lane) {
+  constexpr int kHeadDim = Tile::kChunks * kChunkElements;
+  constexpr int kWarpTiles = Tile::kWarpQueryRows / kWarpRows;
+  float s[kWarpTiles][Tile::kKeys / 8][4];
+  // S = Q K^T (unscaled)
+  warp_products<Tile::kQInRegisters, kHeadDim>(s, q_fragments, q_tile, k_tile, row0, lane,
+                                               active_tiles);
+  if constexpr (kMasked) mask_scores(s, warp_q0, k0, T, lane);
+  online_softmax(state, s, scale_log2);
+  // O += P V
+  warp_accumulate_product<Element, kHeadDim>(state.o, s, v_tile, lane, active_tiles);
 }
 
 // The warp's rows leave: lse = max * scale + log(sum) (natural log, as the fp32 kernel and the
@@ -253,24 +276,24 @@ __global__ void __launch_bounds__(kThreads)
       if (tile == 0) load_warp_fragments<kHeadDim>(q_fragments, q_tile, row0, lane);
     }
 
+    const Element* k_tile = k_tiles + stage * kTileElements;
+    const Element* v_tile = v_tiles + stage * kTileElements;
+    if (warp_q0 < T && k0 + kKeys - 1 <= warp_q0 && k0 + kKeys <= T) {
+      // Every row of the warp sees every key of the tile (all but the last tiles of a warp):
+      // no mask and every n-tile, known when compiled.
+      attend_key_tile<false, Tile>(state, q_fragments, q_tile, k_tile, v_tile, row0, warp_q0, k0, T,
+                                   kKeyTiles, scale_log2, lane);
+      continue;
+    }
     // 8-key n-tiles with a key that some row of this warp sees (warp-uniform): the causal
     // bound, then the sequence's end; none for a warp whose rows are all past T. The first tile
     // is never empty for the others (every row sees key 0), so their running max is finite
-    // from then on.
+    // from then on. The skipped n-tiles lie past every row's last key, so masking covers them.
     const int seen = warp_q0 < T ? min(warp_q0 + Tile::kWarpQueryRows, T) - k0 : 0;
     const int active_tiles = min(kKeyTiles, (max(seen, 0) + 7) / 8);
     if (active_tiles == 0) continue;
-    const Element* k_tile = k_tiles + stage * kTileElements;
-    float s[kWarpTiles][kKeyTiles][4];
-    // S = Q K^T (unscaled)
-    warp_products<Tile::kQInRegisters, kHeadDim>(s, q_fragments, q_tile, k_tile, row0, lane,
-                                                 active_tiles);
-    // The skipped n-tiles lie past every row's last key, so masking covers them too.
-    if (k0 + kKeys - 1 > warp_q0 || k0 + kKeys > T) mask_scores(s, warp_q0, k0, T, lane);
-    online_softmax(state, s, scale_log2);
-    // O += P V
-    warp_accumulate_product<Element, kHeadDim>(state.o, s, v_tiles + stage * kTileElements, lane,
-                                               active_tiles);
+    attend_key_tile<true, Tile>(state, q_fragments, q_tile, k_tile, v_tile, row0, warp_q0, k0, T,
+                                active_tiles, scale_log2, lane);
   }
 
   store_warp_rows<Tile>(out + int64_t{b} * T * NH * kHeadDim + h * kHeadDim, int64_t{NH} * kHeadDim,

@@ -8,7 +8,8 @@
 //      a fixed-order shuffle sum) and stores it for the dK/dV kernel; then it streams its kv
 //      head's key tiles in ascending order: S = Q K^T, P, dP = dO V^T, dS as below, dQ += dS K
 //      (K from ldmatrix .trans); scaled at the end. Key tiles past the block's last query are not
-//      loaded, n-tiles above a warp's rows not computed.
+//      loaded, n-tiles above a warp's rows not computed; the tiles a warp sees whole take a path
+//      without mask or n-tile tests. exp2 is ex2.approx.ftz in both kernels.
 //   2. dK, dV: a block of 4 warps owns kKeys = 64 key rows of one (b, kv head) (32 for hd 256,
 //      where each 16 key rows belong to 2 warps that split the head-dim columns of dK and dV so
 //      that the two (16, 128) fp32 accumulators fit the registers; 128, 32 per warp, at hd 64
@@ -16,7 +17,8 @@
 //      that see its keys, of each of the kv head's query heads in ascending order, through two
 //      cp.async stages, and per warp and tile:
 //        S^T (keys, queries) = K Q^T      (mma: K's rows the A operand, Q's rows B's columns)
-//        P^T = exp2(S^T scale log2(e) - lse log2(e)), masked (causal, past T)
+//        P^T = exp2(S^T scale log2(e) - lse log2(e)), masked (causal, past T) where a query
+//              of the tile is before one of the warp's keys
 //        dP^T = V dO^T,  dS^T = P^T * (dP^T - delta)
 //        dV += P^T dO,   dK += dS^T Q     (P^T, dS^T rounded to 16 bits: the accumulators' layout
 //                                          is the A fragment's; dO, Q from ldmatrix .trans)
@@ -28,6 +30,7 @@
 // the bound).
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_attention_mma.cuh"
 #include "kernels/cuda/cuda_attention_mma_common.cuh"
@@ -61,6 +64,9 @@ struct DkdvTiling {
   static constexpr size_t kSharedBytes =
       static_cast<size_t>(2 * kKeys + 2 * kStages * kQueries) * kHeadDim * 2 +
       2 * kStages * kQueries * sizeof(float);
+  // Blocks per SM the registers must allow: 3 at hd 64 with 16 key rows per warp (168
+  // registers; it held 3 on an H200 before the unmasked path, which took 177 on its own).
+  static constexpr int kMinBlocks = kHeadDim == 64 && kWarpTiles == 1 ? 3 : 1;
 };
 
 // dQ: Q, dO (64, hd) + 2 stages of K, V (kKeys, hd) + delta (64): 48, 64, 96 KiB + 256 B. Q and
@@ -182,8 +188,9 @@ __device__ __forceinline__ void accumulator_to_tile(Element* tile, const float (
 // warp_key0 + 16 m + group + 8 r) and kColumnTiles 8-column n-tiles of dK and dV.
 
 // P^T and dS^T = P^T (dP^T - delta) in place of S^T and dP^T: query i = q0 + column sees key j
-// when j <= i < T (lse +inf past T, so P = 0 there too).
-template <int kWarpTiles, int kQueryTiles>
+// when j <= i < T (lse +inf past T, so P = 0 there too). !kMasked: every query of the tile sees
+// every key of the warp (those past T get P = 0 from lse alone).
+template <bool kMasked, int kWarpTiles, int kQueryTiles>
 __device__ __forceinline__ void probabilities_and_ds(float (&s)[kWarpTiles][kQueryTiles][4],
                                                      float (&dp)[kWarpTiles][kQueryTiles][4],
                                                      const float* tile_lse, const float* tile_delta,
@@ -198,8 +205,9 @@ __device__ __forceinline__ void probabilities_and_ds(float (&s)[kWarpTiles][kQue
       for (int e = 0; e < 4; ++e) {
         const int column = 8 * n + 2 * tig + (e & 1);
         const int i = q0 + column, j = key0 + kWarpRows * m + group + 8 * (e / 2);
-        const float p =
-            i >= j && i < T ? exp2f(fmaf(s[m][n][e], scale_log2, -tile_lse[column])) : 0.0f;
+        const float p = !kMasked || (i >= j && i < T)
+                            ? exp2_approx_ftz(fmaf(s[m][n][e], scale_log2, -tile_lse[column]))
+                            : 0.0f;
         s[m][n][e] = p;
         dp[m][n][e] = p * (dp[m][n][e] - tile_delta[column]);
       }
@@ -249,7 +257,7 @@ __device__ __forceinline__ void accumulate_dkdv(float (&dk)[kWarpTiles][kColumnT
 // (B,T,NH*hd), qkv (B,T,(NH+2KV)*hd), lse and delta (B,NH,T). Grid (ceil(T/kKeys), B*KV),
 // kThreads, DkdvTiling<kHeadDim, kWarpTiles>::kSharedBytes. scale_log2 = scale * log2(e).
 template <class Element, int kHeadDim, int kWarpTiles>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, (DkdvTiling<kHeadDim, kWarpTiles>::kMinBlocks))
     attention_dkdv_mma_kernel(Element* dqkv, const Element* dout, const Element* qkv,
                               const float* lse, const float* delta, int T, int NH, int KV,
                               float scale, float scale_log2) {
@@ -326,8 +334,15 @@ __global__ void __launch_bounds__(kThreads)
     const uint32_t no_fragments[kWarpTiles][1][4] = {};
     warp_products<false, kHeadDim>(s, no_fragments, k_tile, q_tile, warp_key0, lane, kQueryTiles);
     warp_products<false, kHeadDim>(dp, no_fragments, v_tile, do_tile, warp_key0, lane, kQueryTiles);
-    probabilities_and_ds(s, dp, lse_tiles + stage * kQueries, delta_tiles + stage * kQueries,
-                         j0 + warp_key0, q0, T, scale_log2, lane);
+    const float* tile_lse = lse_tiles + stage * kQueries;
+    const float* tile_delta = delta_tiles + stage * kQueries;
+    if (q0 >= j0 + warp_key0 + Tile::kWarpKeys - 1) {  // the tile's queries see all the keys
+      probabilities_and_ds<false>(s, dp, tile_lse, tile_delta, j0 + warp_key0, q0, T, scale_log2,
+                                  lane);
+    } else {
+      probabilities_and_ds<true>(s, dp, tile_lse, tile_delta, j0 + warp_key0, q0, T, scale_log2,
+                                 lane);
+    }
     accumulate_dkdv<Element, kHeadDim>(dk, dv, s, dp, q_tile, do_tile, column0, lane);
   }
 
@@ -347,8 +362,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // dS = P (dP - delta) in place of S, with P = exp2(S scale log2(e) - lse log2(e)): row i of the
 // warp (lane rows (m, r): warp_q0 + 16 m + group + 8 r) sees key j = k0 + column when j <= i and
-// j < T (rows past T: lse +inf, P = 0).
-template <int kWarpTiles, int kKeyTiles>
+// j < T (rows past T: lse +inf, P = 0). !kMasked: every row of the warp sees every key.
+template <bool kMasked, int kWarpTiles, int kKeyTiles>
 __device__ __forceinline__ void ds_in_place(float (&s)[kWarpTiles][kKeyTiles][4],
                                             const float (&dp)[kWarpTiles][kKeyTiles][4],
                                             const float (&row_lse_log2)[kWarpTiles][2],
@@ -363,8 +378,9 @@ __device__ __forceinline__ void ds_in_place(float (&s)[kWarpTiles][kKeyTiles][4]
       for (int e = 0; e < 4; ++e) {
         const int j = k0 + 8 * n + 2 * tig + (e & 1);
         const int r = e / 2, i = warp_q0 + kWarpRows * m + group + 8 * r;
-        const float p =
-            j <= i && j < T ? exp2f(fmaf(s[m][n][e], scale_log2, -row_lse_log2[m][r])) : 0.0f;
+        const float p = !kMasked || (j <= i && j < T)
+                            ? exp2_approx_ftz(fmaf(s[m][n][e], scale_log2, -row_lse_log2[m][r]))
+                            : 0.0f;
         s[m][n][e] = p * (dp[m][n][e] - row_delta[m][r]);
       }
     }
@@ -471,18 +487,27 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
 
+    // dS for n-tiles [0, active_tiles), masked or not, then dQ += dS K.
+    const auto key_tile = [&](auto masked, int active_tiles) {
+      float s[kWarpTiles][kKeyTiles][4], dp[kWarpTiles][kKeyTiles][4];
+      // S = Q K^T, dP = dO V^T
+      warp_products<kInRegisters, kHeadDim>(s, q_fragments, q_tile, k_tile, row0, lane,
+                                            active_tiles);
+      warp_products<kInRegisters, kHeadDim>(dp, do_fragments, do_tile, v_tile, row0, lane,
+                                            active_tiles);
+      ds_in_place<decltype(masked)::value>(s, dp, row_lse_log2, row_delta, warp_q0, k0, T,
+                                           scale_log2, lane);
+      warp_accumulate_product<Element, kHeadDim>(dq, s, k_tile, lane, active_tiles);
+    };
+    if (warp_q0 < T && k0 + kKeys - 1 <= warp_q0 && k0 + kKeys <= T) {
+      key_tile(std::false_type{}, kKeyTiles);  // every row sees every key: as the forward
+      continue;
+    }
     // 8-key n-tiles with a key that some row of this warp sees (warp-uniform), as the forward.
     const int seen = warp_q0 < T ? min(warp_q0 + kWarpQueryRows, T) - k0 : 0;
     const int active_tiles = min(kKeyTiles, (max(seen, 0) + 7) / 8);
     if (active_tiles == 0) continue;
-    float s[kWarpTiles][kKeyTiles][4], dp[kWarpTiles][kKeyTiles][4];
-    // S = Q K^T, dP = dO V^T
-    warp_products<kInRegisters, kHeadDim>(s, q_fragments, q_tile, k_tile, row0, lane, active_tiles);
-    warp_products<kInRegisters, kHeadDim>(dp, do_fragments, do_tile, v_tile, row0, lane,
-                                          active_tiles);
-    ds_in_place(s, dp, row_lse_log2, row_delta, warp_q0, k0, T, scale_log2, lane);
-    // dQ += dS K
-    warp_accumulate_product<Element, kHeadDim>(dq, s, k_tile, lane, active_tiles);
+    key_tile(std::true_type{}, active_tiles);
   }
 
   // ---- epilogue: dQ * scale through this warp's own Q rows (only it reads them), 128-bit

@@ -40,10 +40,12 @@ std::unique_ptr<Backend> make_cuda_backend(int device);
 // Number of usable CUDA devices; 0 when there is no GPU or no driver (never throws).
 int cuda_device_count();
 
-// The norm kernels hold a row of C <= 2048 elements in one warp and a wider one (up to 8192) in a
-// block of 8 warps (kernels/cuda/cuda_rows.cuh). This moves the bound down to `C` (clamped to
-// [0, 2048]; 2048 restores the default), so that a benchmark can time both forms on one shape and
-// a test can check both. Process-wide: set it while no norm kernel is being launched.
+// The norm kernels hold a row in one warp or, wider, in a block of 8 warps (up to 8192 elements;
+// kernels/cuda/cuda_rows.cuh). By default the forward takes one warp up to C = 2048 and the
+// backward up to 1024, the faster forms on an H200. This puts the bound of both at `C` (at most
+// 2048, the one-warp form's limit), so that a benchmark can time both forms on one shape and a
+// test can check both; a negative `C` restores the defaults. Process-wide: set it while no norm
+// kernel is being launched.
 void set_cuda_norm_block_rows_above(int64_t C);
 
 // The tensor-core attention forward gives each warp 16 query rows (the default), or 32 at head

@@ -369,7 +369,7 @@ void layernorm_forward(const CudaContext& ctx, Tensor out, Tensor mean, Tensor r
                        Tensor weight, Tensor bias, cudaStream_t stream) {
   const auto [N, C] = check_layernorm_forward(ctx, out, mean, rstd, inp, weight, bias);
   if (N == 0) return;
-  if (const RowForm form = row_form(C, {out, inp}, {weight, bias})) {
+  if (const RowForm form = row_form(RowPass::kForward, C, {out, inp}, {weight, bias})) {
     launch_forward_vector(form, out, mean, rstd, inp, Tensor(), Tensor(), weight, bias, N, C,
                           stream);
   } else {
@@ -387,7 +387,7 @@ void residual_layernorm_forward(const CudaContext& ctx, Tensor residual, Tensor 
                                 cudaStream_t stream) {
   check_residual_operands(ctx, residual, a, b);
   const auto [N, C] = check_layernorm_forward(ctx, out, mean, rstd, a, weight, bias);
-  const RowForm form = row_form(C, {out, a, b, residual}, {weight, bias});
+  const RowForm form = row_form(RowPass::kForward, C, {out, a, b, residual}, {weight, bias});
   if (!form) {
     residual_forward(ctx, residual, a, b, stream);
     layernorm_forward(ctx, out, mean, rstd, residual, weight, bias, stream);
@@ -422,7 +422,7 @@ void layernorm_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Ten
       << "layernorm weight " << weight.shape_str() << ", dweight " << dweight.shape_str()
       << ", dbias " << dbias.shape_str() << " must have " << C << " elements";
   if (N == 0) return;
-  if (const RowForm form = row_form(C, {dinp, dout, inp}, {weight})) {
+  if (const RowForm form = row_form(RowPass::kBackward, C, {dinp, dout, inp}, {weight})) {
     launch_backward_dinp_vector(form, dinp, dout, inp, weight, mean, rstd, N, C, stream);
   } else {
     DSTRAIN_LAUNCH(layernorm_backward_dinp_kernel, ceil_div(N, kRowsPerBlock), 32 * kRowsPerBlock,
@@ -456,7 +456,10 @@ void add_column_partials(Tensor dst, const float* partials, int64_t chunks, cuda
 namespace dstrain {
 
 void set_cuda_norm_block_rows_above(int64_t C) {
-  cuda::block_rows_above() = std::clamp<int64_t>(C, 0, cuda::kMaxWarpRowC);
+  for (const auto pass : {cuda::RowPass::kForward, cuda::RowPass::kBackward}) {
+    cuda::block_rows_above(pass) = C < 0 ? cuda::kDefaultBlockRowsAbove[static_cast<int>(pass)]
+                                         : std::min(C, cuda::kMaxWarpRowC);
+  }
 }
 
 }  // namespace dstrain

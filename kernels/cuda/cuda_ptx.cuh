@@ -186,6 +186,21 @@ __device__ __forceinline__ void cp_async_wait_all() {
 #endif
 }
 
+// ---- ex2.approx.ftz.f32: 2^x, one MUFU.EX2 ----
+// exp2f without fast-math compiles to MUFU.EX2 plus a guard for results below 2^-126 (a compare
+// and two multiplies); the .ftz form flushes those to +0 instead, and a subnormal x counts as 0
+// (2^x = 1). -inf gives +0, +inf gives +inf, NaN gives NaN. The ISA documents an approximation
+// (its bits are the hardware's); the emulator returns the host's exp2f with the same flushes.
+__device__ __forceinline__ float exp2_approx_ftz(float x) {
+#if defined(DSTRAIN_CUDA_EMULATION)
+  return ::dstrain::emu::ex2_approx_ftz(x);
+#else
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#endif
+}
+
 // ---- 128-bit global loads and stores (one LDG.128 / STG.128 per thread) ----
 // T is any 16-byte type: uint4, float4, Bf16x8. REQUIRES: address 16-byte aligned, global.
 

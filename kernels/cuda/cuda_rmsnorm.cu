@@ -268,7 +268,7 @@ void rmsnorm_forward(const CudaContext& ctx, Tensor out, Tensor rstd, Tensor inp
   check_tensor_dtype(ctx, rstd, DType::F32, "rmsnorm rstd");
   const RowShape s = check_rmsnorm_shapes(out, rstd, inp, weight, eps);
   if (s.rows == 0) return;
-  if (const RowForm form = row_form(s.cols, {out, inp}, {weight})) {
+  if (const RowForm form = row_form(RowPass::kForward, s.cols, {out, inp}, {weight})) {
     return launch_forward_vector(form, out, rstd, inp, Tensor(), Tensor(), weight, eps, s, stream);
   }
   DSTRAIN_LAUNCH(rmsnorm_forward_kernel, ceil_div(s.rows, kRowsPerBlock), 32 * kRowsPerBlock, 0,
@@ -285,7 +285,7 @@ void residual_rmsnorm_forward(const CudaContext& ctx, Tensor residual, Tensor ou
   check_float_tensor(ctx, weight, "rmsnorm weight");
   check_tensor_dtype(ctx, rstd, DType::F32, "rmsnorm rstd");
   const RowShape s = check_rmsnorm_shapes(out, rstd, a, weight, eps);
-  const RowForm form = row_form(s.cols, {out, a, b, residual}, {weight});
+  const RowForm form = row_form(RowPass::kForward, s.cols, {out, a, b, residual}, {weight});
   if (!form) {
     residual_forward(ctx, residual, a, b, stream);
     rmsnorm_forward(ctx, out, rstd, residual, weight, eps, stream);
@@ -305,7 +305,7 @@ void rmsnorm_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Tenso
   check_tensor_dtype(ctx, rstd, DType::F32, "rmsnorm rstd");
   const RowShape s = check_rmsnorm_backward_shapes(dinp, dweight, dout, inp, weight, rstd);
   if (s.rows == 0) return;
-  if (const RowForm form = row_form(s.cols, {dinp, dout, inp}, {weight})) {
+  if (const RowForm form = row_form(RowPass::kBackward, s.cols, {dinp, dout, inp}, {weight})) {
     launch_backward_dinp_vector(form, dinp, dout, inp, weight, rstd, s, stream);
   } else {
     DSTRAIN_LAUNCH(rmsnorm_backward_dinp_kernel, ceil_div(s.rows, kRowsPerBlock),

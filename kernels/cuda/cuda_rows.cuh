@@ -137,11 +137,18 @@ void with_residual(bool residual, F&& f) {
   }
 }
 
-// Rows of more than this many elements take the 8-warp form (kMaxWarpRowC unless a benchmark or
-// a test lowers it: set_cuda_norm_block_rows_above in cuda_backend.h). One value per process.
-inline int64_t& block_rows_above() {
-  static int64_t C = kMaxWarpRowC;
-  return C;
+// Which pass of a norm a row form is for: each has its own bound for the 8-warp form.
+enum class RowPass { kForward, kBackward };
+
+// Rows of more than this many elements take the 8-warp form. Measured on an H200 (bf16,
+// benchmarks/RESULTS.md, 2026-11-26): the one-warp forward is as fast or faster up to 2048, the
+// one-warp backward only up to 1024 (at C = 1600 the 8-warp backward is 55-62% faster; at 768
+// 22% slower). A benchmark or a test moves both: set_cuda_norm_block_rows_above in
+// cuda_backend.h. One value per process.
+constexpr int64_t kDefaultBlockRowsAbove[] = {kMaxWarpRowC, 1024};
+inline int64_t& block_rows_above(RowPass pass) {
+  static int64_t C[] = {kDefaultBlockRowsAbove[0], kDefaultBlockRowsAbove[1]};
+  return C[static_cast<int>(pass)];
 }
 
 // The register-held form of a row kernel: warps per row and packs per thread (0: not this form).
@@ -159,8 +166,8 @@ struct RowForm {
 // The form for rows of C elements in `rows` (one dtype, 16-byte aligned; empty tensors ignored)
 // with `params` (aligned); {} where it does not apply. Kernels are instantiated for 1 warp with
 // 2, 4 and 8 packs (C <= 512, 1024, 2048) and 8 warps with 2 and 4 (C <= 4096, 8192); the 8-warp
-// form takes the rows above block_rows_above().
-inline RowForm row_form(int64_t C, std::initializer_list<Tensor> rows,
+// form takes the rows above block_rows_above(pass).
+inline RowForm row_form(RowPass pass, int64_t C, std::initializer_list<Tensor> rows,
                         std::initializer_list<Tensor> params) {
   if (C % kVectorElements != 0 || C > kMaxRegisterC) return {};
   for (const Tensor& t : rows) {
@@ -171,7 +178,7 @@ inline RowForm row_form(int64_t C, std::initializer_list<Tensor> rows,
     if (!vector_aligned(t.data)) return {};
   }
   const int64_t packs = C / kVectorElements;
-  if (C <= block_rows_above()) {
+  if (C <= block_rows_above(pass)) {
     const int64_t per_lane = (packs + 31) / 32;
     return {1, per_lane <= 2 ? 2 : per_lane <= 4 ? 4 : kMaxPacks};
   }

@@ -259,6 +259,12 @@ void cp_async_wait_all() {
   cp_async_wait_group(0);
 }
 
+float ex2_approx_ftz(float x) {
+  if (std::fpclassify(x) == FP_SUBNORMAL) x = 0.0f;
+  const float y = std::exp2(x);
+  return std::fpclassify(y) == FP_SUBNORMAL ? 0.0f : y;
+}
+
 void finish_async_copies(AsyncCopies& copies) {
   while (!copies.committed.empty()) perform_oldest_group(copies);
   for (const AsyncCopy& copy : copies.uncommitted) perform(copy);

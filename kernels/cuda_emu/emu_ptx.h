@@ -51,6 +51,12 @@ void cp_async_wait_group(int n);
 // cp.async.wait_all: commit_group then wait_group 0.
 void cp_async_wait_all();
 
+// ---- ex2.approx.ftz.f32 ----
+// 2^x with subnormal inputs read as +-0 (2^x = 1) and subnormal results flushed to +0; -inf ->
+// +0, +inf -> +inf, NaN -> NaN. The hardware's approximation is not documented to the bit: this
+// is the host's exp2f.
+float ex2_approx_ftz(float x);
+
 // A thread's copies not yet performed (kept by the runtime with each GPU thread).
 struct AsyncCopy {
   void* dst;

@@ -4,13 +4,14 @@
 // multi-tensor AdamW is one launch and no wait; the residual add fused into a norm is one
 // launch where the two ops are two; the GELU backward with its bias gradient two where three;
 // the tensor-core attention backward two (dQ with delta, then dK/dV); and the attention's
-// blocks follow set_cuda_attention_warp_rows.
+// blocks follow set_cuda_attention_warp_rows; the norms' row forms follow their bounds.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/cuda_backend.h"
@@ -236,6 +237,65 @@ TEST(EmulatedLaunchCounts, AttentionWarpRowsSetTheBlocks) {
     set_cuda_attention_warp_rows(16);
     backend->synchronize(nullptr);
   }
+}
+
+// The norms' rows in bf16 (zeros: only launches are looked at): the forward holds a row of up to
+// 2048 channels in one warp (8 rows per block of 256 threads), the backward only up to 1024 and
+// wider rows in a block of 8 warps (one row per block); set_cuda_norm_block_rows_above moves both
+// bounds and -1 restores them. The dinp kernel is the backward's first launch.
+TEST(EmulatedLaunchCounts, NormBackwardTakesEightWarpsAbove1024Channels) {
+  std::unique_ptr<Backend> backend = make_cuda_backend(0);
+  constexpr int64_t kRows = 16, kMaxC = 2048;
+  void* memory = nullptr;
+  const size_t bytes =
+      (3 * kRows * kMaxC + kMaxC) * sizeof(uint16_t) + (2 * kRows + 2 * kMaxC) * sizeof(float);
+  ASSERT_EQ(cudaMalloc(&memory, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(memory, 0, bytes), cudaSuccess);
+  const Device gpu{Device::Kind::CUDA, 0};
+  auto* base = static_cast<uint16_t*>(memory);
+  auto* stats = reinterpret_cast<float*>(base + 3 * kRows * kMaxC + kMaxC);
+  const Tensor mean(stats, DType::F32, {kRows}, gpu), rstd(stats + kRows, DType::F32, {kRows}, gpu);
+  for (const int64_t C : {int64_t{1024}, int64_t{1032}, int64_t{1600}, kMaxC}) {
+    const auto rows = [&](int i) {
+      return Tensor(base + i * kRows * kMaxC, DType::BF16, {kRows, C}, gpu);
+    };
+    const Tensor weight(base + 3 * kRows * kMaxC, DType::BF16, {C}, gpu);
+    const Tensor dweight(stats + 2 * kRows, DType::F32, {C}, gpu);
+    const Tensor dbias(stats + 2 * kRows + kMaxC, DType::F32, {C}, gpu);
+    for (const int64_t bound : {int64_t{-1}, int64_t{0}, kMaxC}) {
+      set_cuda_norm_block_rows_above(bound);
+      const bool wide_forward = bound == 0;
+      const bool wide_backward = bound == 0 || (bound < 0 && C > 1024);
+      const unsigned forward_blocks = wide_forward ? kRows : kRows / 8;
+      const unsigned backward_blocks = wide_backward ? kRows : kRows / 8;
+      const std::string where = "C " + std::to_string(C) + ", bound " + std::to_string(bound);
+      EXPECT_EQ(grid_x([&] {
+                  backend->layernorm_forward(rows(0), mean, rstd, rows(1), weight, weight, nullptr);
+                }).front(),
+                forward_blocks)
+          << "layernorm forward, " << where;
+      EXPECT_EQ(grid_x([&] {
+                  backend->rmsnorm_forward(rows(0), rstd, rows(1), weight, 1e-5f, nullptr);
+                }).front(),
+                forward_blocks)
+          << "RMSNorm forward, " << where;
+      EXPECT_EQ(grid_x([&] {
+                  backend->layernorm_backward(rows(0), dweight, dbias, rows(1), rows(2), weight,
+                                              mean, rstd, nullptr);
+                }).front(),
+                backward_blocks)
+          << "layernorm backward, " << where;
+      EXPECT_EQ(grid_x([&] {
+                  backend->rmsnorm_backward(rows(0), dweight, rows(1), rows(2), weight, rstd,
+                                            nullptr);
+                }).front(),
+                backward_blocks)
+          << "RMSNorm backward, " << where;
+    }
+  }
+  set_cuda_norm_block_rows_above(-1);
+  backend->synchronize(nullptr);
+  cudaFree(memory);
 }
 
 }  // namespace

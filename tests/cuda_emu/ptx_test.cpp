@@ -513,4 +513,28 @@ TEST(CudaEmulatorPtx, Load128OfAMisalignedAddressIsAnError) {
   EXPECT_NE(error.find("16-byte aligned"), std::string::npos) << error;
 }
 
+// ex2.approx.ftz.f32 as the ISA states it: subnormal inputs count as 0 and subnormal results
+// are flushed to +0, the infinities and NaN pass through; elsewhere 2^x (to the approximation's
+// accuracy: within 2 ulp of the float64 value here).
+TEST(CudaEmulatorPtx, Ex2ApproxFtzFlushesSubnormals) {
+  const float smallest_normal = std::ldexp(1.0f, -126);
+  EXPECT_EQ(ptx::exp2_approx_ftz(std::ldexp(1.0f, -140)), 1.0f) << "subnormal input";
+  EXPECT_EQ(ptx::exp2_approx_ftz(-std::ldexp(1.0f, -140)), 1.0f) << "negative subnormal input";
+  EXPECT_EQ(ptx::exp2_approx_ftz(-126.0f), smallest_normal) << "the smallest normal result";
+  const float flushed = ptx::exp2_approx_ftz(-126.5f);  // 2^-126.5: subnormal
+  EXPECT_EQ(flushed, 0.0f);
+  EXPECT_FALSE(std::signbit(flushed)) << "flushed to +0";
+  EXPECT_EQ(ptx::exp2_approx_ftz(-INFINITY), 0.0f);
+  EXPECT_EQ(ptx::exp2_approx_ftz(INFINITY), INFINITY);
+  EXPECT_TRUE(std::isnan(ptx::exp2_approx_ftz(NAN)));
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> uniform(-125.0f, 127.0f);
+  for (int i = 0; i < 1000; ++i) {
+    const float x = uniform(rng);
+    const double exact = std::exp2(static_cast<double>(x));
+    const float y = ptx::exp2_approx_ftz(x);
+    EXPECT_LE(std::fabs(y - exact), 2.0 * std::ldexp(1.0, std::ilogb(exact) - 23)) << "x " << x;
+  }
+}
+
 }  // namespace

@@ -161,13 +161,14 @@ struct TwinBuffers {
 // 4104 (4 per thread instantiated, thread 0 holds three), 8192 (the bound, every pack used).
 constexpr int64_t kRowC[] = {40, 264, 1032, 2056, 4104, 8192};
 
-// While it lives, the norms hold every row in a block of 8 warps (block_per_row) or keep the
-// default (one warp up to C = 2048): set_cuda_norm_block_rows_above, restored at the end.
+// While it lives, the norms hold every row in a block of 8 warps (block_per_row) or in one warp
+// up to C = 2048, forward and backward: set_cuda_norm_block_rows_above, the defaults restored at
+// the end.
 struct BlockPerRowNorms {
   explicit BlockPerRowNorms(bool block_per_row) {
     set_cuda_norm_block_rows_above(block_per_row ? 0 : 2048);
   }
-  ~BlockPerRowNorms() { set_cuda_norm_block_rows_above(2048); }
+  ~BlockPerRowNorms() { set_cuda_norm_block_rows_above(-1); }
   BlockPerRowNorms(const BlockPerRowNorms&) = delete;
   BlockPerRowNorms& operator=(const BlockPerRowNorms&) = delete;
 };
