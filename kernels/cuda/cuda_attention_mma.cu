@@ -64,6 +64,9 @@ struct Tiling {
   static constexpr int kChunks = kHeadDim / kChunkElements;  // 16-byte chunks per row
   static constexpr size_t kSharedBytes =
       static_cast<size_t>(kBlockRows + 2 * kStages * kKeys) * kHeadDim * 2;
+  // Blocks per SM the registers must allow: at hd 64 and 16 rows per warp, 4 (at most 128
+  // registers), what the 40 KiB of shared memory allows too.
+  static constexpr int kMinBlocks = kHeadDim == 64 && kWarpTiles == 1 ? 4 : 1;
 };
 
 // The running state of a warp's rows: lane rows (m, r) = warp_q0 + 16 m + group + 8 r.
@@ -214,7 +217,7 @@ __device__ __forceinline__ void store_warp_rows(Element* out_head, int64_t C, fl
 // threads, Tiling<kHeadDim, kWarpTiles>::kSharedBytes of dynamic shared memory.
 // scale_log2 = scale * log2(e).
 template <class Element, int kHeadDim, int kWarpTiles>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, (Tiling<kHeadDim, kWarpTiles>::kMinBlocks))
     attention_forward_mma_kernel(Element* out, float* lse, const Element* qkv, int T, int NH,
                                  int KV, float scale, float scale_log2) {
   using Tile = Tiling<kHeadDim, kWarpTiles>;

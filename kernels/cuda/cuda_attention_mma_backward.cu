@@ -86,6 +86,8 @@ struct DqTiling {
   static constexpr size_t kSharedBytes =
       static_cast<size_t>(2 * kBlockRows + 2 * kStages * kKeys) * kHeadDim * 2 +
       kBlockRows * sizeof(float);
+  // Blocks per SM the registers must allow: 3 at hd 64 with 16 rows per warp (168 registers).
+  static constexpr int kMinBlocks = kHeadDim == 64 && kWarpTiles == 1 ? 3 : 1;
 };
 
 // delta = rowsum(dO * O) of a warp's kRows query rows [t0, t0 + kRows) of one head: dO from the
@@ -392,7 +394,7 @@ __device__ __forceinline__ void ds_in_place(float (&s)[kWarpTiles][kKeyTiles][4]
 // (the dK/dV kernel reads it). Grid (ceil(T/kBlockRows), B*NH), kThreads,
 // DqTiling<kHeadDim, kWarpTiles>::kSharedBytes.
 template <class Element, int kHeadDim, int kWarpTiles>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, (DqTiling<kHeadDim, kWarpTiles>::kMinBlocks))
     attention_dq_mma_kernel(Element* dqkv, float* delta, const Element* dout, const Element* qkv,
                             const Element* out, const float* lse, int T, int NH, int KV,
                             float scale, float scale_log2) {

@@ -63,21 +63,25 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
 // Issues the cp.async copies of rows [first_row, first_row + kRows) of one head slice into
 // `tile` (kRows, kHeadDim), swizzled; rows at or past T are zero-filled (src-size 0, from row 0
 // of the slice: a valid address that is not read). `head` is the slice's row 0, rows `width`
-// elements apart. A thread copies one chunk column, every kThreads / kChunks rows.
+// elements apart. A thread copies one chunk column, every kThreads / kChunks rows: a loop of
+// known length, unrolled, from one source address stepped by a fixed stride (the copies of a
+// tile cost a few instructions each, not a loop test and a 64-bit multiply).
 template <int kRows, int kHeadDim, class Element>
 __device__ __forceinline__ void load_tile_async(Element* tile, const Element* head, int64_t width,
                                                 int first_row, int T) {
   constexpr int kChunks = kHeadDim / kChunkElements;
   constexpr int kRowStep = kThreads / kChunks;
   static_assert(kThreads % kChunks == 0 && kRows % kRowStep == 0, "a whole tile per pass");
-  const int chunk = threadIdx.x % kChunks;
+  const int chunk = threadIdx.x % kChunks, row0 = threadIdx.x / kChunks;
   const Element* column = head + chunk * kChunkElements;
+  const Element* source = column + (first_row + row0) * width;
+  const int64_t stride = kRowStep * width;
 #pragma unroll
-  for (int row = threadIdx.x / kChunks; row < kRows; row += kRowStep) {
-    const int t = first_row + row;
-    const bool inside = t < T;
-    cp_async_cg_16_zfill(tile + swizzled<kHeadDim>(row, chunk), column + (inside ? t : 0) * width,
-                         inside ? 16 : 0);
+  for (int i = 0; i < kRows / kRowStep; ++i) {
+    const int row = row0 + i * kRowStep;
+    const bool inside = first_row + row < T;
+    cp_async_cg_16_zfill(tile + swizzled<kHeadDim>(row, chunk),
+                         inside ? source + i * stride : column, inside ? 16 : 0);
   }
 }
 
