@@ -64,9 +64,6 @@ struct DkdvTiling {
   static constexpr size_t kSharedBytes =
       static_cast<size_t>(2 * kKeys + 2 * kStages * kQueries) * kHeadDim * 2 +
       2 * kStages * kQueries * sizeof(float);
-  // Blocks per SM the registers must allow: 3 at hd 64 with 16 key rows per warp (168
-  // registers; it held 3 on an H200 before the unmasked path, which took 177 on its own).
-  static constexpr int kMinBlocks = kHeadDim == 64 && kWarpTiles == 1 ? 3 : 1;
 };
 
 // dQ: Q, dO (64, hd) + 2 stages of K, V (kKeys, hd) + delta (64): 48, 64, 96 KiB + 256 B. Q and
@@ -86,8 +83,6 @@ struct DqTiling {
   static constexpr size_t kSharedBytes =
       static_cast<size_t>(2 * kBlockRows + 2 * kStages * kKeys) * kHeadDim * 2 +
       kBlockRows * sizeof(float);
-  // Blocks per SM the registers must allow: 3 at hd 64 with 16 rows per warp (168 registers).
-  static constexpr int kMinBlocks = kHeadDim == 64 && kWarpTiles == 1 ? 3 : 1;
 };
 
 // delta = rowsum(dO * O) of a warp's kRows query rows [t0, t0 + kRows) of one head: dO from the
@@ -259,7 +254,7 @@ __device__ __forceinline__ void accumulate_dkdv(float (&dk)[kWarpTiles][kColumnT
 // (B,T,NH*hd), qkv (B,T,(NH+2KV)*hd), lse and delta (B,NH,T). Grid (ceil(T/kKeys), B*KV),
 // kThreads, DkdvTiling<kHeadDim, kWarpTiles>::kSharedBytes. scale_log2 = scale * log2(e).
 template <class Element, int kHeadDim, int kWarpTiles>
-__global__ void __launch_bounds__(kThreads, (DkdvTiling<kHeadDim, kWarpTiles>::kMinBlocks))
+__global__ void __launch_bounds__(kThreads)
     attention_dkdv_mma_kernel(Element* dqkv, const Element* dout, const Element* qkv,
                               const float* lse, const float* delta, int T, int NH, int KV,
                               float scale, float scale_log2) {
@@ -394,7 +389,7 @@ __device__ __forceinline__ void ds_in_place(float (&s)[kWarpTiles][kKeyTiles][4]
 // (the dK/dV kernel reads it). Grid (ceil(T/kBlockRows), B*NH), kThreads,
 // DqTiling<kHeadDim, kWarpTiles>::kSharedBytes.
 template <class Element, int kHeadDim, int kWarpTiles>
-__global__ void __launch_bounds__(kThreads, (DqTiling<kHeadDim, kWarpTiles>::kMinBlocks))
+__global__ void __launch_bounds__(kThreads)
     attention_dq_mma_kernel(Element* dqkv, float* delta, const Element* dout, const Element* qkv,
                             const Element* out, const float* lse, int T, int NH, int KV,
                             float scale, float scale_log2) {

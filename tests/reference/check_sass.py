@@ -2,7 +2,8 @@
 """The CUDA kernels read as machine code (issue 13, item 5): the objects nvcc built for the
 CUDA backend are disassembled with cuobjdump for sm_89 and sm_90 and checked:
 
-  1. no kernel spills to local memory (cuobjdump -res-usage: LOCAL:0 for every function);
+  1. no kernel spills to local memory (cuobjdump -res-usage: LOCAL:0 for every function, and no
+     LDL/STL in its SASS: ptxas counts spilled registers in the stack frame, not in LOCAL);
   2. each rule below holds: every kernel whose name matches the rule's pattern contains the
      rule's instructions (the tensor-core attention kernels: HMMA, LDSM, LDGSTS; the bf16
      memory-bound vector kernels: LDG.E.128 and STG.E.128), and at least one kernel matches each
@@ -142,6 +143,12 @@ def main():
                              count_128(sass.get(mangled), "STG")))
                 if u.get("LOCAL", 0) != 0:
                     failures.append(f"{arch} {name}: {u['LOCAL']} bytes of local memory (spills)")
+                # ptxas puts register spills in the stack frame (STACK, LOCAL stays 0): the
+                # local loads and stores in the machine code are the proof.
+                spills = sum(sass.get(mangled, {}).get(op, 0) for op in ("LDL", "STL"))
+                if spills:
+                    failures.append(f"{arch} {name}: {spills} local loads/stores (LDL/STL: "
+                                    f"spilled registers, a {u.get('STACK', 0)}-byte stack frame)")
                 for what, pattern, needed in RULES:
                     if not re.search(pattern, name):
                         continue
