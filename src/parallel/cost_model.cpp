@@ -39,18 +39,20 @@ constexpr double kFp32PeakFraction = 0.5;
 
 // MEASURED: the tensor-core attention kernels' rate, per head dim, as a fraction of the
 // dense tensor peak times mma_sync_fraction, on the FLOPs they execute (kernel_work.h). From
-// bench_cuda_ops in bf16 on an H200 (2026-11-26, commit 29d5dcc; benchmarks/RESULTS.md), over
-// 989.4 TFLOP/s x kHopperMmaSyncFraction: head dim 64 (B=16, C=1600) 131.4 / 121.7 TFLOP/s
-// forward / backward, 128 (B=8, C=2048) 106.2 / 108.9, 256 (B=4, C=4096) 92.2 / 118.0.
-// Other architectures get the same fractions of their mma.sync rate (an assumption: only
-// Hopper was measured). Before the measurement the model assumed FlashAttention-2's 50% / 43%,
-// which put gpt2-1.5b's attention at 59 ms a step on one H200 where the kernels take 97 ms.
+// bench_cuda_ops in bf16 on an H200 (2026-11-26, commit ba5f4b5: the unmasked path for whole
+// tiles, ex2.approx.ftz, the unrolled tile loads; benchmarks/RESULTS.md), over 989.4 TFLOP/s x
+// kHopperMmaSyncFraction: head dim 64 (B=16, C=1600) 173.2 / 176.3 TFLOP/s forward /
+// backward, 128 (B=8, C=2048) 181.1 / 133.8, 256 (B=4, C=4096) 139.8 / 130.8 (at 29d5dcc:
+// 131.4 / 121.7, 106.2 / 108.9, 92.2 / 118.0). Other architectures get the same fractions of
+// their mma.sync rate (an assumption: only Hopper was measured). Before any measurement the
+// model assumed FlashAttention-2's 50% / 43%, which put gpt2-1.5b's attention at 59 ms a step
+// on one H200 where the kernels took 97 ms.
 struct AttentionFractions {
   int64_t head_dim;
   double forward, backward;
 };
 constexpr AttentionFractions kMeasuredAttention[] = {
-    {64, 0.286, 0.265}, {128, 0.231, 0.237}, {256, 0.201, 0.257}};
+    {64, 0.377, 0.384}, {128, 0.395, 0.292}, {256, 0.305, 0.285}};
 
 AttentionFractions attention_fractions(int64_t head_dim) {
   for (const AttentionFractions& f : kMeasuredAttention) {
