@@ -64,6 +64,16 @@ struct DkdvTiling {
   static constexpr size_t kSharedBytes =
       static_cast<size_t>(2 * kKeys + 2 * kStages * kQueries) * kHeadDim * 2 +
       2 * kStages * kQueries * sizeof(float);
+  // Blocks per SM the registers must allow. At hd 64 with 16 key rows per warp on sm_90: 3 (168
+  // registers, no spill; its 228 KB of shared memory hold 4 blocks). Unbounded it takes 176
+  // registers, 2 blocks, and Nsight Compute on an H200 found it latency-bound there (no warp
+  // eligible in 62% of the cycles, against 42% at 3 blocks before the unmasked path). Elsewhere
+  // no bound: sm_89's 100 KB of shared memory hold 2 blocks anyway, and it spills at 168.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static constexpr int kMinBlocks = kHeadDim == 64 && kWarpTiles == 1 ? 3 : 1;
+#else
+  static constexpr int kMinBlocks = 1;
+#endif
 };
 
 // dQ: Q, dO (64, hd) + 2 stages of K, V (kKeys, hd) + delta (64): 48, 64, 96 KiB + 256 B. Q and
@@ -254,7 +264,7 @@ __device__ __forceinline__ void accumulate_dkdv(float (&dk)[kWarpTiles][kColumnT
 // (B,T,NH*hd), qkv (B,T,(NH+2KV)*hd), lse and delta (B,NH,T). Grid (ceil(T/kKeys), B*KV),
 // kThreads, DkdvTiling<kHeadDim, kWarpTiles>::kSharedBytes. scale_log2 = scale * log2(e).
 template <class Element, int kHeadDim, int kWarpTiles>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, (DkdvTiling<kHeadDim, kWarpTiles>::kMinBlocks))
     attention_dkdv_mma_kernel(Element* dqkv, const Element* dout, const Element* qkv,
                               const float* lse, const float* delta, int T, int NH, int KV,
                               float scale, float scale_log2) {
@@ -287,9 +297,17 @@ __global__ void __launch_bounds__(kThreads)
   const int query_tiles = (T + kQueries - 1) / kQueries - first_tile;
   const int items = heads_per_kv * query_tiles;  // (head, query tile), heads ascending
 
-  const auto load_item = [&](int item, int stage) {
-    const int h = kv_head * heads_per_kv + item / query_tiles;
-    const int q0 = (first_tile + item % query_tiles) * kQueries;
+  // An item's query head in the kv head's group and query tile from first_tile, stepped by a
+  // cursor: no integer division by query_tiles per item (its reciprocal took a register).
+  struct Item {
+    int head, tile;
+  };
+  const auto next_item = [&](Item it) {
+    return it.tile + 1 < query_tiles ? Item{it.head, it.tile + 1} : Item{it.head + 1, 0};
+  };
+  const auto load_item = [&](Item it, int stage) {
+    const int h = kv_head * heads_per_kv + it.head;
+    const int q0 = (first_tile + it.tile) * kQueries;
     const int64_t head_row = (int64_t{b} * NH + h) * T;
     load_query_tile<kQueries, kHeadDim>(
         q_tiles + stage * kStreamElements, do_tiles + stage * kStreamElements,
@@ -299,7 +317,7 @@ __global__ void __launch_bounds__(kThreads)
 
   load_tile_async<kKeys, kHeadDim>(k_tile, batch_qkv + k_column, width, j0, T);
   load_tile_async<kKeys, kHeadDim>(v_tile, batch_qkv + v_column, width, j0, T);
-  load_item(0, 0);  // its commit covers K and V too
+  load_item({0, 0}, 0);  // its commit covers K and V too
 
   float dk[kWarpTiles][kColumnTiles][4], dv[kWarpTiles][kColumnTiles][4];  // unscaled dk
 #pragma unroll
@@ -311,14 +329,15 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  for (int item = 0; item < items; ++item) {
+  Item current{0, 0};
+  for (int item = 0; item < items; ++item, current = next_item(current)) {
     const int stage = item % Tile::kStages;
-    const int q0 = (first_tile + item % query_tiles) * kQueries;
+    const int q0 = (first_tile + current.tile) * kQueries;
     cp_async_wait_group<0>();  // this thread's copies of this tile have landed
     // Everyone's have, and every warp is done with the previous tile, whose stage the next
     // tile's loads reuse: one barrier per tile.
     __syncthreads();
-    if (item + 1 < items) load_item(item + 1, (item + 1) % Tile::kStages);
+    if (item + 1 < items) load_item(next_item(current), (item + 1) % Tile::kStages);
     const Element* q_tile = q_tiles + stage * kStreamElements;
     const Element* do_tile = do_tiles + stage * kStreamElements;
 
