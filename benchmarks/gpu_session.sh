@@ -356,7 +356,8 @@ if ((!KERNELS_ONLY)); then
   # ---- benchmarks -------------------------------------------------------------------------------
   run_step bench_cuda_ops_bf16 60 "$BUILD/bench_cuda_ops" --dtype bf16 --json "$json/ops_bf16.json"
   if [[ ,$dtypes, == *,fp16,* ]]; then
-    run_step bench_cuda_ops_fp16 60 "$BUILD/bench_cuda_ops" --dtype fp16 --json "$json/ops_fp16.json"
+    run_step bench_cuda_ops_fp16 60 "$BUILD/bench_cuda_ops" --dtype fp16 \
+      --json "$json/ops_fp16.json"
   fi
 
   # The peak PyTorch's MFU is taken against: the one bench_train used (the GPU table's).
