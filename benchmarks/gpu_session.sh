@@ -308,6 +308,11 @@ if ((PROFILE)); then
     mkdir -p "$profiles"
     for item in $PROFILE_KERNELS; do
       IFS=: read -r op kernel shape <<<"$item"
+      if [ -z "$op" ] || [ -z "$kernel" ] || { [ "$shape" != hd64 ] && [ "$shape" != hd128 ]; }
+      then
+        record "ncu_$item" "not run: a PROFILE_KERNELS item is OP:KERNEL_REGEX:hd64|hd128"
+        continue
+      fi
       shape_args=(--batch 16 --seq-len 1024 --channels 1600 --heads 25)  # hd64: gpt2-1.5b
       if [ "$shape" = hd128 ]; then
         shape_args=(--batch 8 --seq-len 1024 --channels 2048 --heads 16)
