@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/format.h"
 #include "kernels/cpu/cpu_ops.h"
 
 namespace dstrain::cpu {
@@ -94,7 +95,7 @@ class CpuBackend final : public Backend {
 
   Device device() const override { return Device{}; }
   std::string name() const override {
-    return "cpu (" + std::to_string(ctx_.num_threads) + " threads, OpenBLAS)";
+    return "cpu (" + count_of(ctx_.num_threads, "thread") + ", OpenBLAS)";
   }
   void synchronize(Stream) override {}
 

@@ -11,6 +11,8 @@
 #include "cli/commands.h"
 #include "cli/config_file.h"
 #include "cli/deepspeed_config.h"
+#include "cli/parse_flags.h"
+#include "cli/train_flags.h"
 #include "core/check.h"
 #include "data/prepare.h"
 #include "model/config.h"
@@ -24,133 +26,9 @@ namespace po = boost::program_options;
 
 namespace {
 
-constexpr const char* kVersion = "0.1.0";
-
-std::string preset_list() {
-  std::string list;
-  for (const std::string& name : model_preset_names()) list += (list.empty() ? "" : ", ") + name;
-  return list;
-}
-
-po::options_description train_flags(TrainOptions& o) {
-  po::options_description model("Model and data");
-  model.add_options()
-      ("config", po::value<std::string>()->value_name("FILE"),
-       "read flags from FILE: JSON with the flag names as keys (as OUT/run_config.json, which every "
-       "run with --out writes), or `flag = value` lines; flags on the command line win")
-      ("deepspeed-config", po::value<std::string>()->value_name("FILE"),
-       "a DeepSpeed ds_config.json: its batch, ZeRO, offload, fp16/bf16, clipping, AdamW and "
-       "WarmupLR/WarmupCosineLR settings as dstrain flags (printed); what dstrain cannot do is "
-       "named; --config and command-line flags win")
-      ("model", po::value(&o.model)->value_name("NAME|PATH"),
-       ("a preset, or a Hugging Face config.json (gpt2, llama or qwen2) or the model directory holding it (default tiny; presets: " + preset_list() + ")").c_str())
-      ("data", po::value(&o.data)->value_name("FILE|GLOB"),
-       "token shards (llm.c .bin, raw .u16/.u32); default: the built-in synthetic corpus")
-      ("val-data", po::value(&o.val_data)->value_name("FILE|GLOB"),
-       "validation shards (default: the last 10% of --data)")
-      ("shuffle", po::bool_switch(&o.shuffle), "shuffle the windows each epoch (seeded)")
-      ("init-from", po::value(&o.init_from)->value_name("DIR|FILE"),
-       "start from Hugging Face weights: a model directory (model.safetensors, or shards with "
-       "model.safetensors.index.json), or one of those files; fp32/fp16/bf16 on disk");
-  po::options_description optim("Batch and optimization");
-  optim.add_options()
-      ("batch", po::value(&o.batch)->default_value(o.batch)->value_name("B"), "sequences per micro-batch per data-parallel rank")
-      ("seq-len", po::value(&o.seq_len)->default_value(o.seq_len)->value_name("T"), "tokens per sequence")
-      ("grad-accum", po::value(&o.grad_accum)->default_value(o.grad_accum)->value_name("N"), "micro-batches per optimizer step")
-      ("steps", po::value(&o.steps)->default_value(o.steps)->value_name("N"), "total optimizer steps of the run (a resume continues up to it)")
-      ("lr", po::value(&o.lr)->default_value(o.lr, "0.003")->value_name("LR"), "peak learning rate")
-      ("lr-schedule", po::value(&o.lr_schedule)->default_value(o.lr_schedule)->value_name("KIND"), "constant | cosine (both after a linear warmup)")
-      ("warmup", po::value(&o.warmup)->default_value(o.warmup)->value_name("N"), "linear warmup steps")
-      ("min-lr", po::value(&o.min_lr)->value_name("LR"), "floor of the cosine schedule (default lr/10)")
-      ("weight-decay", po::value(&o.weight_decay)->default_value(o.weight_decay, "0.1"), "AdamW decoupled weight decay (matrices and embeddings only)")
-      ("beta1", po::value(&o.beta1)->default_value(o.beta1, "0.9"), "AdamW beta1")
-      ("beta2", po::value(&o.beta2)->default_value(o.beta2, "0.95"), "AdamW beta2")
-      ("eps", po::value(&o.eps)->default_value(o.eps, "1e-8"), "AdamW epsilon")
-      ("grad-clip", po::value(&o.grad_clip)->default_value(o.grad_clip, "1.0"), "clip the global gradient norm to this (0 disables)")
-      ("seed", po::value(&o.seed)->default_value(o.seed), "seed of initialization, shuffling and sampling")
-      ("precision", po::value(&o.precision)->default_value(o.precision), "fp32 | fp16 (with dynamic loss scaling) | bf16")
-      ("loss-scale-init", po::value(&o.loss_scaling.initial_scale)->default_value(o.loss_scaling.initial_scale, "65536")->value_name("S"), "fp16: the first loss scale")
-      ("loss-scale-window", po::value(&o.loss_scaling.growth_interval)->default_value(o.loss_scaling.growth_interval)->value_name("N"), "fp16: clean steps in a row before the scale doubles")
-      ("loss-scale-hysteresis", po::value(&o.loss_scaling.hysteresis)->default_value(o.loss_scaling.hysteresis)->value_name("N"), "fp16: overflows until the scale halves (DeepSpeed's hysteresis; every overflow skips its step)")
-      ("min-loss-scale", po::value(&o.loss_scaling.min_scale)->default_value(o.loss_scaling.min_scale, "0")->value_name("S"), "fp16: the scale never halves below S (0: no floor)");
-  po::options_description hardware("Hardware");
-  hardware.add_options()
-      ("device", po::value(&o.device)->default_value(o.device), "auto | cpu | cuda")
-      ("gpus", po::value(&o.gpus)->default_value(o.gpus)->value_name("N"), "number of ranks (dp x pp): GPUs, or on the CPU backend threads that act as ranks")
-      ("threads", po::value(&o.threads)->default_value(o.threads)->value_name("N"), "CPU backend threads in all, shared by the ranks (0: all cores)")
-      ("zero", po::value(&o.zero)->default_value(o.zero)->value_name("STAGE"), "ZeRO stage: 0 replicated, 1 optimizer state sharded, 2 + gradients, 3 + parameters")
-      ("recompute", po::value(&o.recompute)->default_value(o.recompute)->value_name("MODE"), "activation checkpointing: none | selective (layernorm, GELU) | full (whole layers)")
-      ("offload", po::bool_switch(&o.offload), "keep fp32 master weights and Adam moments in host memory and step there")
-      ("dp", po::value(&o.dp)->value_name("N"), "data parallel degree (the planner's; --gpus = dp x tp x pp)")
-      ("micro-batch", po::value<int64_t>()->value_name("B"), "the same as --batch: sequences per micro-batch per rank")
-      ("tp", po::value(&o.tp)->default_value(o.tp)->value_name("N"), "tensor parallel degree: Megatron-style splits of each layer over N consecutive ranks (default: the planner's; 1 without a GPU)")
-      ("sequence-parallel", po::value(&o.sequence_parallel)->default_value(o.sequence_parallel)->value_name("BOOL"), "with --tp > 1: split the activations outside the tensor-parallel regions along the tokens (less memory, the same numbers)")
-      ("pp", po::value(&o.pp)->default_value(o.pp)->value_name("N"), "pipeline stages (--gpus = dp x pp; --pp alone: one rank per stage)")
-      ("pp-schedule", po::value(&o.pp_schedule)->default_value(o.pp_schedule)->value_name("KIND"), "pipeline schedule: 1f1b (at most pp micro-batches in flight) | gpipe (all forwards, then all backwards)")
-      ("pp-split", po::value(&o.pp_split)->value_name("N,N,..."), "layers per pipeline stage, e.g. 7,7,7,7 (default: balanced, counting the embedding and the head)")
-      ("global-batch-tokens", po::value(&o.global_batch_tokens)->value_name("K"), "tokens per optimizer step, for the planner (default: batch x seq-len x grad-accum x gpus, or 524288)")
-      ("topology", po::value(&o.topology_file)->value_name("FILE"), "plan for the machine this file describes (`dstrain topo --json`, or `nvidia-smi topo -m` text)")
-      ("from-nvidia-smi", po::value(&o.nvidia_smi_file)->value_name("FILE|-"), "plan for the machine of this `nvidia-smi topo -m` text")
-      ("gpu", po::value(&o.gpu_model)->value_name("NAME"), "the GPU model, for what the topology source does not say")
-      ("host-memory", po::value(&o.host_memory)->value_name("SIZE"), "host RAM for the planner, e.g. 256G")
-      ("comm-timeout", po::value(&o.comm_timeout)->default_value(o.comm_timeout, "600")->value_name("SECONDS"), "fail a rank stuck in a collective after this long");
-  po::options_description output("Output");
-  output.add_options()
-      ("log", po::value(&o.log)->value_name("FILE"), "JSONL log: one record per step and per eval (plot it with `dstrain report FILE`)")
-      ("eval-every", po::value(&o.eval_every)->default_value(o.eval_every)->value_name("N"), "evaluate every N steps and at the end (0 disables)")
-      ("eval-batches", po::value(&o.eval_batches)->default_value(o.eval_batches)->value_name("N"), "validation micro-batches per evaluation")
-      ("out", po::value(&o.out)->value_name("DIR"), "checkpoint directory (a final checkpoint is written there)")
-      ("save-every", po::value(&o.save_every)->default_value(o.save_every)->value_name("N"), "also checkpoint every N steps")
-      ("save-shard-size", po::value(&o.save_shard_size)->default_value(o.save_shard_size)->value_name("SIZE"), "checkpoint weights above SIZE go into shards with model.safetensors.index.json, as transformers writes them (0: one file)")
-      ("resume", po::value(&o.resume)->value_name("DIR"), "continue from a checkpoint (a run directory or a step-NNNNNN in it)")
-      ("tokenizer", po::value(&o.tokenizer)->value_name("FILE"), "a Hugging Face tokenizer.json (the one `dstrain prepare --tokenizer` used): the sample at the end is decoded with it")
-      ("sample", po::value(&o.sample_tokens)->default_value(o.sample_tokens)->value_name("N"), "tokens to sample at the end (0: none)")
-      ("print-every", po::value(&o.print_every)->default_value(o.print_every)->value_name("N"), "keep a progress line every N steps (a terminal also shows every step in place; 0: about 25 per run)")
-      ("quiet", po::bool_switch(&o.quiet), "no progress lines")
-      ("trace", po::value(&o.trace)->value_name("FILE"), "write a timeline of --trace-steps to FILE: Chrome trace JSON (open in ui.perfetto.dev or chrome://tracing), a track per rank and stream")
-      ("trace-steps", po::value(&o.trace_steps)->default_value(o.trace_steps)->value_name("A:B"), "the steps --trace records (1-based, inclusive)")
-      ("check-replicas", po::value(&o.check_replicas)->default_value(o.check_replicas)->value_name("N"), "every N steps, the ranks that must hold the same weights compare checksums; a difference stops the run naming the tensor, the step and the ranks (0: never)");
-  po::options_description nodes("Several machines (one dstrain per node, the same flags on every one; see README)");
-  nodes.add_options()
-      ("nnodes", po::value<std::string>()->value_name("N"), "nodes in the run (default: NNODES, else WORLD_SIZE, else 1); --gpus counts one node's ranks")
-      ("node-rank", po::value<std::string>()->value_name("R"), "this node's number, 0 to N-1 (default: NODE_RANK)")
-      ("master-addr", po::value<std::string>()->value_name("HOST"), "node 0's address, where the rendezvous runs (default: MASTER_ADDR)")
-      ("master-port", po::value<std::string>()->value_name("PORT"), "the rendezvous port on node 0 (default: MASTER_PORT, else 29500)")
-      ("rendezvous-timeout", po::value<std::string>()->value_name("SECONDS"), "how long nodes wait for each other to join (default 900)")
-      (kInterNodeBandwidthFlag, po::value(&o.inter_node_bandwidth)->value_name("RATE"), kInterNodeBandwidthHelp);
-  po::options_description all;
-  all.add(model).add(optim).add(hardware).add(nodes).add(output);
-  return all;
-}
-
-void print_usage(std::ostream& out, const po::options_description& flags) {
-  out << "dstrain " << kVersion << ": trains GPT-2 and LLaMA-family (Llama, DeepSeek, Qwen2) transformers on the GPUs (or CPU) of one machine or several\n\n"
-      << "Usage:\n"
-      << "  dstrain [train] [flags]                 train (the default command)\n"
-      << "  dstrain prepare --input FILE.txt --out DIR [--tokenizer tokenizer.json]   tokenize text into shards\n"
-      << "  dstrain topo [--json] [--from-nvidia-smi FILE --gpu NAME]   how the GPUs are wired\n"
-      << "  dstrain plan --model M [--gpus N] [...]   choose a parallel plan (dstrain plan --help)\n"
-      << "  dstrain bench comm [--gpus N] [--sizes 1K:256M] [...]   time the collectives (dstrain bench comm --help)\n"
-      << "  dstrain report RUN.jsonl [MORE.jsonl ...] [--out report.html]   plot training logs (--log) as one HTML page\n"
-      << "  dstrain --help | --version\n\n"
-      << "With no flags, dstrain trains the tiny model on its built-in synthetic corpus.\n"
-      << flags << "\n";
-}
-
-// Parses argv into `flags`; Boost's errors become one sentence.
+// Parses argv into `flags`, names exactly; Boost's errors become one sentence.
 po::variables_map parse(const std::vector<std::string>& args, const po::options_description& flags) {
-  po::variables_map values;
-  try {
-    po::store(po::command_line_parser(args).options(flags).run(), values);
-    po::notify(values);
-  } catch (const po::unknown_option& error) {
-    DSTRAIN_USER_ERROR() << "unknown flag " << error.get_option_name() << " (see dstrain --help)";
-  } catch (const po::invalid_option_value& error) {
-    DSTRAIN_USER_ERROR() << error.what() << " (see dstrain --help)";
-  } catch (const po::error& error) {
-    DSTRAIN_USER_ERROR() << error.what() << " (see dstrain --help)";
-  }
-  return values;
+  return parse_exact_flags(args, flags, {}, "dstrain --help");
 }
 
 // The rendezvous flags given (checked, with the environment, by rendezvous_options).
@@ -190,8 +68,18 @@ int run_train(const std::vector<std::string>& args, std::ostream& out) {
   for (const auto& [name, value] : values) {
     if (!value.defaulted()) options.explicit_flags->insert(name);
   }
+  DSTRAIN_USER_CHECK(!options.explicit_flags->count("steps") ||
+                     !options.explicit_flags->count("epochs"))
+      << "--steps and --epochs both say how long to train: give one";
   if (deepspeed) apply_train_batch_size(*deepspeed, *options.explicit_flags, options);
   options.rendezvous = rendezvous_options(rendezvous_flags(values), process_environment());
+  for (const char* launcher : {"local_rank", "local-rank"}) {
+    if (values.count(launcher)) {
+      out << "dstrain: --" << launcher << " " << values[launcher].as<int>()
+          << " (from a launcher) is ignored: dstrain runs one process per node and starts its "
+             "own ranks\n";
+    }
+  }
   if (values.count("micro-batch")) {
     DSTRAIN_USER_CHECK(!options.explicit_flags->count("batch"))
         << "--batch and --micro-batch are the same setting: give one";
@@ -245,7 +133,7 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
   std::vector<std::string> args(argv + 1, argv + argc);
   try {
     if (!args.empty() && (args[0] == "--version" || args[0] == "version")) {
-      out << "dstrain " << kVersion << "\n";
+      out << "dstrain " << kDstrainVersion << "\n";
       return 0;
     }
     if (!args.empty() && (args[0] == "--help" || args[0] == "-h" || args[0] == "help")) {

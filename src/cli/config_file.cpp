@@ -5,6 +5,7 @@
 #include <sstream>
 #include <vector>
 
+#include "cli/parse_flags.h"
 #include "core/check.h"
 #include "core/fs.h"
 
@@ -72,6 +73,7 @@ po::parsed_options parse_file(const std::string& path, const po::options_descrip
   if (first != std::string::npos && text[first] == '{') {
     return po::command_line_parser(json_arguments(parse_json_file(path), path, flags))
         .options(flags)
+        .style(exact_flag_style())
         .run();
   }
   std::istringstream stream(text);
@@ -93,7 +95,10 @@ void store_config_file(const std::string& path, const po::options_description& f
 void store_flag_json(const nlohmann::json& settings, const std::string& origin,
                      const po::options_description& flags, po::variables_map& values) {
   try {
-    po::store(po::command_line_parser(json_arguments(settings, origin, flags)).options(flags).run(),
+    po::store(po::command_line_parser(json_arguments(settings, origin, flags))
+                  .options(flags)
+                  .style(exact_flag_style())
+                  .run(),
               values);
     po::notify(values);
   } catch (const po::error& error) {

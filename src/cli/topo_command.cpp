@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "cli/parse_flags.h"
 #include "core/check.h"
 #include "topology/format.h"
 #include "topology/gpu_table.h"
@@ -14,16 +15,7 @@ namespace po = boost::program_options;
 po::variables_map parse_command_flags(const std::vector<std::string>& args,
                                       const po::options_description& flags,
                                       const po::positional_options_description& positional) {
-  po::variables_map values;
-  try {
-    po::store(po::command_line_parser(args).options(flags).positional(positional).run(), values);
-    po::notify(values);
-  } catch (const po::unknown_option& error) {
-    DSTRAIN_USER_ERROR() << "unknown flag " << error.get_option_name() << " (see --help)";
-  } catch (const po::error& error) {
-    DSTRAIN_USER_ERROR() << error.what() << " (see --help)";
-  }
-  return values;
+  return parse_exact_flags(args, flags, positional, "--help");
 }
 
 po::options_description machine_flags(MachineSource& source) {

@@ -135,12 +135,62 @@ EnvironmentLookup process_environment() {
   };
 }
 
+namespace {
+
+// The flag if given, else the variables of `variables` that are set: they must agree (one
+// number, written in any of them); the first is the setting.
+std::optional<Setting> pick_agreeing(const std::optional<std::string>& flag, const char* flag_name,
+                                     const EnvironmentLookup& environment,
+                                     std::initializer_list<const char*> variables, int low,
+                                     int high, const std::string& what) {
+  if (flag) return Setting{*flag, flag_name};
+  std::optional<Setting> first;
+  int first_value = 0;
+  for (const char* variable : variables) {
+    const std::optional<std::string> value = environment(variable);
+    if (!value || value->empty()) continue;
+    const Setting setting{*value, variable};
+    const int number = parse_int(setting, low, high, what);
+    if (!first) {
+      first = setting;
+      first_value = number;
+      continue;
+    }
+    DSTRAIN_USER_CHECK(number == first_value)
+        << first->shown() << " and " << setting.shown() << " contradict each other: dstrain "
+        << "runs one process per node, so torchrun's WORLD_SIZE counts the nodes and RANK and "
+        << "GROUP_RANK are the node's number; set them alike, or give --nnodes and --node-rank.";
+  }
+  return first;
+}
+
+// torchrun's LOCAL_WORLD_SIZE / LOCAL_RANK: dstrain is one process per node that starts a rank
+// per GPU itself, so a launcher starting several processes on a node is a mistake to stop at.
+void check_one_process_per_node(const EnvironmentLookup& environment) {
+  for (const char* variable : {"LOCAL_WORLD_SIZE", "LOCAL_RANK"}) {
+    const std::optional<std::string> value = environment(variable);
+    if (!value || value->empty()) continue;
+    const bool size = variable[6] == 'W';
+    const int number = parse_int(Setting{*value, variable}, size ? 1 : 0, 1 << 20,
+                                 size ? "a process count" : "a local rank");
+    DSTRAIN_USER_CHECK(number == (size ? 1 : 0))
+        << variable << "='" << *value << "': the launcher started several processes on this "
+        << "node, but dstrain runs one process per node and starts one rank per GPU itself; "
+        << "launch one per node (torchrun --nproc-per-node 1).";
+  }
+}
+
+}  // namespace
+
 RendezvousOptions rendezvous_options(const RendezvousFlags& flags,
                                      const EnvironmentLookup& environment) {
+  check_one_process_per_node(environment);
   const std::optional<Setting> nnodes =
-      pick(flags.nnodes, "--nnodes", environment, {"NNODES", "WORLD_SIZE"});
+      pick_agreeing(flags.nnodes, "--nnodes", environment, {"NNODES", "WORLD_SIZE"}, 1, kMaxNodes,
+                    "a node count");
   const std::optional<Setting> rank =
-      pick(flags.node_rank, "--node-rank", environment, {"NODE_RANK"});
+      pick_agreeing(flags.node_rank, "--node-rank", environment,
+                    {"NODE_RANK", "GROUP_RANK", "RANK"}, 0, kMaxNodes - 1, "a node rank");
   const std::optional<Setting> addr =
       pick(flags.master_addr, "--master-addr", environment, {"MASTER_ADDR"});
   const std::optional<Setting> port =

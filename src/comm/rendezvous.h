@@ -43,9 +43,12 @@ using EnvironmentLookup = std::function<std::optional<std::string>(const std::st
 // This process's environment (getenv).
 EnvironmentLookup process_environment();
 
-// The options from the flags, else the environment (MASTER_ADDR, MASTER_PORT, NNODES, else
-// WORLD_SIZE, NODE_RANK), else the defaults: one node, node rank 0, port 29500, 127.0.0.1 on
-// a single node. A bad value (not an integer, a port outside 1..65535, nnodes < 1, node_rank
+// The options from the flags, else the environment (MASTER_ADDR, MASTER_PORT, NNODES or
+// torchrun's WORLD_SIZE, NODE_RANK or torchrun's GROUP_RANK or RANK), else the defaults: one
+// node, node rank 0, port 29500, 127.0.0.1 on a single node. dstrain is one process per node,
+// so torchrun's process counts are node counts: LOCAL_WORLD_SIZE above 1 or LOCAL_RANK above
+// 0 (several processes on a node) is a UserError, and so are variables that contradict each
+// other (NNODES=2 with WORLD_SIZE=3, NODE_RANK=1 with RANK=0). A bad value (not an integer, a port outside 1..65535, nnodes < 1, node_rank
 // outside 0..nnodes-1, a timeout that is not a positive number), or a missing --node-rank or
 // --master-addr with more than one node, is a UserError naming the flag or variable it came
 // from.

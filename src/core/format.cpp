@@ -15,4 +15,9 @@ std::string format_rate(double tokens_per_second) {
   return text;
 }
 
+std::string count_of(long long count, const std::string& noun, const std::string& plural) {
+  return std::to_string(count) + " " +
+         (count == 1 ? noun : plural.empty() ? noun + "s" : plural);
+}
+
 }  // namespace dstrain

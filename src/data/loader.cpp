@@ -93,31 +93,43 @@ TrainValViews held_out_split(const TokenDataset& data, double val_fraction,
 // ---------------------------------------------------------------------------------------------
 // DataLoader
 
+int64_t count_sequences(const TokenDataset& dataset, int64_t seq_len) {
+  DSTRAIN_CHECK(seq_len >= 1) << "seq_len " << seq_len;
+  int64_t sequences = 0;
+  for (const TokenRange& shard : dataset.shards()) {
+    if (shard.count >= 1) sequences += static_cast<int64_t>((shard.count - 1) / seq_len);
+  }
+  return sequences;
+}
+
 DataLoader::DataLoader(TokenDataset dataset, const LoaderOptions& options)
     : dataset_(std::move(dataset)), options_(options) {
   const int64_t B = options.batch, T = options.seq_len, R = options.ranks;
   DSTRAIN_CHECK(B >= 1 && T >= 1) << "batch " << B << ", seq_len " << T;
   DSTRAIN_CHECK(R >= 1 && options.rank >= 0 && options.rank < R)
       << "rank " << options.rank << " of " << R;
-  const size_t stride = static_cast<size_t>(B * T);
-  first_window_.assign(1, 0);
+  round_ = B * R;
+  step_ = options.sequences_per_step > 0 ? options.sequences_per_step : round_;
+  DSTRAIN_CHECK(step_ % round_ == 0) << step_ << " sequences per step, rounds of " << round_;
+  first_sequence_.assign(1, 0);
   for (const TokenRange& shard : dataset_.shards()) {
-    const int64_t windows = shard.count >= 1 ? static_cast<int64_t>((shard.count - 1) / stride) : 0;
-    first_window_.push_back(first_window_.back() + windows);
+    const int64_t sequences = shard.count >= 1 ? static_cast<int64_t>((shard.count - 1) / T) : 0;
+    first_sequence_.push_back(first_sequence_.back() + sequences);
   }
-  num_windows_ = first_window_.back();
-  DSTRAIN_USER_CHECK(num_windows_ >= R)
+  num_sequences_ = first_sequence_.back();
+  DSTRAIN_USER_CHECK(num_sequences_ >= step_)
       << dataset_.description() << " holds " << dataset_.num_tokens() << " tokens in "
-      << dataset_.shards().size() << " shard(s), which make " << num_windows_
-      << " window(s) of B*T+1 = " << stride + 1 << " tokens, but " << R
-      << " rank(s) need at least " << R << " window(s): a shard of at least "
-      << R * B * T + 1 << " tokens (B=" << B << ", T=" << T
-      << "); give more data or a smaller batch, sequence length or rank count.";
+      << dataset_.shards().size() << " shard(s), which make " << num_sequences_
+      << " sequence(s) of T+1 = " << T + 1 << " tokens, but one step reads " << step_
+      << " (B=" << B << ", T=" << T << ", " << R << " rank(s)"
+      << (step_ > round_ ? ", " + std::to_string(step_ / round_) + " micro-batches each" : "")
+      << "): a shard of at least " << step_ * T + 1
+      << " tokens; give more data or a smaller batch, sequence length or rank count.";
 }
 
 void DataLoader::build_order(int64_t epoch) {
   if (order_epoch_ == epoch) return;
-  order_.resize(static_cast<size_t>(num_windows_));
+  order_.resize(static_cast<size_t>(num_sequences_));
   std::iota(order_.begin(), order_.end(), int64_t{0});
   Rng rng(options_.seed, static_cast<uint64_t>(epoch));  // one stream per epoch
   for (size_t i = order_.size() - 1; i > 0; --i) {  // Fisher-Yates
@@ -127,32 +139,34 @@ void DataLoader::build_order(int64_t epoch) {
   order_epoch_ = epoch;
 }
 
-int64_t DataLoader::window_index(int64_t epoch, int64_t round) {
-  DSTRAIN_CHECK(epoch >= 0 && round >= 0 && round < rounds_per_epoch())
-      << "epoch " << epoch << ", round " << round << " of " << rounds_per_epoch();
-  const int64_t position = round * options_.ranks + options_.rank;
+int64_t DataLoader::sequence_index(int64_t epoch, int64_t position) {
+  DSTRAIN_CHECK(epoch >= 0 && position >= 0 && position < steps_per_epoch() * step_)
+      << "epoch " << epoch << ", sequence " << position << " of " << steps_per_epoch() * step_;
   if (!options_.shuffle) return position;
   build_order(epoch);
   return order_[static_cast<size_t>(position)];
 }
 
-std::pair<size_t, size_t> DataLoader::window_location(int64_t w) const {
-  DSTRAIN_CHECK(w >= 0 && w < num_windows_) << "window " << w << " of " << num_windows_;
-  // The last shard whose first window is <= w (empty shards share a first window; skip them).
-  const auto it = std::upper_bound(first_window_.begin(), first_window_.end(), w);
-  const size_t shard = static_cast<size_t>(it - first_window_.begin()) - 1;
-  const size_t stride = static_cast<size_t>(options_.batch * options_.seq_len);
-  return {shard, static_cast<size_t>(w - first_window_[shard]) * stride};
+std::pair<size_t, size_t> DataLoader::sequence_location(int64_t s) const {
+  DSTRAIN_CHECK(s >= 0 && s < num_sequences_) << "sequence " << s << " of " << num_sequences_;
+  // The last shard whose first sequence is <= s (empty shards share a first one; skip them).
+  const auto it = std::upper_bound(first_sequence_.begin(), first_sequence_.end(), s);
+  const size_t shard = static_cast<size_t>(it - first_sequence_.begin()) - 1;
+  return {shard, static_cast<size_t>(s - first_sequence_[shard]) *
+                     static_cast<size_t>(options_.seq_len)};
 }
 
 void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
   DSTRAIN_CHECK(inputs != nullptr && targets != nullptr) << "null batch buffer";
-  const int64_t w = window_index(epoch_, next_round_);
-  const auto [shard_index, offset] = window_location(w);
-  const TokenRange& shard = dataset_.shards()[shard_index];
-  const size_t count = static_cast<size_t>(options_.batch * options_.seq_len);
-  shard.source->read(shard.begin + offset, count, inputs);       // window[0 : B*T]
-  shard.source->read(shard.begin + offset + 1, count, targets);  // window[1 : B*T+1]
+  const int64_t B = options_.batch, T = options_.seq_len;
+  const int64_t first = (next_round_ * options_.ranks + options_.rank) * B;
+  for (int64_t row = 0; row < B; ++row) {
+    const auto [shard_index, offset] = sequence_location(sequence_index(epoch_, first + row));
+    const TokenRange& shard = dataset_.shards()[shard_index];
+    const size_t count = static_cast<size_t>(T);
+    shard.source->read(shard.begin + offset, count, inputs + row * T);       // seq[0 : T]
+    shard.source->read(shard.begin + offset + 1, count, targets + row * T);  // seq[1 : T+1]
+  }
   if (++next_round_ == rounds_per_epoch()) {
     next_round_ = 0;
     ++epoch_;
@@ -174,29 +188,14 @@ void DataLoader::reset() {
   next_round_ = 0;
 }
 
-nlohmann::json rebase_loader_state(const nlohmann::json& state, int ranks) {
-  DSTRAIN_USER_CHECK(state.is_object() && state.contains("ranks") &&
-                     state["ranks"].is_number_integer() && state.contains("next_round") &&
-                     state["next_round"].is_number_integer() && ranks >= 1)
-      << "the data loader state to resume from is malformed";
-  const int64_t old_ranks = state["ranks"].get<int64_t>();
-  if (old_ranks == ranks) return state;
-  const int64_t consumed = state["next_round"].get<int64_t>() * old_ranks;
-  DSTRAIN_USER_CHECK(old_ranks >= 1 && consumed % ranks == 0)
-      << "the checkpoint's data position (" << consumed << " windows into the epoch) is not a "
-      << "whole number of rounds for " << ranks << " ranks; resume with a number of ranks that "
-      << "divides it";
-  nlohmann::json rebased = state;
-  rebased["ranks"] = ranks;
-  rebased["next_round"] = consumed / ranks;
-  return rebased;
-}
-
 nlohmann::json DataLoader::state() const {
-  return nlohmann::json{{"epoch", epoch_},           {"next_round", next_round_},
-                        {"windows", num_windows_},   {"batch", options_.batch},
-                        {"seq_len", options_.seq_len}, {"ranks", options_.ranks},
-                        {"shuffle", options_.shuffle}, {"seed", options_.seed}};
+  return nlohmann::json{{"epoch", epoch_},
+                        {"next_sequence", next_round_ * round_},
+                        {"sequences", num_sequences_},
+                        {"sequences_per_step", step_},
+                        {"seq_len", options_.seq_len},
+                        {"shuffle", options_.shuffle},
+                        {"seed", options_.seed}};
 }
 
 namespace {
@@ -217,32 +216,48 @@ int64_t state_count(const nlohmann::json& state, const char* key) {
   return value.get<int64_t>();
 }
 
+// The sequences of the epoch a state has read: next_sequence, or an earlier version's
+// next_round of `ranks` x `batch` sequences each.
+int64_t sequences_read(const nlohmann::json& state) {
+  if (state.contains("next_sequence") || !state.contains("next_round")) {
+    return state_count(state, "next_sequence");
+  }
+  const int64_t round = state_count(state, "next_round");
+  const int64_t ranks = state.contains("ranks") ? state_count(state, "ranks") : 1;
+  const int64_t batch = state.contains("batch") ? state_count(state, "batch") : 1;
+  return round * ranks * batch;
+}
+
 }  // namespace
 
 void DataLoader::restore(const nlohmann::json& state) {
   DSTRAIN_USER_CHECK(state.is_object())
       << "the data loader state to resume from is " << state.type_name()
-      << ", not an object with 'epoch' and 'next_round'; the state is corrupt.";
+      << ", not an object with 'epoch' and 'next_sequence'; the state is corrupt.";
   const int64_t epoch = state_count(state, "epoch");
-  const int64_t round = state_count(state, "next_round");
-  DSTRAIN_USER_CHECK(round < rounds_per_epoch())
-      << "the data loader state to resume from has next_round " << round << " but an epoch of "
-      << dataset_.description() << " has only " << rounds_per_epoch()
-      << " rounds; resume with the same data and batch geometry.";
-  // Geometry the state was taken with: a resume with other data or batch shape would read
-  // other windows, so refuse it instead of continuing silently.
-  const std::pair<const char*, int64_t> expected[] = {{"windows", num_windows_},
-                                                      {"batch", options_.batch},
-                                                      {"seq_len", options_.seq_len},
-                                                      {"ranks", options_.ranks}};
+  const int64_t read = sequences_read(state);
+  // Geometry the state was taken with: a resume with other data, sequence length or global
+  // batch would read other sequences, so refuse it instead of continuing silently.
+  const std::pair<const char*, int64_t> expected[] = {{"sequences", num_sequences_},
+                                                      {"sequences_per_step", step_},
+                                                      {"seq_len", options_.seq_len}};
   for (const auto& [key, value] : expected) {
     if (!state.contains(key)) continue;
     const int64_t saved = state_count(state, key);
     DSTRAIN_USER_CHECK(saved == value)
         << "the data loader state to resume from was saved with " << key << " = " << saved
         << " but this run has " << key << " = " << value
-        << "; resume with the same data, batch size, sequence length and rank count.";
+        << "; resume with the same data, sequence length and sequences per step.";
   }
+  DSTRAIN_USER_CHECK(read < steps_per_epoch() * step_)
+      << "the data loader state to resume from has read " << read << " sequences of the epoch, "
+      << "but an epoch of " << dataset_.description() << " has only "
+      << steps_per_epoch() * step_ << "; resume with the same data and batch geometry.";
+  DSTRAIN_USER_CHECK(read % round_ == 0)
+      << "the data loader state to resume from has read " << read << " sequences of the epoch, "
+      << "which is not a whole number of rounds of " << round_ << " (" << options_.ranks
+      << " rank(s) x " << options_.batch << "); resume with ranks and a micro-batch that "
+      << "divide it.";
   if (state.contains("shuffle")) {
     DSTRAIN_USER_CHECK(state["shuffle"].is_boolean())
         << "the data loader state to resume from has 'shuffle' = " << state["shuffle"].dump()
@@ -264,7 +279,7 @@ void DataLoader::restore(const nlohmann::json& state) {
         << "; resume with the same seed.";
   }
   epoch_ = epoch;
-  next_round_ = round;
+  next_round_ = read / round_;
 }
 
 }  // namespace dstrain

@@ -1,18 +1,23 @@
 // TokenDataset (a list of token ranges) and DataLoader (deterministic, resumable batches).
 //
-// Geometry: B sequences of T tokens per rank, R ranks, this is rank r.
-// A window is B*T+1 consecutive tokens of one shard: inputs (B, T) = window[0 : B*T],
-// targets (B, T) = window[1 : B*T+1]. Windows start every B*T tokens inside a shard and never
-// cross a shard boundary, so a shard of n tokens holds floor((n-1) / (B*T)) windows; its
-// remaining tail is never read. Windows are numbered 0, 1, ... across shards in shard order.
+// Geometry: B sequences of T tokens per rank, R ranks, this is rank r; S sequences per
+// optimizer step (B*R times the accumulation).
+// A sequence is T+1 consecutive tokens of one shard: inputs = seq[0 : T], targets =
+// seq[1 : T+1]. Sequences start every T tokens inside a shard and never cross a shard
+// boundary, so a shard of n tokens holds floor((n-1) / T) of them; its remaining tail is never
+// read. Sequences are numbered 0, 1, ... across shards in shard order.
 //
-// Round k of an epoch: rank r reads window order[k*R + r], where order is the identity
-// without shuffle and, with shuffle, a permutation of all windows drawn from (seed, epoch)
-// with core/rng.h + Fisher-Yates (the same on every platform). An epoch has
-// floor(W / R) rounds for W windows; the W mod R windows left over are skipped that epoch
-// (with shuffle, different ones each epoch). Then the next epoch starts at round 0.
+// An epoch reads the sequences in `order`: the identity without shuffle and, with shuffle, a
+// permutation of all W sequences drawn from (seed, epoch) with core/rng.h + Fisher-Yates (the
+// same on every platform). It reads floor(W / S) whole steps of S sequences; the W mod S left
+// over are skipped that epoch (with shuffle, different ones each epoch). Round k of an epoch:
+// rank r reads the B sequences order[(k*R + r)*B + i], i < B (unshuffled, consecutive tokens
+// of one shard, as llm.c reads a batch, unless a shard ends among them).
 //
-// The whole position is {epoch, next_round}: state() / restore() resume bit-identically.
+// The position is {epoch, next_sequence}: a count of sequences, whatever B, R and the
+// accumulation, so a run resumed with another split of the same S sequences per step (other
+// ranks, micro-batch or accumulation) reads the same sequences next. state() / restore()
+// resume bit-identically.
 #pragma once
 
 #include <cstddef>
@@ -84,18 +89,18 @@ struct LoaderOptions {
   int rank = 0;          // r
   bool shuffle = false;
   uint64_t seed = 0;     // shuffle seed; unused without shuffle
+  // S: sequences per optimizer step, a multiple of B*R (0: B*R, one round per step).
+  int64_t sequences_per_step = 0;
 };
 
-// A state saved with R ranks, expressed for `ranks` ranks: the same windows consumed, so a
-// run resumed on another number of ranks (with the same micro-batches per step) reads the
-// same data next. Throws UserError when the position is not on a round boundary of `ranks`.
-nlohmann::json rebase_loader_state(const nlohmann::json& state, int ranks);
+// The sequences of T tokens (T+1 with the target) `dataset` holds: floor((n-1) / T) per shard.
+int64_t count_sequences(const TokenDataset& dataset, int64_t seq_len);
 
 class DataLoader {
  public:
-  // Throws UserError when the dataset holds fewer than R windows (the message says how many
-  // tokens one shard needs: R*B*T+1).
-  // REQUIRES: B >= 1, T >= 1, R >= 1, 0 <= r < R.
+  // Throws UserError when the dataset holds fewer sequences than one step reads (the message
+  // says how many tokens one shard needs: S*T+1).
+  // REQUIRES: B >= 1, T >= 1, R >= 1, 0 <= r < R, S a positive multiple of B*R (or 0).
   DataLoader(TokenDataset dataset, const LoaderOptions& options);
 
   // Reads this rank's batch of the current round and advances one round.
@@ -104,28 +109,33 @@ class DataLoader {
   // Same into CPU tensors. REQUIRES: dtype I32, shape (B, T), device CPU.
   void next_batch(const Tensor& inputs, const Tensor& targets);
 
-  int64_t num_windows() const { return num_windows_; }
-  int64_t rounds_per_epoch() const { return num_windows_ / options_.ranks; }
+  int64_t num_sequences() const { return num_sequences_; }
+  int64_t sequences_per_step() const { return step_; }
+  int64_t steps_per_epoch() const { return num_sequences_ / step_; }
+  int64_t rounds_per_epoch() const { return steps_per_epoch() * step_ / round_; }
   int64_t epoch() const { return epoch_; }
   int64_t next_round() const { return next_round_; }
   const LoaderOptions& options() const { return options_; }
-  // The global window this rank reads in round `round` of `epoch`.
-  // REQUIRES: 0 <= round < rounds_per_epoch(), epoch >= 0.
+  // The sequence at `position` (0-based, in sequences) of `epoch`'s order.
+  // REQUIRES: 0 <= position < steps_per_epoch() * S, epoch >= 0.
   // (Not const: with shuffle it draws, and caches, that epoch's permutation.)
-  int64_t window_index(int64_t epoch, int64_t round);
-  // Where window w starts: its shard and the offset of its first token inside that shard.
-  // REQUIRES: 0 <= w < num_windows().
-  std::pair<size_t, size_t> window_location(int64_t w) const;
+  int64_t sequence_index(int64_t epoch, int64_t position);
+  // Where sequence s starts: its shard and the offset of its first token inside that shard.
+  // REQUIRES: 0 <= s < num_sequences().
+  std::pair<size_t, size_t> sequence_location(int64_t s) const;
 
   // Back to epoch 0, round 0 (e.g. to evaluate the same validation batches every time).
   void reset();
 
-  // {"epoch", "next_round"} plus the geometry it was taken with ("windows", "batch",
-  // "seq_len", "ranks", "shuffle", "seed"; the rank is left out so one state serves all ranks).
+  // {"epoch", "next_sequence"} plus the geometry it was taken with ("sequences",
+  // "sequences_per_step", "seq_len", "shuffle", "seed"; not B, R or r: one state serves every
+  // rank and any split of the step).
   nlohmann::json state() const;
-  // Resumes from state(). Throws UserError when the state is malformed (not an object, a
-  // missing or non-integer epoch / next_round, a negative value, next_round past the epoch's
-  // rounds) or when a geometry field it carries differs from this loader's.
+  // Resumes from state(), or from a state of an earlier version ({"epoch", "next_round",
+  // "ranks", "batch", ...}: next_round * ranks * batch sequences read). Throws UserError when
+  // the state is malformed (not an object, a missing or non-integer epoch / position, a
+  // negative value, a position past the epoch or between rounds of this geometry) or when a
+  // geometry field it carries differs from this loader's.
   void restore(const nlohmann::json& state);
 
  private:
@@ -133,12 +143,14 @@ class DataLoader {
 
   TokenDataset dataset_;
   LoaderOptions options_;
-  int64_t num_windows_ = 0;
-  std::vector<int64_t> first_window_;  // (shards + 1,): prefix sums of windows per shard
+  int64_t round_ = 1;                  // B*R: sequences per round
+  int64_t step_ = 1;                   // S
+  int64_t num_sequences_ = 0;
+  std::vector<int64_t> first_sequence_;  // (shards + 1,): prefix sums of sequences per shard
   int64_t epoch_ = 0;
   int64_t next_round_ = 0;
   int64_t order_epoch_ = -1;           // the epoch `order_` was drawn for
-  std::vector<int64_t> order_;         // (num_windows,) shuffled window ids; empty unshuffled
+  std::vector<int64_t> order_;         // (num_sequences,) shuffled ids; empty unshuffled
 };
 
 }  // namespace dstrain

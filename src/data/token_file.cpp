@@ -59,6 +59,33 @@ size_t token_width(TokenFormat format) {
   return (format == TokenFormat::kLlmcU16 || format == TokenFormat::kRawU16) ? 2 : 4;
 }
 
+namespace {
+
+// Whether the first bytes read as UTF-8 text (printable characters and whitespace, no NUL):
+// what a token shard never is, since its header and small ids hold zero bytes.
+bool looks_like_text(const unsigned char* bytes, size_t size) {
+  const size_t n = std::min<size_t>(size, 4096);
+  size_t i = 0;
+  while (i < n) {
+    const unsigned char c = bytes[i];
+    if (c < 0x80) {
+      if (c < 0x20 && c != '\n' && c != '\r' && c != '\t' && c != '\f') return false;
+      ++i;
+      continue;
+    }
+    const size_t length = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 0;
+    if (length == 0 || c > 0xF4) return false;
+    for (size_t k = 1; k < length; ++k) {
+      if (i + k >= n) return true;  // a character cut by the sample's end
+      if ((bytes[i + k] & 0xC0) != 0x80) return false;
+    }
+    i += length;
+  }
+  return true;
+}
+
+}  // namespace
+
 bool is_raw_token_path(const std::string& path) {
   return ends_with(path, ".u16") || ends_with(path, ".u32");
 }
@@ -83,6 +110,10 @@ std::shared_ptr<const TokenSource> TokenSource::open_file(const std::string& pat
   const unsigned char* bytes = source->file_.data();
   const size_t file_bytes = source->file_.size();
   DSTRAIN_USER_CHECK(file_bytes > 0) << "token file '" << path << "' is empty (0 bytes).";
+  DSTRAIN_USER_CHECK(is_raw_token_path(path) || !looks_like_text(bytes, file_bytes))
+      << "'" << path << "' holds text, not tokens: tokenize it first with `dstrain prepare "
+      << "--input " << path << " --out DIR` (add --tokenizer tokenizer.json for a Hugging Face "
+      << "model), then train with --data 'DIR/train_*.bin'.";
 
   if (is_raw_token_path(path)) {
     const bool u16 = ends_with(path, ".u16");

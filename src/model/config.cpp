@@ -236,8 +236,14 @@ ModelConfig llama_config(const nlohmann::json& json, const ConfigFields& f, Mode
   if (f.has("hidden_act") && f.at("hidden_act") != "silu") {
     f.unsupported("hidden_act " + f.at("hidden_act").dump() + " is not supported (\"silu\")");
   }
-  if (f.flag_or("use_sliding_window", false)) f.unsupported("sliding-window attention");
-  if (f.number_or("attention_dropout", -1, 1, 0.0) != 0.0) f.unsupported("attention dropout");
+  if (f.flag_or("use_sliding_window", false)) {
+    f.unsupported("use_sliding_window true asks for sliding-window attention, which dstrain does "
+                  "not implement (with false it attends over the whole --seq-len)");
+  }
+  if (f.number_or("attention_dropout", -1, 1, 0.0) != 0.0) {
+    f.unsupported("attention_dropout " + f.at("attention_dropout").dump() +
+                  " asks for dropout, which dstrain does not implement (set it to 0.0)");
+  }
   config.norm_eps = f.number_or("rms_norm_eps", 0, 1, 1e-6);
   config.rope_theta = f.number_or("rope_theta", 0, 1e12, 10000.0);
   config.rope_scaling = rope_scaling(f);

@@ -298,6 +298,15 @@ uint64_t MemoryModel::host_bytes_all_ranks(const Plan& plan) const {
   return total;
 }
 
+uint64_t MemoryModel::cpu_bytes_all_ranks(const Plan& plan) const {
+  uint64_t total = 0;
+  for (int stage = 0; stage < plan.pp; ++stage) {
+    const MemoryPrediction rank = predict_stage(plan, stage);
+    total += (rank.device_total() + rank.host_total()) * static_cast<uint64_t>(plan.dp * plan.tp);
+  }
+  return total;
+}
+
 MemoryPrediction predict_memory(const ModelConfig& config, const Plan& plan) {
   return MemoryModel(config).predict(plan);
 }

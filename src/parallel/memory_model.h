@@ -176,6 +176,9 @@ class MemoryModel {
   MemoryPrediction predict(const Plan& plan) const;
   // Host memory of all world() ranks together (they share the machine's RAM).
   uint64_t host_bytes_all_ranks(const Plan& plan) const;
+  // On the CPU backend, where a rank's "device" is host memory too: device and host bytes of
+  // all world() ranks together.
+  uint64_t cpu_bytes_all_ranks(const Plan& plan) const;
   // Elements of the blocks a rank of `stage` holds, tensor-parallel split (one entry per
   // block of pipeline_stage_blocks).
   std::vector<int64_t> stage_block_numels(const Plan& plan, int stage) const;

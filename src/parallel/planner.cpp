@@ -430,6 +430,13 @@ PlanResult choose_plan(const ModelConfig& config, const NodeTopology& whole,
       } else {
         const int64_t most = (sequences + dp - 1) / dp;
         for (int64_t mb = 1; mb <= most; mb *= 2) micro_batches.push_back(mb);
+        if (request.exact_global_batch && sequences % dp == 0) {
+          // Every micro-batch that divides a rank's share, in increasing order.
+          micro_batches.clear();
+          for (int64_t mb = 1; mb <= most; ++mb) {
+            if ((sequences / dp) % mb == 0) micro_batches.push_back(mb);
+          }
+        }
       }
       for (int zero : zeros) {
         for (bool offload : offloads) {
@@ -453,6 +460,7 @@ PlanResult choose_plan(const ModelConfig& config, const NodeTopology& whole,
               plan.pp_split = request.pp_split.empty() ? memory.split(plan) : request.pp_split;
               const int64_t reached = dp * mb * plan.grad_accum;
               if ((reached - sequences) * kOvershootDenominator > sequences) continue;
+              if (request.exact_global_batch && reached != sequences) continue;
               PlanCandidate c = evaluate_plan(memory, topology, plan, cluster);
               const bool stop = !c.fits();  // larger micro-batches only need more
               all.push_back(std::move(c));

@@ -47,6 +47,9 @@ struct PlanRequest {
   std::optional<PipelineScheduleKind> pp_schedule;  // default 1F1B (GPipe only needs more memory)
   std::vector<int64_t> pp_split;  // layers per stage (fixes pp); empty: the balanced split
   std::optional<bool> sequence_parallel;  // with tp > 1; default on
+  // Reach the global batch exactly (a resumed run keeps its sequences per step): micro-batches
+  // that divide a rank's share instead of powers of two, and no overshoot.
+  bool exact_global_batch = false;
   int max_alternatives = 8;      // fitting alternatives to keep (plus a few that do not fit)
 };
 

@@ -15,19 +15,40 @@ std::string step_dir_name(int64_t step) {
   return name;
 }
 
+const char* torch_dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::BF16: return "bfloat16";
+    case DType::F16: return "float16";
+    default: return "float32";
+  }
+}
+
+namespace {
+
+// The optimizer file's suffixes: the moments, and the fp32 masters beside 16-bit weights.
+std::vector<std::string> optimizer_suffixes(const CheckpointFormat& format) {
+  std::vector<std::string> suffixes = {".exp_avg", ".exp_avg_sq"};
+  if (format.weights_dtype != DType::F32) suffixes.push_back(".master");
+  return suffixes;
+}
+
+}  // namespace
+
 CheckpointWriter::CheckpointWriter(LayoutsOnly, const std::string& out_dir, int64_t step,
-                                   const ModelConfig& config, uint64_t max_shard_bytes)
+                                   const ModelConfig& config, const CheckpointFormat& format)
     : out_dir_(out_dir),
       step_(step),
       config_(config),
       layout_(config),
-      weights_(tensor_file_layout(layout_, "model", {""}, {{"format", "pt"}}, max_shard_bytes)),
-      optimizer_(tensor_file_layout(layout_, "optimizer", {".exp_avg", ".exp_avg_sq"})) {}
+      format_(format),
+      weights_(tensor_file_layout(layout_, "model", {""}, {{"format", "pt"}},
+                                  format.max_shard_bytes, format.weights_dtype)),
+      optimizer_(tensor_file_layout(layout_, "optimizer", optimizer_suffixes(format))) {}
 
 CheckpointWriter::CheckpointWriter(const std::string& out_dir, int64_t step,
-                                   const ModelConfig& config, uint64_t max_shard_bytes,
+                                   const ModelConfig& config, const CheckpointFormat& format,
                                    const std::string& staging_tag)
-    : CheckpointWriter(LayoutsOnly{}, out_dir, step, config, max_shard_bytes) {
+    : CheckpointWriter(LayoutsOnly{}, out_dir, step, config, format) {
   staging_ = std::make_unique<StagingDir>(fs::path(out_dir) / step_dir_name(step), staging_tag);
   staging_path_ = staging_->path().string();
   create_tensor_files(staging_path_, layout_, weights_);
@@ -36,10 +57,10 @@ CheckpointWriter::CheckpointWriter(const std::string& out_dir, int64_t step,
 
 std::unique_ptr<CheckpointWriter> CheckpointWriter::join(const std::string& out_dir, int64_t step,
                                                          const ModelConfig& config,
-                                                         uint64_t max_shard_bytes,
+                                                         const CheckpointFormat& format,
                                                          const std::string& staging_tag) {
   std::unique_ptr<CheckpointWriter> writer(
-      new CheckpointWriter(LayoutsOnly{}, out_dir, step, config, max_shard_bytes));
+      new CheckpointWriter(LayoutsOnly{}, out_dir, step, config, format));
   writer->staging_path_ =
       staging_path(fs::path(out_dir) / step_dir_name(step), staging_tag).string();
   DSTRAIN_USER_CHECK(fs::is_directory(writer->staging_path_))
@@ -60,6 +81,9 @@ void CheckpointWriter::write_part(const Part& part) const {
     weights.write(0, block, part.begin[block], part.params[block], source);
     optimizer.write(0, block, part.begin[block], part.exp_avg[block], source);
     optimizer.write(1, block, part.begin[block], part.exp_avg_sq[block], source);
+    if (optimizer_.suffixes.size() > 2) {  // the fp32 masters beside 16-bit weights
+      optimizer.write(2, block, part.begin[block], part.params[block], source);
+    }
   }
   weights.close();
   optimizer.close();
@@ -67,7 +91,12 @@ void CheckpointWriter::write_part(const Part& part) const {
 
 std::string CheckpointWriter::finish(const nlohmann::json& trainer_state) {
   DSTRAIN_CHECK(staging_) << "finish() on a joined checkpoint writer";
-  write_file_atomic(staging_->path() / "config.json", config_.to_json().dump(2) + "\n");
+  nlohmann::json config = config_.to_json();
+  config["torch_dtype"] = torch_dtype_name(format_.weights_dtype);
+  write_file_atomic(staging_->path() / "config.json", config.dump(2) + "\n");
+  for (const auto& [source, name] : format_.extra_files) {
+    write_file_atomic(staging_->path() / name, read_file(source));
+  }
   nlohmann::json trainer = trainer_state;
   trainer["step"] = step_;
   trainer["complete"] = true;
@@ -122,9 +151,12 @@ CheckpointInfo open_checkpoint(const std::string& path) {
 
 void load_checkpoint(const CheckpointInfo& info, const FullTrainingState& state) {
   const ParamLayout layout(info.config);
-  load_weights(layout, state.params, info.dir);  // model.safetensors, or its shards
-  load_optimizer(layout, state.exp_avg, state.exp_avg_sq,
-                 (fs::path(info.dir) / "optimizer.safetensors").string());
+  const std::string optimizer = (fs::path(info.dir) / "optimizer.safetensors").string();
+  // 16-bit weights: the run continues from the fp32 masters beside the moments.
+  if (!load_master_weights(layout, state.params, optimizer)) {
+    load_weights(layout, state.params, info.dir);  // model.safetensors, or its shards
+  }
+  load_optimizer(layout, state.exp_avg, state.exp_avg_sq, optimizer);
 }
 
 }  // namespace dstrain

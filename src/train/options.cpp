@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <sstream>
 
 #include "core/check.h"
 #include "parallel/pipeline_schedule.h"
@@ -21,6 +22,10 @@ uint64_t save_shard_bytes(const TrainOptions& options) {
   return 0;
 }
 
+bool given_flag(const TrainOptions& options, const char* flag) {
+  return !options.explicit_flags.has_value() || options.explicit_flags->count(flag) != 0;
+}
+
 void validate_options(const TrainOptions& options) {
   DSTRAIN_USER_CHECK(options.batch >= 1) << "--batch must be at least 1";
   DSTRAIN_USER_CHECK(options.seq_len >= 1) << "--seq-len must be at least 1";
@@ -36,6 +41,16 @@ void validate_options(const TrainOptions& options) {
   DSTRAIN_USER_CHECK(options.eval_every >= 0) << "--eval-every must not be negative (0 disables)";
   DSTRAIN_USER_CHECK(options.eval_batches >= 1) << "--eval-batches must be at least 1";
   DSTRAIN_USER_CHECK(options.save_every >= 0) << "--save-every must not be negative";
+  DSTRAIN_USER_CHECK(options.keep_last >= 0) << "--keep-last must not be negative (0 keeps all)";
+  DSTRAIN_USER_CHECK(options.keep_last == 0 || !options.out.empty())
+      << "--keep-last needs --out (the directory checkpoints go to)";
+  DSTRAIN_USER_CHECK(options.save_dtype == "source" || options.save_dtype == "fp32" ||
+                     options.save_dtype == "bf16" || options.save_dtype == "fp16")
+      << "--save-dtype must be fp32, bf16, fp16 or source, not '" << options.save_dtype << "'";
+  DSTRAIN_USER_CHECK(options.epochs >= 0 && std::isfinite(options.epochs))
+      << "--epochs must be a positive number";
+  DSTRAIN_USER_CHECK(options.lr_decay_steps >= 0)
+      << "--lr-decay-steps must be at least 1 (0: the run's --steps)";
   (void)save_shard_bytes(options);  // a UserError naming the flag
   DSTRAIN_USER_CHECK(options.save_every == 0 || !options.out.empty())
       << "--save-every needs --out (the directory checkpoints go to)";
@@ -75,22 +90,16 @@ int data_parallel_ranks(const TrainOptions& options) {
 
 namespace {
 
-// Each remembered setting: its flag name and the field.
+// The settings that define a run, under their flag names: what it trains on, its optimizer and
+// schedule, its outputs. A resume takes them from the checkpoint unless given again.
 template <class Fn>
-void for_each_resumable(TrainOptions& o, Fn&& fn) {
+void for_each_run_setting(TrainOptions& o, Fn&& fn) {
   fn("data", o.data);
   fn("val-data", o.val_data);
   fn("shuffle", o.shuffle);
-  fn("batch", o.batch);
   fn("seq-len", o.seq_len);
-  fn("grad-accum", o.grad_accum);
-  fn("gpus", o.gpus);
-  fn("tp", o.tp);
-  fn("sequence-parallel", o.sequence_parallel);
-  fn("pp", o.pp);
-  fn("pp-schedule", o.pp_schedule);
-  fn("pp-split", o.pp_split);
   fn("steps", o.steps);
+  fn("lr-decay-steps", o.lr_decay_steps);
   fn("lr", o.lr);
   fn("lr-schedule", o.lr_schedule);
   fn("warmup", o.warmup);
@@ -106,14 +115,78 @@ void for_each_resumable(TrainOptions& o, Fn&& fn) {
   fn("loss-scale-window", o.loss_scaling.growth_interval);
   fn("loss-scale-hysteresis", o.loss_scaling.hysteresis);
   fn("min-loss-scale", o.loss_scaling.min_scale);
-  fn("zero", o.zero);
-  fn("offload", o.offload);
-  fn("recompute", o.recompute);
   fn("eval-every", o.eval_every);
   fn("eval-batches", o.eval_batches);
   fn("save-every", o.save_every);
+  fn("keep-last", o.keep_last);
+  fn("save-dtype", o.save_dtype);
   fn("out", o.out);
   fn("log", o.log);
+}
+
+// The settings of the plan: how the run's steps are laid out on the machine. A resume on the
+// same machine takes them from the checkpoint; on another one the planner chooses anew.
+template <class Fn>
+void for_each_plan_setting(TrainOptions& o, Fn&& fn) {
+  fn("gpus", o.gpus);
+  fn("tp", o.tp);
+  fn("sequence-parallel", o.sequence_parallel);
+  fn("pp", o.pp);
+  fn("pp-schedule", o.pp_schedule);
+  fn("pp-split", o.pp_split);
+  fn("batch", o.batch);
+  fn("grad-accum", o.grad_accum);
+  fn("zero", o.zero);
+  fn("offload", o.offload);
+  fn("recompute", o.recompute);
+}
+
+template <class Fn>
+void for_each_resumable(TrainOptions& o, Fn&& fn) {
+  for_each_run_setting(o, fn);
+  for_each_plan_setting(o, fn);
+}
+
+// The optimizer and schedule settings a resume may change, said on the way.
+const std::set<std::string> kChangeableOnResume = {
+    "lr", "lr-schedule", "warmup", "min-lr", "lr-decay-steps", "weight-decay", "beta1",
+    "beta2", "eps", "grad-clip", "loss-scale-init", "loss-scale-window",
+    "loss-scale-hysteresis", "min-loss-scale"};
+
+template <class T>
+void take_saved(const nlohmann::json& saved, const char* flag, T& field) {
+  try {
+    saved.at(flag).get_to(field);
+  } catch (const nlohmann::json::exception&) {
+    DSTRAIN_USER_ERROR() << "the checkpoint's remembered setting --" << flag << " is malformed";
+  }
+}
+
+// The largest divisor of n no larger than at_most (at least 1).
+int64_t largest_divisor(int64_t n, int64_t at_most) {
+  for (int64_t d = std::min(n, at_most); d > 1; --d) {
+    if (n % d == 0) return d;
+  }
+  return 1;
+}
+
+// The checkpoint's global batch (sequences per step) split anew over this run's data-parallel
+// ranks: the micro-batch `batch_fixed` keeps, else the checkpoint's if it still divides, else
+// the largest that does; the accumulation follows.
+void split_global_batch(TrainOptions& options, int64_t sequences, int64_t saved_micro,
+                        bool batch_fixed) {
+  const int64_t dp = data_parallel_ranks(options);
+  DSTRAIN_USER_CHECK(sequences % dp == 0)
+      << "the checkpoint's run makes each step of " << sequences << " sequences, which " << dp
+      << " data-parallel ranks cannot share evenly; resume on ranks that divide it (or give "
+      << "--dp, --tp, --pp)";
+  const int64_t per_rank = sequences / dp;
+  if (!batch_fixed) options.batch = largest_divisor(per_rank, saved_micro);
+  DSTRAIN_USER_CHECK(per_rank % options.batch == 0)
+      << "the checkpoint's run makes each step of " << sequences << " sequences: " << dp
+      << " data-parallel ranks x --batch " << options.batch
+      << " do not divide it; give a --batch that does";
+  options.grad_accum = per_rank / options.batch;
 }
 
 }  // namespace
@@ -143,39 +216,83 @@ nlohmann::json run_config(const TrainOptions& options) {
   return config;
 }
 
-void apply_resumable_options(TrainOptions& options, const nlohmann::json& saved) {
-  if (!options.explicit_flags || !saved.is_object()) return;
-  const std::set<std::string>& given = *options.explicit_flags;
-  const bool ranks_given =
-      given.count("gpus") != 0 || given.count("pp") != 0 || given.count("tp") != 0;
-  const bool accum_given = given.count("grad-accum") != 0;
-  const int64_t saved_dp = std::max<int64_t>(
-      1, saved.value("gpus", int64_t{1}) /
-             (saved.value("pp", int64_t{1}) * saved.value("tp", int64_t{1})));
-  const int64_t micro_batches = saved.value("grad-accum", int64_t{1}) * saved_dp;
-  const bool new_depth = given.count("pp") != 0 && saved.value("pp", int64_t{1}) != options.pp;
-  for_each_resumable(options, [&](const char* flag, auto& field) {
-    if (given.count(flag) || !saved.contains(flag)) return;
-    try {
-      saved.at(flag).get_to(field);
-    } catch (const nlohmann::json::exception&) {
-      DSTRAIN_USER_ERROR() << "the checkpoint's remembered setting --" << flag << " is malformed";
+int64_t saved_global_batch(const nlohmann::json& saved) {
+  const int64_t gpus = std::max<int64_t>(1, saved.value("gpus", int64_t{1}));
+  const int64_t model_ranks =
+      std::max<int64_t>(1, saved.value("pp", int64_t{1}) * saved.value("tp", int64_t{1}));
+  return saved.value("batch", int64_t{1}) * saved.value("grad-accum", int64_t{1}) *
+         std::max<int64_t>(1, gpus / model_ranks);
+}
+
+ResumedSettings apply_resumable_options(TrainOptions& options, const nlohmann::json& saved,
+                                        bool same_machine) {
+  ResumedSettings result;
+  if (!options.explicit_flags || !saved.is_object()) return result;
+  std::set<std::string>& given = *options.explicit_flags;
+  result.global_batch = saved_global_batch(saved);
+  // The schedule's horizon is part of the run: a checkpoint of an earlier version kept it as
+  // its --steps, which a resume may raise.
+  if (!given.count("lr-decay-steps") && !saved.contains("lr-decay-steps") &&
+      saved.contains("steps")) {
+    options.lr_decay_steps = saved.value("steps", int64_t{0});
+  }
+  for_each_run_setting(options, [&](const char* flag, auto& field) {
+    // --out: the run continues where its checkpoint lies (train/trainer.cpp), wherever the
+    // directory was when it was written.
+    if (!saved.contains(flag) || std::string(flag) == "out") return;
+    if (!given.count(flag)) {
+      take_saved(saved, flag, field);
+      given.insert(flag);  // the run's: fixed for the planner and the defaults
+      return;
+    }
+    auto before = field;
+    take_saved(saved, flag, before);
+    if (kChangeableOnResume.count(flag) && before != field) {
+      std::ostringstream change;
+      change << "--" << flag << " " << nlohmann::json(field).dump() << " (the run had "
+             << nlohmann::json(before).dump() << ")";
+      result.changed.push_back(change.str());
     }
   });
+  const std::set<std::string> user = given;  // before the checkpoint's plan joins it
+  const int64_t saved_micro = saved.value("batch", int64_t{1});
+  if (!same_machine) {
+    // Another machine: the planner chooses the plan for this one; only the global batch stays.
+    options.global_batch_tokens = result.global_batch * options.seq_len;
+    options.exact_global_batch = true;
+    given.insert("global-batch-tokens");
+    if (!user.count("grad-accum")) {
+      split_global_batch(options, result.global_batch, saved_micro, user.count("batch") != 0);
+    }
+    return result;
+  }
+  result.plan_taken = true;
+  const int64_t saved_pp = saved.value("pp", int64_t{1}), saved_tp = saved.value("tp", int64_t{1});
+  const int64_t saved_dp =
+      std::max<int64_t>(1, saved.value("gpus", int64_t{1}) / std::max<int64_t>(1, saved_pp * saved_tp));
+  for_each_plan_setting(options, [&](const char* flag, auto& field) {
+    if (user.count(flag) || !saved.contains(flag)) return;
+    take_saved(saved, flag, field);
+    given.insert(flag);  // the planner keeps what the checkpoint's plan was
+  });
   // Another pipeline depth: the remembered split was for the old one.
-  if (new_depth && given.count("pp-split") == 0) options.pp_split.clear();
-  // A new --pp or --tp alone keeps the data-parallel ranks: the rank count follows.
-  if ((given.count("pp") != 0 || given.count("tp") != 0) && given.count("gpus") == 0) {
-    options.gpus = static_cast<int>(saved_dp) * options.pp * options.tp;
+  if (user.count("pp") && saved_pp != options.pp && !user.count("pp-split")) {
+    options.pp_split.clear();
+    given.erase("pp-split");
   }
-  // Other ranks than before, same micro-batches per step: the accumulation follows.
-  if (ranks_given && !accum_given) {
-    const int dp = data_parallel_ranks(options);
-    DSTRAIN_USER_CHECK(micro_batches % dp == 0)
-        << "the checkpoint's run makes each step of " << micro_batches << " micro-batches, which "
-        << dp << " data-parallel ranks cannot share evenly; give --grad-accum too";
-    options.grad_accum = micro_batches / dp;
+  // A new --pp or --tp alone keeps the data-parallel ranks, a new --dp alone the model's: the
+  // rank count follows.
+  if ((user.count("pp") || user.count("tp") || user.count("dp")) && !user.count("gpus")) {
+    const int dp = user.count("dp") && options.dp > 0 ? options.dp : static_cast<int>(saved_dp);
+    options.gpus = dp * options.pp * options.tp;
   }
+  // Another split of the step's sequences (ranks or micro-batch): the accumulation follows.
+  const bool resplit = user.count("gpus") || user.count("pp") || user.count("tp") ||
+                       user.count("dp") || user.count("batch");
+  if (resplit && !user.count("grad-accum")) {
+    split_global_batch(options, result.global_batch, saved_micro, true);
+  }
+  return result;
 }
 
 }  // namespace dstrain

@@ -5,6 +5,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -12,6 +13,11 @@
 #include "optim/grad_scaler.h"
 
 namespace dstrain {
+
+// The learning rate fine-tuning (--init-from) starts at without --lr: Hugging Face Trainer's
+// 5e-5 for GPT-2, and 2e-5, the usual full fine-tuning rate of Llama, Qwen2 and DeepSeek.
+constexpr double kFineTuneLrGpt2 = 5e-5;
+constexpr double kFineTuneLrLlama = 2e-5;
 
 struct TrainOptions {
   // model and data
@@ -25,10 +31,14 @@ struct TrainOptions {
   int64_t grad_accum = 1;
   // optimization
   int64_t steps = 1500;            // total optimizer steps of the run (a resume continues to it)
-  double lr = 3e-3;
+  double epochs = 0;               // > 0: instead of --steps, this many passes over --data
+  double lr = 3e-3;                // from scratch; fine-tuning (--init-from): kFineTuneLr*
   std::string lr_schedule = "cosine";
   int64_t warmup = 20;
   double min_lr = -1.0;            // < 0: lr / 10
+  // The cosine's horizon: it reaches min_lr here and stays there (0: --steps of the run's first
+  // start; a resume that raises --steps keeps the curve it began with).
+  int64_t lr_decay_steps = 0;
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;
@@ -54,6 +64,7 @@ struct TrainOptions {
   // --host-memory. Without one, the GPUs of this machine (none: the CPU backend, no planning).
   std::string topology_file, nvidia_smi_file, gpu_model, host_memory;
   int64_t global_batch_tokens = 0; // for the planner; 0: batch x seq-len x grad-accum x gpus
+  bool exact_global_batch = false; // a resume: the planner reaches global_batch_tokens exactly
   int dp = 0;                      // data parallel degree; 0: gpus / (tp x pp)
   int tp = 1, pp = 1;              // tensor / pipeline parallel degrees
   bool sequence_parallel = true;   // tp > 1: sequence parallelism outside the tp regions
@@ -64,11 +75,16 @@ struct TrainOptions {
   int64_t eval_every = 250;        // 0 disables
   int64_t eval_batches = 16;
   std::string out;                 // checkpoint directory
+  bool overwrite = false;          // --out / --log may hold an earlier run: replace it
   int64_t save_every = 0;          // 0: only the final checkpoint
+  int64_t keep_last = 0;           // keep the newest N checkpoints of --out; 0: all
+  // The dtype of the checkpoint's model weights: fp32 | bf16 | fp16 | source (the dtype of the
+  // --init-from weights; fp32 for a model trained from scratch). Optimizer state stays fp32.
+  std::string save_dtype = "source";
   // Checkpoint weights above this go into shards with model.safetensors.index.json ("0": one
   // file); parse_size's units (topology/units.h).
   std::string save_shard_size = "5GB";
-  std::string resume;
+  std::string resume;              // a run or step directory, or "auto" (--out, if it holds one)
   std::string init_from;
   std::string tokenizer;           // a tokenizer.json: the final sample is decoded with it
   int64_t sample_tokens = 64;      // printed at the end; 0 disables
@@ -104,21 +120,43 @@ struct TrainOptions {
   bool verify_tied_embedding = false;
 };
 
+// Whether the user gave `flag` (its command-line name); a library caller gives them all.
+bool given_flag(const TrainOptions& options, const char* flag);
+
 // Throws UserError naming the flag when a setting is out of range.
 void validate_options(const TrainOptions& options);
 // --save-shard-size in bytes (0: no limit). UserError naming the flag on a bad size.
 uint64_t save_shard_bytes(const TrainOptions& options);
 
-// The settings a checkpoint remembers (under their flag names), and taking them back: on
-// --resume every one not given again. Another rank count or pipeline depth may be given if the
-// micro-batches per step (grad-accum x data-parallel ranks) stay the same: the accumulation
-// follows. A new --pp drops the remembered --pp-split.
+// The settings a checkpoint remembers (under their flag names): the run's (data, sequence
+// length, steps, optimizer and schedule, outputs) and its plan's (ranks, pipeline, tensor
+// parallelism, micro-batch, accumulation, ZeRO, offload, recompute).
 nlohmann::json resumable_options(const TrainOptions& options);
 // Every setting of a run under its flag name (the resumable ones and the model, its weights and
 // tokenizer, the device and the output settings): OUT/run_config.json, which --config reads
 // back to repeat the run.
 nlohmann::json run_config(const TrainOptions& options);
-void apply_resumable_options(TrainOptions& options, const nlohmann::json& saved);
+// Sequences per step of the run whose remembered settings these are.
+int64_t saved_global_batch(const nlohmann::json& saved);
+
+// What a resume took from its checkpoint.
+struct ResumedSettings {
+  bool plan_taken = false;   // the checkpoint's plan settings (same machine)
+  int64_t global_batch = 0;  // sequences per step, which the run keeps
+  // Given optimizer and schedule settings that differ from the run's: "--lr 0.0001 (the run
+  // had 0.0003)".
+  std::vector<std::string> changed;
+};
+// Takes back the settings not given again: every run setting, and on the `same_machine` the
+// plan's too (marked as given, so that the planner keeps them). A new --gpus, --pp, --tp or
+// --batch there splits the same sequences per step anew (the accumulation follows; a new
+// --pp drops the remembered --pp-split). On another machine the plan is left to the planner
+// (or the flags on CPU ranks) with the global batch fixed (--global-batch-tokens, and a
+// micro-batch and accumulation that share it over the ranks given). UserError when the
+// ranks cannot share the global batch evenly. A library caller (no explicit_flags) gives
+// every setting: nothing is taken.
+ResumedSettings apply_resumable_options(TrainOptions& options, const nlohmann::json& saved,
+                                        bool same_machine);
 
 // The data-parallel ranks the options give: gpus / (tp x pp).
 int data_parallel_ranks(const TrainOptions& options);

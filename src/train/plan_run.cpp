@@ -6,10 +6,12 @@
 #include <optional>
 
 #include "core/allocator.h"
+#include "parallel/cpu_plan.h"
 #include "parallel/machine.h"
 #include "parallel/pipeline_split.h"
 #include "parallel/planner.h"
 #include "topology/cluster.h"
+#include "topology/host_memory.h"
 #include "topology/probe.h"
 #include "train/devices.h"
 
@@ -17,10 +19,7 @@ namespace dstrain {
 
 namespace {
 
-// Whether the user gave `flag` (a library caller gives them all).
-bool given(const TrainOptions& options, const char* flag) {
-  return !options.explicit_flags.has_value() || options.explicit_flags->count(flag) != 0;
-}
+bool given(const TrainOptions& options, const char* flag) { return given_flag(options, flag); }
 
 // `gpus`: the world's (every node's); the request's are one node's.
 PlanRequest request_from_flags(const TrainOptions& options, const ModelConfig& config, int gpus) {
@@ -29,6 +28,7 @@ PlanRequest request_from_flags(const TrainOptions& options, const ModelConfig& c
   if (given(options, "seq-len")) request.seq_len = options.seq_len;
   if (given(options, "global-batch-tokens") && options.global_batch_tokens > 0) {
     request.global_batch_tokens = options.global_batch_tokens;
+    request.exact_global_batch = options.exact_global_batch;
   } else if (given(options, "batch") || given(options, "grad-accum")) {
     const int64_t T =
         given(options, "seq-len") ? options.seq_len : std::min<int64_t>(1024, config.n_positions);
@@ -51,6 +51,66 @@ PlanRequest request_from_flags(const TrainOptions& options, const ModelConfig& c
   return request;
 }
 
+// A Hugging Face model (its config.json or --init-from weights) without --seq-len: fine-tuning
+// trains at the model's context, as far as it fits.
+bool seq_len_from_model(const TrainOptions& options) {
+  if (given(options, "seq-len")) return false;
+  const std::vector<std::string> presets = model_preset_names();
+  const bool preset =
+      std::find(presets.begin(), presets.end(), options.model) != presets.end() ||
+      options.model.empty();
+  return !preset || !options.init_from.empty();
+}
+
+// The sequence lengths to try for such a model: its context, then halving to a power of two
+// and down to 64.
+std::vector<int64_t> context_lengths(const ModelConfig& config) {
+  std::vector<int64_t> lengths{config.n_positions};
+  int64_t power = 1;
+  while (power * 2 < config.n_positions) power *= 2;
+  for (int64_t t = power; t >= 64 && t < config.n_positions; t /= 2) lengths.push_back(t);
+  return lengths;
+}
+
+void say_seq_len(const ModelConfig& config, int64_t seq_len, const char* where,
+                 std::ostream& out) {
+  out << "dstrain: --seq-len " << seq_len;
+  if (seq_len == config.n_positions) {
+    out << " (the model's context)\n";
+  } else {
+    out << ": the model's context of " << config.n_positions << " tokens does not fit " << where
+        << "; " << seq_len << " is the longest power of two that does (give --seq-len to choose)\n";
+  }
+}
+
+// The planner's result for `machine`; a Hugging Face model's context tried first.
+PlanResult plan_with_context(TrainOptions& options, const ModelConfig& config,
+                             const NodeTopology& machine, const PlanRequest& request,
+                             const ClusterShape& cluster, std::ostream& out) {
+  if (!seq_len_from_model(options)) return choose_plan(config, machine, request, cluster);
+  const std::vector<int64_t> lengths = context_lengths(config);
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    PlanRequest at = request;
+    at.seq_len = lengths[i];
+    if (!given(options, "global-batch-tokens") &&
+        (given(options, "batch") || given(options, "grad-accum"))) {
+      // The sequences asked for, at this length (request_from_flags counted them at 1024).
+      at.global_batch_tokens =
+          request.global_batch_tokens / std::min<int64_t>(1024, config.n_positions) * at.seq_len;
+    } else if (at.global_batch_tokens % at.seq_len != 0) {
+      at.global_batch_tokens = (at.global_batch_tokens / at.seq_len + 1) * at.seq_len;
+    }
+    try {
+      PlanResult result = choose_plan(config, machine, at, cluster);
+      say_seq_len(config, lengths[i], "the GPUs' memory", out);
+      return result;
+    } catch (const UserError&) {
+      if (i + 1 == lengths.size()) throw;  // the shortest fails too: its sentence
+    }
+  }
+  return choose_plan(config, machine, request, cluster);
+}
+
 // The planner's plan for `machine`.
 Plan plan_for_machine(TrainOptions& options, const ModelConfig& config,
                       const NodeTopology& machine, std::ostream& out) {
@@ -60,7 +120,7 @@ Plan plan_for_machine(TrainOptions& options, const ModelConfig& config,
   const int gpus =
       (request.gpus > 0 ? request.gpus : static_cast<int>(machine.gpus.size())) * nnodes;
   const ClusterShape cluster = make_cluster_shape(nnodes, options.inter_node_bandwidth, machine);
-  const PlanResult result = choose_plan(config, machine, request, cluster);
+  const PlanResult result = plan_with_context(options, config, machine, request, cluster, out);
   char seconds[32];
   std::snprintf(seconds, sizeof seconds, "%.3g", result.best.cost.step_seconds);
   if (cluster.multi_node()) out << "cluster: " << describe_cluster(cluster, gpus / nnodes) << "\n";
@@ -68,6 +128,27 @@ Plan plan_for_machine(TrainOptions& options, const ModelConfig& config,
       << "\n  predicted " << format_bytes(result.best.memory.device_total()) << " per GPU, "
       << seconds << " s per step there (`dstrain plan` shows the alternatives)\n";
   return result.best.plan;
+}
+
+// CPU ranks: the plan the flags give, at a Hugging Face model's context as far as it fits this
+// process's memory, checked against that memory before anything is allocated.
+Plan plan_for_cpu_ranks(TrainOptions& options, const ModelConfig& config, std::ostream& out) {
+  const MemoryModel model(config);
+  const HostMemoryBudget budget = available_host_memory();
+  const bool sample = options.sample_tokens > 0;
+  if (seq_len_from_model(options)) {
+    const std::vector<int64_t> lengths = context_lengths(config);
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      options.seq_len = lengths[i];
+      const Plan plan = plan_from_options(options, config);
+      if (i + 1 == lengths.size() || budget.limited_by.empty() ||
+          cpu_run_bytes(model, plan, sample).total() <= budget.bytes) {
+        say_seq_len(config, lengths[i], "this machine's memory on CPU ranks", out);
+        break;
+      }
+    }
+  }
+  return plan_from_options(options, config);
 }
 
 // The GPUs found here run the plan: this build and this machine must be able to.
@@ -161,40 +242,62 @@ void remember_plan(const Plan& plan, TrainOptions& options) {
   options.sequence_parallel = plan.sequence_parallel;
 }
 
+RunMachine find_run_machine(const TrainOptions& options) {
+  RunMachine machine;
+  if (options.max_gpus > 0) return machine;  // testing: the flags are the plan
+  MachineSource source{options.topology_file, options.nvidia_smi_file, options.gpu_model,
+                       options.host_memory};
+  if (source.names_a_machine()) {
+    machine.topology = load_machine(source, std::cin, &machine.report);
+    machine.described = true;
+  } else if (options.device != "cpu") {
+    NodeTopology local = probe_local_topology(&machine.report);
+    if (!local.gpus.empty()) machine.topology = std::move(local);
+  }
+  DSTRAIN_USER_CHECK(options.device != "cuda" || (machine.topology && !machine.described))
+      << "--device cuda: no CUDA device was found (" << machine.report << ")";
+  return machine;
+}
+
+nlohmann::json machine_record(const RunMachine& machine, bool cpu_ranks, int ranks, int nnodes) {
+  nlohmann::json record{{"device", cpu_ranks ? "cpu" : "gpu"}, {"ranks", ranks}, {"nnodes", nnodes}};
+  if (machine.topology && !machine.topology->gpus.empty()) {
+    record["gpu"] = machine.topology->gpus[0].name;
+    record["gpu_memory"] = machine.topology->gpus[0].memory_bytes;
+  }
+  return record;
+}
+
 // The plan of a run before the options remember it (plan_run).
-static Plan choose_run_plan(TrainOptions& options, const ModelConfig& config, std::ostream& out) {
+static Plan choose_run_plan(TrainOptions& options, const ModelConfig& config,
+                            const RunMachine& machine, std::ostream& out) {
   if (options.max_gpus > 0) {
     // Testing: the ranks share at most max_gpus GPUs of this machine; the flags are the plan.
     return plan_from_options(options, config);
   }
-  MachineSource source{options.topology_file, options.nvidia_smi_file, options.gpu_model,
-                       options.host_memory};
-  std::optional<NodeTopology> machine;
-  std::string report;
-  if (source.names_a_machine()) {
-    machine = load_machine(source, std::cin, &report);
-  } else if (options.device != "cpu") {
-    NodeTopology local = probe_local_topology(&report);
-    if (!local.gpus.empty()) machine = std::move(local);
-  }
-  DSTRAIN_USER_CHECK(options.device != "cuda" || (machine && !source.names_a_machine()))
-      << "--device cuda: no CUDA device was found (" << report << ")";
-  if (!machine) {
+  if (!machine.topology) {
     if (options.device == "auto") options.device = "cpu";  // nothing found: the CPU backend
-    return plan_from_options(options, config);
+    return plan_for_cpu_ranks(options, config, out);
   }
-  Plan plan = plan_for_machine(options, config, *machine, out);  // its split filled in
+  Plan plan = plan_for_machine(options, config, *machine.topology, out);  // its split filled in
   if (options.device != "cpu") {
+    MachineSource source{options.topology_file, options.nvidia_smi_file, options.gpu_model,
+                         options.host_memory};
     check_runs_here(plan, source, options.rendezvous.nnodes);
     options.device = "cuda";
   }
   return plan;
 }
 
-Plan plan_run(TrainOptions& options, const ModelConfig& config, std::ostream& out) {
-  Plan plan = choose_run_plan(options, config, out);
+Plan plan_run(TrainOptions& options, const ModelConfig& config, const RunMachine& machine,
+              std::ostream& out) {
+  Plan plan = choose_run_plan(options, config, machine, out);
   remember_plan(plan, options);
   return plan;
+}
+
+Plan plan_run(TrainOptions& options, const ModelConfig& config, std::ostream& out) {
+  return plan_run(options, config, find_run_machine(options), out);
 }
 
 }  // namespace dstrain

@@ -15,6 +15,7 @@
 #include "parallel/model_flops.h"
 #include "parallel/pipeline_split.h"
 #include "train/cluster.h"
+#include "train/run_directory.h"
 #include "train/sample.h"
 
 namespace dstrain {
@@ -161,8 +162,10 @@ RankTrainer::RankTrainer(const RunContext& ctx, Communicator& world)
   const int dp = plan_.dp, d = groups_.data_index;
   val_loader_.emplace(ctx.data->val, LoaderOptions{B_, T_, dp, d, false, 0});
   if (reads_data()) {
-    loader_.emplace(ctx.data->train, LoaderOptions{B_, T_, dp, d, options_.shuffle, options_.seed});
-    if (!ctx.data_state.is_null()) loader_->restore(rebase_loader_state(ctx.data_state, dp));
+    // Epochs are whole steps, whatever the split of a step's sequences (data/loader.h).
+    loader_.emplace(ctx.data->train, LoaderOptions{B_, T_, dp, d, options_.shuffle, options_.seed,
+                                                   B_ * dp * accum_});
+    if (!ctx.data_state.is_null()) loader_->restore(ctx.data_state);
   }
   if (!ctx.scaler_state.is_null()) scaler_.restore(ctx.scaler_state);
   if (options_.check_replicas > 0) replicas_.emplace(groups_, rank_);
@@ -228,8 +231,9 @@ void RankTrainer::announce(const std::vector<std::array<size_t, kNumMemCategorie
   std::snprintf(lr_text, sizeof lr_text, "%.3g", o.lr);
   text << "  batch " << B_ << " x " << T_ << " tokens x " << accum_ << " accumulation x "
        << plan_.dp << " data-parallel" << (plan_.dp == 1 ? " rank" : " ranks") << " = "
-       << B_ * T_ * accum_ * plan_.dp << " tokens per step; " << o.steps << " steps, lr "
+       << B_ * T_ * accum_ * plan_.dp << " tokens per step; " << count_of(o.steps, "step") << ", lr "
        << lr_text << " (" << o.lr_schedule << ", warmup " << o.warmup << ")\n";
+  text << "  " << epoch_line() << "\n";
   text << "  plan: " << world << (world == 1 ? " rank" : " ranks") << " on "
        << ctx_.devices.describe() << " (" << devices_.backend->name() << (world > 1 ? " each" : "")
        << "), " << describe(plan_)
@@ -269,6 +273,26 @@ void RankTrainer::announce(const std::vector<std::array<size_t, kNumMemCategorie
     }
   }
   ctx_.log->write(memory_record);
+}
+
+// How the run covers its data: an epoch's steps and tokens, the epochs the run makes and the
+// steps after which the data wraps.
+std::string RankTrainer::epoch_line() const {
+  const int64_t per_epoch = ctx_.steps_per_epoch;
+  const int64_t tokens = per_epoch * B_ * accum_ * plan_.dp * T_;
+  std::ostringstream text;
+  text.precision(3);
+  text << "an epoch is " << count_of(per_epoch, "step") << " (" << format_rate(static_cast<double>(tokens))
+       << " trained tokens); the run makes "
+       << static_cast<double>(options_.steps) / static_cast<double>(std::max<int64_t>(1, per_epoch))
+       << " epochs";
+  if (per_epoch > 0 && options_.steps > per_epoch) {
+    text << ", the data wrapping after step " << per_epoch;
+    const int64_t wraps = (options_.steps - 1) / per_epoch;
+    for (int64_t w = 2; w <= std::min<int64_t>(wraps, 3); ++w) text << ", " << w * per_epoch;
+    if (wraps > 3) text << ", ...";
+  }
+  return text.str();
 }
 
 RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
@@ -478,12 +502,12 @@ void RankTrainer::save_checkpoint(int64_t step) {
   const std::string tag = ctx_.cluster != nullptr ? ctx_.cluster->checkpoint_tag() : "";
   if (leader) {
     *ctx_.checkpoint = std::make_unique<CheckpointWriter>(options_.out, step + 1, config_,
-                                                          save_shard_bytes(options_), tag);
+                                                          ctx_.checkpoint_format, tag);
   }
   world_.barrier();
   std::unique_ptr<CheckpointWriter> joined;
   if (ctx_.devices.first_rank != 0) {
-    joined = CheckpointWriter::join(options_.out, step + 1, config_, save_shard_bytes(options_), tag);
+    joined = CheckpointWriter::join(options_.out, step + 1, config_, ctx_.checkpoint_format, tag);
   }
   const CheckpointWriter& writer = joined ? *joined : **ctx_.checkpoint;
   // Under tp each rank writes its slices where they lie in the full tensors; the replicated
@@ -505,11 +529,18 @@ void RankTrainer::save_checkpoint(int64_t step) {
     const nlohmann::json trainer{{"step", step + 1},          {"adam_step", adam_step_},
                                  {"data", loader_->state()},  {"scaler", scaler_.state()},
                                  {"run", ctx_.fingerprint},   {"seed", options_.seed},
-                                 {"plan", to_json(plan_)},
+                                 {"plan", to_json(plan_)},    {"machine", ctx_.machine},
                                  {"options", resumable_options(options_)}};
     ctx_.summary->checkpoint = (*ctx_.checkpoint)->finish(trainer);
     ctx_.checkpoint->reset();
-    ctx_.progress->message("saved checkpoint " + ctx_.summary->checkpoint);
+    std::string saved = "saved checkpoint " + ctx_.summary->checkpoint;
+    const std::vector<int64_t> removed =
+        keep_last_checkpoints(options_.out, options_.keep_last, ctx_.summary->checkpoint);
+    if (!removed.empty()) {
+      saved += " (--keep-last " + std::to_string(options_.keep_last) + ": removed " +
+               count_of(static_cast<long long>(removed.size()), "older checkpoint") + ")";
+    }
+    ctx_.progress->message(saved);
   }
   world_.barrier();  // nobody runs ahead of a checkpoint that failed on rank 0
 }
@@ -601,7 +632,7 @@ void RankTrainer::gather_full_weights_on_leader(const HostBlocks& gathered) {
   const ParamLayout& local = arch_->layout();
   const bool sliced = plan_.tp > 1;
   std::optional<HostBlocks> own, other;  // tp > 1: this rank's slices; rank 0: another's
-  if (sliced) own.emplace(local);
+  if (sliced) own.emplace(local, pipeline_stage_blocks(local, range_));
   if (sliced && rank_ == 0) other.emplace(local);
   const HostBlocks& mine = sliced ? *own : gathered;
   state_->get_full_params(mine.tensors());
@@ -670,17 +701,18 @@ void RankTrainer::sample(const HostBlocks& gathered, std::ostream& text) const {
   std::unique_ptr<Allocator> allocator = make_cpu_allocator(rank_);
   const std::vector<int32_t> tokens = sample_tokens(config_, *backend, *allocator, weights, prompt,
                                                     options_.sample_tokens, T_, options_.seed);
-  text << "\n  sample (" << prompt.size() << " prompt tokens, then " << options_.sample_tokens
-       << " sampled):\n    ";
-  if (ctx_.tokenizer) {
-    text << ctx_.tokenizer->decode(tokens);
-  } else if (!data.synthetic && config_.vocab_size <= 256) {
-    text << ByteTokenizer().decode(tokens);
-  } else {
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      text << (i ? " " : "") << (i == prompt.size() ? "| " : "") << tokens[i];
-    }
-  }
+  text << "\n  sample (" << prompt.size() << " prompt tokens from the validation data, then "
+       << options_.sample_tokens << " sampled):";
+  const auto split = tokens.begin() + static_cast<std::ptrdiff_t>(prompt.size());
+  const std::vector<int32_t> given(tokens.begin(), split), sampled(split, tokens.end());
+  const auto show = [&](const std::vector<int32_t>& part) {
+    if (ctx_.tokenizer) return ctx_.tokenizer->decode(part);
+    if (!data.synthetic && config_.vocab_size <= 256) return ByteTokenizer().decode(part);
+    std::string ids;
+    for (int32_t token : part) ids += (ids.empty() ? "" : " ") + std::to_string(token);
+    return ids;
+  };
+  text << "\n    prompt:  " << show(given) << "\n    sampled: " << show(sampled);
 }
 
 void RankTrainer::finish(double train_seconds) {
@@ -703,13 +735,18 @@ void RankTrainer::finish(double train_seconds) {
   const bool want_sample = options_.sample_tokens > 0 && summary.interrupted_by == 0;
   std::optional<HostBlocks> gathered;
   if (want_sample) {
-    gathered.emplace(full_layout_);
+    // Rank 0 holds the whole model; the others only the blocks of their stage.
+    if (leader) {
+      gathered.emplace(full_layout_);
+    } else {
+      gathered.emplace(full_layout_, pipeline_stage_blocks(full_layout_, range_));
+    }
     gather_full_weights_on_leader(*gathered);
   }
   if (!leader) return;
   std::ostringstream text;
   text.precision(4);
-  text << std::fixed << "done: " << steps_run << " steps in " << format_duration(train_seconds)
+  text << std::fixed << "done: " << count_of(steps_run, "step") << " in " << format_duration(train_seconds)
        << ", " << format_rate(summary.tokens_per_second) << " tokens/s";
   if (!summary.losses.empty()) text << "; final train loss " << summary.losses.back();
   if (summary.final_eval_loss) text << ", eval loss " << *summary.final_eval_loss;

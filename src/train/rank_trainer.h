@@ -56,6 +56,7 @@ class RankTrainer {
   void load_initial_state();
   MicroBatch load_micro_batch(DataLoader& loader, int micro_batch);
   // The run's first lines and records; memory: each rank's peak bytes by category.
+  std::string epoch_line() const;
   void announce(const std::vector<std::array<size_t, kNumMemCategories>>& memory) const;
   // A step and what follows it.
   StepOutcome train_step(int64_t step);

@@ -43,7 +43,11 @@ struct RunContext {
   nlohmann::json scaler_state;  // on resume, else null
   nlohmann::json data_state;    // loader position on resume, else null
   nlohmann::json fingerprint;
+  nlohmann::json machine;       // what the plan was made for (plan_run.h's machine_record)
+  CheckpointFormat checkpoint_format;  // the weights' dtype, shards and the files beside them
+  int64_t steps_per_epoch = 0;  // whole steps the training data holds
   std::optional<CheckpointInfo> resume;
+  bool resume_asked = false;  // --resume was given (it may have found no checkpoint yet)
   std::shared_ptr<const BpeTokenizer> tokenizer;  // --tokenizer: decodes the final sample
   JsonlLog* log = nullptr;
   ProgressPrinter* progress = nullptr;

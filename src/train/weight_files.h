@@ -26,6 +26,7 @@ class WeightFiles {
   // The file holding `name` (REQUIRES: contains(name)).
   const SafetensorsFile& file_of(const std::string& name) const;
   const std::string& origin() const { return origin_; }  // for messages
+  size_t num_files() const { return files_.size(); }
 
  private:
   std::string origin_;

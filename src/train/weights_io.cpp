@@ -25,6 +25,17 @@ HostBlocks::HostBlocks(const ParamLayout& layout) {
   }
 }
 
+HostBlocks::HostBlocks(const ParamLayout& layout, const std::vector<int>& blocks) {
+  storage_.resize(static_cast<size_t>(layout.num_blocks()));
+  tensors_.resize(static_cast<size_t>(layout.num_blocks()));
+  for (int block : blocks) {
+    std::vector<float>& storage = storage_.at(static_cast<size_t>(block));
+    storage.assign(static_cast<size_t>(layout.block_numel(block)), 0.0f);
+    tensors_[static_cast<size_t>(block)] =
+        Tensor(storage.data(), DType::F32, {layout.block_numel(block)});
+  }
+}
+
 namespace {
 
 // Calls fn(whole tensor's spec, slice's spec) for each parameter of block `block` (the same
@@ -97,8 +108,10 @@ std::string layout_name(const ParamLayout& layout, const std::string& name) {
   return name;
 }
 
-void read_tensors(const WeightFiles& files, const ParamLayout& layout, const HostBlocks& blocks,
-                  const std::string& suffix) {
+LoadedWeights read_tensors(const WeightFiles& files, const ParamLayout& layout,
+                           const HostBlocks& blocks, const std::string& suffix) {
+  LoadedWeights loaded;
+  std::map<DType, uint64_t> bytes_of;
   for (const ParamSpec& spec : layout.params()) {
     const std::string name = find_in_files(files, spec.name + suffix);
     DSTRAIN_USER_CHECK(!name.empty()) << files.origin() << " has no tensor " << spec.name + suffix;
@@ -110,7 +123,20 @@ void read_tensors(const WeightFiles& files, const ParamLayout& layout, const Hos
         << SafetensorsTensorInfo{name, DType::F32, spec.file_shape}.shape_str()
         << "; check --model against the checkpoint's config.json";
     file.read_f32(name, ParamLayout::view(spec, blocks.block(spec.block)).f32(), spec.file_numel());
+    ++loaded.tensors;
+    loaded.bytes += info.nbytes;
+    bytes_of[info.dtype] += info.nbytes;
   }
+  loaded.files = files.num_files();
+  uint64_t most = 0;
+  for (const auto& [dtype, bytes] : bytes_of) {
+    loaded.dtypes += (loaded.dtypes.empty() ? "" : " + ") + std::string(dtype_name(dtype));
+    if (bytes > most) {
+      most = bytes;
+      loaded.dtype = dtype;
+    }
+  }
+  return loaded;
 }
 
 // Buffers and copies a checkpoint may hold that are not parameters: GPT-2's attention masks,
@@ -130,9 +156,10 @@ void save_weights(const ParamLayout& layout, const HostBlocks& params, const std
   writer.write(path);
 }
 
-void load_weights(const ParamLayout& layout, const HostBlocks& params, const std::string& path) {
+LoadedWeights load_weights(const ParamLayout& layout, const HostBlocks& params,
+                           const std::string& path) {
   const WeightFiles files = WeightFiles::open(path);
-  read_tensors(files, layout, params, "");
+  const LoadedWeights loaded = read_tensors(files, layout, params, "");
   // A tensor the model does not have means another architecture: say so rather than
   // silently dropping weights.
   for (const std::string& name : files.names()) {
@@ -141,6 +168,15 @@ void load_weights(const ParamLayout& layout, const HostBlocks& params, const std
         << files.origin() << " holds tensor " << name
         << ", which a model of this config does not have";
   }
+  return loaded;
+}
+
+bool load_master_weights(const ParamLayout& layout, const HostBlocks& params,
+                         const std::string& optimizer_path) {
+  const WeightFiles files = WeightFiles::open(optimizer_path);
+  if (!files.contains(layout.params().front().name + ".master")) return false;
+  read_tensors(files, layout, params, ".master");
+  return true;
 }
 
 void save_optimizer(const ParamLayout& layout, const HostBlocks& exp_avg,
@@ -163,13 +199,13 @@ namespace {
 // The shard of each tensor (in the order names() lists them: suffix-major, then layout order):
 // a new shard whenever the next tensor would take the current one past max_shard_bytes.
 std::vector<int> assign_shards(const ParamLayout& layout, size_t suffixes,
-                               uint64_t max_shard_bytes) {
+                               uint64_t max_shard_bytes, size_t element_bytes) {
   std::vector<int> shard;
   uint64_t used = 0;
   int current = 0;
   for (size_t s = 0; s < suffixes; ++s) {
     for (const ParamSpec& spec : layout.params()) {
-      const uint64_t bytes = static_cast<uint64_t>(spec.file_numel()) * sizeof(float);
+      const uint64_t bytes = static_cast<uint64_t>(spec.file_numel()) * element_bytes;
       if (max_shard_bytes > 0 && used > 0 && used + bytes > max_shard_bytes) {
         ++current;
         used = 0;
@@ -193,20 +229,23 @@ std::string shard_name(const std::string& stem, int shard, int shards) {
 TensorFileLayout tensor_file_layout(const ParamLayout& layout, const std::string& stem,
                                     const std::vector<std::string>& suffixes,
                                     const std::map<std::string, std::string>& metadata,
-                                    uint64_t max_shard_bytes) {
-  const std::vector<int> shard = assign_shards(layout, suffixes.size(), max_shard_bytes);
+                                    uint64_t max_shard_bytes, DType dtype) {
+  DSTRAIN_CHECK(dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16)
+      << "tensor files of " << dtype_name(dtype);
+  const std::vector<int> shard =
+      assign_shards(layout, suffixes.size(), max_shard_bytes, dtype_size(dtype));
   const int shards = shard.empty() ? 1 : shard.back() + 1;
   std::vector<SafetensorsWriter> writers(static_cast<size_t>(shards));  // describe the files
   const size_t count = layout.params().size();
   for (size_t s = 0; s < suffixes.size(); ++s) {
     for (size_t p = 0; p < count; ++p) {
       const ParamSpec& spec = layout.params()[p];
-      writers[shard[s * count + p]].describe(spec.name + suffixes[s], DType::F32,
-                                             spec.file_shape);
+      writers[shard[s * count + p]].describe(spec.name + suffixes[s], dtype, spec.file_shape);
     }
   }
   TensorFileLayout files;
   files.suffixes = suffixes;
+  files.dtype = dtype;
   std::vector<std::map<std::string, uint64_t>> offsets;
   for (int f = 0; f < shards; ++f) {
     SafetensorsWriter& writer = writers[static_cast<size_t>(f)];
@@ -260,7 +299,7 @@ std::string shard_index(const ParamLayout& layout, const TensorFileLayout& files
       const ParamSpec& spec = layout.params()[p];
       index["weight_map"][spec.name + files.suffixes[s]] =
           files.files[static_cast<size_t>(files.file_index[s][p])].name;
-      total += static_cast<uint64_t>(spec.file_numel()) * sizeof(float);
+      total += static_cast<uint64_t>(spec.file_numel()) * dtype_size(files.dtype);
     }
   }
   index["metadata"]["total_size"] = total;
@@ -321,15 +360,34 @@ void TensorFilePart::write(int suffix, int block, int64_t begin, Tensor values,
                       // tensor.
                       count = std::min(count, spec.file_numel() - full_index);
                       if (count <= 0) return;
-                      write_bytes(file, data + (spec.offset + local_index - begin), count,
-                                  tensor_at + static_cast<uint64_t>(full_index) * sizeof(float));
+                      write_values(file, data + (spec.offset + local_index - begin), count,
+                                   tensor_at + static_cast<uint64_t>(full_index) *
+                                                   dtype_size(files_.dtype));
                     });
   }
 }
 
-void TensorFilePart::write_bytes(int file, const float* data, int64_t count, uint64_t at) {
-  const char* source = reinterpret_cast<const char*>(data);
-  const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+void TensorFilePart::write_values(int file, const float* data, int64_t count, uint64_t at) {
+  if (files_.dtype == DType::F32) {
+    write_bytes(file, reinterpret_cast<const char*>(data), static_cast<size_t>(count) * 4, at);
+    return;
+  }
+  // 16-bit files: converted in pieces (round to nearest even, as the GPU's conversions).
+  constexpr int64_t kPiece = 1 << 16;
+  std::vector<uint16_t> bits(static_cast<size_t>(std::min(count, kPiece)));
+  const bool bf16 = files_.dtype == DType::BF16;
+  for (int64_t first = 0; first < count; first += kPiece) {
+    const int64_t n = std::min(kPiece, count - first);
+    for (int64_t i = 0; i < n; ++i) {
+      const float value = data[first + i];
+      bits[static_cast<size_t>(i)] = bf16 ? fp32_to_bf16_bits(value) : fp32_to_fp16_bits(value);
+    }
+    write_bytes(file, reinterpret_cast<const char*>(bits.data()), static_cast<size_t>(n) * 2,
+                at + static_cast<uint64_t>(first) * 2);
+  }
+}
+
+void TensorFilePart::write_bytes(int file, const char* source, size_t bytes, uint64_t at) {
   size_t written = 0;
   while (written < bytes) {
     const ssize_t n = ::pwrite(fds_[static_cast<size_t>(file)], source + written,

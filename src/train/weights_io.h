@@ -8,15 +8,18 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/tensor.h"
 #include "model/layout.h"
 
 namespace dstrain {
 
-// Full F32 host copies of every block (zeroed).
+// Full F32 host copies of every block (zeroed), or of some of them (the others empty tensors:
+// a pipeline stage's blocks).
 class HostBlocks {
  public:
   explicit HostBlocks(const ParamLayout& layout);
+  HostBlocks(const ParamLayout& layout, const std::vector<int>& blocks);
   const std::vector<Tensor>& tensors() const { return tensors_; }
   Tensor block(int b) const { return tensors_.at(b); }
 
@@ -47,7 +50,20 @@ void save_weights(const ParamLayout& layout, const HostBlocks& params, const std
 // family's with or without "model."; attention-mask buffers, rotary inv_freq buffers and a
 // tied model's lm_head.weight are ignored; F32/F16/BF16 on disk, converted. Throws UserError
 // naming the tensor on a missing or unknown tensor or a shape mismatch.
-void load_weights(const ParamLayout& layout, const HostBlocks& params, const std::string& path);
+// Returns what was read, for the run's first lines.
+struct LoadedWeights {
+  size_t tensors = 0;     // tensors read into the model
+  uint64_t bytes = 0;     // their bytes on disk
+  size_t files = 0;       // safetensors files (shards) they came from
+  DType dtype = DType::F32;  // the dtype holding most of those bytes
+  std::string dtypes;     // every dtype read, "BF16" or "F32 + BF16"
+};
+LoadedWeights load_weights(const ParamLayout& layout, const HostBlocks& params,
+                           const std::string& path);
+// The fp32 master weights a checkpoint with 16-bit model weights keeps in its
+// optimizer.safetensors ("<name>.master"); false when the file has none (fp32 weights).
+bool load_master_weights(const ParamLayout& layout, const HostBlocks& params,
+                         const std::string& optimizer_path);
 // optimizer.safetensors: "<name>.exp_avg" and "<name>.exp_avg_sq".
 void save_optimizer(const ParamLayout& layout, const HostBlocks& exp_avg,
                     const HostBlocks& exp_avg_sq, const std::string& path);
@@ -65,19 +81,22 @@ struct TensorFileLayout {
     uint64_t size = 0;
   };
   std::vector<File> files;
-  std::vector<std::string> suffixes;  // "" (weights) or ".exp_avg", ".exp_avg_sq"
+  std::vector<std::string> suffixes;  // "" (weights) or ".exp_avg", ".exp_avg_sq", ".master"
+  DType dtype = DType::F32;           // of every tensor in the files (F32, F16 or BF16)
   // [s][p]: the file of tensor layout.params()[p] with suffix s, and where it starts in it.
   std::vector<std::vector<int>> file_index;
   std::vector<std::vector<uint64_t>> file_offset;
 };
 // model.safetensors: `stem` "model", suffixes {""}; optimizer.safetensors: "optimizer",
-// {".exp_avg", ".exp_avg_sq"}. Tensors go to shards in layout order, a new shard whenever the
-// next tensor would take the current one's data past max_shard_bytes (0: one file), as
-// transformers' save_pretrained(max_shard_size) does.
+// {".exp_avg", ".exp_avg_sq"} (and ".master", the fp32 weights, when the model's file holds
+// 16-bit ones). Tensors go to shards in layout order, a new shard whenever the next tensor
+// would take the current one's data past max_shard_bytes (0: one file), as transformers'
+// save_pretrained(max_shard_size) does. `dtype`: what the tensors are stored as (F32, or F16 /
+// BF16 rounded to nearest even from the fp32 values written).
 TensorFileLayout tensor_file_layout(const ParamLayout& layout, const std::string& stem,
                                     const std::vector<std::string>& suffixes,
                                     const std::map<std::string, std::string>& metadata = {},
-                                    uint64_t max_shard_bytes = 0);
+                                    uint64_t max_shard_bytes = 0, DType dtype = DType::F32);
 // Creates every file of `layout` in `dir` holding its header and size bytes (the data zero),
 // fsynced; and with several shards, `stem`.safetensors.index.json.
 void create_tensor_files(const std::string& dir, const ParamLayout& layout,
@@ -103,13 +122,15 @@ class TensorFilePart {
   TensorFilePart& operator=(const TensorFilePart&) = delete;
   // Writes F32 `values`, the flat range [begin, begin + values.numel()) of block `block` in
   // `source`'s layout, with suffix index `suffix`: each element where its element of the whole
-  // tensor lies in the file (only the rows files hold: not wte's padded vocabulary rows).
+  // tensor lies in the file (only the rows files hold: not wte's padded vocabulary rows),
+  // converted to the files' dtype.
   // Several parts (dp shards, tp ranks) write disjoint elements of one file in parallel.
   void write(int suffix, int block, int64_t begin, Tensor values, const TpSlices& source = {});
   void close();  // fsync and close
 
  private:
-  void write_bytes(int file, const float* data, int64_t count, uint64_t at);
+  void write_values(int file, const float* data, int64_t count, uint64_t at);
+  void write_bytes(int file, const char* data, size_t bytes, uint64_t at);
 
   std::string dir_;
   const ParamLayout& layout_;

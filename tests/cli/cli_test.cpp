@@ -119,6 +119,11 @@ TEST_F(CliTest, BadDataFiles) {
   expect_user_error("--data truncated.bin " + kSmall, "truncated.bin");
   write("magic.bin", llmc_shard(random_tokens(500, 256), 12345));
   expect_user_error("--data magic.bin " + kSmall, "magic");
+  // Text given as data is told to go through prepare.
+  write("book.txt", "It was the best of times, it was the worst of times.\n\u00e9t\u00e9\n");
+  expect_user_error("--data book.txt " + kSmall,
+                    "'book.txt' holds text, not tokens: tokenize it first with `dstrain prepare "
+                    "--input book.txt --out DIR`");
   write("version.bin", llmc_shard(random_tokens(500, 256), 20240520, 3));
   expect_user_error("--data version.bin " + kSmall, "version");
   std::vector<uint16_t> tokens = random_tokens(500, 256);
@@ -136,7 +141,7 @@ TEST_F(CliTest, BadSafetensorsFiles) {
   const uint64_t length = uint64_t{1} << 40;
   std::memcpy(huge.data(), &length, 8);
   write("huge.safetensors", huge + "{}");
-  expect_user_error("--init-from huge.safetensors " + kSmall, "huge.safetensors");
+  expect_user_error("--model tiny --init-from huge.safetensors " + kSmall, "huge.safetensors");
   // A header whose offsets point past the data.
   const std::string header =
       R"({"wte.weight":{"dtype":"F32","shape":[256,64],"data_offsets":[0,65536]}})";
@@ -144,14 +149,14 @@ TEST_F(CliTest, BadSafetensorsFiles) {
   const uint64_t header_length = header.size();
   std::memcpy(lying.data(), &header_length, 8);
   write("lying.safetensors", lying + header + std::string(100, '\0'));
-  expect_user_error("--init-from lying.safetensors " + kSmall, "lying.safetensors");
+  expect_user_error("--model tiny --init-from lying.safetensors " + kSmall, "lying.safetensors");
   // Wrong dtype name.
   const std::string bad_dtype = R"({"wte.weight":{"dtype":"Q4","shape":[1],"data_offsets":[0,4]}})";
   std::string dtype_file(8, '\0');
   const uint64_t dtype_length = bad_dtype.size();
   std::memcpy(dtype_file.data(), &dtype_length, 8);
   write("dtype.safetensors", dtype_file + bad_dtype + std::string(4, '\0'));
-  expect_user_error("--init-from dtype.safetensors " + kSmall, "Q4");
+  expect_user_error("--model tiny --init-from dtype.safetensors " + kSmall, "Q4");
 }
 
 TEST_F(CliTest, PrepareThenTrainOnText) {
@@ -242,7 +247,9 @@ TEST_F(CliTest, SampleIsDecodedWithTheTokenizerOfTheRun) {
   }
   const std::string text = dstrain::BpeTokenizer::from_file(tokenizer).decode(prompt);
   ASSERT_GT(text.size(), 8u);
-  EXPECT_NE(run.out.find("sampled):\n    " + text), std::string::npos) << text << "\n" << run.out;
+  // The prompt on a line of its own: where it ends and the sampled text begins is plain.
+  EXPECT_NE(run.out.find("sampled):\n    prompt:  " + text + "\n    sampled: "), std::string::npos)
+      << text << "\n" << run.out;
   expect_user_error("--model config.json --data 'shards/train_*.bin' --steps 1 --tokenizer nope.json",
                     "nope.json");
 }

@@ -7,6 +7,7 @@
 // `ip netns`; skipped with the reason otherwise), and cut one off mid-run.
 #include <gtest/gtest.h>
 
+#include "tests/common/jsonl_log.h"
 #include "tests/common/temp_dir.h"
 
 #include <netinet/in.h>
@@ -55,16 +56,7 @@ std::string read_file(const fs::path& path) {
 }
 
 // The step records' losses of a JSONL log.
-std::vector<double> losses(const fs::path& log) {
-  std::vector<double> values;
-  std::ifstream file(log);
-  for (std::string line; std::getline(file, line);) {
-    // A line being written while the run goes on does not parse yet: skipped.
-    const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
-    if (record.is_object() && record.contains("loss")) values.push_back(record["loss"].get<double>());
-  }
-  return values;
-}
+std::vector<double> losses(const fs::path& log) { return dstrain::testing::step_losses(log); }
 
 // A started dstrain: its pid and where its output goes.
 struct Process {

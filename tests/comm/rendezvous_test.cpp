@@ -132,8 +132,12 @@ std::string shown(const RendezvousOptions& o) {
 const std::map<std::string, std::string> kEveryVariable = {{"MASTER_ADDR", "10.0.0.1"},
                                                            {"MASTER_PORT", "29600"},
                                                            {"NNODES", "4"},
-                                                           {"WORLD_SIZE", "8"},
-                                                           {"NODE_RANK", "3"}};
+                                                           {"WORLD_SIZE", "4"},
+                                                           {"NODE_RANK", "3"},
+                                                           {"GROUP_RANK", "3"},
+                                                           {"RANK", "3"},
+                                                           {"LOCAL_RANK", "0"},
+                                                           {"LOCAL_WORLD_SIZE", "1"}};
 
 TEST(RendezvousOptions, DefaultToOneNodeOnThisMachine) {
   EXPECT_EQ(shown(rendezvous_options({}, fake_environment({}))),
@@ -155,16 +159,25 @@ TEST(RendezvousOptions, FlagsWinOverTheEnvironment) {
             options_text("node0.cluster", 1234, 2, 1, 7.5));
 }
 
-TEST(RendezvousOptions, NnodesWinsOverWorldSizeAndEmptyVariablesAreUnset) {
+// dstrain is one process per node: torchrun's WORLD_SIZE counts nodes and RANK / GROUP_RANK
+// name this node; variables that agree are fine, empty ones are unset.
+TEST(RendezvousOptions, TorchrunVariablesCountNodesAndEmptyVariablesAreUnset) {
   const auto environment = [](std::map<std::string, std::string> variables) {
     variables.emplace("MASTER_ADDR", "h");
-    variables.emplace("NODE_RANK", "0");
     return rendezvous_options({}, fake_environment(std::move(variables)));
   };
-  EXPECT_EQ(environment({{"WORLD_SIZE", "3"}}).nnodes, 3);
-  EXPECT_EQ(environment({{"NNODES", "2"}, {"WORLD_SIZE", "3"}}).nnodes, 2);
-  EXPECT_EQ(environment({{"NNODES", ""}, {"WORLD_SIZE", "3"}}).nnodes, 3);
-  EXPECT_EQ(environment({{"NNODES", "2"}, {"MASTER_PORT", ""}}).master_port, 29500);
+  EXPECT_EQ(environment({{"WORLD_SIZE", "3"}, {"NODE_RANK", "0"}}).nnodes, 3);
+  EXPECT_EQ(environment({{"NNODES", "3"}, {"WORLD_SIZE", "3"}, {"NODE_RANK", "0"}}).nnodes, 3);
+  EXPECT_EQ(environment({{"NNODES", ""}, {"WORLD_SIZE", "3"}, {"NODE_RANK", "0"}}).nnodes, 3);
+  EXPECT_EQ(environment({{"NNODES", "2"}, {"NODE_RANK", "0"}, {"MASTER_PORT", ""}}).master_port,
+            29500);
+  // torchrun --nproc-per-node 1 sets RANK and GROUP_RANK to the node's number.
+  const RendezvousOptions torchrun = environment(
+      {{"WORLD_SIZE", "4"}, {"RANK", "2"}, {"GROUP_RANK", "2"}, {"LOCAL_RANK", "0"},
+       {"LOCAL_WORLD_SIZE", "1"}});
+  EXPECT_EQ(torchrun.nnodes, 4);
+  EXPECT_EQ(torchrun.node_rank, 2);
+  EXPECT_EQ(environment({{"WORLD_SIZE", "4"}, {"RANK", "1"}}).node_rank, 1);
 }
 
 struct BadCase {
@@ -230,6 +243,17 @@ TEST(RendezvousOptions, EveryBadValueIsAUserErrorNamingItsSource) {
       {timeout_flag("inf"), {}, "--rendezvous-timeout 'inf' is not a positive number"},
       {timeout_flag("nan"), {}, "--rendezvous-timeout 'nan' is not a positive number"},
       {timeout_flag("60s"), {}, "--rendezvous-timeout '60s' is not a positive number"},
+      {{},
+       {{"NNODES", "2"}, {"WORLD_SIZE", "3"}},
+       "NNODES='2' and WORLD_SIZE='3' contradict each other: dstrain runs one process per node"},
+      {{},
+       {{"NNODES", "2"}, {"NODE_RANK", "1"}, {"RANK", "0"}, {"MASTER_ADDR", "h"}},
+       "NODE_RANK='1' and RANK='0' contradict each other"},
+      {{},
+       {{"WORLD_SIZE", "16"}, {"LOCAL_WORLD_SIZE", "8"}},
+       "LOCAL_WORLD_SIZE='8': the launcher started several processes on this node"},
+      {{}, {{"LOCAL_RANK", "3"}}, "LOCAL_RANK='3': the launcher started several processes"},
+      {{}, {{"LOCAL_WORLD_SIZE", "x"}}, "LOCAL_WORLD_SIZE='x' is not a process count"},
   };
   for (const BadCase& bad : cases) {
     EXPECT_TRUE(contains(

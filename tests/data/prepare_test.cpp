@@ -64,7 +64,8 @@ TEST(Prepare, WritesReadableU16ShardsWithTailAsValidation) {
   options.batch = 4;
   options.seq_len = 32;
   DataLoader loader(TokenDataset::open(out + "/train_*.bin", 256), options);
-  EXPECT_EQ(loader.num_windows(), (9000 - 1) / 128);
+  EXPECT_EQ(loader.num_sequences(), (9000 - 1) / 32);
+  EXPECT_EQ(loader.rounds_per_epoch(), (9000 - 1) / 32 / 4);
 }
 
 TEST(Prepare, SplitsLargeInputIntoShardsAndRemovesStaleOnes) {

@@ -123,7 +123,8 @@ TEST(SyntheticCorpus, FeedsTheDataLoader) {
   options.batch = 4;
   options.seq_len = 64;
   DataLoader loader(TokenDataset::from_tokens(tokens, corpus.vocab_size(), "synthetic"), options);
-  EXPECT_EQ(loader.num_windows(), 16);
+  EXPECT_EQ(loader.num_sequences(), 64);
+  EXPECT_EQ(loader.rounds_per_epoch(), 16);
   std::vector<int32_t> inputs(256), targets(256);
   loader.next_batch(inputs.data(), targets.data());
   EXPECT_TRUE(std::equal(inputs.begin(), inputs.end(), tokens.begin()));

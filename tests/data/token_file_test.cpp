@@ -143,9 +143,15 @@ TEST(TokenFile, EmptyFile) {
 
 TEST(TokenFile, ShorterThanHeader) {
   TempDir dir;
-  write_bytes(dir.file("short.bin"), std::string(100, 'x'));
+  write_bytes(dir.file("short.bin"), std::string(100, '\0'));
   EXPECT_USER_ERROR(TokenSource::open_file(dir.file("short.bin"), 10), "short.bin", "100 bytes",
                     "shorter than the 1024-byte");
+  // Text, short or long, is told to go through dstrain prepare.
+  for (const size_t size : {100, 5000}) {
+    write_bytes(dir.file("book.bin"), std::string(size, 'x') + "\n");
+    EXPECT_USER_ERROR(TokenSource::open_file(dir.file("book.bin"), 10), "book.bin",
+                      "holds text, not tokens", "dstrain prepare --input");
+  }
 }
 
 TEST(TokenFile, DirectoryIsNotATokenFile) {

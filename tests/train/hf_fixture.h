@@ -50,6 +50,9 @@ inline TrainOptions fixture_run(const FixturePlan& p, const nlohmann::json& expe
   options.sample_tokens = 0;
   options.model = fixture;  // the model directory's config.json
   options.init_from = fixture;
+  // The final weights are compared in fp32 (the default, the fixture's dtype, is bf16 for
+  // Qwen2: tests/train/trust_test.cpp covers it).
+  options.save_dtype = "fp32";
   options.data = fixture + "/train.bin";
   options.val_data = options.data;  // (no validation windows taken out of the data)
   options.batch = expected["batch"];

@@ -1,0 +1,45 @@
+// Plans for CPU ranks: on the CPU backend every rank's buffers, and the run's own copies, are
+// host memory of this one process, so a plan fits when their sum fits the memory this process
+// may still allocate (topology/host_memory.h). Checked before anything is allocated, so a run
+// that cannot fit says so in one sentence, naming a plan that does, instead of ending in
+// std::bad_alloc.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "model/config.h"
+#include "parallel/memory_model.h"
+#include "parallel/plan.h"
+#include "topology/host_memory.h"
+
+namespace dstrain {
+
+struct CpuRunBytes {
+  uint64_t ranks = 0;     // every rank's buffers (MemoryModel::cpu_bytes_all_ranks)
+  uint64_t starting = 0;  // the starting state train() holds while the ranks load it: the full
+                          // fp32 weights and two Adam moments (train/checkpoint.h's
+                          // FullTrainingState)
+  uint64_t sample = 0;    // a sample at the end: the gathered fp32 weights (rank 0 all, the
+                          // others their stage's blocks)
+  uint64_t total() const { return ranks + starting + sample; }
+};
+CpuRunBytes cpu_run_bytes(const MemoryModel& model, const Plan& plan, bool sample);
+
+// The closest plan to `plan` that fits `budget` bytes, keeping its global batch (sequences per
+// step) and sequence length: ZeRO-3, full recompute, a smaller micro-batch with more
+// accumulation, fewer data-parallel ranks, in the order of fewest changes; nullopt when none
+// does.
+std::optional<Plan> cpu_plan_that_fits(const MemoryModel& model, const Plan& plan, bool sample,
+                                       uint64_t budget);
+
+// The flags that turn `from` into `to` ("--zero 3 --recompute full --batch 2 --grad-accum 8").
+std::string plan_flag_changes(const Plan& from, const Plan& to);
+
+// Throws UserError when `plan` does not fit `budget` on CPU ranks: what it needs, what there is
+// and what limits it, and the plan that fits (or that none does).
+void check_cpu_memory(const MemoryModel& model, const Plan& plan, bool sample,
+                      const HostMemoryBudget& budget);
+
+}  // namespace dstrain

@@ -1,0 +1,354 @@
+// Runs a user can trust, through the binary as a user meets it: a run never destroys an earlier
+// one (--out, --log, --overwrite, --resume auto, --keep-last), --init-from DIR is that model and
+// the checkpoints are complete Hugging Face directories (tokenizer, generation config, the
+// source's dtype), fine-tuning defaults (the model's context, --epochs, the learning rate),
+// extending a run keeps its learning-rate curve, and a run resumes on other ranks and
+// micro-batches on the one-rank curve.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.h"
+#include "core/safetensors.h"
+#include "tests/common/jsonl_log.h"
+#include "tests/common/run_binary.h"
+#include "tests/common/temp_dir.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using dstrain::testing::BinaryResult;
+using dstrain::testing::read_jsonl;
+using dstrain::testing::step_losses;
+using dstrain::testing::step_records;
+
+const std::string kTiny = "--batch 2 --seq-len 16 --eval-every 0 --sample 0 --quiet --threads 2";
+const std::string kFixtures = std::string(DSTRAIN_SOURCE_DIR) + "/tests/reference/";
+
+std::string read_file(const fs::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(file), {});
+}
+
+class TrustTest : public ::testing::Test {
+ protected:
+  fs::path path(const std::string& name) const { return temp_.path() / name; }
+  BinaryResult run(const std::string& args) const {
+    return dstrain::testing::run_binary(DSTRAIN_BINARY, args, temp_.path());
+  }
+  // Exit 0; what it printed otherwise.
+  BinaryResult run_ok(const std::string& args) const {
+    BinaryResult result = run(args);
+    EXPECT_EQ(result.exit_code, 0) << args << "\n" << result.out << result.err;
+    return result;
+  }
+  void write(const std::string& name, const std::string& bytes) const {
+    fs::create_directories(path(name).parent_path());
+    std::ofstream(path(name), std::ios::binary) << bytes;
+  }
+  // Exit code 2 and exactly one line "dstrain: error: ..." holding `fragment`.
+  void expect_user_error(const std::string& args, const std::string& fragment) const {
+    const BinaryResult result = run(args);
+    EXPECT_EQ(result.exit_code, 2) << args << "\nstderr: " << result.err;
+    EXPECT_EQ(result.err.rfind("dstrain: error: ", 0), 0u) << args << "\nstderr: " << result.err;
+    EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1) << result.err;
+    EXPECT_NE(result.err.find(fragment), std::string::npos)
+        << args << "\nexpected '" << fragment << "' in: " << result.err;
+  }
+  std::vector<std::string> step_dirs(const std::string& run) const {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(path(run))) {
+      const std::string name = entry.path().filename().string();
+      if (name.starts_with("step-")) names.push_back(name);
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+  // An llm.c uint16 shard of `count` random tokens below `vocab`.
+  void write_shard(const std::string& name, size_t count, uint16_t vocab, uint64_t seed = 7) const {
+    std::vector<int32_t> header(256, 0);
+    header[0] = 20240520;
+    header[1] = 1;
+    header[2] = static_cast<int32_t>(count);
+    std::string bytes(reinterpret_cast<const char*>(header.data()), 1024);
+    for (size_t i = 0; i < count; ++i) {
+      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+      const uint16_t token = static_cast<uint16_t>((seed >> 33) % vocab);
+      bytes.append(reinterpret_cast<const char*>(&token), 2);
+    }
+    write(name, bytes);
+  }
+  // A Hugging Face model directory as the hub has them: transformers' tiny Qwen2 (BF16
+  // weights, generation_config.json) with a tokenizer beside it.
+  void write_hf_model(const std::string& name) const {
+    fs::create_directories(path(name));
+    for (const char* file : {"config.json", "model.safetensors", "generation_config.json"}) {
+      fs::copy_file(kFixtures + "qwen2_tiny/" + file, path(name) / file);
+    }
+    fs::copy_file(kFixtures + "tokenizers/qwen2_kind.json", path(name) / "tokenizer.json");
+    write(name + "/tokenizer_config.json",
+          R"({"tokenizer_class": "Qwen2Tokenizer", "eos_token": "<|endoftext|>"})");
+    write(name + "/special_tokens_map.json", R"({"eos_token": "<|endoftext|>"})");
+  }
+  dstrain::testing::TempDir temp_;
+};
+
+// ---- 1. A run never destroys an earlier one ----------------------------------------------
+
+TEST_F(TrustTest, TheSameCommandTwiceDoesNotDestroyTheFirstRun) {
+  const std::string command = "--steps 2 --out run --log run.jsonl " + kTiny;
+  run_ok(command);
+  const std::string weights = read_file(path("run/step-000002/model.safetensors"));
+  const std::string log = read_file(path("run.jsonl"));
+  ASSERT_GT(weights.size(), 1000u);
+  expect_user_error(command,
+                    "--out run already holds an earlier run (1 checkpoint, the newest "
+                    "step-000002): continue that run with --resume run, start over there with "
+                    "--overwrite, or give a new --out");
+  EXPECT_EQ(read_file(path("run/step-000002/model.safetensors")), weights);
+  EXPECT_EQ(read_file(path("run.jsonl")), log);
+  // A log that exists is refused for a new run, before --out is made.
+  expect_user_error("--steps 2 --out other --log run.jsonl " + kTiny,
+                    "--log run.jsonl already exists: a resumed run (--resume) appends to it");
+  EXPECT_FALSE(fs::exists(path("other")));
+  EXPECT_EQ(read_file(path("run.jsonl")), log);
+  // A directory of other things is not a place to write checkpoints into either.
+  write("notes/readme.txt", "mine");
+  expect_user_error("--steps 1 --out notes " + kTiny, "--out notes already holds readme.txt");
+  // --overwrite starts over: the earlier checkpoints go, other files stay, the log is new.
+  write("run/keep.txt", "mine");
+  const BinaryResult again = run_ok(command + " --overwrite --seed 5");
+  EXPECT_NE(again.out.find("--overwrite: removed the earlier run in run (1 checkpoint; its "
+                           "other files stay: keep.txt)"),
+            std::string::npos)
+      << again.out;
+  EXPECT_TRUE(fs::exists(path("run/keep.txt")));
+  EXPECT_NE(read_file(path("run/step-000002/model.safetensors")), weights) << "a new run";
+  const auto records = read_jsonl(path("run.jsonl"));
+  EXPECT_EQ(step_records(records).size(), 2u) << "the log was replaced, not appended to";
+}
+
+TEST_F(TrustTest, ResumeAutoStartsOrContinuesTheSameCommand) {
+  // What a job scheduler restarts: the same command, a longer --steps the second time.
+  const std::string job = "--resume auto --out job --log job.jsonl --save-every 2 " + kTiny;
+  const BinaryResult first = run_ok(job + " --steps 2");
+  EXPECT_NE(first.out.find("no checkpoint in job yet: the run starts there"), std::string::npos)
+      << first.out;
+  const BinaryResult second = run_ok(job + " --steps 4");
+  EXPECT_NE(second.out.find("resuming job/step-000002"), std::string::npos) << second.out;
+  // The log continued; the run equals one of 4 steps on the first start's schedule.
+  run_ok("--steps 4 --lr-decay-steps 2 --out straight --log straight.jsonl " + kTiny);
+  EXPECT_EQ(step_losses(path("job.jsonl")), step_losses(path("straight.jsonl")));
+  EXPECT_EQ(read_file(path("job/step-000004/model.safetensors")),
+            read_file(path("straight/step-000004/model.safetensors")));
+  // --resume DIR that holds no checkpoint yet starts the run there.
+  run_ok("--resume fresh --steps 1 " + kTiny);
+  EXPECT_TRUE(fs::exists(path("fresh/step-000001/model.safetensors")));
+  expect_user_error("--resume auto --steps 1 " + kTiny, "--resume auto continues the run in --out");
+  expect_user_error("--resume job --overwrite --steps 6 " + kTiny,
+                    "--overwrite starts the run over and --resume continues it");
+  expect_user_error("--resume job/step-000009 --steps 6 " + kTiny, "no such checkpoint");
+}
+
+TEST_F(TrustTest, KeepLastKeepsTheNewestCheckpoints) {
+  run_ok("--steps 5 --save-every 1 --keep-last 2 --out run " + kTiny);
+  EXPECT_EQ(step_dirs("run"), (std::vector<std::string>{"step-000004", "step-000005"}));
+  EXPECT_EQ(fs::read_symlink(path("run/latest")), "step-000005");
+  // Remembered on resume.
+  run_ok("--resume run --steps 7");
+  EXPECT_EQ(step_dirs("run"), (std::vector<std::string>{"step-000006", "step-000007"}));
+  expect_user_error("--steps 2 --keep-last 2 " + kTiny, "--keep-last needs --out");
+}
+
+// ---- 2 and 5. --init-from DIR is that model; complete Hugging Face output ----------------
+
+TEST_F(TrustTest, InitFromADirectoryIsThatModelAndItsCheckpointsAreWhole) {
+  write_hf_model("qwen");
+  write_shard("train.bin", 2000, 97);
+  const std::string tune = "--init-from qwen --data train.bin --seq-len 16 --batch 2 --eval-every 0 "
+                           "--sample 0 --quiet --threads 2";
+  const BinaryResult tuned = run_ok(tune + " --steps 4 --save-every 2 --out ft");
+  // Every tensor of the model; the fixture's tied lm_head.weight is the embedding's copy.
+  const size_t tensors =
+      dstrain::SafetensorsFile::open(kFixtures + "qwen2_tiny/model.safetensors").names().size() - 1;
+  EXPECT_NE(tuned.out.find("loaded " + std::to_string(tensors) + " tensors, "), std::string::npos)
+      << tuned.out;
+  EXPECT_NE(tuned.out.find(" BF16, from one file of qwen"), std::string::npos) << tuned.out;
+  EXPECT_NE(tuned.out.find("fine-tuning a LLaMA-family model at --lr 2e-05"), std::string::npos);
+  // The checkpoint: the source's dtype, its config saying so, the tokenizer and generation
+  // config beside it.
+  const fs::path step = path("ft/step-000004");
+  const nlohmann::json config = nlohmann::json::parse(read_file(step / "config.json"));
+  EXPECT_EQ(config["torch_dtype"], "bfloat16");
+  EXPECT_EQ(config["model_type"], "qwen2");
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                           "generation_config.json"}) {
+    EXPECT_EQ(read_file(step / file), read_file(path("qwen") / file)) << file;
+  }
+  const dstrain::SafetensorsFile weights = dstrain::SafetensorsFile::open(step / "model.safetensors");
+  const dstrain::SafetensorsFile optimizer =
+      dstrain::SafetensorsFile::open(step / "optimizer.safetensors");
+  EXPECT_EQ(weights.names().size(), tensors);
+  for (const std::string& name : weights.names()) {
+    ASSERT_EQ(weights.info(name).dtype, dstrain::DType::BF16) << name;
+    // The bf16 weights are the fp32 masters rounded to nearest even.
+    const std::vector<float> master = optimizer.read_f32(name + ".master");
+    const std::vector<float> stored = weights.read_f32(name);
+    ASSERT_EQ(master.size(), stored.size());
+    for (size_t i = 0; i < master.size(); ++i) {
+      ASSERT_EQ(dstrain::fp32_to_bf16_bits(master[i]), dstrain::fp32_to_bf16_bits(stored[i]))
+          << name << "[" << i << "]";
+    }
+  }
+  // A resume continues from the fp32 masters: the same bits as the uninterrupted run.
+  run_ok("--resume ft/step-000002 --out resumed --steps 4");
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    EXPECT_EQ(read_file(path("resumed/step-000004") / file), read_file(step / file)) << file;
+  }
+  EXPECT_EQ(read_file(path("resumed/step-000004/tokenizer.json")), read_file(step / "tokenizer.json"));
+  // --save-dtype fp32; the weights file alone names its directory's model too.
+  run_ok("--init-from qwen/model.safetensors --data train.bin --seq-len 16 --batch 2 --steps 1 "
+         "--eval-every 0 --sample 0 --quiet --save-dtype fp32 --out fp32");
+  const nlohmann::json fp32 = nlohmann::json::parse(read_file(path("fp32/step-000001/config.json")));
+  EXPECT_EQ(fp32["torch_dtype"], "float32");
+  const dstrain::SafetensorsFile fp32_weights =
+      dstrain::SafetensorsFile::open(path("fp32/step-000001/model.safetensors"));
+  EXPECT_EQ(fp32_weights.info(fp32_weights.names()[0]).dtype, dstrain::DType::F32);
+  // Weights without a config.json say what is missing.
+  fs::create_directories(path("bare"));
+  fs::copy_file(path("qwen/model.safetensors"), path("bare/model.safetensors"));
+  expect_user_error("--init-from bare --data train.bin --steps 1 " + kTiny,
+                    "--init-from bare has no config.json beside its weights: give --model");
+  expect_user_error("--init-from qwen --save-dtype fp8 --data train.bin --steps 1 " + kTiny,
+                    "--save-dtype must be fp32, bf16, fp16 or source");
+}
+
+// ---- 3. Defaults that fit fine-tuning ----------------------------------------------------
+
+TEST_F(TrustTest, FineTuningTrainsAtTheModelsContextForEpochs) {
+  write_hf_model("qwen");
+  write_shard("train.bin", 20 * 32 + 1, 97);  // 20 sequences of the model's 32 tokens
+  write_shard("val.bin", 200, 97, 9);
+  const std::string tune = "--init-from qwen --data train.bin --val-data val.bin --batch 2 "
+                           "--eval-every 0 --sample 0 --log tune.jsonl";
+  const BinaryResult tuned = run_ok(tune + " --epochs 2");
+  EXPECT_NE(tuned.out.find("--seq-len 32 (the model's context)"), std::string::npos) << tuned.out;
+  EXPECT_NE(tuned.out.find("an epoch is 10 steps (640 trained tokens); the run makes 2 epochs, "
+                           "the data wrapping after step 10"),
+            std::string::npos)
+      << tuned.out;
+  EXPECT_EQ(step_losses(path("tune.jsonl")).size(), 20u);
+  // A learning rate far above fine-tuning's is a warning, not an error.
+  const BinaryResult hot = run_ok("--init-from qwen --data train.bin --val-data val.bin --batch 2 "
+                                  "--eval-every 0 --sample 0 --steps 1 --lr 0.003");
+  EXPECT_NE(hot.out.find("warning: --lr 0.003 is above what LLaMA-family models (Llama, Qwen2, "
+                         "DeepSeek) are usually fine-tuned at"),
+            std::string::npos)
+      << hot.out;
+  expect_user_error(tune + " --epochs 1 --steps 3", "--steps and --epochs both say how long");
+  expect_user_error(tune + " --epochs -1", "--epochs must be a positive number");
+}
+
+// ---- 4. Extending a run keeps its learning-rate curve -----------------------------------
+
+TEST_F(TrustTest, ExtendingARunKeepsItsLearningRateCurve) {
+  const std::string first = "--steps 10 --warmup 2 --lr 0.01 --min-lr 0.001 --log run.jsonl "
+                            "--out run " + kTiny;
+  run_ok(first);
+  const BinaryResult extended = run_ok("--resume run --steps 20");
+  EXPECT_NE(extended.out.find("the learning rate reaches its floor 0.001 at step 10"),
+            std::string::npos)
+      << extended.out;
+  const auto steps = step_records(read_jsonl(path("run.jsonl")));
+  ASSERT_EQ(steps.size(), 20u);
+  double previous = steps[9]["lr"].get<double>();
+  for (size_t i = 10; i < 20; ++i) {
+    const double lr = steps[i]["lr"].get<double>();
+    EXPECT_EQ(lr, 0.001) << "step " << i + 1 << " stays at the floor";
+    EXPECT_LE(lr, previous) << "no jump at step " << i + 1;
+    previous = lr;
+  }
+  // The same as one run of 20 steps whose curve ends at step 10.
+  run_ok("--steps 20 --warmup 2 --lr 0.01 --min-lr 0.001 --lr-decay-steps 10 --log straight.jsonl " +
+         kTiny);
+  EXPECT_EQ(step_losses(path("run.jsonl")), step_losses(path("straight.jsonl")));
+  // --lr-decay-steps on resume says otherwise: the cosine over 20 steps from step 11 on.
+  run_ok(first.substr(0, first.find(" --log")) + " --out other " + kTiny);
+  run_ok("--resume other --steps 20 --lr-decay-steps 20 --log other.jsonl");
+  const auto other = step_records(read_jsonl(path("other.jsonl")));
+  ASSERT_EQ(other.size(), 10u);
+  const double expected = 0.001 + (0.01 - 0.001) * 0.5 * (1 + std::cos(M_PI * 8.0 / 18.0));
+  EXPECT_NEAR(other[0]["lr"].get<double>(), expected, 1e-15);
+}
+
+// ---- 6. Elastic resume ------------------------------------------------------------------
+
+// Shapes of one run: 4 sequences of 16 tokens per step, split over ranks, micro-batches,
+// pipeline stages and ZeRO stages as these flags say.
+const std::vector<std::string> kShapes = {
+    "--gpus 1 --batch 4",
+    "--gpus 1 --batch 1 --grad-accum 4",
+    "--gpus 2 --batch 2",
+    "--gpus 2 --pp 2 --batch 2 --grad-accum 2",
+    "--gpus 4 --zero 3 --batch 1",
+};
+const std::string kElastic = "--seq-len 16 --eval-every 0 --sample 0 --quiet --threads 2 "
+                             "--warmup 2 --lr 0.01 --lr-decay-steps 6";
+
+// Every pair of shapes: 3 steps on the first, resumed to 6 on the second, stays on the curve
+// of 6 steps on one rank (within the equivalence tolerance: the sums change order).
+TEST_F(TrustTest, ResumesAcrossEveryPairOfShapesOnTheOneRankCurve) {
+  run_ok("--steps 6 " + kElastic + " " + kShapes[0] + " --log reference.jsonl");
+  const std::vector<double> reference = step_losses(path("reference.jsonl"));
+  ASSERT_EQ(reference.size(), 6u);
+  for (size_t a = 0; a < kShapes.size(); ++a) {
+    const std::string first = "first" + std::to_string(a);
+    run_ok("--steps 3 " + kElastic + " " + kShapes[a] + " --out " + first);
+    for (size_t b = 0; b < kShapes.size(); ++b) {
+      if (a == b) continue;
+      const std::string pair = "pair" + std::to_string(a) + std::to_string(b);
+      const BinaryResult resumed = run_ok("--resume " + first + " --steps 6 --out " + pair +
+                                          " --log " + pair + ".jsonl " + kShapes[b]);
+      const std::vector<double> losses = step_losses(path(pair + ".jsonl"));
+      ASSERT_EQ(losses.size(), 3u) << kShapes[a] << " -> " << kShapes[b] << "\n" << resumed.out;
+      for (size_t i = 0; i < 3; ++i) {
+        EXPECT_NEAR(losses[i], reference[3 + i], 2e-5 * reference[3 + i])
+            << kShapes[a] << " -> " << kShapes[b] << ", step " << i + 4;
+      }
+    }
+  }
+}
+
+TEST_F(TrustTest, ResumeOnOtherRanksPlansAnewAndKeepsWhatDefinesTheRun) {
+  // The issue's two cases: a pipeline resumed on one rank; micro-batch 1 x 4 as 4 x 1.
+  run_ok("--steps 2 --gpus 2 --pp 2 --batch 2 --out pipe " + kElastic);
+  const BinaryResult one = run_ok("--resume pipe --gpus 1 --steps 4");
+  EXPECT_NE(one.out.find("the plan is made anew for this machine (the checkpoint's was 2 ranks)"),
+            std::string::npos)
+      << one.out;
+  EXPECT_NE(one.out.find("dp 1 x tp 1 x pp 1"), std::string::npos) << one.out;
+  run_ok("--steps 2 --batch 1 --grad-accum 4 --out micro " + kElastic);
+  const BinaryResult bigger = run_ok("--resume micro --batch 4 --steps 4");
+  EXPECT_NE(bigger.out.find("and the plan (the same machine)"), std::string::npos) << bigger.out;
+  EXPECT_NE(bigger.out.find("micro-batch 4 x 1 accumulation"), std::string::npos) << bigger.out;
+  // What defines the run stays: another global batch is one sentence naming it.
+  expect_user_error("--resume micro --batch 2 --grad-accum 1 --steps 6",
+                    "was trained with a global batch of 4 sequences per step, this run has 2");
+  expect_user_error("--resume micro --gpus 3 --steps 6",
+                    "makes each step of 4 sequences, which 3 data-parallel ranks cannot share");
+  // An optimizer setting given again is taken, and said.
+  const BinaryResult lower = run_ok("--resume micro --steps 6 --lr 0.001");
+  EXPECT_NE(lower.out.find("--lr 0.001 (the run had 0.01) from step 5 on, as given"),
+            std::string::npos)
+      << lower.out;
+}
+
+}  // namespace
