@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <filesystem>
+#include <map>
 
 #include "core/check.h"
 #include "core/fs.h"
@@ -19,6 +20,19 @@ constexpr int kInitialScalePower = 16;
 constexpr int64_t kLossScaleWindow = 1000;
 constexpr int64_t kHysteresis = 2;
 constexpr double kMinLossScale = 1.0;
+
+// DeepSpeed's defaults for what an "optimizer" block leaves out: FusedAdam's and
+// DeepSpeedCPUAdam's (deepspeed/ops/adam/fused_adam.py, cpu_adam.py: lr=1e-3,
+// betas=(0.9, 0.999), eps=1e-8, weight_decay=0).
+constexpr double kAdamLr = 1e-3;
+constexpr double kAdamBeta1 = 0.9, kAdamBeta2 = 0.999;
+constexpr double kAdamEps = 1e-8;
+constexpr double kAdamWeightDecay = 0.0;
+// Its schedulers' (deepspeed/runtime/lr_schedules.py): warmup_num_steps=1000, warmup_type
+// "log", WarmupDecayLR's warmup_max_lr=0.001, WarmupCosineLR's cos_min_ratio=0.0001.
+constexpr int64_t kWarmupNumSteps = 1000;
+constexpr double kWarmupDecayMaxLr = 0.001;
+constexpr double kCosMinRatio = 0.0001;
 
 // Keys of DeepSpeed's own machinery that change nothing in what is computed.
 const std::set<std::string> kNoEffect = {"wall_clock_breakdown",
@@ -65,11 +79,18 @@ class Mapper {
   [[noreturn]] void refuse(const std::string& key, const std::string& why) const {
     DSTRAIN_USER_ERROR() << "deepspeed config " << path_ << ": " << key << " " << why;
   }
+  // "auto" (the Hugging Face Trainer's placeholder): DeepSpeed drops it inside its sections
+  // (the default applies) and the Trainer fills the rest from its own arguments; dstrain fills
+  // it from its flags. Callers handle it before reading a value.
+  static bool is_auto(const json& value) {
+    return value.is_string() && value.get<std::string>() == "auto";
+  }
   const json& checked(const std::string& key, const json& value) const {
-    if (value.is_string() && value.get<std::string>() == "auto") {
-      refuse(key, "is \"auto\": give the value (the Hugging Face Trainer fills these in itself)");
-    }
+    if (is_auto(value)) refuse(key, "is \"auto\" where dstrain has no value to give it");
     return value;
+  }
+  void automatic(const std::string& key, const std::string& what) {
+    out_.lines.push_back(key + " = auto -> " + what);
   }
   double number(const std::string& key, const json& value, double low, double high) const {
     checked(key, value);
@@ -112,27 +133,42 @@ class Mapper {
   void fp16(const json& fp16);
   void optimizer(const json& optimizer);
   void scheduler(const json& scheduler);
-  void warmup_type(const std::string& key, const json& params);
+  void warmup(const std::string& type, const json& params);
+  void warmup_cosine(const json& params);
+  void total_steps(const std::string& type, const json& params);
+  // A scheduler parameter: the config's value, else DeepSpeed's default (said so); nullopt for
+  // "auto" (said so: dstrain's `flag` fills it).
+  std::optional<json> param(const json& params, const std::string& name, const json& fallback,
+                            const std::string& flag);
 
   std::string path_;
   DeepSpeedMapping& out_;
-  std::optional<double> lr_;  // the optimizer's, for WarmupCosineLR's cos_min_ratio
+  std::optional<double> lr_;  // the optimizer's, for WarmupCosineLR's ratios
 };
 
 void Mapper::top_level(const json& config) {
-  const bool fp16_on = config.contains("fp16") && config["fp16"].value("enabled", false) == true;
+  const bool fp16_on = config.contains("fp16") && config["fp16"].is_object() &&
+                       config["fp16"].contains("enabled") && config["fp16"]["enabled"] == true;
   for (const char* bf16 : {"bf16", "bfloat16"}) {
     if (!config.contains(bf16)) continue;
     const json& section = object(bf16, config[bf16]);
-    if (section.contains("enabled") &&
-        boolean(std::string(bf16) + ".enabled", section["enabled"])) {
+    if (section.contains("enabled") && is_auto(section["enabled"])) {
+      automatic(std::string(bf16) + ".enabled", "dstrain's --precision");
+    } else if (section.contains("enabled") &&
+               boolean(std::string(bf16) + ".enabled", section["enabled"])) {
       if (fp16_on) refuse("fp16.enabled and bf16.enabled", "are both true: choose one");
       set(std::string(bf16) + ".enabled", "precision", "bf16");
     }
   }
   if (config.contains("optimizer")) optimizer(object("optimizer", config["optimizer"]));
+  const std::map<std::string, std::string> filled = {
+      {"train_micro_batch_size_per_gpu", "--batch"}, {"gradient_accumulation_steps", "--grad-accum"},
+      {"train_batch_size", "--batch x --grad-accum x data-parallel ranks"},
+      {"gradient_clipping", "--grad-clip"}, {"steps_per_print", "--print-every"}};
   for (const auto& [key, value] : config.items()) {
-    if (key == "train_micro_batch_size_per_gpu") {
+    if (is_auto(value) && filled.count(key)) {
+      automatic(key, "dstrain's " + filled.at(key) + " (as the Hugging Face Trainer fills it)");
+    } else if (key == "train_micro_batch_size_per_gpu") {
       set(key, "batch", integer(key, value, 1));
     } else if (key == "gradient_accumulation_steps") {
       set(key, "grad-accum", integer(key, value, 1));
@@ -166,7 +202,9 @@ void Mapper::top_level(const json& config) {
 void Mapper::zero(const json& zero) {
   for (const auto& [name, value] : zero.items()) {
     const std::string key = "zero_optimization." + name;
-    if (name == "stage") {
+    if (is_auto(value)) {
+      automatic(key, name == "stage" ? "the planner's ZeRO stage" : "DeepSpeed's default");
+    } else if (name == "stage") {
       set(key, "zero", integer(key, value, 0));
       if (value.get<int64_t>() > 3) refuse(key, "must be 0, 1, 2 or 3");
     } else if (name == "offload_optimizer" || name == "offload_param") {
@@ -180,8 +218,9 @@ void Mapper::zero(const json& zero) {
 }
 
 void Mapper::offload(const std::string& key, const json& offload, bool optimizer) {
-  const json device =
-      offload.contains("device") ? checked(key + ".device", offload["device"]) : json("none");
+  const json device = offload.contains("device") && !is_auto(offload["device"])
+                          ? offload["device"]
+                          : json("none");  // DeepSpeed drops "auto": its default, none
   if (device == "none") return;
   if (device != "cpu")
     refuse(key + ".device", "= " + device.dump() + " is not supported (cpu or none)");
@@ -194,21 +233,28 @@ void Mapper::offload(const std::string& key, const json& offload, bool optimizer
 }
 
 void Mapper::fp16(const json& fp16) {
+  if (fp16.contains("enabled") && is_auto(fp16["enabled"])) {
+    automatic("fp16.enabled", "dstrain's --precision");
+    return;
+  }
   if (!fp16.contains("enabled") || !boolean("fp16.enabled", fp16["enabled"])) return;
   set("fp16.enabled", "precision", "fp16");
-  if (fp16.contains("loss_scale") && number("fp16.loss_scale", fp16["loss_scale"], 0, 1e30) != 0) {
+  if (fp16.contains("loss_scale") && !is_auto(fp16["loss_scale"]) &&
+      number("fp16.loss_scale", fp16["loss_scale"], 0, 1e30) != 0) {
     refuse("fp16.loss_scale",
            "is a static loss scale, which dstrain does not support (0: dynamic)");
   }
-  if (fp16.value("consecutive_hysteresis", false) == true) {
+  if (fp16.contains("consecutive_hysteresis") && fp16["consecutive_hysteresis"] == true) {
     refuse("fp16.consecutive_hysteresis", "is not supported");
   }
   // A key left out takes DeepSpeed's default, and the line says so.
+  // A key left out, or "auto" (which DeepSpeed drops), takes DeepSpeed's default.
+  const auto given = [&](const char* name) { return fp16.contains(name) && !is_auto(fp16[name]); };
   const auto label = [&](const char* name) {
-    return std::string("fp16.") + name + (fp16.contains(name) ? "" : " (DeepSpeed's default)");
+    return std::string("fp16.") + name + (given(name) ? "" : " (DeepSpeed's default)");
   };
   const auto get = [&](const char* name, const json& fallback) {
-    return fp16.contains(name) ? fp16[name] : fallback;
+    return given(name) ? fp16[name] : fallback;
   };
   const double power =
       number(label("initial_scale_power"), get("initial_scale_power", kInitialScalePower), 0, 126);
@@ -227,11 +273,15 @@ void Mapper::optimizer(const json& optimizer) {
     refuse("optimizer.type", "= " + optimizer.value("type", json()).dump() +
                                  " is not supported: dstrain trains with AdamW");
   }
-  if (!optimizer.contains("params")) return;
-  const json& params = object("optimizer.params", optimizer["params"]);
+  const json params = optimizer.contains("params")
+                          ? object("optimizer.params", optimizer["params"])
+                          : json::object();
   for (const auto& [name, value] : params.items()) {
     const std::string key = "optimizer.params." + name;
-    if (name == "lr") {
+    if (is_auto(value)) {
+      automatic(key, "dstrain's own flag (as the Hugging Face Trainer fills it)");
+      if (name == "lr") lr_.reset();
+    } else if (name == "lr") {
       lr_ = number(key, value, 0, 1e3);
       set(key, "lr", *lr_);
     } else if (name == "betas") {
@@ -247,57 +297,127 @@ void Mapper::optimizer(const json& optimizer) {
         refuse(
             key,
             "= false is not supported: dstrain's AdamW decouples the decay and corrects the bias");
-    } else if (name != "torch_adam" && name != "fused") {
+    } else if (name == "torch_adam") {
+      if (boolean(key, value)) {
+        refuse(key, "= true picks torch.optim.AdamW, whose defaults differ (weight_decay "
+                    "0.01): leave it out, or give every parameter");
+      }
+    } else if (name != "fused") {
       refuse(key, "is not supported");
     }
   }
+  // What the block leaves out takes DeepSpeed's Adam defaults, not dstrain's.
+  const std::string label = " (DeepSpeed's default)";
+  if (!params.contains("lr")) {
+    lr_ = kAdamLr;
+    set("optimizer.params.lr" + label, "lr", kAdamLr);
+  }
+  if (!params.contains("betas")) {
+    set("optimizer.params.betas[0]" + label, "beta1", kAdamBeta1);
+    set("optimizer.params.betas[1]" + label, "beta2", kAdamBeta2);
+  }
+  if (!params.contains("eps")) set("optimizer.params.eps" + label, "eps", kAdamEps);
+  if (!params.contains("weight_decay")) {
+    set("optimizer.params.weight_decay" + label, "weight-decay", kAdamWeightDecay);
+  }
 }
 
-void Mapper::warmup_type(const std::string& key, const json& params) {
-  // DeepSpeed's default warmup is logarithmic; dstrain's is linear.
-  const std::string type = params.value("warmup_type", std::string("log"));
-  if (type != "linear") {
-    refuse(key + ".warmup_type",
-           "= \"" + type +
-               "\" is not supported: dstrain warms up linearly "
-               "(set \"warmup_type\": \"linear\"; DeepSpeed's default is log)");
+std::optional<json> Mapper::param(const json& params, const std::string& name,
+                                  const json& fallback, const std::string& flag) {
+  const std::string key = "scheduler.params." + name;
+  if (params.contains(name) && is_auto(params[name])) {
+    automatic(key, "dstrain's " + flag + " (as the Hugging Face Trainer fills it)");
+    return std::nullopt;
   }
+  if (params.contains(name)) return params[name];
+  out_.lines.push_back(key + " (DeepSpeed's default) = " + fallback.dump());
+  return fallback;
+}
+
+// The warmup every DeepSpeed scheduler shares: its steps, shape and start.
+void Mapper::warmup(const std::string& type, const json& params) {
+  const std::string key = "scheduler.params";
+  if (const auto steps = param(params, "warmup_num_steps", kWarmupNumSteps, "--warmup")) {
+    set(key + ".warmup_num_steps", "warmup", integer(key + ".warmup_num_steps", *steps, 1));
+  }
+  if (const auto shape = param(params, "warmup_type", "log", "--warmup-type")) {
+    const std::string name = shape->is_string() ? shape->get<std::string>() : shape->dump();
+    // DeepSpeed warns about any other and warms up logarithmically.
+    set(key + ".warmup_type" + (name == "linear" || name == "log" ? "" : " (unknown: log, as DeepSpeed)"),
+        "warmup-type", name == "linear" ? "linear" : "log");
+  }
+  if (type == "WarmupCosineLR") return;  // its warmup starts at a ratio of the lr
+  if (const auto start = param(params, "warmup_min_lr", 0.0, "--warmup-min-lr")) {
+    set(key + ".warmup_min_lr", "warmup-min-lr", number(key + ".warmup_min_lr", *start, 0, 1e3));
+    // WarmupDecayLR decays back to where the warmup started.
+    if (type == "WarmupDecayLR") set(key + ".warmup_min_lr", "min-lr", start->get<double>());
+  }
+  // WarmupLR's peak is the optimizer's lr unless given; WarmupDecayLR's defaults to 0.001.
+  const json peak = type == "WarmupDecayLR" ? json(kWarmupDecayMaxLr) : json();
+  if (params.contains("warmup_max_lr") || !peak.is_null()) {
+    if (const auto max = param(params, "warmup_max_lr", peak, "--lr")) {
+      set(key + ".warmup_max_lr", "lr", number(key + ".warmup_max_lr", *max, 0, 1e3));
+    }
+  } else {
+    out_.lines.push_back(key + ".warmup_max_lr (DeepSpeed's default): the optimizer's lr");
+  }
+}
+
+// WarmupCosineLR's ratios are of the optimizer's lr (its org_lrs).
+void Mapper::warmup_cosine(const json& params) {
+  const std::string key = "scheduler.params";
+  if (!lr_) {
+    refuse("scheduler WarmupCosineLR",
+           "counts its learning rates as ratios of the optimizer's lr: give optimizer.params.lr");
+  }
+  if (const auto ratio = param(params, "warmup_min_ratio", 0.0, "--warmup-min-lr")) {
+    set(key + ".warmup_min_ratio", "warmup-min-lr",
+        *lr_ * number(key + ".warmup_min_ratio", *ratio, 0, 1));
+  }
+  if (const auto ratio = param(params, "cos_min_ratio", kCosMinRatio, "--min-lr")) {
+    set(key + ".cos_min_ratio", "min-lr", *lr_ * number(key + ".cos_min_ratio", *ratio, 0, 1));
+  }
+}
+
+// total_num_steps: the decay's horizon (and the run's length, which --steps may change).
+void Mapper::total_steps(const std::string& type, const json& params) {
+  const std::string key = "scheduler.params.total_num_steps";
+  if (!params.contains("total_num_steps")) refuse(key, "is required by " + type);
+  if (is_auto(params["total_num_steps"])) {
+    automatic(key, "dstrain's --steps (as the Hugging Face Trainer fills it)");
+    return;
+  }
+  const int64_t total = integer(key, params["total_num_steps"], 1);
+  set(key, "lr-decay-steps", total);
+  set(key, "steps", total);
 }
 
 void Mapper::scheduler(const json& scheduler) {
   const std::string type = scheduler.value("type", std::string());
-  const json params = scheduler.contains("params") ? object("scheduler.params", scheduler["params"])
-                                                   : json::object();
-  const std::string key = "scheduler.params";
-  if (type != "WarmupLR" && type != "WarmupCosineLR") {
-    refuse("scheduler.type", "= \"" + type + "\" is not supported (WarmupLR, WarmupCosineLR)");
+  if (type != "WarmupLR" && type != "WarmupDecayLR" && type != "WarmupCosineLR") {
+    refuse("scheduler.type", "= \"" + type +
+                                 "\" is not supported (WarmupLR, WarmupDecayLR, WarmupCosineLR)");
   }
-  warmup_type(key, params);
-  const char* min_key = type == "WarmupLR" ? "warmup_min_lr" : "warmup_min_ratio";
-  if (params.contains(min_key) && number(key + "." + min_key, params[min_key], 0, 1e3) != 0) {
-    refuse(key + "." + min_key, "must be 0: dstrain's warmup starts from 0");
+  if (!scheduler.contains("params")) {
+    refuse("scheduler.params", "is missing: DeepSpeed builds " + type + " from it");
   }
-  if (params.contains("warmup_num_steps")) {
-    set(key + ".warmup_num_steps", "warmup",
-        integer(key + ".warmup_num_steps", params["warmup_num_steps"], 0));
+  const json& params = object("scheduler.params", scheduler["params"]);
+  for (const auto& [name, value] : params.items()) {
+    static const std::set<std::string> known = {
+        "warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps",
+        "warmup_min_ratio", "cos_min_ratio", "last_batch_iteration"};
+    if (!known.count(name)) refuse("scheduler.params." + name, "is not a parameter of " + type);
   }
-  if (type == "WarmupLR") {
-    set("scheduler.type", "lr-schedule", "constant");
-    if (params.contains("warmup_max_lr"))
-      set(key + ".warmup_max_lr", "lr",
-          number(key + ".warmup_max_lr", params["warmup_max_lr"], 0, 1e3));
-    return;
+  if (params.contains("last_batch_iteration") && params["last_batch_iteration"] != -1) {
+    refuse("scheduler.params.last_batch_iteration",
+           "other than -1 is not supported: resume a run with --resume instead");
   }
-  set("scheduler.type", "lr-schedule", "cosine");
-  if (params.contains("total_num_steps"))
-    set(key + ".total_num_steps", "steps",
-        integer(key + ".total_num_steps", params["total_num_steps"], 1));
-  if (params.contains("cos_min_ratio")) {
-    const double ratio = number(key + ".cos_min_ratio", params["cos_min_ratio"], 0, 1);
-    if (!lr_)
-      refuse(key + ".cos_min_ratio", "needs optimizer.params.lr (the peak it is a ratio of)");
-    set(key + ".cos_min_ratio", "min-lr", *lr_ * ratio);
-  }
+  set("scheduler.type", "lr-schedule",
+      type == "WarmupLR" ? "warmup-lr" : type == "WarmupDecayLR" ? "warmup-decay-lr"
+                                                                 : "warmup-cosine-lr");
+  warmup(type, params);
+  if (type == "WarmupCosineLR") warmup_cosine(params);
+  if (type != "WarmupLR") total_steps(type, params);
 }
 
 }  // namespace

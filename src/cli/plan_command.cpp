@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "cli/commands.h"
+#include "cli/cpu_plan_command.h"
 #include "core/check.h"
 #include "model/config.h"
 #include "parallel/pipeline_split.h"
@@ -66,6 +67,31 @@ void read_plan_flags(const po::variables_map& values, PlanRequest& request) {
   }
 }
 
+namespace {
+
+// `dstrain plan --device cpu`: --gpus CPU ranks (default 1), the plan flags that fix the shape,
+// the sequence length (default 64, as a CPU run's) and the global batch.
+int plan_cpu(const std::string& model, const po::variables_map& values, std::ostream& out) {
+  const ModelConfig config = load_model_config(model);
+  CpuPlanRequest request;
+  if (values.count("gpus")) request.ranks = values["gpus"].as<int>();
+  if (values.count("tp")) request.tp = values["tp"].as<int>();
+  if (values.count("pp")) request.pp = values["pp"].as<int>();
+  if (values.count("dp")) request.ranks = values["dp"].as<int>() * request.tp * request.pp;
+  request.seq_len = values.count("seq-len") ? values["seq-len"].as<int64_t>()
+                                            : std::min<int64_t>(64, config.n_positions);
+  DSTRAIN_USER_CHECK(request.seq_len <= config.n_positions)
+      << "--seq-len " << request.seq_len << " is longer than the model's " << config.n_positions;
+  const int dp = std::max(1, request.ranks / (request.tp * request.pp));
+  request.global_batch_tokens = values["global-batch-tokens"].defaulted()
+                                    ? 16 * request.seq_len * dp  // a CPU run's batch of 16
+                                    : values["global-batch-tokens"].as<int64_t>();
+  if (values.count("precision")) request.precision = parse_dtype(values["precision"].as<std::string>());
+  return run_cpu_plan(config, request, out);
+}
+
+}  // namespace
+
 int run_plan_command(const std::vector<std::string>& args, std::ostream& out) {
   std::string model, precision;
   int gpus = 0;
@@ -73,6 +99,7 @@ int run_plan_command(const std::vector<std::string>& args, std::ostream& out) {
   int alternatives = 8;
   int nnodes = 1;
   std::string inter_node_bandwidth;
+  std::string device = "gpu";
   MachineSource source;
   po::options_description main_flags("dstrain plan");
   main_flags.add_options()
@@ -88,6 +115,9 @@ int run_plan_command(const std::vector<std::string>& args, std::ostream& out) {
        "default: bf16 where the GPU has it (compute capability 8.0+), else fp16")
       ("alternatives", po::value(&alternatives)->default_value(alternatives)->value_name("N"),
        "fitting alternatives to show")
+      ("device", po::value(&device)->default_value(device)->value_name("KIND"),
+       "gpu: plan for the GPUs (of this machine or the one described) | cpu: for this "
+       "machine's CPU ranks (--gpus of them), against the host memory this process may use")
       ("plan-json", "print the result as JSON")
       ("help,h", "this help");
   po::options_description flags;
@@ -116,6 +146,10 @@ int run_plan_command(const std::vector<std::string>& args, std::ostream& out) {
   DSTRAIN_USER_CHECK(alternatives >= 0) << "--alternatives must not be negative";
   DSTRAIN_USER_CHECK(nnodes >= 1 && nnodes <= kMaxNodes)
       << "--nnodes must be between 1 and " << kMaxNodes << ", not " << nnodes;
+
+  DSTRAIN_USER_CHECK(device == "gpu" || device == "cpu")
+      << "--device must be gpu or cpu, not '" << device << "'";
+  if (device == "cpu") return plan_cpu(model, values, out);
 
   PlanRequest request;
   request.gpus = gpus;

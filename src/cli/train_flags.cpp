@@ -73,14 +73,19 @@ po::options_description batch_flags(TrainOptions& o) {
        "peak learning rate (default 0.003 from scratch; fine-tuning with --init-from: 5e-05 "
        "for GPT-2, 2e-05 for the LLaMA family)")
       ("lr-schedule", po::value(&o.lr_schedule)->default_value(o.lr_schedule)->value_name("KIND"),
-       "constant | cosine (both after a linear warmup)")
+       "constant | cosine (both after a linear warmup), or DeepSpeed's schedulers step for step: "
+       "warmup-lr (WarmupLR), warmup-decay-lr (WarmupDecayLR), warmup-cosine-lr (WarmupCosineLR)")
       ("warmup", po::value(&o.warmup)->default_value(o.warmup)->value_name("N"),
-       "linear warmup steps")
+       "warmup steps (DeepSpeed's warmup_num_steps)")
+      ("warmup-type", po::value(&o.warmup_type)->default_value(o.warmup_type)->value_name("KIND"),
+       "linear | log (DeepSpeed's warmup_type; log with its schedules only)")
+      ("warmup-min-lr", po::value(&o.warmup_min_lr)->default_value(o.warmup_min_lr, "0")->value_name("LR"),
+       "the learning rate the warmup starts from (DeepSpeed's warmup_min_lr)")
       ("min-lr", po::value(&o.min_lr)->value_name("LR"),
-       "floor of the cosine schedule (default lr/10)")
+       "the floor the decay ends at (default lr/10; DeepSpeed's cos_min_ratio x lr)")
       ("lr-decay-steps", po::value(&o.lr_decay_steps)->value_name("N"),
-       "the step where the cosine reaches --min-lr, which then holds (default: --steps of the "
-       "run's first start, kept when a resume raises --steps)");
+       "the step where the decay reaches --min-lr, which then holds (DeepSpeed's total_num_steps; "
+       "default: --steps of the run's first start, kept when a resume raises --steps)");
   return flags;
 }
 

@@ -10,28 +10,19 @@ namespace dstrain {
 
 namespace {
 
-uint64_t fp32_bytes(const std::vector<int64_t>& numels) {
-  uint64_t bytes = 0;
-  for (int64_t numel : numels) bytes += static_cast<uint64_t>(numel) * sizeof(float);
-  return bytes;
-}
-
-// The final sample's host copies (train/rank_trainer.cpp's gather): rank 0 the whole model,
-// every other rank its stage's blocks, and under tensor parallelism each rank its slices of
-// them (rank 0 also one block of any rank's slices at a time: counted as all of them).
+// The final sample's host copies (train/rank_trainer.cpp's gather): rank 0 the whole model and
+// one block of another rank's slices at a time, every other rank one block at a time.
 uint64_t sample_bytes(const MemoryModel& model, const Plan& plan) {
-  Plan whole = plan;
-  whole.tp = 1;
-  whole.sequence_parallel = false;
-  const uint64_t model_bytes = static_cast<uint64_t>(model.layout().total_numel()) * sizeof(float);
-  uint64_t bytes = model_bytes;
-  for (int stage = 0; stage < plan.pp; ++stage) {
-    const uint64_t full = fp32_bytes(model.stage_block_numels(whole, stage));
-    const uint64_t slices = plan.tp > 1 ? fp32_bytes(model.stage_block_numels(plan, stage)) : 0;
-    const uint64_t ranks = static_cast<uint64_t>(plan.dp * plan.tp) - (stage == 0 ? 1 : 0);
-    bytes += ranks * (full + slices) + (stage == 0 ? slices : 0);
+  const ParamLayout& layout = model.layout();
+  int64_t largest = 0;
+  for (int block = 0; block < layout.num_blocks(); ++block) {
+    largest = std::max(largest, layout.block_numel(block));
   }
-  return bytes + (plan.tp > 1 ? model_bytes / static_cast<uint64_t>(plan.tp) : 0);
+  const uint64_t model_bytes = static_cast<uint64_t>(layout.total_numel()) * sizeof(float);
+  // Unsliced, rank 0 gathers in place; sliced, it also holds its own slice and another's.
+  const int buffers = plan.tp > 1 ? plan.world() + 1 : plan.world() - 1;
+  return model_bytes + static_cast<uint64_t>(largest) * sizeof(float) *
+                           static_cast<uint64_t>(buffers);
 }
 
 }  // namespace
@@ -128,6 +119,41 @@ void check_cpu_memory(const MemoryModel& model, const Plan& plan, bool sample,
              << "with more memory";
   }
   DSTRAIN_USER_ERROR() << sentence.str();
+}
+
+CpuPlanResult plan_cpu_ranks(const MemoryModel& model, const Plan& shape, int64_t sequences,
+                             bool sample, uint64_t budget) {
+  CpuPlanResult result;
+  const int64_t per_rank = sequences / shape.dp;
+  const std::vector<int> zeros = shape.dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0};
+  for (const int zero : zeros) {
+    for (const Recompute recompute : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+      CpuPlanOption option;
+      for (const int64_t micro : divisors_descending(per_rank)) {
+        Plan plan = shape;
+        plan.zero = zero;
+        plan.recompute = recompute;
+        plan.micro_batch = micro;
+        plan.grad_accum = per_rank / micro;
+        option = CpuPlanOption{plan, cpu_run_bytes(model, plan, sample), false};
+        option.fits = option.bytes.total() <= budget;
+        if (option.fits) break;  // the largest that fits; else micro-batch 1's bytes stay
+      }
+      result.options.push_back(option);
+    }
+  }
+  // The fastest that fits: recompute costs compute, a larger micro-batch runs larger GEMMs,
+  // and ZeRO's collectives are copies between the threads: less recompute first, then the
+  // larger micro-batch, then the lower stage.
+  const auto speed = [](const Plan& p) {
+    return std::make_tuple(static_cast<int>(p.recompute), -p.micro_batch, p.zero);
+  };
+  for (const CpuPlanOption& option : result.options) {
+    if (option.fits && (!result.best || speed(option.plan) < speed(result.best->plan))) {
+      result.best = option;
+    }
+  }
+  return result;
 }
 
 }  // namespace dstrain

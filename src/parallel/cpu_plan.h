@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "model/config.h"
 #include "parallel/memory_model.h"
@@ -21,8 +22,8 @@ struct CpuRunBytes {
   uint64_t starting = 0;  // the starting state train() holds while the ranks load it: the full
                           // fp32 weights and two Adam moments (train/checkpoint.h's
                           // FullTrainingState)
-  uint64_t sample = 0;    // a sample at the end: the gathered fp32 weights (rank 0 all, the
-                          // others their stage's blocks)
+  uint64_t sample = 0;    // a sample at the end: the gathered fp32 weights (rank 0 all of
+                          // them, the others one block at a time)
   uint64_t total() const { return ranks + starting + sample; }
 };
 CpuRunBytes cpu_run_bytes(const MemoryModel& model, const Plan& plan, bool sample);
@@ -41,5 +42,28 @@ std::string plan_flag_changes(const Plan& from, const Plan& to);
 // and what limits it, and the plan that fits (or that none does).
 void check_cpu_memory(const MemoryModel& model, const Plan& plan, bool sample,
                       const HostMemoryBudget& budget);
+
+}  // namespace dstrain
+
+namespace dstrain {
+
+// `dstrain plan --device cpu`: the plans of `ranks` CPU ranks for `request`'s fixed parts
+// (dp, tp, pp, ZeRO, recompute, micro-batch; the global batch kept exactly), each ZeRO stage
+// and recompute mode at the largest micro-batch that fits `budget`, and the chosen one: the
+// fastest that fits (the least recompute, then the largest micro-batch, then the lowest ZeRO
+// stage).
+struct CpuPlanOption {
+  Plan plan;
+  CpuRunBytes bytes;
+  bool fits = false;
+};
+struct CpuPlanResult {
+  std::optional<CpuPlanOption> best;    // none when nothing fits
+  std::vector<CpuPlanOption> options;   // per (ZeRO, recompute): the largest micro-batch that fits
+                                        // (or micro-batch 1 when none does)
+};
+// REQUIRES: ranks >= 1, sequences >= 1 (the global batch), seq_len >= 1.
+CpuPlanResult plan_cpu_ranks(const MemoryModel& model, const Plan& shape, int64_t sequences,
+                             bool sample, uint64_t budget);
 
 }  // namespace dstrain

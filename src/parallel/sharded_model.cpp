@@ -694,6 +694,12 @@ void ShardedModel::get_full_params(const std::vector<Tensor>& full_blocks) {
   }
 }
 
+void ShardedModel::get_full_param_block(int block, const Tensor& full) {
+  DSTRAIN_CHECK(std::find(held_.begin(), held_.end(), block) != held_.end())
+      << "block " << block << " is not held by this rank";
+  gather_to_host(master(block), block, full);
+}
+
 void ShardedModel::set_full_moments(int which, const std::vector<Tensor>& full_blocks) {
   for (int block : held_) {
     Block& b = blocks_[block];

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "optim/schedule.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_split.h"
 #include "topology/cluster.h"
@@ -33,6 +34,13 @@ void validate_options(const TrainOptions& options) {
   DSTRAIN_USER_CHECK(options.steps >= 1) << "--steps must be at least 1";
   DSTRAIN_USER_CHECK(options.lr > 0 && std::isfinite(options.lr)) << "--lr must be positive";
   DSTRAIN_USER_CHECK(options.warmup >= 0) << "--warmup must not be negative";
+  const LrSchedule schedule = parse_lr_schedule(options.lr_schedule);  // a UserError naming it
+  DSTRAIN_USER_CHECK(parse_warmup_type(options.warmup_type) == WarmupType::Linear ||
+                     is_deepspeed_schedule(schedule))
+      << "--warmup-type log is DeepSpeed's warmup: use it with --lr-schedule warmup-lr, "
+      << "warmup-decay-lr or warmup-cosine-lr";
+  DSTRAIN_USER_CHECK(options.warmup_min_lr >= 0 && options.warmup_min_lr <= options.lr)
+      << "--warmup-min-lr must be between 0 and --lr";
   DSTRAIN_USER_CHECK(options.weight_decay >= 0) << "--weight-decay must not be negative";
   DSTRAIN_USER_CHECK(options.beta1 >= 0 && options.beta1 < 1) << "--beta1 must be in [0, 1)";
   DSTRAIN_USER_CHECK(options.beta2 >= 0 && options.beta2 < 1) << "--beta2 must be in [0, 1)";
@@ -103,6 +111,8 @@ void for_each_run_setting(TrainOptions& o, Fn&& fn) {
   fn("lr", o.lr);
   fn("lr-schedule", o.lr_schedule);
   fn("warmup", o.warmup);
+  fn("warmup-type", o.warmup_type);
+  fn("warmup-min-lr", o.warmup_min_lr);
   fn("min-lr", o.min_lr);
   fn("weight-decay", o.weight_decay);
   fn("beta1", o.beta1);
@@ -149,7 +159,8 @@ void for_each_resumable(TrainOptions& o, Fn&& fn) {
 
 // The optimizer and schedule settings a resume may change, said on the way.
 const std::set<std::string> kChangeableOnResume = {
-    "lr", "lr-schedule", "warmup", "min-lr", "lr-decay-steps", "weight-decay", "beta1",
+    "lr", "lr-schedule", "warmup", "warmup-type", "warmup-min-lr", "min-lr", "lr-decay-steps",
+    "weight-decay", "beta1",
     "beta2", "eps", "grad-clip", "loss-scale-init", "loss-scale-window",
     "loss-scale-hysteresis", "min-loss-scale"};
 

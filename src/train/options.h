@@ -33,8 +33,10 @@ struct TrainOptions {
   int64_t steps = 1500;            // total optimizer steps of the run (a resume continues to it)
   double epochs = 0;               // > 0: instead of --steps, this many passes over --data
   double lr = 3e-3;                // from scratch; fine-tuning (--init-from): kFineTuneLr*
-  std::string lr_schedule = "cosine";
+  std::string lr_schedule = "cosine";  // optim/schedule.h: constant, cosine or DeepSpeed's three
   int64_t warmup = 20;
+  std::string warmup_type = "linear";  // DeepSpeed's schedules: linear | log
+  double warmup_min_lr = 0.0;      // where the warmup starts
   double min_lr = -1.0;            // < 0: lr / 10
   // The cosine's horizon: it reaches min_lr here and stays there (0: --steps of the run's first
   // start; a resume that raises --steps keeps the curve it began with).

@@ -325,7 +325,8 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   DSTRAIN_USER_CHECK(std::isfinite(o.loss))
       << "the loss became " << o.loss << " at step " << step + 1
       << "; training diverged (try a lower --lr or a --grad-clip)";
-  o.lr = learning_rate(ctx_.schedule, step);
+  // DeepSpeed's schedulers count the steps applied (an fp16 overflow does not step them).
+  o.lr = learning_rate(ctx_.schedule, is_deepspeed_schedule(ctx_.schedule.kind) ? adam_step_ : step);
   o.stats = state_->finish_step(adam_, o.lr, adam_step_ + 1, o.loss_scale);
   DSTRAIN_USER_CHECK(!o.stats.found_inf || scaler_.enabled())
       << "the gradients hold inf or NaN at step " << step + 1
@@ -625,25 +626,31 @@ void RankTrainer::verify_tied_embedding() {
   }
 }
 
-// Every block's full weights on rank 0: each stage gathers its own over its data-parallel
-// groups, then its ranks of data-parallel index 0 send their tp slices to rank 0, which puts
-// them in place, block by block in order.
+// Every block's full weights on rank 0, block by block in order: the block's stage gathers it
+// over its data-parallel groups, then its ranks of data-parallel index 0 send their tp slices
+// to rank 0, which puts them in place. Off rank 0 a rank holds one block at a time.
 void RankTrainer::gather_full_weights_on_leader(const HostBlocks& gathered) {
   const ParamLayout& local = arch_->layout();
   const bool sliced = plan_.tp > 1;
-  std::optional<HostBlocks> own, other;  // tp > 1: this rank's slices; rank 0: another's
-  if (sliced) own.emplace(local, pipeline_stage_blocks(local, range_));
-  if (sliced && rank_ == 0) other.emplace(local);
-  const HostBlocks& mine = sliced ? *own : gathered;
-  state_->get_full_params(mine.tensors());
+  const ParamLayout& held_layout = sliced ? local : full_layout_;
   for (int block = 0; block < state_->num_blocks(); ++block) {
+    const int stage = owner_stage(block);
+    // This rank's part: rank 0's whole block straight into place, else a buffer of the block.
+    std::optional<HostBlocks> mine;
+    if (groups_.stage == stage) {
+      if (rank_ != 0 || sliced) mine.emplace(held_layout, std::vector<int>{block});
+      state_->get_full_param_block(block, (mine ? *mine : gathered).block(block));
+    }
     for (int t = 0; t < plan_.tp; ++t) {
-      const int owner = world_rank_of(plan_, owner_stage(block), 0, t);
-      if (rank_ == owner && owner != 0) world_.send(mine.block(block), 0, nullptr);
+      const int owner = world_rank_of(plan_, stage, 0, t);
+      if (rank_ == owner && owner != 0) world_.send(mine->block(block), 0, nullptr);
       if (rank_ != 0) continue;
-      const HostBlocks& into = owner == 0 ? mine : sliced ? *other : gathered;
-      if (owner != 0) world_.recv(into.block(block), owner, nullptr);
-      if (sliced) insert_block_slice(full_layout_, local, t, block, into, gathered);
+      std::optional<HostBlocks> theirs;
+      if (owner != 0) {
+        if (sliced) theirs.emplace(local, std::vector<int>{block});
+        world_.recv((sliced ? *theirs : gathered).block(block), owner, nullptr);
+      }
+      if (sliced) insert_block_slice(full_layout_, local, t, block, owner == 0 ? *mine : *theirs, gathered);
     }
   }
 }
@@ -735,11 +742,11 @@ void RankTrainer::finish(double train_seconds) {
   const bool want_sample = options_.sample_tokens > 0 && summary.interrupted_by == 0;
   std::optional<HostBlocks> gathered;
   if (want_sample) {
-    // Rank 0 holds the whole model; the others only the blocks of their stage.
+    // Rank 0 holds the whole model; the others one block at a time.
     if (leader) {
       gathered.emplace(full_layout_);
     } else {
-      gathered.emplace(full_layout_, pipeline_stage_blocks(full_layout_, range_));
+      gathered.emplace(full_layout_, std::vector<int>{});
     }
     gather_full_weights_on_leader(*gathered);
   }

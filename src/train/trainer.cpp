@@ -185,7 +185,8 @@ void settle_run_length(RunContext& ctx, const Datasets& data, std::ostream& out)
         1, std::llround(options.epochs * static_cast<double>(std::max<int64_t>(1, ctx.steps_per_epoch))));
   }
   if (options.lr_decay_steps == 0) options.lr_decay_steps = options.steps;
-  if (ctx.resume && options.lr_schedule == "cosine" && options.steps > options.lr_decay_steps &&
+  if (ctx.resume && options.lr_schedule != "constant" && options.lr_schedule != "warmup-lr" &&
+      options.steps > options.lr_decay_steps &&
       options.explicit_flags) {
     out << "dstrain: the learning rate reaches its floor " << options.min_lr << " at step "
         << options.lr_decay_steps << " (--lr-decay-steps, the run's first horizon) and holds "
@@ -490,7 +491,8 @@ TrainSummary train(const TrainOptions& given, std::ostream& out) {
   ctx.data = &data;
   settle_run_length(ctx, data, out);
   ctx.schedule = LrScheduleConfig{parse_lr_schedule(options.lr_schedule), options.lr,
-                                  options.min_lr, options.warmup, options.lr_decay_steps};
+                                  options.min_lr, options.warmup, options.lr_decay_steps,
+                                  parse_warmup_type(options.warmup_type), options.warmup_min_lr};
   ctx.fingerprint = run_fingerprint(options, ctx.plan, config);
   ctx.machine = machine_record(machine, options.device == "cpu", ctx.plan.world(),
                                options.rendezvous.nnodes);

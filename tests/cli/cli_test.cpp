@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
@@ -323,6 +324,27 @@ TEST_F(CliTest, DeepSpeedConfigTrainsWithItsSettings) {
   EXPECT_EQ(first_step["loss_scale"], 1024.0) << first_step.dump();
   // --lr on the command line wins over optimizer.params.lr (first warmup step: lr / 20).
   EXPECT_NEAR(first_step["lr"].get<double>(), 0.001 / 20, 1e-12) << first_step.dump();
+  // The most common scheduler block, as DeepSpeed's docs write it: WarmupLR with its default
+  // log warmup, DeepSpeed's learning rates step for step (lr_schedules.py: steps 1, 2 at
+  // warmup_min_lr, then min + (max - min) * ln(i + 1) / ln(4), i = step - 2).
+  write("warmup.json", R"({"train_micro_batch_size_per_gpu": 2,
+      "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0001,
+                                                   "warmup_max_lr": 0.01,
+                                                   "warmup_num_steps": 4}}})");
+  Result warm = run_dstrain("--deepspeed-config warmup.json --seq-len 16 --steps 6 --eval-every 0 "
+                            "--sample 0 --device cpu --log warm.jsonl", dir_);
+  ASSERT_EQ(warm.exit_code, 0) << warm.err;
+  std::vector<double> rates;
+  std::ifstream warm_log(file("warm.jsonl"));
+  for (std::string line; std::getline(warm_log, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (record.contains("loss")) rates.push_back(record["lr"].get<double>());
+  }
+  const std::vector<double> deepspeed = {1e-4, 1e-4, 1e-4 + (0.01 - 1e-4) * std::log(2.0) / std::log(4.0),
+                                         1e-4 + (0.01 - 1e-4) * std::log(3.0) / std::log(4.0),
+                                         0.01, 0.01};
+  ASSERT_EQ(rates.size(), deepspeed.size());
+  for (size_t i = 0; i < rates.size(); ++i) EXPECT_NEAR(rates[i], deepspeed[i], 1e-15) << i;
   expect_user_error("--deepspeed-config missing.json", "missing.json");
   write("nvme.json", R"({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}})");
   expect_user_error("--deepspeed-config nvme.json", "offload_optimizer.device");

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "core/check.h"
 #include "tests/common/temp_dir.h"
@@ -77,9 +78,12 @@ TEST_F(DeepSpeedConfigTest, MapsATypicalZero3OffloadFp16Config) {
                          {"beta2", 0.95},
                          {"eps", 1e-8},
                          {"weight-decay", 0.1},
-                         {"lr-schedule", "cosine"},
+                         {"lr-schedule", "warmup-cosine-lr"},
+                         {"lr-decay-steps", 1000},
                          {"steps", 1000},
                          {"warmup", 50},
+                         {"warmup-type", "linear"},
+                         {"warmup-min-lr", 0.0},
                          {"min-lr", 3e-4 * 0.1}};
   EXPECT_EQ(mapping.flags, expected) << mapping.flags.dump(1);
   std::string all;
@@ -108,11 +112,20 @@ TEST_F(DeepSpeedConfigTest, RefusesWhatDstrainCannotDoNamingTheKey) {
   c["optimizer"]["type"] = "Lamb";
   expect_refused(c, "optimizer.type");
   c = kZero3Offload;
-  c["train_micro_batch_size_per_gpu"] = "auto";
-  expect_refused(c, "\"auto\"");
+  c["optimizer"]["params"]["lr"] = "auto";  // WarmupCosineLR's ratios need it
+  expect_refused(c, "ratios of the optimizer's lr");
   c = kZero3Offload;
-  c["scheduler"]["params"].erase("warmup_type");  // DeepSpeed's default: log
-  expect_refused(c, "warmup_type");
+  c["scheduler"].erase("params");
+  expect_refused(c, "scheduler.params is missing");
+  c = kZero3Offload;
+  c["scheduler"]["params"].erase("total_num_steps");
+  expect_refused(c, "total_num_steps is required by WarmupCosineLR");
+  c = kZero3Offload;
+  c["scheduler"]["params"]["warmup_num_steps"] = 0;  // DeepSpeed: a positive integer
+  expect_refused(c, "warmup_num_steps");
+  c = kZero3Offload;
+  c["optimizer"]["params"]["torch_adam"] = true;
+  expect_refused(c, "torch_adam");
   c = kZero3Offload;
   c["scheduler"] = {{"type", "OneCycle"}};
   expect_refused(c, "scheduler.type");
@@ -125,6 +138,65 @@ TEST_F(DeepSpeedConfigTest, RefusesWhatDstrainCannotDoNamingTheKey) {
   c = kZero3Offload;
   c["bf16"] = {{"enabled", true}};
   expect_refused(c, "choose one");
+}
+
+// Each value as DeepSpeed's own code sets it, read at deepspeedai/DeepSpeed edaa722 (v0.19.6
+// dev): what a config leaves out takes DeepSpeed's default, not dstrain's.
+struct MappingRow {
+  const char* why;     // where DeepSpeed sets it
+  const char* config;  // the ds_config.json
+  json flags;          // the dstrain flags it becomes
+};
+
+TEST_F(DeepSpeedConfigTest, EachMappedValueAsDeepSpeedsCodeSetsIt) {
+  const std::vector<MappingRow> rows = {
+      {"ops/adam/fused_adam.py:76-85: lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0; "
+       "runtime/engine.py:2097-2100: Adam is AdamW unless adam_w_mode is false",
+       R"({"optimizer": {"type": "Adam"}})",
+       {{"lr", 1e-3}, {"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8}, {"weight-decay", 0.0}}},
+      {"runtime/lr_schedules.py:700-714: WarmupLR(warmup_min_lr=0.0, warmup_max_lr=None -> the "
+       "optimizer's lr, warmup_num_steps=1000, warmup_type='log')",
+       R"({"optimizer": {"type": "AdamW", "params": {"lr": 2e-5, "betas": [0.9, 0.95],
+           "eps": 1e-8, "weight_decay": 0.1}},
+           "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 100}}})",
+       {{"lr", 2e-5}, {"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}, {"weight-decay", 0.1},
+        {"lr-schedule", "warmup-lr"}, {"warmup", 100}, {"warmup-type", "log"},
+        {"warmup-min-lr", 0.0}}},
+      {"runtime/lr_schedules.py:789-814: WarmupDecayLR(total_num_steps, warmup_max_lr=0.001 "
+       "(not the optimizer's), ...), decaying linearly back to warmup_min_lr",
+       R"({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 500}}})",
+       {{"lr-schedule", "warmup-decay-lr"}, {"warmup", 1000}, {"warmup-type", "log"},
+        {"warmup-min-lr", 0.0}, {"min-lr", 0.0}, {"lr", 0.001}, {"lr-decay-steps", 500},
+        {"steps", 500}}},
+      {"runtime/lr_schedules.py:840-903: WarmupCosineLR(total_num_steps, warmup_min_ratio=0.0, "
+       "warmup_num_steps=1000, cos_min_ratio=0.0001, warmup_type='log'), ratios of the "
+       "optimizer's lr",
+       R"({"optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95],
+           "eps": 1e-8, "weight_decay": 0.1}},
+           "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 1000}}})",
+       {{"lr", 3e-4}, {"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}, {"weight-decay", 0.1},
+        {"lr-schedule", "warmup-cosine-lr"}, {"warmup", 1000}, {"warmup-type", "log"},
+        {"warmup-min-lr", 0.0}, {"min-lr", 3e-4 * 1e-4}, {"lr-decay-steps", 1000},
+        {"steps", 1000}}},
+      {"runtime/precision_config.py:105-155: initial_scale_power=16, loss_scale_window=1000, "
+       "hysteresis=2, min_loss_scale=1",
+       R"({"fp16": {"enabled": true}})",
+       {{"precision", "fp16"}, {"loss-scale-init", 65536.0}, {"loss-scale-window", 1000},
+        {"loss-scale-hysteresis", 2}, {"min-loss-scale", 1.0}}},
+      {"runtime/config_utils.py:54-57: DeepSpeed drops \"auto\" inside its sections (the "
+       "default applies); transformers' HfTrainerDeepSpeedConfig fills the rest from its "
+       "arguments, as dstrain from its flags",
+       R"({"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+           "train_batch_size": "auto", "gradient_clipping": "auto",
+           "fp16": {"enabled": "auto", "loss_scale_window": "auto"},
+           "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto",
+                                 "offload_optimizer": {"device": "auto"}}})",
+       {{"zero", 3}}},
+  };
+  for (const MappingRow& row : rows) {
+    const DeepSpeedMapping mapping = map(json::parse(row.config));
+    EXPECT_EQ(mapping.flags, row.flags) << row.why << "\n" << mapping.flags.dump(1);
+  }
 }
 
 TEST_F(DeepSpeedConfigTest, TrainBatchSizeIsMicroBatchTimesAccumulationTimesRanks) {

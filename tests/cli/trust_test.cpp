@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -349,6 +351,44 @@ TEST_F(TrustTest, ResumeOnOtherRanksPlansAnewAndKeepsWhatDefinesTheRun) {
   EXPECT_NE(lower.out.find("--lr 0.001 (the run had 0.01) from step 5 on, as given"),
             std::string::npos)
       << lower.out;
+}
+
+// ---- 9. Memory before allocation on CPU ranks --------------------------------------------
+
+// Under an address-space limit (ulimit -v) a run that cannot fit says so before it allocates,
+// with a plan that does, and that plan runs under the same limit.
+TEST_F(TrustTest, CpuRanksCheckTheirMemoryBeforeAllocating) {
+  const auto limited = [&](const std::string& args) {
+    return dstrain::testing::run_binary("ulimit -v 6000000; " DSTRAIN_BINARY, args, temp_.path());
+  };
+  const BinaryResult huge = limited("--gpus 8 --model 6b --device cpu --steps 1");
+  EXPECT_EQ(huge.exit_code, 2) << huge.err;
+  EXPECT_EQ(std::count(huge.err.begin(), huge.err.end(), '\n'), 1) << huge.err;
+  for (const char* fragment : {"dstrain: error: this run needs ", "of host memory on CPU ranks",
+                               "the address-space limit (ulimit -v: ",
+                               "no plan of these ranks fits"}) {
+    EXPECT_NE(huge.err.find(fragment), std::string::npos) << fragment << " in " << huge.err;
+  }
+  const std::string small = "--model gpt2-124m --device cpu --steps 1 --seq-len 64 --sample 0 "
+                            "--eval-every 0 --quiet";
+  const BinaryResult wide = limited(small + " --gpus 4 --batch 1");
+  ASSERT_EQ(wide.exit_code, 2) << wide.err;
+  const size_t from = wide.err.find("; --"), to = wide.err.find(" would need ");
+  ASSERT_NE(from, std::string::npos) << wide.err;
+  ASSERT_NE(to, std::string::npos) << wide.err;
+  // The suggestion's flags over the run's own (--gpus 4 --batch 1).
+  std::map<std::string, std::string> flags = {{"--gpus", "4"}, {"--batch", "1"}};
+  std::istringstream words(wide.err.substr(from + 2, to - from - 2));
+  for (std::string flag, value; words >> flag >> value;) flags[flag] = value;
+  std::string fits;
+  for (const auto& [flag, value] : flags) fits += " " + flag + " " + value;
+  const BinaryResult fitted = limited(small + fits);
+  EXPECT_EQ(fitted.exit_code, 0) << fits << "\n" << fitted.err;
+  // dstrain plan --device cpu names a plan, with the flags that run it.
+  const BinaryResult plan = run_ok("plan --device cpu --model tiny --gpus 2");
+  EXPECT_NE(plan.out.find("run it with: dstrain --model tiny --device cpu --gpus 2 --batch 16"),
+            std::string::npos)
+      << plan.out;
 }
 
 }  // namespace

@@ -23,6 +23,47 @@ TEST(LrSchedule, WarmupThenCosineToTheFloor) {
   }
 }
 
+// DeepSpeed's schedulers step for step: the learning rates of optimizer steps 1, 2, ... as
+// deepspeedai/DeepSpeed edaa722's deepspeed/runtime/lr_schedules.py gives them (its classes run
+// on the CPU with a stand-in for torch, stepped as its engine steps them: once after each
+// applied step, the first step at the constructor's value).
+TEST(LrSchedule, DeepSpeedsSchedulersStepForStep) {
+  struct Row {
+    LrScheduleConfig config;
+    std::vector<double> rates;  // steps 1, 2, ...
+  };
+  const auto schedule = [](LrSchedule kind, double lr, double min_lr, int64_t warmup,
+                           int64_t total, WarmupType type, double warmup_min_lr) {
+    return LrScheduleConfig{kind, lr, min_lr, warmup, total, type, warmup_min_lr};
+  };
+  const std::vector<Row> rows = {
+      // WarmupLR(warmup_min_lr=0, warmup_max_lr=1, warmup_num_steps=4), log and linear.
+      {schedule(LrSchedule::WarmupLr, 1.0, 0.0, 4, 0, WarmupType::Log, 0.0),
+       {0.0, 0.0, 0.5, 0.792481250360578, 1.0, 1.0, 1.0}},
+      {schedule(LrSchedule::WarmupLr, 1.0, 0.0, 4, 0, WarmupType::Linear, 0.0),
+       {0.0, 0.0, 0.25, 0.5, 0.75, 1.0, 1.0}},
+      // warmup_num_steps=1 is max(2, 1).
+      {schedule(LrSchedule::WarmupLr, 1.0, 0.0, 1, 0, WarmupType::Log, 0.0), {0.0, 0.0, 1.0, 1.0}},
+      // WarmupDecayLR(total_num_steps=10, warmup_num_steps=4, linear, min 0, max 1).
+      {schedule(LrSchedule::WarmupDecayLr, 1.0, 0.0, 4, 10, WarmupType::Linear, 0.0),
+       {0.0, 0.0, 0.25, 0.5, 0.75, 1.0, 5.0 / 6, 4.0 / 6, 3.0 / 6, 2.0 / 6, 1.0 / 6, 0.0, 0.0}},
+      // WarmupCosineLR(total_num_steps=10, warmup_num_steps=4, linear, warmup_min_ratio=0.1,
+      // cos_min_ratio=0.2) of an optimizer lr of 1.
+      {schedule(LrSchedule::WarmupCosineLr, 1.0, 0.2, 4, 10, WarmupType::Linear, 0.1),
+       {0.0, 0.1, 0.325, 0.55, 0.775, 0.946410161513775, 0.8, 0.6, 0.4, 0.253589838486225, 0.2,
+        0.2, 0.2}},
+  };
+  for (const Row& row : rows) {
+    for (size_t k = 0; k < row.rates.size(); ++k) {
+      EXPECT_NEAR(learning_rate(row.config, static_cast<int64_t>(k)), row.rates[k], 1e-12)
+          << lr_schedule_name(row.config.kind) << ", step " << k + 1;
+    }
+  }
+  EXPECT_EQ(parse_lr_schedule("warmup-cosine-lr"), LrSchedule::WarmupCosineLr);
+  EXPECT_EQ(parse_warmup_type("log"), WarmupType::Log);
+  EXPECT_THROW(parse_warmup_type("exp"), UserError);
+}
+
 TEST(LrSchedule, ConstantAfterWarmupAndNames) {
   const LrScheduleConfig config{LrSchedule::Constant, 3e-4, 0.0, 4, 100};
   EXPECT_DOUBLE_EQ(learning_rate(config, 1), 1.5e-4);
