@@ -11,4 +11,5 @@ if [[ $# -gt 0 && $1 != -* ]]; then
   shift
 fi
 scripts/build.sh
-exec build/dstrain --model "$model" --log build/demo.jsonl "$@"
+# --overwrite: each demo replaces the last one's log.
+exec build/dstrain --model "$model" --log build/demo.jsonl --overwrite "$@"

@@ -71,10 +71,7 @@ po::parsed_options parse_file(const std::string& path, const po::options_descrip
   const std::string text = read_file(path);
   const size_t first = text.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && text[first] == '{') {
-    return po::command_line_parser(json_arguments(parse_json_file(path), path, flags))
-        .options(flags)
-        .style(exact_flag_style())
-        .run();
+    return parse_exact(json_arguments(parse_json_file(path), path, flags), flags);
   }
   std::istringstream stream(text);
   return po::parse_config_file(stream, flags, false);
@@ -95,11 +92,7 @@ void store_config_file(const std::string& path, const po::options_description& f
 void store_flag_json(const nlohmann::json& settings, const std::string& origin,
                      const po::options_description& flags, po::variables_map& values) {
   try {
-    po::store(po::command_line_parser(json_arguments(settings, origin, flags))
-                  .options(flags)
-                  .style(exact_flag_style())
-                  .run(),
-              values);
+    po::store(parse_exact(json_arguments(settings, origin, flags), flags), values);
     po::notify(values);
   } catch (const po::error& error) {
     DSTRAIN_USER_ERROR() << origin << ": " << error.what();

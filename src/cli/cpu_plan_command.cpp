@@ -32,7 +32,7 @@ std::string needs(const CpuRunBytes& bytes) {
   return format_bytes(bytes.total()) + " (the ranks " + format_bytes(bytes.ranks) +
          ", the starting weights and moments " + format_bytes(bytes.starting) +
          (bytes.sample > 0 ? ", the final sample's copies " + format_bytes(bytes.sample) : "") +
-         ")";
+         ", the process's own " + format_bytes(bytes.allowance) + ")";
 }
 
 void print_options(const CpuPlanResult& result, std::ostream& out) {

@@ -1,8 +1,11 @@
-// `--deepspeed-config ds_config.json`: what DeepSpeed users bring, mapped onto dstrain's flags.
-// Each key either becomes a flag (printed as "zero_optimization.stage 3 -> --zero 3"), is named
-// as having no effect in dstrain (tuning knobs of DeepSpeed's own machinery: bucket sizes,
-// overlap_comm, ...), or is refused in one sentence naming it when dstrain cannot do what it
-// asks (NVMe or parameter offload, a static loss scale, another optimizer, "auto" values).
+// `--deepspeed-config ds_config.json`: what DeepSpeed users bring, mapped onto dstrain's flags
+// as DeepSpeed reads it (its defaults for what a section leaves out, its schedulers step for
+// step, "auto" dropped inside its sections and filled from dstrain's flags elsewhere, as the
+// Hugging Face Trainer fills it from its arguments). Each key either becomes a flag (printed as
+// "zero_optimization.stage 3 -> --zero 3"), is named as having no effect in dstrain (tuning
+// knobs of DeepSpeed's own machinery: bucket sizes, overlap_comm, ...), or is refused in one
+// sentence naming it when dstrain cannot do what it asks (NVMe or parameter offload, a static
+// loss scale, another optimizer or scheduler).
 #pragma once
 
 #include <cstdint>

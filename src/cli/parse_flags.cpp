@@ -41,6 +41,16 @@ int exact_flag_style() {
   return po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
 }
 
+po::parsed_options parse_exact(const std::vector<std::string>& args,
+                              const po::options_description& flags,
+                              const po::positional_options_description& positional) {
+  return po::command_line_parser(args)
+      .options(flags)
+      .positional(positional)
+      .style(exact_flag_style())
+      .run();
+}
+
 std::string nearest_flags(const std::string& name, const po::options_description& flags) {
   const std::string wanted = bare(name);
   if (wanted.empty()) return "";
@@ -72,12 +82,7 @@ po::variables_map parse_exact_flags(const std::vector<std::string>& args,
                                     const std::string& help) {
   po::variables_map values;
   try {
-    po::store(po::command_line_parser(args)
-                  .options(flags)
-                  .positional(positional)
-                  .style(exact_flag_style())
-                  .run(),
-              values);
+    po::store(parse_exact(args, flags, positional), values);
     po::notify(values);
   } catch (const po::unknown_option& error) {
     const std::string near = nearest_flags(error.get_option_name(), flags);

@@ -12,6 +12,12 @@ namespace dstrain {
 // Boost's default style without allow_guessing: a flag matches only its whole name.
 int exact_flag_style();
 
+// `args` against `flags` with exact names, Boost's errors left to the caller (config files name
+// the file in theirs).
+boost::program_options::parsed_options parse_exact(
+    const std::vector<std::string>& args, const boost::program_options::options_description& flags,
+    const boost::program_options::positional_options_description& positional = {});
+
 // Up to three flags of `flags` nearest to the unknown `name` ("--zer"): those it is a prefix
 // of, then those within a small edit distance, closest first, as "--zero, --seed"; "" when none
 // is near.

@@ -168,8 +168,9 @@ int run_plan_command(const std::vector<std::string>& args, std::ostream& out) {
   const NodeTopology topology = load_machine(source, std::cin, &report);
   DSTRAIN_USER_CHECK(source.names_a_machine() || topology.gpu_count() > 0)
       << "dstrain plan found no GPU on this machine (" << report
-      << "); to plan for another machine give --topology FILE, or --from-nvidia-smi FILE "
-         "with --gpu NAME (and --host-memory SIZE for offload)";
+      << "); plan this machine's CPU ranks with --device cpu, or another machine with "
+         "--topology FILE, or --from-nvidia-smi FILE with --gpu NAME (and --host-memory SIZE "
+         "for offload)";
   const ClusterShape cluster = make_cluster_shape(nnodes, inter_node_bandwidth, topology);
   const PlanResult result = choose_plan(config, topology, request, cluster);
   if (values.count("plan-json")) {

@@ -82,7 +82,8 @@ Buffer Allocator::allocate(MemCategory category, size_t bytes) {
     DSTRAIN_USER_ERROR() << "out of memory on " << device_.str() << " allocating "
                          << format_bytes(bytes) << " for " << mem_category_name(category)
                          << " (" << format_bytes(stats().current_total)
-                         << " already in use); run `dstrain plan` to see what fits";
+                         << " already in use); run `dstrain plan` to see what fits"
+                         << (device_.is_cpu() ? " (with --device cpu for CPU ranks)" : "");
   }
   std::lock_guard<std::mutex> lock(mutex_);
   const int c = static_cast<int>(category);

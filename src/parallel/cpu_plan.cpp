@@ -33,6 +33,7 @@ CpuRunBytes cpu_run_bytes(const MemoryModel& model, const Plan& plan, bool sampl
   bytes.ranks = model.cpu_bytes_all_ranks(plan);
   bytes.starting = 3 * weights;
   bytes.sample = sample ? sample_bytes(model, plan) : 0;
+  bytes.allowance = kCpuBaseAllowance + kCpuRankAllowance * static_cast<uint64_t>(plan.world());
   return bytes;
 }
 
@@ -107,7 +108,7 @@ void check_cpu_memory(const MemoryModel& model, const Plan& plan, bool sample,
            << ", the starting weights and moments " << format_bytes(needed.starting)
            << (needed.sample > 0 ? ", the final sample's copies " + format_bytes(needed.sample)
                                  : std::string())
-           << "), but " << format_bytes(budget.bytes) << " is available (" << budget.limited_by
+           << ", the process's own " << format_bytes(needed.allowance) << "), but " << format_bytes(budget.bytes) << " is available (" << budget.limited_by
            << ")";
   const std::optional<Plan> fits = cpu_plan_that_fits(model, plan, sample, budget.bytes);
   if (fits) {

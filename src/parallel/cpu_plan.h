@@ -17,6 +17,9 @@
 
 namespace dstrain {
 
+constexpr uint64_t kCpuBaseAllowance = uint64_t{512} << 20;
+constexpr uint64_t kCpuRankAllowance = uint64_t{128} << 20;  // an 8 MiB stack, a 64 MiB arena, ...
+
 struct CpuRunBytes {
   uint64_t ranks = 0;     // every rank's buffers (MemoryModel::cpu_bytes_all_ranks)
   uint64_t starting = 0;  // the starting state train() holds while the ranks load it: the full
@@ -24,7 +27,11 @@ struct CpuRunBytes {
                           // FullTrainingState)
   uint64_t sample = 0;    // a sample at the end: the gathered fp32 weights (rank 0 all of
                           // them, the others one block at a time)
-  uint64_t total() const { return ranks + starting + sample; }
+  // The process's own beyond its buffers, an allowance (not counted exactly): thread stacks
+  // and allocator arenas per rank, BLAS buffers, the data (kCpuBaseAllowance +
+  // kCpuRankAllowance per rank). Under `ulimit -v` address space reserved counts as used.
+  uint64_t allowance = 0;
+  uint64_t total() const { return ranks + starting + sample + allowance; }
 };
 CpuRunBytes cpu_run_bytes(const MemoryModel& model, const Plan& plan, bool sample);
 

@@ -19,6 +19,32 @@ namespace dstrain {
 constexpr double kFineTuneLrGpt2 = 5e-5;
 constexpr double kFineTuneLrLlama = 2e-5;
 
+// What tests plant in a run (no flag sets these): injected faults, divergences and checks.
+struct TestHooks {
+  // At this 1-based step, rank inject_inf_rank puts +inf into one gradient (0: never).
+  int64_t inject_inf_step = 0;
+  int inject_inf_rank = 0;
+  // On CUDA, use at most this many GPUs (0: as many as the ranks, up to all found);
+  // more ranks than GPUs share them, joined by the local communicator through host copies.
+  int max_gpus = 0;
+  // At step fail_step (1-based), pipeline stage fail_stage throws (fail_hang: sleeps
+  // for 3 x comm_timeout instead) at the forward of micro-batch fail_micro_batch; -1: never.
+  int fail_stage = -1;
+  int fail_tensor_index = -1;      // only the stage's ranks of this tp index fail; -1: all
+  int fail_micro_batch = 0;
+  int64_t fail_step = 1;
+  bool fail_hang = false;
+  // After step diverge_step (1-based; 0: never), rank diverge_rank flips the lowest bit
+  // of the first element of its working copy of tensor diverge_tensor (a replica divergence
+  // --check-replicas must catch).
+  int64_t diverge_step = 0;
+  int diverge_rank = 0;
+  std::string diverge_tensor;
+  // At the end, the two copies of the tied embedding (first and last pipeline stage)
+  // are compared bit for bit; a difference is an Error.
+  bool verify_tied_embedding = false;
+};
+
 struct TrainOptions {
   // model and data
   std::string model = "tiny";      // preset name or config.json path
@@ -98,28 +124,8 @@ struct TrainOptions {
   // The flags the user gave (command-line names). On --resume, every setting of the run not
   // given again is taken from the checkpoint. nullopt (a library caller): all are given.
   std::optional<std::set<std::string>> explicit_flags;
-  // Testing: at this 1-based step, rank inject_inf_rank puts +inf into one gradient (0: never).
-  int64_t inject_inf_step = 0;
-  int inject_inf_rank = 0;
-  // Testing: on CUDA, use at most this many GPUs (0: as many as the ranks, up to all found);
-  // more ranks than GPUs share them, joined by the local communicator through host copies.
-  int max_gpus = 0;
-  // Testing: at step fail_step (1-based), pipeline stage fail_stage throws (fail_hang: sleeps
-  // for 3 x comm_timeout instead) at the forward of micro-batch fail_micro_batch; -1: never.
-  int fail_stage = -1;
-  int fail_tensor_index = -1;      // only the stage's ranks of this tp index fail; -1: all
-  int fail_micro_batch = 0;
-  int64_t fail_step = 1;
-  bool fail_hang = false;
-  // Testing: after step diverge_step (1-based; 0: never), rank diverge_rank flips the lowest bit
-  // of the first element of its working copy of tensor diverge_tensor (a replica divergence
-  // --check-replicas must catch).
-  int64_t diverge_step = 0;
-  int diverge_rank = 0;
-  std::string diverge_tensor;
-  // Testing: at the end, the two copies of the tied embedding (first and last pipeline stage)
-  // are compared bit for bit; a difference is an Error.
-  bool verify_tied_embedding = false;
+  // Fault injection and checks for the tests (never set by a flag).
+  TestHooks test;
 };
 
 // Whether the user gave `flag` (its command-line name); a library caller gives them all.

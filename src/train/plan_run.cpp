@@ -244,7 +244,7 @@ void remember_plan(const Plan& plan, TrainOptions& options) {
 
 RunMachine find_run_machine(const TrainOptions& options) {
   RunMachine machine;
-  if (options.max_gpus > 0) return machine;  // testing: the flags are the plan
+  if (options.test.max_gpus > 0) return machine;  // testing: the flags are the plan
   MachineSource source{options.topology_file, options.nvidia_smi_file, options.gpu_model,
                        options.host_memory};
   if (source.names_a_machine()) {
@@ -271,7 +271,7 @@ nlohmann::json machine_record(const RunMachine& machine, bool cpu_ranks, int ran
 // The plan of a run before the options remember it (plan_run).
 static Plan choose_run_plan(TrainOptions& options, const ModelConfig& config,
                             const RunMachine& machine, std::ostream& out) {
-  if (options.max_gpus > 0) {
+  if (options.test.max_gpus > 0) {
     // Testing: the ranks share at most max_gpus GPUs of this machine; the flags are the plan.
     return plan_from_options(options, config);
   }

@@ -41,7 +41,7 @@ nlohmann::json machine_record(const RunMachine& machine, bool cpu_ranks, int ran
 // below it that fits, said on `out`.
 // options.device comes out resolved: "cuda" when the plan runs on the GPUs found here (the
 // CUDA backend built), "cpu" for simulated ranks (--device cpu, or nothing found). A described
-// machine's plan runs only with --device cpu. With options.max_gpus > 0 (testing: ranks
+// machine's plan runs only with --device cpu. With options.test.max_gpus > 0 (testing: ranks
 // sharing GPUs) nothing is planned. `options` then remember the plan (remember_plan).
 Plan plan_run(TrainOptions& options, const ModelConfig& config, const RunMachine& machine,
               std::ostream& out);

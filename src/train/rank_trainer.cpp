@@ -141,14 +141,14 @@ RankTrainer::RankTrainer(const RunContext& ctx, Communicator& world)
                                              plan_.pp, rank_, *devices_.backend, compute);
   schedule_ = make_pipeline_schedule(plan_.pp_schedule, plan_.pp,
                                      static_cast<int>(accum_))[static_cast<size_t>(groups_.stage)];
-  if (options_.fail_stage == groups_.stage &&
-      (options_.fail_tensor_index < 0 || options_.fail_tensor_index == groups_.tensor_index)) {
+  if (options_.test.fail_stage == groups_.stage &&
+      (options_.test.fail_tensor_index < 0 || options_.test.fail_tensor_index == groups_.tensor_index)) {
     runner_->set_before_action([this](const PipelineAction& action) {
       if (!training_ || action.kind != ActionKind::Forward ||
-          action.micro_batch != options_.fail_micro_batch || step_ + 1 != options_.fail_step) {
+          action.micro_batch != options_.test.fail_micro_batch || step_ + 1 != options_.test.fail_step) {
         return;
       }
-      if (options_.fail_hang) {
+      if (options_.test.fail_hang) {
         std::this_thread::sleep_for(std::chrono::duration<double>(3 * options_.comm_timeout));
         return;
       }
@@ -317,7 +317,7 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   const double local = runner_->run(schedule_, static_cast<int>(accum_), B_, T_, source, dloss,
                                     [this] { state_->last_micro_batch(); });
   training_ = false;
-  if (options_.inject_inf_step == step + 1 && options_.inject_inf_rank == rank_) {
+  if (options_.test.inject_inf_step == step + 1 && options_.test.inject_inf_rank == rank_) {
     state_->inject_inf_gradient();
   }
   const double mean = counts_loss() ? local / static_cast<double>(accum_) : 0.0;
@@ -466,8 +466,8 @@ void RankTrainer::report_step(int64_t step, const StepOutcome& o) {
 
 // Every --check-replicas steps and at the end (a testing divergence planted first).
 void RankTrainer::check_replicas(int64_t step, bool last) {
-  if (options_.diverge_step == step + 1 && options_.diverge_rank == rank_) {
-    const ParamSpec& spec = arch_->layout().find(options_.diverge_tensor);
+  if (options_.test.diverge_step == step + 1 && options_.test.diverge_rank == rank_) {
+    const ParamSpec& spec = arch_->layout().find(options_.test.diverge_tensor);
     state_->flip_param_bit(spec.block, spec.offset);
   }
   if (!replicas_ || ((step + 1) % options_.check_replicas != 0 && !last)) return;
@@ -731,7 +731,7 @@ void RankTrainer::finish(double train_seconds) {
     summary.tokens_per_second =
         train_seconds > 0 ? tokens_per_step * static_cast<double>(steps_run) / train_seconds : 0.0;
   }
-  if (options_.verify_tied_embedding) verify_tied_embedding();
+  if (options_.test.verify_tied_embedding) verify_tied_embedding();
   nlohmann::json summary_record{{"type", "summary"}, {"steps", summary.steps},
                                 {"interrupted", summary.interrupted_by != 0},
                                 {"tokens_per_s", summary.tokens_per_second},

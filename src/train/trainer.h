@@ -1,5 +1,6 @@
-// The training loop of one rank: data, forward, backward, clipping, AdamW, evaluation,
-// logging, checkpoints, and a short sample at the end.
+// A whole training run: it starts (train/run_start.h), plans, launches a RankTrainer per rank
+// (data, forward, backward, clipping, AdamW, evaluation, logging, checkpoints), and ends with a
+// short sample.
 #pragma once
 
 #include <cstdint>

@@ -40,15 +40,9 @@ class CliTest : public ::testing::Test {
   void write(const std::string& name, const std::string& bytes) const {
     std::ofstream(file(name), std::ios::binary) << bytes;
   }
-  // Expects exit code 2 and exactly one line "dstrain: error: ..." containing `fragment`.
+  // Exit code 2 and exactly one line "dstrain: error: ..." holding `fragment`.
   void expect_user_error(const std::string& args, const std::string& fragment) const {
-    const Result result = run_dstrain(args, dir_);
-    EXPECT_EQ(result.exit_code, 2) << args << "\nstderr: " << result.err;
-    EXPECT_EQ(result.err.rfind("dstrain: error: ", 0), 0u) << args << "\nstderr: " << result.err;
-    EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1) << result.err;
-    EXPECT_NE(result.err.find(fragment), std::string::npos)
-        << args << "\nexpected '" << fragment << "' in: " << result.err;
-    EXPECT_EQ(result.err.find("terminate"), std::string::npos) << result.err;
+    dstrain::testing::expect_one_sentence(run_dstrain(args, dir_), args, fragment);
   }
 };
 

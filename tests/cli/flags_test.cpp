@@ -31,12 +31,7 @@ class FlagsTest : public ::testing::Test {
   // Exit code 2 and exactly one line "dstrain: error: ..." holding `fragment`.
   void expect_user_error(const std::string& args, const std::string& fragment,
                          const std::string& environment = "") const {
-    const Result result = run(args, environment);
-    EXPECT_EQ(result.exit_code, 2) << args << "\nstderr: " << result.err;
-    EXPECT_EQ(result.err.rfind("dstrain: error: ", 0), 0u) << args << "\nstderr: " << result.err;
-    EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1) << result.err;
-    EXPECT_NE(result.err.find(fragment), std::string::npos)
-        << args << "\nexpected '" << fragment << "' in: " << result.err;
+    dstrain::testing::expect_one_sentence(run(args, environment), args, fragment);
   }
   dstrain::testing::TempDir temp_;
 };
@@ -62,7 +57,7 @@ TEST_F(FlagsTest, ConfigFilesTakeExactNamesToo) {
   // The exact names work in both forms.
   write("exact.conf", "zero = 1\nbatch = 2\n");
   const Result ok = run("--config exact.conf --gpus 2 --seq-len 16 --steps 1 --eval-every 0 "
-                        "--sample 0 --quiet --log run.jsonl");
+                        "--sample 0 --quiet --log run.jsonl --device cpu");
   ASSERT_EQ(ok.exit_code, 0) << ok.err;
   std::ifstream log(temp_.path() / "run.jsonl");
   std::string first;

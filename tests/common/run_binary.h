@@ -2,8 +2,10 @@
 // directory, with empty input, capturing what it prints.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -32,6 +34,18 @@ inline BinaryResult run_binary(const std::string& binary, const std::string& arg
   result.out.assign(std::istreambuf_iterator<char>(out), {});
   result.err.assign(std::istreambuf_iterator<char>(err), {});
   return result;
+}
+
+// A user's mistake as the binary reports it: exit code 2 and exactly one line
+// "dstrain: error: ..." holding `fragment` (`args`: the command, for the failure message).
+inline void expect_one_sentence(const BinaryResult& result, const std::string& args,
+                                const std::string& fragment) {
+  EXPECT_EQ(result.exit_code, 2) << args << "\nstderr: " << result.err;
+  EXPECT_EQ(result.err.rfind("dstrain: error: ", 0), 0u) << args << "\nstderr: " << result.err;
+  EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1) << result.err;
+  EXPECT_NE(result.err.find(fragment), std::string::npos)
+      << args << "\nexpected '" << fragment << "' in: " << result.err;
+  EXPECT_EQ(result.err.find("terminate"), std::string::npos) << result.err;
 }
 
 }  // namespace dstrain::testing

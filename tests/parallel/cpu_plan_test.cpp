@@ -36,6 +36,8 @@ TEST(CpuPlan, RunBytesAreTheRanksThePrestartCopiesAndTheSample) {
   }
   EXPECT_EQ(bytes.sample, weights + 3 * static_cast<uint64_t>(largest) * 4);
   EXPECT_EQ(cpu_run_bytes(model, plan, false).sample, 0u);
+  EXPECT_EQ(bytes.allowance, kCpuBaseAllowance + 4 * kCpuRankAllowance);
+  EXPECT_EQ(bytes.total(), bytes.ranks + bytes.starting + bytes.sample + bytes.allowance);
   // Sharding the state over the ranks holds less in all.
   Plan sharded = plan;
   sharded.zero = 3;

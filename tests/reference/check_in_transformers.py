@@ -12,7 +12,15 @@ in transformers:
     (LlamaForCausalLM / Qwen2ForCausalLM);
   - its loss on every micro-batch of the run equals (1e-4 relative) the loss of transformers'
     own model after the same 10 steps (the fixture's final.safetensors);
-  - its weights are within 2e-5 of those (the bound of hf_models_test.cpp).
+  - its weights are within 2e-5 of those (the bound of hf_models_test.cpp);
+and, fine-tuned again from a copy of the fixture holding a tokenizer (tokenizer.json,
+tokenizer_config.json, special_tokens_map.json) with the defaults a user gets (--save-dtype
+source: the fixture's own dtype), the checkpoint is a complete Hugging Face directory:
+  - AutoTokenizer.from_pretrained(checkpoint) loads the tokenizer the run was given and encodes
+    as it does;
+  - AutoModelForCausalLM.from_pretrained(checkpoint, torch_dtype="auto") comes back in the
+    fixture's dtype (config.json's torch_dtype: bfloat16 for qwen2_tiny, float32 for
+    llama_tiny), with the weights of the fp32 checkpoint rounded to it.
 
 WORK_DIR is emptied first. Exits 77 (ctest's "skipped") when torch or transformers cannot be imported: dstrain's tests
 never need them, this check runs where they are installed (Debian's python3-torch and
@@ -37,10 +45,11 @@ from make_gpt2_reference import cross_entropy, micro_batch  # noqa: E402
 from safetensors_io import read_safetensors  # noqa: E402
 
 
-def train_with_dstrain(dstrain, fixture, expected, out_dir):
+def train_with_dstrain(dstrain, fixture, expected, out_dir, save_dtype="fp32"):
     data = os.path.join(fixture, "train.bin")
     flags = {
         "model": fixture, "init-from": fixture, "data": data, "val-data": data,
+        "save-dtype": save_dtype,
         "batch": expected["batch"], "seq-len": expected["seq_len"],
         "grad-accum": expected["grad_accum"], "steps": expected["steps"],
         "lr": expected["lr"], "min-lr": expected["min_lr"], "warmup": expected["warmup"],
@@ -108,6 +117,50 @@ def main():
     print(f"{os.path.basename(fixture)}: transformers {transformers.__version__} loads dstrain's "
           f"{checkpoint} as {type(ours).__name__}; loss {loss_ours:.7f} (transformers' own run: "
           f"{loss_ref:.7f}), weights within {worst:.2e}")
+    check_complete_directory(dstrain, fixture, expected, work, checkpoint)
+
+
+def with_tokenizer(fixture, work):
+    """A copy of the fixture as the hub has models: a tokenizer beside the weights."""
+    model = os.path.join(work, "model")
+    shutil.copytree(fixture, model)
+    # A byte-level BPE made here by the tokenizers library transformers runs with (the committed
+    # fixtures may come from a newer one).
+    import tokenizers
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = tokenizers.decoders.ByteLevel()
+    bpe.train_from_iterator(["dstrain trains transformers on the GPUs of one machine or several."] * 4,
+                            tokenizers.trainers.BpeTrainer(
+                                vocab_size=300, special_tokens=["<|endoftext|>"],
+                                initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
+    bpe.save(os.path.join(model, "tokenizer.json"))
+    with open(os.path.join(model, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
+                   "model_max_length": 32}, f)
+    with open(os.path.join(model, "special_tokens_map.json"), "w") as f:
+        json.dump({"eos_token": "<|endoftext|>"}, f)
+    return model
+
+
+def check_complete_directory(dstrain, fixture, expected, work, fp32_checkpoint):
+    model = with_tokenizer(fixture, work)
+    checkpoint = train_with_dstrain(dstrain, model, expected, os.path.join(work, "tuned"),
+                                    save_dtype="source")
+    text = "Hello, world: dstrain's checkpoints are whole."
+    given = transformers.AutoTokenizer.from_pretrained(model)
+    loaded = transformers.AutoTokenizer.from_pretrained(checkpoint)
+    assert loaded(text)["input_ids"] == given(text)["input_ids"], "the tokenizer changed"
+    source = json.load(open(os.path.join(fixture, "config.json")))["torch_dtype"]
+    auto = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, torch_dtype="auto")
+    dtypes = {p.dtype for p in auto.parameters()}
+    assert dtypes == {getattr(torch, source)}, (dtypes, source)
+    fp32 = dict(transformers.AutoModelForCausalLM.from_pretrained(
+        fp32_checkpoint, torch_dtype=torch.float32).named_parameters())
+    for name, value in auto.named_parameters():
+        assert torch.equal(value, fp32[name].to(value.dtype)), name
+    print(f"{os.path.basename(fixture)}: AutoTokenizer and AutoModelForCausalLM(torch_dtype="
+          f"'auto') load {checkpoint}: {source} weights, the tokenizer the run was given")
 
 
 if __name__ == "__main__":

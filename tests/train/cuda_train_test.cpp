@@ -117,7 +117,7 @@ RunResult train_run(const fs::path& dir, const Run& run) {
   options.device = run.device;
   // One GPU (or one per rank), and the flags are the plan (plan_run does not plan with
   // max_gpus).
-  options.max_gpus = run.device != "cuda" ? 0 : run.gpu_per_rank ? run.ranks : 1;
+  options.test.max_gpus = run.device != "cuda" ? 0 : run.gpu_per_rank ? run.ranks : 1;
   options.precision = run.precision;
   options.zero = run.zero;
   options.offload = run.offload;
@@ -126,7 +126,7 @@ RunResult train_run(const fs::path& dir, const Run& run) {
   options.tp = run.tp;
   options.sequence_parallel = run.sequence_parallel;
   options.grad_accum = test::kSmallRunMicroBatches / (run.ranks / (run.pp * run.tp));
-  options.verify_tied_embedding = run.pp > 1;
+  options.test.verify_tied_embedding = run.pp > 1;
   options.threads = 2;
   std::ostringstream out;
   train(options, out);
@@ -335,7 +335,7 @@ TEST(CudaTraining, LlamaFamilyTrainsLikeTransformers) {
     TrainOptions options =
         test::fixture_run(test::FixturePlan{fixture}, test::fixture_expected(fixture), dir.path());
     options.device = "cuda";
-    options.max_gpus = 1;
+    options.test.max_gpus = 1;
     test::expect_trains_like_transformers(options, fixture, 1e-4, 1e-4);
   }
 }
@@ -346,7 +346,7 @@ TEST(CudaTraining, LlamaTensorParallelWithAGpuPerRankTrainsLikeTransformers) {
   TrainOptions options = test::fixture_run(test::FixturePlan{"llama_tiny", 1, 2, 1, 0},
                                            test::fixture_expected("llama_tiny"), dir.path());
   options.device = "cuda";
-  options.max_gpus = 2;
+  options.test.max_gpus = 2;
   test::expect_trains_like_transformers(options, "llama_tiny", 1e-4, 1e-4);
 }
 

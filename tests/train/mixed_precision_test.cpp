@@ -139,8 +139,8 @@ TEST_F(MixedPrecisionTest, OverflowOnOneRankSkipsTheStepEverywhere) {
     options.sample_tokens = 0;
     options.quiet = true;
     options.threads = 4;
-    options.inject_inf_step = 4;  // rank 2 overflows at step 4
-    options.inject_inf_rank = 2;
+    options.test.inject_inf_step = 4;  // rank 2 overflows at step 4
+    options.test.inject_inf_rank = 2;
     options.out = (dir_ / ("run" + std::to_string(zero))).string();
     options.save_every = 1;
     options.log = (dir_ / ("log" + std::to_string(zero) + ".jsonl")).string();

@@ -80,7 +80,7 @@ TrainOptions pipeline_options(const fs::path& dir, const Pipeline& p) {
   options.pp_split = p.split;
   options.precision = p.precision;
   options.threads = p.pp * p.dp;
-  options.verify_tied_embedding = true;  // the two copies of wte stay bitwise equal
+  options.test.verify_tied_embedding = true;  // the two copies of wte stay bitwise equal
   return options;
 }
 
@@ -195,8 +195,8 @@ TEST_F(PipelineTest, AnOverflowOnTheLastStageSkipsTheStepOnEveryStage) {
   TrainOptions options =
       pipeline_options(temp_.path(), Pipeline{2, 2, 1, false, "none", "1f1b", "fp16"});
   options.steps = 5;
-  options.inject_inf_step = 3;
-  options.inject_inf_rank = 3;
+  options.test.inject_inf_step = 3;
+  options.test.inject_inf_rank = 3;
   std::ostringstream out;
   train(options, out);
   const RunResult result = read_run(options);
@@ -265,9 +265,9 @@ TEST_F(PipelineTest, ResumesAcrossPipelineDepths) {
 // micro-batch; none hangs.
 TEST_F(PipelineTest, AFailingStageFailsEveryRankNamingStageRankAndMicroBatch) {
   TrainOptions options = pipeline_options(temp_.path(), Pipeline{4, 1, 0});
-  options.fail_stage = 2;
-  options.fail_micro_batch = 3;
-  options.fail_step = 2;
+  options.test.fail_stage = 2;
+  options.test.fail_micro_batch = 3;
+  options.test.fail_step = 2;
   options.comm_timeout = 30;
   std::ostringstream out;
   try {
@@ -283,9 +283,9 @@ TEST_F(PipelineTest, AFailingStageFailsEveryRankNamingStageRankAndMicroBatch) {
 
 TEST_F(PipelineTest, AHangingStageTimesOutEveryRankNamingWhatItIsDoing) {
   TrainOptions options = pipeline_options(temp_.path(), Pipeline{2, 1, 0});
-  options.fail_stage = 1;
-  options.fail_micro_batch = 2;
-  options.fail_hang = true;  // sleeps 3 x the timeout, then goes on into an aborted world
+  options.test.fail_stage = 1;
+  options.test.fail_micro_batch = 2;
+  options.test.fail_hang = true;  // sleeps 3 x the timeout, then goes on into an aborted world
   options.comm_timeout = 2;
   std::ostringstream out;
   try {

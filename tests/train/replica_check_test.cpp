@@ -70,9 +70,9 @@ TEST_F(ReplicaCheckTest, CleanRunsOfEveryPlanAgree) {
 TEST_F(ReplicaCheckTest, ADataParallelReplicaThatDivergesIsCaughtAtThatStep) {
   TrainOptions o = options("dp", 2);
   o.zero = 1;
-  o.diverge_step = 3;
-  o.diverge_rank = 1;
-  o.diverge_tensor = "h.1.ln_2.weight";
+  o.test.diverge_step = 3;
+  o.test.diverge_rank = 1;
+  o.test.diverge_tensor = "h.1.ln_2.weight";
   const std::string error = run(o);
   EXPECT_NE(error.find("replica check after step 3: h.1.ln_2.weight differs between the "
                        "data-parallel replicas: rank 0 holds checksum 0x"),
@@ -86,9 +86,9 @@ TEST_F(ReplicaCheckTest, ADataParallelReplicaThatDivergesIsCaughtAtThatStep) {
 TEST_F(ReplicaCheckTest, TheTiedEmbeddingsCopyOnTheLastStageIsChecked) {
   TrainOptions o = options("tied", 2);
   o.pp = 2;
-  o.diverge_step = 2;
-  o.diverge_rank = 1;  // the last stage
-  o.diverge_tensor = "wte.weight";
+  o.test.diverge_step = 2;
+  o.test.diverge_rank = 1;  // the last stage
+  o.test.diverge_tensor = "wte.weight";
   const std::string error = run(o);
   EXPECT_NE(error.find("replica check after step 2: wte.weight differs between the tied "
                        "embedding's copies (first and last pipeline stage): rank 0 holds"),
@@ -99,9 +99,9 @@ TEST_F(ReplicaCheckTest, TheTiedEmbeddingsCopyOnTheLastStageIsChecked) {
 TEST_F(ReplicaCheckTest, ReplicatedTensorsOfTensorParallelRanksAreChecked) {
   TrainOptions o = options("tp", 2);
   o.tp = 2;
-  o.diverge_step = 1;
-  o.diverge_rank = 1;  // tp index 1
-  o.diverge_tensor = "h.0.ln_1.bias";  // every tp rank holds it whole
+  o.test.diverge_step = 1;
+  o.test.diverge_rank = 1;  // tp index 1
+  o.test.diverge_tensor = "h.0.ln_1.bias";  // every tp rank holds it whole
   const std::string error = run(o);
   EXPECT_NE(error.find("replica check after step 1: h.0.ln_1.bias differs between the "
                        "tensor-parallel ranks: rank 0 holds checksum"),

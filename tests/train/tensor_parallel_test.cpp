@@ -106,7 +106,7 @@ TrainOptions split_options(const fs::path& dir, const Split& s) {
   options.pp_schedule = s.schedule;
   options.precision = s.precision;
   options.threads = s.world();
-  options.verify_tied_embedding = true;
+  options.test.verify_tied_embedding = true;
   return options;
 }
 
@@ -309,10 +309,10 @@ TEST_F(TensorParallelTest, AFailingTensorParallelRankFailsEveryRankNamingIt) {
   // tp 2 x pp 2: stage 1's rank of tp index 1 (world rank 1 + 2 x 1 = 3) throws; its tp
   // partner and the other stage, waiting in collectives and exchanges, are released.
   TrainOptions options = split_options(temp_.path(), split(2, 1, 2, 0, false, "none", true));
-  options.fail_stage = 1;
-  options.fail_tensor_index = 1;
-  options.fail_micro_batch = 1;
-  options.fail_step = 2;
+  options.test.fail_stage = 1;
+  options.test.fail_tensor_index = 1;
+  options.test.fail_micro_batch = 1;
+  options.test.fail_step = 2;
   options.comm_timeout = 30;
   std::ostringstream out;
   try {

@@ -287,7 +287,7 @@ TEST_F(TraceTest, OnGpusTheGathersOverlapTheLayers) {
   }
   TrainOptions o = options("gpu_zero3", 2);
   o.device = "cuda";
-  o.max_gpus = 2;
+  o.test.max_gpus = 2;
   o.zero = 3;
   const std::vector<Span> spans = run(o);
   size_t hidden = 0;

@@ -2,6 +2,7 @@
 // determinism, bit-identical resume, checkpoints that refuse to load when broken.
 #include <gtest/gtest.h>
 
+#include "tests/common/jsonl_log.h"
 #include "tests/common/temp_dir.h"
 #include "tests/train/expect_user_error.h"
 
@@ -38,20 +39,9 @@ std::string slurp(const std::string& path) {
 }
 
 std::vector<nlohmann::json> read_log(const std::string& path) {
-  std::vector<nlohmann::json> records;
-  std::istringstream lines(slurp(path));
-  for (std::string line; std::getline(lines, line);) records.push_back(nlohmann::json::parse(line));
-  return records;
+  return dstrain::testing::read_jsonl(path);
 }
-
-// Step records ({"step", "loss", ...}) of a log, in order.
-std::vector<nlohmann::json> step_records(const std::vector<nlohmann::json>& log) {
-  std::vector<nlohmann::json> steps;
-  for (const auto& record : log) {
-    if (record.contains("loss") && record.contains("step")) steps.push_back(record);
-  }
-  return steps;
-}
+using dstrain::testing::step_records;
 
 TrainOptions quiet_options() {
   TrainOptions options;
