@@ -280,6 +280,14 @@ void claim_outputs(const RunContext& ctx, std::ostream& out) {
       (!ctx.resume || same_directory(options.out, run_directory_of(ctx.resume->dir)));
   if (!continuing_there) claim_out_directory(options.out, options.overwrite, out);
   check_log_file(options.log, ctx.resume_asked, options.overwrite);
+  if (!continuing_there || !ctx.resume) return;
+  // Resumed from an older checkpoint of the run: its next steps would replace newer ones.
+  const int64_t step = ctx.resume->trainer_state["step"].get<int64_t>();
+  const std::vector<CheckpointEntry> checkpoints = list_checkpoints(options.out);
+  DSTRAIN_USER_CHECK(checkpoints.empty() || checkpoints.back().step <= step)
+      << "--resume " << ctx.resume->dir << " is older than the run's newest checkpoint, "
+      << checkpoints.back().dir.filename().string() << ", which its steps would replace: give "
+      << "a new --out to branch from it, or --resume " << options.out << " to continue the newest";
 }
 
 // The run's settings from its checkpoint: its model (a different --model is an error), the

@@ -157,6 +157,13 @@ TEST_F(TrustTest, ResumeAutoStartsOrContinuesTheSameCommand) {
   expect_user_error("--resume job --overwrite --steps 6 " + kTiny,
                     "--overwrite starts the run over and --resume continues it");
   expect_user_error("--resume job/step-000009 --steps 6 " + kTiny, "no such checkpoint");
+  // An older checkpoint of the run would overwrite the newer ones in place: branch elsewhere.
+  expect_user_error("--resume job/step-000002 --steps 6",
+                    "--resume job/step-000002 is older than the run's newest checkpoint, "
+                    "step-000004, which its steps would replace: give a new --out");
+  run_ok("--resume job/step-000002 --steps 3 --out branch --log branch.jsonl");
+  EXPECT_TRUE(fs::exists(path("branch/step-000003/model.safetensors")));
+  EXPECT_TRUE(fs::exists(path("job/step-000004/model.safetensors")));
 }
 
 TEST_F(TrustTest, KeepLastKeepsTheNewestCheckpoints) {
