@@ -159,10 +159,10 @@ void for_each_resumable(TrainOptions& o, Fn&& fn) {
 
 // The optimizer and schedule settings a resume may change, said on the way.
 const std::set<std::string> kChangeableOnResume = {
-    "lr", "lr-schedule", "warmup", "warmup-type", "warmup-min-lr", "min-lr", "lr-decay-steps",
-    "weight-decay", "beta1",
-    "beta2", "eps", "grad-clip", "loss-scale-init", "loss-scale-window",
-    "loss-scale-hysteresis", "min-loss-scale"};
+    "lr",    "lr-schedule", "warmup",          "warmup-type",       "warmup-min-lr",
+    "min-lr", "lr-decay-steps", "weight-decay", "beta1",            "beta2",
+    "eps",   "grad-clip",   "loss-scale-init", "loss-scale-window", "loss-scale-hysteresis",
+    "min-loss-scale"};
 
 template <class T>
 void take_saved(const nlohmann::json& saved, const char* flag, T& field) {
