@@ -93,12 +93,20 @@ TrainValViews held_out_split(const TokenDataset& data, double val_fraction,
 // ---------------------------------------------------------------------------------------------
 // DataLoader
 
+namespace {
+
+// The sequences of T+1 tokens, starting every T, that one shard holds.
+int64_t sequences_in(const TokenRange& shard, int64_t seq_len) {
+  return shard.count >= 1 ? static_cast<int64_t>((shard.count - 1) / static_cast<size_t>(seq_len))
+                          : 0;
+}
+
+}  // namespace
+
 int64_t count_sequences(const TokenDataset& dataset, int64_t seq_len) {
   DSTRAIN_CHECK(seq_len >= 1) << "seq_len " << seq_len;
   int64_t sequences = 0;
-  for (const TokenRange& shard : dataset.shards()) {
-    if (shard.count >= 1) sequences += static_cast<int64_t>((shard.count - 1) / seq_len);
-  }
+  for (const TokenRange& shard : dataset.shards()) sequences += sequences_in(shard, seq_len);
   return sequences;
 }
 
@@ -113,8 +121,7 @@ DataLoader::DataLoader(TokenDataset dataset, const LoaderOptions& options)
   DSTRAIN_CHECK(step_ % round_ == 0) << step_ << " sequences per step, rounds of " << round_;
   first_sequence_.assign(1, 0);
   for (const TokenRange& shard : dataset_.shards()) {
-    const int64_t sequences = shard.count >= 1 ? static_cast<int64_t>((shard.count - 1) / T) : 0;
-    first_sequence_.push_back(first_sequence_.back() + sequences);
+    first_sequence_.push_back(first_sequence_.back() + sequences_in(shard, T));
   }
   num_sequences_ = first_sequence_.back();
   DSTRAIN_USER_CHECK(num_sequences_ >= step_)

@@ -48,6 +48,25 @@ std::vector<int64_t> divisors_descending(int64_t n) {
   return found;
 }
 
+// `shape` (its dp, ZeRO stage and recompute as set) at the largest micro-batch up to `most`
+// that divides a rank's share of `sequences` and fits `budget`, the accumulation reaching the
+// step; not fitting: micro-batch 1 and its bytes.
+CpuPlanOption largest_that_fits(const MemoryModel& model, const Plan& shape, int64_t sequences,
+                                int64_t most, bool sample, uint64_t budget) {
+  const int64_t per_rank = sequences / shape.dp;
+  CpuPlanOption option;
+  for (const int64_t micro : divisors_descending(per_rank)) {
+    if (micro > most) continue;
+    Plan plan = shape;
+    plan.micro_batch = micro;
+    plan.grad_accum = per_rank / micro;
+    option = CpuPlanOption{plan, cpu_run_bytes(model, plan, sample), false};
+    option.fits = option.bytes.total() <= budget;
+    if (option.fits) break;
+  }
+  return option;
+}
+
 int changes(const Plan& from, const Plan& to) {
   return (from.zero != to.zero) + (from.recompute != to.recompute) +
          (from.micro_batch != to.micro_batch) + (from.dp != to.dp);
@@ -63,23 +82,19 @@ std::optional<Plan> cpu_plan_that_fits(const MemoryModel& model, const Plan& pla
     if (sequences % dp != 0 || (dp != plan.dp && plan.dp % dp != 0)) continue;
     for (const int zero : {plan.zero, 3}) {
       for (const Recompute recompute : {plan.recompute, Recompute::Full}) {
-        for (const int64_t micro : divisors_descending(sequences / dp)) {
-          if (micro > plan.micro_batch) continue;
-          Plan candidate = plan;
-          candidate.dp = dp;
-          candidate.zero = dp > 1 ? zero : 0;
-          candidate.recompute = recompute;
-          candidate.micro_batch = micro;
-          candidate.grad_accum = sequences / (dp * micro);
-          if (cpu_run_bytes(model, candidate, sample).total() > budget) continue;
-          // Fewest changed settings; then more ranks, a larger micro-batch, less recompute.
-          const auto rank = [&](const Plan& p) {
-            return std::make_tuple(changes(plan, p), -p.dp, -p.micro_batch,
-                                   static_cast<int>(p.recompute), p.zero);
-          };
-          if (!best || rank(candidate) < rank(*best)) best = candidate;
-          break;  // smaller micro-batches of this shape only change more
-        }
+        Plan shape = plan;
+        shape.dp = dp;
+        shape.zero = dp > 1 ? zero : 0;
+        shape.recompute = recompute;
+        const CpuPlanOption option =
+            largest_that_fits(model, shape, sequences, plan.micro_batch, sample, budget);
+        if (!option.fits) continue;
+        // Fewest changed settings; then more ranks, a larger micro-batch, less recompute.
+        const auto rank = [&](const Plan& p) {
+          return std::make_tuple(changes(plan, p), -p.dp, -p.micro_batch,
+                                 static_cast<int>(p.recompute), p.zero);
+        };
+        if (!best || rank(option.plan) < rank(*best)) best = option.plan;
       }
     }
   }
@@ -129,18 +144,10 @@ CpuPlanResult plan_cpu_ranks(const MemoryModel& model, const Plan& shape, int64_
   const std::vector<int> zeros = shape.dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0};
   for (const int zero : zeros) {
     for (const Recompute recompute : {Recompute::None, Recompute::Selective, Recompute::Full}) {
-      CpuPlanOption option;
-      for (const int64_t micro : divisors_descending(per_rank)) {
-        Plan plan = shape;
-        plan.zero = zero;
-        plan.recompute = recompute;
-        plan.micro_batch = micro;
-        plan.grad_accum = per_rank / micro;
-        option = CpuPlanOption{plan, cpu_run_bytes(model, plan, sample), false};
-        option.fits = option.bytes.total() <= budget;
-        if (option.fits) break;  // the largest that fits; else micro-batch 1's bytes stay
-      }
-      result.options.push_back(option);
+      Plan plan = shape;
+      plan.zero = zero;
+      plan.recompute = recompute;
+      result.options.push_back(largest_that_fits(model, plan, sequences, per_rank, sample, budget));
     }
   }
   // The fastest that fits: recompute costs compute, a larger micro-batch runs larger GEMMs,

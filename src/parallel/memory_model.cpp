@@ -290,21 +290,29 @@ MemoryPrediction MemoryModel::predict(const Plan& plan) const {
   return worst;
 }
 
-uint64_t MemoryModel::host_bytes_all_ranks(const Plan& plan) const {
+namespace {
+
+// `bytes` of one rank summed over every rank of the plan (the dp x tp ranks of each stage are
+// alike).
+template <class Bytes>
+uint64_t over_all_ranks(const MemoryModel& model, const Plan& plan, Bytes&& bytes) {
   uint64_t total = 0;
   for (int stage = 0; stage < plan.pp; ++stage) {
-    total += predict_stage(plan, stage).host_total() * static_cast<uint64_t>(plan.dp * plan.tp);
+    total += bytes(model.predict_stage(plan, stage)) * static_cast<uint64_t>(plan.dp * plan.tp);
   }
   return total;
 }
 
+}  // namespace
+
+uint64_t MemoryModel::host_bytes_all_ranks(const Plan& plan) const {
+  return over_all_ranks(*this, plan, [](const MemoryPrediction& rank) { return rank.host_total(); });
+}
+
 uint64_t MemoryModel::cpu_bytes_all_ranks(const Plan& plan) const {
-  uint64_t total = 0;
-  for (int stage = 0; stage < plan.pp; ++stage) {
-    const MemoryPrediction rank = predict_stage(plan, stage);
-    total += (rank.device_total() + rank.host_total()) * static_cast<uint64_t>(plan.dp * plan.tp);
-  }
-  return total;
+  return over_all_ranks(*this, plan, [](const MemoryPrediction& rank) {
+    return rank.device_total() + rank.host_total();
+  });
 }
 
 MemoryPrediction predict_memory(const ModelConfig& config, const Plan& plan) {

@@ -688,12 +688,6 @@ void ShardedModel::gather_to_host(Tensor local, int block, Tensor full) const {
   std::memcpy(full.data, all.data(), b.numel * sizeof(float));
 }
 
-void ShardedModel::get_full_params(const std::vector<Tensor>& full_blocks) {
-  for (int block : held_) {
-    gather_to_host(master(block), block, full_blocks[block]);
-  }
-}
-
 void ShardedModel::get_full_param_block(int block, const Tensor& full) {
   DSTRAIN_CHECK(std::find(held_.begin(), held_.end(), block) != held_.end())
       << "block " << block << " is not held by this rank";

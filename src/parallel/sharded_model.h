@@ -169,10 +169,8 @@ class ShardedModel : public ParamProvider {
   // Fills the master weights (and the working parameters, rounded to their dtype) from a full
   // F32 copy of every block (e.g. init or a loaded checkpoint); each rank keeps its part.
   void set_full_params(const std::vector<Tensor>& full_blocks);
-  // Gathers the full F32 master weights of every held block into `full_blocks` (block_numel
-  // each; the others are left alone). Collective over the data-parallel group.
-  void get_full_params(const std::vector<Tensor>& full_blocks);
-  // The same for one held block (the others' ranks of the group call it for the same block).
+  // Gathers the full F32 master weights of held block `block` into `full` (block_numel
+  // elements). Collective over the data-parallel group: its ranks call it for the same block.
   void get_full_param_block(int block, const Tensor& full);
   // The same for the Adam moments (which = 0: exp_avg, 1: exp_avg_sq). Collective.
   void set_full_moments(int which, const std::vector<Tensor>& full_blocks);

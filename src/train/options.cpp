@@ -227,12 +227,20 @@ nlohmann::json run_config(const TrainOptions& options) {
   return config;
 }
 
-int64_t saved_global_batch(const nlohmann::json& saved) {
-  const int64_t gpus = std::max<int64_t>(1, saved.value("gpus", int64_t{1}));
+namespace {
+
+// The data-parallel ranks of the run whose remembered settings these are.
+int64_t saved_data_parallel(const nlohmann::json& saved) {
   const int64_t model_ranks =
       std::max<int64_t>(1, saved.value("pp", int64_t{1}) * saved.value("tp", int64_t{1}));
+  return std::max<int64_t>(1, saved.value("gpus", int64_t{1}) / model_ranks);
+}
+
+}  // namespace
+
+int64_t saved_global_batch(const nlohmann::json& saved) {
   return saved.value("batch", int64_t{1}) * saved.value("grad-accum", int64_t{1}) *
-         std::max<int64_t>(1, gpus / model_ranks);
+         saved_data_parallel(saved);
 }
 
 ResumedSettings apply_resumable_options(TrainOptions& options, const nlohmann::json& saved,
@@ -278,9 +286,7 @@ ResumedSettings apply_resumable_options(TrainOptions& options, const nlohmann::j
     return result;
   }
   result.plan_taken = true;
-  const int64_t saved_pp = saved.value("pp", int64_t{1}), saved_tp = saved.value("tp", int64_t{1});
-  const int64_t saved_dp =
-      std::max<int64_t>(1, saved.value("gpus", int64_t{1}) / std::max<int64_t>(1, saved_pp * saved_tp));
+  const int64_t saved_pp = saved.value("pp", int64_t{1}), saved_dp = saved_data_parallel(saved);
   for_each_plan_setting(options, [&](const char* flag, auto& field) {
     if (user.count(flag) || !saved.contains(flag)) return;
     take_saved(saved, flag, field);

@@ -19,33 +19,31 @@ namespace dstrain {
 
 namespace {
 
-bool given(const TrainOptions& options, const char* flag) { return given_flag(options, flag); }
-
 // `gpus`: the world's (every node's); the request's are one node's.
 PlanRequest request_from_flags(const TrainOptions& options, const ModelConfig& config, int gpus) {
   PlanRequest request;
-  if (given(options, "gpus")) request.gpus = options.gpus / options.rendezvous.nnodes;
-  if (given(options, "seq-len")) request.seq_len = options.seq_len;
-  if (given(options, "global-batch-tokens") && options.global_batch_tokens > 0) {
+  if (given_flag(options, "gpus")) request.gpus = options.gpus / options.rendezvous.nnodes;
+  if (given_flag(options, "seq-len")) request.seq_len = options.seq_len;
+  if (given_flag(options, "global-batch-tokens") && options.global_batch_tokens > 0) {
     request.global_batch_tokens = options.global_batch_tokens;
     request.exact_global_batch = options.exact_global_batch;
-  } else if (given(options, "batch") || given(options, "grad-accum")) {
+  } else if (given_flag(options, "batch") || given_flag(options, "grad-accum")) {
     const int64_t T =
-        given(options, "seq-len") ? options.seq_len : std::min<int64_t>(1024, config.n_positions);
+        given_flag(options, "seq-len") ? options.seq_len : std::min<int64_t>(1024, config.n_positions);
     const int dp = std::max(1, gpus / (options.tp * options.pp));
     request.global_batch_tokens = options.batch * T * options.grad_accum * dp;
   }
-  if (given(options, "precision")) request.precision = parse_dtype(options.precision);
-  if (given(options, "zero")) request.zero = options.zero;
-  if (given(options, "offload")) request.offload = options.offload;
-  if (given(options, "recompute")) request.recompute = parse_recompute(options.recompute);
-  if (given(options, "batch") || given(options, "micro-batch")) request.micro_batch = options.batch;
-  if (given(options, "dp") && options.dp > 0) request.dp = options.dp;
-  if (given(options, "tp")) request.tp = options.tp;
-  if (given(options, "sequence-parallel")) request.sequence_parallel = options.sequence_parallel;
-  if (given(options, "pp")) request.pp = options.pp;
-  if (given(options, "pp-schedule")) request.pp_schedule = parse_pipeline_schedule(options.pp_schedule);
-  if (given(options, "pp-split") && !options.pp_split.empty()) {
+  if (given_flag(options, "precision")) request.precision = parse_dtype(options.precision);
+  if (given_flag(options, "zero")) request.zero = options.zero;
+  if (given_flag(options, "offload")) request.offload = options.offload;
+  if (given_flag(options, "recompute")) request.recompute = parse_recompute(options.recompute);
+  if (given_flag(options, "batch") || given_flag(options, "micro-batch")) request.micro_batch = options.batch;
+  if (given_flag(options, "dp") && options.dp > 0) request.dp = options.dp;
+  if (given_flag(options, "tp")) request.tp = options.tp;
+  if (given_flag(options, "sequence-parallel")) request.sequence_parallel = options.sequence_parallel;
+  if (given_flag(options, "pp")) request.pp = options.pp;
+  if (given_flag(options, "pp-schedule")) request.pp_schedule = parse_pipeline_schedule(options.pp_schedule);
+  if (given_flag(options, "pp-split") && !options.pp_split.empty()) {
     request.pp_split = parse_pipeline_split(options.pp_split);
   }
   return request;
@@ -54,7 +52,7 @@ PlanRequest request_from_flags(const TrainOptions& options, const ModelConfig& c
 // A Hugging Face model (its config.json or --init-from weights) without --seq-len: fine-tuning
 // trains at the model's context, as far as it fits.
 bool seq_len_from_model(const TrainOptions& options) {
-  if (given(options, "seq-len")) return false;
+  if (given_flag(options, "seq-len")) return false;
   const std::vector<std::string> presets = model_preset_names();
   const bool preset =
       std::find(presets.begin(), presets.end(), options.model) != presets.end() ||
@@ -92,8 +90,8 @@ PlanResult plan_with_context(TrainOptions& options, const ModelConfig& config,
   for (size_t i = 0; i < lengths.size(); ++i) {
     PlanRequest at = request;
     at.seq_len = lengths[i];
-    if (!given(options, "global-batch-tokens") &&
-        (given(options, "batch") || given(options, "grad-accum"))) {
+    if (!given_flag(options, "global-batch-tokens") &&
+        (given_flag(options, "batch") || given_flag(options, "grad-accum"))) {
       // The sequences asked for, at this length (request_from_flags counted them at 1024).
       at.global_batch_tokens =
           request.global_batch_tokens / std::min<int64_t>(1024, config.n_positions) * at.seq_len;
@@ -192,12 +190,12 @@ Plan plan_from_options(const TrainOptions& options, const ModelConfig& config) {
   const int model_ranks = plan.tp * plan.pp;  // the ranks of one model replica
   int gpus = options.gpus;
   if (options.dp > 0) {
-    DSTRAIN_USER_CHECK(!given(options, "gpus") || options.gpus == options.dp * model_ranks)
+    DSTRAIN_USER_CHECK(!given_flag(options, "gpus") || options.gpus == options.dp * model_ranks)
         << "--dp " << options.dp << " x --tp " << plan.tp << " x --pp " << plan.pp << " is "
         << options.dp * model_ranks << " ranks, but --gpus is " << options.gpus
         << " (--gpus = dp x tp x pp)";
     gpus = options.dp * model_ranks;
-  } else if (!given(options, "gpus") && gpus < model_ranks) {
+  } else if (!given_flag(options, "gpus") && gpus < model_ranks) {
     gpus = model_ranks;  // --tp / --pp alone: one replica
   }
   DSTRAIN_USER_CHECK(gpus % model_ranks == 0)
