@@ -171,11 +171,13 @@ TrainSummary train(const TrainOptions& given, std::ostream& out) {
   ctx.machine = machine_record(machine, options.device == "cpu", ctx.plan.world(),
                                options.rendezvous.nnodes);
   const bool node0 = cluster.node_rank() == 0;
-  if (node0) claim_outputs(ctx, out);
-  if (!options.out.empty() && node0) write_run_config(options, config);
   const ParamLayout layout(config);
   FullTrainingState initial(layout);
   load_initial_state(ctx, layout, initial, out);
+  // Only a start that got this far touches --out and --log: one that failed (a bad
+  // --init-from, a broken checkpoint) leaves them as they were.
+  if (node0) claim_outputs(ctx, out);
+  if (!options.out.empty() && node0) write_run_config(options, config);
   ctx.checkpoint_format.max_shard_bytes = save_shard_bytes(options);
   ctx.checkpoint_format.extra_files = files_beside_weights(ctx);
   cluster.agree(node_settings(ctx));

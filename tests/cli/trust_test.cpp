@@ -235,6 +235,14 @@ TEST_F(TrustTest, InitFromADirectoryIsThatModelAndItsCheckpointsAreWhole) {
   fs::copy_file(path("qwen/model.safetensors"), path("bare/model.safetensors"));
   expect_user_error("--init-from bare --data train.bin --steps 1 " + kTiny,
                     "--init-from bare has no config.json beside its weights: give --model");
+  // A start that fails on its weights leaves --out alone: the same command, fixed, runs.
+  fs::create_directories(path("broken"));
+  fs::copy_file(path("qwen/config.json"), path("broken/config.json"));
+  write("broken/model.safetensors", "not safetensors");
+  expect_user_error("--init-from broken --data train.bin --steps 1 --out tuned " + kTiny,
+                    "broken/model.safetensors");
+  EXPECT_FALSE(fs::exists(path("tuned")));
+  run_ok("--init-from qwen --data train.bin --steps 1 --out tuned " + kTiny);
   expect_user_error("--init-from qwen --save-dtype fp8 --data train.bin --steps 1 " + kTiny,
                     "--save-dtype must be fp32, bf16, fp16 or source");
 }
