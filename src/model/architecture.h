@@ -1,8 +1,8 @@
-// What a block is: the part of the model that differs between architectures (GPT-2, and the
-// LLaMA family: Llama, DeepSeek-LLM, Qwen2), written against Backend. The stage driver (model/stage.h)
-// runs any architecture: it owns the micro-batch slots, the order of the blocks, the
-// parameter protocol (ParamProvider) and recompute; an Architecture says which activations a
-// layer keeps, and how the embedding, a layer and the head compute forward and backward.
+// What a block is, written against Backend: the interface the stage driver (model/stage.h) runs.
+// The driver owns the micro-batch slots, the order of the blocks, the parameter protocol
+// (ParamProvider) and recompute; an Architecture says which activations a layer keeps, and how
+// the embedding, a layer and the head compute forward and backward. Its one implementation is
+// the decoder built from parts (model/decoder.h, model/parts.h).
 //
 // Shapes: every tensor an Architecture declares is sized for the stage's largest micro-batch
 // (B, T). At run time a micro-batch (b, t) with b <= B, t <= T uses a compact prefix of each
@@ -141,14 +141,15 @@ class Architecture {
   virtual Tensor head_logits(const std::vector<Tensor>& workspace, int64_t b, int64_t t) const = 0;
 };
 
-// The architecture of a model configuration (GPT-2, or the LLaMA family: model/llama.h), as
-// tp rank `tp.rank` of `tp.size` runs it. REQUIRES: the model splits over tp.size ranks
+// The decoder of a model configuration (model/decoder.h), as tp rank `tp.rank` of `tp.size`
+// runs it. REQUIRES: the model splits over tp.size ranks
 // (tp_unsupported_reason, model/layout.h); UserError otherwise.
 std::unique_ptr<Architecture> make_architecture(const ModelConfig& config,
                                                 const TensorParallel& tp = {});
 
-// The architecture's initialization of fresh parameters (init_gpt2_parameters,
-// init_llama_parameters): one F32 host tensor of block_numel elements per block.
+// Fresh parameters as their parts ask (ParamSpec::init, model/layout.h), each tensor from its
+// own stream (seed, name), the same for any layout or sharding: one F32 host tensor of
+// block_numel elements per block; padding and gaps are zeroed.
 void init_model_parameters(const ParamLayout& layout, const ModelConfig& config, uint64_t seed,
                            const std::vector<Tensor>& block_flats);
 

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "model/layout.h"
 #include "model/presets.h"
 
 namespace dstrain {
@@ -24,19 +25,11 @@ const char* model_type_name(ModelType type) {
 }
 
 int64_t ModelConfig::num_parameters() const {
-  const int64_t C = n_embd, I = mlp_width(), hd = head_dim();
-  const int64_t q = n_head * hd, kv = kv_heads() * hd;
-  if (!llama_family()) {
-    const int64_t per_layer =
-        2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C + (C * I + I) + (I * C + C);
-    return vocab_size * C + n_positions * C + n_layer * per_layer + 2 * C;
-  }
-  const int64_t attention =
-      C * (q + 2 * kv) + (qkv_bias ? q + 2 * kv : 0) + q * C + (o_bias ? C : 0);
-  const int64_t mlp = 3 * C * I + (mlp_bias ? 2 * I + C : 0);
-  const int64_t per_layer = 2 * C + attention + mlp;  // two RMSNorm weights
-  const int64_t head = tie_word_embeddings ? 0 : vocab_size * C;
-  return vocab_size * C + n_layer * per_layer + C + head;
+  // What the parts declare (model/layout.h): every tensor as files hold it, a tied head once.
+  const ParamLayout layout(*this);
+  int64_t total = 0;
+  for (const ParamSpec& spec : layout.params()) total += spec.file_numel();
+  return total;
 }
 
 static nlohmann::json gpt2_json(const ModelConfig& c) {
@@ -83,7 +76,7 @@ static nlohmann::json llama_json(const ModelConfig& c) {
 }
 
 nlohmann::json ModelConfig::to_json() const {
-  return llama_family() ? llama_json(*this) : gpt2_json(*this);
+  return type == ModelType::Gpt2 ? gpt2_json(*this) : llama_json(*this);
 }
 
 namespace {

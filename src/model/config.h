@@ -38,7 +38,6 @@ struct ModelConfig {
   // unchanged into a checkpoint's config.json.
   nlohmann::json passthrough = nlohmann::json::object();
 
-  bool llama_family() const { return type != ModelType::Gpt2; }
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t mlp_width() const { return intermediate_size > 0 ? intermediate_size : 4 * n_embd; }
   // Vp: the vocabulary padded inside dstrain to a multiple of 64 (GEMM-friendly). The padded

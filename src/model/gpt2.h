@@ -1,69 +1,22 @@
-// GPT-2: pre-LN blocks, tanh GELU, learned positions, the LM head tied to wte. No autograd:
-// each layer's backward is explicit, like llm.c, and every buffer is planned up front.
-//
-// Gpt2Architecture is GPT-2 as an Architecture (model/architecture.h), run by ModelStage
-// (model/stage.h) on any range of layers. Gpt2 is the whole model as one stage with one
-// micro-batch slot: what sampling, the benchmarks and the model tests use.
+// GPT-2 as the decoder's parts (model/parts.h: LayerNorm, learned positions, GELU, tied head),
+// and Gpt2: the whole model as one stage with one micro-batch slot, what the model tests use.
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <vector>
 
 #include "core/allocator.h"
 #include "kernels/ops.h"
-#include "model/architecture.h"
 #include "model/config.h"
+#include "model/decoder.h"
 #include "model/layout.h"
 #include "model/param_provider.h"
 #include "model/stage.h"
 
 namespace dstrain {
 
-// Under tensor parallelism (model/tensor_parallel.h), Megatron's splits: the attention heads
-// (the fused [q|k|v] projection column-parallel by head, the output projection row-parallel),
-// the MLP (up-projection column-parallel, down-projection row-parallel), the tied embedding
-// and head vocabulary-parallel with a vocabulary-parallel cross-entropy (no rank holds the
-// whole (N, V) logits); the row-parallel biases are added once, after the reduction.
-class Gpt2Architecture final : public Architecture {
- public:
-  // REQUIRES: the model splits over tp.size ranks (UserError otherwise).
-  explicit Gpt2Architecture(const ModelConfig& config, const TensorParallel& tp = {});
-
-  const ModelConfig& config() const override { return config_; }
-  const ParamLayout& layout() const override { return layout_; }
-  const TensorParallel& tensor_parallel() const override { return tp_; }
-  std::vector<ActivationSpec> layer_activations(int64_t B, int64_t T, DType dtype,
-                                                Recompute recompute) const override;
-  std::vector<TensorSpec> layer_workspace(int64_t B, int64_t T, DType dtype,
-                                          bool with_backward) const override;
-  std::vector<TensorSpec> head_workspace(int64_t B, int64_t T, DType dtype,
-                                         bool with_backward) const override;
-  void embed_forward(ParamProvider& params, const EmbedRun& run, int next) const override;
-  void embed_backward(ParamProvider& params, const EmbedRun& run) const override;
-  void layer_forward(const LayerRun& run) const override;
-  void layer_recompute(const LayerRun& run, Recompute recompute) const override;
-  void layer_backward(const LayerRun& run) const override;
-  double head_forward(ParamProvider& params, const HeadRun& run, bool release_grads,
-                      int next) const override;
-  int head_first_block() const override { return layout_.final_block(); }
-  Tensor head_logits(const std::vector<Tensor>& workspace, int64_t b, int64_t t) const override;
-
- private:
-  void head_backward(ParamProvider& params, const HeadRun& run, Tensor wte, Tensor lnf_full,
-                     bool release_grads, int next) const;
-  void cross_entropy(const HeadRun& run, Tensor logits) const;
-  Tensor row_parallel_forward(const LayerRun& run, Tensor inp, Tensor weight, Tensor bias) const;
-  Tensor sequence_parallel_view(Tensor full, int64_t rows) const;
-  Tensor stream_part(const LayerRun& run) const;  // (stream rows, C) of the workspace
-  Tensor gathered(const LayerRun& run) const;     // (N, C) of the workspace
-  int64_t heads() const;                          // this rank's attention heads
-  int64_t vocab_begin() const;                    // this rank's first vocabulary row
-
-  ModelConfig config_;
-  TensorParallel tp_;
-  ParamLayout layout_;
-};
+// The decoder, under the name the GPT-2 tests know it by: nothing in it is GPT-2's own.
+using Gpt2Architecture = Decoder;
 
 // The whole model: one stage of every layer, one micro-batch slot.
 class Gpt2 {
@@ -91,15 +44,16 @@ class Gpt2 {
   Tensor logits() const { return stage_.logits(); }
 
  private:
-  Gpt2Architecture arch_;
+  Decoder arch_;
   ModelStage stage_;
 };
 
-// GPT-2 initialization, the same for any layout or sharding: each tensor is drawn from its
-// own stream (seed, name). Matrices and embeddings N(0, 0.02), residual projections
-// (c_proj) N(0, 0.02/sqrt(2L)), biases 0, layernorm weights 1. block_flats: one F32 host
-// tensor of block_numel elements per block; padding and gaps are zeroed.
-void init_gpt2_parameters(const ParamLayout& layout, const ModelConfig& config, uint64_t seed,
-                          const std::vector<Tensor>& block_flats);
+// GPT-2's initialization (init_model_parameters): matrices and embeddings N(0, 0.02), residual
+// projections (c_proj) N(0, 0.02/sqrt(2L)), biases 0, layernorm weights 1, each tensor from its
+// own stream (seed, name), the same for any layout or sharding.
+inline void init_gpt2_parameters(const ParamLayout& layout, const ModelConfig& config,
+                                 uint64_t seed, const std::vector<Tensor>& block_flats) {
+  init_model_parameters(layout, config, seed, block_flats);
+}
 
 }  // namespace dstrain

@@ -1,6 +1,7 @@
 #include "model/layout.h"
 
 #include <cstring>
+#include <utility>
 #include <sstream>
 
 namespace dstrain {
@@ -37,13 +38,12 @@ std::string tp_unsupported_reason(const ModelConfig& config, int tp) {
     reason << over << what << " (" << n << ") divisible by " << tp;
     return false;
   };
-  const bool llama = config.llama_family();
+  const DecoderParts parts = decoder_parts(config);
   if (tp < 1) {
     reason << "tensor parallelism needs at least 1 rank, not " << tp;
-  } else if (divisible("n_head", config.n_head) &&
-             (!llama || divisible("num_key_value_heads", config.kv_heads())) &&
-             divisible(llama ? "the MLP width intermediate_size" : "the MLP width 4 * n_embd",
-                       config.mlp_width()) &&
+  } else if (divisible("n_head", parts.attention.heads) &&
+             divisible("num_key_value_heads", parts.attention.kv_heads) &&
+             divisible(parts.mlp.width_name, parts.mlp.width) &&
              divisible("n_embd", config.n_embd)) {
     // Megatron pads the vocabulary to a multiple of 128 * tp; dstrain pads to 64 only, so some
     // vocabularies cannot be split evenly.
@@ -72,7 +72,7 @@ struct TensorOptions {
 // after the previous one, so that two tensors form one matrix).
 class ParamLayout::Builder {
  public:
-  Builder(ParamLayout& layout, int tp) : layout_(layout), tp_(tp) {}
+  Builder(ParamLayout& layout, int tp, int64_t width) : layout_(layout), tp_(tp), width_(width) {}
   ~Builder() { layout_.block_numel_.push_back(aligned(cursor_)); }
 
   void begin_block() {
@@ -83,8 +83,9 @@ class ParamLayout::Builder {
   }
   using Split = TensorSplit;
   using Options = TensorOptions;
+  int64_t width() const { return width_; }  // C
   void add(std::string name, std::vector<int64_t> full_shape, bool decay, Split split,
-           Options options = {}) {
+           Options options = {}, ParamInit init = ParamInit::Normal) {
     ParamSpec spec;
     spec.name = std::move(name);
     spec.block = block_;
@@ -96,6 +97,7 @@ class ParamLayout::Builder {
     spec.tp_dim = split.dim;
     spec.tp_parts = split.parts;
     spec.tp_partial_grad = options.partial_grad;
+    spec.init = init;
     if (!options.packed) cursor_ = aligned(cursor_);
     spec.offset = cursor_;
     cursor_ += spec.numel();
@@ -111,6 +113,7 @@ class ParamLayout::Builder {
 
   ParamLayout& layout_;
   int tp_;
+  int64_t width_;
   int block_ = -1;
   int64_t cursor_ = 0;
 };
@@ -118,98 +121,112 @@ class ParamLayout::Builder {
 namespace {
 
 using Builder = ParamLayout::Builder;
-const Builder::Split kReplicated, kRows{0, 1}, kColumns{1, 1};
+const Builder::Split kReplicated, kRows{0, 1};
 
-// GPT-2, with the Hugging Face GPT-2 names without "transformer.".
-void add_gpt2_tensors(Builder& b, const ModelConfig& config) {
-  const int64_t C = config.n_embd;
-  const Builder::Split qkv_columns{1, 3}, qkv_bias{0, 3};
-  const Builder::Options norm{.partial_grad = true};
-  b.begin_block();
-  b.add("wte.weight", {config.padded_vocab(), C}, true, kRows,
-        Builder::Options{.file_shape = {config.vocab_size, C}});
-  b.add("wpe.weight", {config.n_positions, C}, true, kReplicated);
-  for (int64_t layer = 0; layer < config.n_layer; ++layer) {
-    b.begin_block();
-    const std::string prefix = "h." + std::to_string(layer) + ".";
-    // Must match the LayerParam order.
-    b.add(prefix + "ln_1.weight", {C}, false, kReplicated, norm);
-    b.add(prefix + "ln_1.bias", {C}, false, kReplicated, norm);
-    b.add(prefix + "attn.c_attn.weight", {C, 3 * C}, true, qkv_columns);
-    b.add(prefix + "attn.c_attn.bias", {3 * C}, false, qkv_bias);
-    b.add(prefix + "attn.c_proj.weight", {C, C}, true, kRows);
-    b.add(prefix + "attn.c_proj.bias", {C}, false, kReplicated);  // added once, after the sum
-    b.add(prefix + "ln_2.weight", {C}, false, kReplicated, norm);
-    b.add(prefix + "ln_2.bias", {C}, false, kReplicated, norm);
-    b.add(prefix + "mlp.c_fc.weight", {C, 4 * C}, true, kColumns);
-    b.add(prefix + "mlp.c_fc.bias", {4 * C}, false, kRows);
-    b.add(prefix + "mlp.c_proj.weight", {4 * C, C}, true, kRows);
-    b.add(prefix + "mlp.c_proj.bias", {C}, false, kReplicated);
+// A norm's weight (1) and, for LayerNorm, its bias (0): replicated, inside the
+// sequence-parallel region.
+void add_norm(Builder& b, const NormPart& norm, const std::string& name) {
+  const Builder::Options options{.partial_grad = true};
+  b.add(name + ".weight", {b.width()}, false, kReplicated, options, ParamInit::One);
+  if (norm.has_bias()) {
+    b.add(name + ".bias", {b.width()}, false, kReplicated, options, ParamInit::Zero);
   }
-  b.begin_block();
-  b.add("ln_f.weight", {C}, false, kReplicated, norm);
-  b.add("ln_f.bias", {C}, false, kReplicated, norm);
 }
 
-// One LLaMA-family layer. nn.Linear weights are (out, in). q, k and v are packed into one
-// ((NH + 2 KV) hd, C) matrix (under tp: this rank's heads of each), gate and up into one
-// (2 I, C): one GEMM each. Their biases likewise.
-void add_llama_layer(Builder& b, const ModelConfig& config, int64_t layer) {
-  const int64_t C = config.n_embd, I = config.mlp_width(), hd = config.head_dim();
-  const int64_t q = config.n_head * hd, kv = config.kv_heads() * hd;
-  const Builder::Options norm{.partial_grad = true}, packed{.packed = true};
-  const std::string p = "model.layers." + std::to_string(layer) + ".";
-  b.add(p + "input_layernorm.weight", {C}, false, kReplicated, norm);
-  b.add(p + "self_attn.q_proj.weight", {q, C}, true, kRows);
-  b.add(p + "self_attn.k_proj.weight", {kv, C}, true, kRows, packed);
-  b.add(p + "self_attn.v_proj.weight", {kv, C}, true, kRows, packed);
-  if (config.qkv_bias) {
-    b.add(p + "self_attn.q_proj.bias", {q}, false, kRows);
-    b.add(p + "self_attn.k_proj.bias", {kv}, false, kRows, packed);
-    b.add(p + "self_attn.v_proj.bias", {kv}, false, kRows, packed);
+// A linear layer of `in` inputs whose outputs are the groups `outs` (q, k, v), stored as the
+// tensors `names` (one per group, packed into one matrix, or one holding them all), weights then
+// biases. Column-parallel (Megatron's ColumnParallelLinear): every group's outputs split over
+// the tp ranks. Row-parallel: the inputs split, the bias replicated (added once, after the sum).
+struct Linear {
+  std::vector<std::string> names;
+  std::vector<int64_t> outs;
+  int64_t in = 0;
+  bool column_parallel = true;
+  bool bias = false;
+  ParamInit init = ParamInit::Normal;
+};
+
+void add_linear(Builder& b, const TensorNames& format, const std::string& prefix,
+                const Linear& linear) {
+  const size_t tensors = linear.names.size();
+  DSTRAIN_CHECK(tensors == 1 || tensors == linear.outs.size()) << linear.names.front();
+  std::vector<int64_t> outs = linear.outs;
+  int64_t out_dim_groups = 1;
+  if (tensors == 1 && outs.size() > 1) {
+    // One tensor of equal groups: tp splits each group (GPT-2's c_attn: q, k, v).
+    for (int64_t out : outs) DSTRAIN_CHECK(out == outs[0]) << linear.names[0] << ": unequal groups";
+    out_dim_groups = static_cast<int64_t>(outs.size());
+    outs = {outs[0] * out_dim_groups};
   }
-  b.add(p + "self_attn.o_proj.weight", {C, q}, true, kColumns);
-  if (config.o_bias) b.add(p + "self_attn.o_proj.bias", {C}, false, kReplicated);
-  b.add(p + "post_attention_layernorm.weight", {C}, false, kReplicated, norm);
-  b.add(p + "mlp.gate_proj.weight", {I, C}, true, kRows);
-  b.add(p + "mlp.up_proj.weight", {I, C}, true, kRows, packed);
-  if (config.mlp_bias) {
-    b.add(p + "mlp.gate_proj.bias", {I}, false, kRows);
-    b.add(p + "mlp.up_proj.bias", {I}, false, kRows, packed);
+  const int out_dim = format.in_by_out ? 1 : 0, in_dim = 1 - out_dim;
+  const Builder::Split split = linear.column_parallel
+                                   ? Builder::Split{out_dim, static_cast<int>(out_dim_groups)}
+                                   : Builder::Split{in_dim, 1};
+  for (size_t i = 0; i < tensors; ++i) {
+    std::vector<int64_t> shape = {outs[i], linear.in};
+    if (format.in_by_out) std::swap(shape[0], shape[1]);
+    b.add(prefix + linear.names[i] + ".weight", shape, true, split, {.packed = i > 0}, linear.init);
   }
-  b.add(p + "mlp.down_proj.weight", {C, I}, true, kColumns);
-  if (config.mlp_bias) b.add(p + "mlp.down_proj.bias", {C}, false, kReplicated);
+  if (!linear.bias) return;
+  const Builder::Split bias_split =
+      linear.column_parallel ? Builder::Split{0, static_cast<int>(out_dim_groups)} : kReplicated;
+  for (size_t i = 0; i < tensors; ++i) {
+    b.add(prefix + linear.names[i] + ".bias", {outs[i]}, false, bias_split, {.packed = i > 0},
+          ParamInit::Zero);
+  }
 }
 
-// Llama / Qwen2 / DeepSeek-LLM with the Hugging Face names ("model.layers.0...", "lm_head").
-void add_llama_tensors(Builder& b, const ModelConfig& config) {
-  const int64_t C = config.n_embd;
+// One layer: norm, attention (qkv column-parallel, o row-parallel), norm, MLP (up
+// column-parallel, down row-parallel).
+void add_layer(Builder& b, const DecoderParts& parts, int64_t layer) {
+  const TensorNames& names = parts.names;
+  const AttentionPart& attn = parts.attention;
+  const MlpPart& mlp = parts.mlp;
+  const int64_t C = parts.width;
+  const std::string p = names.layer_prefix + std::to_string(layer) + ".";
+  const ParamInit residual =
+      parts.scaled_residual_init ? ParamInit::ResidualNormal : ParamInit::Normal;
+  add_norm(b, parts.norm, p + names.norm1);
+  add_linear(b, names, p,
+             {names.qkv, {attn.q_width(), attn.kv_width(), attn.kv_width()}, C, true,
+              attn.qkv_bias});
+  add_linear(b, names, p, {{names.o}, {C}, attn.q_width(), false, attn.o_bias, residual});
+  add_norm(b, parts.norm, p + names.norm2);
+  add_linear(b, names, p,
+             {names.up, std::vector<int64_t>(static_cast<size_t>(mlp.up_factor()), mlp.width), C,
+              true, mlp.bias});
+  add_linear(b, names, p, {{names.down}, {C}, mlp.width, false, mlp.bias, residual});
+}
+
+// Block 0 the embedding (and a learned position table), a block per layer, the final block the
+// final norm (and an untied head).
+void add_decoder_tensors(Builder& b, const ModelConfig& config, const DecoderParts& parts) {
+  const int64_t C = parts.width;
   const Builder::Options vocab{.file_shape = {config.vocab_size, C}};
   b.begin_block();
-  b.add("model.embed_tokens.weight", {config.padded_vocab(), C}, true, kRows, vocab);
-  for (int64_t layer = 0; layer < config.n_layer; ++layer) {
+  b.add(parts.names.embedding, {config.padded_vocab(), C}, true, kRows, vocab);
+  if (parts.position.kind == PositionKind::Learned) {
+    b.add(parts.names.positions, {parts.position.table_rows, C}, true, kReplicated);
+  }
+  for (int64_t layer = 0; layer < parts.layers; ++layer) {
     b.begin_block();
-    add_llama_layer(b, config, layer);
+    add_layer(b, parts, layer);
   }
   b.begin_block();
-  b.add("model.norm.weight", {C}, false, kReplicated, {.partial_grad = true});
-  if (!config.tie_word_embeddings) {
-    b.add("lm_head.weight", {config.padded_vocab(), C}, true, kRows, vocab);
-  }
+  add_norm(b, parts.norm, parts.names.final_norm);
+  if (!parts.head.tied) b.add(parts.names.head, {config.padded_vocab(), C}, true, kRows, vocab);
 }
 
 }  // namespace
 
 ParamLayout::ParamLayout(const ModelConfig& config, int tp)
-    : tp_(tp), tied_embedding_(!config.llama_family() || config.tie_word_embeddings) {
+    : tp_(tp) {
   const std::string unsupported = tp_unsupported_reason(config, tp);
   DSTRAIN_USER_CHECK(unsupported.empty()) << unsupported;
-  Builder builder(*this, tp);
-  if (config.llama_family()) {
-    add_llama_tensors(builder, config);
-  } else {
-    add_gpt2_tensors(builder, config);
-  }
+  const DecoderParts parts = decoder_parts(config);
+  tied_embedding_ = parts.head.tied;
+  Builder builder(*this, tp, parts.width);
+  add_decoder_tensors(builder, config, parts);
 }
 
 int64_t ParamLayout::total_numel() const {

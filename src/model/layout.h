@@ -1,10 +1,12 @@
-// The parameter layout: every parameter tensor lives in one flat buffer per block.
+// The parameter layout: every parameter tensor lives in one flat buffer per block, as the
+// model's parts (model/parts.h) declare them. GPT-2's:
 //   block 0            embeddings: wte (Vp,C), wpe (maxT,C)
 //   block 1 + l        transformer layer l: ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc,
 //                      mlp.c_proj (weights in the Hugging Face Conv1D layout (in, out))
 //   block L + 1        final layernorm ln_f
-// Names are the Hugging Face GPT-2 names without the "transformer." prefix. A block is the
-// unit of sharding (ZeRO-3 gathers one block at a time) and of pipeline cuts.
+// A layer's tensors always come in the order norm, qkv, o, norm, up, down (weights before
+// biases). Names are the Hugging Face names (GPT-2's without the "transformer." prefix). A
+// block is the unit of sharding (ZeRO-3 gathers one block at a time) and of pipeline cuts.
 //
 // Tensor parallelism (Megatron-LM's splits): ParamLayout(config, tp) is the layout of one tp
 // rank's blocks, holding its slices of the split tensors and the whole replicated ones. Every
@@ -28,8 +30,14 @@
 #include "core/check.h"
 #include "core/tensor.h"
 #include "model/config.h"
+#include "model/parts.h"
 
 namespace dstrain {
+
+// How a fresh parameter starts (init_model_parameters, model/architecture.h): 0 (biases),
+// 1 (norm weights), N(0, init_std), or N(0, init_std / sqrt(2 n_layer)) (a scaled residual
+// projection).
+enum class ParamInit { Zero, One, Normal, ResidualNormal };
 
 struct ParamSpec {
   std::string name;           // "h.0.attn.c_attn.weight"
@@ -49,6 +57,7 @@ struct ParamSpec {
   // parallelism each tp rank's gradient covers its own token rows, a part of the gradient that
   // is summed over the tp group.
   bool tp_partial_grad = false;
+  ParamInit init = ParamInit::Normal;
 
   int64_t numel() const;       // of the slice
   int64_t full_numel() const;  // of the whole tensor
@@ -57,12 +66,6 @@ struct ParamSpec {
   // padded vocabulary rows (which lie at the end of the last ranks' slices). file_numel() at
   // tp = 1. Use it, not file_numel(), to bound a slice's real rows.
   int64_t slice_file_numel(int tp_rank) const;
-};
-
-// The order of the 12 tensors of a transformer layer inside its block.
-enum LayerParam : int {
-  kLn1Weight, kLn1Bias, kQkvWeight, kQkvBias, kAttnProjWeight, kAttnProjBias,
-  kLn2Weight, kLn2Bias, kFcWeight, kFcBias, kFcProjWeight, kFcProjBias, kNumLayerParams
 };
 
 class ParamLayout {

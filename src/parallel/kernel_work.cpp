@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "model/parts.h"
+
 namespace dstrain {
 
 namespace {
@@ -59,9 +61,11 @@ constexpr double kAttentionDelta = 1;
 constexpr double kCrossEntropy = 3;
 constexpr double kFill = 1;  // fill_zero of the head's input gradient before its norm backward
 // cuda_embedding.cu, per channel: wte (and GPT-2's wpe) rows read, the sum written; backward reads
-// dout for dwte and writes the token's dwte row (at most once per token), and GPT-2 reads dout
-// again for dwpe.
-double embedding_traffic(const ModelConfig& config) { return config.llama_family() ? 2 : 3; }
+// dout for dwte and writes the token's dwte row (at most once per token), and a learned position
+// table reads dout again for dwpe.
+double embedding_traffic(const DecoderParts& parts) {
+  return parts.position.kind == PositionKind::Learned ? 3 : 2;
+}
 
 // Widths per token on one tp rank.
 struct Widths {
@@ -70,36 +74,43 @@ struct Widths {
   double q = 0, kv = 0, mlp = 0;  // this rank's query heads, key/value heads, MLP width
 };
 
-Widths widths(const ModelConfig& config, int tp, bool sequence_parallel) {
+Widths widths(const DecoderParts& parts, int tp, bool sequence_parallel) {
   Widths w;
-  const double hd = static_cast<double>(config.head_dim());
-  w.C = static_cast<double>(config.n_embd);
+  const double hd = static_cast<double>(parts.attention.head_dim);
+  w.C = static_cast<double>(parts.width);
   w.rows = w.C / (sequence_parallel ? tp : 1);
-  w.q = static_cast<double>(config.n_head) * hd / tp;
-  w.kv = static_cast<double>(config.kv_heads()) * hd / tp;
-  w.mlp = static_cast<double>(config.mlp_width()) / tp;
+  w.q = static_cast<double>(parts.attention.heads) * hd / tp;
+  w.kv = static_cast<double>(parts.attention.kv_heads) * hd / tp;
+  w.mlp = static_cast<double>(parts.mlp.width) / tp;
   return w;
 }
 
 // The two norms and two residual adds of a block, per element of a row.
-double norms_and_residuals(const ModelConfig& config) {
-  const bool fused = config.n_embd % 8 == 0 && config.n_embd <= kMaxFusedNormC;
+double norms_and_residuals(const DecoderParts& parts) {
+  const bool fused = parts.width % 8 == 0 && parts.width <= kMaxFusedNormC;
   return kNormForward + kResidual + (fused ? kFusedResidualNorm : kNormForward + kResidual);
 }
 
 // The MLP's activation.
-double activation_forward(const ModelConfig& config, const Widths& w) {
-  return config.llama_family() ? kSwigluForward * w.mlp : kGeluForward * w.mlp;
+double activation_forward(const MlpPart& mlp, const Widths& w) {
+  return (mlp.kind == MlpKind::SwiGLU ? kSwigluForward : kGeluForward) * w.mlp;
+}
+
+double activation_backward(const MlpPart& mlp, const Widths& w) {
+  return (mlp.kind == MlpKind::SwiGLU ? kSwigluBackward : kGeluBackward) * w.mlp;
 }
 
 // dbias of every bias the block has: row-parallel ones (o, the MLP's down) from the whole dout.
-double bias_gradients(const ModelConfig& config, const Widths& w) {
+double bias_gradients(const DecoderParts& parts, const Widths& w) {
   double elements = 0;
-  if (config.qkv_bias) elements += w.q + 2 * w.kv;
-  if (config.o_bias) elements += w.C;
-  if (config.mlp_bias) {
-    const bool gelu_fused = !config.llama_family() && std::fmod(w.mlp, 8.0) == 0.0;
-    elements += (config.llama_family() ? 2 * w.mlp : gelu_fused ? 0.0 : w.mlp) + w.C;
+  if (parts.attention.qkv_bias) elements += w.q + 2 * w.kv;
+  if (parts.attention.o_bias) elements += w.C;
+  if (parts.mlp.bias) {
+    // GELU's up bias is summed in the activation's backward pass where the rows are in packs
+    // of 8 (cuda_gelu_bias.cu).
+    const bool gelu = parts.mlp.kind == MlpKind::Gelu;
+    const bool in_gelu_pass = gelu && std::fmod(w.mlp, 8.0) == 0.0;
+    elements += (in_gelu_pass ? 0.0 : static_cast<double>(parts.mlp.up_factor()) * w.mlp) + w.C;
   }
   return kBiasGrad * elements;
 }
@@ -133,18 +144,18 @@ AttentionWork attention_work(const ModelConfig& config, int64_t seq_len, DType s
 }
 
 MemoryTraffic memory_traffic(const ModelConfig& config, int tp, bool sequence_parallel) {
-  const Widths w = widths(config, tp, sequence_parallel);
-  const bool llama = config.llama_family();
-  const double rope = llama ? kRope * (w.q + w.kv) : 0;
-  const double row_parallel_biases = (config.o_bias ? 1 : 0) + (config.mlp_bias ? 1 : 0);
+  const DecoderParts parts = decoder_parts(config);
+  const Widths w = widths(parts, tp, sequence_parallel);
+  const double rope = parts.position.kind == PositionKind::Rotary ? kRope * (w.q + w.kv) : 0;
+  const double row_parallel_biases = (parts.attention.o_bias ? 1 : 0) + (parts.mlp.bias ? 1 : 0);
   MemoryTraffic t;
   // Two norms and two residual adds per block, the MLP's activation, the rope.
-  t.layer_forward = norms_and_residuals(config) * w.rows + activation_forward(config, w) + rope +
+  t.layer_forward = norms_and_residuals(parts) * w.rows + activation_forward(parts.mlp, w) + rope +
                     (tp > 1 ? kBiasAdd * row_parallel_biases * w.rows : 0);
   t.layer_backward = 2 * kNormBackward * w.rows + kAttentionDelta * w.q + rope +
-                     (llama ? kSwigluBackward : kGeluBackward) * w.mlp + bias_gradients(config, w);
-  t.layer_selective = 2 * kNormForward * w.rows + activation_forward(config, w);
-  t.embed_forward = t.embed_backward = embedding_traffic(config) * w.C;
+                     activation_backward(parts.mlp, w) + bias_gradients(parts, w);
+  t.layer_selective = 2 * kNormForward * w.rows + activation_forward(parts.mlp, w);
+  t.embed_forward = t.embed_backward = embedding_traffic(parts) * w.C;
   const double vocab = static_cast<double>(config.padded_vocab()) / tp;
   t.head_forward = kNormForward * w.rows + kCrossEntropy * vocab;
   t.head_backward = (kNormBackward + kFill) * w.rows;

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "model/config.h"
+#include "model/parts.h"
 
 namespace dstrain {
 
@@ -20,12 +21,13 @@ struct ModelFlops {
 };
 
 inline ModelFlops model_flops(const ModelConfig& config, int64_t seq_len) {
-  const double C = static_cast<double>(config.n_embd), T = static_cast<double>(seq_len);
-  const double hd = static_cast<double>(config.head_dim());
-  const double q = static_cast<double>(config.n_head) * hd;
-  const double kv = static_cast<double>(config.kv_heads()) * hd;
-  const double I = static_cast<double>(config.mlp_width());
-  const double mlp_matrices = config.llama_family() ? 3 : 2;
+  const DecoderParts parts = decoder_parts(config);
+  const double C = static_cast<double>(parts.width), T = static_cast<double>(seq_len);
+  const double q = static_cast<double>(parts.attention.q_width());
+  const double kv = static_cast<double>(parts.attention.kv_width());
+  const double I = static_cast<double>(parts.mlp.width);
+  // The up projection's matrices (GELU: 1; SwiGLU: gate and up) and the down projection.
+  const double mlp_matrices = static_cast<double>(parts.mlp.up_factor()) + 1;
   ModelFlops f;
   f.layer_gemm_forward = 2 * C * (q + 2 * kv) + 2 * C * q + mlp_matrices * 2 * C * I;
   f.attention_forward = 4 * T * q;

@@ -1,0 +1,645 @@
+#include "model/decoder.h"
+
+#include <cmath>
+#include <cstring>
+#include <numbers>
+
+#include "core/rng.h"
+#include "kernels/rope_table.h"
+#include "model/param_provider.h"
+#include "model/transformer_parts.h"
+
+namespace dstrain {
+
+namespace {
+
+// The layers' workspace, in LayerRun::workspace order: every entry always declared (with no
+// rows where unused: the gradients without backward, the sequence-parallel buffers unless tp > 1
+// with sequence parallelism) so that the indices stay fixed; the rotary table last, with a
+// rotary position part only.
+enum LayerWork : int { kScratch, kDnorm, kDqkv, kDup, kDact, kStreamPart, kGathered, kRopeFreqs };
+
+// Buffer specs in order, each added with its index.
+template <class Spec>
+struct IndexedSpecs {
+  std::vector<Spec> list;
+  int add(Spec spec) {
+    list.push_back(std::move(spec));
+    return static_cast<int>(list.size()) - 1;
+  }
+};
+
+Tensor optional(const std::vector<Tensor>& tensors, int index) {
+  return index >= 0 ? tensors[static_cast<size_t>(index)] : Tensor();
+}
+
+// The prefix of an optional buffer (a norm's mean: LayerNorm's only).
+Tensor optional_prefix(const std::vector<Tensor>& buffers, int index,
+                       std::initializer_list<int64_t> dims) {
+  return index >= 0 ? prefix(buffers[static_cast<size_t>(index)], dims) : Tensor();
+}
+
+// The position of tensor `name` among its block's tensors, or -1 when the layout has none.
+int index_in_block(const ParamLayout& layout, const std::string& name) {
+  if (!layout.contains(name)) return -1;
+  const ParamSpec& spec = layout.find(name);
+  const std::vector<int>& block = layout.block_params(spec.block);
+  const int param = static_cast<int>(&spec - layout.params().data());
+  for (size_t i = 0; i < block.size(); ++i) {
+    if (block[i] == param) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+Decoder::LayerTensors find_layer_tensors(const ParamLayout& layout, const TensorNames& names) {
+  const std::string p = names.layer_prefix + "0.";
+  auto index = [&](const std::string& name) { return index_in_block(layout, p + name); };
+  Decoder::LayerTensors t;
+  t.norm1 = index(names.norm1 + ".weight");
+  t.norm1_bias = index(names.norm1 + ".bias");
+  t.qkv = index(names.qkv.front() + ".weight");
+  t.qkv_bias = index(names.qkv.front() + ".bias");
+  t.o = index(names.o + ".weight");
+  t.o_bias = index(names.o + ".bias");
+  t.norm2 = index(names.norm2 + ".weight");
+  t.norm2_bias = index(names.norm2 + ".bias");
+  t.up = index(names.up.front() + ".weight");
+  t.up_bias = index(names.up.front() + ".bias");
+  t.down = index(names.down + ".weight");
+  t.down_bias = index(names.down + ".bias");
+  return t;
+}
+
+// ---- The norm part: LayerNorm or RMSNorm ---------------------------------------------------
+
+// A norm's tensors and statistics: bias and mean empty for RMSNorm.
+struct NormArgs {
+  Tensor weight, bias;
+  Tensor mean, rstd;  // (rows) F32
+};
+
+void norm_forward(Backend& backend, const NormPart& norm, Tensor out, Tensor inp,
+                  const NormArgs& n, Stream stream) {
+  if (norm.kind == NormKind::LayerNorm) {
+    backend.layernorm_forward(out, n.mean, n.rstd, inp, n.weight, n.bias, stream);
+  } else {
+    backend.rmsnorm_forward(out, n.rstd, inp, n.weight, norm.eps, stream);
+  }
+}
+
+// residual = a + b, then out = the norm of residual (one fused pass where the backend can).
+void residual_norm_forward(Backend& backend, const NormPart& norm, Tensor residual, Tensor out,
+                           Tensor a, Tensor b, const NormArgs& n, Stream stream) {
+  if (norm.kind == NormKind::LayerNorm) {
+    backend.residual_layernorm_forward(residual, out, n.mean, n.rstd, a, b, n.weight, n.bias,
+                                       stream);
+  } else {
+    backend.residual_rmsnorm_forward(residual, out, n.rstd, a, b, n.weight, norm.eps, stream);
+  }
+}
+
+// The gradients of a norm's weight and bias (empty for RMSNorm).
+struct NormGrads {
+  Tensor weight, bias;
+};
+
+// dinp +=, dweight (and dbias) += from dout.
+void norm_backward(Backend& backend, const NormPart& norm, Tensor dinp, const NormGrads& grads,
+                   Tensor dout, Tensor inp, const NormArgs& n, Stream stream) {
+  if (norm.kind == NormKind::LayerNorm) {
+    backend.layernorm_backward(dinp, grads.weight, grads.bias, dout, inp, n.weight, n.mean, n.rstd,
+                               stream);
+  } else {
+    backend.rmsnorm_backward(dinp, grads.weight, dout, inp, n.weight, n.rstd, stream);
+  }
+}
+
+// ---- The MLP part's activation: GELU or SwiGLU ---------------------------------------------
+
+void activation_forward(Backend& backend, const MlpPart& mlp, Tensor act, Tensor up,
+                        Stream stream) {
+  if (mlp.kind == MlpKind::Gelu) {
+    backend.gelu_forward(act, up, stream);
+  } else {
+    backend.swiglu_forward(act, up, stream);
+  }
+}
+
+}  // namespace
+
+// ---- The rotary position part --------------------------------------------------------------
+
+std::vector<double> rope_inverse_frequencies(const ModelConfig& config) {
+  std::vector<double> inv_freq = rope_inv_freq(config.head_dim(), config.rope_theta);
+  const nlohmann::json& scaling = config.rope_scaling;
+  if (scaling.is_null()) return inv_freq;
+  // Llama 3: long wavelengths divided by `factor`, short ones kept, a smooth blend between.
+  const double factor = scaling["factor"], low = scaling["low_freq_factor"];
+  const double high = scaling["high_freq_factor"];
+  const double context = scaling["original_max_position_embeddings"];
+  const double low_freq_wavelength = context / low, high_freq_wavelength = context / high;
+  for (double& f : inv_freq) {
+    const double wavelength = 2 * std::numbers::pi / f;
+    if (wavelength > low_freq_wavelength) {
+      f /= factor;
+    } else if (wavelength >= high_freq_wavelength) {
+      const double smooth = (context / wavelength - low) / (high - low);
+      f = (1 - smooth) * f / factor + smooth * f;
+    }
+  }
+  return inv_freq;
+}
+
+const float* RotaryTables::at_least(int64_t T) const {
+  const int64_t half = static_cast<int64_t>(inv_freq_.size());
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (tables_.empty() || static_cast<int64_t>(tables_.back()->size()) < T * half * 2) {
+    auto table = std::make_unique<std::vector<float>>(static_cast<size_t>(T * half * 2));
+    fill_rope_table(table->data(), T, inv_freq_);
+    tables_.push_back(std::move(table));
+  }
+  return tables_.back()->data();
+}
+
+// ---- The decoder ---------------------------------------------------------------------------
+
+Decoder::Decoder(const ModelConfig& config, const TensorParallel& tp)
+    : config_(config),
+      parts_(decoder_parts(config)),
+      tp_(tp),
+      layout_(config, tp.size),
+      tensors_(find_layer_tensors(layout_, parts_.names)),
+      // The indices, from specs of any shape that splits over the tp ranks' token rows.
+      activations_(layer_activation_specs(1, tp.size, DType::F32, Recompute::None, nullptr)),
+      head_buffers_(head_buffer_specs(1, tp.size, DType::F32, true, nullptr)),
+      rotary_(parts_.position.kind == PositionKind::Rotary ? rope_inverse_frequencies(config)
+                                                           : std::vector<double>()) {
+  // (in, out) weights are one tensor per projection: a packed group widens by rows.
+  DSTRAIN_CHECK(!parts_.names.in_by_out ||
+                (parts_.names.qkv.size() == 1 && parts_.names.up.size() == 1))
+      << config.name << ": (in, out) weights split into several tensors";
+}
+
+Decoder::Widths Decoder::widths() const {
+  const AttentionPart& attn = parts_.attention;
+  const int64_t heads = attn.heads / tp_.size, kv_heads = attn.kv_heads / tp_.size;
+  return {heads, kv_heads, (heads + 2 * kv_heads) * attn.head_dim, heads * attn.head_dim,
+          parts_.mlp.width / tp_.size};
+}
+
+int64_t Decoder::vocab_begin() const { return tp_.rank * (config_.padded_vocab() / tp_.size); }
+
+int Decoder::head_block() const {
+  return layout_.tied_embedding() ? ParamLayout::embedding_block() : layout_.final_block();
+}
+
+// The activations in order: norm1 (out, [mean], rstd), qkv (q and k rotated), the attention's
+// output and log-sum-exps, residual2, norm2, the MLP's up projection and activation.
+Decoder::LayerActivations Decoder::layer_activation_specs(int64_t B, int64_t T, DType dtype,
+                                                          Recompute recompute,
+                                                          std::vector<ActivationSpec>* specs) const {
+  const int64_t C = config_.n_embd, N = B * T, R = tp_.stream_rows(N);
+  const Widths w = widths();
+  const bool full = recompute == Recompute::Full;
+  const bool cheap_kept = recompute == Recompute::None;  // the norms' and activation's outputs
+  IndexedSpecs<ActivationSpec> list;
+  auto add = [&list](ActivationSpec spec) { return list.add(std::move(spec)); };
+  LayerActivations a;
+  auto add_norm = [&](const std::string& name, int& out, int& mean, int& rstd) {
+    out = add({{name, dtype, {R, C}}, cheap_kept});
+    if (parts_.norm.keeps_mean()) mean = add({{name + "_mean", DType::F32, {R}}, !full});
+    rstd = add({{name + "_rstd", DType::F32, {R}}, !full});
+  };
+  add_norm("norm1", a.norm1, a.norm1_mean, a.norm1_rstd);
+  a.qkv = add({{"qkv", dtype, {B, T, w.qkv}}, !full});
+  a.atty = add({{"atty", dtype, {B, T, w.attn}}, !full});
+  a.lse = add({{"att_lse", DType::F32, {B, w.heads, T}}, !full});
+  a.residual2 = add({{"residual2", dtype, {R, C}}, !full});
+  add_norm("norm2", a.norm2, a.norm2_mean, a.norm2_rstd);
+  a.up = add({{"mlp_up", dtype, {N, parts_.mlp.up_factor() * w.mlp}}, !full});
+  a.act = add({{"mlp_act", dtype, {N, w.mlp}}, cheap_kept});
+  if (specs != nullptr) *specs = std::move(list.list);
+  return a;
+}
+
+std::vector<ActivationSpec> Decoder::layer_activations(int64_t B, int64_t T, DType dtype,
+                                                       Recompute recompute) const {
+  std::vector<ActivationSpec> specs;
+  layer_activation_specs(B, T, dtype, recompute, &specs);
+  return specs;
+}
+
+std::vector<TensorSpec> Decoder::layer_workspace(int64_t B, int64_t T, DType dtype,
+                                                 bool with_backward) const {
+  const int64_t C = config_.n_embd, N = B * T, Nb = with_backward ? N : 0;
+  const Widths w = widths();
+  const bool sp = tp_.enabled() && tp_.sequence_parallel;
+  std::vector<TensorSpec> specs = {
+      {"scratch", dtype, {N, C}},  // a row-parallel layer's (partial) output
+      {"dnorm", dtype, {Nb, C}},   // dL/d(a norm's output), partial under tp; also datty
+      {"dqkv", dtype, {Nb, w.qkv}},
+      {"dmlp_up", dtype, {Nb, parts_.mlp.up_factor() * w.mlp}},
+      {"dmlp_act", dtype, {Nb, w.mlp}},
+      // Sequence parallelism: this rank's rows of a reduce-scattered sum, and the gathered rows
+      // of a column-parallel layer's input (or of the stream's gradient).
+      {"stream_part", dtype, {sp ? tp_.stream_rows(N) : 0, C}},
+      {"gathered", dtype, {sp ? N : 0, C}}};
+  if (parts_.position.kind == PositionKind::Rotary) {
+    // The rotary (cos, sin) table of positions 0..T-1, copied in before each use.
+    specs.push_back({"rope_freqs", DType::F32, {T, parts_.attention.head_dim / 2, 2}});
+  }
+  return specs;
+}
+
+Decoder::HeadBuffers Decoder::head_buffer_specs(int64_t B, int64_t T, DType dtype,
+                                                bool with_backward,
+                                                std::vector<TensorSpec>* specs) const {
+  const int64_t C = config_.n_embd, N = B * T, R = tp_.stream_rows(N);
+  const bool tp = tp_.enabled(), sp = tp && tp_.sequence_parallel;
+  IndexedSpecs<TensorSpec> list;
+  auto add = [&list](TensorSpec spec) { return list.add(std::move(spec)); };
+  HeadBuffers h;
+  // The logits' gradient overwrites them (the op allows it): one (B, T, Vp / tp) buffer.
+  h.logits = add({"logits", dtype, {B, T, config_.padded_vocab() / tp_.size}});
+  h.norm = add({"normf", dtype, {R, C}});
+  if (parts_.norm.keeps_mean()) h.norm_mean = add({"normf_mean", DType::F32, {R}});
+  h.norm_rstd = add({"normf_rstd", DType::F32, {R}});
+  h.losses = add({"losses", DType::F32, {B, T}});
+  h.dnorm = add({"dnormf", dtype, {with_backward ? N : 0, C}});  // partial under tp
+  h.norm_gathered = add({"normf_gathered", dtype, {sp ? N : 0, C}});
+  h.dnorm_part = add({"dnormf_part", dtype, {sp && with_backward ? R : 0, C}});
+  // The vocabulary-parallel cross-entropy's row statistics, this rank's and every rank's.
+  h.ce_stats = add({"ce_stats", DType::F32, {tp ? N : 0, 3}});
+  h.ce_stats_all = add({"ce_stats_all", DType::F32, {tp ? tp_.size : 0, N, 3}});
+  if (specs != nullptr) *specs = std::move(list.list);
+  return h;
+}
+
+std::vector<TensorSpec> Decoder::head_workspace(int64_t B, int64_t T, DType dtype,
+                                                bool with_backward) const {
+  std::vector<TensorSpec> specs;
+  head_buffer_specs(B, T, dtype, with_backward, &specs);
+  return specs;
+}
+
+Tensor Decoder::sequence_parallel_view(Tensor full, int64_t rows) const {
+  return sequence_parallel_rows(tp_, full, rows, config_.n_embd);
+}
+
+Tensor Decoder::stream_part(const LayerRun& run) const {
+  return sequence_parallel_view(run.workspace[kStreamPart], tp_.stream_rows(run.b * run.t));
+}
+
+Tensor Decoder::gathered(const LayerRun& run) const {
+  return sequence_parallel_view(run.workspace[kGathered], run.b * run.t);
+}
+
+// A projection's weight (or bias) as one matrix of out_width outputs: (out, in) tensors packed
+// one after the other (q|k|v, gate|up) are one matrix of their summed rows; an (in, out) tensor
+// is one already.
+Tensor Decoder::matrix(const std::vector<Tensor>& tensors, int index, int64_t out_width) const {
+  Tensor first = optional(tensors, index);
+  if (first.empty() || parts_.names.in_by_out) return first;
+  first.shape[0] = out_width;
+  return first;
+}
+
+Tensor Decoder::row_parallel(const LayerRun& run, Tensor inp, Tensor weight, Tensor bias) const {
+  Tensor scratch = prefix(run.workspace[kScratch], {run.b * run.t, config_.n_embd});
+  return row_parallel_matmul(run.backend, tp_, scratch, stream_part(run), inp, weight, bias,
+                             !parts_.names.in_by_out, run.stream);
+}
+
+// The (t, hd/2, 2) rotary table of the micro-batch's positions, in the workspace.
+Tensor Decoder::rope_freqs(const LayerRun& run) const {
+  const int64_t half = parts_.attention.head_dim / 2;
+  Tensor freqs = prefix(run.workspace[kRopeFreqs], {run.t, half, 2});
+  run.backend.copy_bytes(freqs.data, rotary_.at_least(run.t), static_cast<size_t>(freqs.nbytes()),
+                         run.stream);
+  return freqs;
+}
+
+void Decoder::embed_forward(ParamProvider& params, const EmbedRun& run, int next) const {
+  const int64_t b = run.tokens.size(0), t = run.tokens.size(1), C = config_.n_embd, N = b * t;
+  const int block = ParamLayout::embedding_block();
+  Tensor flat = params.acquire_params(block);
+  Tensor output = prefix(run.output, {tp_.stream_rows(N), C});
+  // Vocabulary-parallel: each rank embeds the tokens of its rows (and adds their positions),
+  // zero elsewhere; the sum over the tp ranks is the embedding (the same bits).
+  Tensor gathered_rows = sequence_parallel_view(run.workspace.at(kGathered), N);
+  Tensor partial = gathered_rows.empty() ? output : gathered_rows;
+  Tensor positions = parts_.position.kind == PositionKind::Learned
+                         ? ParamLayout::view(layout_.find(parts_.names.positions), flat)
+                         : Tensor();
+  run.backend.embedding_forward(partial.reshape({b, t, C}), run.tokens,
+                                ParamLayout::view(layout_.find(parts_.names.embedding), flat),
+                                positions, vocab_begin(), config_.padded_vocab(), run.stream);
+  exit_region_forward(tp_, partial, output, run.stream);
+  if (next >= 0) params.prefetch_params(next);
+  params.release_params(block);
+}
+
+void Decoder::embed_backward(ParamProvider& params, const EmbedRun& run) const {
+  const int64_t b = run.tokens.size(0), t = run.tokens.size(1), C = config_.n_embd, N = b * t;
+  const int block = ParamLayout::embedding_block();
+  Tensor dout =
+      exit_region_backward(tp_, prefix(run.residual_grad, {tp_.stream_rows(N), C}),
+                           sequence_parallel_view(run.workspace.at(kGathered), N), run.stream);
+  Tensor grads = params.acquire_grads(block);
+  Tensor dpositions = parts_.position.kind == PositionKind::Learned
+                          ? ParamLayout::view(layout_.find(parts_.names.positions), grads)
+                          : Tensor();
+  run.backend.embedding_backward(ParamLayout::view(layout_.find(parts_.names.embedding), grads),
+                                 dpositions, dout.reshape({b, t, C}), run.tokens, vocab_begin(),
+                                 config_.padded_vocab(), run.stream);
+  params.release_grads(block);
+}
+
+// The up projection and the activation: mlp_up and mlp_act from the (gathered) norm2.
+void Decoder::mlp_forward(const LayerRun& run, Tensor norm2_full) const {
+  const int64_t N = run.b * run.t, mlp = widths().mlp, up_width = parts_.mlp.up_factor() * mlp;
+  const std::vector<Tensor>& w = run.weights;
+  const LayerTensors& i = tensors_;
+  Tensor up = prefix(run.activations[activations_.up], {N, up_width});
+  Tensor act = prefix(run.activations[activations_.act], {N, mlp});
+  if (parts_.mlp.kind == MlpKind::Gelu && parts_.names.in_by_out) {
+    run.backend.matmul_gelu_forward(act, up, norm2_full, w[i.up], optional(w, i.up_bias),
+                                    run.stream);
+    return;
+  }
+  run.backend.matmul_forward(up, norm2_full, matrix(w, i.up, up_width),
+                             matrix(w, i.up_bias, up_width), !parts_.names.in_by_out, run.stream);
+  activation_forward(run.backend, parts_.mlp, act, up, run.stream);
+}
+
+void Decoder::layer_forward(const LayerRun& run) const {
+  const int64_t b = run.b, t = run.t, C = config_.n_embd, N = b * t, R = tp_.stream_rows(N);
+  const Widths wd = widths();
+  const std::vector<Tensor>& a = run.activations;
+  const std::vector<Tensor>& w = run.weights;
+  const LayerTensors& i = tensors_;
+  const LayerActivations& ai = activations_;
+  const bool out_by_in = !parts_.names.in_by_out;
+  Backend& backend = run.backend;
+  Tensor input = prefix(run.input, {R, C}), norm1 = prefix(a[ai.norm1], {R, C});
+  Tensor qkv = prefix(a[ai.qkv], {b, t, wd.qkv}), atty = prefix(a[ai.atty], {b, t, wd.attn});
+  Tensor residual2 = prefix(a[ai.residual2], {R, C}), norm2 = prefix(a[ai.norm2], {R, C});
+  const int heads = static_cast<int>(wd.heads), kv_heads = static_cast<int>(wd.kv_heads);
+
+  norm_forward(backend, parts_.norm, norm1, input,
+               {w[i.norm1], optional(w, i.norm1_bias), optional_prefix(a, ai.norm1_mean, {R}),
+                prefix(a[ai.norm1_rstd], {R})},
+               run.stream);
+  Tensor norm1_full = enter_region_forward(tp_, norm1, gathered(run), run.stream);
+  backend.matmul_forward(qkv.reshape({N, wd.qkv}), norm1_full, matrix(w, i.qkv, wd.qkv),
+                         matrix(w, i.qkv_bias, wd.qkv), out_by_in, run.stream);
+  if (parts_.position.kind == PositionKind::Rotary) {
+    backend.rope_forward(qkv, rope_freqs(run), heads, kv_heads, run.stream);
+  }
+  backend.attention_forward(atty, prefix(a[ai.lse], {b, wd.heads, t}), qkv, heads, kv_heads,
+                            run.stream);
+  Tensor attn_out = row_parallel(run, atty.reshape({N, wd.attn}), w[i.o], optional(w, i.o_bias));
+  residual_norm_forward(backend, parts_.norm, residual2, norm2, input, attn_out,
+                        {w[i.norm2], optional(w, i.norm2_bias),
+                         optional_prefix(a, ai.norm2_mean, {R}), prefix(a[ai.norm2_rstd], {R})},
+                        run.stream);
+  mlp_forward(run, enter_region_forward(tp_, norm2, gathered(run), run.stream));
+  Tensor mlp_out = row_parallel(run, prefix(a[ai.act], {N, wd.mlp}), w[i.down],
+                                optional(w, i.down_bias));
+  backend.residual_forward(prefix(run.output, {R, C}), residual2, mlp_out, run.stream);
+}
+
+void Decoder::layer_recompute(const LayerRun& run, Recompute recompute) const {
+  const int64_t N = run.b * run.t, C = config_.n_embd, R = tp_.stream_rows(N);
+  const int64_t mlp = widths().mlp;
+  const std::vector<Tensor>& a = run.activations;
+  const std::vector<Tensor>& w = run.weights;
+  const LayerTensors& i = tensors_;
+  const LayerActivations& ai = activations_;
+  if (recompute == Recompute::Full) {
+    // Everything but the layer's input was dropped: run the layer again from it. The ops and
+    // the collectives are deterministic, so the recomputed activations are the same bits.
+    layer_forward(run);
+  } else if (recompute == Recompute::Selective) {
+    // The norms' and the activation's outputs were dropped: recompute them from what was kept.
+    norm_forward(run.backend, parts_.norm, prefix(a[ai.norm1], {R, C}), prefix(run.input, {R, C}),
+                 {w[i.norm1], optional(w, i.norm1_bias), optional_prefix(a, ai.norm1_mean, {R}),
+                  prefix(a[ai.norm1_rstd], {R})},
+                 run.stream);
+    norm_forward(run.backend, parts_.norm, prefix(a[ai.norm2], {R, C}),
+                 prefix(a[ai.residual2], {R, C}),
+                 {w[i.norm2], optional(w, i.norm2_bias), optional_prefix(a, ai.norm2_mean, {R}),
+                  prefix(a[ai.norm2_rstd], {R})},
+                 run.stream);
+    activation_forward(run.backend, parts_.mlp, prefix(a[ai.act], {N, mlp}),
+                       prefix(a[ai.up], {N, parts_.mlp.up_factor() * mlp}), run.stream);
+  }
+}
+
+// From dL/d(the layer's output) (dout: the whole rows under sequence parallelism) to
+// dL/d(residual2) in run.residual_grad.
+void Decoder::mlp_backward(const LayerRun& run, Tensor dout) const {
+  const int64_t N = run.b * run.t, C = config_.n_embd, R = tp_.stream_rows(N);
+  const int64_t mlp = widths().mlp, up_width = parts_.mlp.up_factor() * mlp;
+  const std::vector<Tensor>& a = run.activations;
+  const std::vector<Tensor>& w = run.weights;
+  const std::vector<Tensor>& g = run.grads;
+  const LayerTensors& i = tensors_;
+  const LayerActivations& ai = activations_;
+  const bool out_by_in = !parts_.names.in_by_out;
+  Backend& backend = run.backend;
+  Tensor dact = prefix(run.workspace[kDact], {N, mlp});
+  Tensor dup = prefix(run.workspace[kDup], {N, up_width});
+  Tensor dnorm = prefix(run.workspace[kDnorm], {N, C});
+  Tensor up = prefix(a[ai.up], {N, up_width});
+  backend.matmul_backward(dact, g[i.down], optional(g, i.down_bias), dout,
+                          prefix(a[ai.act], {N, mlp}), w[i.down], out_by_in, run.stream);
+  Tensor up_bias_grad = matrix(g, i.up_bias, up_width);
+  if (parts_.mlp.kind == MlpKind::Gelu) {
+    // The up bias's gradient (the column sums of dup) in the GELU's pass, not in up's backward.
+    backend.gelu_backward_bias(dup, up_bias_grad, dact, up, run.stream);
+    up_bias_grad = Tensor();
+  } else {
+    backend.swiglu_backward(dup, dact, up, run.stream);
+  }
+  Tensor norm2_full =
+      enter_region_forward(tp_, prefix(a[ai.norm2], {R, C}), gathered(run), run.stream);
+  backend.matmul_backward(dnorm, matrix(g, i.up, up_width), up_bias_grad, dup, norm2_full,
+                          matrix(w, i.up, up_width), out_by_in, run.stream);
+  Tensor dnorm2 = enter_region_backward(tp_, dnorm, stream_part(run), run.stream);
+  norm_backward(backend, parts_.norm, prefix(run.residual_grad, {R, C}),
+                {g[i.norm2], optional(g, i.norm2_bias)}, dnorm2, prefix(a[ai.residual2], {R, C}),
+                {w[i.norm2], optional(w, i.norm2_bias), optional_prefix(a, ai.norm2_mean, {R}),
+                 prefix(a[ai.norm2_rstd], {R})},
+                run.stream);
+}
+
+// From dL/d(residual2) (dout: the whole rows under sequence parallelism) to dL/d(the layer's
+// input) in run.residual_grad.
+void Decoder::attention_backward(const LayerRun& run, Tensor dout) const {
+  const int64_t b = run.b, t = run.t, N = b * t, C = config_.n_embd, R = tp_.stream_rows(N);
+  const Widths wd = widths();
+  const int heads = static_cast<int>(wd.heads), kv_heads = static_cast<int>(wd.kv_heads);
+  const std::vector<Tensor>& a = run.activations;
+  const std::vector<Tensor>& w = run.weights;
+  const std::vector<Tensor>& g = run.grads;
+  const LayerTensors& i = tensors_;
+  const LayerActivations& ai = activations_;
+  const bool out_by_in = !parts_.names.in_by_out;
+  Backend& backend = run.backend;
+  Tensor datty = prefix(run.workspace[kDnorm], {N, wd.attn});
+  Tensor dqkv = prefix(run.workspace[kDqkv], {b, t, wd.qkv});
+  backend.matmul_backward(datty, g[i.o], optional(g, i.o_bias), dout,
+                          prefix(a[ai.atty], {N, wd.attn}), w[i.o], out_by_in, run.stream);
+  backend.attention_backward(dqkv, datty.reshape({b, t, wd.attn}),
+                             prefix(a[ai.qkv], {b, t, wd.qkv}), prefix(a[ai.atty], {b, t, wd.attn}),
+                             prefix(a[ai.lse], {b, wd.heads, t}), heads, kv_heads, run.stream);
+  if (parts_.position.kind == PositionKind::Rotary) {
+    backend.rope_backward(dqkv, rope_freqs(run), heads, kv_heads, run.stream);
+  }
+  Tensor norm1_full =
+      enter_region_forward(tp_, prefix(a[ai.norm1], {R, C}), gathered(run), run.stream);
+  Tensor dnorm = prefix(run.workspace[kDnorm], {N, C});
+  backend.matmul_backward(dnorm, matrix(g, i.qkv, wd.qkv), matrix(g, i.qkv_bias, wd.qkv),
+                          dqkv.reshape({N, wd.qkv}), norm1_full, matrix(w, i.qkv, wd.qkv),
+                          out_by_in, run.stream);
+  Tensor dnorm1 = enter_region_backward(tp_, dnorm, stream_part(run), run.stream);
+  norm_backward(backend, parts_.norm, prefix(run.residual_grad, {R, C}),
+                {g[i.norm1], optional(g, i.norm1_bias)}, dnorm1, prefix(run.input, {R, C}),
+                {w[i.norm1], optional(w, i.norm1_bias), optional_prefix(a, ai.norm1_mean, {R}),
+                 prefix(a[ai.norm1_rstd], {R})},
+                run.stream);
+}
+
+// Under sequence parallelism the column-parallel layers' gathered inputs are not kept: backward
+// gathers them again (as Megatron does), into the buffer the stream's gradient was gathered in.
+void Decoder::layer_backward(const LayerRun& run) const {
+  const int64_t R = tp_.stream_rows(run.b * run.t), C = config_.n_embd;
+  Tensor dresidual = prefix(run.residual_grad, {R, C});
+  mlp_backward(run, exit_region_backward(tp_, dresidual, gathered(run), run.stream));
+  attention_backward(run, exit_region_backward(tp_, dresidual, gathered(run), run.stream));
+}
+
+Tensor Decoder::head_logits(const std::vector<Tensor>& workspace, int64_t b, int64_t t) const {
+  return prefix(workspace.at(head_buffers_.logits), {b, t, config_.padded_vocab() / tp_.size});
+}
+
+double Decoder::head_forward(ParamProvider& params, const HeadRun& run, bool release_grads,
+                             int next) const {
+  const int64_t C = config_.n_embd, Vl = config_.padded_vocab() / tp_.size, N = run.b * run.t;
+  const int64_t R = tp_.stream_rows(N);
+  const std::vector<Tensor>& ws = run.workspace;
+  const HeadBuffers& h = head_buffers_;
+  const int final_block = layout_.final_block(), head = head_block();
+  const std::vector<Tensor> w =
+      layout_.block_views(final_block, params.acquire_params(final_block));
+  norm_forward(run.backend, parts_.norm, prefix(ws[h.norm], {R, C}), prefix(run.input, {R, C}),
+               {w[0], parts_.norm.has_bias() ? w[1] : Tensor(),
+                optional_prefix(ws, h.norm_mean, {R}), prefix(ws[h.norm_rstd], {R})},
+               run.stream);
+  Tensor head_weight;
+  if (layout_.tied_embedding()) {
+    params.prefetch_params(head);
+    params.release_params(final_block);
+    head_weight =
+        ParamLayout::view(layout_.find(parts_.names.embedding), params.acquire_params(head));
+  } else {
+    head_weight = w[static_cast<size_t>(index_in_block(layout_, parts_.names.head))];
+  }
+  Tensor logits = prefix(ws[h.logits], {N, Vl});
+  Tensor norm_full = enter_region_forward(tp_, prefix(ws[h.norm], {R, C}),
+                                          sequence_parallel_view(ws[h.norm_gathered], N), run.stream);
+  run.backend.matmul_forward(logits, norm_full, head_weight, Tensor(), true, run.stream);
+  if (!run.targets.empty()) {
+    DSTRAIN_CHECK(run.targets.ndim == 2 && run.targets.size(0) == run.b &&
+                  run.targets.size(1) == run.t)
+        << run.targets.shape_str();
+    vocab_parallel_cross_entropy(run, tp_, logits, prefix(ws[h.losses], {N}), ws[h.ce_stats],
+                                 ws[h.ce_stats_all], vocab_begin(), config_.vocab_size);
+  }
+  if (run.targets.empty() || run.dloss == 0.0f) {
+    params.release_params(head);
+    return run.targets.empty() ? 0.0 : mean_loss(run, ws[h.losses], N);
+  }
+  // Untied: the final block's parameters are still in hand.
+  head_backward(params, run, head_weight, norm_full,
+                layout_.tied_embedding() ? std::vector<Tensor>() : w, release_grads, next);
+  return mean_loss(run, ws[h.losses], N);
+}
+
+// The head and the final norm, backward: from the logits' gradient (in place of the logits)
+// to dL/d(input) in run.input_grad. norm_full: the head's (gathered) input.
+void Decoder::head_backward(ParamProvider& params, const HeadRun& run, Tensor head,
+                            Tensor norm_full, std::vector<Tensor> final_weights,
+                            bool release_grads, int next) const {
+  const int64_t C = config_.n_embd, Vl = config_.padded_vocab() / tp_.size, N = run.b * run.t;
+  const int64_t R = tp_.stream_rows(N);
+  const std::vector<Tensor>& ws = run.workspace;
+  const HeadBuffers& h = head_buffers_;
+  const int final_block = layout_.final_block();
+  const bool tied = layout_.tied_embedding();
+  Tensor dnorm = prefix(ws[h.dnorm], {N, C});
+  Tensor logits_grad = prefix(ws[h.logits], {N, Vl});
+  if (tied) {
+    const int embed = ParamLayout::embedding_block();
+    Tensor grads = params.acquire_grads(embed);
+    run.backend.matmul_backward(dnorm, ParamLayout::view(layout_.find(parts_.names.embedding), grads),
+                                Tensor(), logits_grad, norm_full, head, true, run.stream);
+    params.prefetch_params(final_block);
+    params.release_params(embed);
+    if (release_grads) params.release_grads(embed);
+  }
+  const std::vector<Tensor> w =
+      tied ? layout_.block_views(final_block, params.acquire_params(final_block))
+           : std::move(final_weights);
+  const std::vector<Tensor> g = layout_.block_views(final_block, params.acquire_grads(final_block));
+  if (!tied) {
+    const auto head_index = static_cast<size_t>(index_in_block(layout_, parts_.names.head));
+    run.backend.matmul_backward(dnorm, g[head_index], Tensor(), logits_grad, norm_full, head, true,
+                                run.stream);
+  }
+  dnorm = enter_region_backward(tp_, dnorm, sequence_parallel_view(ws[h.dnorm_part], R), run.stream);
+  Tensor input_grad = prefix(run.input_grad, {R, C});
+  run.backend.fill_zero(input_grad, run.stream);
+  const bool bias = parts_.norm.has_bias();
+  norm_backward(run.backend, parts_.norm, input_grad, {g[0], bias ? g[1] : Tensor()}, dnorm,
+                prefix(run.input, {R, C}),
+                {w[0], bias ? w[1] : Tensor(), optional_prefix(ws, h.norm_mean, {R}),
+                 prefix(ws[h.norm_rstd], {R})},
+                run.stream);
+  if (next >= 0) params.prefetch_params(next);
+  params.release_grads(final_block);
+  params.release_params(final_block);
+}
+
+// ---- The factory and the initialization (model/architecture.h) -----------------------------
+
+std::unique_ptr<Architecture> make_architecture(const ModelConfig& config,
+                                                const TensorParallel& tp) {
+  return std::make_unique<Decoder>(config, tp);
+}
+
+void init_model_parameters(const ParamLayout& layout, const ModelConfig& config, uint64_t seed,
+                           const std::vector<Tensor>& block_flats) {
+  DSTRAIN_CHECK(static_cast<int>(block_flats.size()) == layout.num_blocks());
+  for (int block = 0; block < layout.num_blocks(); ++block) {
+    DSTRAIN_CHECK(block_flats[block].numel() == layout.block_numel(block));
+    std::memset(block_flats[block].f32(), 0, block_flats[block].nbytes());
+  }
+  const double init_std = decoder_parts(config).init_std;
+  const double residual_std = init_std / std::sqrt(2.0 * static_cast<double>(config.n_layer));
+  for (const ParamSpec& spec : layout.params()) {
+    float* data = ParamLayout::view(spec, block_flats[spec.block]).f32();
+    const int64_t n = spec.file_numel();  // padded vocabulary rows stay zero
+    if (spec.init == ParamInit::Zero) continue;
+    if (spec.init == ParamInit::One) {
+      std::fill(data, data + n, 1.0f);
+      continue;
+    }
+    const double stddev = spec.init == ParamInit::ResidualNormal ? residual_std : init_std;
+    Rng rng(seed, hash_name(spec.name));
+    for (int64_t i = 0; i < n; ++i) data[i] = static_cast<float>(rng.normal() * stddev);
+  }
+}
+
+}  // namespace dstrain

@@ -1,0 +1,125 @@
+// The decoder: one Architecture (model/architecture.h) for every model, its blocks assembled
+// from the parts the configuration chooses (model/parts.h). A layer is
+//
+//   norm1 -> qkv projection -> [rotary] -> causal attention -> o projection -> + residual
+//   -> norm2 -> up projection -> GELU | SwiGLU -> down projection -> + residual
+//
+// the embedding [+ a learned position table] before the first layer, the final norm and the
+// LM head (tied to the embedding or its own matrix) with the cross-entropy after the last. GPT-2
+// is the parts LayerNorm, learned positions, GELU, tied; the LLaMA family RMSNorm, rotary,
+// SwiGLU, tied or not. No autograd: each layer's backward is explicit, like llm.c, and every
+// buffer is planned up front.
+//
+// Tensor parallelism, Megatron's splits: the attention by heads (the qkv projection
+// column-parallel, q and k/v heads split evenly, o row-parallel), the MLP (up column-parallel,
+// down row-parallel), the embedding and the head vocabulary-parallel with a vocabulary-parallel
+// cross-entropy (no rank holds the whole (N, V) logits); row-parallel biases are added once,
+// after the reduction.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "model/architecture.h"
+#include "model/config.h"
+#include "model/layout.h"
+#include "model/parts.h"
+
+namespace dstrain {
+
+// The rotary frequencies of `config` (head_dim / 2 of them): inv_freq[i] = rope_theta^(-2i/hd),
+// with Llama 3's rope scaling when the config has it. In double.
+std::vector<double> rope_inverse_frequencies(const ModelConfig& config);
+
+// The (T, hd/2, 2) host tables of (cos, sin) a rotary position part copies to its workspace:
+// one per longer T asked so far, kept and never moved (a stream may still copy from one).
+class RotaryTables {
+ public:
+  explicit RotaryTables(std::vector<double> inv_freq) : inv_freq_(std::move(inv_freq)) {}
+  // The table of at least T positions. Thread-safe.
+  const float* at_least(int64_t T) const;
+
+ private:
+  std::vector<double> inv_freq_;
+  mutable std::mutex mutex_;
+  mutable std::vector<std::unique_ptr<const std::vector<float>>> tables_;
+};
+
+class Decoder final : public Architecture {
+ public:
+  // REQUIRES: the model splits over tp.size ranks (UserError otherwise).
+  explicit Decoder(const ModelConfig& config, const TensorParallel& tp = {});
+
+  const ModelConfig& config() const override { return config_; }
+  const DecoderParts& parts() const { return parts_; }
+  const ParamLayout& layout() const override { return layout_; }
+  const TensorParallel& tensor_parallel() const override { return tp_; }
+  std::vector<ActivationSpec> layer_activations(int64_t B, int64_t T, DType dtype,
+                                                Recompute recompute) const override;
+  std::vector<TensorSpec> layer_workspace(int64_t B, int64_t T, DType dtype,
+                                          bool with_backward) const override;
+  std::vector<TensorSpec> head_workspace(int64_t B, int64_t T, DType dtype,
+                                         bool with_backward) const override;
+  void embed_forward(ParamProvider& params, const EmbedRun& run, int next) const override;
+  void embed_backward(ParamProvider& params, const EmbedRun& run) const override;
+  void layer_forward(const LayerRun& run) const override;
+  void layer_recompute(const LayerRun& run, Recompute recompute) const override;
+  void layer_backward(const LayerRun& run) const override;
+  double head_forward(ParamProvider& params, const HeadRun& run, bool release_grads,
+                      int next) const override;
+  int head_first_block() const override { return layout_.final_block(); }
+  Tensor head_logits(const std::vector<Tensor>& workspace, int64_t b, int64_t t) const override;
+
+  // Where a layer's tensors are in its block (LayerRun::weights), -1 where the parts have none.
+  // A packed group (q|k|v, gate|up) by its first tensor.
+  struct LayerTensors {
+    int norm1 = -1, norm1_bias = -1, qkv = -1, qkv_bias = -1, o = -1, o_bias = -1;
+    int norm2 = -1, norm2_bias = -1, up = -1, up_bias = -1, down = -1, down_bias = -1;
+  };
+  // Where a layer's activations are in LayerRun::activations (-1: the parts keep none).
+  struct LayerActivations {
+    int norm1 = -1, norm1_mean = -1, norm1_rstd = -1, qkv = -1, atty = -1, lse = -1;
+    int residual2 = -1, norm2 = -1, norm2_mean = -1, norm2_rstd = -1, up = -1, act = -1;
+  };
+  // Where the head's buffers are in HeadRun::workspace.
+  struct HeadBuffers {
+    int logits = -1, norm = -1, norm_mean = -1, norm_rstd = -1, losses = -1, dnorm = -1;
+    int norm_gathered = -1, dnorm_part = -1, ce_stats = -1, ce_stats_all = -1;
+  };
+
+ private:
+  struct Widths {
+    int64_t heads, kv_heads, qkv, attn, mlp;  // this tp rank's
+  };
+  Widths widths() const;
+  LayerActivations layer_activation_specs(int64_t B, int64_t T, DType dtype, Recompute recompute,
+                                          std::vector<ActivationSpec>* specs) const;
+  HeadBuffers head_buffer_specs(int64_t B, int64_t T, DType dtype, bool with_backward,
+                                std::vector<TensorSpec>* specs) const;
+  Tensor rope_freqs(const LayerRun& run) const;
+  Tensor matrix(const std::vector<Tensor>& tensors, int index, int64_t out_width) const;
+  Tensor row_parallel(const LayerRun& run, Tensor inp, Tensor weight, Tensor bias) const;
+  void mlp_forward(const LayerRun& run, Tensor norm2_full) const;
+  void attention_backward(const LayerRun& run, Tensor dout) const;
+  void mlp_backward(const LayerRun& run, Tensor dout) const;
+  void head_backward(ParamProvider& params, const HeadRun& run, Tensor head, Tensor norm_full,
+                     std::vector<Tensor> final_weights, bool release_grads, int next) const;
+  Tensor sequence_parallel_view(Tensor full, int64_t rows) const;
+  Tensor stream_part(const LayerRun& run) const;  // (stream rows, C) of the workspace
+  Tensor gathered(const LayerRun& run) const;     // (N, C) of the workspace
+  int64_t vocab_begin() const;                    // this rank's first vocabulary row
+  int head_block() const;                         // the block holding the head's matrix
+
+  ModelConfig config_;
+  DecoderParts parts_;
+  TensorParallel tp_;
+  ParamLayout layout_;
+  LayerTensors tensors_;
+  LayerActivations activations_;
+  HeadBuffers head_buffers_;
+  RotaryTables rotary_;
+};
+
+}  // namespace dstrain

@@ -1,0 +1,96 @@
+// The parts a decoder is assembled from, chosen by the model configuration: a model is a table
+// of parts (as Megatron's layer specs and llama.cpp's build_norm / build_ffn), not a class of its
+// own. decoder_parts() is the one place that reads the model_type; the layout (model/layout.h),
+// the decoder (model/decoder.h), the cost model (parallel/kernel_work.h, model_flops.h) and the
+// initialization ask the parts.
+//
+//   part       choices                                 config fields (Hugging Face names)
+//   norm       LayerNorm (weight, bias) | RMSNorm      layer_norm_epsilon | rms_norm_eps
+//   position   learned table | rotary                  n_positions | rope_theta, rope_scaling
+//   attention  heads, kv heads, head dim, biases       num_attention_heads, num_key_value_heads,
+//                                                      attention_bias (Qwen2: q, k, v)
+//   MLP        GELU (tanh) | SwiGLU                    activation_function | hidden_act, mlp_bias
+//   head       tied to the embedding | its own tensor  tie_word_embeddings
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace dstrain {
+
+enum class NormKind { LayerNorm, RMSNorm };
+enum class PositionKind { Learned, Rotary };
+enum class MlpKind { Gelu, SwiGLU };
+
+struct NormPart {
+  NormKind kind = NormKind::LayerNorm;
+  float eps = 1e-5f;  // LayerNorm: the kernels' fixed 1e-5
+  bool has_bias() const { return kind == NormKind::LayerNorm; }
+  // Whether forward keeps the rows' mean (LayerNorm) besides their 1/rms.
+  bool keeps_mean() const { return kind == NormKind::LayerNorm; }
+};
+
+struct PositionPart {
+  PositionKind kind = PositionKind::Learned;
+  int64_t table_rows = 0;  // learned: n_positions rows of C
+};
+
+struct AttentionPart {
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  bool qkv_bias = false, o_bias = false;
+  int64_t q_width() const { return heads * head_dim; }
+  int64_t kv_width() const { return kv_heads * head_dim; }
+  int64_t qkv_width() const { return q_width() + 2 * kv_width(); }
+};
+
+struct MlpPart {
+  MlpKind kind = MlpKind::Gelu;
+  int64_t width = 0;       // I: the hidden width (of gate and of up for SwiGLU)
+  bool bias = false;       // on the up (gate and up) and down projections
+  std::string width_name;  // the config field that gives the width, for messages
+  // The up projection's output per hidden unit: GELU 1, SwiGLU 2 ([gate | up]).
+  int64_t up_factor() const { return kind == MlpKind::SwiGLU ? 2 : 1; }
+};
+
+struct HeadPart {
+  bool tied = true;  // the LM head is the embedding's matrix
+};
+
+// The tensor names of a family's Hugging Face checkpoints, and how it stores a linear layer.
+// A name list of one entry is one tensor holding every group (GPT-2's c_attn: q, k, v), of
+// several entries one tensor per group (q_proj, k_proj, v_proj), packed side by side in the
+// block so that they form one matrix.
+struct TensorNames {
+  // Weights (in, out) as GPT-2's Conv1D; else (out, in) as nn.Linear.
+  bool in_by_out = false;
+  std::string embedding, positions;  // positions: the learned table, if any
+  std::string layer_prefix;          // "h." | "model.layers.", then the layer's index and "."
+  std::string norm1, norm2, final_norm;
+  std::vector<std::string> qkv, up;
+  std::string o, down;
+  std::string head;  // an untied head's matrix
+};
+
+// Initialization: every matrix and embedding N(0, init_std); the projections into the residual
+// stream (attention output, MLP down) N(0, init_std / sqrt(2 n_layer)) where scaled_residual_init
+// (GPT-2's, as Hugging Face initializes it); biases 0, norm weights 1.
+struct DecoderParts {
+  NormPart norm;
+  PositionPart position;
+  AttentionPart attention;
+  MlpPart mlp;
+  HeadPart head;
+  TensorNames names;
+  double init_std = 0.02;
+  bool scaled_residual_init = false;
+  int64_t width = 0;   // C: the residual stream (hidden_size)
+  int64_t layers = 0;  // L
+};
+
+// The parts of `config`'s model: the table of each model_type.
+DecoderParts decoder_parts(const ModelConfig& config);
+
+}  // namespace dstrain
