@@ -1,5 +1,5 @@
-// GPT-2 as the decoder's parts (model/parts.h: LayerNorm, learned positions, GELU, tied head),
-// and Gpt2: the whole model as one stage with one micro-batch slot, what the model tests use.
+// Gpt2: a whole model (any config: the decoder of model/decoder.h) as one stage with one
+// micro-batch slot, what the model tests use. The name is the tests' first model's.
 #pragma once
 
 #include <cstdint>
@@ -14,9 +14,6 @@
 #include "model/stage.h"
 
 namespace dstrain {
-
-// The decoder, under the name the GPT-2 tests know it by: nothing in it is GPT-2's own.
-using Gpt2Architecture = Decoder;
 
 // The whole model: one stage of every layer, one micro-batch slot.
 class Gpt2 {
@@ -47,13 +44,5 @@ class Gpt2 {
   Decoder arch_;
   ModelStage stage_;
 };
-
-// GPT-2's initialization (init_model_parameters): matrices and embeddings N(0, 0.02), residual
-// projections (c_proj) N(0, 0.02/sqrt(2L)), biases 0, layernorm weights 1, each tensor from its
-// own stream (seed, name), the same for any layout or sharding.
-inline void init_gpt2_parameters(const ParamLayout& layout, const ModelConfig& config,
-                                 uint64_t seed, const std::vector<Tensor>& block_flats) {
-  init_model_parameters(layout, config, seed, block_flats);
-}
 
 }  // namespace dstrain

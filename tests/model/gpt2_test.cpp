@@ -101,7 +101,7 @@ TEST(Gpt2, WholeModelGradientMatchesFiniteDifferences) {
   for (int block = 0; block < layout.num_blocks(); ++block) {
     flats.push_back(params.acquire_params(block));
   }
-  init_gpt2_parameters(layout, config, 7, flats);
+  init_model_parameters(layout, config, 7, flats);
   // Larger, non-zero weights everywhere (biases and norms too) so every path matters.
   Rng rng(99);
   for (const ParamSpec& spec : layout.params()) {
@@ -173,7 +173,7 @@ void check_recompute_is_bitwise(DType act_dtype) {
     std::vector<Tensor> flats;
     for (int block = 0; block < layout.num_blocks(); ++block)
       flats.push_back(params.acquire_params(block));
-    init_gpt2_parameters(layout, config, 3, flats);
+    init_model_parameters(layout, config, 3, flats);
     auto allocator = make_cpu_allocator();
     Gpt2 model(config, *backend, *allocator, B, T, act_dtype, true, mode);
     activation_bytes.push_back(allocator->stats().current[int(MemCategory::Activations)]);

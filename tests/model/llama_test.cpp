@@ -1,9 +1,9 @@
-// The LLaMA-family architecture (model/llama.h) on the CPU backend: every parameter's gradient
-// against finite differences of the loss, for Llama (grouped-query attention, untied and tied
-// head, with and without Llama's optional biases) and Qwen2 (q/k/v biases); recompute changes
-// no bit; the configs of the presets parse with the real models' parameter counts, and bad
-// configs are one sentence.
-#include "model/llama.h"
+// The decoder built from parts (model/decoder.h, model/parts.h) with the LLaMA family's parts, on
+// the CPU backend: every parameter's gradient against finite differences of the loss, for Llama
+// (grouped-query attention, untied and tied head, with and without Llama's optional biases) and
+// Qwen2 (q/k/v biases); recompute changes no bit; the configs of the presets parse with the real
+// models' parameter counts, and bad configs are one sentence.
+#include "model/decoder.h"
 
 #include <gtest/gtest.h>
 
@@ -67,7 +67,7 @@ void randomize(const ParamLayout& layout, const ModelConfig& config, test::HostP
   for (int block = 0; block < layout.num_blocks(); ++block) {
     flats.push_back(params.acquire_params(block));
   }
-  init_llama_parameters(layout, config, 7, flats);
+  init_model_parameters(layout, config, 7, flats);
   Rng rng(99);
   for (const ParamSpec& spec : layout.params()) {
     float* data = ParamLayout::view(spec, flats[spec.block]).f32();
@@ -79,7 +79,7 @@ class LlamaGradients : public ::testing::TestWithParam<Variant> {};
 
 TEST_P(LlamaGradients, WholeModelGradientMatchesFiniteDifferences) {
   const ModelConfig config = small_llama(GetParam());
-  const LlamaArchitecture arch(config);
+  const Decoder arch(config);
   const ParamLayout& layout = arch.layout();
   EXPECT_EQ(layout.tied_embedding(), config.tie_word_embeddings);
   test::HostParams params(layout);
@@ -131,7 +131,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Gradients after a forward + backward of `recompute`.
 std::vector<std::vector<float>> gradients(const ModelConfig& config, Recompute recompute) {
-  const LlamaArchitecture arch(config);
+  const Decoder arch(config);
   test::HostParams params(arch.layout());
   randomize(arch.layout(), config, params);
   const int64_t B = 2, T = 7;

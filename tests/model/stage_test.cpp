@@ -54,7 +54,7 @@ HostParams initialized(const ModelConfig& config) {
   HostParams params(layout);
   std::vector<Tensor> flats;
   for (int block = 0; block < layout.num_blocks(); ++block) flats.push_back(params.acquire_params(block));
-  init_gpt2_parameters(layout, config, 5, flats);
+  init_model_parameters(layout, config, 5, flats);
   return params;
 }
 
@@ -80,7 +80,7 @@ StagedRun run_staged(const ModelConfig& config, const std::vector<int64_t>& spli
   const float dloss = 1.0f / static_cast<float>(B * T * batches.size());
   auto backend = make_cpu_backend(1);
   auto allocator = make_cpu_allocator();
-  Gpt2Architecture arch(config);
+  Decoder arch(config);
   const int slots = gpipe ? static_cast<int>(batches.size()) : 1;
   std::vector<std::unique_ptr<ModelStage>> stages;
   for (size_t s = 0; s < split.size(); ++s) {
@@ -187,7 +187,7 @@ TEST(ModelStage, GPipeOrderWithSlotsMatchesTheWholeModel) {
 
 TEST(ModelStage, AllocatesWhatPlanStageBuffersPlansPerSlot) {
   const ModelConfig config = four_layers();
-  Gpt2Architecture arch(config);
+  Decoder arch(config);
   auto backend = make_cpu_backend(1);
   for (int slots : {1, 3}) {
     for (const StageRange& range : {StageRange{0, 2, true, false}, StageRange{2, 3, false, false},

@@ -280,7 +280,7 @@ TEST(MemoryModel, ActivationsAreTheStagesOwnPlan) {
   // recompute mode and dtype (the memory model asks the model, and caches by stage shape).
   for (const char* name : {"gpt2-124m", "13b"}) {
     const ModelConfig config = load_model_config(name);
-    Gpt2Architecture arch(config);
+    Decoder arch(config);
     for (Recompute recompute : {Recompute::None, Recompute::Selective, Recompute::Full}) {
       for (DType dtype : {DType::F32, DType::BF16}) {
         Plan plan = one_rank_plan(3, 1000);
@@ -309,7 +309,7 @@ TEST(MemoryModel, RecomputeShrinksActivationsInOrder) {
     const MemoryPrediction m = predict_memory(config, plan);
     const uint64_t activations = m.device[static_cast<size_t>(MemCategory::Activations)];
     EXPECT_LT(activations, previous) << recompute_name(recompute);
-    Gpt2Architecture arch(config);
+    Decoder arch(config);
     EXPECT_EQ(m.activations_without_recompute,
               plan_stage_buffers(arch, whole_model(config), 4, 1024, DType::BF16, true,
                                  Recompute::None, 1).slot.bytes());

@@ -117,7 +117,7 @@ Log train_step_log(int zero) {
       storage.emplace_back(static_cast<size_t>(state.layout().block_numel(b)));
       blocks.push_back(Tensor(storage.back().data(), DType::F32, {state.layout().block_numel(b)}));
     }
-    init_gpt2_parameters(state.layout(), config, 7, blocks);
+    init_model_parameters(state.layout(), config, 7, blocks);
     state.set_full_params(blocks);
     Gpt2 model(config, *backend, *device, 2, 8, DType::F32, true, Recompute::None);
     std::vector<int32_t> tokens(16), targets(16);

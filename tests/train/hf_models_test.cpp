@@ -14,7 +14,7 @@
 
 #include "core/safetensors.h"
 #include "kernels/ops.h"
-#include "model/llama.h"
+#include "model/decoder.h"
 #include "model/stage.h"
 #include "tests/common/temp_dir.h"
 #include "tests/model/host_params.h"
@@ -35,7 +35,7 @@ class LlamaAgainstTransformers : public ::testing::TestWithParam<const char*> {}
 TEST_P(LlamaAgainstTransformers, LossAndGradientsOfTheFirstMicroBatch) {
   const std::string dir = std::string(DSTRAIN_SOURCE_DIR "/tests/reference/") + GetParam() + "/";
   const ModelConfig config = load_model_config(dir);
-  const LlamaArchitecture arch(config);
+  const Decoder arch(config);
   const ParamLayout& layout = arch.layout();
   HostBlocks weights(layout);
   load_weights(layout, weights, dir);
