@@ -66,6 +66,17 @@ struct GradientStats {
   std::vector<double> squares;  // per tensor: sum_squares(x) where counted, else 0
 };
 
+// How a mixture-of-experts router turns a token's logits over E experts into the weights of
+// its top k experts (Backend::moe_route).
+enum class RouterScore { Softmax, Sigmoid };
+struct MoeRouting {
+  int experts = 0;  // E
+  int top_k = 0;    // k, 1 <= k <= E
+  RouterScore score = RouterScore::Softmax;
+  bool norm_topk = false;  // the k weights divided by their sum
+  float scale = 1.0f;      // then multiplied by this (routed_scaling_factor)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -262,6 +273,54 @@ class Backend {
   virtual void cross_entropy_from_stats(Tensor losses, Tensor dlogits, Tensor logits,
                                         Tensor stats, Tensor targets, int64_t vocab_begin,
                                         int vocab, float dloss, Stream stream) = 0;
+
+  // ---- mixture of experts: routing, dispatch into expert order, grouped GEMM, combine ----
+  // E experts, k choices per token, N tokens, M rows in expert order (N * k when none is
+  // dropped). The tensors of one token's choices are (N, k); a choice (n, j) is row
+  // dest_rows[n, j] of the expert-ordered buffer, or -1: dropped (no row, no contribution).
+  //
+  // scores (N,E) F32 = softmax (or sigmoid) of logits (N,E) in fp32. topk_expert (N,k) I32: the
+  // experts of the k highest scores, highest first, ties to the lower index. topk_weight (N,k)
+  // F32: their scores, divided by their sum (in j order) where routing.norm_topk, times
+  // routing.scale.
+  virtual void moe_route(Tensor topk_weight, Tensor topk_expert, Tensor scores, Tensor logits,
+                         const MoeRouting& routing, Stream stream) = 0;
+  // dlogits (N,E) = the gradient w.r.t. logits (overwritten) from dtopk_weight (N,k) F32 and, if
+  // not empty, dscores (N,E) F32 (a loss on the scores themselves: the load-balancing loss).
+  // The selection is a constant; scores and topk_expert as forward saved them.
+  virtual void moe_route_backward(Tensor dlogits, Tensor dtopk_weight, Tensor dscores,
+                                  Tensor scores, Tensor topk_expert, const MoeRouting& routing,
+                                  Stream stream) = 0;
+  // The expert order of the choices topk_expert (N,k) I32 (each in [0, E)): a stable counting
+  // sort. expert_offsets (E+1) I32: expert e's rows are [offsets[e], offsets[e+1]), offsets[0]
+  // = 0, offsets[E] = N*k; within an expert, rows in ascending (n, j). source_rows (N*k) I32:
+  // the token each row copies. dest_rows (N,k) I32: the row of choice (n, j).
+  virtual void moe_dispatch(Tensor expert_offsets, Tensor source_rows, Tensor dest_rows,
+                            Tensor topk_expert, int experts, Stream stream) = 0;
+  // out (M,C) row r = inp (N,C) row source_rows[r] (M) I32, converting dtype.
+  virtual void moe_gather(Tensor out, Tensor inp, Tensor source_rows, Stream stream) = 0;
+  // out (N,C) row n = the sum over j in order of weight[n, j] * inp[dest_rows[n, j]] in fp32,
+  // rounded once; weight (N,k) F32, or empty: 1 (then this is moe_gather's backward). A token
+  // whose choices are all dropped gets 0. inp (M,C), dest_rows (N,k) I32.
+  virtual void moe_combine(Tensor out, Tensor inp, Tensor dest_rows, Tensor weight,
+                           Stream stream) = 0;
+  // The combine's backward: dinp (M,C) row dest_rows[n, j] = weight[n, j] * dout[n] (weight
+  // empty: dout[n]); every row of dinp is some choice's (overwritten). dweight (N,k) F32 (skipped
+  // when empty) = dot(dout[n], inp[dest_rows[n, j]]) in fp32, 0 for a dropped choice.
+  virtual void moe_combine_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp,
+                                    Tensor dest_rows, Tensor weight, Stream stream) = 0;
+  // The experts' linear layers over their rows: out (M,OC) rows [offsets[e], offsets[e+1]) =
+  // inp (M,C) rows @ weight[e]^T, weight (E,OC,C) (each expert's nn.Linear (out, in) matrix),
+  // expert_offsets (E+1) I32 on this backend's device, nondecreasing from 0 to at most M; rows
+  // past offsets[E] are left as they are. Bitwise what matmul_forward (weight_out_by_in, no
+  // bias) gives on each expert's rows.
+  virtual void grouped_matmul_forward(Tensor out, Tensor inp, Tensor weight,
+                                      Tensor expert_offsets, Stream stream) = 0;
+  // dinp (M,C) rows of expert e = dout rows @ weight[e] (skipped when dinp is empty; rows past
+  // offsets[E] left as they are); dweight (E,OC,C) += dout rows^T @ inp rows (an expert without
+  // rows: unchanged). Bitwise matmul_backward's on each expert's rows.
+  virtual void grouped_matmul_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp,
+                                       Tensor weight, Tensor expert_offsets, Stream stream) = 0;
 
   // ---- optimizer ----
   // AdamW over a flat buffer. param (n) F32 master weights; grad (n) any float dtype;

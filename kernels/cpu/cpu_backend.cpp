@@ -137,6 +137,36 @@ class CpuBackend final : public Backend {
   void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp, Stream) override {
     cpu::swiglu_backward(ctx_, dinp, dout, inp);
   }
+  void moe_route(Tensor topk_weight, Tensor topk_expert, Tensor scores, Tensor logits,
+                 const MoeRouting& routing, Stream) override {
+    cpu::moe_route(ctx_, topk_weight, topk_expert, scores, logits, routing);
+  }
+  void moe_route_backward(Tensor dlogits, Tensor dtopk_weight, Tensor dscores, Tensor scores,
+                          Tensor topk_expert, const MoeRouting& routing, Stream) override {
+    cpu::moe_route_backward(ctx_, dlogits, dtopk_weight, dscores, scores, topk_expert, routing);
+  }
+  void moe_dispatch(Tensor expert_offsets, Tensor source_rows, Tensor dest_rows,
+                    Tensor topk_expert, int experts, Stream) override {
+    cpu::moe_dispatch(ctx_, expert_offsets, source_rows, dest_rows, topk_expert, experts);
+  }
+  void moe_gather(Tensor out, Tensor inp, Tensor source_rows, Stream) override {
+    cpu::moe_gather(ctx_, out, inp, source_rows);
+  }
+  void moe_combine(Tensor out, Tensor inp, Tensor dest_rows, Tensor weight, Stream) override {
+    cpu::moe_combine(ctx_, out, inp, dest_rows, weight);
+  }
+  void moe_combine_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp,
+                            Tensor dest_rows, Tensor weight, Stream) override {
+    cpu::moe_combine_backward(ctx_, dinp, dweight, dout, inp, dest_rows, weight);
+  }
+  void grouped_matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor expert_offsets,
+                              Stream) override {
+    cpu::grouped_matmul_forward(ctx_, out, inp, weight, expert_offsets);
+  }
+  void grouped_matmul_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp,
+                               Tensor weight, Tensor expert_offsets, Stream) override {
+    cpu::grouped_matmul_backward(ctx_, dinp, dweight, dout, inp, weight, expert_offsets);
+  }
   void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool weight_out_by_in,
                       Stream) override {
     cpu::matmul_forward(ctx_, out, inp, weight, bias, weight_out_by_in);

@@ -196,6 +196,23 @@ void matmul_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tensor 
 void matmul_gelu_forward(const CpuContext& ctx, Tensor out, Tensor pre_gelu, Tensor inp,
                          Tensor weight, Tensor bias);
 
+// cpu_moe.cpp: the mixture-of-experts ops.
+void moe_route(const CpuContext& ctx, Tensor topk_weight, Tensor topk_expert, Tensor scores,
+               Tensor logits, const MoeRouting& routing);
+void moe_route_backward(const CpuContext& ctx, Tensor dlogits, Tensor dtopk_weight,
+                        Tensor dscores, Tensor scores, Tensor topk_expert,
+                        const MoeRouting& routing);
+void moe_dispatch(const CpuContext& ctx, Tensor expert_offsets, Tensor source_rows,
+                  Tensor dest_rows, Tensor topk_expert, int experts);
+void moe_gather(const CpuContext& ctx, Tensor out, Tensor inp, Tensor source_rows);
+void moe_combine(const CpuContext& ctx, Tensor out, Tensor inp, Tensor dest_rows, Tensor weight);
+void moe_combine_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tensor dout,
+                          Tensor inp, Tensor dest_rows, Tensor weight);
+void grouped_matmul_forward(const CpuContext& ctx, Tensor out, Tensor inp, Tensor weight,
+                            Tensor expert_offsets);
+void grouped_matmul_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tensor dout,
+                             Tensor inp, Tensor weight, Tensor expert_offsets);
+
 void attention_forward(const CpuContext& ctx, Tensor out, Tensor lse, Tensor qkv, int n_head,
                        int n_kv_head);
 void attention_backward(const CpuContext& ctx, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,

@@ -311,6 +311,41 @@ class CudaBackend final : public Backend {
     DeviceScope scope(ctx_.device);
     cuda::rmsnorm_backward(ctx_, dinp, dweight, dout, inp, weight, rstd, to_stream(stream));
   }
+  void moe_route(Tensor topk_weight, Tensor topk_expert, Tensor scores, Tensor logits,
+                 const MoeRouting& routing, Stream stream) override {
+    cuda::moe_route(ctx_, topk_weight, topk_expert, scores, logits, routing, to_stream(stream));
+  }
+  void moe_route_backward(Tensor dlogits, Tensor dtopk_weight, Tensor dscores, Tensor scores,
+                          Tensor topk_expert, const MoeRouting& routing, Stream stream) override {
+    cuda::moe_route_backward(ctx_, dlogits, dtopk_weight, dscores, scores, topk_expert, routing,
+                             to_stream(stream));
+  }
+  void moe_dispatch(Tensor expert_offsets, Tensor source_rows, Tensor dest_rows,
+                    Tensor topk_expert, int experts, Stream stream) override {
+    cuda::moe_dispatch(ctx_, expert_offsets, source_rows, dest_rows, topk_expert, experts,
+                       to_stream(stream));
+  }
+  void moe_gather(Tensor out, Tensor inp, Tensor source_rows, Stream stream) override {
+    cuda::moe_gather(ctx_, out, inp, source_rows, to_stream(stream));
+  }
+  void moe_combine(Tensor out, Tensor inp, Tensor dest_rows, Tensor weight,
+                   Stream stream) override {
+    cuda::moe_combine(ctx_, out, inp, dest_rows, weight, to_stream(stream));
+  }
+  void moe_combine_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp,
+                            Tensor dest_rows, Tensor weight, Stream stream) override {
+    cuda::moe_combine_backward(ctx_, dinp, dweight, dout, inp, dest_rows, weight,
+                               to_stream(stream));
+  }
+  void grouped_matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor expert_offsets,
+                              Stream stream) override {
+    cuda::grouped_matmul_forward(ctx_, out, inp, weight, expert_offsets, to_stream(stream));
+  }
+  void grouped_matmul_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp,
+                               Tensor weight, Tensor expert_offsets, Stream stream) override {
+    cuda::grouped_matmul_backward(ctx_, dinp, dweight, dout, inp, weight, expert_offsets,
+                                  to_stream(stream));
+  }
   void swiglu_forward(Tensor out, Tensor inp, Stream stream) override {
     DeviceScope scope(ctx_.device);
     cuda::swiglu_forward(ctx_, out, inp, to_stream(stream));
@@ -464,6 +499,9 @@ class CudaBackend final : public Backend {
     if (word & kBadTokenId) {
       sentence << "a token id is outside the model's vocabulary (found on " << where_running()
                << " by the embedding): check that the data was tokenized for this model";
+    } else if (word & kBadMoeIndex) {
+      sentence << "a mixture-of-experts index (an expert, or a row of the expert-ordered "
+               << "buffer) is out of range (found on " << where_running() << ")";
     } else {
       sentence << "a target id is outside the vocabulary (found on " << where_running()
                << " by the cross-entropy): check that the data was tokenized for this model";

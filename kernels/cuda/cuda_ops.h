@@ -26,6 +26,7 @@ namespace dstrain::cuda {
 enum DeviceErrorBits : unsigned {
   kBadTokenId = 1u,   // embedding: a token id outside [0, Vp)
   kBadTargetId = 2u,  // cross-entropy: a target id outside [0, V)
+  kBadMoeIndex = 4u,  // mixture of experts: an expert, source or destination row out of range
 };
 
 struct CudaContext {
@@ -139,6 +140,26 @@ void rmsnorm_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Tenso
 void swiglu_forward(const CudaContext& ctx, Tensor out, Tensor inp, cudaStream_t stream);
 void swiglu_backward(const CudaContext& ctx, Tensor dinp, Tensor dout, Tensor inp,
                      cudaStream_t stream);
+
+// cuda_moe.cu: the mixture-of-experts ops.
+void moe_route(const CudaContext& ctx, Tensor topk_weight, Tensor topk_expert, Tensor scores,
+               Tensor logits, const MoeRouting& routing, cudaStream_t stream);
+void moe_route_backward(const CudaContext& ctx, Tensor dlogits, Tensor dtopk_weight,
+                        Tensor dscores, Tensor scores, Tensor topk_expert,
+                        const MoeRouting& routing, cudaStream_t stream);
+void moe_dispatch(const CudaContext& ctx, Tensor expert_offsets, Tensor source_rows,
+                  Tensor dest_rows, Tensor topk_expert, int experts, cudaStream_t stream);
+void moe_gather(const CudaContext& ctx, Tensor out, Tensor inp, Tensor source_rows,
+                cudaStream_t stream);
+void moe_combine(const CudaContext& ctx, Tensor out, Tensor inp, Tensor dest_rows, Tensor weight,
+                 cudaStream_t stream);
+void moe_combine_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Tensor dout,
+                          Tensor inp, Tensor dest_rows, Tensor weight, cudaStream_t stream);
+void grouped_matmul_forward(const CudaContext& ctx, Tensor out, Tensor inp, Tensor weight,
+                            Tensor expert_offsets, cudaStream_t stream);
+void grouped_matmul_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Tensor dout,
+                             Tensor inp, Tensor weight, Tensor expert_offsets,
+                             cudaStream_t stream);
 
 // cuda_matmul.cu
 void matmul_forward(const CudaContext& ctx, Tensor out, Tensor inp, Tensor weight, Tensor bias,

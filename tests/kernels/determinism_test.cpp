@@ -130,6 +130,38 @@ TEST(Determinism, SwigluForwardAndBackward) {
   });
 }
 
+// Routing, dispatch, combine and the grouped matmul of 300 tokens over 16 experts (top 4),
+// through every output of each op.
+TEST(Determinism, MixtureOfExpertsOps) {
+  const int64_t N = 300, E = 16, k = 4, C = 96, OC = 64;
+  const MoeRouting routing{static_cast<int>(E), static_cast<int>(k), RouterScore::Softmax, true,
+                           1.0f};
+  HostTensor logits = random_tensor(DType::BF16, {N, E}, 38, -3.0, 3.0);
+  HostTensor x = random_tensor(DType::BF16, {N, C}, 39);
+  HostTensor w = random_tensor(DType::BF16, {E, OC, C}, 40);
+  HostTensor dout = random_tensor(DType::BF16, {N * k, OC}, 41);
+  HostTensor dcombined = random_tensor(DType::BF16, {N, C}, 42);
+  HostTensor weights(DType::F32, {N, k}), experts(DType::I32, {N, k}), scores(DType::F32, {N, E});
+  HostTensor offsets(DType::I32, {E + 1}), source(DType::I32, {N * k}), dest(DType::I32, {N, k});
+  HostTensor rows(DType::BF16, {N * k, C}), out(DType::BF16, {N * k, OC});
+  HostTensor drows(DType::BF16, {N * k, C}), dw = random_tensor(DType::F32, {E, OC, C}, 43);
+  HostTensor combined(DType::BF16, {N, C}), dlogits(DType::BF16, {N, E});
+  HostTensor dweights(DType::F32, {N, k});
+  expect_thread_invariant(
+      make_outputs({&weights, &experts, &scores, &offsets, &source, &dest, &rows, &out, &drows,
+                    &dw, &combined, &dweights, &dlogits}),
+      [&](Backend& backend, Outputs& o) {
+        backend.moe_route(o[0], o[1], o[2], logits, routing, nullptr);
+        backend.moe_dispatch(o[3], o[4], o[5], o[1], static_cast<int>(E), nullptr);
+        backend.moe_gather(o[6], x, o[4], nullptr);
+        backend.grouped_matmul_forward(o[7], o[6], w, o[3], nullptr);
+        backend.grouped_matmul_backward(o[8], o[9], dout, o[6], w, o[3], nullptr);
+        backend.moe_combine(o[10], o[8], o[5], o[0], nullptr);
+        backend.moe_combine_backward(o[8], o[11], dcombined, o[6], o[5], o[0], nullptr);
+        backend.moe_route_backward(o[12], o[11], Tensor(), o[2], o[1], routing, nullptr);
+      });
+}
+
 TEST(Determinism, EmbeddingForwardAndBackward) {
   for (DType dtype : {DType::F32, DType::BF16}) {
     const int64_t B = 4, T = 64, C = 300, Vp = 50, maxT = 70;

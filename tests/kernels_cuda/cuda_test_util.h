@@ -80,6 +80,20 @@ class GpuRun {
   std::vector<Mirror> mirrors_;
 };
 
+inline bool emulated_device() {
+  return cuda_backend().name().find("emulator") != std::string::npos;
+}
+
+// A kernel whose arithmetic is its CPU twin's, operation for operation: bitwise on the emulator
+// (host expf, no FMA contraction); on a GPU, where nvcc's expf and FMA contraction differ in the
+// last bits, F32 within {2e-6, 2e-5, 1e-10} and 16-bit outputs within one storage value.
+inline ::testing::AssertionResult matches_twin(const HostTensor& gpu, const HostTensor& cpu) {
+  if (emulated_device()) return bitwise_equal(gpu, cpu);
+  const Tolerance tol =
+      gpu.dtype() == DType::F32 ? Tolerance{2e-6, 2e-5, 1e-10} : storage_tolerance(gpu.dtype());
+  return all_close(gpu.values(), cpu.values(), tol);
+}
+
 inline HostTensor random_tensor(Random& rng, DType dtype, const std::vector<int64_t>& dims,
                                 double lo = -1.0, double hi = 1.0) {
   HostTensor t(dtype, dims);

@@ -12,16 +12,6 @@ namespace {
 // (..., 2I): round (I = 1024), odd (I = 37), and 3-D (I = 13).
 const std::vector<std::vector<int64_t>> kShapes = {{64, 2048}, {7, 74}, {5, 7, 26}};
 
-bool emulated_device() { return cuda_backend().name().find("emulator") != std::string::npos; }
-
-// Bitwise on the emulator, else within the stated tolerance.
-::testing::AssertionResult matches_twin(const HostTensor& gpu, const HostTensor& cpu) {
-  if (emulated_device()) return bitwise_equal(gpu, cpu);
-  const Tolerance tol =
-      gpu.dtype() == DType::F32 ? Tolerance{2e-6, 2e-5, 1e-10} : storage_tolerance(gpu.dtype());
-  return all_close(gpu.values(), cpu.values(), tol);
-}
-
 std::vector<int64_t> halved(std::vector<int64_t> shape) {
   shape.back() /= 2;
   return shape;
