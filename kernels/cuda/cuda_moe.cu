@@ -3,7 +3,7 @@
 // (kernels/cpu/cpu_moe.cpp) so that they differ from it only where nvcc's expf and FMA
 // contraction do (on the emulator they agree bitwise, except the combine backward's dweight:
 // a block's fixed tree sum, not the twin's sequential one).
-// - routing: one thread per token row (E and k loops; k <= kMaxTopK);
+// - routing: one thread per token row (E and k loops, no per-thread arrays);
 // - dispatch: a stable counting sort in three launches (count per expert, the prefix sum, the
 //   placement: one block per expert walking the choices in order with a block-wide scan);
 // - gather, combine, combine backward: one block per row, threads over the channels;
@@ -21,7 +21,6 @@ namespace dstrain::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxTopK = 32;
 
 __device__ __forceinline__ void flag_bad_index(unsigned* error_word) {
   atomicOr(error_word, static_cast<unsigned>(kBadMoeIndex));
@@ -68,12 +67,22 @@ __global__ void moe_route_kernel(float* topk_weight, int32_t* topk_expert, float
   }
 }
 
-// dL/d(score e) of one row: dscores[e] plus the selected weight's path, c[j] for e = experts[j].
+// The selected weights' path into their scores: w_j = scale * s_j / sum (sum = 1 without
+// norm_topk), so dL/ds_j = scale * (dw_j - dot / sum) / sum with dot = sum_i dw_i s_i.
+struct TopKGrad {
+  const float* dw;  // (k)
+  float sum, dot;
+};
+
+// dL/d(score e) of one row: dscores[e], plus the path of choice j where e = experts[j]. The same
+// arithmetic as the CPU twin's; recomputed per e (no per-thread array: no local memory).
 __device__ __forceinline__ float score_grad(const float* dscores, const int32_t* experts,
-                                            const float* c, int k, int64_t e) {
+                                            const TopKGrad& g, const MoeRouting& routing, int64_t e) {
   float ds = dscores == nullptr ? 0.0f : dscores[e];
-  for (int j = 0; j < k; ++j) {
-    if (experts[j] == e) ds += c[j];
+  for (int j = 0; j < routing.top_k; ++j) {
+    if (experts[j] != e) continue;
+    ds += routing.norm_topk ? routing.scale * (g.dw[j] - g.dot / g.sum) / g.sum
+                            : routing.scale * g.dw[j];
   }
   return ds;
 }
@@ -89,29 +98,25 @@ __global__ void moe_route_backward_kernel(DeviceTensor dlogits, const float* dto
   const float* s = scores + n * E;
   const float* ds_row = dscores == nullptr ? nullptr : dscores + n * E;
   const int32_t* experts = topk_expert + n * k;
-  const float* dw = dtopk_weight + n * k;
   for (int j = 0; j < k; ++j) {
     if (experts[j] < 0 || experts[j] >= E) {
       flag_bad_index(error_word);
       return;
     }
   }
-  float sum = 0.0f, dot = 0.0f, c[kMaxTopK];
-  for (int j = 0; j < k; ++j) sum += s[experts[j]];
-  for (int j = 0; j < k; ++j) dot += dw[j] * s[experts[j]];
-  for (int j = 0; j < k; ++j) {
-    c[j] = routing.norm_topk ? routing.scale * (dw[j] - dot / sum) / sum : routing.scale * dw[j];
-  }
+  TopKGrad g{dtopk_weight + n * k, 0.0f, 0.0f};
+  for (int j = 0; j < k; ++j) g.sum += s[experts[j]];
+  for (int j = 0; j < k; ++j) g.dot += g.dw[j] * s[experts[j]];
   if (routing.score == RouterScore::Sigmoid) {
     for (int64_t e = 0; e < E; ++e) {
-      store(dlogits, n * E + e, score_grad(ds_row, experts, c, k, e) * s[e] * (1.0f - s[e]));
+      store(dlogits, n * E + e, score_grad(ds_row, experts, g, routing, e) * s[e] * (1.0f - s[e]));
     }
     return;
   }
   float weighted = 0.0f;
-  for (int64_t e = 0; e < E; ++e) weighted += s[e] * score_grad(ds_row, experts, c, k, e);
+  for (int64_t e = 0; e < E; ++e) weighted += s[e] * score_grad(ds_row, experts, g, routing, e);
   for (int64_t e = 0; e < E; ++e) {
-    store(dlogits, n * E + e, s[e] * (score_grad(ds_row, experts, c, k, e) - weighted));
+    store(dlogits, n * E + e, s[e] * (score_grad(ds_row, experts, g, routing, e) - weighted));
   }
 }
 
@@ -259,8 +264,6 @@ void moe_route(const CudaContext& ctx, Tensor topk_weight, Tensor topk_expert, T
   check_tensor_dtype(ctx, scores, DType::F32, "moe scores");
   check_tensor_dtype(ctx, topk_weight, DType::F32, "moe topk_weight");
   check_index_on_device(ctx, topk_expert, "moe topk_expert");
-  DSTRAIN_CHECK(routing.top_k <= kMaxTopK)
-      << "moe routing: top_k " << routing.top_k << " is more than the CUDA kernels' " << kMaxTopK;
   if (N == 0) return;
   DSTRAIN_LAUNCH(moe_route_kernel, ceil_div(N, kThreads), kThreads, 0, stream)
   (topk_weight.f32(), topk_expert.i32(), scores.f32(), device_tensor(logits), N, routing);
@@ -278,8 +281,6 @@ void moe_route_backward(const CudaContext& ctx, Tensor dlogits, Tensor dtopk_wei
     check_matrix(dscores, "moe dscores", N, routing.experts);
     check_tensor_dtype(ctx, dscores, DType::F32, "moe dscores");
   }
-  DSTRAIN_CHECK(routing.top_k <= kMaxTopK)
-      << "moe routing: top_k " << routing.top_k << " is more than the CUDA kernels' " << kMaxTopK;
   if (N == 0) return;
   DSTRAIN_LAUNCH(moe_route_backward_kernel, ceil_div(N, kThreads), kThreads, 0, stream)
   (device_tensor(dlogits), dtopk_weight.f32(), dscores.empty() ? nullptr : dscores.f32(),

@@ -12,7 +12,8 @@ namespace po = boost::program_options;
 namespace {
 
 constexpr const char* kVersionLine =
-    "trains GPT-2 and LLaMA-family (Llama, DeepSeek, Qwen2) transformers on the GPUs (or CPU) "
+    "trains GPT-2, LLaMA-family (Llama, DeepSeek, Qwen2) and Mixtral-style mixture-of-experts "
+    "transformers on the GPUs (or CPU) "
     "of one machine or several";
 
 std::string preset_list() {
@@ -32,7 +33,7 @@ po::options_description model_flags(TrainOptions& o) {
        "WarmupLR/WarmupCosineLR/WarmupDecayLR settings as dstrain flags (printed); what dstrain "
        "cannot do is named; --config and command-line flags win")
       ("model", po::value(&o.model)->value_name("NAME|PATH"),
-       ("a preset, or a Hugging Face config.json (gpt2, llama or qwen2) or the model directory "
+       ("a preset, or a Hugging Face config.json (gpt2, llama, qwen2 or mixtral) or the model directory "
         "holding it (default: the --init-from directory's model, else tiny; presets: " +
         preset_list() + ")").c_str())
       ("init-from", po::value(&o.init_from)->value_name("DIR|FILE"),

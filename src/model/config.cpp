@@ -20,6 +20,10 @@ const char* model_type_name(ModelType type) {
       return "llama";
     case ModelType::Qwen2:
       return "qwen2";
+    case ModelType::Mixtral:
+      return "mixtral";
+    case ModelType::Qwen2Moe:
+      return "qwen2_moe";
   }
   return "?";
 }
@@ -50,11 +54,41 @@ static nlohmann::json gpt2_json(const ModelConfig& c) {
                         {"tie_word_embeddings", true}};
 }
 
+static const char* architecture_name(ModelType type) {
+  switch (type) {
+    case ModelType::Qwen2:
+      return "Qwen2ForCausalLM";
+    case ModelType::Mixtral:
+      return "MixtralForCausalLM";
+    case ModelType::Qwen2Moe:
+      return "Qwen2MoeForCausalLM";
+    default:
+      return "LlamaForCausalLM";
+  }
+}
+
+// The mixture-of-experts fields of a Mixtral or Qwen2-MoE config.json.
+static void moe_json(const ModelConfig& c, nlohmann::json& json) {
+  json["num_experts_per_tok"] = c.moe.top_k;
+  json["output_router_logits"] = false;
+  if (c.type == ModelType::Mixtral) {
+    json["num_local_experts"] = c.moe.experts;
+    json["intermediate_size"] = c.moe.expert_width;
+    return;
+  }
+  json["num_experts"] = c.moe.experts;
+  json["moe_intermediate_size"] = c.moe.expert_width;
+  json["shared_expert_intermediate_size"] = c.moe.shared_width;
+  json["norm_topk_prob"] = c.moe.norm_topk;
+  json["decoder_sparse_step"] = 1;
+  json["mlp_only_layers"] = nlohmann::json::array();
+}
+
 static nlohmann::json llama_json(const ModelConfig& c) {
   nlohmann::json json = c.passthrough;
-  const bool qwen2 = c.type == ModelType::Qwen2;
+  const bool qwen2 = c.type == ModelType::Qwen2 || c.type == ModelType::Qwen2Moe;
   json["model_type"] = model_type_name(c.type);
-  json["architectures"] = {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  json["architectures"] = {architecture_name(c.type)};
   json["vocab_size"] = c.vocab_size;
   json["max_position_embeddings"] = c.n_positions;
   json["hidden_size"] = c.n_embd;
@@ -68,10 +102,11 @@ static nlohmann::json llama_json(const ModelConfig& c) {
   json["rope_scaling"] = c.rope_scaling;
   json["tie_word_embeddings"] = c.tie_word_embeddings;
   json["torch_dtype"] = "float32";  // what dstrain's checkpoints hold
-  if (!qwen2) {
+  if (!qwen2 && c.type != ModelType::Mixtral) {
     json["attention_bias"] = c.qkv_bias;
     json["mlp_bias"] = c.mlp_bias;
   }
+  if (c.moe.enabled()) moe_json(c, json);
   return json;
 }
 
@@ -187,6 +222,40 @@ nlohmann::json rope_scaling(const ConfigFields& f) {
   return scaling;
 }
 
+// The experts of a Mixtral or Qwen2-MoE config (with its shared expert), and one sentence for
+// what dstrain does not do with them yet: the load-balancing loss, router jitter, dense layers
+// among the MoE layers.
+MoeConfig moe_config(const ConfigFields& f, ModelType type) {
+  const bool mixtral = type == ModelType::Mixtral;
+  MoeConfig moe;
+  moe.experts = f.positive(mixtral ? "num_local_experts" : "num_experts", 4096);
+  moe.top_k = f.positive("num_experts_per_tok", moe.experts);
+  moe.expert_width = f.positive(mixtral ? "intermediate_size" : "moe_intermediate_size",
+                                int64_t{1} << 20);
+  moe.norm_topk = mixtral || f.flag_or("norm_topk_prob", false);
+  if (!mixtral) moe.shared_width = f.positive_or("shared_expert_intermediate_size", 1 << 20, 0);
+  if (f.flag_or("output_router_logits", false)) {
+    f.unsupported("output_router_logits true asks for the load-balancing loss, which dstrain "
+                  "does not add yet (set it to false)");
+  }
+  if (f.number_or("router_jitter_noise", -1, 1e9, 0.0) != 0.0) {
+    f.unsupported("router_jitter_noise " + f.at("router_jitter_noise").dump() +
+                  " asks for noise on the router's inputs, which dstrain does not implement");
+  }
+  if (mixtral && f.has("sliding_window")) {
+    f.unsupported("sliding_window " + f.at("sliding_window").dump() +
+                  " asks for sliding-window attention, which dstrain does not implement (null "
+                  "attends over the whole --seq-len)");
+  }
+  const bool every_layer = f.positive_or("decoder_sparse_step", 1024, 1) == 1 &&
+                           (!f.has("mlp_only_layers") || f.at("mlp_only_layers").empty());
+  if (!every_layer) {
+    f.unsupported("decoder_sparse_step and mlp_only_layers ask for dense layers among the "
+                  "mixture-of-experts layers, which dstrain does not do yet");
+  }
+  return moe;
+}
+
 // The fields the LLaMA family's parser reads; the others pass through to the checkpoint.
 const std::set<std::string>& llama_fields() {
   static const std::set<std::string> fields = {"model_type",
@@ -207,7 +276,18 @@ const std::set<std::string>& llama_fields() {
                                                "mlp_bias",
                                                "head_dim",
                                                "use_sliding_window",
-                                               "attention_dropout"};
+                                               "attention_dropout",
+                                               // Mixtral and Qwen2-MoE
+                                               "num_local_experts",
+                                               "num_experts",
+                                               "num_experts_per_tok",
+                                               "moe_intermediate_size",
+                                               "shared_expert_intermediate_size",
+                                               "norm_topk_prob",
+                                               "decoder_sparse_step",
+                                               "mlp_only_layers",
+                                               "output_router_logits",
+                                               "router_jitter_noise"};
   return fields;
 }
 
@@ -241,11 +321,12 @@ ModelConfig llama_config(const nlohmann::json& json, const ConfigFields& f, Mode
   config.rope_theta = f.number_or("rope_theta", 0, 1e12, 10000.0);
   config.rope_scaling = rope_scaling(f);
   config.tie_word_embeddings = f.flag_or("tie_word_embeddings", false);
-  const bool qwen2 = type == ModelType::Qwen2;
+  const bool qwen2 = type == ModelType::Qwen2 || type == ModelType::Qwen2Moe;
   const bool attention_bias = f.flag_or("attention_bias", false);
   config.qkv_bias = qwen2 || attention_bias;
   config.o_bias = !qwen2 && attention_bias;
   config.mlp_bias = !qwen2 && f.flag_or("mlp_bias", false);
+  if (type == ModelType::Mixtral || type == ModelType::Qwen2Moe) config.moe = moe_config(f, type);
   for (const auto& [key, value] : json.items()) {
     if (!llama_fields().count(key)) config.passthrough[key] = value;
   }
@@ -270,12 +351,17 @@ ModelConfig model_config_from_json(const std::string& text, const std::string& o
   ModelConfig config;
   if (type == "gpt2") {
     config = gpt2_config(fields);
-  } else if (type == "llama" || type == "qwen2") {
-    config = llama_config(json, fields, type == "llama" ? ModelType::Llama : ModelType::Qwen2);
+  } else if (type == "llama" || type == "qwen2" || type == "mixtral" || type == "qwen2_moe") {
+    const ModelType kind = type == "llama"     ? ModelType::Llama
+                           : type == "qwen2"   ? ModelType::Qwen2
+                           : type == "mixtral" ? ModelType::Mixtral
+                                               : ModelType::Qwen2Moe;
+    config = llama_config(json, fields, kind);
   } else {
     DSTRAIN_USER_ERROR() << "model config " << origin << " has model_type "
                          << json["model_type"].dump()
-                         << "; dstrain trains model_type \"gpt2\", \"llama\" and \"qwen2\"";
+                         << "; dstrain trains model_type \"gpt2\", \"llama\", \"qwen2\", "
+                            "\"mixtral\" and \"qwen2_moe\"";
   }
   config.name = origin;
   return config;

@@ -1,7 +1,8 @@
 // The model configuration, read from a Hugging Face config.json (or a preset: the same text,
-// embedded). Three model_types: gpt2 (GPT-2 field names), and the LLaMA family, llama and
-// qwen2 (hidden_size, num_attention_heads, ... mapped onto the same members below).
-// DeepSeek-LLM checkpoints are model_type llama.
+// embedded). The model_types: gpt2 (GPT-2 field names), and the LLaMA family, llama and qwen2
+// (hidden_size, num_attention_heads, ... mapped onto the same members below), with its
+// mixture-of-experts members mixtral and qwen2_moe. DeepSeek-LLM checkpoints are model_type
+// llama. Which parts a model is made of: model/parts.h.
 #pragma once
 
 #include <cstdint>
@@ -14,8 +15,23 @@ namespace dstrain {
 // gpt2: pre-LN blocks with LayerNorm, learned positions, tanh GELU MLP, tied head, biases.
 // llama / qwen2: pre-norm blocks with RMSNorm, rotary positions, grouped-query attention, a
 // SwiGLU MLP; biases only where the config asks (Qwen2: q/k/v).
-enum class ModelType { Gpt2, Llama, Qwen2 };
-const char* model_type_name(ModelType type);  // "gpt2" | "llama" | "qwen2"
+enum class ModelType { Gpt2, Llama, Qwen2, Mixtral, Qwen2Moe };
+// "gpt2" | "llama" | "qwen2" | "mixtral" | "qwen2_moe"
+const char* model_type_name(ModelType type);
+
+// A mixture-of-experts MLP in every layer (experts > 0): a router picks top_k of `experts`
+// SwiGLU experts of expert_width per token (Mixtral: num_local_experts, num_experts_per_tok,
+// intermediate_size; Qwen2-MoE: num_experts, num_experts_per_tok, moe_intermediate_size), their
+// weights renormalized where norm_topk (norm_topk_prob; Mixtral always), plus Qwen2-MoE's shared
+// expert of shared_width (shared_expert_intermediate_size) behind a sigmoid gate.
+struct MoeConfig {
+  int64_t experts = 0;  // 0: a dense model
+  int64_t top_k = 0;
+  bool norm_topk = true;
+  int64_t expert_width = 0;
+  int64_t shared_width = 0;  // 0: no shared expert
+  bool enabled() const { return experts > 0; }
+};
 
 struct ModelConfig {
   std::string name;  // preset name or file path it came from
@@ -34,6 +50,7 @@ struct ModelConfig {
   // Biases: GPT-2 has all of them; Llama only with attention_bias (q, k, v, o) / mlp_bias;
   // Qwen2 on q, k and v.
   bool qkv_bias = true, o_bias = true, mlp_bias = true;
+  MoeConfig moe;
   // The config.json fields dstrain does not use (token ids, torch_dtype, ...), written back
   // unchanged into a checkpoint's config.json.
   nlohmann::json passthrough = nlohmann::json::object();

@@ -67,6 +67,14 @@ Decoder::LayerTensors find_layer_tensors(const ParamLayout& layout, const Tensor
   t.up_bias = index(names.up.front() + ".bias");
   t.down = index(names.down + ".weight");
   t.down_bias = index(names.down + ".bias");
+  if (!names.router.empty()) {
+    t.router = index(names.router + ".weight");
+    t.up = index(names.experts + "0." + names.expert_up.front() + ".weight");
+    t.down = index(names.experts + "0." + names.expert_down + ".weight");
+    t.shared_up = index(names.shared_expert + names.expert_up.front() + ".weight");
+    t.shared_down = index(names.shared_expert + names.expert_down + ".weight");
+    t.shared_gate = index(names.shared_gate + ".weight");
+  }
   return t;
 }
 
@@ -216,8 +224,12 @@ Decoder::LayerActivations Decoder::layer_activation_specs(int64_t B, int64_t T, 
   a.lse = add({{"att_lse", DType::F32, {B, w.heads, T}}, !full});
   a.residual2 = add({{"residual2", dtype, {R, C}}, !full});
   add_norm("norm2", a.norm2, a.norm2_mean, a.norm2_rstd);
-  a.up = add({{"mlp_up", dtype, {N, parts_.mlp.up_factor() * w.mlp}}, !full});
-  a.act = add({{"mlp_act", dtype, {N, w.mlp}}, cheap_kept});
+  const int64_t mlp_rows = N * parts_.mlp.rows_per_token();
+  a.up = add({{"mlp_up", dtype, {mlp_rows, parts_.mlp.up_factor() * w.mlp}}, !full});
+  a.act = add({{"mlp_act", dtype, {mlp_rows, w.mlp}}, cheap_kept});
+  if (parts_.mlp.kind == MlpKind::MoE) {
+    a.moe = add_moe_activations(moe_shape(parts_.mlp, N, C), dtype, !full, add);
+  }
   if (specs != nullptr) *specs = std::move(list.list);
   return a;
 }
@@ -232,14 +244,15 @@ std::vector<ActivationSpec> Decoder::layer_activations(int64_t B, int64_t T, DTy
 std::vector<TensorSpec> Decoder::layer_workspace(int64_t B, int64_t T, DType dtype,
                                                  bool with_backward) const {
   const int64_t C = config_.n_embd, N = B * T, Nb = with_backward ? N : 0;
+  const int64_t mlp_rows = Nb * parts_.mlp.rows_per_token();
   const Widths w = widths();
   const bool sp = tp_.enabled() && tp_.sequence_parallel;
   std::vector<TensorSpec> specs = {
       {"scratch", dtype, {N, C}},  // a row-parallel layer's (partial) output
       {"dnorm", dtype, {Nb, C}},   // dL/d(a norm's output), partial under tp; also datty
       {"dqkv", dtype, {Nb, w.qkv}},
-      {"dmlp_up", dtype, {Nb, parts_.mlp.up_factor() * w.mlp}},
-      {"dmlp_act", dtype, {Nb, w.mlp}},
+      {"dmlp_up", dtype, {mlp_rows, parts_.mlp.up_factor() * w.mlp}},
+      {"dmlp_act", dtype, {mlp_rows, w.mlp}},
       // Sequence parallelism: this rank's rows of a reduce-scattered sum, and the gathered rows
       // of a column-parallel layer's input (or of the stream's gradient).
       {"stream_part", dtype, {sp ? tp_.stream_rows(N) : 0, C}},
@@ -248,7 +261,74 @@ std::vector<TensorSpec> Decoder::layer_workspace(int64_t B, int64_t T, DType dty
     // The rotary (cos, sin) table of positions 0..T-1, copied in before each use.
     specs.push_back({"rope_freqs", DType::F32, {T, parts_.attention.head_dim / 2, 2}});
   }
+  if (parts_.mlp.kind == MlpKind::MoE) {
+    DSTRAIN_CHECK(static_cast<int>(specs.size()) == moe_workspace_begin());
+    for (TensorSpec& spec : moe_workspace_specs(moe_shape(parts_.mlp, N, C), dtype, with_backward)) {
+      specs.push_back(std::move(spec));
+    }
+  }
   return specs;
+}
+
+int Decoder::moe_workspace_begin() const {
+  return parts_.position.kind == PositionKind::Rotary ? kRopeFreqs + 1 : kRopeFreqs;
+}
+
+MoeShape Decoder::moe_shape_of(const LayerRun& run) const {
+  return moe_shape(parts_.mlp, run.b * run.t, config_.n_embd);
+}
+
+MoeWeights Decoder::moe_weights(const std::vector<Tensor>& tensors) const {
+  const MlpPart& mlp = parts_.mlp;
+  return {tensors[static_cast<size_t>(tensors_.router)],
+          all_experts(matrix(tensors, tensors_.up, 2 * mlp.width), mlp.experts),
+          all_experts(tensors[static_cast<size_t>(tensors_.down)], mlp.experts),
+          matrix(tensors, tensors_.shared_up, 2 * mlp.shared_width),
+          optional(tensors, tensors_.shared_down), optional(tensors, tensors_.shared_gate)};
+}
+
+MoeWorkspace Decoder::moe_workspace(const LayerRun& run) const {
+  const MoeShape s = moe_shape_of(run);
+  const std::vector<Tensor>& ws = run.workspace;
+  const int m = moe_workspace_begin();
+  const bool backward = !ws[m + 1].empty() && ws[m + 1].numel() > 0;
+  auto view = [&](int index, std::initializer_list<int64_t> dims) {
+    return backward || index == m || index == m + 5 || index == m + 6 ? prefix(ws[index], dims)
+                                                                        : Tensor();
+  };
+  MoeWorkspace w{view(m, {s.N, s.E}),     view(m + 1, {s.M, s.C}), view(m + 2, {s.M, s.C}),
+                 view(m + 3, {s.N, s.k}), backward ? prefix(ws[kDup], {s.M, 2 * s.I}) : Tensor(),
+                 backward ? prefix(ws[kDact], {s.M, s.I}) : Tensor(), view(m + 4, {s.N, s.C})};
+  if (s.Is > 0) {
+    w.shared_logit = view(m + 5, {s.N, 1});
+    w.shared_sum = view(m + 6, {s.N, s.C});
+    w.dshared_act = view(m + 7, {s.N, s.Is});
+    w.dshared_up = view(m + 8, {s.N, 2 * s.Is});
+    w.dshared_weight = view(m + 9, {s.N, 1});
+  }
+  return w;
+}
+
+MoeActivations Decoder::moe_activations(const LayerRun& run) const {
+  const MoeShape s = moe_shape_of(run);
+  const std::vector<Tensor>& a = run.activations;
+  const MoeActivationIndex& i = activations_.moe;
+  MoeActivations v{prefix(a[i.scores], {s.N, s.E}),      prefix(a[i.topk_weight], {s.N, s.k}),
+                   prefix(a[i.topk_expert], {s.N, s.k}), prefix(a[i.offsets], {s.E + 1}),
+                   prefix(a[i.source_rows], {s.M}),      prefix(a[i.dest_rows], {s.N, s.k}),
+                   prefix(a[i.inp], {s.M, s.C}),         prefix(a[activations_.up], {s.M, 2 * s.I}),
+                   prefix(a[activations_.act], {s.M, s.I}), prefix(a[i.out], {s.M, s.C})};
+  if (s.Is == 0) return v;
+  v.shared_up = prefix(a[i.shared_up], {s.N, 2 * s.Is});
+  v.shared_act = prefix(a[i.shared_act], {s.N, s.Is});
+  v.shared_out = prefix(a[i.shared_out], {s.N, s.C});
+  v.shared_scores = prefix(a[i.shared_scores], {s.N, 1});
+  v.shared_weight = prefix(a[i.shared_weight], {s.N, 1});
+  v.shared_expert = prefix(a[i.shared_expert], {s.N, 1});
+  v.shared_offsets = prefix(a[i.shared_offsets], {2});
+  v.shared_source = prefix(a[i.shared_source], {s.N});
+  v.shared_dest = prefix(a[i.shared_dest], {s.N, 1});
+  return v;
 }
 
 Decoder::HeadBuffers Decoder::head_buffer_specs(int64_t B, int64_t T, DType dtype,
@@ -355,21 +435,30 @@ void Decoder::embed_backward(ParamProvider& params, const EmbedRun& run) const {
   params.release_grads(block);
 }
 
-// The up projection and the activation: mlp_up and mlp_act from the (gathered) norm2.
-void Decoder::mlp_forward(const LayerRun& run, Tensor norm2_full) const {
+// The MLP on the (gathered) norm2: the up projection and the activation (mlp_up, mlp_act), then
+// the down projection, or the experts. Returns the stream rows of its output.
+Tensor Decoder::mlp_forward(const LayerRun& run, Tensor norm2_full) const {
   const int64_t N = run.b * run.t, mlp = widths().mlp, up_width = parts_.mlp.up_factor() * mlp;
   const std::vector<Tensor>& w = run.weights;
   const LayerTensors& i = tensors_;
+  if (parts_.mlp.kind == MlpKind::MoE) {
+    Tensor out = prefix(run.workspace[kScratch], {N, config_.n_embd});
+    moe_mlp_forward(run.backend, parts_.mlp, moe_weights(w), moe_activations(run),
+                    moe_workspace(run), norm2_full, out, run.stream);
+    return out;
+  }
   Tensor up = prefix(run.activations[activations_.up], {N, up_width});
   Tensor act = prefix(run.activations[activations_.act], {N, mlp});
   if (parts_.mlp.kind == MlpKind::Gelu && parts_.names.in_by_out) {
     run.backend.matmul_gelu_forward(act, up, norm2_full, w[i.up], optional(w, i.up_bias),
                                     run.stream);
-    return;
+  } else {
+    run.backend.matmul_forward(up, norm2_full, matrix(w, i.up, up_width),
+                               matrix(w, i.up_bias, up_width), !parts_.names.in_by_out,
+                               run.stream);
+    activation_forward(run.backend, parts_.mlp, act, up, run.stream);
   }
-  run.backend.matmul_forward(up, norm2_full, matrix(w, i.up, up_width),
-                             matrix(w, i.up_bias, up_width), !parts_.names.in_by_out, run.stream);
-  activation_forward(run.backend, parts_.mlp, act, up, run.stream);
+  return row_parallel(run, act, w[i.down], optional(w, i.down_bias));
 }
 
 void Decoder::layer_forward(const LayerRun& run) const {
@@ -403,9 +492,7 @@ void Decoder::layer_forward(const LayerRun& run) const {
                         {w[i.norm2], optional(w, i.norm2_bias),
                          optional_prefix(a, ai.norm2_mean, {R}), prefix(a[ai.norm2_rstd], {R})},
                         run.stream);
-  mlp_forward(run, enter_region_forward(tp_, norm2, gathered(run), run.stream));
-  Tensor mlp_out = row_parallel(run, prefix(a[ai.act], {N, wd.mlp}), w[i.down],
-                                optional(w, i.down_bias));
+  Tensor mlp_out = mlp_forward(run, enter_region_forward(tp_, norm2, gathered(run), run.stream));
   backend.residual_forward(prefix(run.output, {R, C}), residual2, mlp_out, run.stream);
 }
 
@@ -431,14 +518,15 @@ void Decoder::layer_recompute(const LayerRun& run, Recompute recompute) const {
                  {w[i.norm2], optional(w, i.norm2_bias), optional_prefix(a, ai.norm2_mean, {R}),
                   prefix(a[ai.norm2_rstd], {R})},
                  run.stream);
-    activation_forward(run.backend, parts_.mlp, prefix(a[ai.act], {N, mlp}),
-                       prefix(a[ai.up], {N, parts_.mlp.up_factor() * mlp}), run.stream);
+    const int64_t rows = N * parts_.mlp.rows_per_token();
+    activation_forward(run.backend, parts_.mlp, prefix(a[ai.act], {rows, mlp}),
+                       prefix(a[ai.up], {rows, parts_.mlp.up_factor() * mlp}), run.stream);
   }
 }
 
-// From dL/d(the layer's output) (dout: the whole rows under sequence parallelism) to
-// dL/d(residual2) in run.residual_grad.
-void Decoder::mlp_backward(const LayerRun& run, Tensor dout) const {
+// The dense MLP's backward from dout (the whole rows under sequence parallelism) to dL/d(norm2)
+// (partial under tp), returned.
+Tensor Decoder::dense_mlp_backward(const LayerRun& run, Tensor dout) const {
   const int64_t N = run.b * run.t, C = config_.n_embd, R = tp_.stream_rows(N);
   const int64_t mlp = widths().mlp, up_width = parts_.mlp.up_factor() * mlp;
   const std::vector<Tensor>& a = run.activations;
@@ -466,8 +554,28 @@ void Decoder::mlp_backward(const LayerRun& run, Tensor dout) const {
       enter_region_forward(tp_, prefix(a[ai.norm2], {R, C}), gathered(run), run.stream);
   backend.matmul_backward(dnorm, matrix(g, i.up, up_width), up_bias_grad, dup, norm2_full,
                           matrix(w, i.up, up_width), out_by_in, run.stream);
+  return dnorm;
+}
+
+// From dL/d(the layer's output) (dout: the whole rows under sequence parallelism) to
+// dL/d(residual2) in run.residual_grad.
+void Decoder::mlp_backward(const LayerRun& run, Tensor dout) const {
+  const int64_t N = run.b * run.t, C = config_.n_embd, R = tp_.stream_rows(N);
+  const std::vector<Tensor>& a = run.activations;
+  const std::vector<Tensor>& w = run.weights;
+  const std::vector<Tensor>& g = run.grads;
+  const LayerTensors& i = tensors_;
+  const LayerActivations& ai = activations_;
+  Tensor dnorm;
+  if (parts_.mlp.kind == MlpKind::MoE) {
+    dnorm = prefix(run.workspace[kDnorm], {N, C});
+    moe_mlp_backward(run.backend, parts_.mlp, moe_weights(w), moe_weights(g), moe_activations(run),
+                     moe_workspace(run), prefix(a[ai.norm2], {R, C}), dout, dnorm, run.stream);
+  } else {
+    dnorm = dense_mlp_backward(run, dout);
+  }
   Tensor dnorm2 = enter_region_backward(tp_, dnorm, stream_part(run), run.stream);
-  norm_backward(backend, parts_.norm, prefix(run.residual_grad, {R, C}),
+  norm_backward(run.backend, parts_.norm, prefix(run.residual_grad, {R, C}),
                 {g[i.norm2], optional(g, i.norm2_bias)}, dnorm2, prefix(a[ai.residual2], {R, C}),
                 {w[i.norm2], optional(w, i.norm2_bias), optional_prefix(a, ai.norm2_mean, {R}),
                  prefix(a[ai.norm2_rstd], {R})},

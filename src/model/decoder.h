@@ -25,6 +25,7 @@
 #include "model/architecture.h"
 #include "model/config.h"
 #include "model/layout.h"
+#include "model/moe_mlp.h"
 #include "model/parts.h"
 
 namespace dstrain {
@@ -77,11 +78,14 @@ class Decoder final : public Architecture {
   struct LayerTensors {
     int norm1 = -1, norm1_bias = -1, qkv = -1, qkv_bias = -1, o = -1, o_bias = -1;
     int norm2 = -1, norm2_bias = -1, up = -1, up_bias = -1, down = -1, down_bias = -1;
+    int router = -1;  // MoE: the router; up and down then the first expert's
+    int shared_up = -1, shared_down = -1, shared_gate = -1;  // MoE: the shared expert's
   };
   // Where a layer's activations are in LayerRun::activations (-1: the parts keep none).
   struct LayerActivations {
     int norm1 = -1, norm1_mean = -1, norm1_rstd = -1, qkv = -1, atty = -1, lse = -1;
     int residual2 = -1, norm2 = -1, norm2_mean = -1, norm2_rstd = -1, up = -1, act = -1;
+    MoeActivationIndex moe;  // MoE only
   };
   // Where the head's buffers are in HeadRun::workspace.
   struct HeadBuffers {
@@ -101,9 +105,15 @@ class Decoder final : public Architecture {
   Tensor rope_freqs(const LayerRun& run) const;
   Tensor matrix(const std::vector<Tensor>& tensors, int index, int64_t out_width) const;
   Tensor row_parallel(const LayerRun& run, Tensor inp, Tensor weight, Tensor bias) const;
-  void mlp_forward(const LayerRun& run, Tensor norm2_full) const;
+  Tensor mlp_forward(const LayerRun& run, Tensor norm2_full) const;
   void attention_backward(const LayerRun& run, Tensor dout) const;
   void mlp_backward(const LayerRun& run, Tensor dout) const;
+  Tensor dense_mlp_backward(const LayerRun& run, Tensor dout) const;
+  MoeShape moe_shape_of(const LayerRun& run) const;
+  MoeWeights moe_weights(const std::vector<Tensor>& tensors) const;
+  MoeActivations moe_activations(const LayerRun& run) const;
+  MoeWorkspace moe_workspace(const LayerRun& run) const;
+  int moe_workspace_begin() const;  // the first of the MoE part's LayerRun::workspace
   void head_backward(ParamProvider& params, const HeadRun& run, Tensor head, Tensor norm_full,
                      std::vector<Tensor> final_weights, bool release_grads, int next) const;
   Tensor sequence_parallel_view(Tensor full, int64_t rows) const;

@@ -41,6 +41,9 @@ std::string tp_unsupported_reason(const ModelConfig& config, int tp) {
   const DecoderParts parts = decoder_parts(config);
   if (tp < 1) {
     reason << "tensor parallelism needs at least 1 rank, not " << tp;
+  } else if (tp > 1 && parts.mlp.kind == MlpKind::MoE) {
+    reason << "tensor parallelism over " << tp
+           << " ranks: dstrain does not split mixture-of-experts models over tp ranks yet";
   } else if (divisible("n_head", parts.attention.heads) &&
              divisible("num_key_value_heads", parts.attention.kv_heads) &&
              divisible(parts.mlp.width_name, parts.mlp.width) &&
@@ -176,8 +179,37 @@ void add_linear(Builder& b, const TensorNames& format, const std::string& prefix
   }
 }
 
+// A mixture of experts: the router (E, C), then every expert's [gate | up] (E, 2I, C) and every
+// expert's down (E, C, I), each packed into one tensor of the grouped matmul (experts whole on
+// every rank: no tensor parallelism), then the shared expert if any.
+void add_experts(Builder& b, const TensorNames& names, const MlpPart& mlp, const std::string& p) {
+  const int64_t C = b.width();
+  b.add(p + names.router + ".weight", {mlp.experts, C}, true, kReplicated);
+  bool packed = false;
+  for (int64_t e = 0; e < mlp.experts; ++e) {
+    for (const std::string& up : names.expert_up) {
+      b.add(p + names.experts + std::to_string(e) + "." + up + ".weight", {mlp.width, C}, true,
+            kReplicated, {.packed = packed});
+      packed = true;
+    }
+  }
+  for (int64_t e = 0; e < mlp.experts; ++e) {
+    b.add(p + names.experts + std::to_string(e) + "." + names.expert_down + ".weight",
+          {C, mlp.width}, true, kReplicated, {.packed = e > 0});
+  }
+  if (mlp.shared_width == 0) return;
+  // The shared expert: [gate | up] (2 Is, C), down (C, Is), and its gate (1, C).
+  const std::string shared = p + names.shared_expert;
+  for (size_t i = 0; i < names.expert_up.size(); ++i) {
+    b.add(shared + names.expert_up[i] + ".weight", {mlp.shared_width, C}, true, kReplicated,
+          {.packed = i > 0});
+  }
+  b.add(shared + names.expert_down + ".weight", {C, mlp.shared_width}, true, kReplicated);
+  b.add(p + names.shared_gate + ".weight", {1, C}, true, kReplicated);
+}
+
 // One layer: norm, attention (qkv column-parallel, o row-parallel), norm, MLP (up
-// column-parallel, down row-parallel).
+// column-parallel, down row-parallel; or the experts).
 void add_layer(Builder& b, const DecoderParts& parts, int64_t layer) {
   const TensorNames& names = parts.names;
   const AttentionPart& attn = parts.attention;
@@ -192,6 +224,10 @@ void add_layer(Builder& b, const DecoderParts& parts, int64_t layer) {
               attn.qkv_bias});
   add_linear(b, names, p, {{names.o}, {C}, attn.q_width(), false, attn.o_bias, residual});
   add_norm(b, parts.norm, p + names.norm2);
+  if (mlp.kind == MlpKind::MoE) {
+    add_experts(b, names, mlp, p);
+    return;
+  }
   add_linear(b, names, p,
              {names.up, std::vector<int64_t>(static_cast<size_t>(mlp.up_factor()), mlp.width), C,
               true, mlp.bias});

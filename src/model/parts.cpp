@@ -49,6 +49,21 @@ DecoderParts llama_parts(const ModelConfig& config) {
                  .o = "self_attn.o_proj",
                  .down = "mlp.down_proj",
                  .head = "lm_head.weight"};
+  if (config.moe.enabled()) {
+    // Mixtral's names (block_sparse_moe, w1 w3 w2), or Qwen2-MoE's (mlp, gate_proj ...).
+    const bool mixtral = config.type == ModelType::Mixtral;
+    parts.mlp = {MlpKind::MoE, config.moe.expert_width, false,
+                 mixtral ? "the expert width intermediate_size" : "moe_intermediate_size",
+                 config.moe.experts, config.moe.top_k, config.moe.norm_topk,
+                 config.moe.shared_width};
+    parts.names.router = mixtral ? "block_sparse_moe.gate" : "mlp.gate";
+    parts.names.experts = mixtral ? "block_sparse_moe.experts." : "mlp.experts.";
+    parts.names.expert_up = mixtral ? std::vector<std::string>{"w1", "w3"}
+                                    : std::vector<std::string>{"gate_proj", "up_proj"};
+    parts.names.expert_down = mixtral ? "w2" : "down_proj";
+    parts.names.shared_expert = "mlp.shared_expert.";
+    parts.names.shared_gate = "mlp.shared_expert_gate";
+  }
   return parts;
 }
 

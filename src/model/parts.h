@@ -9,7 +9,8 @@
 //   position   learned table | rotary                  n_positions | rope_theta, rope_scaling
 //   attention  heads, kv heads, head dim, biases       num_attention_heads, num_key_value_heads,
 //                                                      attention_bias (Qwen2: q, k, v)
-//   MLP        GELU (tanh) | SwiGLU                    activation_function | hidden_act, mlp_bias
+//   MLP        GELU (tanh) | SwiGLU | mixture of       activation_function | hidden_act, mlp_bias;
+//              SwiGLU experts (router, top-k)          num_local_experts | num_experts, ...
 //   head       tied to the embedding | its own tensor  tie_word_embeddings
 #pragma once
 
@@ -23,7 +24,7 @@ namespace dstrain {
 
 enum class NormKind { LayerNorm, RMSNorm };
 enum class PositionKind { Learned, Rotary };
-enum class MlpKind { Gelu, SwiGLU };
+enum class MlpKind { Gelu, SwiGLU, MoE };
 
 struct NormPart {
   NormKind kind = NormKind::LayerNorm;
@@ -46,13 +47,22 @@ struct AttentionPart {
   int64_t qkv_width() const { return q_width() + 2 * kv_width(); }
 };
 
+// A dense MLP, or a mixture of SwiGLU experts of `width` each: a router (a linear layer to
+// `experts` logits) picks top_k experts per token (Backend::moe_route, kernels/ops.h).
 struct MlpPart {
   MlpKind kind = MlpKind::Gelu;
-  int64_t width = 0;       // I: the hidden width (of gate and of up for SwiGLU)
+  int64_t width = 0;       // I: the hidden width (of gate and of up for SwiGLU; of each expert)
   bool bias = false;       // on the up (gate and up) and down projections
   std::string width_name;  // the config field that gives the width, for messages
-  // The up projection's output per hidden unit: GELU 1, SwiGLU 2 ([gate | up]).
-  int64_t up_factor() const { return kind == MlpKind::SwiGLU ? 2 : 1; }
+  int64_t experts = 0, top_k = 0;  // MoE
+  bool norm_topk = true;           // MoE: the top-k weights renormalized
+  // MoE: a shared SwiGLU expert of this width every token passes through, its output scaled by
+  // sigmoid(x @ w_gate) (Qwen2-MoE); 0: none.
+  int64_t shared_width = 0;
+  // The up projection's output per hidden unit: GELU 1, SwiGLU (and its experts) 2 ([gate | up]).
+  int64_t up_factor() const { return kind == MlpKind::Gelu ? 1 : 2; }
+  // Rows the experts see per token: top_k for MoE (each token copied to k experts), else 1.
+  int64_t rows_per_token() const { return kind == MlpKind::MoE ? top_k : 1; }
 };
 
 struct HeadPart {
@@ -72,6 +82,11 @@ struct TensorNames {
   std::vector<std::string> qkv, up;
   std::string o, down;
   std::string head;  // an untied head's matrix
+  // MoE: the router's matrix, expert e's tensors "<experts><e>.<name>.weight".
+  std::string router, experts;
+  std::vector<std::string> expert_up;  // gate, up
+  std::string expert_down;
+  std::string shared_expert, shared_gate;  // "<shared_expert><up or down name>.weight"
 };
 
 // Initialization: every matrix and embedding N(0, init_std); the projections into the residual

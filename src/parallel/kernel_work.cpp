@@ -60,6 +60,12 @@ constexpr double kAttentionDelta = 1;
 // written (the vocabulary-parallel stats and from_stats kernels: the same two passes).
 constexpr double kCrossEntropy = 3;
 constexpr double kFill = 1;  // fill_zero of the head's input gradient before its norm backward
+// cuda_moe.cu, per channel of a token with k choices: forward the gather (k copies read and
+// written) and the combine (k rows read, one written); backward the combine's backward (dout
+// and the k expert rows read, k rows written), the gather's backward (k read, one written) and
+// the router's gradient added (read, written). The routing's (N, E) passes are left out.
+double moe_forward(double k) { return 2 * k + k + 1; }
+double moe_backward(double k) { return (1 + 2 * k) + (k + 1) + 2; }
 // cuda_embedding.cu, per channel: wte (and GPT-2's wpe) rows read, the sum written; backward reads
 // dout for dwte and writes the token's dwte row (at most once per token), and a learned position
 // table reads dout again for dwpe.
@@ -91,13 +97,15 @@ double norms_and_residuals(const DecoderParts& parts) {
   return kNormForward + kResidual + (fused ? kFusedResidualNorm : kNormForward + kResidual);
 }
 
-// The MLP's activation.
+// The MLP's activation, on each of a token's rows (top_k under MoE).
 double activation_forward(const MlpPart& mlp, const Widths& w) {
-  return (mlp.kind == MlpKind::SwiGLU ? kSwigluForward : kGeluForward) * w.mlp;
+  return (mlp.kind == MlpKind::Gelu ? kGeluForward : kSwigluForward) * w.mlp *
+         static_cast<double>(mlp.rows_per_token());
 }
 
 double activation_backward(const MlpPart& mlp, const Widths& w) {
-  return (mlp.kind == MlpKind::SwiGLU ? kSwigluBackward : kGeluBackward) * w.mlp;
+  return (mlp.kind == MlpKind::Gelu ? kGeluBackward : kSwigluBackward) * w.mlp *
+         static_cast<double>(mlp.rows_per_token());
 }
 
 // dbias of every bias the block has: row-parallel ones (o, the MLP's down) from the whole dout.
@@ -154,6 +162,11 @@ MemoryTraffic memory_traffic(const ModelConfig& config, int tp, bool sequence_pa
                     (tp > 1 ? kBiasAdd * row_parallel_biases * w.rows : 0);
   t.layer_backward = 2 * kNormBackward * w.rows + kAttentionDelta * w.q + rope +
                      activation_backward(parts.mlp, w) + bias_gradients(parts, w);
+  if (parts.mlp.kind == MlpKind::MoE) {
+    const auto k = static_cast<double>(parts.mlp.top_k);
+    t.layer_forward += moe_forward(k) * w.C;
+    t.layer_backward += moe_backward(k) * w.C;
+  }
   t.layer_selective = 2 * kNormForward * w.rows + activation_forward(parts.mlp, w);
   t.embed_forward = t.embed_backward = embedding_traffic(parts) * w.C;
   const double vocab = static_cast<double>(config.padded_vocab()) / tp;

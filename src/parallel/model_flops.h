@@ -13,7 +13,8 @@ namespace dstrain {
 
 struct ModelFlops {
   // One layer's GEMMs: 2 C (q + 2 kv) for the qkv projection, 2 C q for the output projection,
-  // the MLP's matrices (GPT-2: 2 x 2 C I; SwiGLU: 3 x 2 C I). GPT-2 (q = kv = C, I = 4 C): 24 C^2.
+  // the MLP's matrices (GPT-2: 2 x 2 C I; SwiGLU: 3 x 2 C I; MoE: k x 3 x 2 C I + the router's
+  // 2 C E: the active experts only). GPT-2 (q = kv = C, I = 4 C): 24 C^2.
   double layer_gemm_forward = 0;
   double attention_forward = 0;  // 4 T q: the attention scores and their product with v
   double layer_forward = 0;      // the two above: GPT-2 24 C^2 + 4 T C
@@ -26,10 +27,15 @@ inline ModelFlops model_flops(const ModelConfig& config, int64_t seq_len) {
   const double q = static_cast<double>(parts.attention.q_width());
   const double kv = static_cast<double>(parts.attention.kv_width());
   const double I = static_cast<double>(parts.mlp.width);
-  // The up projection's matrices (GELU: 1; SwiGLU: gate and up) and the down projection.
-  const double mlp_matrices = static_cast<double>(parts.mlp.up_factor()) + 1;
+  // The up projection's matrices (GELU: 1; SwiGLU: gate and up) and the down projection, for
+  // each of a token's top_k experts under MoE, plus the router's (C, E).
+  const double mlp_matrices = static_cast<double>(parts.mlp.up_factor() + 1) *
+                              static_cast<double>(parts.mlp.rows_per_token());
+  const double router = parts.mlp.kind == MlpKind::MoE
+                            ? 2 * C * static_cast<double>(parts.mlp.experts)
+                            : 0.0;
   ModelFlops f;
-  f.layer_gemm_forward = 2 * C * (q + 2 * kv) + 2 * C * q + mlp_matrices * 2 * C * I;
+  f.layer_gemm_forward = 2 * C * (q + 2 * kv) + 2 * C * q + mlp_matrices * 2 * C * I + router;
   f.attention_forward = 4 * T * q;
   f.layer_forward = f.layer_gemm_forward + f.attention_forward;
   f.head_forward = 2 * C * static_cast<double>(config.padded_vocab());

@@ -15,6 +15,7 @@
 #include "core/rng.h"
 #include "kernels/ops.h"
 #include "model/stage.h"
+#include "tests/model/gradient_checks.h"
 #include "tests/model/host_params.h"
 
 namespace dstrain {
@@ -61,20 +62,6 @@ Batch random_batch(const ModelConfig& config, int64_t N, uint64_t seed) {
   return batch;
 }
 
-// The model's initial weights plus noise: no weight is 0 or 1, so every path matters.
-void randomize(const ParamLayout& layout, const ModelConfig& config, test::HostParams& params) {
-  std::vector<Tensor> flats;
-  for (int block = 0; block < layout.num_blocks(); ++block) {
-    flats.push_back(params.acquire_params(block));
-  }
-  init_model_parameters(layout, config, 7, flats);
-  Rng rng(99);
-  for (const ParamSpec& spec : layout.params()) {
-    float* data = ParamLayout::view(spec, flats[spec.block]).f32();
-    for (int64_t i = 0; i < spec.file_numel(); ++i) data[i] += float(0.2 * rng.normal());
-  }
-}
-
 class LlamaGradients : public ::testing::TestWithParam<Variant> {};
 
 TEST_P(LlamaGradients, WholeModelGradientMatchesFiniteDifferences) {
@@ -83,7 +70,7 @@ TEST_P(LlamaGradients, WholeModelGradientMatchesFiniteDifferences) {
   const ParamLayout& layout = arch.layout();
   EXPECT_EQ(layout.tied_embedding(), config.tie_word_embeddings);
   test::HostParams params(layout);
-  randomize(layout, config, params);
+  test::randomize_parameters(layout, config, params);
   const int64_t B = 2, T = 5, N = B * T;
   Batch batch = random_batch(config, N, 3);
   Tensor inputs(batch.inputs.data(), DType::I32, {B, T});
@@ -95,27 +82,9 @@ TEST_P(LlamaGradients, WholeModelGradientMatchesFiniteDifferences) {
   model.forward(params, 0, B, T, inputs, targets, 1.0f / N, nullptr);
   model.backward(params, 0, inputs, nullptr);
 
-  Rng rng(5);
-  const double h = 1e-3;
-  for (const ParamSpec& spec : layout.params()) {
-    float* param = ParamLayout::view(spec, params.acquire_params(spec.block)).f32();
-    const float* grad = ParamLayout::view(spec, params.acquire_grads(spec.block)).f32();
-    double grad_norm = 0.0;
-    for (int64_t i = 0; i < spec.file_numel(); ++i) grad_norm += double(grad[i]) * grad[i];
-    EXPECT_GT(grad_norm, 0.0) << spec.name;
-    for (int probe = 0; probe < 4; ++probe) {
-      const int64_t i = int64_t(rng.below(spec.file_numel()));
-      const float saved = param[i];
-      param[i] = float(saved + h);
-      const double plus = model.forward(params, 0, B, T, inputs, targets, 0.0f, nullptr);
-      param[i] = float(saved - h);
-      const double minus = model.forward(params, 0, B, T, inputs, targets, 0.0f, nullptr);
-      param[i] = saved;
-      const double numeric = (plus - minus) / (2 * h);
-      EXPECT_NEAR(grad[i], numeric, 5e-4 + 2e-2 * std::abs(numeric))
-          << spec.name << "[" << i << "]";
-    }
-  }
+  const std::vector<double> norms =
+      test::expect_gradients_match_finite_differences(model, params, layout, B, T, inputs, targets);
+  for (size_t i = 0; i < norms.size(); ++i) EXPECT_GT(norms[i], 0.0) << layout.params()[i].name;
   // The padded vocabulary rows never get a gradient.
   const ParamSpec& embed = layout.find("model.embed_tokens.weight");
   const float* embed_grad = ParamLayout::view(embed, params.acquire_grads(0)).f32();
@@ -133,7 +102,7 @@ INSTANTIATE_TEST_SUITE_P(
 std::vector<std::vector<float>> gradients(const ModelConfig& config, Recompute recompute) {
   const Decoder arch(config);
   test::HostParams params(arch.layout());
-  randomize(arch.layout(), config, params);
+  test::randomize_parameters(arch.layout(), config, params);
   const int64_t B = 2, T = 7;
   Batch batch = random_batch(config, B * T, 4);
   Tensor inputs(batch.inputs.data(), DType::I32, {B, T});

@@ -6,6 +6,10 @@ Face model directories and of training against the real thing:
   llama_tiny/  grouped-query attention (4 heads, 2 kv heads), untied head, no biases, saved as
                F32 in 3 shards with model.safetensors.index.json
   qwen2_tiny/  Qwen2 (q/k/v biases), tied head, saved as BF16 in one model.safetensors
+  mixtral_tiny/ Mixtral: a mixture of 4 SwiGLU experts, top 2, in every layer; grouped-query
+               attention, untied head; F32 in shards with an index
+  qwen2_moe_tiny/ Qwen2-MoE: 4 experts, top 2, not renormalized, and a shared expert behind a
+               sigmoid gate; q/k/v biases, tied head; F32 in one file
 
 Each directory holds what `save_pretrained` wrote (config.json, the weights), and:
 
@@ -22,7 +26,7 @@ biases N(0, 0.02)) so that nothing is 0 or 1; a BF16 checkpoint's model trains f
 BF16-rounded weights, which is what dstrain reads.
 
 Run from the repository root, with Debian's python3-torch and transformers 4.41:
-  PYTHONPATH=<transformers> /usr/bin/python3 tests/reference/make_llama_reference.py
+  PYTHONPATH=<transformers> /usr/bin/python3 tests/reference/make_llama_reference.py [NAME ...]
 dstrain never needs torch or transformers at run time: this script only makes fixtures.
 """
 import json
@@ -73,6 +77,15 @@ FIXTURES = {
                        config=dict(COMMON, tie_word_embeddings=False)),
     "qwen2_tiny": dict(kind="qwen2", dtype=torch.bfloat16, shard=None,
                        config=dict(COMMON, tie_word_embeddings=True, use_sliding_window=False)),
+    "mixtral_tiny": dict(kind="mixtral", dtype=torch.float32, shard="100KB",
+                         config=dict(COMMON, tie_word_embeddings=False, num_local_experts=4,
+                                     num_experts_per_tok=2, sliding_window=None)),
+    "qwen2_moe_tiny": dict(kind="qwen2_moe", dtype=torch.float32, shard=None,
+                           config=dict(COMMON, tie_word_embeddings=True, use_sliding_window=False,
+                                       num_experts=4, num_experts_per_tok=2,
+                                       moe_intermediate_size=24,
+                                       shared_expert_intermediate_size=40, norm_topk_prob=False,
+                                       decoder_sparse_step=1, mlp_only_layers=[])),
 }
 WEIGHT_SEED = 4321
 TOKEN_SEED = 8765
@@ -81,6 +94,10 @@ TOKEN_SEED = 8765
 def make_model(kind, config):
     if kind == "llama":
         return transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
+    if kind == "mixtral":
+        return transformers.MixtralForCausalLM(transformers.MixtralConfig(**config))
+    if kind == "qwen2_moe":
+        return transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(**config))
     return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**config))
 
 
@@ -92,6 +109,10 @@ def perturb(model, seed):
                 p.copy_(1 + 0.1 * torch.randn(p.shape, generator=generator))
             elif name.endswith(".bias"):
                 p.copy_(0.02 * torch.randn(p.shape, generator=generator))
+            elif name.endswith(("block_sparse_moe.gate.weight", "mlp.gate.weight")):
+                # A router whose logits differ by more than rounding: the choices are the same
+                # in any fp32 implementation.
+                p.copy_(0.5 * torch.randn(p.shape, generator=generator))
 
 
 def save_checkpoint(model, out_dir, dtype, shard):
@@ -201,8 +222,10 @@ def main():
     torch.set_default_dtype(torch.float32)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
+    only = sys.argv[1:]  # fixture names, or every fixture
     for name, spec in FIXTURES.items():
-        make_fixture(name, spec)
+        if not only or name in only:
+            make_fixture(name, spec)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 // Hugging Face transformers' own LLaMA-family models (tests/reference/make_llama_reference.py:
 // Llama with grouped-query attention and an untied head, F32 in 3 shards with an index; Qwen2
-// with q/k/v biases and a tied head, BF16), loaded from their model directories: the first
+// with q/k/v biases and a tied head, BF16; Mixtral, 4 experts, top 2, F32 in shards; Qwen2-MoE
+// with its shared expert), loaded from their model directories: the first
 // micro-batch's loss and every gradient, and 10 training steps (losses, gradient norms, final
 // weights) against transformers trained on the same data with the same AdamW.
 #include <gtest/gtest.h>
@@ -65,7 +66,8 @@ TEST_P(LlamaAgainstTransformers, LossAndGradientsOfTheFirstMicroBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaAgainstTransformers,
-                         ::testing::Values("llama_tiny", "qwen2_tiny"));
+                         ::testing::Values("llama_tiny", "qwen2_tiny", "mixtral_tiny",
+                                           "qwen2_moe_tiny"));
 
 class TrainsLikeTransformers : public ::testing::TestWithParam<test::FixturePlan> {};
 
@@ -87,7 +89,13 @@ INSTANTIATE_TEST_SUITE_P(Plans, TrainsLikeTransformers,
                                            test::FixturePlan{"llama_tiny", 1, 1, 2, 1},
                                            test::FixturePlan{"qwen2_tiny", 1, 1, 2, 0},
                                            test::FixturePlan{"llama_tiny", 1, 2, 1, 0},
-                                           test::FixturePlan{"qwen2_tiny", 1, 2, 2, 1}),
+                                           test::FixturePlan{"qwen2_tiny", 1, 2, 2, 1},
+                                           // Mixtral: experts replicated (no --ep yet)
+                                           test::FixturePlan{"mixtral_tiny"},
+                                           test::FixturePlan{"mixtral_tiny", 2, 1, 1, 3, true},
+                                           test::FixturePlan{"mixtral_tiny", 1, 1, 2, 1},
+                                           test::FixturePlan{"qwen2_moe_tiny"},
+                                           test::FixturePlan{"qwen2_moe_tiny", 2, 1, 2, 2}),
                          [](const ::testing::TestParamInfo<test::FixturePlan>& info) {
                            return info.param.name();
                          });

@@ -1,0 +1,115 @@
+// The mixture-of-experts MLP part (model/parts.h, MlpKind::MoE), as the decoder runs it on one
+// rank: a router (x @ W_router^T, (N, E) logits), the top-k routing (scores in fp32), the
+// tokens' copies in expert order (M = N k rows), each expert's SwiGLU on its rows (two grouped
+// matmuls around the activation), and the weighted combine back into token order. Dropless:
+// every token reaches its k experts. Qwen2-MoE adds a shared SwiGLU expert every token passes
+// through, scaled by sigmoid(x @ w_gate): the routing op with one expert, top 1, sigmoid scores
+// gives that scale and its gradient, the combine applies it. Forward and backward written
+// against Backend's MoE ops (kernels/ops.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/ops.h"
+#include "model/architecture.h"
+#include "model/parts.h"
+
+namespace dstrain {
+
+// The sizes of one micro-batch's MoE MLP: N tokens of C channels, k choices each, M = N k rows
+// in expert order, E experts of width I.
+struct MoeShape {
+  int64_t N = 0, k = 0, M = 0, E = 0, C = 0, I = 0;
+  int64_t Is = 0;  // the shared expert's width (0: none)
+};
+MoeShape moe_shape(const MlpPart& mlp, int64_t tokens, int64_t width);
+MoeRouting moe_routing(const MlpPart& mlp);
+
+// The part's weights (or their gradients) in a layer's block: the router (E, C), every expert's
+// [gate | up] (E, 2I, C) and down (E, C, I), each one packed tensor (model/layout.cpp).
+struct MoeWeights {
+  Tensor router, up, down;
+  Tensor shared_up, shared_down, shared_gate;  // (2 Is, C), (C, Is), (1, C), or empty
+};
+// The views of `first` (the first expert's tensor in the block) over every expert's.
+Tensor all_experts(Tensor first, int64_t experts);
+
+// What forward keeps for backward (besides the MLP's up and act, (M, 2I) and (M, I), which the
+// decoder keeps for every MLP), as prefixes of the micro-batch's sizes.
+struct MoeActivations {
+  Tensor scores;       // (N, E) F32
+  Tensor topk_weight;  // (N, k) F32
+  Tensor topk_expert;  // (N, k) I32
+  Tensor offsets;      // (E + 1) I32
+  Tensor source_rows;  // (M) I32
+  Tensor dest_rows;    // (N, k) I32
+  Tensor inp;          // (M, C): the tokens' copies in expert order
+  Tensor up, act;      // (M, 2I), (M, I)
+  Tensor out;          // (M, C): each expert's output rows (for the routing weights' gradient)
+  // The shared expert: its up (N, 2 Is), act (N, Is) and output (N, C), and its gate's routing
+  // (one expert, top 1: scores, weight (N, 1) F32, expert (N, 1) I32, offsets (2), source (N)
+  // and dest (N, 1) I32).
+  Tensor shared_up, shared_act, shared_out;
+  Tensor shared_scores, shared_weight, shared_expert, shared_offsets, shared_source, shared_dest;
+};
+// Their indices in LayerRun::activations.
+struct MoeActivationIndex {
+  int scores = -1, topk_weight = -1, topk_expert = -1, offsets = -1, source_rows = -1;
+  int dest_rows = -1, inp = -1, out = -1;
+  int shared_up = -1, shared_act = -1, shared_out = -1, shared_scores = -1, shared_weight = -1;
+  int shared_expert = -1, shared_offsets = -1, shared_source = -1, shared_dest = -1;
+};
+// Adds the MoE activations (all kept unless recompute is Full) through add(spec) -> index.
+template <class Add>
+MoeActivationIndex add_moe_activations(const MoeShape& s, DType dtype, bool kept, Add&& add) {
+  MoeActivationIndex i;
+  i.scores = add(ActivationSpec{{"router_scores", DType::F32, {s.N, s.E}}, kept});
+  i.topk_weight = add(ActivationSpec{{"topk_weight", DType::F32, {s.N, s.k}}, kept});
+  i.topk_expert = add(ActivationSpec{{"topk_expert", DType::I32, {s.N, s.k}}, kept});
+  i.offsets = add(ActivationSpec{{"expert_offsets", DType::I32, {s.E + 1}}, kept});
+  i.source_rows = add(ActivationSpec{{"source_rows", DType::I32, {s.M}}, kept});
+  i.dest_rows = add(ActivationSpec{{"dest_rows", DType::I32, {s.N, s.k}}, kept});
+  i.inp = add(ActivationSpec{{"expert_inp", dtype, {s.M, s.C}}, kept});
+  i.out = add(ActivationSpec{{"expert_out", dtype, {s.M, s.C}}, kept});
+  if (s.Is == 0) return i;
+  i.shared_up = add(ActivationSpec{{"shared_up", dtype, {s.N, 2 * s.Is}}, kept});
+  i.shared_act = add(ActivationSpec{{"shared_act", dtype, {s.N, s.Is}}, kept});
+  i.shared_out = add(ActivationSpec{{"shared_out", dtype, {s.N, s.C}}, kept});
+  i.shared_scores = add(ActivationSpec{{"shared_scores", DType::F32, {s.N, 1}}, kept});
+  i.shared_weight = add(ActivationSpec{{"shared_weight", DType::F32, {s.N, 1}}, kept});
+  i.shared_expert = add(ActivationSpec{{"shared_expert", DType::I32, {s.N, 1}}, kept});
+  i.shared_offsets = add(ActivationSpec{{"shared_offsets", DType::I32, {2}}, kept});
+  i.shared_source = add(ActivationSpec{{"shared_source", DType::I32, {s.N}}, kept});
+  i.shared_dest = add(ActivationSpec{{"shared_dest", DType::I32, {s.N, 1}}, kept});
+  return i;
+}
+
+// The workspace the part needs besides the decoder's (router logits or their gradient, the
+// rows' gradients, the routing weights' gradient).
+struct MoeWorkspace {
+  Tensor logits;        // (N, E): forward the logits, backward their gradient
+  Tensor dout_rows;     // (M, C)
+  Tensor dinp_rows;     // (M, C)
+  Tensor dtopk_weight;  // (N, k) F32
+  Tensor dup, dact;     // (M, 2I), (M, I)
+  Tensor dx_router;     // (N, C): the router's (and the shared expert's) part of dx
+  // The shared expert: its gate's logit (forward) or gradient (backward) (N, 1), its gated
+  // output (forward) or that output's gradient (backward) (N, C), dact (N, Is), dup (N, 2 Is),
+  // the gate weight's gradient (N, 1) F32.
+  Tensor shared_logit, shared_sum, dshared_act, dshared_up, dshared_weight;
+};
+std::vector<TensorSpec> moe_workspace_specs(const MoeShape& s, DType dtype, bool with_backward);
+
+// out (N, C) = sum over each token's k experts of weight * expert(x), x (N, C) the norm's output.
+void moe_mlp_forward(Backend& backend, const MlpPart& mlp, const MoeWeights& w,
+                     const MoeActivations& a, const MoeWorkspace& ws, Tensor x, Tensor out,
+                     Stream stream);
+// dx (N, C) = dL/dx (overwritten) from dout (N, C); the weights' gradients g are added to.
+void moe_mlp_backward(Backend& backend, const MlpPart& mlp, const MoeWeights& w,
+                      const MoeWeights& g, const MoeActivations& a, const MoeWorkspace& ws,
+                      Tensor x, Tensor dout, Tensor dx, Stream stream);
+
+}  // namespace dstrain

@@ -1,0 +1,220 @@
+// The decoder with a mixture-of-experts MLP (model/moe_mlp.h; Mixtral's names and routing) on
+// the CPU backend: every parameter's gradient against finite differences of the loss (the
+// routing is piecewise constant: the probes are small enough to keep every token's choice),
+// recompute changes no bit, an expert that receives no token gets no gradient, and the config
+// fields of Mixtral and Qwen2-MoE parse with the parameter counts of the real models.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "core/rng.h"
+#include "kernels/ops.h"
+#include "model/decoder.h"
+#include "model/stage.h"
+#include "tests/model/gradient_checks.h"
+#include "tests/model/host_params.h"
+
+namespace dstrain {
+namespace {
+
+ModelConfig small_mixtral(int64_t experts, int64_t top_k) {
+  ModelConfig c;
+  c.name = "mixtral_small";
+  c.type = ModelType::Mixtral;
+  c.vocab_size = 37;
+  c.n_positions = 16;
+  c.n_embd = 24;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.intermediate_size = 20;
+  c.norm_eps = 1e-5;
+  c.rope_theta = 100.0;
+  c.tie_word_embeddings = false;
+  c.qkv_bias = c.o_bias = c.mlp_bias = false;
+  c.moe = {experts, top_k, true, 20, 0};
+  return c;
+}
+
+// The router's rows spread further than the rest: its logits, not the noise, decide the choices.
+void randomize(const ParamLayout& layout, const ModelConfig& config, test::HostParams& params) {
+  test::randomize_parameters(layout, config, params, [](const std::string& name) {
+    return name.ends_with("gate.weight") ? 1.0 : 0.2;
+  });
+}
+
+struct Batch {
+  std::vector<int32_t> inputs, targets;
+  int64_t B = 2, T = 5;
+};
+
+Batch random_run(const ModelConfig& config, uint64_t seed) {
+  Batch run;
+  Rng rng(seed);
+  for (int64_t i = 0; i < run.B * run.T; ++i) {
+    run.inputs.push_back(int32_t(rng.below(config.vocab_size)));
+    run.targets.push_back(int32_t(rng.below(config.vocab_size)));
+  }
+  return run;
+}
+
+TEST(MoeModel, EveryGradientMatchesFiniteDifferences) {
+  const ModelConfig config = small_mixtral(4, 2);
+  const Decoder arch(config);
+  const ParamLayout& layout = arch.layout();
+  test::HostParams params(layout);
+  randomize(layout, config, params);
+  Batch data = random_run(config, 3);
+  const int64_t B = data.B, T = data.T, N = B * T;
+  Tensor inputs(data.inputs.data(), DType::I32, {B, T});
+  Tensor targets(data.targets.data(), DType::I32, {B, T});
+  auto backend = make_cpu_backend(1);
+  auto allocator = make_cpu_allocator();
+  ModelStage model(arch, whole_model(config), *backend, *allocator, B, T, DType::F32, true,
+                   Recompute::None, 1);
+  model.forward(params, 0, B, T, inputs, targets, 1.0f / N, nullptr);
+  model.backward(params, 0, inputs, nullptr);
+
+  const std::vector<double> norms =
+      test::expect_gradients_match_finite_differences(model, params, layout, B, T, inputs, targets);
+  int experts_with_gradient = 0;
+  for (size_t i = 0; i < norms.size(); ++i) {
+    const std::string& name = layout.params()[i].name;
+    if (name.find(".experts.") != std::string::npos) {
+      experts_with_gradient += norms[i] > 0.0;
+    } else {
+      EXPECT_GT(norms[i], 0.0) << name;
+    }
+  }
+  // 2 layers x 4 experts x 3 tensors: most experts are chosen by some token.
+  EXPECT_GE(experts_with_gradient, 18);
+}
+
+// A router of zeros scores every expert alike: ties go to the lower index, so every token
+// picks experts 0 and 1, and experts 2 and 3 receive no token. Their tensors get exactly zero
+// gradient; the chosen experts' and the router's do not.
+TEST(MoeModel, ExpertsWithoutTokensGetNoGradient) {
+  const ModelConfig config = small_mixtral(4, 2);
+  const Decoder arch(config);
+  const ParamLayout& layout = arch.layout();
+  test::HostParams params(layout);
+  randomize(layout, config, params);
+  for (int layer = 0; layer < 2; ++layer) {
+    const ParamSpec& router =
+        layout.find("model.layers." + std::to_string(layer) + ".block_sparse_moe.gate.weight");
+    float* w = ParamLayout::view(router, params.acquire_params(router.block)).f32();
+    std::fill(w, w + router.numel(), 0.0f);
+  }
+  Batch data = random_run(config, 4);
+  Tensor inputs(data.inputs.data(), DType::I32, {data.B, data.T});
+  Tensor targets(data.targets.data(), DType::I32, {data.B, data.T});
+  auto backend = make_cpu_backend(2);
+  auto allocator = make_cpu_allocator();
+  ModelStage model(arch, whole_model(config), *backend, *allocator, data.B, data.T, DType::F32,
+                   true, Recompute::None, 1);
+  model.forward(params, 0, data.B, data.T, inputs, targets, 0.1f, nullptr);
+  model.backward(params, 0, inputs, nullptr);
+  for (const ParamSpec& spec : layout.params()) {
+    const bool idle = spec.name.find(".experts.2.") != std::string::npos ||
+                      spec.name.find(".experts.3.") != std::string::npos;
+    const float* grad = ParamLayout::view(spec, params.acquire_grads(spec.block)).f32();
+    double norm = 0.0;
+    for (int64_t i = 0; i < spec.file_numel(); ++i) norm += double(grad[i]) * grad[i];
+    if (idle) {
+      EXPECT_EQ(norm, 0.0) << spec.name;
+    } else {
+      EXPECT_GT(norm, 0.0) << spec.name;
+    }
+  }
+}
+
+std::vector<std::vector<float>> gradients(const ModelConfig& config, Recompute recompute) {
+  const Decoder arch(config);
+  test::HostParams params(arch.layout());
+  randomize(arch.layout(), config, params);
+  Batch data = random_run(config, 6);
+  Tensor inputs(data.inputs.data(), DType::I32, {data.B, data.T});
+  Tensor targets(data.targets.data(), DType::I32, {data.B, data.T});
+  auto backend = make_cpu_backend(2);
+  auto allocator = make_cpu_allocator();
+  ModelStage model(arch, whole_model(config), *backend, *allocator, data.B, data.T, DType::F32,
+                   true, recompute, 1);
+  model.forward(params, 0, data.B, data.T, inputs, targets, 0.1f, nullptr);
+  model.backward(params, 0, inputs, nullptr);
+  return params.grads;
+}
+
+TEST(MoeModel, RecomputeGivesBitwiseIdenticalGradients) {
+  const ModelConfig config = small_mixtral(5, 3);
+  const auto none = gradients(config, Recompute::None);
+  EXPECT_EQ(gradients(config, Recompute::Selective), none);
+  EXPECT_EQ(gradients(config, Recompute::Full), none);
+}
+
+// Published parameter counts: Mixtral 8x7B 46.7B; its config read back the same.
+TEST(MoeConfig, MixtralFieldsReadAndWriteBack) {
+  const std::string mixtral = R"({"model_type": "mixtral", "vocab_size": 32000,
+    "max_position_embeddings": 32768, "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "num_local_experts": 8, "num_experts_per_tok": 2, "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0, "sliding_window": null, "tie_word_embeddings": false,
+    "router_aux_loss_coef": 0.02, "output_router_logits": false})";
+  const ModelConfig config = model_config_from_json(mixtral, "mixtral");
+  EXPECT_EQ(config.type, ModelType::Mixtral);
+  EXPECT_EQ(config.moe.experts, 8);
+  EXPECT_EQ(config.moe.top_k, 2);
+  EXPECT_TRUE(config.moe.norm_topk);
+  EXPECT_EQ(config.moe.expert_width, 14336);
+  EXPECT_EQ(config.num_parameters(), 46702792704);
+  const ModelConfig again = model_config_from_json(config.to_json().dump(), "again");
+  EXPECT_EQ(again.to_json(), config.to_json());
+  EXPECT_EQ(config.to_json()["router_aux_loss_coef"], 0.02);  // passes through
+}
+
+// Qwen1.5-MoE-A2.7B: 60 experts of 1408, top 4, not renormalized, a shared expert of 5632 behind
+// its gate; 14.3B parameters as published.
+TEST(MoeConfig, QwenMoePresetHasTheRealModelsParameterCount) {
+  const ModelConfig config = load_model_config("qwen1.5-moe-a2.7b");
+  EXPECT_EQ(config.type, ModelType::Qwen2Moe);
+  EXPECT_EQ(config.moe.experts, 60);
+  EXPECT_EQ(config.moe.top_k, 4);
+  EXPECT_FALSE(config.moe.norm_topk);
+  EXPECT_EQ(config.moe.expert_width, 1408);
+  EXPECT_EQ(config.moe.shared_width, 5632);
+  EXPECT_TRUE(config.qkv_bias);
+  EXPECT_EQ(config.num_parameters(), 14315784192);
+  const ModelConfig again = model_config_from_json(config.to_json().dump(), "again");
+  EXPECT_EQ(again.to_json(), config.to_json());
+  EXPECT_EQ(load_model_config("mixtral-8x7b").num_parameters(), 46702792704);
+}
+
+TEST(MoeConfig, WhatDstrainDoesNotDoYetIsOneSentence) {
+  const std::string base = R"({"model_type": "mixtral", "vocab_size": 97,
+    "max_position_embeddings": 32, "hidden_size": 32, "intermediate_size": 16,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_local_experts": 4,
+    "num_experts_per_tok": 2)";
+  auto message = [&](const std::string& extra) {
+    try {
+      model_config_from_json(base + extra + "}", "m");
+    } catch (const UserError& error) {
+      return std::string(error.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(message(""), "");
+  EXPECT_NE(message(R"(, "output_router_logits": true)").find("load-balancing loss"),
+            std::string::npos);
+  EXPECT_NE(message(R"(, "sliding_window": 4096)").find("sliding-window"), std::string::npos);
+  EXPECT_NE(message(R"(, "router_jitter_noise": 0.1)").find("jitter"), std::string::npos);
+  EXPECT_NE(message(R"(, "num_experts_per_tok": 5)").find("num_experts_per_tok"),
+            std::string::npos);
+  EXPECT_EQ(tp_unsupported_reason(model_config_from_json(base + "}", "m"), 2),
+            "tensor parallelism over 2 ranks: dstrain does not split mixture-of-experts models "
+            "over tp ranks yet");
+}
+
+}  // namespace
+}  // namespace dstrain
