@@ -24,14 +24,14 @@ namespace {
 
 constexpr const char* kUsage =
     "Usage: dstrain bench comm [--gpus N] [--sizes MIN:MAX] "
-    "[--ops all_reduce,reduce_scatter,all_gather,send_recv] [--dtype fp32|fp16|bf16] "
+    "[--ops all_reduce,reduce_scatter,all_gather,send_recv,all_to_all] [--dtype fp32|fp16|bf16] "
     "[--iters N] [--warmup N] [--device auto|cpu|cuda] [--json]\n";
 
 struct BenchCommFlags {
   int gpus = 0;
   bool gpus_given = false;  // else all GPUs, or 2 CPU ranks
   std::string sizes = "1K:256M";
-  std::string ops = "all_reduce,reduce_scatter,all_gather,send_recv";
+  std::string ops = "all_reduce,reduce_scatter,all_gather,send_recv,all_to_all";
   std::string dtype = "fp32";
   int iters = 20;
   int warmup = 5;
@@ -93,7 +93,7 @@ std::vector<CommOp> parse_ops(const std::string& text) {
     }
   }
   DSTRAIN_USER_CHECK(!ops.empty()) << "--ops names no collective (all_reduce, reduce_scatter, "
-                                      "all_gather, send_recv)";
+                                      "all_gather, send_recv, all_to_all)";
   return ops;
 }
 
@@ -206,9 +206,9 @@ void print_table(const BenchReport& report, std::ostream& out) {
       << (report.devices.cuda ? "" : ", " + communicator_name(report.devices)) << "\n"
       << "# time: median of " << request.iters << " iterations (after " << request.warmup
       << " warm-up) of the slowest rank, barrier to completion; send_recv: a ring (rank r sends "
-         "to r+1, receives from r-1)\n"
+         "to r+1, receives from r-1); all_to_all: size / n to each peer\n"
       << "# algbw = size / time; busbw = algbw x 2(n-1)/n (all_reduce), (n-1)/n (reduce_scatter, "
-         "all_gather), 1 (send_recv)\n"
+         "all_gather, all_to_all), 1 (send_recv)\n"
       << assumed_line(report) << "#\n";
   char line[160];
   std::snprintf(line, sizeof line, "%-16s %12s %12s %6s %12s %12s %12s\n", "# op", "size (B)",
@@ -250,6 +250,7 @@ nlohmann::json to_json(const BenchReport& report) {
           {"iters", report.request.iters},
           {"time", "median over iters of the slowest rank's time, barrier to completion"},
           {"send_recv", "ring: rank r sends to r+1 and receives from r-1"},
+          {"all_to_all", "size / ranks elements to each peer"},
           {"rows", rows},
           {"peak_busbw_gbps", peaks},
           {"assumed_link", link}};

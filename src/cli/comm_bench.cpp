@@ -57,6 +57,8 @@ float expected_value(const RowShape& shape, int64_t i) {
     case CommOp::ReduceScatter: return sum_over_ranks(shape.rank * shape.part + i, shape.ranks);
     case CommOp::AllGather: return pattern_value(i, static_cast<int>(i / shape.part));
     case CommOp::SendRecv: return pattern_value(i, shape.previous());
+    case CommOp::AllToAll:  // part j of peer p's input: element rank * part + j
+      return pattern_value(shape.rank * shape.part + i % shape.part, static_cast<int>(i / shape.part));
   }
   return 0;
 }
@@ -133,6 +135,11 @@ void run_collective(const CommBenchRank& rank, const RowShape& shape, const RowB
                      {P2POp::Kind::Recv, buffers.output, shape.previous()}},
                     rank.stream);
       break;
+    case CommOp::AllToAll: {
+      const std::vector<int64_t> parts(static_cast<size_t>(shape.ranks), shape.part);
+      comm.all_to_all(buffers.output, parts, buffers.input, parts, rank.stream);
+      break;
+    }
   }
 }
 
@@ -191,13 +198,15 @@ const char* comm_op_name(CommOp op) {
     case CommOp::ReduceScatter: return "reduce_scatter";
     case CommOp::AllGather: return "all_gather";
     case CommOp::SendRecv: return "send_recv";
+    case CommOp::AllToAll: return "all_to_all";
   }
   return "?";
 }
 
 const std::vector<CommOp>& all_comm_ops() {
   static const std::vector<CommOp> ops = {CommOp::AllReduce, CommOp::ReduceScatter,
-                                          CommOp::AllGather, CommOp::SendRecv};
+                                          CommOp::AllGather, CommOp::SendRecv,
+                                          CommOp::AllToAll};
   return ops;
 }
 
@@ -217,7 +226,8 @@ double bus_factor(CommOp op, int ranks) {
   switch (op) {
     case CommOp::AllReduce: return 2.0 * (n - 1) / n;
     case CommOp::ReduceScatter:
-    case CommOp::AllGather: return (n - 1) / n;
+    case CommOp::AllGather:
+    case CommOp::AllToAll: return (n - 1) / n;
     case CommOp::SendRecv: return 1.0;
   }
   return 1.0;
@@ -226,7 +236,9 @@ double bus_factor(CommOp op, int ranks) {
 int64_t comm_bench_count(CommOp op, int64_t bytes, DType dtype, int ranks) {
   const int64_t count = bytes / static_cast<int64_t>(dtype_size(dtype));
   // A collective over n ranks needs n parts; nccl-tests rounds down the same way.
-  if (op == CommOp::ReduceScatter || op == CommOp::AllGather) return count / ranks * ranks;
+  if (op == CommOp::ReduceScatter || op == CommOp::AllGather || op == CommOp::AllToAll) {
+    return count / ranks * ranks;
+  }
   return count;
 }
 

@@ -3,11 +3,12 @@
 // the CPU backend. Used by `dstrain bench comm` and benchmarks/bench_comm.cpp.
 //
 // - S, the size of a row: the bytes of the full buffer (the all_reduce buffer, the
-//   reduce_scatter input, the all_gather output, the message each send_recv rank sends);
+//   reduce_scatter input, the all_gather output, the message each send_recv rank sends, the
+//   all_to_all input: count / n elements for each peer, as expert parallelism's dispatch);
 //   count = S / dtype size elements (nccl-tests prints the per-rank count for reduce_scatter
 //   and all_gather; here it is always the full buffer's).
 // - algbw = S / t; busbw = algbw x 2(n-1)/n (all_reduce), x (n-1)/n (reduce_scatter,
-//   all_gather), x 1 (send_recv), n ranks: what each rank's link carries in a ring.
+//   all_gather, all_to_all), x 1 (send_recv), n ranks: what each rank's link carries.
 // - t: per iteration, the slowest rank's time from leaving a barrier to the collective's end
 //   (the call has returned and the rank's stream is synchronized: on CUDA the work has completed
 //   on the GPU), on the steady clock; the row's time is the median of --iters such iterations
@@ -34,9 +35,10 @@
 
 namespace dstrain {
 
-enum class CommOp : uint8_t { AllReduce, ReduceScatter, AllGather, SendRecv };
+enum class CommOp : uint8_t { AllReduce, ReduceScatter, AllGather, SendRecv, AllToAll };
 
-const char* comm_op_name(CommOp op);  // "all_reduce", "reduce_scatter", "all_gather", "send_recv"
+// "all_reduce", "reduce_scatter", "all_gather", "send_recv", "all_to_all"
+const char* comm_op_name(CommOp op);
 // The inverse of comm_op_name; UserError naming the choices otherwise.
 CommOp parse_comm_op(const std::string& name);
 const std::vector<CommOp>& all_comm_ops();  // in the order above

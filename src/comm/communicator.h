@@ -89,6 +89,16 @@ class Communicator {
   // inside its own exchange) in per-pair order, exactly as send/recv do. REQUIRES: at most one
   // Send and at most one Recv per peer in one call; no peer is this rank.
   virtual void exchange(const std::vector<P2POp>& ops, Stream stream) = 0;
+  // Collective: a personalized exchange with per-peer counts (torch's all_to_all_single with
+  // split sizes; the dispatch and combine of expert parallelism). input holds send_counts[p]
+  // elements for each peer p, in peer order; output receives recv_counts[p] elements from each
+  // peer p, in peer order. recv_counts[p] on this rank must equal send_counts[this rank] on p;
+  // zero counts move nothing. The default is one exchange() with every other peer and a copy of
+  // this rank's own part (copy_own_part), so it fails, times out and reports as exchange does.
+  // REQUIRES: size() counts each, >= 0, summing to at most input's (output's) numel; one dtype;
+  // input and output do not overlap.
+  virtual void all_to_all(Tensor output, const std::vector<int64_t>& recv_counts, Tensor input,
+                          const std::vector<int64_t>& send_counts, Stream stream);
   virtual void barrier() = 0;
   // Not collective: a label of what this rank is doing in its own code ("pipeline stage 1
   // (rank 3), forward of micro-batch 5"), for the messages about it. The local implementation
@@ -98,6 +108,11 @@ class Communicator {
   // Collective: ranks with the same color form a new communicator, ranked by (key, old rank).
   // color < 0: this rank joins none and gets nullptr.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
+ protected:
+  // all_to_all's own part: dst = src, ordered on `stream`. The default copies host memory (a
+  // device tensor is an Error); a communicator of device memory overrides it.
+  virtual void copy_own_part(Tensor dst, Tensor src, Stream stream);
 };
 
 // A transfer that failed because its peer closed the connection (Gloo): the consequence of

@@ -113,6 +113,16 @@ class StagedCommunicator final : public Communicator {
   }
 
   void barrier() override { inner_.barrier(); }
+
+ protected:
+  // all_to_all (the default, through this exchange): the own part stays on the device.
+  void copy_own_part(Tensor dst, Tensor src, Stream stream) override {
+    if (on_device(dst) && on_device(src)) return copy_on_device(dst, src, stream);
+    if (!on_device(dst) && !on_device(src)) return Communicator::copy_own_part(dst, src, stream);
+    transfer(dst.data, src.data, src.nbytes(), stream);
+  }
+
+ public:
   void annotate(const std::string& what) override { inner_.annotate(what); }
 
   std::unique_ptr<Communicator> split(int color, int key) override {

@@ -48,6 +48,11 @@ class TracedCommunicator final : public Communicator {
     const TraceSpan span = this->span(name, bytes, stream, peer);
     inner_.exchange(ops, stream);
   }
+  void all_to_all(Tensor output, const std::vector<int64_t>& recv_counts, Tensor input,
+                  const std::vector<int64_t>& send_counts, Stream stream) override {
+    const TraceSpan span = this->span("all_to_all", input.nbytes(), stream);
+    inner_.all_to_all(output, recv_counts, input, send_counts, stream);
+  }
   void barrier() override {
     const TraceSpan span = this->span("barrier", -1, nullptr);
     inner_.barrier();

@@ -24,7 +24,8 @@ using testing::CliResult;
 using testing::expect_cli_user_error;
 using testing::run_cli_args;
 
-const std::vector<std::string> kOps = {"all_reduce", "reduce_scatter", "all_gather", "send_recv"};
+const std::vector<std::string> kOps = {"all_reduce", "reduce_scatter", "all_gather", "send_recv",
+                                       "all_to_all"};
 
 double nccl_tests_factor(const std::string& op, int n) {
   if (op == "all_reduce") return 2.0 * (n - 1) / n;
@@ -84,7 +85,8 @@ TEST(BenchCommCli, FourRanksInBf16UseTheNcclTestsFactors) {
   expect_rows(report, 4, {4096, 8192}, "bf16", 2);
   // 2(n-1)/n = 1.5, (n-1)/n = 0.75, 1.
   const std::map<std::string, double> factors = {
-      {"all_reduce", 1.5}, {"reduce_scatter", 0.75}, {"all_gather", 0.75}, {"send_recv", 1.0}};
+      {"all_reduce", 1.5}, {"reduce_scatter", 0.75}, {"all_gather", 0.75}, {"send_recv", 1.0},
+      {"all_to_all", 0.75}};
   for (const nlohmann::json& row : report.at("rows")) {
     EXPECT_DOUBLE_EQ(row.at("busbw_gbps").get<double>() / row.at("algbw_gbps").get<double>(),
                      factors.at(row.at("op")));
@@ -239,10 +241,11 @@ TEST(CommBench, EveryCollectiveIsRightOnThreeRanksInEveryDtype) {
     SCOPED_TRACE(dtype_name(dtype));
     const std::vector<CommBenchRow> rows =
         run_comm_bench(choose_devices("cpu", 3), small_request(all_comm_ops(), dtype));
-    ASSERT_EQ(rows.size(), 8u);
+    ASSERT_EQ(rows.size(), 10u);
     const int64_t size = static_cast<int64_t>(dtype_size(dtype));
     for (const CommBenchRow& row : rows) {
-      const bool splits = row.op == CommOp::ReduceScatter || row.op == CommOp::AllGather;
+      const bool splits = row.op == CommOp::ReduceScatter || row.op == CommOp::AllGather ||
+                          row.op == CommOp::AllToAll;
       EXPECT_EQ(row.count * size, row.bytes);
       EXPECT_EQ(row.ranks, 3);
       if (splits) {

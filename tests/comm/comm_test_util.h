@@ -150,4 +150,69 @@ inline std::string case_name(DType dtype, ReduceOp op, int ranks, int64_t n) {
          std::to_string(ranks) + "ranks_n" + std::to_string(n);
 }
 
+// One all_to_all over `ranks` ranks: counts[src][dst] elements from src to dst, drawn from
+// [0, 4] with zeros forced in (rank 0 sends nothing to anyone and the last rank receives nothing
+// from rank 1, where there are such ranks); each rank's input filled from `seed`, the expected
+// outputs cut from the inputs, the outputs zeroed.
+struct AllToAllCase {
+  int ranks;
+  DType dtype;
+  std::vector<std::vector<int64_t>> counts;
+  std::vector<GuardedBuffer> inputs, outputs, expected;
+
+  AllToAllCase(int ranks_, DType dtype_, uint64_t seed) : ranks(ranks_), dtype(dtype_) {
+    Rng rng(seed);
+    counts.assign(static_cast<size_t>(ranks), std::vector<int64_t>(static_cast<size_t>(ranks)));
+    for (int src = 0; src < ranks; ++src) {
+      for (int dst = 0; dst < ranks; ++dst) {
+        const bool silent = (ranks > 2 && src == 0) || (ranks > 2 && src == 1 && dst == ranks - 1);
+        counts[src][dst] = silent ? 0 : static_cast<int64_t>(rng.below(5));
+      }
+    }
+    for (int r = 0; r < ranks; ++r) {
+      inputs.emplace_back(dtype, total(send_counts(r)) + 3);  // a spare tail: never sent
+      inputs.back().fill(seed, r);
+      outputs.emplace_back(dtype, total(recv_counts(r)));
+      expected.emplace_back(dtype, total(recv_counts(r)));
+    }
+    for (int dst = 0; dst < ranks; ++dst) {
+      int64_t at = 0;
+      for (int src = 0; src < ranks; ++src) {
+        int64_t from = 0;
+        for (int d = 0; d < dst; ++d) from += counts[src][d];
+        for (int64_t i = 0; i < counts[src][dst]; ++i) {
+          expected[dst].set(at++, inputs[src].get(from + i));
+        }
+      }
+    }
+  }
+  std::vector<int64_t> send_counts(int r) const { return counts[static_cast<size_t>(r)]; }
+  std::vector<int64_t> recv_counts(int r) const {
+    std::vector<int64_t> column;
+    for (int src = 0; src < ranks; ++src) column.push_back(counts[src][static_cast<size_t>(r)]);
+    return column;
+  }
+  static int64_t total(const std::vector<int64_t>& v) {
+    int64_t sum = 0;
+    for (int64_t x : v) sum += x;
+    return sum;
+  }
+  // The collective on `comm` (rank r's buffers).
+  void run(Communicator& comm) {
+    const int r = comm.rank();
+    comm.all_to_all(outputs[static_cast<size_t>(r)].tensor(), recv_counts(r),
+                    inputs[static_cast<size_t>(r)].tensor(), send_counts(r), nullptr);
+  }
+  // Every rank received exactly what was sent to it, guards intact, and the data not all zeros.
+  void expect_delivered(const std::string& what) const {
+    bool any = false;
+    for (int r = 0; r < ranks; ++r) {
+      any = any || expected[static_cast<size_t>(r)].any_nonzero();
+      EXPECT_TRUE(outputs[r].same_bytes(expected[r])) << what << " rank " << r;
+      EXPECT_TRUE(outputs[r].guards_intact() && inputs[r].guards_intact()) << what << " rank " << r;
+    }
+    EXPECT_TRUE(ranks == 1 || any) << what << ": a test on zeros proves nothing";
+  }
+};
+
 }  // namespace dstrain::test

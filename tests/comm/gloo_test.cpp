@@ -191,6 +191,15 @@ TEST(Gloo, EveryCollectiveGivesTheLocalCommunicatorsBitsOn2To4Ranks) {
   }
 }
 
+TEST(Gloo, AllToAllWithPerPeerCountsOn2To4Ranks) {
+  SKIP_WITHOUT_GLOO();
+  for (int ranks : {2, 3, 4}) {
+    AllToAllCase c(ranks, DType::F32, 70 + static_cast<uint64_t>(ranks));
+    expect_no_errors(run_gloo_ranks(ranks, kNoTimeout, [&](Communicator& comm) { c.run(comm); }));
+    c.expect_delivered(std::to_string(ranks) + " Gloo ranks");
+  }
+}
+
 TEST(Gloo, AllReduceFollowsTheContractsOrderNotJustTheLocalOne) {
   // The sum of a large and small values differs between orders: the contract's is rank 0 first.
   SKIP_WITHOUT_GLOO();

@@ -187,6 +187,24 @@ TEST(Nccl, ExchangeWithBothNeighboursAtOnce) {
   }
 }
 
+// all_to_all with per-peer counts and zeros among them: device buffers (one NCCL group of sends
+// and receives, the own part copied on the stream) and host buffers (staged through the device).
+TEST(Nccl, AllToAllWithPerPeerCounts) {
+  REQUIRE_CUDA_DEVICE();
+  const int ranks = test_ranks();
+  for (bool on_device : {true, false}) {
+    AllToAllCase c(ranks, DType::BF16, 60);
+    run_nccl_ranks(ranks, kNoTimeout, [&](Communicator& comm) {
+      const int r = comm.rank();
+      if (!on_device) return c.run(comm);
+      DeviceCopy in(c.inputs[r], r), out(c.outputs[r], r);
+      comm.all_to_all(out.tensor(), c.recv_counts(r), in.tensor(), c.send_counts(r), nullptr);
+      out.back();
+    });
+    c.expect_delivered(on_device ? "device buffers" : "host buffers");
+  }
+}
+
 TEST(Nccl, AFailingRankReleasesTheOthers) {
   REQUIRE_CUDA_DEVICE();
   const int ranks = test_ranks();
