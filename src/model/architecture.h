@@ -103,12 +103,13 @@ class Architecture {
   // The rows of the residual stream of a (b, t) micro-batch this rank holds.
   int64_t stream_rows(int64_t b, int64_t t) const { return tensor_parallel().stream_rows(b * t); }
 
-  // The activations of one layer besides its input and output (the stage keeps those), in
-  // the order LayerRun::activations holds them, with what `recompute` keeps.
-  virtual std::vector<ActivationSpec> layer_activations(int64_t B, int64_t T, DType dtype,
-                                                        Recompute recompute) const = 0;
+  // The activations of layer `layer` (its index in the whole model) besides its input and output
+  // (the stage keeps those), in the order LayerRun::activations holds them, with what `recompute`
+  // keeps. Layers may differ (a dense layer among mixture-of-experts layers).
+  virtual std::vector<ActivationSpec> layer_activations(int layer, int64_t B, int64_t T,
+                                                        DType dtype, Recompute recompute) const = 0;
   // Scratch and activation-gradient buffers of the layers (one set, shared by all layers
-  // and micro-batches): LayerRun::workspace.
+  // and micro-batches, sized for the largest): LayerRun::workspace.
   virtual std::vector<TensorSpec> layer_workspace(int64_t B, int64_t T, DType dtype,
                                                   bool with_backward) const = 0;
   // The head's buffers (logits, norm statistics, losses): HeadRun::workspace.

@@ -28,6 +28,15 @@ const char* model_type_name(ModelType type) {
   return "?";
 }
 
+bool MoeConfig::moe_layer(int64_t layer) const {
+  // Qwen2MoeDecoderLayer: experts unless listed in mlp_only_layers, every sparse_step-th layer.
+  if (!enabled()) return false;
+  for (int64_t dense : mlp_only_layers) {
+    if (dense == layer) return false;
+  }
+  return (layer + 1) % sparse_step == 0;
+}
+
 int64_t ModelConfig::num_parameters() const {
   // What the parts declare (model/layout.h): every tensor as files hold it, a tied head once.
   const ParamLayout layout(*this);
@@ -80,8 +89,8 @@ static void moe_json(const ModelConfig& c, nlohmann::json& json) {
   json["moe_intermediate_size"] = c.moe.expert_width;
   json["shared_expert_intermediate_size"] = c.moe.shared_width;
   json["norm_topk_prob"] = c.moe.norm_topk;
-  json["decoder_sparse_step"] = 1;
-  json["mlp_only_layers"] = nlohmann::json::array();
+  json["decoder_sparse_step"] = c.moe.sparse_step;
+  json["mlp_only_layers"] = c.moe.mlp_only_layers;
 }
 
 static nlohmann::json llama_json(const ModelConfig& c) {
@@ -222,9 +231,8 @@ nlohmann::json rope_scaling(const ConfigFields& f) {
   return scaling;
 }
 
-// The experts of a Mixtral or Qwen2-MoE config (with its shared expert), and one sentence for
-// what dstrain does not do with them yet: the load-balancing loss, router jitter, dense layers
-// among the MoE layers.
+// The experts of a Mixtral or Qwen2-MoE config (with its shared expert and dense layers), and one
+// sentence for what dstrain does not do with them yet: the load-balancing loss, router jitter.
 MoeConfig moe_config(const ConfigFields& f, ModelType type) {
   const bool mixtral = type == ModelType::Mixtral;
   MoeConfig moe;
@@ -247,11 +255,18 @@ MoeConfig moe_config(const ConfigFields& f, ModelType type) {
                   " asks for sliding-window attention, which dstrain does not implement (null "
                   "attends over the whole --seq-len)");
   }
-  const bool every_layer = f.positive_or("decoder_sparse_step", 1024, 1) == 1 &&
-                           (!f.has("mlp_only_layers") || f.at("mlp_only_layers").empty());
-  if (!every_layer) {
-    f.unsupported("decoder_sparse_step and mlp_only_layers ask for dense layers among the "
-                  "mixture-of-experts layers, which dstrain does not do yet");
+  if (mixtral) return moe;
+  moe.sparse_step = f.positive_or("decoder_sparse_step", 1024, 1);
+  if (f.has("mlp_only_layers")) {
+    const nlohmann::json& layers = f.at("mlp_only_layers");
+    DSTRAIN_USER_CHECK(layers.is_array())
+        << "model config " << f.origin() << ": \"mlp_only_layers\" must be a list of layers";
+    for (const nlohmann::json& layer : layers) {
+      DSTRAIN_USER_CHECK(layer.is_number_integer() && layer.get<int64_t>() >= 0)
+          << "model config " << f.origin() << ": \"mlp_only_layers\" holds " << layer.dump()
+          << ", not a layer index";
+      moe.mlp_only_layers.push_back(layer.get<int64_t>());
+    }
   }
   return moe;
 }

@@ -19,18 +19,24 @@ enum class ModelType { Gpt2, Llama, Qwen2, Mixtral, Qwen2Moe };
 // "gpt2" | "llama" | "qwen2" | "mixtral" | "qwen2_moe"
 const char* model_type_name(ModelType type);
 
-// A mixture-of-experts MLP in every layer (experts > 0): a router picks top_k of `experts`
-// SwiGLU experts of expert_width per token (Mixtral: num_local_experts, num_experts_per_tok,
-// intermediate_size; Qwen2-MoE: num_experts, num_experts_per_tok, moe_intermediate_size), their
-// weights renormalized where norm_topk (norm_topk_prob; Mixtral always), plus Qwen2-MoE's shared
-// expert of shared_width (shared_expert_intermediate_size) behind a sigmoid gate.
+// A mixture-of-experts MLP (experts > 0): a router picks top_k of `experts` SwiGLU experts of
+// expert_width per token (Mixtral: num_local_experts, num_experts_per_tok, intermediate_size;
+// Qwen2-MoE: num_experts, num_experts_per_tok, moe_intermediate_size), their weights
+// renormalized where norm_topk (norm_topk_prob; Mixtral always), plus Qwen2-MoE's shared expert
+// of shared_width (shared_expert_intermediate_size) behind a sigmoid gate. Qwen2-MoE's layers
+// may be dense (a SwiGLU MLP of intermediate_size): those in mlp_only_layers, and all but every
+// sparse_step-th (decoder_sparse_step), as transformers decides.
 struct MoeConfig {
   int64_t experts = 0;  // 0: a dense model
   int64_t top_k = 0;
   bool norm_topk = true;
   int64_t expert_width = 0;
   int64_t shared_width = 0;  // 0: no shared expert
+  int64_t sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
   bool enabled() const { return experts > 0; }
+  // Whether layer `layer` (0-based) has the experts.
+  bool moe_layer(int64_t layer) const;
 };
 
 struct ModelConfig {

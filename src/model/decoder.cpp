@@ -51,10 +51,17 @@ int index_in_block(const ParamLayout& layout, const std::string& name) {
   return -1;
 }
 
-Decoder::LayerTensors find_layer_tensors(const ParamLayout& layout, const TensorNames& names) {
-  const std::string p = names.layer_prefix + "0.";
-  auto index = [&](const std::string& name) { return index_in_block(layout, p + name); };
+// Where the tensors of the layers of `kind` (0: those with the parts' MLP, 1: the dense layers
+// among MoE layers) are in their blocks, from the first such layer; none when there is none.
+Decoder::LayerTensors find_layer_tensors(const ParamLayout& layout, const DecoderParts& parts,
+                                         int kind) {
+  int64_t layer = 0;
+  while (layer < parts.layers && (&parts.layer_mlp(layer) == &parts.mlp ? 0 : 1) != kind) ++layer;
   Decoder::LayerTensors t;
+  if (layer == parts.layers) return t;
+  const TensorNames& names = parts.names;
+  const std::string p = names.layer_prefix + std::to_string(layer) + ".";
+  auto index = [&](const std::string& name) { return index_in_block(layout, p + name); };
   t.norm1 = index(names.norm1 + ".weight");
   t.norm1_bias = index(names.norm1 + ".bias");
   t.qkv = index(names.qkv.front() + ".weight");
@@ -67,7 +74,7 @@ Decoder::LayerTensors find_layer_tensors(const ParamLayout& layout, const Tensor
   t.up_bias = index(names.up.front() + ".bias");
   t.down = index(names.down + ".weight");
   t.down_bias = index(names.down + ".bias");
-  if (!names.router.empty()) {
+  if (parts.layer_mlp(layer).kind == MlpKind::MoE) {
     t.router = index(names.router + ".weight");
     t.up = index(names.experts + "0." + names.expert_up.front() + ".weight");
     t.down = index(names.experts + "0." + names.expert_down + ".weight");
@@ -176,9 +183,10 @@ Decoder::Decoder(const ModelConfig& config, const TensorParallel& tp)
       parts_(decoder_parts(config)),
       tp_(tp),
       layout_(config, tp.size),
-      tensors_(find_layer_tensors(layout_, parts_.names)),
+      tensors_{find_layer_tensors(layout_, parts_, 0), find_layer_tensors(layout_, parts_, 1)},
       // The indices, from specs of any shape that splits over the tp ranks' token rows.
-      activations_(layer_activation_specs(1, tp.size, DType::F32, Recompute::None, nullptr)),
+      activations_{layer_activation_specs(0, 1, tp.size, DType::F32, Recompute::None, nullptr),
+                   layer_activation_specs(1, 1, tp.size, DType::F32, Recompute::None, nullptr)},
       head_buffers_(head_buffer_specs(1, tp.size, DType::F32, true, nullptr)),
       rotary_(parts_.position.kind == PositionKind::Rotary ? rope_inverse_frequencies(config)
                                                            : std::vector<double>()) {
@@ -191,9 +199,16 @@ Decoder::Decoder(const ModelConfig& config, const TensorParallel& tp)
 Decoder::Widths Decoder::widths() const {
   const AttentionPart& attn = parts_.attention;
   const int64_t heads = attn.heads / tp_.size, kv_heads = attn.kv_heads / tp_.size;
-  return {heads, kv_heads, (heads + 2 * kv_heads) * attn.head_dim, heads * attn.head_dim,
-          parts_.mlp.width / tp_.size};
+  return {heads, kv_heads, (heads + 2 * kv_heads) * attn.head_dim, heads * attn.head_dim};
 }
+
+int Decoder::layer_kind(int layer) const {
+  return &parts_.layer_mlp(layer) == &parts_.mlp ? 0 : 1;
+}
+
+const MlpPart& Decoder::kind_mlp(int kind) const { return kind == 0 ? parts_.mlp : parts_.dense_mlp; }
+
+int64_t Decoder::mlp_width(int kind) const { return kind_mlp(kind).width / tp_.size; }
 
 int64_t Decoder::vocab_begin() const { return tp_.rank * (config_.padded_vocab() / tp_.size); }
 
@@ -203,8 +218,8 @@ int Decoder::head_block() const {
 
 // The activations in order: norm1 (out, [mean], rstd), qkv (q and k rotated), the attention's
 // output and log-sum-exps, residual2, norm2, the MLP's up projection and activation.
-Decoder::LayerActivations Decoder::layer_activation_specs(int64_t B, int64_t T, DType dtype,
-                                                          Recompute recompute,
+Decoder::LayerActivations Decoder::layer_activation_specs(int kind, int64_t B, int64_t T,
+                                                          DType dtype, Recompute recompute,
                                                           std::vector<ActivationSpec>* specs) const {
   const int64_t C = config_.n_embd, N = B * T, R = tp_.stream_rows(N);
   const Widths w = widths();
@@ -224,35 +239,41 @@ Decoder::LayerActivations Decoder::layer_activation_specs(int64_t B, int64_t T, 
   a.lse = add({{"att_lse", DType::F32, {B, w.heads, T}}, !full});
   a.residual2 = add({{"residual2", dtype, {R, C}}, !full});
   add_norm("norm2", a.norm2, a.norm2_mean, a.norm2_rstd);
-  const int64_t mlp_rows = N * parts_.mlp.rows_per_token();
-  a.up = add({{"mlp_up", dtype, {mlp_rows, parts_.mlp.up_factor() * w.mlp}}, !full});
-  a.act = add({{"mlp_act", dtype, {mlp_rows, w.mlp}}, cheap_kept});
-  if (parts_.mlp.kind == MlpKind::MoE) {
-    a.moe = add_moe_activations(moe_shape(parts_.mlp, N, C), dtype, !full, add);
-  }
+  const MlpPart& mlp = kind_mlp(kind);
+  const int64_t mlp_rows = N * mlp.rows_per_token(), width = mlp_width(kind);
+  a.up = add({{"mlp_up", dtype, {mlp_rows, mlp.up_factor() * width}}, !full});
+  a.act = add({{"mlp_act", dtype, {mlp_rows, width}}, cheap_kept});
+  if (mlp.kind == MlpKind::MoE) a.moe = add_moe_activations(moe_shape(mlp, N, C), dtype, !full, add);
   if (specs != nullptr) *specs = std::move(list.list);
   return a;
 }
 
-std::vector<ActivationSpec> Decoder::layer_activations(int64_t B, int64_t T, DType dtype,
-                                                       Recompute recompute) const {
+std::vector<ActivationSpec> Decoder::layer_activations(int layer, int64_t B, int64_t T,
+                                                       DType dtype, Recompute recompute) const {
   std::vector<ActivationSpec> specs;
-  layer_activation_specs(B, T, dtype, recompute, &specs);
+  layer_activation_specs(layer_kind(layer), B, T, dtype, recompute, &specs);
   return specs;
 }
 
 std::vector<TensorSpec> Decoder::layer_workspace(int64_t B, int64_t T, DType dtype,
                                                  bool with_backward) const {
   const int64_t C = config_.n_embd, N = B * T, Nb = with_backward ? N : 0;
-  const int64_t mlp_rows = Nb * parts_.mlp.rows_per_token();
+  // The MLP's gradients, for the largest of the layers' MLPs (MoE and dense layers share them).
+  int64_t mlp_rows = 0, up_width = 0, act_width = 0;
+  for (int kind : {0, 1}) {
+    if (kind == 1 && !parts_.mixed_layers()) break;
+    mlp_rows = std::max(mlp_rows, Nb * kind_mlp(kind).rows_per_token());
+    up_width = std::max(up_width, kind_mlp(kind).up_factor() * mlp_width(kind));
+    act_width = std::max(act_width, mlp_width(kind));
+  }
   const Widths w = widths();
   const bool sp = tp_.enabled() && tp_.sequence_parallel;
   std::vector<TensorSpec> specs = {
       {"scratch", dtype, {N, C}},  // a row-parallel layer's (partial) output
       {"dnorm", dtype, {Nb, C}},   // dL/d(a norm's output), partial under tp; also datty
       {"dqkv", dtype, {Nb, w.qkv}},
-      {"dmlp_up", dtype, {mlp_rows, parts_.mlp.up_factor() * w.mlp}},
-      {"dmlp_act", dtype, {mlp_rows, w.mlp}},
+      {"dmlp_up", dtype, {mlp_rows, up_width}},
+      {"dmlp_act", dtype, {mlp_rows, act_width}},
       // Sequence parallelism: this rank's rows of a reduce-scattered sum, and the gathered rows
       // of a column-parallel layer's input (or of the stream's gradient).
       {"stream_part", dtype, {sp ? tp_.stream_rows(N) : 0, C}},
@@ -280,11 +301,12 @@ MoeShape Decoder::moe_shape_of(const LayerRun& run) const {
 
 MoeWeights Decoder::moe_weights(const std::vector<Tensor>& tensors) const {
   const MlpPart& mlp = parts_.mlp;
-  return {tensors[static_cast<size_t>(tensors_.router)],
-          all_experts(matrix(tensors, tensors_.up, 2 * mlp.width), mlp.experts),
-          all_experts(tensors[static_cast<size_t>(tensors_.down)], mlp.experts),
-          matrix(tensors, tensors_.shared_up, 2 * mlp.shared_width),
-          optional(tensors, tensors_.shared_down), optional(tensors, tensors_.shared_gate)};
+  const LayerTensors& t = tensors_[0];  // the MoE layers'
+  return {tensors[static_cast<size_t>(t.router)],
+          all_experts(matrix(tensors, t.up, 2 * mlp.width), mlp.experts),
+          all_experts(tensors[static_cast<size_t>(t.down)], mlp.experts),
+          matrix(tensors, t.shared_up, 2 * mlp.shared_width), optional(tensors, t.shared_down),
+          optional(tensors, t.shared_gate)};
 }
 
 MoeWorkspace Decoder::moe_workspace(const LayerRun& run) const {
@@ -312,12 +334,12 @@ MoeWorkspace Decoder::moe_workspace(const LayerRun& run) const {
 MoeActivations Decoder::moe_activations(const LayerRun& run) const {
   const MoeShape s = moe_shape_of(run);
   const std::vector<Tensor>& a = run.activations;
-  const MoeActivationIndex& i = activations_.moe;
+  const MoeActivationIndex& i = activations_[0].moe;
   MoeActivations v{prefix(a[i.scores], {s.N, s.E}),      prefix(a[i.topk_weight], {s.N, s.k}),
                    prefix(a[i.topk_expert], {s.N, s.k}), prefix(a[i.offsets], {s.E + 1}),
                    prefix(a[i.source_rows], {s.M}),      prefix(a[i.dest_rows], {s.N, s.k}),
-                   prefix(a[i.inp], {s.M, s.C}),         prefix(a[activations_.up], {s.M, 2 * s.I}),
-                   prefix(a[activations_.act], {s.M, s.I}), prefix(a[i.out], {s.M, s.C})};
+                   prefix(a[i.inp], {s.M, s.C}),         prefix(a[activations_[0].up], {s.M, 2 * s.I}),
+                   prefix(a[activations_[0].act], {s.M, s.I}), prefix(a[i.out], {s.M, s.C})};
   if (s.Is == 0) return v;
   v.shared_up = prefix(a[i.shared_up], {s.N, 2 * s.Is});
   v.shared_act = prefix(a[i.shared_act], {s.N, s.Is});
@@ -438,25 +460,27 @@ void Decoder::embed_backward(ParamProvider& params, const EmbedRun& run) const {
 // The MLP on the (gathered) norm2: the up projection and the activation (mlp_up, mlp_act), then
 // the down projection, or the experts. Returns the stream rows of its output.
 Tensor Decoder::mlp_forward(const LayerRun& run, Tensor norm2_full) const {
-  const int64_t N = run.b * run.t, mlp = widths().mlp, up_width = parts_.mlp.up_factor() * mlp;
+  const int kind = layer_kind(run.layer);
+  const MlpPart& part = kind_mlp(kind);
+  const int64_t N = run.b * run.t, mlp = mlp_width(kind), up_width = part.up_factor() * mlp;
   const std::vector<Tensor>& w = run.weights;
-  const LayerTensors& i = tensors_;
-  if (parts_.mlp.kind == MlpKind::MoE) {
+  const LayerTensors& i = tensors_[kind];
+  if (part.kind == MlpKind::MoE) {
     Tensor out = prefix(run.workspace[kScratch], {N, config_.n_embd});
     moe_mlp_forward(run.backend, parts_.mlp, moe_weights(w), moe_activations(run),
                     moe_workspace(run), norm2_full, out, run.stream);
     return out;
   }
-  Tensor up = prefix(run.activations[activations_.up], {N, up_width});
-  Tensor act = prefix(run.activations[activations_.act], {N, mlp});
-  if (parts_.mlp.kind == MlpKind::Gelu && parts_.names.in_by_out) {
+  Tensor up = prefix(run.activations[activations_[kind].up], {N, up_width});
+  Tensor act = prefix(run.activations[activations_[kind].act], {N, mlp});
+  if (part.kind == MlpKind::Gelu && parts_.names.in_by_out) {
     run.backend.matmul_gelu_forward(act, up, norm2_full, w[i.up], optional(w, i.up_bias),
                                     run.stream);
   } else {
     run.backend.matmul_forward(up, norm2_full, matrix(w, i.up, up_width),
                                matrix(w, i.up_bias, up_width), !parts_.names.in_by_out,
                                run.stream);
-    activation_forward(run.backend, parts_.mlp, act, up, run.stream);
+    activation_forward(run.backend, part, act, up, run.stream);
   }
   return row_parallel(run, act, w[i.down], optional(w, i.down_bias));
 }
@@ -466,8 +490,8 @@ void Decoder::layer_forward(const LayerRun& run) const {
   const Widths wd = widths();
   const std::vector<Tensor>& a = run.activations;
   const std::vector<Tensor>& w = run.weights;
-  const LayerTensors& i = tensors_;
-  const LayerActivations& ai = activations_;
+  const LayerTensors& i = tensors_[layer_kind(run.layer)];
+  const LayerActivations& ai = activations_[layer_kind(run.layer)];
   const bool out_by_in = !parts_.names.in_by_out;
   Backend& backend = run.backend;
   Tensor input = prefix(run.input, {R, C}), norm1 = prefix(a[ai.norm1], {R, C});
@@ -498,11 +522,13 @@ void Decoder::layer_forward(const LayerRun& run) const {
 
 void Decoder::layer_recompute(const LayerRun& run, Recompute recompute) const {
   const int64_t N = run.b * run.t, C = config_.n_embd, R = tp_.stream_rows(N);
-  const int64_t mlp = widths().mlp;
+  const int kind = layer_kind(run.layer);
+  const MlpPart& part = kind_mlp(kind);
+  const int64_t mlp = mlp_width(kind);
   const std::vector<Tensor>& a = run.activations;
   const std::vector<Tensor>& w = run.weights;
-  const LayerTensors& i = tensors_;
-  const LayerActivations& ai = activations_;
+  const LayerTensors& i = tensors_[kind];
+  const LayerActivations& ai = activations_[kind];
   if (recompute == Recompute::Full) {
     // Everything but the layer's input was dropped: run the layer again from it. The ops and
     // the collectives are deterministic, so the recomputed activations are the same bits.
@@ -518,9 +544,9 @@ void Decoder::layer_recompute(const LayerRun& run, Recompute recompute) const {
                  {w[i.norm2], optional(w, i.norm2_bias), optional_prefix(a, ai.norm2_mean, {R}),
                   prefix(a[ai.norm2_rstd], {R})},
                  run.stream);
-    const int64_t rows = N * parts_.mlp.rows_per_token();
-    activation_forward(run.backend, parts_.mlp, prefix(a[ai.act], {rows, mlp}),
-                       prefix(a[ai.up], {rows, parts_.mlp.up_factor() * mlp}), run.stream);
+    const int64_t rows = N * part.rows_per_token();
+    activation_forward(run.backend, part, prefix(a[ai.act], {rows, mlp}),
+                       prefix(a[ai.up], {rows, part.up_factor() * mlp}), run.stream);
   }
 }
 
@@ -528,12 +554,14 @@ void Decoder::layer_recompute(const LayerRun& run, Recompute recompute) const {
 // (partial under tp), returned.
 Tensor Decoder::dense_mlp_backward(const LayerRun& run, Tensor dout) const {
   const int64_t N = run.b * run.t, C = config_.n_embd, R = tp_.stream_rows(N);
-  const int64_t mlp = widths().mlp, up_width = parts_.mlp.up_factor() * mlp;
+  const int kind = layer_kind(run.layer);
+  const MlpPart& part = kind_mlp(kind);
+  const int64_t mlp = mlp_width(kind), up_width = part.up_factor() * mlp;
   const std::vector<Tensor>& a = run.activations;
   const std::vector<Tensor>& w = run.weights;
   const std::vector<Tensor>& g = run.grads;
-  const LayerTensors& i = tensors_;
-  const LayerActivations& ai = activations_;
+  const LayerTensors& i = tensors_[kind];
+  const LayerActivations& ai = activations_[kind];
   const bool out_by_in = !parts_.names.in_by_out;
   Backend& backend = run.backend;
   Tensor dact = prefix(run.workspace[kDact], {N, mlp});
@@ -543,7 +571,7 @@ Tensor Decoder::dense_mlp_backward(const LayerRun& run, Tensor dout) const {
   backend.matmul_backward(dact, g[i.down], optional(g, i.down_bias), dout,
                           prefix(a[ai.act], {N, mlp}), w[i.down], out_by_in, run.stream);
   Tensor up_bias_grad = matrix(g, i.up_bias, up_width);
-  if (parts_.mlp.kind == MlpKind::Gelu) {
+  if (part.kind == MlpKind::Gelu) {
     // The up bias's gradient (the column sums of dup) in the GELU's pass, not in up's backward.
     backend.gelu_backward_bias(dup, up_bias_grad, dact, up, run.stream);
     up_bias_grad = Tensor();
@@ -564,10 +592,10 @@ void Decoder::mlp_backward(const LayerRun& run, Tensor dout) const {
   const std::vector<Tensor>& a = run.activations;
   const std::vector<Tensor>& w = run.weights;
   const std::vector<Tensor>& g = run.grads;
-  const LayerTensors& i = tensors_;
-  const LayerActivations& ai = activations_;
+  const LayerTensors& i = tensors_[layer_kind(run.layer)];
+  const LayerActivations& ai = activations_[layer_kind(run.layer)];
   Tensor dnorm;
-  if (parts_.mlp.kind == MlpKind::MoE) {
+  if (kind_mlp(layer_kind(run.layer)).kind == MlpKind::MoE) {
     dnorm = prefix(run.workspace[kDnorm], {N, C});
     moe_mlp_backward(run.backend, parts_.mlp, moe_weights(w), moe_weights(g), moe_activations(run),
                      moe_workspace(run), prefix(a[ai.norm2], {R, C}), dout, dnorm, run.stream);
@@ -591,8 +619,8 @@ void Decoder::attention_backward(const LayerRun& run, Tensor dout) const {
   const std::vector<Tensor>& a = run.activations;
   const std::vector<Tensor>& w = run.weights;
   const std::vector<Tensor>& g = run.grads;
-  const LayerTensors& i = tensors_;
-  const LayerActivations& ai = activations_;
+  const LayerTensors& i = tensors_[layer_kind(run.layer)];
+  const LayerActivations& ai = activations_[layer_kind(run.layer)];
   const bool out_by_in = !parts_.names.in_by_out;
   Backend& backend = run.backend;
   Tensor datty = prefix(run.workspace[kDnorm], {N, wd.attn});

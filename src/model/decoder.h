@@ -57,7 +57,7 @@ class Decoder final : public Architecture {
   const DecoderParts& parts() const { return parts_; }
   const ParamLayout& layout() const override { return layout_; }
   const TensorParallel& tensor_parallel() const override { return tp_; }
-  std::vector<ActivationSpec> layer_activations(int64_t B, int64_t T, DType dtype,
+  std::vector<ActivationSpec> layer_activations(int layer, int64_t B, int64_t T, DType dtype,
                                                 Recompute recompute) const override;
   std::vector<TensorSpec> layer_workspace(int64_t B, int64_t T, DType dtype,
                                           bool with_backward) const override;
@@ -95,10 +95,15 @@ class Decoder final : public Architecture {
 
  private:
   struct Widths {
-    int64_t heads, kv_heads, qkv, attn, mlp;  // this tp rank's
+    int64_t heads, kv_heads, qkv, attn;  // this tp rank's
   };
   Widths widths() const;
-  LayerActivations layer_activation_specs(int64_t B, int64_t T, DType dtype, Recompute recompute,
+  // Layers come in two kinds: 0, with the parts' MLP; 1, the dense layers among MoE layers.
+  int layer_kind(int layer) const;
+  const MlpPart& kind_mlp(int kind) const;
+  int64_t mlp_width(int kind) const;  // this tp rank's hidden width of the kind's MLP
+  LayerActivations layer_activation_specs(int kind, int64_t B, int64_t T, DType dtype,
+                                          Recompute recompute,
                                           std::vector<ActivationSpec>* specs) const;
   HeadBuffers head_buffer_specs(int64_t B, int64_t T, DType dtype, bool with_backward,
                                 std::vector<TensorSpec>* specs) const;
@@ -126,8 +131,8 @@ class Decoder final : public Architecture {
   DecoderParts parts_;
   TensorParallel tp_;
   ParamLayout layout_;
-  LayerTensors tensors_;
-  LayerActivations activations_;
+  LayerTensors tensors_[2];          // by layer kind
+  LayerActivations activations_[2];  // by layer kind
   HeadBuffers head_buffers_;
   RotaryTables rotary_;
 };

@@ -213,7 +213,7 @@ void add_experts(Builder& b, const TensorNames& names, const MlpPart& mlp, const
 void add_layer(Builder& b, const DecoderParts& parts, int64_t layer) {
   const TensorNames& names = parts.names;
   const AttentionPart& attn = parts.attention;
-  const MlpPart& mlp = parts.mlp;
+  const MlpPart& mlp = parts.layer_mlp(layer);
   const int64_t C = parts.width;
   const std::string p = names.layer_prefix + std::to_string(layer) + ".";
   const ParamInit residual =

@@ -63,6 +63,11 @@ DecoderParts llama_parts(const ModelConfig& config) {
     parts.names.expert_down = mixtral ? "w2" : "down_proj";
     parts.names.shared_expert = "mlp.shared_expert.";
     parts.names.shared_gate = "mlp.shared_expert_gate";
+    parts.dense_mlp = {MlpKind::SwiGLU, config.mlp_width(), config.mlp_bias,
+                       "the MLP width intermediate_size"};
+    for (int64_t layer = 0; layer < config.n_layer; ++layer) {
+      parts.moe_layers.push_back(config.moe.moe_layer(layer));
+    }
   }
   return parts;
 }

@@ -96,13 +96,29 @@ struct DecoderParts {
   NormPart norm;
   PositionPart position;
   AttentionPart attention;
-  MlpPart mlp;
+  MlpPart mlp;  // every layer's, or the MoE layers' of a model with dense layers among them
+  // The dense layers' MLP among MoE layers (Qwen2-MoE's mlp_only_layers, decoder_sparse_step),
+  // and which layers are MoE; empty: every layer has `mlp`.
+  MlpPart dense_mlp;
+  std::vector<bool> moe_layers;
   HeadPart head;
   TensorNames names;
   double init_std = 0.02;
   bool scaled_residual_init = false;
   int64_t width = 0;   // C: the residual stream (hidden_size)
   int64_t layers = 0;  // L
+
+  // Layer `layer`'s MLP part.
+  const MlpPart& layer_mlp(int64_t layer) const {
+    return moe_layers.empty() || moe_layers[static_cast<size_t>(layer)] ? mlp : dense_mlp;
+  }
+  // Whether the layers' MLPs differ (a dense layer among MoE layers).
+  bool mixed_layers() const {
+    for (bool moe : moe_layers) {
+      if (!moe) return true;
+    }
+    return false;
+  }
 };
 
 // The parts of `config`'s model: the table of each model_type.

@@ -1,5 +1,6 @@
 #include "model/stage.h"
 
+#include <map>
 #include <string>
 
 #include "core/trace.h"
@@ -37,21 +38,28 @@ std::vector<int> add_all(ArenaPlan& arena, const std::vector<TensorSpec>& specs)
   return ids;
 }
 
+// "name (shape) dtype": a recomputed buffer is shared by the layers whose specs name it alike.
+std::string spec_key(const TensorSpec& t) {
+  std::string key = t.name + " (";
+  for (int64_t d : t.shape) key += std::to_string(d) + ",";
+  return key + ") " + dtype_name(t.dtype);
+}
+
 // One layer's activations: kept ones in the slot under "h.<layer>.", recomputed ones in the
-// shared arena under "recompute." (once for all layers).
+// shared arena under "recompute." (once for all layers with the same buffer).
 std::vector<ActivationSlotId> add_layer(StageBuffers& plan, int64_t layer,
                                         const std::vector<ActivationSpec>& specs,
-                                        std::vector<int>& recomputed_ids) {
+                                        std::map<std::string, int>& recomputed_ids) {
   std::vector<ActivationSlotId> ids;
-  if (recomputed_ids.empty()) recomputed_ids.assign(specs.size(), -1);
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const TensorSpec& t = specs[i].tensor;
-    if (specs[i].kept) {
+  for (const ActivationSpec& spec : specs) {
+    const TensorSpec& t = spec.tensor;
+    if (spec.kept) {
       ids.push_back({true, plan.slot.add("h." + std::to_string(layer) + "." + t.name, t.dtype, t.shape)});
       continue;
     }
-    if (recomputed_ids[i] < 0) recomputed_ids[i] = plan.recomputed.add("recompute." + t.name, t.dtype, t.shape);
-    ids.push_back({false, recomputed_ids[i]});
+    auto [it, added] = recomputed_ids.try_emplace(spec_key(t), -1);
+    if (added) it->second = plan.recomputed.add("recompute." + t.name, t.dtype, t.shape);
+    ids.push_back({false, it->second});
   }
   return ids;
 }
@@ -72,9 +80,10 @@ StageBuffers plan_stage_buffers(const Architecture& arch, const StageRange& rang
   StageBuffers plan;
   plan.slots = slots;
   plan.input = plan.slot.add("input", dtype, stream);
-  const std::vector<ActivationSpec> specs = arch.layer_activations(B, T, dtype, recompute);
-  std::vector<int> recomputed_ids;
+  std::map<std::string, int> recomputed_ids;
   for (int64_t l = range.first_layer; l < range.end_layer; ++l) {
+    const std::vector<ActivationSpec> specs =
+        arch.layer_activations(static_cast<int>(l), B, T, dtype, recompute);
     plan.layer_activations.push_back(add_layer(plan, l, specs, recomputed_ids));
     if (l + 1 < range.end_layer) {
       plan.layer_outputs.push_back(plan.slot.add("h." + std::to_string(l) + ".output", dtype, stream));

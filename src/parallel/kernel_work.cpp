@@ -1,5 +1,6 @@
 #include "parallel/kernel_work.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "model/parts.h"
@@ -97,15 +98,44 @@ double norms_and_residuals(const DecoderParts& parts) {
   return kNormForward + kResidual + (fused ? kFusedResidualNorm : kNormForward + kResidual);
 }
 
-// The MLP's activation, on each of a token's rows (top_k under MoE).
-double activation_forward(const MlpPart& mlp, const Widths& w) {
-  return (mlp.kind == MlpKind::Gelu ? kGeluForward : kSwigluForward) * w.mlp *
-         static_cast<double>(mlp.rows_per_token());
+// The MLP's activation, on each of a token's rows (top_k under MoE), of this rank's width.
+double activation_forward(const MlpPart& mlp, int tp) {
+  return (mlp.kind == MlpKind::Gelu ? kGeluForward : kSwigluForward) *
+         (static_cast<double>(mlp.width) / tp) * static_cast<double>(mlp.rows_per_token());
 }
 
-double activation_backward(const MlpPart& mlp, const Widths& w) {
-  return (mlp.kind == MlpKind::Gelu ? kGeluBackward : kSwigluBackward) * w.mlp *
-         static_cast<double>(mlp.rows_per_token());
+double activation_backward(const MlpPart& mlp, int tp) {
+  return (mlp.kind == MlpKind::Gelu ? kGeluBackward : kSwigluBackward) *
+         (static_cast<double>(mlp.width) / tp) * static_cast<double>(mlp.rows_per_token());
+}
+
+// A layer's MLP traffic per token beyond the norms: forward, backward, selective recompute.
+struct MlpTraffic {
+  double forward = 0, backward = 0, selective = 0;
+};
+MlpTraffic mlp_traffic(const MlpPart& mlp, int tp, double C) {
+  MlpTraffic t{activation_forward(mlp, tp), activation_backward(mlp, tp),
+               activation_forward(mlp, tp)};
+  if (mlp.kind == MlpKind::MoE) {
+    const auto k = static_cast<double>(mlp.top_k);
+    t.forward += moe_forward(k) * C;
+    t.backward += moe_backward(k) * C;
+  }
+  return t;
+}
+
+// The mean over the layers (dense layers among MoE layers differ).
+MlpTraffic mean_mlp_traffic(const DecoderParts& parts, int tp) {
+  if (!parts.mixed_layers()) return mlp_traffic(parts.mlp, tp, static_cast<double>(parts.width));
+  MlpTraffic mean;
+  const double layers = static_cast<double>(std::max<int64_t>(parts.layers, 1));
+  for (int64_t layer = 0; layer < parts.layers; ++layer) {
+    const MlpTraffic t = mlp_traffic(parts.layer_mlp(layer), tp, static_cast<double>(parts.width));
+    mean.forward += t.forward / layers;
+    mean.backward += t.backward / layers;
+    mean.selective += t.selective / layers;
+  }
+  return mean;
 }
 
 // dbias of every bias the block has: row-parallel ones (o, the MLP's down) from the whole dout.
@@ -156,18 +186,14 @@ MemoryTraffic memory_traffic(const ModelConfig& config, int tp, bool sequence_pa
   const Widths w = widths(parts, tp, sequence_parallel);
   const double rope = parts.position.kind == PositionKind::Rotary ? kRope * (w.q + w.kv) : 0;
   const double row_parallel_biases = (parts.attention.o_bias ? 1 : 0) + (parts.mlp.bias ? 1 : 0);
+  const MlpTraffic mlp = mean_mlp_traffic(parts, tp);
   MemoryTraffic t;
-  // Two norms and two residual adds per block, the MLP's activation, the rope.
-  t.layer_forward = norms_and_residuals(parts) * w.rows + activation_forward(parts.mlp, w) + rope +
+  // Two norms and two residual adds per block, the MLP's activation (and experts), the rope.
+  t.layer_forward = norms_and_residuals(parts) * w.rows + mlp.forward + rope +
                     (tp > 1 ? kBiasAdd * row_parallel_biases * w.rows : 0);
-  t.layer_backward = 2 * kNormBackward * w.rows + kAttentionDelta * w.q + rope +
-                     activation_backward(parts.mlp, w) + bias_gradients(parts, w);
-  if (parts.mlp.kind == MlpKind::MoE) {
-    const auto k = static_cast<double>(parts.mlp.top_k);
-    t.layer_forward += moe_forward(k) * w.C;
-    t.layer_backward += moe_backward(k) * w.C;
-  }
-  t.layer_selective = 2 * kNormForward * w.rows + activation_forward(parts.mlp, w);
+  t.layer_backward = 2 * kNormBackward * w.rows + kAttentionDelta * w.q + rope + mlp.backward +
+                     bias_gradients(parts, w);
+  t.layer_selective = 2 * kNormForward * w.rows + mlp.selective;
   t.embed_forward = t.embed_backward = embedding_traffic(parts) * w.C;
   const double vocab = static_cast<double>(config.padded_vocab()) / tp;
   t.head_forward = kNormForward * w.rows + kCrossEntropy * vocab;

@@ -119,16 +119,18 @@ using namespace memory_detail;
 
 const ActivationTable& MemoryModel::activation_table(const Plan& plan, const StageRange& range,
                                                      Recompute recompute) const {
+  // The bytes depend on the number of layers, not on which, when every layer is alike: then
+  // they are planned from layer 0. Where they differ (a dense layer among MoE layers), on which.
+  const int64_t first = mixed_layers_ ? range.first_layer : 0;
   const auto key = std::make_tuple(plan.micro_batch, plan.seq_len, plan.param_dtype, plan.tp,
                                    plan.uses_sequence_parallel(), recompute, range.layers(),
-                                   range.first, range.last);
+                                   range.first, range.last, first);
   auto it = activation_tables_.find(key);
   if (it == activation_tables_.end()) {
-    // The bytes depend on the number of layers, not on which: plan them from layer 0.
-    const StageRange from_zero{0, range.layers(), range.first, range.last};
+    const StageRange planned{first, first + range.layers(), range.first, range.last};
     it = activation_tables_
              .emplace(key, std::make_unique<ActivationTable>(
-                               make_activation_table(architecture(plan), plan, from_zero,
+                               make_activation_table(architecture(plan), plan, planned,
                                                      recompute)))
              .first;
   }
@@ -180,7 +182,8 @@ uint64_t MemoryPrediction::host_total() const {
   return total;
 }
 
-MemoryModel::MemoryModel(const ModelConfig& config) : config_(config), layout_(config) {}
+MemoryModel::MemoryModel(const ModelConfig& config)
+    : config_(config), layout_(config), mixed_layers_(decoder_parts(config).mixed_layers()) {}
 MemoryModel::~MemoryModel() = default;
 
 const Architecture& MemoryModel::architecture(const Plan& plan) const {

@@ -202,9 +202,13 @@ class MemoryModel {
   // -> the stage's buffer bytes.
   mutable std::map<std::pair<int, bool>, std::unique_ptr<Architecture>> architectures_;
   mutable std::map<std::pair<int, int64_t>, std::vector<int64_t>> splits_;
-  mutable std::map<std::tuple<int64_t, int64_t, DType, int, bool, Recompute, int64_t, bool, bool>,
-                   std::unique_ptr<memory_detail::ActivationTable>>
+  // (micro-batch, seq, dtype, tp, sequence parallel, recompute, layers, first stage, last
+  // stage, first layer where the layers differ)
+  mutable std::map<
+      std::tuple<int64_t, int64_t, DType, int, bool, Recompute, int64_t, bool, bool, int64_t>,
+      std::unique_ptr<memory_detail::ActivationTable>>
       activation_tables_;
+  bool mixed_layers_ = false;  // some layers' MLPs differ (decoder_parts(config).mixed_layers())
 };
 
 // Shortcuts that build a MemoryModel.

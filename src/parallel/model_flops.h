@@ -21,21 +21,37 @@ struct ModelFlops {
   double head_forward = 0;       // the LM head: 2 C Vp
 };
 
+// One layer's MLP GEMMs per token: the up projection's matrices (GELU: 1; SwiGLU: gate and up)
+// and the down projection, for each of a token's top_k experts under MoE, plus the router's
+// (C, E) and a shared expert's.
+inline double mlp_gemm_forward(const MlpPart& mlp, double C) {
+  const double I = static_cast<double>(mlp.width);
+  const double matrices = static_cast<double>(mlp.up_factor() + 1) *
+                          static_cast<double>(mlp.rows_per_token());
+  double flops = matrices * 2 * C * I;
+  if (mlp.kind == MlpKind::MoE) {
+    flops += 2 * C * static_cast<double>(mlp.experts) +
+             3 * 2 * C * static_cast<double>(mlp.shared_width) + (mlp.shared_width > 0 ? 2 * C : 0);
+  }
+  return flops;
+}
+
 inline ModelFlops model_flops(const ModelConfig& config, int64_t seq_len) {
   const DecoderParts parts = decoder_parts(config);
   const double C = static_cast<double>(parts.width), T = static_cast<double>(seq_len);
   const double q = static_cast<double>(parts.attention.q_width());
   const double kv = static_cast<double>(parts.attention.kv_width());
-  const double I = static_cast<double>(parts.mlp.width);
-  // The up projection's matrices (GELU: 1; SwiGLU: gate and up) and the down projection, for
-  // each of a token's top_k experts under MoE, plus the router's (C, E).
-  const double mlp_matrices = static_cast<double>(parts.mlp.up_factor() + 1) *
-                              static_cast<double>(parts.mlp.rows_per_token());
-  const double router = parts.mlp.kind == MlpKind::MoE
-                            ? 2 * C * static_cast<double>(parts.mlp.experts)
-                            : 0.0;
+  // The mean over the layers where they differ (dense layers among MoE layers).
+  double mlp = mlp_gemm_forward(parts.mlp, C);
+  if (parts.mixed_layers()) {
+    mlp = 0;
+    for (int64_t layer = 0; layer < parts.layers; ++layer) {
+      mlp += mlp_gemm_forward(parts.layer_mlp(layer), C);
+    }
+    mlp /= static_cast<double>(parts.layers);
+  }
   ModelFlops f;
-  f.layer_gemm_forward = 2 * C * (q + 2 * kv) + 2 * C * q + mlp_matrices * 2 * C * I + router;
+  f.layer_gemm_forward = 2 * C * (q + 2 * kv) + 2 * C * q + mlp;
   f.attention_forward = 4 * T * q;
   f.layer_forward = f.layer_gemm_forward + f.attention_forward;
   f.head_forward = 2 * C * static_cast<double>(config.padded_vocab());

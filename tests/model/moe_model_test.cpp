@@ -191,6 +191,29 @@ TEST(MoeConfig, QwenMoePresetHasTheRealModelsParameterCount) {
   EXPECT_EQ(load_model_config("mixtral-8x7b").num_parameters(), 46702792704);
 }
 
+// Qwen2-MoE's dense layers, as transformers places them: not in mlp_only_layers, and every
+// decoder_sparse_step-th layer ((layer + 1) % step == 0); the layout gives each its MLP.
+TEST(MoeConfig, DenseLayersAmongMoeLayersFollowTransformersRule) {
+  const std::string base = R"({"model_type": "qwen2_moe", "vocab_size": 97,
+    "max_position_embeddings": 32, "hidden_size": 32, "intermediate_size": 56,
+    "num_hidden_layers": 6, "num_attention_heads": 4, "num_experts": 4,
+    "num_experts_per_tok": 2, "moe_intermediate_size": 24,
+    "shared_expert_intermediate_size": 40, )";
+  const ModelConfig config =
+      model_config_from_json(base + R"("decoder_sparse_step": 2, "mlp_only_layers": [3]})", "m");
+  std::vector<bool> moe;
+  for (int64_t layer = 0; layer < 6; ++layer) moe.push_back(config.moe.moe_layer(layer));
+  EXPECT_EQ(moe, (std::vector<bool>{false, true, false, false, false, true}));
+  const ParamLayout layout(config);
+  EXPECT_TRUE(layout.contains("model.layers.0.mlp.gate_proj.weight"));
+  EXPECT_FALSE(layout.contains("model.layers.0.mlp.gate.weight"));
+  EXPECT_TRUE(layout.contains("model.layers.1.mlp.experts.3.down_proj.weight"));
+  EXPECT_TRUE(layout.contains("model.layers.3.mlp.up_proj.weight"));
+  const ModelConfig again = model_config_from_json(config.to_json().dump(), "again");
+  EXPECT_EQ(again.to_json(), config.to_json());
+  EXPECT_EQ(again.num_parameters(), config.num_parameters());
+}
+
 TEST(MoeConfig, WhatDstrainDoesNotDoYetIsOneSentence) {
   const std::string base = R"({"model_type": "mixtral", "vocab_size": 97,
     "max_position_embeddings": 32, "hidden_size": 32, "intermediate_size": 16,

@@ -215,6 +215,34 @@ TEST(MemoryModel, TensorParallelPlansMatchAllocatorEveryRank) {
   }
 }
 
+// A plan's shape for expect_cases_match.
+struct PlanCase {
+  int dp, tp, pp, zero;
+  bool offload;
+  Recompute recompute;
+  DType dtype;
+};
+
+// Every case of every config (micro-batch 2 x 3 accumulation, seq 6): predicted = allocated on
+// every rank.
+void expect_cases_match(const std::vector<ModelConfig>& configs, const std::vector<PlanCase>& cases) {
+  for (const ModelConfig& config : configs) {
+    for (const PlanCase& c : cases) {
+      Plan plan = one_rank_plan(2, 6);
+      plan.dp = c.dp;
+      plan.tp = c.tp;
+      plan.pp = c.pp;
+      plan.zero = c.zero;
+      plan.offload = c.offload;
+      plan.recompute = c.recompute;
+      plan.param_dtype = c.dtype;
+      plan.grad_accum = 3;
+      SCOPED_TRACE(config.name + ", " + describe(plan));
+      EXPECT_EQ(expect_allocations_match(config, plan), plan.world());
+    }
+  }
+}
+
 // The LLaMA family: Llama with grouped-query attention and an untied head (its own block on
 // the last stage, no tied copy of the embedding there), Qwen2 with q/k/v biases and a tied
 // head; one rank, ZeRO, pipelines and tensor parallelism.
@@ -231,30 +259,43 @@ TEST(MemoryModel, LlamaFamilyPlansMatchAllocatorEveryRank) {
   qwen2.type = ModelType::Qwen2;
   qwen2.tie_word_embeddings = true;
   qwen2.qkv_bias = true;
-  struct Case { int dp, tp, pp, zero; bool offload; Recompute recompute; DType dtype; };
-  const Case cases[] = {
-      {1, 1, 1, 0, false, Recompute::None, DType::F32},
-      {1, 1, 1, 0, false, Recompute::Selective, DType::BF16},
-      {2, 1, 1, 3, true, Recompute::Full, DType::F32},
-      {1, 1, 2, 1, false, Recompute::None, DType::F32},
-      {2, 2, 1, 2, false, Recompute::None, DType::BF16},
-      {1, 2, 2, 0, false, Recompute::Selective, DType::F32},
-  };
-  for (const ModelConfig& config : {llama, qwen2}) {
-    for (const Case& c : cases) {
-      Plan plan = one_rank_plan(2, 6);
-      plan.dp = c.dp;
-      plan.tp = c.tp;
-      plan.pp = c.pp;
-      plan.zero = c.zero;
-      plan.offload = c.offload;
-      plan.recompute = c.recompute;
-      plan.param_dtype = c.dtype;
-      plan.grad_accum = 3;
-      SCOPED_TRACE(config.name + ", " + describe(plan));
-      EXPECT_EQ(expect_allocations_match(config, plan), plan.world());
-    }
-  }
+  expect_cases_match({llama, qwen2}, {
+                                         {1, 1, 1, 0, false, Recompute::None, DType::F32},
+                                         {1, 1, 1, 0, false, Recompute::Selective, DType::BF16},
+                                         {2, 1, 1, 3, true, Recompute::Full, DType::F32},
+                                         {1, 1, 2, 1, false, Recompute::None, DType::F32},
+                                         {2, 2, 1, 2, false, Recompute::None, DType::BF16},
+                                         {1, 2, 2, 0, false, Recompute::Selective, DType::F32},
+                                     });
+}
+
+// Mixture of experts: Qwen2-MoE with a dense first layer and a shared expert (the layers'
+// activations and the MoE workspace differ by layer), and Mixtral; the expert-ordered buffers
+// hold every token's k copies (dropless: the worst case is the only case). One rank, ZeRO-3 with
+// offload, a pipeline that puts the dense layer and the MoE layer on different stages.
+TEST(MemoryModel, MixtureOfExpertsPlansMatchAllocatorEveryRank) {
+  ModelConfig qwen = odd_config(37, 32, 32, 4, 4);
+  qwen.name = "qwen2-moe-odd";
+  qwen.type = ModelType::Qwen2Moe;
+  qwen.n_layer = 2;
+  qwen.n_kv_head = 2;
+  qwen.intermediate_size = 44;
+  qwen.tie_word_embeddings = true;
+  qwen.qkv_bias = true;
+  qwen.o_bias = qwen.mlp_bias = false;
+  qwen.moe = {5, 2, false, 20, 28, 1, {0}};
+  ModelConfig mixtral = qwen;
+  mixtral.name = "mixtral-odd";
+  mixtral.type = ModelType::Mixtral;
+  mixtral.tie_word_embeddings = false;
+  mixtral.qkv_bias = false;
+  mixtral.moe = {4, 2, true, 20, 0, 1, {}};
+  expect_cases_match({qwen, mixtral}, {
+                                          {1, 1, 1, 0, false, Recompute::None, DType::F32},
+                                          {1, 1, 1, 0, false, Recompute::Selective, DType::BF16},
+                                          {2, 1, 1, 3, true, Recompute::Full, DType::F32},
+                                          {1, 1, 2, 1, false, Recompute::None, DType::BF16},
+                                      });
 }
 
 TEST(MemoryModel, SequenceParallelismDividesTheStreamsActivations) {

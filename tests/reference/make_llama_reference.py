@@ -8,8 +8,9 @@ Face model directories and of training against the real thing:
   qwen2_tiny/  Qwen2 (q/k/v biases), tied head, saved as BF16 in one model.safetensors
   mixtral_tiny/ Mixtral: a mixture of 4 SwiGLU experts, top 2, in every layer; grouped-query
                attention, untied head; F32 in shards with an index
-  qwen2_moe_tiny/ Qwen2-MoE: 4 experts, top 2, not renormalized, and a shared expert behind a
-               sigmoid gate; q/k/v biases, tied head; F32 in one file
+  qwen2_moe_tiny/ Qwen2-MoE: a dense first layer (mlp_only_layers [0]), then 4 experts, top 2,
+               not renormalized, and a shared expert behind a sigmoid gate; q/k/v biases, tied
+               head; F32 in one file
 
 Each directory holds what `save_pretrained` wrote (config.json, the weights), and:
 
@@ -85,7 +86,7 @@ FIXTURES = {
                                        num_experts=4, num_experts_per_tok=2,
                                        moe_intermediate_size=24,
                                        shared_expert_intermediate_size=40, norm_topk_prob=False,
-                                       decoder_sparse_step=1, mlp_only_layers=[])),
+                                       decoder_sparse_step=1, mlp_only_layers=[0])),
 }
 WEIGHT_SEED = 4321
 TOKEN_SEED = 8765
