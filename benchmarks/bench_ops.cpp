@@ -1,4 +1,5 @@
-// bench_ops: times every op of the CPU backend, forward and backward, at GPT-2 124M shapes
+// bench_ops: times every op of the CPU backend, forward and backward, at GPT-2 124M shapes (the
+// mixture-of-experts ops with 8 experts of width C, top 2, beside a dense GEMM of the same FLOPs)
 // (B=4, T=256, C=768, NH=12, V=50257 padded to Vp=50304) on random data, and prints a table:
 // the median of several runs after a warm-up, with GFLOP/s for matmul and attention (FLOPs
 // from the shape) and GB/s for the memory-bound ops (the bytes the op must read and write
@@ -345,6 +346,61 @@ void run_benchmarks(const Options& options) {
                                          1.0f / static_cast<float>(N), nullptr);
         },
         Rate::Bytes, es * 2.0 * N * Vp);
+    ws.release();
+  }
+  // ---- mixture of experts: 8 experts of width C, top 2 (M = 2N rows in expert order) ----
+  {
+    const int64_t E = 8, k = 2, I = C, M = N * k;
+    const MoeRouting routing{static_cast<int>(E), static_cast<int>(k), RouterScore::Softmax,
+                             true, 1.0f};
+    Tensor logits = ws.random(dt, {N, E}, -3.0f, 3.0f), dlogits = ws.allocate(dt, {N, E});
+    Tensor scores = ws.allocate(DType::F32, {N, E}), weights = ws.allocate(DType::F32, {N, k});
+    Tensor experts = ws.allocate(DType::I32, {N, k}), offsets = ws.allocate(DType::I32, {E + 1});
+    Tensor source = ws.allocate(DType::I32, {M}), dest = ws.allocate(DType::I32, {N, k});
+    Tensor x = ws.random(dt, {N, C}), rows = ws.allocate(dt, {M, C}), out = ws.allocate(dt, {N, C});
+    Tensor w_up = ws.random(dt, {E, 2 * I, C}), up = ws.allocate(dt, {M, 2 * I});
+    Tensor dw_up = ws.random(dt, {E, 2 * I, C}), drows = ws.allocate(dt, {M, C});
+    Tensor dup = ws.random(dt, {M, 2 * I}), dweights = ws.allocate(DType::F32, {N, k});
+    Tensor dense_w = ws.random(dt, {2 * I, C});
+    backend->moe_route(weights, experts, scores, logits, routing, nullptr);
+    backend->moe_dispatch(offsets, source, dest, experts, static_cast<int>(E), nullptr);
+    const std::string routed = shape_of({N, E}) + " top " + std::to_string(k);
+    report("moe_route", routed,
+           [&] { backend->moe_route(weights, experts, scores, logits, routing, nullptr); },
+           Rate::Bytes, es * N * E + 4.0 * N * E + 8.0 * N * k);
+    report("moe_route_bwd", routed,
+           [&] {
+             backend->moe_route_backward(dlogits, weights, Tensor(), scores, experts, routing,
+                                         nullptr);
+           },
+           Rate::Bytes, es * N * E + 4.0 * N * E + 8.0 * N * k);
+    report("moe_dispatch", routed,
+           [&] {
+             backend->moe_dispatch(offsets, source, dest, experts, static_cast<int>(E), nullptr);
+           },
+           Rate::Bytes, 4.0 * 3 * N * k);
+    const std::string copies = shape_of({N, C}) + " x" + std::to_string(k);
+    report("moe_gather", copies, [&] { backend->moe_gather(rows, x, source, nullptr); },
+           Rate::Bytes, es * 2.0 * M * C);
+    report("moe_combine", copies, [&] { backend->moe_combine(out, rows, dest, weights, nullptr); },
+           Rate::Bytes, es * (M + N) * C);
+    report("moe_combine_bwd", copies,
+           [&] {
+             backend->moe_combine_backward(drows, dweights, out, rows, dest, weights, nullptr);
+           },
+           Rate::Bytes, es * (N + 2.0 * M) * C);
+    // The experts' up projection, and one dense GEMM of the same rows and FLOPs.
+    const double flops = 2.0 * M * C * 2 * I;
+    const std::string grouped = shape_of({M, C}) + "x" + std::to_string(E) + shape_of({2 * I, C});
+    report("grouped_matmul_fwd", grouped,
+           [&] { backend->grouped_matmul_forward(up, rows, w_up, offsets, nullptr); }, Rate::Flops,
+           flops);
+    report("grouped_matmul_bwd", grouped,
+           [&] { backend->grouped_matmul_backward(drows, dw_up, dup, rows, w_up, offsets, nullptr); },
+           Rate::Flops, 2.0 * flops);
+    report("matmul_fwd same flops", shape_of({M, C}) + "x" + shape_of({2 * I, C}),
+           [&] { backend->matmul_forward(up, rows, dense_w, Tensor(), true, nullptr); },
+           Rate::Flops, flops);
     ws.release();
   }
   // ---- optimizer and friends, over one block's worth of parameters (12 C^2) ----
