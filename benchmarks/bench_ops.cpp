@@ -1,7 +1,7 @@
-// bench_ops: times every op of the CPU backend, forward and backward, at GPT-2 124M shapes (the
-// mixture-of-experts ops with 8 experts of width C, top 2, beside a dense GEMM of the same FLOPs)
-// (B=4, T=256, C=768, NH=12, V=50257 padded to Vp=50304) on random data, and prints a table:
-// the median of several runs after a warm-up, with GFLOP/s for matmul and attention (FLOPs
+// bench_ops: times every op of the CPU backend, forward and backward, at GPT-2 124M shapes
+// (B=4, T=256, C=768, NH=12, V=50257 padded to Vp=50304; the mixture-of-experts ops with 8
+// experts of width C, top 2, beside a dense GEMM of the same FLOPs) on random data, and prints
+// a table: the median of several runs after a warm-up, with GFLOP/s for matmul and attention (FLOPs
 // from the shape) and GB/s for the memory-bound ops (the bytes the op must read and write
 // at least, once each).
 //

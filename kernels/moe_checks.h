@@ -68,9 +68,8 @@ inline void check_moe_gather_shapes(const Tensor& out, const Tensor& inp,
   DSTRAIN_CHECK(out.ndim == 2 && inp.ndim == 2 && out.size(1) == inp.size(1))
       << "moe gather out " << out.shape_str() << " and inp " << inp.shape_str()
       << " must be (M, C) and (N, C)";
-  DSTRAIN_CHECK(source_rows.numel() == out.size(0))
-      << "moe source_rows " << source_rows.shape_str() << " must have " << out.size(0)
-      << " elements";
+  DSTRAIN_CHECK(source_rows.numel() == out.size(0)) << "moe source_rows " << source_rows.shape_str()
+                                                    << " must have " << out.size(0) << " elements";
 }
 
 // moe_combine: out (N, C), inp (M, C), dest_rows (N, k), weight (N, k) F32 or empty.
@@ -95,8 +94,8 @@ inline void check_expert_offsets(const int32_t* offsets, int64_t count, int64_t 
       << ", not from 0 to at most the " << M << " rows";
   for (int64_t e = 0; e + 1 < count; ++e) {
     DSTRAIN_CHECK(offsets[e] <= offsets[e + 1])
-        << "expert_offsets must be nondecreasing: [" << e << "] = " << offsets[e] << " > ["
-        << e + 1 << "] = " << offsets[e + 1];
+        << "expert_offsets must be nondecreasing: [" << e << "] = " << offsets[e] << " > [" << e + 1
+        << "] = " << offsets[e + 1];
   }
 }
 
@@ -115,8 +114,8 @@ inline void check_grouped_matmul_shapes(const Tensor& out, const Tensor& inp, co
                                         const Tensor& expert_offsets) {
   check_index_tensor(expert_offsets, "grouped matmul expert_offsets");
   DSTRAIN_CHECK(weight.ndim == 3 && inp.ndim == 2 && out.ndim == 2)
-      << "grouped matmul weight " << weight.shape_str() << ", inp " << inp.shape_str()
-      << ", out " << out.shape_str() << " must be (E, OC, C), (M, C), (M, OC)";
+      << "grouped matmul weight " << weight.shape_str() << ", inp " << inp.shape_str() << ", out "
+      << out.shape_str() << " must be (E, OC, C), (M, C), (M, OC)";
   DSTRAIN_CHECK(inp.size(1) == weight.size(2) && out.size(1) == weight.size(1) &&
                 out.size(0) == inp.size(0))
       << "grouped matmul: inp " << inp.shape_str() << " @ weight " << weight.shape_str()
@@ -133,8 +132,8 @@ inline void check_grouped_matmul_backward_shapes(const Tensor& dinp, const Tenso
                                                  const Tensor& weight,
                                                  const Tensor& expert_offsets) {
   check_grouped_matmul_shapes(dout, inp, weight, expert_offsets);
-  DSTRAIN_CHECK(dinp.empty() || (dinp.ndim == 2 && dinp.size(0) == inp.size(0) &&
-                                 dinp.size(1) == inp.size(1)))
+  DSTRAIN_CHECK(dinp.empty() ||
+                (dinp.ndim == 2 && dinp.size(0) == inp.size(0) && dinp.size(1) == inp.size(1)))
       << "grouped matmul dinp " << dinp.shape_str() << " must match inp " << inp.shape_str();
   DSTRAIN_CHECK(dweight.ndim == 3 && dweight.size(0) == weight.size(0) &&
                 dweight.size(1) == weight.size(1) && dweight.size(2) == weight.size(2))

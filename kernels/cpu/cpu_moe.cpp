@@ -46,8 +46,7 @@ void check_indices(const Tensor& t, const char* name, int64_t low, int64_t high)
   const int32_t* values = t.i32();
   for (int64_t i = 0; i < t.numel(); ++i) {
     DSTRAIN_CHECK(values[i] >= low && values[i] < high)
-        << name << "[" << i << "] = " << values[i] << " is outside [" << low << ", " << high
-        << ")";
+        << name << "[" << i << "] = " << values[i] << " is outside [" << low << ", " << high << ")";
   }
 }
 
@@ -79,9 +78,8 @@ void moe_route(const CpuContext& ctx, Tensor topk_weight, Tensor topk_expert, Te
   });
 }
 
-void moe_route_backward(const CpuContext& ctx, Tensor dlogits, Tensor dtopk_weight,
-                        Tensor dscores, Tensor scores, Tensor topk_expert,
-                        const MoeRouting& routing) {
+void moe_route_backward(const CpuContext& ctx, Tensor dlogits, Tensor dtopk_weight, Tensor dscores,
+                        Tensor scores, Tensor topk_expert, const MoeRouting& routing) {
   check_float_tensor(dlogits, "moe dlogits");
   const int64_t N = check_moe_route_shapes(dtopk_weight, topk_expert, scores, dlogits, routing);
   if (!dscores.empty()) {
@@ -103,8 +101,8 @@ void moe_route_backward(const CpuContext& ctx, Tensor dlogits, Tensor dtopk_weig
     for (int j = 0; j < k; ++j) sum += s[experts[j]];
     for (int j = 0; j < k; ++j) dot += dw[j] * s[experts[j]];
     for (int j = 0; j < k; ++j) {
-      ds[experts[j]] += routing.norm_topk ? routing.scale * (dw[j] - dot / sum) / sum
-                                          : routing.scale * dw[j];
+      ds[experts[j]] +=
+          routing.norm_topk ? routing.scale * (dw[j] - dot / sum) / sum : routing.scale * dw[j];
     }
     float* dx = output_span(dlogits, n * E, E, ds + E);
     if (routing.score == RouterScore::Sigmoid) {

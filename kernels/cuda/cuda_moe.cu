@@ -77,7 +77,8 @@ struct TopKGrad {
 // dL/d(score e) of one row: dscores[e], plus the path of choice j where e = experts[j]. The same
 // arithmetic as the CPU twin's; recomputed per e (no per-thread array: no local memory).
 __device__ __forceinline__ float score_grad(const float* dscores, const int32_t* experts,
-                                            const TopKGrad& g, const MoeRouting& routing, int64_t e) {
+                                            const TopKGrad& g, const MoeRouting& routing,
+                                            int64_t e) {
   float ds = dscores == nullptr ? 0.0f : dscores[e];
   for (int j = 0; j < routing.top_k; ++j) {
     if (experts[j] != e) continue;
@@ -89,8 +90,8 @@ __device__ __forceinline__ float score_grad(const float* dscores, const int32_t*
 
 __global__ void moe_route_backward_kernel(DeviceTensor dlogits, const float* dtopk_weight,
                                           const float* dscores, const float* scores,
-                                          const int32_t* topk_expert, int64_t N,
-                                          MoeRouting routing, unsigned* error_word) {
+                                          const int32_t* topk_expert, int64_t N, MoeRouting routing,
+                                          unsigned* error_word) {
   const int64_t n = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (n >= N) return;
   const int64_t E = routing.experts;
@@ -244,8 +245,8 @@ __global__ void moe_combine_backward_kernel(DeviceTensor dinp, float* dweight, D
 // The offsets on the host (one small copy; the stream is waited on).
 std::vector<int32_t> host_offsets(const Tensor& expert_offsets, int64_t M, cudaStream_t stream) {
   std::vector<int32_t> offsets(static_cast<size_t>(expert_offsets.numel()));
-  CUDA_CHECK(cudaMemcpyAsync(offsets.data(), expert_offsets.data,
-                             offsets.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  CUDA_CHECK(cudaMemcpyAsync(offsets.data(), expert_offsets.data, offsets.size() * sizeof(int32_t),
+                             cudaMemcpyDeviceToHost, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
   check_expert_offsets(offsets.data(), expert_offsets.numel(), M);
   return offsets;
@@ -269,9 +270,9 @@ void moe_route(const CudaContext& ctx, Tensor topk_weight, Tensor topk_expert, T
   (topk_weight.f32(), topk_expert.i32(), scores.f32(), device_tensor(logits), N, routing);
 }
 
-void moe_route_backward(const CudaContext& ctx, Tensor dlogits, Tensor dtopk_weight,
-                        Tensor dscores, Tensor scores, Tensor topk_expert,
-                        const MoeRouting& routing, cudaStream_t stream) {
+void moe_route_backward(const CudaContext& ctx, Tensor dlogits, Tensor dtopk_weight, Tensor dscores,
+                        Tensor scores, Tensor topk_expert, const MoeRouting& routing,
+                        cudaStream_t stream) {
   check_float_tensor(ctx, dlogits, "moe dlogits");
   const int64_t N = check_moe_route_shapes(dtopk_weight, topk_expert, scores, dlogits, routing);
   check_tensor_dtype(ctx, scores, DType::F32, "moe scores");
@@ -323,9 +324,8 @@ void moe_combine(const CudaContext& ctx, Tensor out, Tensor inp, Tensor dest_row
   check_index_on_device(ctx, dest_rows, "moe dest_rows");
   if (out.size(0) == 0) return;
   DSTRAIN_LAUNCH(moe_combine_kernel, static_cast<unsigned>(out.size(0)), kThreads, 0, stream)
-  (device_tensor(out), device_tensor(inp), dest_rows.i32(),
-   weight.empty() ? nullptr : weight.f32(), inp.size(0), inp.size(1), dest_rows.size(1),
-   ctx.error_word);
+  (device_tensor(out), device_tensor(inp), dest_rows.i32(), weight.empty() ? nullptr : weight.f32(),
+   inp.size(0), inp.size(1), dest_rows.size(1), ctx.error_word);
 }
 
 void moe_combine_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Tensor dout,

@@ -33,7 +33,7 @@ struct MoeConfig {
   int64_t expert_width = 0;
   int64_t shared_width = 0;  // 0: no shared expert
   int64_t sparse_step = 1;
-  std::vector<int64_t> mlp_only_layers;
+  std::vector<int64_t> mlp_only_layers = {};
   bool enabled() const { return experts > 0; }
   // Whether layer `layer` (0-based) has the experts.
   bool moe_layer(int64_t layer) const;

@@ -93,8 +93,8 @@ struct NormArgs {
   Tensor mean, rstd;  // (rows) F32
 };
 
-void norm_forward(Backend& backend, const NormPart& norm, Tensor out, Tensor inp,
-                  const NormArgs& n, Stream stream) {
+void norm_forward(Backend& backend, const NormPart& norm, Tensor out, Tensor inp, const NormArgs& n,
+                  Stream stream) {
   if (norm.kind == NormKind::LayerNorm) {
     backend.layernorm_forward(out, n.mean, n.rstd, inp, n.weight, n.bias, stream);
   } else {
@@ -202,11 +202,11 @@ Decoder::Widths Decoder::widths() const {
   return {heads, kv_heads, (heads + 2 * kv_heads) * attn.head_dim, heads * attn.head_dim};
 }
 
-int Decoder::layer_kind(int layer) const {
-  return &parts_.layer_mlp(layer) == &parts_.mlp ? 0 : 1;
-}
+int Decoder::layer_kind(int layer) const { return &parts_.layer_mlp(layer) == &parts_.mlp ? 0 : 1; }
 
-const MlpPart& Decoder::kind_mlp(int kind) const { return kind == 0 ? parts_.mlp : parts_.dense_mlp; }
+const MlpPart& Decoder::kind_mlp(int kind) const {
+  return kind == 0 ? parts_.mlp : parts_.dense_mlp;
+}
 
 int64_t Decoder::mlp_width(int kind) const { return kind_mlp(kind).width / tp_.size; }
 
@@ -218,9 +218,9 @@ int Decoder::head_block() const {
 
 // The activations in order: norm1 (out, [mean], rstd), qkv (q and k rotated), the attention's
 // output and log-sum-exps, residual2, norm2, the MLP's up projection and activation.
-Decoder::LayerActivations Decoder::layer_activation_specs(int kind, int64_t B, int64_t T,
-                                                          DType dtype, Recompute recompute,
-                                                          std::vector<ActivationSpec>* specs) const {
+Decoder::LayerActivations Decoder::layer_activation_specs(
+    int kind, int64_t B, int64_t T, DType dtype, Recompute recompute,
+    std::vector<ActivationSpec>* specs) const {
   const int64_t C = config_.n_embd, N = B * T, R = tp_.stream_rows(N);
   const Widths w = widths();
   const bool full = recompute == Recompute::Full;
@@ -243,13 +243,14 @@ Decoder::LayerActivations Decoder::layer_activation_specs(int kind, int64_t B, i
   const int64_t mlp_rows = N * mlp.rows_per_token(), width = mlp_width(kind);
   a.up = add({{"mlp_up", dtype, {mlp_rows, mlp.up_factor() * width}}, !full});
   a.act = add({{"mlp_act", dtype, {mlp_rows, width}}, cheap_kept});
-  if (mlp.kind == MlpKind::MoE) a.moe = add_moe_activations(moe_shape(mlp, N, C), dtype, !full, add);
+  if (mlp.kind == MlpKind::MoE)
+    a.moe = add_moe_activations(moe_shape(mlp, N, C), dtype, !full, add);
   if (specs != nullptr) *specs = std::move(list.list);
   return a;
 }
 
-std::vector<ActivationSpec> Decoder::layer_activations(int layer, int64_t B, int64_t T,
-                                                       DType dtype, Recompute recompute) const {
+std::vector<ActivationSpec> Decoder::layer_activations(int layer, int64_t B, int64_t T, DType dtype,
+                                                       Recompute recompute) const {
   std::vector<ActivationSpec> specs;
   layer_activation_specs(layer_kind(layer), B, T, dtype, recompute, &specs);
   return specs;
@@ -284,7 +285,8 @@ std::vector<TensorSpec> Decoder::layer_workspace(int64_t B, int64_t T, DType dty
   }
   if (parts_.mlp.kind == MlpKind::MoE) {
     DSTRAIN_CHECK(static_cast<int>(specs.size()) == moe_workspace_begin());
-    for (TensorSpec& spec : moe_workspace_specs(moe_shape(parts_.mlp, N, C), dtype, with_backward)) {
+    for (TensorSpec& spec :
+         moe_workspace_specs(moe_shape(parts_.mlp, N, C), dtype, with_backward)) {
       specs.push_back(std::move(spec));
     }
   }
@@ -305,7 +307,8 @@ MoeWeights Decoder::moe_weights(const std::vector<Tensor>& tensors) const {
   return {tensors[static_cast<size_t>(t.router)],
           all_experts(matrix(tensors, t.up, 2 * mlp.width), mlp.experts),
           all_experts(tensors[static_cast<size_t>(t.down)], mlp.experts),
-          matrix(tensors, t.shared_up, 2 * mlp.shared_width), optional(tensors, t.shared_down),
+          matrix(tensors, t.shared_up, 2 * mlp.shared_width),
+          optional(tensors, t.shared_down),
           optional(tensors, t.shared_gate)};
 }
 
@@ -316,11 +319,16 @@ MoeWorkspace Decoder::moe_workspace(const LayerRun& run) const {
   const bool backward = !ws[m + 1].empty() && ws[m + 1].numel() > 0;
   auto view = [&](int index, std::initializer_list<int64_t> dims) {
     return backward || index == m || index == m + 5 || index == m + 6 ? prefix(ws[index], dims)
-                                                                        : Tensor();
+                                                                      : Tensor();
   };
-  MoeWorkspace w{view(m, {s.N, s.E}),     view(m + 1, {s.M, s.C}), view(m + 2, {s.M, s.C}),
-                 view(m + 3, {s.N, s.k}), backward ? prefix(ws[kDup], {s.M, 2 * s.I}) : Tensor(),
-                 backward ? prefix(ws[kDact], {s.M, s.I}) : Tensor(), view(m + 4, {s.N, s.C})};
+  MoeWorkspace w;
+  w.logits = view(m, {s.N, s.E});
+  w.dout_rows = view(m + 1, {s.M, s.C});
+  w.dinp_rows = view(m + 2, {s.M, s.C});
+  w.dtopk_weight = view(m + 3, {s.N, s.k});
+  w.dup = backward ? prefix(ws[kDup], {s.M, 2 * s.I}) : Tensor();
+  w.dact = backward ? prefix(ws[kDact], {s.M, s.I}) : Tensor();
+  w.dx_router = view(m + 4, {s.N, s.C});
   if (s.Is > 0) {
     w.shared_logit = view(m + 5, {s.N, 1});
     w.shared_sum = view(m + 6, {s.N, s.C});
@@ -335,11 +343,17 @@ MoeActivations Decoder::moe_activations(const LayerRun& run) const {
   const MoeShape s = moe_shape_of(run);
   const std::vector<Tensor>& a = run.activations;
   const MoeActivationIndex& i = activations_[0].moe;
-  MoeActivations v{prefix(a[i.scores], {s.N, s.E}),      prefix(a[i.topk_weight], {s.N, s.k}),
-                   prefix(a[i.topk_expert], {s.N, s.k}), prefix(a[i.offsets], {s.E + 1}),
-                   prefix(a[i.source_rows], {s.M}),      prefix(a[i.dest_rows], {s.N, s.k}),
-                   prefix(a[i.inp], {s.M, s.C}),         prefix(a[activations_[0].up], {s.M, 2 * s.I}),
-                   prefix(a[activations_[0].act], {s.M, s.I}), prefix(a[i.out], {s.M, s.C})};
+  MoeActivations v;
+  v.scores = prefix(a[i.scores], {s.N, s.E});
+  v.topk_weight = prefix(a[i.topk_weight], {s.N, s.k});
+  v.topk_expert = prefix(a[i.topk_expert], {s.N, s.k});
+  v.offsets = prefix(a[i.offsets], {s.E + 1});
+  v.source_rows = prefix(a[i.source_rows], {s.M});
+  v.dest_rows = prefix(a[i.dest_rows], {s.N, s.k});
+  v.inp = prefix(a[i.inp], {s.M, s.C});
+  v.up = prefix(a[activations_[0].up], {s.M, 2 * s.I});
+  v.act = prefix(a[activations_[0].act], {s.M, s.I});
+  v.out = prefix(a[i.out], {s.M, s.C});
   if (s.Is == 0) return v;
   v.shared_up = prefix(a[i.shared_up], {s.N, 2 * s.Is});
   v.shared_act = prefix(a[i.shared_act], {s.N, s.Is});
@@ -478,8 +492,7 @@ Tensor Decoder::mlp_forward(const LayerRun& run, Tensor norm2_full) const {
                                     run.stream);
   } else {
     run.backend.matmul_forward(up, norm2_full, matrix(w, i.up, up_width),
-                               matrix(w, i.up_bias, up_width), !parts_.names.in_by_out,
-                               run.stream);
+                               matrix(w, i.up_bias, up_width), !parts_.names.in_by_out, run.stream);
     activation_forward(run.backend, part, act, up, run.stream);
   }
   return row_parallel(run, act, w[i.down], optional(w, i.down_bias));
@@ -683,8 +696,8 @@ double Decoder::head_forward(ParamProvider& params, const HeadRun& run, bool rel
     head_weight = w[static_cast<size_t>(index_in_block(layout_, parts_.names.head))];
   }
   Tensor logits = prefix(ws[h.logits], {N, Vl});
-  Tensor norm_full = enter_region_forward(tp_, prefix(ws[h.norm], {R, C}),
-                                          sequence_parallel_view(ws[h.norm_gathered], N), run.stream);
+  Tensor norm_full = enter_region_forward(
+      tp_, prefix(ws[h.norm], {R, C}), sequence_parallel_view(ws[h.norm_gathered], N), run.stream);
   run.backend.matmul_forward(logits, norm_full, head_weight, Tensor(), true, run.stream);
   if (!run.targets.empty()) {
     DSTRAIN_CHECK(run.targets.ndim == 2 && run.targets.size(0) == run.b &&
@@ -706,8 +719,8 @@ double Decoder::head_forward(ParamProvider& params, const HeadRun& run, bool rel
 // The head and the final norm, backward: from the logits' gradient (in place of the logits)
 // to dL/d(input) in run.input_grad. norm_full: the head's (gathered) input.
 void Decoder::head_backward(ParamProvider& params, const HeadRun& run, Tensor head,
-                            Tensor norm_full, std::vector<Tensor> final_weights,
-                            bool release_grads, int next) const {
+                            Tensor norm_full, std::vector<Tensor> final_weights, bool release_grads,
+                            int next) const {
   const int64_t C = config_.n_embd, Vl = config_.padded_vocab() / tp_.size, N = run.b * run.t;
   const int64_t R = tp_.stream_rows(N);
   const std::vector<Tensor>& ws = run.workspace;
@@ -719,7 +732,8 @@ void Decoder::head_backward(ParamProvider& params, const HeadRun& run, Tensor he
   if (tied) {
     const int embed = ParamLayout::embedding_block();
     Tensor grads = params.acquire_grads(embed);
-    run.backend.matmul_backward(dnorm, ParamLayout::view(layout_.find(parts_.names.embedding), grads),
+    run.backend.matmul_backward(dnorm,
+                                ParamLayout::view(layout_.find(parts_.names.embedding), grads),
                                 Tensor(), logits_grad, norm_full, head, true, run.stream);
     params.prefetch_params(final_block);
     params.release_params(embed);
@@ -734,7 +748,8 @@ void Decoder::head_backward(ParamProvider& params, const HeadRun& run, Tensor he
     run.backend.matmul_backward(dnorm, g[head_index], Tensor(), logits_grad, norm_full, head, true,
                                 run.stream);
   }
-  dnorm = enter_region_backward(tp_, dnorm, sequence_parallel_view(ws[h.dnorm_part], R), run.stream);
+  dnorm =
+      enter_region_backward(tp_, dnorm, sequence_parallel_view(ws[h.dnorm_part], R), run.stream);
   Tensor input_grad = prefix(run.input_grad, {R, C});
   run.backend.fill_zero(input_grad, run.stream);
   const bool bias = parts_.norm.has_bias();

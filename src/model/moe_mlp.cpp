@@ -20,8 +20,8 @@ void shared_expert_forward(Backend& backend, const MoeWeights& w, const MoeActiv
   backend.swiglu_forward(a.shared_act, a.shared_up, stream);
   backend.matmul_forward(a.shared_out, a.shared_act, w.shared_down, Tensor(), true, stream);
   backend.matmul_forward(ws.shared_logit, x, w.shared_gate, Tensor(), true, stream);
-  backend.moe_route(a.shared_weight, a.shared_expert, a.shared_scores, ws.shared_logit,
-                    kSharedGate, stream);
+  backend.moe_route(a.shared_weight, a.shared_expert, a.shared_scores, ws.shared_logit, kSharedGate,
+                    stream);
   // One expert: the dispatch is the identity, and the combine scales each row by its weight.
   backend.moe_dispatch(a.shared_offsets, a.shared_source, a.shared_dest, a.shared_expert, 1,
                        stream);
@@ -67,16 +67,11 @@ Tensor all_experts(Tensor first, int64_t experts) {
 std::vector<TensorSpec> moe_workspace_specs(const MoeShape& s, DType dtype, bool with_backward) {
   const int64_t Mb = with_backward ? s.M : 0, Nb = with_backward ? s.N : 0;
   const int64_t Ns = s.Is > 0 ? s.N : 0, Nsb = s.Is > 0 ? Nb : 0;
-  return {{"router_logits", dtype, {s.N, s.E}},
-          {"dexpert_out", dtype, {Mb, s.C}},
-          {"dexpert_inp", dtype, {Mb, s.C}},
-          {"dtopk_weight", DType::F32, {Nb, s.k}},
-          {"dx_router", dtype, {Nb, s.C}},
-          {"shared_logit", dtype, {Ns, 1}},
-          {"shared_sum", dtype, {Ns, s.C}},
-          {"dshared_act", dtype, {Nsb, s.Is}},
-          {"dshared_up", dtype, {Nsb, 2 * s.Is}},
-          {"dshared_weight", DType::F32, {Nsb, 1}}};
+  return {{"router_logits", dtype, {s.N, s.E}},   {"dexpert_out", dtype, {Mb, s.C}},
+          {"dexpert_inp", dtype, {Mb, s.C}},      {"dtopk_weight", DType::F32, {Nb, s.k}},
+          {"dx_router", dtype, {Nb, s.C}},        {"shared_logit", dtype, {Ns, 1}},
+          {"shared_sum", dtype, {Ns, s.C}},       {"dshared_act", dtype, {Nsb, s.Is}},
+          {"dshared_up", dtype, {Nsb, 2 * s.Is}}, {"dshared_weight", DType::F32, {Nsb, 1}}};
 }
 
 void moe_mlp_forward(Backend& backend, const MlpPart& mlp, const MoeWeights& w,

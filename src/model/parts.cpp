@@ -52,9 +52,13 @@ DecoderParts llama_parts(const ModelConfig& config) {
   if (config.moe.enabled()) {
     // Mixtral's names (block_sparse_moe, w1 w3 w2), or Qwen2-MoE's (mlp, gate_proj ...).
     const bool mixtral = config.type == ModelType::Mixtral;
-    parts.mlp = {MlpKind::MoE, config.moe.expert_width, false,
+    parts.mlp = {MlpKind::MoE,
+                 config.moe.expert_width,
+                 false,
                  mixtral ? "the expert width intermediate_size" : "moe_intermediate_size",
-                 config.moe.experts, config.moe.top_k, config.moe.norm_topk,
+                 config.moe.experts,
+                 config.moe.top_k,
+                 config.moe.norm_topk,
                  config.moe.shared_width};
     parts.names.router = mixtral ? "block_sparse_moe.gate" : "mlp.gate";
     parts.names.experts = mixtral ? "block_sparse_moe.experts." : "mlp.experts.";

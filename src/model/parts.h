@@ -83,10 +83,10 @@ struct TensorNames {
   std::string o, down;
   std::string head;  // an untied head's matrix
   // MoE: the router's matrix, expert e's tensors "<experts><e>.<name>.weight".
-  std::string router, experts;
-  std::vector<std::string> expert_up;  // gate, up
-  std::string expert_down;
-  std::string shared_expert, shared_gate;  // "<shared_expert><up or down name>.weight"
+  std::string router = {}, experts = {};
+  std::vector<std::string> expert_up = {};  // gate, up
+  std::string expert_down = {};
+  std::string shared_expert = {}, shared_gate = {};  // "<shared_expert><up or down name>.weight"
 };
 
 // Initialization: every matrix and embedding N(0, init_std); the projections into the residual

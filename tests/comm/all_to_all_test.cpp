@@ -39,12 +39,12 @@ TEST(AllToAll, CountsThatDisagreeOrOverflowAreAnError) {
                                [&](Communicator& comm) {
                                  GuardedBuffer in(DType::F32, 4), out(DType::F32, 4);
                                  in.fill(1, comm.rank());
-                                 const std::vector<int64_t> send =
-                                     comm.rank() == 0 ? std::vector<int64_t>{1, 3}
-                                                      : std::vector<int64_t>{2, 1};
-                                 const std::vector<int64_t> recv =
-                                     comm.rank() == 0 ? std::vector<int64_t>{1, 2}
-                                                      : std::vector<int64_t>{2, 1};
+                                 const std::vector<int64_t> send = comm.rank() == 0
+                                                                       ? std::vector<int64_t>{1, 3}
+                                                                       : std::vector<int64_t>{2, 1};
+                                 const std::vector<int64_t> recv = comm.rank() == 0
+                                                                       ? std::vector<int64_t>{1, 2}
+                                                                       : std::vector<int64_t>{2, 1};
                                  comm.all_to_all(out.tensor(), recv, in.tensor(), send, nullptr);
                                }),
                Error);

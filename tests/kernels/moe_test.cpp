@@ -17,7 +17,9 @@ namespace {
 constexpr Tolerance kF32{1e-6, 1e-5, 1e-11};
 constexpr Tolerance kF32Gradient{2e-5, 2e-4, 1e-9};
 
-Tolerance output_tolerance(DType dtype) { return dtype == DType::F32 ? kF32 : storage_tolerance(dtype); }
+Tolerance output_tolerance(DType dtype) {
+  return dtype == DType::F32 ? kF32 : storage_tolerance(dtype);
+}
 
 // ---- routing -------------------------------------------------------------------------------
 
@@ -107,7 +109,8 @@ TEST(MoeRoute, SoftmaxTop3UnnormalizedOddShapeBF16) { check_route({7, kQwenNoNor
 TEST(MoeRoute, SigmoidScaledOddShapeF32) { check_route({9, kSigmoidScaled, DType::F32}); }
 TEST(MoeRoute, TopKOfEveryExpertF16) { check_route({5, kEveryExpert, DType::F16}); }
 
-// Equal scores: the lower expert first (torch.topk leaves the order of ties open; dstrain fixes it).
+// Equal scores: the lower expert first (torch.topk leaves the order of ties open; dstrain fixes
+// it).
 TEST(MoeRoute, TiesGoToTheLowerExpert) {
   RouteTensors t({2, kQwenNoNorm, DType::F32});
   t.routing = kQwenNoNorm;
@@ -151,7 +154,9 @@ TEST(MoeRouteBackward, SoftmaxWithAScoreLossMatchesFiniteDifferences) {
 TEST(MoeRouteBackward, SigmoidScaledWithAScoreLossMatchesFiniteDifferences) {
   check_route_backward({9, kSigmoidScaled, DType::F32}, true);
 }
-TEST(MoeRouteBackward, EveryExpertBF16) { check_route_backward({5, kEveryExpert, DType::BF16}, true); }
+TEST(MoeRouteBackward, EveryExpertBF16) {
+  check_route_backward({5, kEveryExpert, DType::BF16}, true);
+}
 
 // ---- dispatch ------------------------------------------------------------------------------
 
@@ -240,7 +245,8 @@ struct CombineCase {
 
 // dest_rows for N tokens with k choices over M = N*k - dropped rows: a random permutation of
 // the rows, with the choices in `dropped` set to -1.
-HostTensor random_dest_rows(Random& rng, int64_t N, int64_t k, const std::vector<int64_t>& dropped) {
+HostTensor random_dest_rows(Random& rng, int64_t N, int64_t k,
+                            const std::vector<int64_t>& dropped) {
   HostTensor dest(DType::I32, {N, k});
   std::vector<int32_t> rows(static_cast<size_t>(N * k - static_cast<int64_t>(dropped.size())));
   std::iota(rows.begin(), rows.end(), 0);
@@ -283,8 +289,8 @@ void check_combine(const CombineCase& c) {
   const std::vector<double> wv = c.weighted ? w.fill_random(rng, 0.0, 1.0) : std::vector<double>();
   out.fill_nan();
   test_backend()->moe_combine(out, y, dest, c.weighted ? w.t() : Tensor(), nullptr);
-  EXPECT_TRUE(all_close(out.values(), combine_reference(yv, wv, dest, c.C),
-                        output_tolerance(c.dtype)));
+  EXPECT_TRUE(
+      all_close(out.values(), combine_reference(yv, wv, dest, c.C), output_tolerance(c.dtype)));
   for (int64_t ch = 0; ch < c.C; ++ch) EXPECT_EQ(out.get(1 * c.C + ch), 0.0) << "all dropped";
   EXPECT_TRUE(guards_intact({&out, &y, &w}));
 
@@ -297,7 +303,8 @@ void check_combine(const CombineCase& c) {
                                        c.weighted ? w.t() : Tensor(), nullptr);
   const Tolerance tol = c.dtype == DType::F32 ? kF32Gradient : storage_tolerance(c.dtype);
   const std::vector<double> dy_ref = numeric_gradient(
-      [&](const std::vector<double>& x) { return dot(combine_reference(x, wv, dest, c.C), r); }, yv);
+      [&](const std::vector<double>& x) { return dot(combine_reference(x, wv, dest, c.C), r); },
+      yv);
   EXPECT_TRUE(all_close(dy.values(), dy_ref, tol)) << "dinp";
   if (c.weighted) {
     const std::vector<double> dw_ref = numeric_gradient(
@@ -407,7 +414,9 @@ void check_grouped(const GroupedCase& c) {
   EXPECT_TRUE(guards_intact({&out, &x, &w, &dout, &dx, &dw}));
 }
 
-TEST(GroupedMatmul, RoundShapeF32WithAnEmptyExpert) { check_grouped({{4, 0, 8, 4}, 16, 8, 0, DType::F32}); }
+TEST(GroupedMatmul, RoundShapeF32WithAnEmptyExpert) {
+  check_grouped({{4, 0, 8, 4}, 16, 8, 0, DType::F32});
+}
 TEST(GroupedMatmul, OddShapeBF16WithSpareRows) { check_grouped({{3, 5, 0}, 7, 5, 2, DType::BF16}); }
 TEST(GroupedMatmul, OddShapeF16) { check_grouped({{1, 2, 3}, 9, 11, 1, DType::F16}); }
 

@@ -64,7 +64,8 @@ TEST(CudaMoe, DispatchMatchesCpu) {
       const int e = static_cast<int>(rng.integer(E - 1));
       experts.i32()[i] = e >= 6 ? e + 1 : e;
     }
-    HostTensor o_cpu(DType::I32, {E + 1}), src_cpu(DType::I32, {N * k}), dst_cpu(DType::I32, {N, k});
+    HostTensor o_cpu(DType::I32, {E + 1}), src_cpu(DType::I32, {N * k}),
+        dst_cpu(DType::I32, {N, k});
     HostTensor o_gpu = o_cpu.clone(), src_gpu = src_cpu.clone(), dst_gpu = dst_cpu.clone();
     cpu_backend().moe_dispatch(o_cpu, src_cpu, dst_cpu, experts, E, nullptr);
     HostTensor experts_gpu = experts.clone();
@@ -158,8 +159,8 @@ TEST(CudaMoe, GroupedMatmulAndItsBackwardMatchCpu) {
                                            nullptr);
     run.finish();
     // cuBLAS sums in its own order: the matmul tests' tolerances.
-    const Tolerance tol = dtype == DType::F32 ? Tolerance{1e-5, 1e-4, 1e-10}
-                                              : storage_tolerance(dtype);
+    const Tolerance tol =
+        dtype == DType::F32 ? Tolerance{1e-5, 1e-4, 1e-10} : storage_tolerance(dtype);
     const std::string where = dtype_name(dtype);
     EXPECT_TRUE(all_close(out_gpu.values(), out_cpu.values(), tol)) << where;
     EXPECT_TRUE(all_close(dx_gpu.values(), dx_cpu.values(), tol)) << where;

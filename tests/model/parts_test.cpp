@@ -57,15 +57,18 @@ TEST(Parts, ALayersTensorsComeInThePartsOrderWithTheirInitialization) {
     std::string name;
     ParamInit init;
   };
-  const std::vector<Expected> gpt2 = {
-      {"h.0.ln_1.weight", ParamInit::One},          {"h.0.ln_1.bias", ParamInit::Zero},
-      {"h.0.attn.c_attn.weight", ParamInit::Normal}, {"h.0.attn.c_attn.bias", ParamInit::Zero},
-      {"h.0.attn.c_proj.weight", ParamInit::ResidualNormal},
-      {"h.0.attn.c_proj.bias", ParamInit::Zero},    {"h.0.ln_2.weight", ParamInit::One},
-      {"h.0.ln_2.bias", ParamInit::Zero},           {"h.0.mlp.c_fc.weight", ParamInit::Normal},
-      {"h.0.mlp.c_fc.bias", ParamInit::Zero},
-      {"h.0.mlp.c_proj.weight", ParamInit::ResidualNormal},
-      {"h.0.mlp.c_proj.bias", ParamInit::Zero}};
+  const std::vector<Expected> gpt2 = {{"h.0.ln_1.weight", ParamInit::One},
+                                      {"h.0.ln_1.bias", ParamInit::Zero},
+                                      {"h.0.attn.c_attn.weight", ParamInit::Normal},
+                                      {"h.0.attn.c_attn.bias", ParamInit::Zero},
+                                      {"h.0.attn.c_proj.weight", ParamInit::ResidualNormal},
+                                      {"h.0.attn.c_proj.bias", ParamInit::Zero},
+                                      {"h.0.ln_2.weight", ParamInit::One},
+                                      {"h.0.ln_2.bias", ParamInit::Zero},
+                                      {"h.0.mlp.c_fc.weight", ParamInit::Normal},
+                                      {"h.0.mlp.c_fc.bias", ParamInit::Zero},
+                                      {"h.0.mlp.c_proj.weight", ParamInit::ResidualNormal},
+                                      {"h.0.mlp.c_proj.bias", ParamInit::Zero}};
   const std::vector<Expected> deepseek = {
       {"model.layers.0.input_layernorm.weight", ParamInit::One},
       {"model.layers.0.self_attn.q_proj.weight", ParamInit::Normal},

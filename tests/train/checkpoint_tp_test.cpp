@@ -177,7 +177,9 @@ TEST(CheckpointTpBlocks, SliceThenInsertEveryRankIsTheWholeBlocks_tp2_tp4) {
         }
         const float* data = slice.block(block).f32();
         for (size_t i = 0; i < in_tensor.size(); ++i) {
-          if (!in_tensor[i]) ASSERT_EQ(data[i], 0.0f) << "tp " << tp << " block " << block;
+          if (!in_tensor[i]) {
+            ASSERT_EQ(data[i], 0.0f) << "tp " << tp << " block " << block;
+          }
         }
       }
       if (r % 2 == 0) {
