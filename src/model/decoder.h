@@ -3,6 +3,7 @@
 //
 //   norm1 -> qkv projection -> [rotary] -> causal attention -> o projection -> + residual
 //   -> norm2 -> up projection -> GELU | SwiGLU -> down projection -> + residual
+//            (or the mixture of experts of model/moe_mlp.h, in every layer or in some)
 //
 // the embedding [+ a learned position table] before the first layer, the final norm and the
 // LM head (tied to the embedding or its own matrix) with the cross-entropy after the last. GPT-2
