@@ -74,9 +74,19 @@ std::optional<fs::path> find_checkpoint(const fs::path& path) {
                            "optimizer.safetensors", "config.json"}) {
     if (fs::exists(path / file, error)) return path;
   }
-  const fs::path latest = path / "latest";
-  if (fs::is_symlink(latest, error) || fs::exists(latest, error)) return path;
   const std::vector<CheckpointEntry> checkpoints = list_checkpoints(path);
+  const fs::path latest = path / "latest";
+  if (fs::is_symlink(latest, error) || fs::exists(latest, error)) {
+    // `latest` moves only once its checkpoint is whole: a run stopped between the two (a second
+    // signal) has a whole checkpoint newer than the one `latest` names. Resume from that.
+    const fs::path named = fs::is_symlink(latest, error) ? fs::read_symlink(latest, error) : latest;
+    const std::optional<int64_t> step = step_of_name(named.filename().string());
+    if (step && is_complete_checkpoint(path / named) && !checkpoints.empty() &&
+        checkpoints.back().step > *step) {
+      return checkpoints.back().dir;
+    }
+    return path;
+  }
   if (checkpoints.empty()) return std::nullopt;
   return checkpoints.back().dir;
 }

@@ -22,7 +22,8 @@ struct CheckpointEntry {
 std::vector<CheckpointEntry> list_checkpoints(const std::filesystem::path& dir);
 
 // The checkpoint `path` names: a step directory itself (one holding any checkpoint file, whole
-// or not), else the run directory's `latest`,
+// or not), else the run directory's `latest` (or its newest complete step directory when that is
+// newer than what `latest` names: a run stopped between a checkpoint and its `latest`),
 // else (a run whose `latest` is missing) its newest complete step directory; nullopt when
 // `path` does not exist or holds no checkpoint. A `latest` naming a missing checkpoint, or a
 // step directory that is not whole, is left to open_checkpoint's sentence (returned as found).

@@ -211,6 +211,31 @@ TEST_F(TrainTest, ResumeIsBitIdenticalWithShuffledFileData) {
 
 using test::expect_user_error;
 
+// A run stopped between writing a checkpoint and moving `latest` to it (a second signal): the
+// run directory resumes from the newer whole checkpoint, not from what `latest` still names
+// (which resuming into the same directory would refuse as older than the run's newest).
+TEST_F(TrainTest, ARunStoppedBeforeItsLatestMovedResumesFromTheNewestWholeCheckpoint) {
+  TrainOptions options = small_synthetic_run("");
+  options.steps = 3;
+  options.eval_every = 0;
+  options.save_every = 1;
+  options.out = path("lagging");
+  std::ostringstream out;
+  train(options, out);
+  ASSERT_TRUE(fs::exists(path("lagging/step-000003/trainer.json")));
+  fs::remove(path("lagging/latest"));
+  fs::create_directory_symlink("step-000002", path("lagging/latest"));
+  TrainOptions resume = small_synthetic_run("");
+  resume.steps = 4;
+  resume.eval_every = 0;
+  resume.resume = path("lagging");
+  resume.out = path("lagging");
+  std::ostringstream log;
+  EXPECT_EQ(train(resume, log).steps, 4);
+  EXPECT_NE(log.str().find("step-000003"), std::string::npos) << log.str();
+  EXPECT_EQ(fs::read_symlink(path("lagging/latest")), "step-000004");
+}
+
 TEST_F(TrainTest, BrokenCheckpointsAreClearErrors) {
   TrainOptions options = small_synthetic_run(path("log.jsonl"));
   options.steps = 2;
