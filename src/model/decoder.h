@@ -20,7 +20,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "model/architecture.h"
@@ -28,26 +27,9 @@
 #include "model/layout.h"
 #include "model/moe_mlp.h"
 #include "model/parts.h"
+#include "model/rotary.h"
 
 namespace dstrain {
-
-// The rotary frequencies of `config` (head_dim / 2 of them): inv_freq[i] = rope_theta^(-2i/hd),
-// with Llama 3's rope scaling when the config has it. In double.
-std::vector<double> rope_inverse_frequencies(const ModelConfig& config);
-
-// The (T, hd/2, 2) host tables of (cos, sin) a rotary position part copies to its workspace:
-// one per longer T asked so far, kept and never moved (a stream may still copy from one).
-class RotaryTables {
- public:
-  explicit RotaryTables(std::vector<double> inv_freq) : inv_freq_(std::move(inv_freq)) {}
-  // The table of at least T positions. Thread-safe.
-  const float* at_least(int64_t T) const;
-
- private:
-  std::vector<double> inv_freq_;
-  mutable std::mutex mutex_;
-  mutable std::vector<std::unique_ptr<const std::vector<float>>> tables_;
-};
 
 class Decoder final : public Architecture {
  public:
