@@ -280,26 +280,24 @@ MoeWorkspace Decoder::moe_workspace(const LayerRun& run) const {
   const MoeShape s = moe_shape_of(run);
   const std::vector<Tensor>& ws = run.workspace;
   const int m = moe_workspace_begin();
-  const bool backward = !ws[m + 1].empty() && ws[m + 1].numel() > 0;
+  // A buffer the pass has no rows for (the gradients without backward, the shared expert's
+  // without one) stays an empty view.
   auto view = [&](int index, std::initializer_list<int64_t> dims) {
-    return backward || index == m || index == m + 5 || index == m + 6 ? prefix(ws[index], dims)
-                                                                      : Tensor();
+    return ws[index].numel() > 0 ? prefix(ws[index], dims) : Tensor();
   };
   MoeWorkspace w;
   w.logits = view(m, {s.N, s.E});
   w.dout_rows = view(m + 1, {s.M, s.C});
   w.dinp_rows = view(m + 2, {s.M, s.C});
   w.dtopk_weight = view(m + 3, {s.N, s.k});
-  w.dup = backward ? prefix(ws[kDup], {s.M, 2 * s.I}) : Tensor();
-  w.dact = backward ? prefix(ws[kDact], {s.M, s.I}) : Tensor();
+  w.dup = view(kDup, {s.M, 2 * s.I});
+  w.dact = view(kDact, {s.M, s.I});
   w.dx_router = view(m + 4, {s.N, s.C});
-  if (s.Is > 0) {
-    w.shared_logit = view(m + 5, {s.N, 1});
-    w.shared_sum = view(m + 6, {s.N, s.C});
-    w.dshared_act = view(m + 7, {s.N, s.Is});
-    w.dshared_up = view(m + 8, {s.N, 2 * s.Is});
-    w.dshared_weight = view(m + 9, {s.N, 1});
-  }
+  w.shared_logit = view(m + 5, {s.N, 1});
+  w.shared_sum = view(m + 6, {s.N, s.C});
+  w.dshared_act = view(m + 7, {s.N, s.Is});
+  w.dshared_up = view(m + 8, {s.N, 2 * s.Is});
+  w.dshared_weight = view(m + 9, {s.N, 1});
   return w;
 }
 

@@ -1,5 +1,6 @@
-// Checks every model test runs the same way: fresh parameters made non-trivial, and each
-// parameter's gradient against central finite differences of the loss.
+// What the model tests share: fresh parameters made non-trivial, a random token batch, the
+// whole model as one stage on the CPU backend, and each parameter's gradient against central
+// finite differences of the loss.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -7,10 +8,13 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/rng.h"
+#include "kernels/ops.h"
 #include "model/architecture.h"
 #include "model/layout.h"
 #include "model/stage.h"
@@ -36,14 +40,55 @@ inline void randomize_parameters(const ParamLayout& layout, const ModelConfig& c
   }
 }
 
-// After model.forward(dloss 1/N) and backward on (inputs, targets): 4 random elements of every
-// parameter against central differences (h = 1e-3) of the mean loss. Returns each parameter's
-// squared gradient norm, by layout index.
-inline std::vector<double> expect_gradients_match_finite_differences(
-    ModelStage& model, HostParams& params, const ParamLayout& layout, int64_t B, int64_t T,
-    Tensor inputs, Tensor targets) {
+// B x T random tokens and targets of `config`'s vocabulary, drawn in turn from Rng(seed).
+struct TokenBatch {
+  int64_t B = 0, T = 0;
+  std::vector<int32_t> inputs, targets;
+  Tensor input_tensor() { return Tensor(inputs.data(), DType::I32, {B, T}); }
+  Tensor target_tensor() { return Tensor(targets.data(), DType::I32, {B, T}); }
+};
+inline TokenBatch random_tokens(const ModelConfig& config, int64_t B, int64_t T, uint64_t seed) {
+  Rng rng(seed);
+  TokenBatch batch{B, T, {}, {}};
+  for (int64_t i = 0; i < B * T; ++i) {
+    batch.inputs.push_back(int32_t(rng.below(config.vocab_size)));
+    batch.targets.push_back(int32_t(rng.below(config.vocab_size)));
+  }
+  return batch;
+}
+
+// The whole model as one F32 stage of micro-batches (B, T) on a CPU backend of `threads` threads.
+struct WholeModelRun {
+  WholeModelRun(const Architecture& arch, int64_t B, int64_t T, int threads,
+                Recompute recompute = Recompute::None)
+      : backend(make_cpu_backend(threads)),
+        allocator(make_cpu_allocator()),
+        stage(arch, whole_model(arch.config()), *backend, *allocator, B, T, DType::F32, true,
+              recompute, 1) {}
+  // Forward with the per-token loss weight dloss, then backward: the gradients in `params`.
+  void forward_backward(HostParams& params, TokenBatch& batch, float dloss) {
+    stage.forward(params, 0, batch.B, batch.T, batch.input_tensor(), batch.target_tensor(), dloss,
+                  nullptr);
+    stage.backward(params, 0, batch.input_tensor(), nullptr);
+  }
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Allocator> allocator;
+  ModelStage stage;
+};
+
+// After run.forward_backward(dloss 1/N) on `batch`: 4 random elements of every parameter against
+// central differences (h = 1e-3) of the mean loss. Returns each parameter's squared gradient
+// norm, by layout index.
+inline std::vector<double> expect_gradients_match_finite_differences(WholeModelRun& run,
+                                                                     HostParams& params,
+                                                                     const ParamLayout& layout,
+                                                                     TokenBatch& batch) {
   Rng rng(5);
   const double h = 1e-3;
+  const auto loss = [&] {
+    return run.stage.forward(params, 0, batch.B, batch.T, batch.input_tensor(),
+                             batch.target_tensor(), 0.0f, nullptr);
+  };
   std::vector<double> norms;
   for (const ParamSpec& spec : layout.params()) {
     float* param = ParamLayout::view(spec, params.acquire_params(spec.block)).f32();
@@ -55,9 +100,9 @@ inline std::vector<double> expect_gradients_match_finite_differences(
       const int64_t i = int64_t(rng.below(spec.file_numel()));
       const float saved = param[i];
       param[i] = float(saved + h);
-      const double plus = model.forward(params, 0, B, T, inputs, targets, 0.0f, nullptr);
+      const double plus = loss();
       param[i] = float(saved - h);
-      const double minus = model.forward(params, 0, B, T, inputs, targets, 0.0f, nullptr);
+      const double minus = loss();
       param[i] = saved;
       const double numeric = (plus - minus) / (2 * h);
       EXPECT_NEAR(grad[i], numeric, 5e-4 + 2e-2 * std::abs(numeric))

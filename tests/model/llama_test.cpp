@@ -3,8 +3,6 @@
 // (grouped-query attention, untied and tied head, with and without Llama's optional biases) and
 // Qwen2 (q/k/v biases); recompute changes no bit; the configs of the presets parse with the real
 // models' parameter counts, and bad configs are one sentence.
-#include "model/decoder.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +12,7 @@
 #include "core/check.h"
 #include "core/rng.h"
 #include "kernels/ops.h"
+#include "model/decoder.h"
 #include "model/stage.h"
 #include "tests/model/gradient_checks.h"
 #include "tests/model/host_params.h"
@@ -48,20 +47,6 @@ ModelConfig small_llama(const Variant& v) {
   return c;
 }
 
-struct Batch {
-  std::vector<int32_t> inputs, targets;
-};
-
-Batch random_batch(const ModelConfig& config, int64_t N, uint64_t seed) {
-  Rng rng(seed);
-  Batch batch;
-  for (int64_t i = 0; i < N; ++i) {
-    batch.inputs.push_back(int32_t(rng.below(config.vocab_size)));
-    batch.targets.push_back(int32_t(rng.below(config.vocab_size)));
-  }
-  return batch;
-}
-
 class LlamaGradients : public ::testing::TestWithParam<Variant> {};
 
 TEST_P(LlamaGradients, WholeModelGradientMatchesFiniteDifferences) {
@@ -72,18 +57,12 @@ TEST_P(LlamaGradients, WholeModelGradientMatchesFiniteDifferences) {
   test::HostParams params(layout);
   test::randomize_parameters(layout, config, params);
   const int64_t B = 2, T = 5, N = B * T;
-  Batch batch = random_batch(config, N, 3);
-  Tensor inputs(batch.inputs.data(), DType::I32, {B, T});
-  Tensor targets(batch.targets.data(), DType::I32, {B, T});
-  auto backend = make_cpu_backend(1);
-  auto allocator = make_cpu_allocator();
-  ModelStage model(arch, whole_model(config), *backend, *allocator, B, T, DType::F32, true,
-                   Recompute::None, 1);
-  model.forward(params, 0, B, T, inputs, targets, 1.0f / N, nullptr);
-  model.backward(params, 0, inputs, nullptr);
+  test::TokenBatch batch = test::random_tokens(config, B, T, 3);
+  test::WholeModelRun run(arch, B, T, 1);
+  run.forward_backward(params, batch, 1.0f / N);
 
   const std::vector<double> norms =
-      test::expect_gradients_match_finite_differences(model, params, layout, B, T, inputs, targets);
+      test::expect_gradients_match_finite_differences(run, params, layout, batch);
   for (size_t i = 0; i < norms.size(); ++i) EXPECT_GT(norms[i], 0.0) << layout.params()[i].name;
   // The padded vocabulary rows never get a gradient.
   const ParamSpec& embed = layout.find("model.embed_tokens.weight");
@@ -104,15 +83,9 @@ std::vector<std::vector<float>> gradients(const ModelConfig& config, Recompute r
   test::HostParams params(arch.layout());
   test::randomize_parameters(arch.layout(), config, params);
   const int64_t B = 2, T = 7;
-  Batch batch = random_batch(config, B * T, 4);
-  Tensor inputs(batch.inputs.data(), DType::I32, {B, T});
-  Tensor targets(batch.targets.data(), DType::I32, {B, T});
-  auto backend = make_cpu_backend(2);
-  auto allocator = make_cpu_allocator();
-  ModelStage model(arch, whole_model(config), *backend, *allocator, B, T, DType::F32, true,
-                   recompute, 1);
-  model.forward(params, 0, B, T, inputs, targets, 1.0f / (B * T), nullptr);
-  model.backward(params, 0, inputs, nullptr);
+  test::TokenBatch batch = test::random_tokens(config, B, T, 4);
+  test::WholeModelRun run(arch, B, T, 2, recompute);
+  run.forward_backward(params, batch, 1.0f / (B * T));
   return params.grads;
 }
 

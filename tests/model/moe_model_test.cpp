@@ -46,40 +46,18 @@ void randomize(const ParamLayout& layout, const ModelConfig& config, test::HostP
   });
 }
 
-struct Batch {
-  std::vector<int32_t> inputs, targets;
-  int64_t B = 2, T = 5;
-};
-
-Batch random_run(const ModelConfig& config, uint64_t seed) {
-  Batch run;
-  Rng rng(seed);
-  for (int64_t i = 0; i < run.B * run.T; ++i) {
-    run.inputs.push_back(int32_t(rng.below(config.vocab_size)));
-    run.targets.push_back(int32_t(rng.below(config.vocab_size)));
-  }
-  return run;
-}
-
 TEST(MoeModel, EveryGradientMatchesFiniteDifferences) {
   const ModelConfig config = small_mixtral(4, 2);
   const Decoder arch(config);
   const ParamLayout& layout = arch.layout();
   test::HostParams params(layout);
   randomize(layout, config, params);
-  Batch data = random_run(config, 3);
-  const int64_t B = data.B, T = data.T, N = B * T;
-  Tensor inputs(data.inputs.data(), DType::I32, {B, T});
-  Tensor targets(data.targets.data(), DType::I32, {B, T});
-  auto backend = make_cpu_backend(1);
-  auto allocator = make_cpu_allocator();
-  ModelStage model(arch, whole_model(config), *backend, *allocator, B, T, DType::F32, true,
-                   Recompute::None, 1);
-  model.forward(params, 0, B, T, inputs, targets, 1.0f / N, nullptr);
-  model.backward(params, 0, inputs, nullptr);
+  test::TokenBatch batch = test::random_tokens(config, 2, 5, 3);
+  test::WholeModelRun run(arch, 2, 5, 1);
+  run.forward_backward(params, batch, 1.0f / 10);
 
   const std::vector<double> norms =
-      test::expect_gradients_match_finite_differences(model, params, layout, B, T, inputs, targets);
+      test::expect_gradients_match_finite_differences(run, params, layout, batch);
   int experts_with_gradient = 0;
   for (size_t i = 0; i < norms.size(); ++i) {
     const std::string& name = layout.params()[i].name;
@@ -108,15 +86,9 @@ TEST(MoeModel, ExpertsWithoutTokensGetNoGradient) {
     float* w = ParamLayout::view(router, params.acquire_params(router.block)).f32();
     std::fill(w, w + router.numel(), 0.0f);
   }
-  Batch data = random_run(config, 4);
-  Tensor inputs(data.inputs.data(), DType::I32, {data.B, data.T});
-  Tensor targets(data.targets.data(), DType::I32, {data.B, data.T});
-  auto backend = make_cpu_backend(2);
-  auto allocator = make_cpu_allocator();
-  ModelStage model(arch, whole_model(config), *backend, *allocator, data.B, data.T, DType::F32,
-                   true, Recompute::None, 1);
-  model.forward(params, 0, data.B, data.T, inputs, targets, 0.1f, nullptr);
-  model.backward(params, 0, inputs, nullptr);
+  test::TokenBatch batch = test::random_tokens(config, 2, 5, 4);
+  test::WholeModelRun run(arch, 2, 5, 2);
+  run.forward_backward(params, batch, 0.1f);
   for (const ParamSpec& spec : layout.params()) {
     const bool idle = spec.name.find(".experts.2.") != std::string::npos ||
                       spec.name.find(".experts.3.") != std::string::npos;
@@ -135,15 +107,9 @@ std::vector<std::vector<float>> gradients(const ModelConfig& config, Recompute r
   const Decoder arch(config);
   test::HostParams params(arch.layout());
   randomize(arch.layout(), config, params);
-  Batch data = random_run(config, 6);
-  Tensor inputs(data.inputs.data(), DType::I32, {data.B, data.T});
-  Tensor targets(data.targets.data(), DType::I32, {data.B, data.T});
-  auto backend = make_cpu_backend(2);
-  auto allocator = make_cpu_allocator();
-  ModelStage model(arch, whole_model(config), *backend, *allocator, data.B, data.T, DType::F32,
-                   true, recompute, 1);
-  model.forward(params, 0, data.B, data.T, inputs, targets, 0.1f, nullptr);
-  model.backward(params, 0, inputs, nullptr);
+  test::TokenBatch batch = test::random_tokens(config, 2, 5, 6);
+  test::WholeModelRun run(arch, 2, 5, 2, recompute);
+  run.forward_backward(params, batch, 0.1f);
   return params.grads;
 }
 
