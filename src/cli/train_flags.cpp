@@ -137,6 +137,10 @@ po::options_description hardware_flags(TrainOptions& o) {
       ("tp", po::value(&o.tp)->value_name("N"),
        "tensor parallel degree: Megatron-style splits of each layer over N consecutive ranks "
        "(default 1 on CPU ranks)")
+      ("ep", po::value(&o.ep)->value_name("N"),
+       "expert parallel degree for mixture-of-experts models: each MoE layer's experts split "
+       "over N data-parallel ranks, tokens exchanged by all-to-all (DeepSpeed's ep_size, "
+       "Megatron's --expert-model-parallel-size; N divides dp; default 1 on CPU ranks)")
       ("sequence-parallel", po::value(&o.sequence_parallel)->default_value(o.sequence_parallel, "true")->value_name("BOOL"),
        "with --tp > 1: split the activations outside the tensor-parallel regions along the "
        "tokens (less memory, the same numbers)")

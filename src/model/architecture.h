@@ -22,6 +22,7 @@
 #include "core/tensor.h"
 #include "kernels/ops.h"
 #include "model/config.h"
+#include "model/expert_parallel.h"
 #include "model/layout.h"
 #include "model/tensor_parallel.h"
 
@@ -67,6 +68,12 @@ struct LayerRun {
   std::vector<Tensor> workspace;       // by layer_workspace() index
   // backward: dL/d(output) on entry, dL/d(input) on exit (the residual stream's gradient).
   Tensor residual_grad;                // (stream_rows(B, T), C)
+  // A MoE layer: the tensors of its routed experts' block (ParamLayout::expert_block), and
+  // their gradients (backward).
+  std::vector<Tensor> expert_weights = {}, expert_grads = {};
+  // A forward run again by backward (full recompute): what forward records once is not
+  // recorded again.
+  bool recomputing = false;
 };
 
 // The first stage's embedding: tokens (b, t) -> output (b, t, C), and its backward.
@@ -143,10 +150,12 @@ class Architecture {
 };
 
 // The decoder of a model configuration (model/decoder.h), as tp rank `tp.rank` of `tp.size`
-// runs it. REQUIRES: the model splits over tp.size ranks
-// (tp_unsupported_reason, model/layout.h); UserError otherwise.
+// holding ep rank `ep.rank`'s experts runs it. REQUIRES: the model splits over tp.size and
+// ep.size ranks (tp_unsupported_reason, ep_unsupported_reason, model/layout.h); UserError
+// otherwise.
 std::unique_ptr<Architecture> make_architecture(const ModelConfig& config,
-                                                const TensorParallel& tp = {});
+                                                const TensorParallel& tp = {},
+                                                const ExpertParallel& ep = {});
 
 // Fresh parameters as their parts ask (ParamSpec::init, model/layout.h), each tensor from its
 // own stream (seed, name), the same for any layout or sharding: one F32 host tensor of

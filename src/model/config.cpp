@@ -79,7 +79,8 @@ static const char* architecture_name(ModelType type) {
 // The mixture-of-experts fields of a Mixtral or Qwen2-MoE config.json.
 static void moe_json(const ModelConfig& c, nlohmann::json& json) {
   json["num_experts_per_tok"] = c.moe.top_k;
-  json["output_router_logits"] = false;
+  json["output_router_logits"] = c.moe.aux_loss_coef > 0;
+  if (c.moe.aux_loss_coef > 0) json["router_aux_loss_coef"] = c.moe.aux_loss_coef;
   if (c.type == ModelType::Mixtral) {
     json["num_local_experts"] = c.moe.experts;
     json["intermediate_size"] = c.moe.expert_width;
@@ -232,7 +233,7 @@ nlohmann::json rope_scaling(const ConfigFields& f) {
 }
 
 // The experts of a Mixtral or Qwen2-MoE config (with its shared expert and dense layers), and one
-// sentence for what dstrain does not do with them yet: the load-balancing loss, router jitter.
+// sentence for what dstrain does not do with them yet: router jitter, sliding windows.
 MoeConfig moe_config(const ConfigFields& f, ModelType type) {
   const bool mixtral = type == ModelType::Mixtral;
   MoeConfig moe;
@@ -243,8 +244,8 @@ MoeConfig moe_config(const ConfigFields& f, ModelType type) {
   moe.norm_topk = mixtral || f.flag_or("norm_topk_prob", false);
   if (!mixtral) moe.shared_width = f.positive_or("shared_expert_intermediate_size", 1 << 20, 0);
   if (f.flag_or("output_router_logits", false)) {
-    f.unsupported("output_router_logits true asks for the load-balancing loss, which dstrain "
-                  "does not add yet (set it to false)");
+    // transformers' default coefficient (MixtralConfig, Qwen2MoeConfig).
+    moe.aux_loss_coef = f.number_or("router_aux_loss_coef", 0, 1e6, 0.001);
   }
   if (f.number_or("router_jitter_noise", -1, 1e9, 0.0) != 0.0) {
     f.unsupported("router_jitter_noise " + f.at("router_jitter_noise").dump() +

@@ -34,6 +34,9 @@ struct MoeConfig {
   int64_t shared_width = 0;  // 0: no shared expert
   int64_t sparse_step = 1;
   std::vector<int64_t> mlp_only_layers = {};
+  // The load-balancing loss's coefficient where output_router_logits asks for it
+  // (router_aux_loss_coef; model/moe_aux_loss.h); 0: none.
+  double aux_loss_coef = 0;
   bool enabled() const { return experts > 0; }
   // Whether layer `layer` (0-based) has the experts.
   bool moe_layer(int64_t layer) const;

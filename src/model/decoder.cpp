@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/rng.h"
+#include "model/moe_aux_loss.h"
 #include "model/param_provider.h"
 #include "model/transformer_parts.h"
 
@@ -74,8 +75,9 @@ Decoder::LayerTensors find_layer_tensors(const ParamLayout& layout, const Decode
   t.down_bias = index(names.down + ".bias");
   if (parts.layer_mlp(layer).kind == MlpKind::MoE) {
     t.router = index(names.router + ".weight");
-    t.up = index(names.experts + "0." + names.expert_up.front() + ".weight");
-    t.down = index(names.experts + "0." + names.expert_down + ".weight");
+    const std::string first = names.experts + std::to_string(layout.first_local_expert()) + ".";
+    t.up = index(first + names.expert_up.front() + ".weight");
+    t.down = index(first + names.expert_down + ".weight");
     t.shared_up = index(names.shared_expert + names.expert_up.front() + ".weight");
     t.shared_down = index(names.shared_expert + names.expert_down + ".weight");
     t.shared_gate = index(names.shared_gate + ".weight");
@@ -142,11 +144,12 @@ void activation_forward(Backend& backend, const MlpPart& mlp, Tensor act, Tensor
 
 // ---- The decoder ---------------------------------------------------------------------------
 
-Decoder::Decoder(const ModelConfig& config, const TensorParallel& tp)
+Decoder::Decoder(const ModelConfig& config, const TensorParallel& tp, const ExpertParallel& ep)
     : config_(config),
       parts_(decoder_parts(config)),
       tp_(tp),
-      layout_(config, tp.size),
+      ep_(ep),
+      layout_(config, tp.size, ep.size, ep.rank),
       tensors_{find_layer_tensors(layout_, parts_, 0), find_layer_tensors(layout_, parts_, 1)},
       // The indices, from specs of any shape that splits over the tp ranks' token rows.
       activations_{layer_activation_specs(0, 1, tp.size, DType::F32, Recompute::None, nullptr),
@@ -154,6 +157,9 @@ Decoder::Decoder(const ModelConfig& config, const TensorParallel& tp)
       head_buffers_(head_buffer_specs(1, tp.size, DType::F32, true, nullptr)),
       rotary_(parts_.position.kind == PositionKind::Rotary ? rope_inverse_frequencies(config)
                                                            : std::vector<double>()) {
+  for (int64_t layer = parts_.layers - 1; layer >= 0; --layer) {
+    if (parts_.layer_mlp(layer).kind == MlpKind::MoE) first_moe_layer_ = static_cast<int>(layer);
+  }
   // (in, out) weights are one tensor per projection: a packed group widens by rows.
   DSTRAIN_CHECK(!parts_.names.in_by_out ||
                 (parts_.names.qkv.size() == 1 && parts_.names.up.size() == 1))
@@ -204,11 +210,10 @@ Decoder::LayerActivations Decoder::layer_activation_specs(
   a.residual2 = add({{"residual2", dtype, {R, C}}, !full});
   add_norm("norm2", a.norm2, a.norm2_mean, a.norm2_rstd);
   const MlpPart& mlp = kind_mlp(kind);
-  const int64_t mlp_rows = N * mlp.rows_per_token(), width = mlp_width(kind);
-  a.up = add({{"mlp_up", dtype, {mlp_rows, mlp.up_factor() * width}}, !full});
-  a.act = add({{"mlp_act", dtype, {mlp_rows, width}}, cheap_kept});
-  if (mlp.kind == MlpKind::MoE)
-    a.moe = add_moe_activations(moe_shape(mlp, N, C), dtype, !full, add);
+  const int64_t rows = mlp_rows(kind, N), width = mlp_width(kind);
+  a.up = add({{"mlp_up", dtype, {rows, mlp.up_factor() * width}}, !full});
+  a.act = add({{"mlp_act", dtype, {rows, width}}, cheap_kept});
+  if (mlp.kind == MlpKind::MoE) a.moe = add_moe_activations(moe_shape_of(N), dtype, !full, add);
   if (specs != nullptr) *specs = std::move(list.list);
   return a;
 }
@@ -227,7 +232,7 @@ std::vector<TensorSpec> Decoder::layer_workspace(int64_t B, int64_t T, DType dty
   int64_t mlp_rows = 0, up_width = 0, act_width = 0;
   for (int kind : {0, 1}) {
     if (kind == 1 && !parts_.mixed_layers()) break;
-    mlp_rows = std::max(mlp_rows, Nb * kind_mlp(kind).rows_per_token());
+    mlp_rows = std::max(mlp_rows, with_backward ? this->mlp_rows(kind, N) : 0);
     up_width = std::max(up_width, kind_mlp(kind).up_factor() * mlp_width(kind));
     act_width = std::max(act_width, mlp_width(kind));
   }
@@ -249,8 +254,7 @@ std::vector<TensorSpec> Decoder::layer_workspace(int64_t B, int64_t T, DType dty
   }
   if (parts_.mlp.kind == MlpKind::MoE) {
     DSTRAIN_CHECK(static_cast<int>(specs.size()) == moe_workspace_begin());
-    for (TensorSpec& spec :
-         moe_workspace_specs(moe_shape(parts_.mlp, N, C), dtype, with_backward)) {
+    for (TensorSpec& spec : moe_workspace_specs(moe_shape_of(N), dtype, with_backward)) {
       specs.push_back(std::move(spec));
     }
   }
@@ -261,23 +265,29 @@ int Decoder::moe_workspace_begin() const {
   return parts_.position.kind == PositionKind::Rotary ? kRopeFreqs + 1 : kRopeFreqs;
 }
 
-MoeShape Decoder::moe_shape_of(const LayerRun& run) const {
-  return moe_shape(parts_.mlp, run.b * run.t, config_.n_embd);
+MoeShape Decoder::moe_shape_of(int64_t tokens) const {
+  return moe_shape(parts_.mlp, tokens, config_.n_embd, ep_.size);
 }
 
-MoeWeights Decoder::moe_weights(const std::vector<Tensor>& tensors) const {
+int64_t Decoder::mlp_rows(int kind, int64_t tokens) const {
+  return kind_mlp(kind).kind == MlpKind::MoE ? moe_shape_of(tokens).R : tokens;
+}
+
+MoeWeights Decoder::moe_weights(const std::vector<Tensor>& tensors,
+                                const std::vector<Tensor>& experts) const {
   const MlpPart& mlp = parts_.mlp;
   const LayerTensors& t = tensors_[0];  // the MoE layers'
+  const int64_t local = layout_.local_experts();
   return {tensors[static_cast<size_t>(t.router)],
-          all_experts(matrix(tensors, t.up, 2 * mlp.width), mlp.experts),
-          all_experts(tensors[static_cast<size_t>(t.down)], mlp.experts),
+          all_experts(matrix(experts, t.up, 2 * mlp.width), local),
+          all_experts(experts[static_cast<size_t>(t.down)], local),
           matrix(tensors, t.shared_up, 2 * mlp.shared_width),
           optional(tensors, t.shared_down),
           optional(tensors, t.shared_gate)};
 }
 
 MoeWorkspace Decoder::moe_workspace(const LayerRun& run) const {
-  const MoeShape s = moe_shape_of(run);
+  const MoeShape s = moe_shape_of(run.b * run.t);
   const std::vector<Tensor>& ws = run.workspace;
   const int m = moe_workspace_begin();
   // A buffer the pass has no rows for (the gradients without backward, the shared expert's
@@ -290,19 +300,26 @@ MoeWorkspace Decoder::moe_workspace(const LayerRun& run) const {
   w.dout_rows = view(m + 1, {s.M, s.C});
   w.dinp_rows = view(m + 2, {s.M, s.C});
   w.dtopk_weight = view(m + 3, {s.N, s.k});
-  w.dup = view(kDup, {s.M, 2 * s.I});
-  w.dact = view(kDact, {s.M, s.I});
+  w.dup = view(kDup, {s.R, 2 * s.I});
+  w.dact = view(kDact, {s.R, s.I});
   w.dx_router = view(m + 4, {s.N, s.C});
   w.shared_logit = view(m + 5, {s.N, 1});
   w.shared_sum = view(m + 6, {s.N, s.C});
   w.dshared_act = view(m + 7, {s.N, s.Is});
   w.dshared_up = view(m + 8, {s.N, 2 * s.Is});
   w.dshared_weight = view(m + 9, {s.N, 1});
+  w.send_rows = view(m + 10, {s.M, s.C});
+  w.exchange[0] = view(m + 11, {s.R, s.C});
+  w.exchange[1] = view(m + 12, {s.R, s.C});
+  w.to_expert_order = view(m + 13, {s.R});
+  w.to_peer_order = view(m + 14, {s.R});
+  w.send_counts = view(m + 15, {s.E});
+  w.aux_dscores = view(m + 16, {s.N, s.E});
   return w;
 }
 
 MoeActivations Decoder::moe_activations(const LayerRun& run) const {
-  const MoeShape s = moe_shape_of(run);
+  const MoeShape s = moe_shape_of(run.b * run.t);
   const std::vector<Tensor>& a = run.activations;
   const MoeActivationIndex& i = activations_[0].moe;
   MoeActivations v;
@@ -312,10 +329,14 @@ MoeActivations Decoder::moe_activations(const LayerRun& run) const {
   v.offsets = prefix(a[i.offsets], {s.E + 1});
   v.source_rows = prefix(a[i.source_rows], {s.M});
   v.dest_rows = prefix(a[i.dest_rows], {s.N, s.k});
-  v.inp = prefix(a[i.inp], {s.M, s.C});
-  v.up = prefix(a[activations_[0].up], {s.M, 2 * s.I});
-  v.act = prefix(a[activations_[0].act], {s.M, s.I});
+  v.inp = prefix(a[i.inp], {s.R, s.C});
+  v.up = prefix(a[activations_[0].up], {s.R, 2 * s.I});
+  v.act = prefix(a[activations_[0].act], {s.R, s.I});
   v.out = prefix(a[i.out], {s.M, s.C});
+  if (s.ep > 1) {
+    v.recv_counts = prefix(a[i.recv_counts], {s.ep * s.El});
+    v.local_offsets = prefix(a[i.local_offsets], {s.El + 1});
+  }
   if (s.Is == 0) return v;
   v.shared_up = prefix(a[i.shared_up], {s.N, 2 * s.Is});
   v.shared_act = prefix(a[i.shared_act], {s.N, s.Is});
@@ -443,8 +464,12 @@ Tensor Decoder::mlp_forward(const LayerRun& run, Tensor norm2_full) const {
   const LayerTensors& i = tensors_[kind];
   if (part.kind == MlpKind::MoE) {
     Tensor out = prefix(run.workspace[kScratch], {N, config_.n_embd});
-    moe_mlp_forward(run.backend, parts_.mlp, moe_weights(w), moe_activations(run),
+    const MoeActivations moe = moe_activations(run);
+    moe_mlp_forward(run.backend, parts_.mlp, ep_, moe_weights(w, run.expert_weights), moe,
                     moe_workspace(run), norm2_full, out, run.stream);
+    if (ep_.aux != nullptr && !run.recomputing) {
+      ep_.aux->add_layer(run.backend, moe, run.layer == first_moe_layer_, run.stream);
+    }
     return out;
   }
   Tensor up = prefix(run.activations[activations_[kind].up], {N, up_width});
@@ -507,7 +532,9 @@ void Decoder::layer_recompute(const LayerRun& run, Recompute recompute) const {
   if (recompute == Recompute::Full) {
     // Everything but the layer's input was dropped: run the layer again from it. The ops and
     // the collectives are deterministic, so the recomputed activations are the same bits.
-    layer_forward(run);
+    LayerRun again = run;
+    again.recomputing = true;
+    layer_forward(again);
   } else if (recompute == Recompute::Selective) {
     // The norms' and the activation's outputs were dropped: recompute them from what was kept.
     norm_forward(run.backend, parts_.norm, prefix(a[ai.norm1], {R, C}), prefix(run.input, {R, C}),
@@ -519,7 +546,10 @@ void Decoder::layer_recompute(const LayerRun& run, Recompute recompute) const {
                  {w[i.norm2], optional(w, i.norm2_bias), optional_prefix(a, ai.norm2_mean, {R}),
                   prefix(a[ai.norm2_rstd], {R})},
                  run.stream);
-    const int64_t rows = N * part.rows_per_token();
+    const int64_t rows =
+        part.kind == MlpKind::MoE
+            ? moe_expert_rows(run.backend, moe_shape_of(N), moe_activations(run), run.stream)
+            : N;
     activation_forward(run.backend, part, prefix(a[ai.act], {rows, mlp}),
                        prefix(a[ai.up], {rows, part.up_factor() * mlp}), run.stream);
   }
@@ -572,8 +602,15 @@ void Decoder::mlp_backward(const LayerRun& run, Tensor dout) const {
   Tensor dnorm;
   if (kind_mlp(layer_kind(run.layer)).kind == MlpKind::MoE) {
     dnorm = prefix(run.workspace[kDnorm], {N, C});
-    moe_mlp_backward(run.backend, parts_.mlp, moe_weights(w), moe_weights(g), moe_activations(run),
-                     moe_workspace(run), prefix(a[ai.norm2], {R, C}), dout, dnorm, run.stream);
+    const MoeActivations moe = moe_activations(run);
+    const MoeWorkspace ws = moe_workspace(run);
+    if (ep_.aux != nullptr) ep_.aux->layer_gradient(run.backend, ws.aux_dscores, run.stream);
+    moe_mlp_backward(run.backend, parts_.mlp, ep_, moe_weights(w, run.expert_weights),
+                     moe_weights(g, run.expert_grads), moe, ws, prefix(a[ai.norm2], {R, C}), dout,
+                     dnorm, run.stream);
+    if (ep_.load != nullptr) {
+      ep_.load->add(run.layer, moe_expert_tokens(run.backend, moe, run.stream));
+    }
   } else {
     dnorm = dense_mlp_backward(run, dout);
   }
@@ -727,9 +764,9 @@ void Decoder::head_backward(ParamProvider& params, const HeadRun& run, Tensor he
 
 // ---- The factory and the initialization (model/architecture.h) -----------------------------
 
-std::unique_ptr<Architecture> make_architecture(const ModelConfig& config,
-                                                const TensorParallel& tp) {
-  return std::make_unique<Decoder>(config, tp);
+std::unique_ptr<Architecture> make_architecture(const ModelConfig& config, const TensorParallel& tp,
+                                                const ExpertParallel& ep) {
+  return std::make_unique<Decoder>(config, tp, ep);
 }
 
 void init_model_parameters(const ParamLayout& layout, const ModelConfig& config, uint64_t seed,

@@ -34,7 +34,8 @@ namespace dstrain {
 class Decoder final : public Architecture {
  public:
   // REQUIRES: the model splits over tp.size ranks (UserError otherwise).
-  explicit Decoder(const ModelConfig& config, const TensorParallel& tp = {});
+  explicit Decoder(const ModelConfig& config, const TensorParallel& tp = {},
+                   const ExpertParallel& ep = {});
 
   const ModelConfig& config() const override { return config_; }
   const DecoderParts& parts() const { return parts_; }
@@ -61,7 +62,8 @@ class Decoder final : public Architecture {
   struct LayerTensors {
     int norm1 = -1, norm1_bias = -1, qkv = -1, qkv_bias = -1, o = -1, o_bias = -1;
     int norm2 = -1, norm2_bias = -1, up = -1, up_bias = -1, down = -1, down_bias = -1;
-    int router = -1;  // MoE: the router; up and down then the first expert's
+    int router = -1;  // MoE: the router; up and down then the first held expert's, in the
+                      // experts' block (LayerRun::expert_weights)
     int shared_up = -1, shared_down = -1, shared_gate = -1;  // MoE: the shared expert's
   };
   // Where a layer's activations are in LayerRun::activations (-1: the parts keep none).
@@ -97,8 +99,10 @@ class Decoder final : public Architecture {
   void attention_backward(const LayerRun& run, Tensor dout) const;
   void mlp_backward(const LayerRun& run, Tensor dout) const;
   Tensor dense_mlp_backward(const LayerRun& run, Tensor dout) const;
-  MoeShape moe_shape_of(const LayerRun& run) const;
-  MoeWeights moe_weights(const std::vector<Tensor>& tensors) const;
+  MoeShape moe_shape_of(int64_t tokens) const;       // this rank's, for `tokens` tokens
+  int64_t mlp_rows(int kind, int64_t tokens) const;  // the rows a kind's MLP activations hold
+  MoeWeights moe_weights(const std::vector<Tensor>& tensors,
+                         const std::vector<Tensor>& experts) const;
   MoeActivations moe_activations(const LayerRun& run) const;
   MoeWorkspace moe_workspace(const LayerRun& run) const;
   int moe_workspace_begin() const;  // the first of the MoE part's LayerRun::workspace
@@ -113,11 +117,13 @@ class Decoder final : public Architecture {
   ModelConfig config_;
   DecoderParts parts_;
   TensorParallel tp_;
+  ExpertParallel ep_;
   ParamLayout layout_;
   LayerTensors tensors_[2];          // by layer kind
   LayerActivations activations_[2];  // by layer kind
   HeadBuffers head_buffers_;
   RotaryTables rotary_;
+  int first_moe_layer_ = -1;  // where a micro-batch's MoE layers begin (the loss's statistics)
 };
 
 }  // namespace dstrain

@@ -67,6 +67,8 @@ struct TensorOptions {
   bool partial_grad = false;  // a norm inside the sequence-parallel region
   bool packed = false;        // right after the previous tensor, no alignment gap
   std::vector<int64_t> file_shape = {};
+  // A routed expert's tensor (ParamSpec::expert); held: by this ep rank (else no rows here).
+  bool expert = false, held = true;
 };
 
 }  // namespace
@@ -95,6 +97,8 @@ class ParamLayout::Builder {
     spec.full_shape = full_shape;
     spec.shape = full_shape;
     if (split.dim >= 0) spec.shape[static_cast<size_t>(split.dim)] /= tp_;
+    spec.expert = options.expert;
+    if (!options.held) spec.shape[0] = 0;
     spec.file_shape = options.file_shape.empty() ? full_shape : options.file_shape;
     spec.weight_decay = decay;
     spec.tp_dim = split.dim;
@@ -179,24 +183,31 @@ void add_linear(Builder& b, const TensorNames& format, const std::string& prefix
   }
 }
 
-// A mixture of experts: the router (E, C), then every expert's [gate | up] (E, 2I, C) and every
-// expert's down (E, C, I), each packed into one tensor of the grouped matmul (experts whole on
-// every rank: no tensor parallelism), then the shared expert if any.
-void add_experts(Builder& b, const TensorNames& names, const MlpPart& mlp, const std::string& p) {
-  const int64_t C = b.width();
-  b.add(p + names.router + ".weight", {mlp.experts, C}, true, kReplicated);
+// The routed experts of a MoE layer (their own block): every expert's [gate | up] (E, 2I, C)
+// and every expert's down (E, C, I), each packed into one tensor of the grouped matmul (experts
+// whole: no tensor parallelism); ep rank r holds experts [r E / ep, (r + 1) E / ep).
+void add_routed_experts(Builder& b, const TensorNames& names, const MlpPart& mlp,
+                        const std::string& p, int ep, int ep_rank) {
+  const int64_t C = b.width(), local = mlp.experts / ep;
+  auto held = [&](int64_t e) { return e / local == ep_rank; };
   bool packed = false;
   for (int64_t e = 0; e < mlp.experts; ++e) {
     for (const std::string& up : names.expert_up) {
       b.add(p + names.experts + std::to_string(e) + "." + up + ".weight", {mlp.width, C}, true,
-            kReplicated, {.packed = packed});
+            kReplicated, {.packed = packed, .expert = true, .held = held(e)});
       packed = true;
     }
   }
   for (int64_t e = 0; e < mlp.experts; ++e) {
     b.add(p + names.experts + std::to_string(e) + "." + names.expert_down + ".weight",
-          {C, mlp.width}, true, kReplicated, {.packed = e > 0});
+          {C, mlp.width}, true, kReplicated, {.packed = e > 0, .expert = true, .held = held(e)});
   }
+}
+
+// What a MoE layer's block holds of its MLP: the router (E, C), then the shared expert if any.
+void add_experts(Builder& b, const TensorNames& names, const MlpPart& mlp, const std::string& p) {
+  const int64_t C = b.width();
+  b.add(p + names.router + ".weight", {mlp.experts, C}, true, kReplicated);
   if (mlp.shared_width == 0) return;
   // The shared expert: [gate | up] (2 Is, C), down (C, Is), and its gate (1, C).
   const std::string shared = p + names.shared_expert;
@@ -235,8 +246,9 @@ void add_layer(Builder& b, const DecoderParts& parts, int64_t layer) {
 }
 
 // Block 0 the embedding (and a learned position table), a block per layer, the final block the
-// final norm (and an untied head).
-void add_decoder_tensors(Builder& b, const ModelConfig& config, const DecoderParts& parts) {
+// final norm (and an untied head), then a block of routed experts per MoE layer.
+void add_decoder_tensors(Builder& b, const ModelConfig& config, const DecoderParts& parts, int ep,
+                         int ep_rank) {
   const int64_t C = parts.width;
   const Builder::Options vocab{.file_shape = {config.vocab_size, C}};
   b.begin_block();
@@ -251,18 +263,57 @@ void add_decoder_tensors(Builder& b, const ModelConfig& config, const DecoderPar
   b.begin_block();
   add_norm(b, parts.norm, parts.names.final_norm);
   if (!parts.head.tied) b.add(parts.names.head, {config.padded_vocab(), C}, true, kRows, vocab);
+  for (int64_t layer = 0; layer < parts.layers; ++layer) {
+    if (parts.layer_mlp(layer).kind != MlpKind::MoE) continue;
+    b.begin_block();
+    add_routed_experts(b, parts.names, parts.mlp,
+                       parts.names.layer_prefix + std::to_string(layer) + ".", ep, ep_rank);
+  }
 }
 
 }  // namespace
 
-ParamLayout::ParamLayout(const ModelConfig& config, int tp)
-    : tp_(tp) {
+std::string ep_unsupported_reason(const ModelConfig& config, int ep) {
+  if (ep < 1) return "expert parallelism needs at least 1 rank, not " + std::to_string(ep);
+  if (ep == 1) return "";
+  const std::string over = "expert parallelism over " + std::to_string(ep) + " ranks ";
+  if (!config.moe.enabled())
+    return over + "needs a mixture-of-experts model; " + config.name + " is dense";
+  if (config.moe.experts % ep != 0) {
+    return over + "needs the experts (" + std::to_string(config.moe.experts) + ") divisible by " +
+           std::to_string(ep);
+  }
+  return "";
+}
+
+ParamLayout::ParamLayout(const ModelConfig& config, int tp, int ep, int ep_rank)
+    : tp_(tp), ep_(ep), ep_rank_(ep_rank) {
   const std::string unsupported = tp_unsupported_reason(config, tp);
   DSTRAIN_USER_CHECK(unsupported.empty()) << unsupported;
+  const std::string ep_unsupported = ep_unsupported_reason(config, ep);
+  DSTRAIN_USER_CHECK(ep_unsupported.empty()) << ep_unsupported;
+  DSTRAIN_CHECK(ep_rank >= 0 && ep_rank < ep) << "ep rank " << ep_rank << " of " << ep;
   const DecoderParts parts = decoder_parts(config);
   tied_embedding_ = parts.head.tied;
-  Builder builder(*this, tp, parts.width);
-  add_decoder_tensors(builder, config, parts);
+  layers_ = static_cast<int>(parts.layers);
+  local_experts_ = parts.mlp.kind == MlpKind::MoE ? parts.mlp.experts / ep : 0;
+  int next_expert_block = final_block() + 1;
+  for (int64_t layer = 0; layer < parts.layers; ++layer) {
+    expert_blocks_.push_back(parts.layer_mlp(layer).kind == MlpKind::MoE ? next_expert_block++
+                                                                         : -1);
+  }
+  {
+    Builder builder(*this, tp, parts.width);
+    add_decoder_tensors(builder, config, parts, ep, ep_rank);
+  }
+  DSTRAIN_CHECK(num_blocks() == next_expert_block) << num_blocks() << " blocks";
+}
+
+int ParamLayout::expert_layer(int block) const {
+  for (size_t layer = 0; layer < expert_blocks_.size(); ++layer) {
+    if (expert_blocks_[layer] == block) return static_cast<int>(layer);
+  }
+  return -1;
 }
 
 int64_t ParamLayout::total_numel() const {

@@ -4,6 +4,9 @@
 //   block 1 + l        transformer layer l: ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc,
 //                      mlp.c_proj (weights in the Hugging Face Conv1D layout (in, out))
 //   block L + 1        final layernorm ln_f
+//   block L + 2 + j    the routed experts of the j-th mixture-of-experts layer (its router and
+//                      shared expert stay in the layer's block): under expert parallelism a
+//                      separate block, sharded and reduced over its own group
 // A layer's tensors always come in the order norm, qkv, o, norm, up, down (weights before
 // biases). Names are the Hugging Face names (GPT-2's without the "transformer." prefix). A
 // block is the unit of sharding (ZeRO-3 gathers one block at a time) and of pipeline cuts.
@@ -19,6 +22,12 @@
 //   mlp.c_fc.w/b      (C, 4C)   dim 1 (dim 0 of the bias)
 //   mlp.c_proj.w      (4C, C)   dim 0
 //   wpe, layernorms, the two c_proj biases: replicated (the same values on every tp rank)
+//
+// Expert parallelism (--ep): ParamLayout(config, tp, ep, ep_rank) holds the experts
+// [ep_rank * E / ep, (ep_rank + 1) * E / ep) of every MoE layer whole; the other experts' specs
+// are there with no rows (shape[0] = 0, numel 0), so that every rank's layout lists the same
+// tensors in the same order as the whole model's (index i is the same tensor everywhere) and
+// the held experts lie at the same offsets on every ep rank.
 #pragma once
 
 #include <algorithm>
@@ -59,6 +68,10 @@ struct ParamSpec {
   bool tp_partial_grad = false;
   ParamInit init = ParamInit::Normal;
 
+  // A routed expert's tensor (ParamLayout::expert_block): whole on the ep rank that holds it,
+  // without rows on the others.
+  bool expert = false;
+
   int64_t numel() const;       // of the slice
   int64_t full_numel() const;  // of the whole tensor
   int64_t file_numel() const;  // of the whole file tensor: the leading elements files hold
@@ -70,11 +83,16 @@ struct ParamSpec {
 
 class ParamLayout {
  public:
-  // One tp rank's layout. tp = 1: the whole model. Throws UserError (tp_unsupported_reason)
-  // when the model does not split over tp ranks.
-  explicit ParamLayout(const ModelConfig& config, int tp = 1);
+  // One tp rank's layout, holding ep rank ep_rank's experts. tp = ep = 1: the whole model.
+  // Throws UserError (tp_unsupported_reason, ep_unsupported_reason) when the model does not
+  // split so.
+  explicit ParamLayout(const ModelConfig& config, int tp = 1, int ep = 1, int ep_rank = 0);
 
   int tp() const { return tp_; }
+  int ep() const { return ep_; }
+  int ep_rank() const { return ep_rank_; }
+  // Whether this is the whole model's layout (what files hold).
+  bool whole() const { return tp_ == 1 && ep_ == 1; }
   // Whether the LM head is the embedding (GPT-2; tie_word_embeddings) or its own tensor,
   // lm_head.weight in the final block.
   bool tied_embedding() const { return tied_embedding_; }
@@ -91,7 +109,14 @@ class ParamLayout {
 
   static int embedding_block() { return 0; }
   static int layer_block(int layer) { return 1 + layer; }
-  int final_block() const { return num_blocks() - 1; }
+  int final_block() const { return 1 + layers_; }
+  // The block of layer `layer`'s routed experts, -1 for a dense layer.
+  int expert_block(int layer) const { return expert_blocks_.at(static_cast<size_t>(layer)); }
+  // The layer whose experts block `block` holds, -1 for any other block.
+  int expert_layer(int block) const;
+  // Rows of the experts of a MoE layer this rank holds: E / ep, from expert ep_rank * E / ep.
+  int64_t local_experts() const { return local_experts_; }
+  int64_t first_local_expert() const { return ep_rank_ * local_experts_; }
 
   // A view of one parameter inside its block's flat buffer (dtype of the buffer).
   static Tensor view(const ParamSpec& spec, Tensor block_flat);
@@ -102,7 +127,10 @@ class ParamLayout {
   class Builder;
 
  private:
-  int tp_ = 1;
+  int tp_ = 1, ep_ = 1, ep_rank_ = 0;
+  int layers_ = 0;
+  int64_t local_experts_ = 0;
+  std::vector<int> expert_blocks_;  // by layer
   bool tied_embedding_ = true;
   std::vector<ParamSpec> params_;
   std::vector<int64_t> block_numel_;
@@ -114,6 +142,8 @@ class ParamLayout {
 // numbers ("tensor parallelism over 3 ranks needs n_head (12) divisible by 3"), or "" when it
 // can. Never throws: the planner skips such tp values, the CLI reports them.
 std::string tp_unsupported_reason(const ModelConfig& config, int tp);
+// The same for expert parallelism over `ep` ranks ("" when it can).
+std::string ep_unsupported_reason(const ModelConfig& config, int ep);
 
 // How a tp rank's slice of a split tensor lies in the whole tensor. Seen as (outer, D, inner)
 // around the split dim, the slice is outer * tp_parts runs of run_length = (D / (tp_parts *

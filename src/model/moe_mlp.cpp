@@ -1,11 +1,22 @@
 #include "model/moe_mlp.h"
 
+#include <algorithm>
+
 #include "core/check.h"
+#include "core/trace.h"
 
 namespace dstrain {
 
-MoeShape moe_shape(const MlpPart& mlp, int64_t tokens, int64_t width) {
-  return {tokens, mlp.top_k, tokens * mlp.top_k, mlp.experts, width, mlp.width, mlp.shared_width};
+MoeShape moe_shape(const MlpPart& mlp, int64_t tokens, int64_t width, int ep) {
+  MoeShape s{tokens, mlp.top_k, tokens * mlp.top_k, mlp.experts,
+             width,  mlp.width, mlp.shared_width};
+  s.ep = ep;
+  s.El = mlp.experts / ep;
+  // The worst case a rank's experts may receive: every token of every peer sends it a copy for
+  // each of its choices among this rank's El experts.
+  s.R = ep == 1 ? s.M : ep * tokens * std::min(s.k, s.El);
+  s.aux = mlp.aux_loss_coef > 0;
+  return s;
 }
 
 namespace {
@@ -67,40 +78,252 @@ Tensor all_experts(Tensor first, int64_t experts) {
 std::vector<TensorSpec> moe_workspace_specs(const MoeShape& s, DType dtype, bool with_backward) {
   const int64_t Mb = with_backward ? s.M : 0, Nb = with_backward ? s.N : 0;
   const int64_t Ns = s.Is > 0 ? s.N : 0, Nsb = s.Is > 0 ? Nb : 0;
-  return {{"router_logits", dtype, {s.N, s.E}},   {"dexpert_out", dtype, {Mb, s.C}},
-          {"dexpert_inp", dtype, {Mb, s.C}},      {"dtopk_weight", DType::F32, {Nb, s.k}},
-          {"dx_router", dtype, {Nb, s.C}},        {"shared_logit", dtype, {Ns, 1}},
-          {"shared_sum", dtype, {Ns, s.C}},       {"dshared_act", dtype, {Nsb, s.Is}},
-          {"dshared_up", dtype, {Nsb, 2 * s.Is}}, {"dshared_weight", DType::F32, {Nsb, 1}}};
+  const int64_t Me = s.ep > 1 ? s.M : 0, Re = s.ep > 1 ? s.R : 0;
+  return {{"router_logits", dtype, {s.N, s.E}},
+          {"dexpert_out", dtype, {Mb, s.C}},
+          {"dexpert_inp", dtype, {Mb, s.C}},
+          {"dtopk_weight", DType::F32, {Nb, s.k}},
+          {"dx_router", dtype, {Nb, s.C}},
+          {"shared_logit", dtype, {Ns, 1}},
+          {"shared_sum", dtype, {Ns, s.C}},
+          {"dshared_act", dtype, {Nsb, s.Is}},
+          {"dshared_up", dtype, {Nsb, 2 * s.Is}},
+          {"dshared_weight", DType::F32, {Nsb, 1}},
+          {"expert_send_rows", dtype, {Me, s.C}},
+          {"expert_exchange_0", dtype, {Re, s.C}},
+          {"expert_exchange_1", dtype, {Re, s.C}},
+          {"to_expert_order", DType::I32, {Re}},
+          {"to_peer_order", DType::I32, {Re}},
+          {"expert_send_counts", DType::I32, {s.ep > 1 ? s.E : 0}},
+          {"aux_dscores", DType::F32, {s.aux ? Nb : 0, s.E}}};
 }
 
-void moe_mlp_forward(Backend& backend, const MlpPart& mlp, const MoeWeights& w,
-                     const MoeActivations& a, const MoeWorkspace& ws, Tensor x, Tensor out,
-                     Stream stream) {
+namespace {
+
+// ---- Expert parallelism -------------------------------------------------------------------
+//
+// The rows this rank sends are its tokens' copies in expert order (moe_dispatch over all E
+// experts): peer p's experts are [p El, (p + 1) El), so its rows are one contiguous run. The
+// rows received come peer by peer, each peer's in its experts' order; the grouped matmul wants
+// them expert by expert, so they are permuted (moe_gather) into expert order, peer by peer within
+// each expert -- the order one rank holding every token would have -- and back.
+
+std::vector<int32_t> read_i32(Backend& backend, Tensor t, Stream stream) {
+  std::vector<int32_t> host(static_cast<size_t>(t.numel()));
+  if (!host.empty()) {
+    backend.copy_bytes(host.data(), t.data, t.nbytes(), stream);
+    backend.synchronize(stream);
+  }
+  return host;
+}
+
+void write_i32(Backend& backend, Tensor t, const std::vector<int32_t>& host, Stream stream) {
+  DSTRAIN_CHECK(static_cast<int64_t>(host.size()) <= t.numel()) << t.shape_str();
+  if (host.empty()) return;
+  backend.copy_bytes(t.data, host.data(), host.size() * sizeof(int32_t), stream);
+  backend.synchronize(stream);  // the host vector dies on return
+}
+
+// One micro-batch's exchange, as the host sees it.
+struct Exchange {
+  std::vector<int64_t> send_rows, recv_rows;  // per peer
+  int64_t received = 0;                       // rows this rank's experts get
+  std::vector<int32_t> to_expert_order;       // expert-order row i is peer-order row [i]
+  std::vector<int32_t> to_peer_order;         // the inverse
+  std::vector<int32_t> local_offsets;         // (El + 1) in expert order
+};
+
+// offsets: the dispatch's (E + 1); recv_counts: (ep, El) rows from each peer per local expert.
+Exchange plan_exchange(const std::vector<int32_t>& offsets, const std::vector<int32_t>& recv_counts,
+                       int64_t ep, int64_t El) {
+  Exchange x;
+  for (int64_t p = 0; p < ep; ++p) {
+    x.send_rows.push_back(offsets[static_cast<size_t>((p + 1) * El)] -
+                          offsets[static_cast<size_t>(p * El)]);
+    int64_t rows = 0;
+    for (int64_t e = 0; e < El; ++e) rows += recv_counts[static_cast<size_t>(p * El + e)];
+    x.recv_rows.push_back(rows);
+    x.received += rows;
+  }
+  // Where each (peer, expert) run starts in peer order.
+  std::vector<int64_t> start(static_cast<size_t>(ep * El));
+  for (int64_t i = 0, at = 0; i < ep * El; ++i) {
+    start[static_cast<size_t>(i)] = at;
+    at += recv_counts[static_cast<size_t>(i)];
+  }
+  x.local_offsets.push_back(0);
+  x.to_peer_order.assign(static_cast<size_t>(x.received), 0);
+  for (int64_t e = 0; e < El; ++e) {
+    for (int64_t p = 0; p < ep; ++p) {
+      const int64_t run = p * El + e;
+      for (int32_t r = 0; r < recv_counts[static_cast<size_t>(run)]; ++r) {
+        const int64_t peer_row = start[static_cast<size_t>(run)] + r;
+        x.to_peer_order[static_cast<size_t>(peer_row)] =
+            static_cast<int32_t>(x.to_expert_order.size());
+        x.to_expert_order.push_back(static_cast<int32_t>(peer_row));
+      }
+    }
+    x.local_offsets.push_back(static_cast<int32_t>(x.to_expert_order.size()));
+  }
+  return x;
+}
+
+std::vector<int64_t> elements(const std::vector<int64_t>& rows, int64_t C) {
+  std::vector<int64_t> n;
+  for (int64_t r : rows) n.push_back(r * C);
+  return n;
+}
+
+// The first `rows` rows of a full-size buffer.
+Tensor rows_of(Tensor full, int64_t rows) {
+  return full.ndim == 2 ? prefix(full, {rows, full.size(1)}) : prefix(full, {rows});
+}
+
+// The exchange of the micro-batch whose activations are `a`, from what forward kept.
+Exchange kept_exchange(Backend& backend, const MoeShape& s, const MoeActivations& a,
+                       Stream stream) {
+  return plan_exchange(read_i32(backend, a.offsets, stream),
+                       read_i32(backend, a.recv_counts, stream), s.ep, s.El);
+}
+
+// Uploads the exchange's permutations.
+void upload_orders(Backend& backend, const Exchange& x, const MoeWorkspace& ws, Stream stream) {
+  write_i32(backend, ws.to_expert_order, x.to_expert_order, stream);
+  write_i32(backend, ws.to_peer_order, x.to_peer_order, stream);
+}
+
+// rows (M, C), in expert order over all experts -> each peer's (peer order, into `peer_rows`)
+// -> expert order into `expert_rows` (R', C). Returns R'.
+void send_to_experts(Backend& backend, const ExpertParallel& ep, const Exchange& x, Tensor rows,
+                     const MoeWorkspace& ws, Tensor expert_rows, Stream stream) {
+  const int64_t C = rows.size(1);
+  Tensor peer_rows = rows_of(ws.exchange[0], x.received);
+  ep.comm->all_to_all(peer_rows, elements(x.recv_rows, C), rows, elements(x.send_rows, C), stream);
+  backend.moe_gather(expert_rows, peer_rows, rows_of(ws.to_expert_order, x.received), stream);
+}
+
+// The inverse: expert_rows (R', C) in expert order -> peer order -> back to the rows' owners,
+// into `rows` (M, C) in expert order over all experts.
+void return_from_experts(Backend& backend, const ExpertParallel& ep, const Exchange& x,
+                         Tensor expert_rows, const MoeWorkspace& ws, Tensor rows, Stream stream) {
+  const int64_t C = rows.size(1);
+  Tensor peer_rows = rows_of(ws.exchange[1], x.received);
+  backend.moe_gather(peer_rows, expert_rows, rows_of(ws.to_peer_order, x.received), stream);
+  ep.comm->all_to_all(rows, elements(x.send_rows, C), peer_rows, elements(x.recv_rows, C), stream);
+}
+
+}  // namespace
+
+namespace {
+
+// The experts' SwiGLU on their rows in expert order: inp (R', C) -> out (R', C).
+void experts_forward(Backend& backend, const MoeWeights& w, Tensor inp, Tensor up, Tensor act,
+                     Tensor out, Tensor offsets, Stream stream) {
+  backend.grouped_matmul_forward(up, inp, w.up, offsets, stream);
+  backend.swiglu_forward(act, up, stream);
+  backend.grouped_matmul_forward(out, act, w.down, offsets, stream);
+}
+
+// Their backward: dout (R', C) -> dinp (R', C), the weights' gradients added to g.
+void experts_backward(Backend& backend, const MoeWeights& w, const MoeWeights& g, Tensor inp,
+                      Tensor up, Tensor act, Tensor dout, Tensor dup, Tensor dact, Tensor dinp,
+                      Tensor offsets, Stream stream) {
+  backend.grouped_matmul_backward(dact, g.down, dout, act, w.down, offsets, stream);
+  backend.swiglu_backward(dup, dact, up, stream);
+  backend.grouped_matmul_backward(dinp, g.up, dup, inp, w.up, offsets, stream);
+}
+
+// Expert parallelism: the rows (M, C) of this rank's tokens -> their experts' outputs in
+// a.out (M, C). The counts go first (each peer learns what it receives per expert), then the
+// rows; the outputs come back the same way.
+void exchanged_experts_forward(Backend& backend, const ExpertParallel& ep, const MoeShape& s,
+                               const MoeWeights& w, const MoeActivations& a, const MoeWorkspace& ws,
+                               Stream stream) {
+  const std::vector<int32_t> offsets = read_i32(backend, a.offsets, stream);
+  std::vector<int32_t> counts(static_cast<size_t>(s.E));
+  for (int64_t e = 0; e < s.E; ++e) counts[e] = offsets[e + 1] - offsets[e];
+  write_i32(backend, ws.send_counts, counts, stream);
+  const std::vector<int64_t> per_peer(static_cast<size_t>(s.ep), s.El);
+  ep.comm->all_to_all(a.recv_counts, per_peer, ws.send_counts, per_peer, stream);
+  const Exchange x = plan_exchange(offsets, read_i32(backend, a.recv_counts, stream), s.ep, s.El);
+  DSTRAIN_CHECK(x.received <= s.R) << x.received << " rows for " << s.R;
+  write_i32(backend, a.local_offsets, x.local_offsets, stream);
+  upload_orders(backend, x, ws, stream);
+  const int64_t R = x.received;
+  Tensor inp = rows_of(a.inp, R), expert_out = rows_of(ws.exchange[0], R);
+  send_to_experts(backend, ep, x, ws.send_rows, ws, inp, stream);
+  experts_forward(backend, w, inp, rows_of(a.up, R), rows_of(a.act, R), expert_out, a.local_offsets,
+                  stream);
+  return_from_experts(backend, ep, x, expert_out, ws, a.out, stream);
+}
+
+// Its backward: ws.dout_rows (M, C) -> ws.dinp_rows (M, C).
+void exchanged_experts_backward(Backend& backend, const ExpertParallel& ep, const MoeShape& s,
+                                const MoeWeights& w, const MoeWeights& g, const MoeActivations& a,
+                                const MoeWorkspace& ws, Stream stream) {
+  const Exchange x = kept_exchange(backend, s, a, stream);
+  upload_orders(backend, x, ws, stream);
+  const int64_t R = x.received;
+  // ws.exchange[0] is the peer-order staging of send_to_experts, [1] of return_from_experts.
+  Tensor dout = rows_of(ws.exchange[1], R), dinp = rows_of(ws.exchange[0], R);
+  send_to_experts(backend, ep, x, ws.dout_rows, ws, dout, stream);
+  experts_backward(backend, w, g, rows_of(a.inp, R), rows_of(a.up, R), rows_of(a.act, R), dout,
+                   rows_of(ws.dup, R), rows_of(ws.dact, R), dinp, a.local_offsets, stream);
+  return_from_experts(backend, ep, x, dinp, ws, ws.dinp_rows, stream);
+}
+
+}  // namespace
+
+std::vector<int64_t> moe_expert_tokens(Backend& backend, const MoeActivations& a, Stream stream) {
+  const std::vector<int32_t> offsets = read_i32(backend, a.offsets, stream);
+  std::vector<int64_t> tokens;
+  for (size_t e = 0; e + 1 < offsets.size(); ++e) tokens.push_back(offsets[e + 1] - offsets[e]);
+  return tokens;
+}
+
+int64_t moe_expert_rows(Backend& backend, const MoeShape& s, const MoeActivations& a,
+                        Stream stream) {
+  if (s.ep == 1) return s.M;
+  int64_t rows = 0;
+  for (int32_t count : read_i32(backend, a.recv_counts, stream)) rows += count;
+  return rows;
+}
+
+void moe_mlp_forward(Backend& backend, const MlpPart& mlp, const ExpertParallel& ep,
+                     const MoeWeights& w, const MoeActivations& a, const MoeWorkspace& ws, Tensor x,
+                     Tensor out, Stream stream) {
   const Tensor logits = ws.logits;
   backend.matmul_forward(logits, x, w.router, Tensor(), true, stream);
   backend.moe_route(a.topk_weight, a.topk_expert, a.scores, logits, moe_routing(mlp), stream);
   backend.moe_dispatch(a.offsets, a.source_rows, a.dest_rows, a.topk_expert,
                        static_cast<int>(mlp.experts), stream);
-  backend.moe_gather(a.inp, x, a.source_rows, stream);
-  backend.grouped_matmul_forward(a.up, a.inp, w.up, a.offsets, stream);
-  backend.swiglu_forward(a.act, a.up, stream);
-  backend.grouped_matmul_forward(a.out, a.act, w.down, a.offsets, stream);
+  if (ep.enabled()) {
+    backend.moe_gather(ws.send_rows, x, a.source_rows, stream);
+    exchanged_experts_forward(backend, ep, moe_shape(mlp, x.size(0), x.size(1), ep.size), w, a, ws,
+                              stream);
+  } else {
+    backend.moe_gather(a.inp, x, a.source_rows, stream);
+    experts_forward(backend, w, a.inp, a.up, a.act, a.out, a.offsets, stream);
+  }
   backend.moe_combine(out, a.out, a.dest_rows, a.topk_weight, stream);
   if (mlp.shared_width > 0) shared_expert_forward(backend, w, a, ws, x, out, stream);
 }
 
-void moe_mlp_backward(Backend& backend, const MlpPart& mlp, const MoeWeights& w,
-                      const MoeWeights& g, const MoeActivations& a, const MoeWorkspace& ws,
-                      Tensor x, Tensor dout, Tensor dx, Stream stream) {
+void moe_mlp_backward(Backend& backend, const MlpPart& mlp, const ExpertParallel& ep,
+                      const MoeWeights& w, const MoeWeights& g, const MoeActivations& a,
+                      const MoeWorkspace& ws, Tensor x, Tensor dout, Tensor dx, Stream stream) {
   backend.moe_combine_backward(ws.dout_rows, ws.dtopk_weight, dout, a.out, a.dest_rows,
                                a.topk_weight, stream);
-  backend.grouped_matmul_backward(ws.dact, g.down, ws.dout_rows, a.act, w.down, a.offsets, stream);
-  backend.swiglu_backward(ws.dup, ws.dact, a.up, stream);
-  backend.grouped_matmul_backward(ws.dinp_rows, g.up, ws.dup, a.inp, w.up, a.offsets, stream);
+  if (ep.enabled()) {
+    exchanged_experts_backward(backend, ep, moe_shape(mlp, x.size(0), x.size(1), ep.size), w, g, a,
+                               ws, stream);
+  } else {
+    experts_backward(backend, w, g, a.inp, a.up, a.act, ws.dout_rows, ws.dup, ws.dact, ws.dinp_rows,
+                     a.offsets, stream);
+  }
   // The copies' gradients summed back into token order, then the router's path added.
   backend.moe_combine(dx, ws.dinp_rows, a.dest_rows, Tensor(), stream);
-  backend.moe_route_backward(ws.logits, ws.dtopk_weight, Tensor(), a.scores, a.topk_expert,
+  backend.moe_route_backward(ws.logits, ws.dtopk_weight, ws.aux_dscores, a.scores, a.topk_expert,
                              moe_routing(mlp), stream);
   backend.matmul_backward(ws.dx_router, g.router, Tensor(), ws.logits, x, w.router, true, stream);
   backend.accumulate(dx, ws.dx_router, stream);

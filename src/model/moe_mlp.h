@@ -15,17 +15,21 @@
 #include "core/tensor.h"
 #include "kernels/ops.h"
 #include "model/architecture.h"
+#include "model/expert_parallel.h"
 #include "model/parts.h"
 
 namespace dstrain {
 
 // The sizes of one micro-batch's MoE MLP: N tokens of C channels, k choices each, M = N k rows
-// in expert order, E experts of width I.
+// in expert order, E experts of width I. Under expert parallelism this rank's experts are El =
+// E / ep of them and see at most R rows (M without it).
 struct MoeShape {
   int64_t N = 0, k = 0, M = 0, E = 0, C = 0, I = 0;
   int64_t Is = 0;  // the shared expert's width (0: none)
+  int64_t ep = 1, El = 0, R = 0;
+  bool aux = false;  // with the load-balancing loss (its gradient w.r.t. the scores)
 };
-MoeShape moe_shape(const MlpPart& mlp, int64_t tokens, int64_t width);
+MoeShape moe_shape(const MlpPart& mlp, int64_t tokens, int64_t width, int ep = 1);
 MoeRouting moe_routing(const MlpPart& mlp);
 
 // The part's weights (or their gradients) in a layer's block: the router (E, C), every expert's
@@ -37,7 +41,7 @@ struct MoeWeights {
 // The views of `first` (the first expert's tensor in the block) over every expert's.
 Tensor all_experts(Tensor first, int64_t experts);
 
-// What forward keeps for backward (besides the MLP's up and act, (M, 2I) and (M, I), which the
+// What forward keeps for backward (besides the MLP's up and act, (R, 2I) and (R, I), which the
 // decoder keeps for every MLP), as prefixes of the micro-batch's sizes.
 struct MoeActivations {
   Tensor scores;       // (N, E) F32
@@ -46,9 +50,13 @@ struct MoeActivations {
   Tensor offsets;      // (E + 1) I32
   Tensor source_rows;  // (M) I32
   Tensor dest_rows;    // (N, k) I32
-  Tensor inp;          // (M, C): the tokens' copies in expert order
-  Tensor up, act;      // (M, 2I), (M, I)
-  Tensor out;          // (M, C): each expert's output rows (for the routing weights' gradient)
+  Tensor inp;          // (R, C): the tokens' copies in expert order (this rank's experts')
+  Tensor up, act;      // (R, 2I), (R, I)
+  Tensor out;          // (M, C): each copy's expert output (for the routing weights' gradient)
+  // Expert parallelism: the rows this rank's experts got from each peer ((ep, El) I32, peer
+  // major), and the offsets of its experts' rows in `inp` ((El + 1) I32). Full size: the
+  // rows received are known at run time only.
+  Tensor recv_counts, local_offsets;
   // The shared expert: its up (N, 2 Is), act (N, Is) and output (N, C), and its gate's routing
   // (one expert, top 1: scores, weight (N, 1) F32, expert (N, 1) I32, offsets (2), source (N)
   // and dest (N, 1) I32).
@@ -58,7 +66,7 @@ struct MoeActivations {
 // Their indices in LayerRun::activations.
 struct MoeActivationIndex {
   int scores = -1, topk_weight = -1, topk_expert = -1, offsets = -1, source_rows = -1;
-  int dest_rows = -1, inp = -1, out = -1;
+  int dest_rows = -1, inp = -1, out = -1, recv_counts = -1, local_offsets = -1;
   int shared_up = -1, shared_act = -1, shared_out = -1, shared_scores = -1, shared_weight = -1;
   int shared_expert = -1, shared_offsets = -1, shared_source = -1, shared_dest = -1;
 };
@@ -72,8 +80,12 @@ MoeActivationIndex add_moe_activations(const MoeShape& s, DType dtype, bool kept
   i.offsets = add(ActivationSpec{{"expert_offsets", DType::I32, {s.E + 1}}, kept});
   i.source_rows = add(ActivationSpec{{"source_rows", DType::I32, {s.M}}, kept});
   i.dest_rows = add(ActivationSpec{{"dest_rows", DType::I32, {s.N, s.k}}, kept});
-  i.inp = add(ActivationSpec{{"expert_inp", dtype, {s.M, s.C}}, kept});
+  i.inp = add(ActivationSpec{{"expert_inp", dtype, {s.R, s.C}}, kept});
   i.out = add(ActivationSpec{{"expert_out", dtype, {s.M, s.C}}, kept});
+  if (s.ep > 1) {
+    i.recv_counts = add(ActivationSpec{{"expert_recv_counts", DType::I32, {s.ep * s.El}}, kept});
+    i.local_offsets = add(ActivationSpec{{"local_expert_offsets", DType::I32, {s.El + 1}}, kept});
+  }
   if (s.Is == 0) return i;
   i.shared_up = add(ActivationSpec{{"shared_up", dtype, {s.N, 2 * s.Is}}, kept});
   i.shared_act = add(ActivationSpec{{"shared_act", dtype, {s.N, s.Is}}, kept});
@@ -94,22 +106,38 @@ struct MoeWorkspace {
   Tensor dout_rows;     // (M, C)
   Tensor dinp_rows;     // (M, C)
   Tensor dtopk_weight;  // (N, k) F32
-  Tensor dup, dact;     // (M, 2I), (M, I)
+  Tensor dup, dact;     // (R, 2I), (R, I)
   Tensor dx_router;     // (N, C): the router's (and the shared expert's) part of dx
   // The shared expert: its gate's logit (forward) or gradient (backward) (N, 1), its gated
   // output (forward) or that output's gradient (backward) (N, C), dact (N, Is), dup (N, 2 Is),
   // the gate weight's gradient (N, 1) F32.
   Tensor shared_logit, shared_sum, dshared_act, dshared_up, dshared_weight;
+  // Expert parallelism: the rows sent (M, C), two (R, C) buffers of the rows received, the
+  // permutations between peer-major and expert-major order (R) I32 each, and the counts sent
+  // (E) I32.
+  Tensor send_rows, exchange[2], to_expert_order, to_peer_order, send_counts;
+  // The load-balancing loss's gradient w.r.t. the scores (N, E) F32 (backward), or empty.
+  Tensor aux_dscores;
 };
 std::vector<TensorSpec> moe_workspace_specs(const MoeShape& s, DType dtype, bool with_backward);
 
+// The copies of the micro-batch's tokens each of the E experts received (from the kept
+// dispatch offsets).
+std::vector<int64_t> moe_expert_tokens(Backend& backend, const MoeActivations& a, Stream stream);
+
+// The rows this rank's experts saw in the forward that kept `a` (its tokens' M copies without
+// expert parallelism; with it, what the peers sent: read from the kept counts).
+int64_t moe_expert_rows(Backend& backend, const MoeShape& s, const MoeActivations& a,
+                        Stream stream);
+
 // out (N, C) = sum over each token's k experts of weight * expert(x), x (N, C) the norm's output.
-void moe_mlp_forward(Backend& backend, const MlpPart& mlp, const MoeWeights& w,
-                     const MoeActivations& a, const MoeWorkspace& ws, Tensor x, Tensor out,
-                     Stream stream);
+// w.up and w.down hold this rank's experts (E / ep).
+void moe_mlp_forward(Backend& backend, const MlpPart& mlp, const ExpertParallel& ep,
+                     const MoeWeights& w, const MoeActivations& a, const MoeWorkspace& ws, Tensor x,
+                     Tensor out, Stream stream);
 // dx (N, C) = dL/dx (overwritten) from dout (N, C); the weights' gradients g are added to.
-void moe_mlp_backward(Backend& backend, const MlpPart& mlp, const MoeWeights& w,
-                      const MoeWeights& g, const MoeActivations& a, const MoeWorkspace& ws,
-                      Tensor x, Tensor dout, Tensor dx, Stream stream);
+void moe_mlp_backward(Backend& backend, const MlpPart& mlp, const ExpertParallel& ep,
+                      const MoeWeights& w, const MoeWeights& g, const MoeActivations& a,
+                      const MoeWorkspace& ws, Tensor x, Tensor dout, Tensor dx, Stream stream);
 
 }  // namespace dstrain

@@ -59,7 +59,8 @@ DecoderParts llama_parts(const ModelConfig& config) {
                  config.moe.experts,
                  config.moe.top_k,
                  config.moe.norm_topk,
-                 config.moe.shared_width};
+                 config.moe.shared_width,
+                 config.moe.aux_loss_coef};
     parts.names.router = mixtral ? "block_sparse_moe.gate" : "mlp.gate";
     parts.names.experts = mixtral ? "block_sparse_moe.experts." : "mlp.experts.";
     parts.names.expert_up = mixtral ? std::vector<std::string>{"w1", "w3"}

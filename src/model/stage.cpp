@@ -174,14 +174,51 @@ Tensor ModelStage::layer_output(int slot, int64_t layer) const {
   return slot_tensor(slot, plan_.layer_outputs[static_cast<size_t>(layer - range_.first_layer)]);
 }
 
-LayerRun ModelStage::layer_run(int slot, int64_t layer, Tensor flat_params, Tensor flat_grads,
+ModelStage::LayerBlocks ModelStage::acquire_layer(ParamProvider& params, int64_t layer,
+                                                  bool grads) const {
+  const int block = ParamLayout::layer_block(static_cast<int>(layer));
+  const int experts = layout_.expert_block(static_cast<int>(layer));
+  LayerBlocks blocks;
+  blocks.params = params.acquire_params(block);
+  if (experts >= 0) blocks.expert_params = params.acquire_params(experts);
+  if (!grads) return blocks;
+  blocks.grads = params.acquire_grads(block);
+  if (experts >= 0) blocks.expert_grads = params.acquire_grads(experts);
+  return blocks;
+}
+
+void ModelStage::release_layer(ParamProvider& params, int64_t layer, bool grads) const {
+  const int block = ParamLayout::layer_block(static_cast<int>(layer));
+  const int experts = layout_.expert_block(static_cast<int>(layer));
+  if (grads) {
+    if (experts >= 0) params.release_grads(experts);
+    params.release_grads(block);
+  }
+  if (experts >= 0) params.release_params(experts);
+  params.release_params(block);
+}
+
+LayerRun ModelStage::layer_run(int slot, int64_t layer, const LayerBlocks& blocks,
                                Stream stream) const {
   const SlotState& state = slot_state_[static_cast<size_t>(slot)];
   const int block = ParamLayout::layer_block(static_cast<int>(layer));
-  LayerRun run{backend_, stream, state.b, state.t, static_cast<int>(layer),
-               layout_.block_views(block, flat_params), layout_.block_views(block, flat_grads),
-               layer_input(slot, layer), layer_output(slot, layer), {}, views(plan_.layer_workspace),
+  LayerRun run{backend_,
+               stream,
+               state.b,
+               state.t,
+               static_cast<int>(layer),
+               layout_.block_views(block, blocks.params),
+               layout_.block_views(block, blocks.grads),
+               layer_input(slot, layer),
+               layer_output(slot, layer),
+               {},
+               views(plan_.layer_workspace),
                plan_.residual_grad >= 0 ? work_tensor(plan_.residual_grad) : Tensor()};
+  const int experts = layout_.expert_block(static_cast<int>(layer));
+  if (experts >= 0) {
+    run.expert_weights = layout_.block_views(experts, blocks.expert_params);
+    run.expert_grads = layout_.block_views(experts, blocks.expert_grads);
+  }
   const Buffer& slot_buffer = slot_buffers_[static_cast<size_t>(slot)];
   for (const ActivationSlotId& a :
        plan_.layer_activations[static_cast<size_t>(layer - range_.first_layer)]) {
@@ -194,18 +231,17 @@ LayerRun ModelStage::layer_run(int slot, int64_t layer, Tensor flat_params, Tens
 
 void ModelStage::forward_layers(ParamProvider& params, int slot, Stream stream) {
   for (int64_t l = range_.first_layer; l < range_.end_layer; ++l) {
-    const int block = ParamLayout::layer_block(static_cast<int>(l));
-    Tensor flat_params = params.acquire_params(block);
+    const LayerBlocks blocks = acquire_layer(params, l, false);
     {
       const TraceSpan span(TraceTrack::Compute, TraceKind::Compute, "forward layer", l, stream);
-      arch_.layer_forward(layer_run(slot, l, flat_params, Tensor(), stream));
+      arch_.layer_forward(layer_run(slot, l, blocks, stream));
     }
     if (l + 1 < range_.end_layer) {
       params.prefetch_params(ParamLayout::layer_block(static_cast<int>(l + 1)));
     } else if (range_.last) {
       params.prefetch_params(arch_.head_first_block());
     }
-    params.release_params(block);
+    release_layer(params, l, false);
   }
 }
 
@@ -252,9 +288,7 @@ double ModelStage::forward(ParamProvider& params, int slot, int64_t b, int64_t t
 
 void ModelStage::backward_layers(ParamProvider& params, int slot, Stream stream) {
   for (int64_t l = range_.end_layer - 1; l >= range_.first_layer; --l) {
-    const int block = ParamLayout::layer_block(static_cast<int>(l));
-    Tensor flat_params = params.acquire_params(block);
-    const LayerRun run = layer_run(slot, l, flat_params, params.acquire_grads(block), stream);
+    const LayerRun run = layer_run(slot, l, acquire_layer(params, l, true), stream);
     if (recompute_ != Recompute::None) {
       const TraceSpan span(TraceTrack::Compute, TraceKind::Compute, "recompute layer", l, stream);
       arch_.layer_recompute(run, recompute_);
@@ -265,8 +299,7 @@ void ModelStage::backward_layers(ParamProvider& params, int slot, Stream stream)
     }
     // (The embedding's backward needs no parameters: nothing to prefetch after the first.)
     if (l > range_.first_layer) params.prefetch_params(ParamLayout::layer_block(static_cast<int>(l - 1)));
-    params.release_grads(block);
-    params.release_params(block);
+    release_layer(params, l, true);
   }
 }
 

@@ -119,8 +119,14 @@ class ModelStage {
   Tensor work_tensor(int id) const;
   Tensor layer_input(int slot, int64_t layer) const;
   Tensor layer_output(int slot, int64_t layer) const;
-  LayerRun layer_run(int slot, int64_t layer, Tensor flat_params, Tensor flat_grads,
-                     Stream stream) const;
+  // A layer's parameter (and gradient) blocks in hand: its own, and its experts' (MoE layers).
+  struct LayerBlocks {
+    Tensor params, grads, expert_params, expert_grads;
+  };
+  // Acquires them (the gradients with `grads`), and releases them (gradients first).
+  LayerBlocks acquire_layer(ParamProvider& params, int64_t layer, bool grads) const;
+  void release_layer(ParamProvider& params, int64_t layer, bool grads) const;
+  LayerRun layer_run(int slot, int64_t layer, const LayerBlocks& blocks, Stream stream) const;
   std::vector<Tensor> views(const std::vector<int>& ids) const;
   void forward_layers(ParamProvider& params, int slot, Stream stream);
   void backward_layers(ParamProvider& params, int slot, Stream stream);

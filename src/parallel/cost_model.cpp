@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "model/parts.h"
 #include "topology/bandwidth.h"
 #include "topology/gpu_table.h"
 
@@ -440,6 +441,7 @@ double host_rate(const NodeTopology& node, const std::vector<int>& busy, std::st
 // links' descriptions go to `cost`.
 struct LinkRates {
   double tp = 0, dp = 0, host = 0;
+  double ep = 0, expert_dp = 0;  // expert parallelism: its groups', and the expert-data groups'
   std::vector<double> pp;  // per boundary (stage s, s + 1)
 };
 
@@ -463,6 +465,24 @@ LinkRates link_rates(const Placement& where, const Plan& plan, StepCost& cost) {
   rates.dp = slowest_groups(where, dp_groups, busy, &cost.dp_route);
   rates.pp = pipeline_rates(where, plan, busy, &cost.pp_route);
   rates.host = host_rate(where.node, busy, &cost.host_route);
+  if (plan.ep > 1) {
+    // Consecutive data-parallel indices exchange tokens; every ep-th one holds the same experts
+    // (parallel/groups.h).
+    std::vector<std::vector<int>> ep_groups, expert_dp_groups;
+    for (const std::vector<int>& dp_group : dp_groups) {
+      for (int first = 0; first < plan.dp; first += plan.ep) {
+        ep_groups.emplace_back(dp_group.begin() + first, dp_group.begin() + first + plan.ep);
+      }
+      for (int e = 0; e < plan.ep; ++e) {
+        std::vector<int> g;
+        for (int d = e; d < plan.dp; d += plan.ep) g.push_back(dp_group[static_cast<size_t>(d)]);
+        expert_dp_groups.push_back(g);
+      }
+    }
+    rates.ep = slowest_groups(where, ep_groups, busy, &cost.ep_route);
+    std::string route;
+    rates.expert_dp = slowest_groups(where, expert_dp_groups, busy, &route);
+  }
   return rates;
 }
 
@@ -503,6 +523,24 @@ TensorParallelTraffic tensor_parallel_traffic(const Plan& plan, const StageRange
   t.collectives = layers * (sp ? 10 + (full ? 4 : 0) : 4 + (full ? 2 : 0)) + ends * (sp ? 2 : 1) +
                   (range.last ? 1 : 0);
   return t;
+}
+
+ExpertParallelTraffic expert_parallel_traffic(const ModelConfig& config, const Plan& plan,
+                                              const StageRange& range) {
+  ExpertParallelTraffic traffic;
+  if (plan.ep == 1) return traffic;
+  const DecoderParts parts = decoder_parts(config);
+  const double exchanges_per_layer = plan.recompute == Recompute::Full ? 6 : 4;
+  const double rows = static_cast<double>(plan.micro_batch * plan.seq_len * parts.mlp.top_k);
+  const double row_bytes =
+      static_cast<double>(config.n_embd * static_cast<int64_t>(dtype_size(plan.param_dtype)));
+  const double leaving = static_cast<double>(plan.ep - 1) / plan.ep;
+  for (int64_t layer = range.first_layer; layer < range.end_layer; ++layer) {
+    if (parts.layer_mlp(layer).kind != MlpKind::MoE) continue;
+    traffic.exchanges += exchanges_per_layer;
+    traffic.bytes += exchanges_per_layer * rows * row_bytes * leaving;
+  }
+  return traffic;
 }
 
 namespace {
@@ -590,7 +628,7 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
   // Per stage: time per micro-batch, and what the step adds once.
   struct StageTime {
     ComputeTime compute;  // per micro-batch, as are the next
-    double micro = 0, tp = 0, pp = 0, dp_micro = 0;
+    double micro = 0, tp = 0, ep = 0, pp = 0, dp_micro = 0;
     double dp_step = 0, offload = 0, optimizer = 0;  // per step
   };
   std::vector<StageTime> stages(static_cast<size_t>(plan.pp));
@@ -611,20 +649,34 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
     if (!ps.last) st.pp += activation_bytes / rates.pp[static_cast<size_t>(s)];       // forward
     if (!ps.first) st.pp += activation_bytes / rates.pp[static_cast<size_t>(s - 1)];  // backward
 
-    // Data parallelism over this stage's blocks.
+    if (plan.ep > 1) {
+      const ExpertParallelTraffic traffic = expert_parallel_traffic(config, plan, ps);
+      st.ep = traffic.bytes / rates.ep + 2 * traffic.exchanges * kCollectiveSeconds;
+    }
+
+    // Data parallelism over this stage's blocks: the routed experts' over the ranks holding
+    // the same experts (dp / ep), the rest over all dp.
     const std::vector<int64_t> numels = memory.stage_block_numels(plan, s);
+    const std::vector<int> worlds = memory.stage_block_worlds(plan, s);
     const int blocks = static_cast<int>(numels.size());
-    double padded = 0, optimizer_elements = 0;
-    for (int64_t n : numels) {
-      const BlockStateSizes b = block_state_sizes(n, spec);
-      padded += static_cast<double>(b.padded);
+    double padded = 0, expert_padded = 0, optimizer_elements = 0;
+    for (size_t i = 0; i < numels.size(); ++i) {
+      ShardingSpec block_spec = spec;
+      block_spec.world = worlds[i];
+      const BlockStateSizes b = block_state_sizes(numels[i], block_spec);
+      (worlds[i] == plan.dp ? padded : expert_padded) += static_cast<double>(b.padded);
       optimizer_elements += static_cast<double>(b.optimizer_numel);
     }
-    const double state_bytes = padded * P;
+    const double state_bytes = padded * P, expert_bytes = expert_padded * P;
+    const int expert_dp = plan.dp / plan.ep;
     if (plan.dp > 1) {
       const double latency = blocks * kCollectiveSeconds;
-      const double all_reduce = all_reduce_volume(state_bytes, plan.dp) / rates.dp + latency;
-      const double gather = gather_volume(state_bytes, plan.dp) / rates.dp + latency;
+      double all_reduce = all_reduce_volume(state_bytes, plan.dp) / rates.dp + latency;
+      double gather = gather_volume(state_bytes, plan.dp) / rates.dp + latency;
+      if (expert_dp > 1 && expert_bytes > 0) {
+        all_reduce += all_reduce_volume(expert_bytes, expert_dp) / rates.expert_dp;
+        gather += gather_volume(expert_bytes, expert_dp) / rates.expert_dp;
+      }
       switch (plan.zero) {
         case 0:  // all-reduce once, under the last micro-batch's backward
           st.dp_step = exposed(all_reduce, bwd_seconds, blocks);
@@ -655,7 +707,7 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
     } else {
       st.optimizer = adam_bytes / speed.memory_bytes_per_s;
     }
-    st.micro = st.compute.forward + st.compute.backward + st.tp + st.pp + st.dp_micro;
+    st.micro = st.compute.forward + st.compute.backward + st.tp + st.ep + st.pp + st.dp_micro;
   }
   // The host step: all ranks of a node at once over its host's memory (the uploads run behind
   // it); across nodes, the fullest node's.
@@ -675,6 +727,7 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
   cost.memory_bound_seconds = st.compute.memory_bound * m;
   cost.compute_seconds = (st.compute.forward + st.compute.backward) * m;
   cost.tp_comm_seconds = st.tp * m;
+  cost.ep_comm_seconds = st.ep * m;
   cost.pp_comm_seconds = st.pp * m;
   cost.bubble_seconds = st.micro * (plan.pp - 1);
   // The per-step parts of the stage that takes longest over them.
@@ -689,12 +742,13 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
   cost.dp_comm_seconds = st.dp_micro * m + dp_step;
   cost.offload_seconds = offload + host_step;
   cost.optimizer_seconds = optimizer;
-  cost.step_seconds = cost.compute_seconds + cost.tp_comm_seconds + cost.pp_comm_seconds +
-                      cost.bubble_seconds + cost.dp_comm_seconds + cost.offload_seconds +
-                      cost.optimizer_seconds;
+  cost.step_seconds = cost.compute_seconds + cost.tp_comm_seconds + cost.ep_comm_seconds +
+                      cost.pp_comm_seconds + cost.bubble_seconds + cost.dp_comm_seconds +
+                      cost.offload_seconds + cost.optimizer_seconds;
   cost.tokens_per_second = static_cast<double>(plan.tokens_per_step()) / cost.step_seconds;
   if (plan.dp == 1) cost.dp_route.clear();
   if (plan.tp == 1) cost.tp_route.clear();
+  if (plan.ep == 1) cost.ep_route.clear();
   if (plan.pp == 1) cost.pp_route.clear();
   if (!plan.offload) cost.host_route.clear();
   return cost;

@@ -91,6 +91,18 @@ struct TensorParallelTraffic {
 };
 TensorParallelTraffic tensor_parallel_traffic(const Plan& plan, const StageRange& range);
 
+// Expert parallelism's all-to-alls of one micro-batch on one stage: the bytes one rank sends
+// (and receives) and the number of exchanges. Each MoE layer exchanges its tokens' k copies
+// (k N rows of C) twice forward (to the experts and back) and twice backward (their gradients),
+// and twice more under full recompute; with the routing balanced, (ep - 1) / ep of the rows
+// leave the rank. Each exchange is preceded by one of the counts (latency only).
+struct ExpertParallelTraffic {
+  double bytes = 0;
+  double exchanges = 0;
+};
+ExpertParallelTraffic expert_parallel_traffic(const ModelConfig& config, const Plan& plan,
+                                              const StageRange& range);
+
 struct StepCost {
   double step_seconds = 0;
   double tokens_per_second = 0;
@@ -101,6 +113,7 @@ struct StepCost {
   double memory_bound_seconds = 0;  //   in the memory-bound kernels (the three add up to it)
   double bubble_seconds = 0;        // pipeline fill and drain
   double tp_comm_seconds = 0;       // tensor-parallel collectives (never hidden)
+  double ep_comm_seconds = 0;       // expert parallelism's all-to-alls (never hidden)
   double pp_comm_seconds = 0;       // pipeline sends (counted as not hidden)
   double dp_comm_seconds = 0;       // data-parallel / ZeRO collectives not hidden by compute
   double offload_seconds = 0;       // host transfers and the host optimizer step
@@ -108,6 +121,7 @@ struct StepCost {
   double efficiency = 0;            // the fraction of peak the GEMMs were given
   ComputeRates rates;               // what compute ran at
   std::string dp_route, tp_route, pp_route, host_route;  // slowest links, for people
+  std::string ep_route;
 };
 
 // The most any one node holds of an amount every rank of a stage has (`per_stage`, one value

@@ -8,6 +8,11 @@
 //          pipeline's activations and gradients, point to point
 //   tied   pp > 1: the first and the last stage of the same data-parallel and tp index (group
 //          rank 0 the first): the tied embedding/head's gradients (Megatron's embedding group)
+//   expert ep > 1: the ep ranks of a data-parallel group with the same data_index / ep (consecutive
+//          data-parallel indices), group rank = data_index % ep = the experts it holds: the
+//          MoE layers' token exchange (all-to-all)
+//   expert_data  the dp / ep ranks of a data-parallel group with the same data_index % ep (the
+//          same experts): the experts' sharding and gradient reduction (== data at ep = 1)
 //   all    the world: agreement on inf/NaN and the gradient norm, the loss, stop signals
 //
 // Made by splits of the world (collective: every rank calls make_rank_groups in the same order).
@@ -22,12 +27,16 @@ namespace dstrain {
 
 struct RankGroups {
   int stage = 0, data_index = 0, tensor_index = 0;
+  int expert_index = 0;  // data_index % ep: which experts this rank holds
   Communicator* all = nullptr;
   Communicator* data = nullptr;    // == all with one stage and tp = 1
   Communicator* tensor = nullptr;  // nullptr with tp = 1
   Communicator* pipe = nullptr;    // nullptr with one stage
   Communicator* tied = nullptr;    // nullptr unless pp > 1 and this is the first or last stage
+  Communicator* expert = nullptr;  // nullptr with ep = 1
+  Communicator* expert_data = nullptr;  // == data with ep = 1
   std::unique_ptr<Communicator> owned_data, owned_tensor, owned_pipe, owned_tied;
+  std::unique_ptr<Communicator> owned_expert, owned_expert_data;
 };
 
 // REQUIRES: world.size() == plan.world().

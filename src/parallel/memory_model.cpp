@@ -47,12 +47,16 @@ BlockStateSizes block_state_sizes(int64_t block_numel, const ShardingSpec& spec)
 }
 
 RankStateBuffers rank_state_buffers(const std::vector<int64_t>& block_numels,
-                                    int embedding_position, const ShardingSpec& spec) {
+                                    const std::vector<int>& block_worlds, int embedding_position,
+                                    const ShardingSpec& spec) {
+  DSTRAIN_CHECK(block_worlds.empty() || block_worlds.size() == block_numels.size());
   const DType p = spec.param_dtype;
   int64_t max_padded = 0, max_other_padded = 0, max_shard = 0, max_optimizer = 0;
   int64_t embedding_padded = 0;
   for (size_t i = 0; i < block_numels.size(); ++i) {
-    const BlockStateSizes s = block_state_sizes(block_numels[i], spec);
+    ShardingSpec block_spec = spec;
+    if (!block_worlds.empty()) block_spec.world = block_worlds[i];
+    const BlockStateSizes s = block_state_sizes(block_numels[i], block_spec);
     max_padded = std::max(max_padded, s.padded);
     if (static_cast<int>(i) == embedding_position) {
       embedding_padded = s.padded;
@@ -105,8 +109,9 @@ ActivationTable make_activation_table(const Architecture& arch, const Plan& plan
 
 void check_plan(const ModelConfig& config, const Plan& plan) {
   DSTRAIN_CHECK(plan.dp >= 1 && plan.tp >= 1 && plan.pp >= 1 && plan.pp <= config.n_layer &&
-                tp_unsupported_reason(config, plan.tp).empty() && plan.zero >= 0 &&
-                plan.zero <= 3 && plan.micro_batch >= 1 && plan.grad_accum >= 1 &&
+                tp_unsupported_reason(config, plan.tp).empty() && plan.ep >= 1 &&
+                plan.dp % plan.ep == 0 && ep_unsupported_reason(config, plan.ep).empty() &&
+                plan.zero >= 0 && plan.zero <= 3 && plan.micro_batch >= 1 && plan.grad_accum >= 1 &&
                 plan.seq_len >= 1 &&
                 (!plan.uses_sequence_parallel() || plan.micro_batch * plan.seq_len % plan.tp == 0))
       << describe(plan);
@@ -123,8 +128,8 @@ const ActivationTable& MemoryModel::activation_table(const Plan& plan, const Sta
   // they are planned from layer 0. Where they differ (a dense layer among MoE layers), on which.
   const int64_t first = mixed_layers_ ? range.first_layer : 0;
   const auto key = std::make_tuple(plan.micro_batch, plan.seq_len, plan.param_dtype, plan.tp,
-                                   plan.uses_sequence_parallel(), recompute, range.layers(),
-                                   range.first, range.last, first);
+                                   plan.uses_sequence_parallel(), plan.ep, recompute,
+                                   range.layers(), range.first, range.last, first);
   auto it = activation_tables_.find(key);
   if (it == activation_tables_.end()) {
     const StageRange planned{first, first + range.layers(), range.first, range.last};
@@ -187,11 +192,12 @@ MemoryModel::MemoryModel(const ModelConfig& config)
 MemoryModel::~MemoryModel() = default;
 
 const Architecture& MemoryModel::architecture(const Plan& plan) const {
-  const auto key = std::make_pair(plan.tp, plan.uses_sequence_parallel());
+  const auto key = std::make_tuple(plan.tp, plan.uses_sequence_parallel(), plan.ep);
   auto it = architectures_.find(key);
   if (it == architectures_.end()) {
     const TensorParallel tp{plan.tp, 0, plan.uses_sequence_parallel(), nullptr};
-    it = architectures_.emplace(key, make_architecture(config_, tp)).first;
+    it = architectures_.emplace(key, make_architecture(config_, tp, ExpertParallel{plan.ep, 0}))
+             .first;
   }
   return *it->second;
 }
@@ -202,6 +208,14 @@ std::vector<int64_t> MemoryModel::stage_block_numels(const Plan& plan, int stage
     numels.push_back(architecture(plan).layout().block_numel(block));
   }
   return numels;
+}
+
+std::vector<int> MemoryModel::stage_block_worlds(const Plan& plan, int stage) const {
+  std::vector<int> worlds;
+  for (int block : pipeline_stage_blocks(layout_, stage_range(plan, stage))) {
+    worlds.push_back(layout_.expert_layer(block) >= 0 ? plan.dp / plan.ep : plan.dp);
+  }
+  return worlds;
 }
 
 namespace {
@@ -238,6 +252,7 @@ MemoryPrediction MemoryModel::predict_stage(const Plan& plan, int stage) const {
 
   const std::vector<int> blocks = pipeline_stage_blocks(layout_, stage_range(plan, stage));
   const std::vector<int64_t> numels = stage_block_numels(plan, stage);
+  const std::vector<int> worlds = stage_block_worlds(plan, stage);
   const std::string host = plan.offload ? ", host" : "";
   const std::string params_what = "parameters (" + p + shard_text(3, plan) + ")";
   const std::string grads_what = "gradients (" + p + shard_text(2, plan) + ")";
@@ -246,14 +261,16 @@ MemoryPrediction MemoryModel::predict_stage(const Plan& plan, int stage) const {
   int embedding_position = -1;
   for (size_t i = 0; i < blocks.size(); ++i) {
     if (blocks[i] == ParamLayout::embedding_block()) embedding_position = static_cast<int>(i);
-    const BlockStateSizes s = block_state_sizes(numels[i], spec);
+    ShardingSpec block_spec = spec;
+    block_spec.world = worlds[i];
+    const BlockStateSizes s = block_state_sizes(numels[i], block_spec);
     add(m, s.params, params_what);
     add(m, s.grads, grads_what);
     add(m, s.master, master_what);
     add(m, s.exp_avg, adam_what);
     add(m, s.exp_avg_sq, adam_what);
   }
-  const RankStateBuffers r = rank_state_buffers(numels, embedding_position, spec);
+  const RankStateBuffers r = rank_state_buffers(numels, worlds, embedding_position, spec);
   add(m, r.gathered_params[0], "gathered-block buffers (current + prefetched)");
   add(m, r.gathered_params[1], "gathered-block buffers (current + prefetched)");
   add(m, r.embedding_grads, "full-block gradient buffers before reduce-scatter");

@@ -114,10 +114,12 @@ struct RankStateBuffers {
   std::array<BufferSize, 2> host_grad_staging;
   std::array<BufferSize, 2> host_param_staging;
 };
-// block_numels: the rank's blocks; embedding_position: index into block_numels of the
-// embedding block, or -1 when the rank does not hold it.
+// block_numels: the rank's blocks; block_worlds: the ranks each is sharded over (the routed
+// experts' blocks over dp / ep; empty: spec.world for all); embedding_position: index into
+// block_numels of the embedding block, or -1 when the rank does not hold it.
 RankStateBuffers rank_state_buffers(const std::vector<int64_t>& block_numels,
-                                    int embedding_position, const ShardingSpec& spec);
+                                    const std::vector<int>& block_worlds, int embedding_position,
+                                    const ShardingSpec& spec);
 
 // The token batch a rank reads: inputs and targets, (B, T) int32 each (MemCategory::Data),
 // one per activation slot. Held by the first pipeline stage (inputs) and the last (targets).
@@ -182,6 +184,8 @@ class MemoryModel {
   // Elements of the blocks a rank of `stage` holds, tensor-parallel split (one entry per
   // block of pipeline_stage_blocks).
   std::vector<int64_t> stage_block_numels(const Plan& plan, int stage) const;
+  // The ranks each of those blocks is sharded over: dp, or dp / ep for the routed experts'.
+  std::vector<int> stage_block_worlds(const Plan& plan, int stage) const;
   // The plan's layers per stage: plan.pp_split, or the balanced split (cached).
   std::vector<int64_t> split(const Plan& plan) const;
   // The plan's pipeline stage `stage`.
@@ -197,15 +201,15 @@ class MemoryModel {
 
   ModelConfig config_;
   ParamLayout layout_;
-  // Caches (not thread-safe): (tp, sequence parallel) -> the architecture; (pp, seq_len) ->
+  // Caches (not thread-safe): (tp, sequence parallel, ep) -> the architecture; (pp, seq_len) ->
   // the balanced split; (B, T, dtype, tp, sequence parallel, recompute, layers, first, last)
   // -> the stage's buffer bytes.
-  mutable std::map<std::pair<int, bool>, std::unique_ptr<Architecture>> architectures_;
+  mutable std::map<std::tuple<int, bool, int>, std::unique_ptr<Architecture>> architectures_;
   mutable std::map<std::pair<int, int64_t>, std::vector<int64_t>> splits_;
-  // (micro-batch, seq, dtype, tp, sequence parallel, recompute, layers, first stage, last
+  // (micro-batch, seq, dtype, tp, sequence parallel, ep, recompute, layers, first stage, last
   // stage, first layer where the layers differ)
   mutable std::map<
-      std::tuple<int64_t, int64_t, DType, int, bool, Recompute, int64_t, bool, bool, int64_t>,
+      std::tuple<int64_t, int64_t, DType, int, bool, int, Recompute, int64_t, bool, bool, int64_t>,
       std::unique_ptr<memory_detail::ActivationTable>>
       activation_tables_;
   bool mixed_layers_ = false;  // some layers' MLPs differ (decoder_parts(config).mixed_layers())

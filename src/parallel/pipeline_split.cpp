@@ -153,6 +153,10 @@ std::vector<int> pipeline_stage_blocks(const ParamLayout& layout, const StageRan
     blocks.push_back(ParamLayout::layer_block(static_cast<int>(l)));
   }
   if (range.last) blocks.push_back(layout.final_block());
+  for (int64_t l = range.first_layer; l < range.end_layer; ++l) {
+    const int experts = layout.expert_block(static_cast<int>(l));
+    if (experts >= 0) blocks.push_back(experts);
+  }
   return blocks;
 }
 

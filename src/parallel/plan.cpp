@@ -19,9 +19,11 @@ const char* precision_name(DType dtype) {
 
 std::string describe(const Plan& plan) {
   std::ostringstream text;
-  text << "dp " << plan.dp << " x tp " << plan.tp << " x pp " << plan.pp
-       << (plan.uses_sequence_parallel() ? " (sequence parallel)" : "") << ", ZeRO-"
-       << plan.zero << ", " << precision_name(plan.param_dtype) << ", "
+  text << "dp " << plan.dp;
+  if (plan.ep > 1) text << " (ep " << plan.ep << ")";
+  text << " x tp " << plan.tp << " x pp " << plan.pp
+       << (plan.uses_sequence_parallel() ? " (sequence parallel)" : "") << ", ZeRO-" << plan.zero
+       << ", " << precision_name(plan.param_dtype) << ", "
        << (plan.offload ? "optimizer offloaded to host" : "no offload") << ", ";
   if (plan.recompute == Recompute::None) {
     text << "no recompute";
@@ -43,6 +45,7 @@ std::string describe(const Plan& plan) {
 nlohmann::json to_json(const Plan& plan) {
   return nlohmann::json{{"dp", plan.dp},
                         {"tp", plan.tp},
+                        {"ep", plan.ep},
                         {"pp", plan.pp},
                         {"zero", plan.zero},
                         {"offload", plan.offload},

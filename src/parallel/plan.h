@@ -27,6 +27,11 @@ namespace dstrain {
 
 struct Plan {
   int dp = 1, tp = 1, pp = 1;
+  // Expert parallelism: the experts of every MoE layer split over ep ranks of the data-parallel
+  // group (each expert whole on one of them); ep divides dp. The ranks of data-parallel index d
+  // hold the experts of ep rank d % ep, and exchange tokens with the ep - 1 others of their
+  // group (parallel/groups.h).
+  int ep = 1;
   int zero = 0;            // ZeRO stage 0..3 over the data-parallel group
   bool offload = false;    // fp32 master weights + Adam moments (and the step) in host memory
   Recompute recompute = Recompute::None;
@@ -58,7 +63,8 @@ const char* precision_name(DType dtype);
 std::string describe(const Plan& plan);
 
 // {"dp", "tp", "pp", "zero", "offload", "recompute", "micro_batch", "grad_accum", "seq_len",
-//  "precision", "pp_schedule", "pp_split", "sequence_parallel", "world", "tokens_per_step"}; pp_split as the plan has
+//  "precision", "pp_schedule", "ep", "pp_split", "sequence_parallel", "world", "tokens_per_step"};
+//  pp_split as the plan has
 // it (an empty list: the balanced split; the planner and the trainer fill it in).
 nlohmann::json to_json(const Plan& plan);
 

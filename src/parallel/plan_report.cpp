@@ -39,6 +39,7 @@ std::string breakdown_text(const StepCost& c) {
       {"compute", c.compute_seconds},
       {"pipeline bubble", c.bubble_seconds},
       {"tensor-parallel collectives", c.tp_comm_seconds},
+      {"expert-parallel all-to-alls", c.ep_comm_seconds},
       {"pipeline sends", c.pp_comm_seconds},
       {"data-parallel collectives not hidden", c.dp_comm_seconds},
       {"offload transfers and host optimizer", c.offload_seconds},
@@ -178,12 +179,14 @@ std::string format_plan_report(const ModelConfig& config, const NodeTopology& to
   out << compute_rates_text(c.rates, plan);
   if (!speed.estimate_note.empty()) out << "  note: " << speed.estimate_note << "\n";
   const std::pair<const char*, const std::string*> routes[] = {{"tensor parallel", &c.tp_route},
+                                                               {"expert parallel", &c.ep_route},
                                                                {"data parallel", &c.dp_route},
                                                                {"pipeline", &c.pp_route},
                                                                {"host", &c.host_route}};
   for (const auto& [name, route] : routes) {
     if (!route->empty()) out << "  slowest " << name << " link: " << *route << "\n";
   }
+  if (!result.ep_choice.empty()) out << result.ep_choice << "\n";
 
   if (!result.alternatives.empty()) {
     out << "\nalternatives (the best of each other shape):\n";
@@ -232,9 +235,9 @@ nlohmann::json plan_result_to_json(const ModelConfig& config, const PlanResult& 
       {"compute", c.compute_seconds},     {"gemm", c.gemm_seconds},
       {"attention", c.attention_seconds}, {"memory_bound", c.memory_bound_seconds},
       {"bubble", c.bubble_seconds},       {"tp_comm", c.tp_comm_seconds},
-      {"pp_comm", c.pp_comm_seconds},     {"dp_comm", c.dp_comm_seconds},
-      {"offload", c.offload_seconds},     {"optimizer", c.optimizer_seconds},
-      {"gemm_efficiency", c.efficiency}};
+      {"ep_comm", c.ep_comm_seconds},     {"pp_comm", c.pp_comm_seconds},
+      {"dp_comm", c.dp_comm_seconds},     {"offload", c.offload_seconds},
+      {"optimizer", c.optimizer_seconds}, {"gemm_efficiency", c.efficiency}};
   j["alternatives"] = nlohmann::json::array();
   for (const PlanCandidate& a : result.alternatives) {
     nlohmann::json alternative = candidate_json(a);
@@ -242,6 +245,7 @@ nlohmann::json plan_result_to_json(const ModelConfig& config, const PlanResult& 
     j["alternatives"].push_back(alternative);
   }
   j["excluded"] = result.excluded;
+  if (!result.ep_choice.empty()) j["ep_choice"] = result.ep_choice;
   j["candidates_evaluated"] = result.candidates;
   j["nnodes"] = result.cluster.nnodes;
   j["gpus_per_node"] = result.gpus_per_node;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <sstream>
 #include <tuple>
@@ -112,6 +113,10 @@ std::string tp_rule_violation(const ModelConfig& config, const NodeTopology& top
 }
 
 std::string pp_rule_violation(const ModelConfig& config, int pp) {
+  if (pp > 1 && config.moe.aux_loss_coef > 0) {
+    return "pp " + std::to_string(pp) + ": the load-balancing loss (output_router_logits) sums a "
+           "micro-batch's routing over all of its layers, on one pipeline stage only so far";
+  }
   if (pp <= config.n_layer) return "";
   return "pp " + std::to_string(pp) + " is more pipeline stages than the model's " +
          std::to_string(config.n_layer) + " layers (stages cut at block boundaries)";
@@ -125,10 +130,22 @@ std::vector<int> divisors(int n) {
   return d;
 }
 
+// The expert-parallel degrees to try with dp data-parallel ranks: those that divide dp and the
+// experts (a dense model: 1), or the one asked for.
+std::vector<int> expert_degrees(const ModelConfig& config, int dp, const PlanRequest& request) {
+  std::vector<int> eps;
+  for (int ep : divisors(dp)) {
+    if (request.ep ? ep == *request.ep : ep_unsupported_reason(config, ep).empty()) {
+      eps.push_back(ep);
+    }
+  }
+  return eps;
+}
+
 // Fewer moving parts first: no offload (host step and transfers), no recompute, no
 // pipeline, a lower ZeRO stage, no tensor parallelism, then fewer micro-batches.
 auto simplicity(const Plan& p) {
-  return std::make_tuple(p.offload, static_cast<int>(p.recompute), p.pp, p.zero, p.tp,
+  return std::make_tuple(p.offload, static_cast<int>(p.recompute), p.pp, p.zero, p.tp, p.ep,
                          -p.micro_batch);
 }
 
@@ -139,7 +156,7 @@ bool faster(const PlanCandidate& a, const PlanCandidate& b) {
 }
 
 auto shape(const Plan& p) {
-  return std::make_tuple(p.dp, p.tp, p.pp, p.zero, p.offload, static_cast<int>(p.recompute));
+  return std::make_tuple(p.dp, p.tp, p.pp, p.ep, p.zero, p.offload, static_cast<int>(p.recompute));
 }
 
 // How far a candidate is from fitting: device bytes over, then host bytes over.
@@ -196,6 +213,7 @@ std::string fixed_parts(const PlanRequest& q) {
   std::ostringstream text;
   if (q.dp) text << " --dp " << *q.dp;
   if (q.tp) text << " --tp " << *q.tp;
+  if (q.ep) text << " --ep " << *q.ep;
   if (q.pp) text << " --pp " << *q.pp;
   if (q.zero) text << " --zero " << *q.zero;
   if (q.offload) text << " --offload " << (*q.offload ? "on" : "off");
@@ -213,7 +231,50 @@ std::string features(const Plan& p) {
   if (p.recompute != Recompute::None) text << " + " << recompute_name(p.recompute) << " recompute";
   if (p.pp > 1) text << " + " << p.pp << " pipeline stages";
   if (p.tp > 1) text << " + tensor parallelism over " << p.tp;
+  if (p.ep > 1) text << " + expert parallelism over " << p.ep;
   text << " at micro-batch " << p.micro_batch;
+  return text.str();
+}
+
+// Why the plan splits a mixture-of-experts model's experts the way it does: what each GPU holds
+// and what the all-to-alls cost, against the best plan of every other ep ("" for a dense model).
+std::string explain_ep_choice(const ModelConfig& config, const std::vector<PlanCandidate>& all,
+                              const PlanCandidate& best, const PlanResult& r) {
+  if (!config.moe.enabled()) return "";
+  std::ostringstream text;
+  const Plan& p = best.plan;
+  const int64_t experts = config.moe.experts;
+  text << "expert parallelism: ";
+  if (p.ep == 1) {
+    text << "none, every GPU holds all " << experts << " experts of each MoE layer";
+  } else {
+    text.precision(3);
+    text << "ep " << p.ep << ", each GPU holds " << experts / p.ep << " of the " << experts
+         << " experts of each MoE layer; its all-to-alls take " << best.cost.ep_comm_seconds
+         << " s of the " << best.cost.step_seconds << " s step";
+    if (!best.cost.ep_route.empty()) text << " (over " << best.cost.ep_route << ")";
+  }
+  std::map<int, const PlanCandidate*> others;  // the best of every other ep
+  for (const PlanCandidate& c : all) {
+    if (c.plan.ep == p.ep) continue;
+    const PlanCandidate*& o = others[c.plan.ep];
+    if (!o || (c.fits() && (!o->fits() || faster(c, *o)))) o = &c;
+  }
+  for (const auto& [ep, c] : others) {
+    text << "; ep " << ep << ": ";
+    if (!c->fits()) {
+      text << "does not fit (" << does_not_fit(*c, r) << ")";
+    } else {
+      const double ratio = c->seconds_per_token() / best.seconds_per_token();
+      if (ratio >= 1) {
+        char percent[32];
+        std::snprintf(percent, sizeof percent, "%.1f%%", (ratio - 1) * 100);
+        text << "slower by " << percent;
+      } else {
+        text << "as fast within the model's margin, with more moving parts";
+      }
+    }
+  }
   return text.str();
 }
 
@@ -268,6 +329,10 @@ void check_fixed_parts(const ModelConfig& config, const NodeTopology& topology,
                                     std::pair{"--pp", request.pp}}) {
     DSTRAIN_USER_CHECK(!value || (*value >= 1 && world % *value == 0))
         << flag << " " << *value << " must be at least 1 and divide the " << world_text;
+  }
+  if (request.ep) {
+    const std::string why = ep_unsupported_reason(config, *request.ep);
+    DSTRAIN_USER_CHECK(why.empty()) << "--ep " << *request.ep << ": " << why;
   }
   DSTRAIN_USER_CHECK(!request.zero || (*request.zero >= 0 && *request.zero <= 3))
       << "--zero must be 0, 1, 2 or 3, not " << *request.zero;
@@ -337,6 +402,82 @@ PlanCandidate evaluate_plan(const MemoryModel& memory, const NodeTopology& topol
                                   c.host_bytes <= usable_host_memory(topology.host_memory_bytes));
   return c;
 }
+
+namespace {
+
+// The micro-batches to try with dp ranks: the one asked for, or powers of two up to a rank's
+// share of the step (with exact_global_batch, every divisor of that share).
+std::vector<int64_t> micro_batch_choices(const PlanRequest& request, int64_t sequences, int dp) {
+  if (request.micro_batch) return {*request.micro_batch};
+  std::vector<int64_t> micro_batches;
+  const int64_t most = (sequences + dp - 1) / dp;
+  if (request.exact_global_batch && sequences % dp == 0) {
+    for (int64_t mb = 1; mb <= most; ++mb) {
+      if ((sequences / dp) % mb == 0) micro_batches.push_back(mb);
+    }
+    return micro_batches;
+  }
+  for (int64_t mb = 1; mb <= most; mb *= 2) micro_batches.push_back(mb);
+  return micro_batches;
+}
+
+// The candidates of one (dp, tp, pp) shape: every ep, ZeRO stage, offload, recompute and
+// micro-batch the request leaves open that reaches the global batch of `sequences`; for each
+// setting the micro-batches grow until one does not fit.
+struct Shape {
+  int dp, tp, pp;
+};
+void add_shape_candidates(const MemoryModel& memory, const NodeTopology& topology,
+                          const ClusterShape& cluster, const PlanRequest& request,
+                          const Shape& shape, int64_t sequences, int64_t seq_len, DType precision,
+                          std::vector<PlanCandidate>& all) {
+  const int dp = shape.dp;
+  std::vector<int> zeros = {0};
+  if (dp > 1) zeros = {0, 1, 2, 3};
+  if (request.zero) zeros = {*request.zero};
+  std::vector<bool> offloads = {false, true};
+  if (request.offload) offloads = {*request.offload};
+  std::vector<Recompute> recomputes = {Recompute::None, Recompute::Selective, Recompute::Full};
+  if (request.recompute) recomputes = {*request.recompute};
+  const std::vector<int64_t> micro_batches = micro_batch_choices(request, sequences, dp);
+  for (int ep : expert_degrees(memory.config(), dp, request)) {
+    for (int zero : zeros) {
+      for (bool offload : offloads) {
+        for (Recompute recompute : recomputes) {
+          for (int64_t mb : micro_batches) {
+            Plan plan;
+            plan.dp = dp;
+            plan.tp = shape.tp;
+            plan.ep = ep;
+            plan.pp = shape.pp;
+            plan.zero = zero;
+            plan.offload = offload;
+            plan.recompute = recompute;
+            plan.micro_batch = mb;
+            plan.grad_accum = (sequences + dp * mb - 1) / (dp * mb);
+            plan.seq_len = seq_len;
+            plan.param_dtype = precision;
+            plan.pp_schedule = request.pp_schedule.value_or(PipelineScheduleKind::OneFOneB);
+            plan.sequence_parallel = request.sequence_parallel.value_or(true);
+            // Sequence parallelism splits a micro-batch's tokens over the tp ranks.
+            if (plan.uses_sequence_parallel() && mb * seq_len % shape.tp != 0) continue;
+            plan.pp_split = request.pp_split.empty() ? memory.split(plan) : request.pp_split;
+            const int64_t reached = dp * mb * plan.grad_accum;
+            if ((reached - sequences) * kOvershootDenominator > sequences) continue;
+            if (request.exact_global_batch && reached != sequences) continue;
+            PlanCandidate c = evaluate_plan(memory, topology, plan, cluster);
+            const bool stop = !c.fits();  // larger micro-batches only need more
+            all.push_back(std::move(c));
+            if (stop) break;
+          }
+        }
+      }
+    }
+  }
+}
+
+
+}  // namespace
 
 PlanResult choose_plan(const ModelConfig& config, const NodeTopology& whole,
                        const PlanRequest& request, const ClusterShape& cluster) {
@@ -417,58 +558,8 @@ PlanResult choose_plan(const ModelConfig& config, const NodeTopology& whole,
         if (tp == 1) result.excluded.push_back(why);
         continue;
       }
-      std::vector<int> zeros = {0};
-      if (dp > 1) zeros = {0, 1, 2, 3};
-      if (request.zero) zeros = {*request.zero};
-      std::vector<bool> offloads = {false, true};
-      if (request.offload) offloads = {*request.offload};
-      std::vector<Recompute> recomputes = {Recompute::None, Recompute::Selective, Recompute::Full};
-      if (request.recompute) recomputes = {*request.recompute};
-      std::vector<int64_t> micro_batches;
-      if (request.micro_batch) {
-        micro_batches = {*request.micro_batch};
-      } else {
-        const int64_t most = (sequences + dp - 1) / dp;
-        for (int64_t mb = 1; mb <= most; mb *= 2) micro_batches.push_back(mb);
-        if (request.exact_global_batch && sequences % dp == 0) {
-          // Every micro-batch that divides a rank's share, in increasing order.
-          micro_batches.clear();
-          for (int64_t mb = 1; mb <= most; ++mb) {
-            if ((sequences / dp) % mb == 0) micro_batches.push_back(mb);
-          }
-        }
-      }
-      for (int zero : zeros) {
-        for (bool offload : offloads) {
-          for (Recompute recompute : recomputes) {
-            for (int64_t mb : micro_batches) {
-              Plan plan;
-              plan.dp = dp;
-              plan.tp = tp;
-              plan.pp = pp;
-              plan.zero = zero;
-              plan.offload = offload;
-              plan.recompute = recompute;
-              plan.micro_batch = mb;
-              plan.grad_accum = (sequences + dp * mb - 1) / (dp * mb);
-              plan.seq_len = seq_len;
-              plan.param_dtype = precision;
-              plan.pp_schedule = request.pp_schedule.value_or(PipelineScheduleKind::OneFOneB);
-              plan.sequence_parallel = request.sequence_parallel.value_or(true);
-              // Sequence parallelism splits a micro-batch's tokens over the tp ranks.
-              if (plan.uses_sequence_parallel() && mb * seq_len % tp != 0) continue;
-              plan.pp_split = request.pp_split.empty() ? memory.split(plan) : request.pp_split;
-              const int64_t reached = dp * mb * plan.grad_accum;
-              if ((reached - sequences) * kOvershootDenominator > sequences) continue;
-              if (request.exact_global_batch && reached != sequences) continue;
-              PlanCandidate c = evaluate_plan(memory, topology, plan, cluster);
-              const bool stop = !c.fits();  // larger micro-batches only need more
-              all.push_back(std::move(c));
-              if (stop) break;
-            }
-          }
-        }
-      }
+      add_shape_candidates(memory, topology, cluster, request, {dp, tp, pp}, sequences, seq_len,
+                           precision, all);
     }
   }
   result.candidates = static_cast<int>(all.size());
@@ -490,6 +581,7 @@ PlanResult choose_plan(const ModelConfig& config, const NodeTopology& whole,
     }
   }
   result.best = *best;
+  result.ep_choice = explain_ep_choice(config, all, *best, result);
 
   // One representative per shape: its fastest fitting plan, else the one closest to fitting.
   std::map<decltype(shape(Plan{})), const PlanCandidate*> representative;

@@ -41,6 +41,7 @@ struct PlanRequest {
   std::optional<DType> precision;  // default: bf16 with compute capability >= 8.0, else fp16
   // Parts of the plan the user fixed; the search keeps them.
   std::optional<int> dp, tp, pp, zero;
+  std::optional<int> ep;  // expert parallelism (MoE models); default: the planner's choice
   std::optional<bool> offload;
   std::optional<Recompute> recompute;
   std::optional<int64_t> micro_batch;
@@ -70,6 +71,9 @@ struct PlanResult {
   // up to max_alternatives that fit, then up to three faster ones that do not.
   std::vector<PlanCandidate> alternatives;
   std::vector<std::string> excluded;  // shapes the rules forbid, with the rule
+  // A mixture-of-experts model: why the best plan's ep, against the other ep values (one
+  // sentence); "" for a dense model.
+  std::string ep_choice;
   uint64_t gpu_memory_bytes = 0;      // per GPU (the smallest)
   uint64_t usable_device_bytes = 0;   // after the headroom
   uint64_t host_memory_bytes = 0;     // 0: unknown

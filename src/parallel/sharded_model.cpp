@@ -79,9 +79,10 @@ ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& shar
                            const StateGroups& groups, Backend& backend, Allocator& device,
                            Allocator& host, Stream compute)
     : config_(config),
-      layout_(config, sharding.tp),
+      layout_(config, sharding.tp, sharding.ep, sharding.ep_rank),
       sharding_(sharding),
       comm_(*groups.data),
+      expert_data_(groups.expert_data != nullptr ? *groups.expert_data : *groups.data),
       all_(groups.all != nullptr ? *groups.all : *groups.data),
       tied_(groups.tied),
       tensor_(groups.tensor),
@@ -107,6 +108,8 @@ ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& shar
   // Every buffer is sized by the memory model's functions: the planner's prediction and
   // what this allocates are the same numbers by construction (parallel/memory_model.h).
   const ShardingSpec spec{sharding.zero, world_, sharding.offload, dtype_};
+  DSTRAIN_CHECK(sharding.ep == 1 || groups.expert_data != nullptr)
+      << "expert parallelism over " << sharding.ep << " ranks needs its expert-data group";
   auto allocate = [&](const BufferSize& size) {
     if (size.numel == 0) return Buffer();
     return (size.host ? host : device).allocate(size.category, size.bytes());
@@ -120,13 +123,21 @@ ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& shar
       << "the tied copy of the embedding needs the embedding block and the tied group";
   blocks_.resize(static_cast<size_t>(layout_.num_blocks()));
   std::vector<int64_t> block_numels;
+  std::vector<int> block_worlds;
   int embedding_position = -1;
   for (int b : held_) {
     DSTRAIN_CHECK(b >= 0 && b < layout_.num_blocks() && !blocks_[static_cast<size_t>(b)].held)
         << "block " << b << " of " << layout_.num_blocks();
-    if (b == ParamLayout::embedding_block()) embedding_position = static_cast<int>(block_numels.size());
-    const BlockStateSizes sizes = block_state_sizes(layout_.block_numel(b), spec);
+    if (b == ParamLayout::embedding_block())
+      embedding_position = static_cast<int>(block_numels.size());
     Block& block = blocks_[static_cast<size_t>(b)];
+    // The routed experts are sharded and reduced over the ranks holding the same experts.
+    block.comm = layout_.expert_layer(b) >= 0 ? &expert_data_ : &comm_;
+    block.world = block.comm->size();
+    block.rank = block.comm->rank();
+    ShardingSpec block_spec = spec;
+    block_spec.world = block.world;
+    const BlockStateSizes sizes = block_state_sizes(layout_.block_numel(b), block_spec);
     block.held = true;
     block.numel = sizes.numel;
     block.shard = sizes.shard;
@@ -140,9 +151,11 @@ ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& shar
       zero_buffer(*buffer);
     }
     block_numels.push_back(block.numel);
+    block_worlds.push_back(block.world);
   }
   for (std::vector<Buffer>& staging : part_staging_) staging.resize(blocks_.size());
-  const RankStateBuffers buffers = rank_state_buffers(block_numels, embedding_position, spec);
+  const RankStateBuffers buffers =
+      rank_state_buffers(block_numels, block_worlds, embedding_position, spec);
   for (int s = 0; s < 2; ++s) {
     gather_slots_[s].buffer = allocate(buffers.gathered_params[s]);
     gather_slots_[s].gathered = OwnedEvent(backend);
@@ -183,16 +196,17 @@ Tensor ShardedModel::flat(const Buffer& buffer, int64_t numel, DType dtype) cons
 
 Tensor ShardedModel::params_padded(int block) const {
   const Block& b = blocks_[block];
-  return flat(b.params, shard_params_ ? b.shard : b.shard * world_, dtype_);
+  return flat(b.params, shard_params_ ? b.shard : b.shard * b.world, dtype_);
 }
 
 Tensor ShardedModel::grads_padded(int block) const {
   const Block& b = blocks_[block];
-  return flat(b.grads, shard_grads_ ? b.shard : b.shard * world_, dtype_);
+  return flat(b.grads, shard_grads_ ? b.shard : b.shard * b.world, dtype_);
 }
 
 int64_t ShardedModel::shard_begin(int block) const {
-  return std::min<int64_t>(rank_ * blocks_[block].shard, blocks_[block].numel);
+  const Block& b = blocks_[block];
+  return std::min<int64_t>(b.rank * b.shard, b.numel);
 }
 
 int64_t ShardedModel::shard_count(int block) const {
@@ -247,7 +261,7 @@ void ShardedModel::gather_into(int s, int block) {
   // last written; but not after the work queued since (the block in hand): that is the overlap.
   backend_.wait_event(comm, slot.released.get());
   backend_.wait_event(comm, params_written_.get());
-  comm_.all_gather(flat(slot.buffer, b.shard * world_, dtype_), params_padded(block), comm);
+  b.comm->all_gather(flat(slot.buffer, b.shard * b.world, dtype_), params_padded(block), comm);
   backend_.record_event(slot.gathered.get(), comm);
   slot.block = block;
 }
@@ -268,7 +282,7 @@ Tensor ShardedModel::acquire_params(int block) {
   DSTRAIN_CHECK(!slot.in_use) << "block " << block << " acquired twice";
   slot.in_use = true;
   backend_.wait_event(compute_, slot.gathered.get());
-  return flat(slot.buffer, b.shard * world_, dtype_).slice(0, {b.numel});
+  return flat(slot.buffer, b.shard * b.world, dtype_).slice(0, {b.numel});
 }
 
 void ShardedModel::prefetch_params(int block) {
@@ -301,7 +315,11 @@ ShardedModel::GradSlot& ShardedModel::grad_slot_of(int block) {
   for (int s = 1; s <= 2; ++s) {
     if (grad_slots_[s].owner < 0) return grad_slots_[s];
   }
-  flush_reductions();  // both rotating buffers wait for their reduce-scatter: issue them
+  flush_reductions();  // the rotating buffers wait for their reduce-scatter: issue them
+  for (int s = 1; s <= 2; ++s) {
+    if (grad_slots_[s].owner < 0) return grad_slots_[s];
+  }
+  DSTRAIN_CHECK(false) << "block " << block << " wants a gradient buffer while two are held";
   return grad_slots_[1];
 }
 
@@ -310,7 +328,7 @@ Tensor ShardedModel::acquire_grads(int block) {
   const Block& b = blocks_[block];
   if (!shard_grads_) return grads_padded(block).slice(0, {b.numel});
   GradSlot& slot = grad_slot_of(block);
-  Tensor full = flat(slot.buffer, b.shard * world_, dtype_);
+  Tensor full = flat(slot.buffer, b.shard * b.world, dtype_);
   if (slot.owner != block) {
     DSTRAIN_CHECK(slot.owner < 0) << "block " << block << " wants the gradient buffer block "
                                   << slot.owner << " still holds";
@@ -331,11 +349,11 @@ void ShardedModel::reduce_replicated(int block) {
   const Stream comm = comm_stream_.get();
   Tensor full = grads_padded(block);
   if (!shard_optimizer_) {
-    comm_.all_reduce(full, ReduceOp::Sum, comm);
+    b.comm->all_reduce(full, ReduceOp::Sum, comm);
   } else {
     Tensor reduced = flat(reduced_, b.shard, dtype_);
-    comm_.reduce_scatter(reduced, full, ReduceOp::Sum, comm);
-    backend_.copy(full.slice(rank_ * b.shard, {b.shard}), reduced, comm);
+    b.comm->reduce_scatter(reduced, full, ReduceOp::Sum, comm);
+    backend_.copy(full.slice(b.rank * b.shard, {b.shard}), reduced, comm);
   }
   reduced_in_backward_[static_cast<size_t>(block)] = true;
 }
@@ -382,8 +400,8 @@ void ShardedModel::flush_reductions() {
     const Block& b = blocks_[block];
     Tensor reduced = flat(reduced_, b.shard, dtype_);
     backend_.wait_event(comm, slot.filled.get());
-    comm_.reduce_scatter(reduced, flat(slot.buffer, b.shard * world_, dtype_), ReduceOp::Sum,
-                         comm);
+    b.comm->reduce_scatter(reduced, flat(slot.buffer, b.shard * b.world, dtype_), ReduceOp::Sum,
+                           comm);
     backend_.record_event(slot.reduced.get(), comm);
     backend_.accumulate(grads_padded(block), reduced, comm);
     slot.pending = false;
@@ -582,8 +600,8 @@ StepStats ShardedModel::finish_step(const AdamWConfig& adam, double lr, int64_t 
     comm_waits_for_compute();
     for (int block : held_) {
       Tensor full = params_padded(block);
-      const int64_t shard = blocks_[block].shard;
-      comm_.all_gather(full, full.slice(rank_ * shard, {shard}), comm_stream_.get());
+      const Block& b = blocks_[block];
+      b.comm->all_gather(full, full.slice(b.rank * b.shard, {b.shard}), comm_stream_.get());
     }
   }
   params_changed();
@@ -682,9 +700,9 @@ void ShardedModel::gather_to_host(Tensor local, int block, Tensor full) const {
   std::vector<float> mine(static_cast<size_t>(b.shard), 0.0f);
   copy_and_wait(mine.data(), Device{}, local.data, local.device,
                 shard_count(block) * sizeof(float));
-  std::vector<float> all(static_cast<size_t>(b.shard * comm_.size()));
-  comm_.all_gather(Tensor(all.data(), DType::F32, {b.shard * comm_.size()}),
-                   Tensor(mine.data(), DType::F32, {b.shard}), nullptr);
+  std::vector<float> all(static_cast<size_t>(b.shard * b.world));
+  b.comm->all_gather(Tensor(all.data(), DType::F32, {b.shard * b.world}),
+                     Tensor(mine.data(), DType::F32, {b.shard}), nullptr);
   std::memcpy(full.data, all.data(), b.numel * sizeof(float));
 }
 

@@ -74,6 +74,10 @@ struct ShardingConfig {
   // Tensor parallelism: this rank holds its slices of every block (StateGroups::tensor).
   int tp = 1;
   bool sequence_parallel = false;
+  // Expert parallelism: this rank holds ep rank ep_rank's experts of every MoE layer
+  // (ParamLayout(config, tp, ep, ep_rank)), their blocks sharded and reduced over
+  // StateGroups::expert_data.
+  int ep = 1, ep_rank = 0;
 };
 
 // The communicators of a rank's model state.
@@ -87,6 +91,9 @@ struct StateGroups {
   Communicator* tied = nullptr;
   // tp > 1: the tp ranks of this stage and data-parallel index (parallel/groups.h).
   Communicator* tensor = nullptr;
+  // ep > 1: the data-parallel ranks that hold the same experts (parallel/groups.h): the
+  // experts' blocks are sharded and reduced over it. nullptr: `data`.
+  Communicator* expert_data = nullptr;
 };
 
 struct StepStats {
@@ -107,8 +114,8 @@ class ShardedModel : public ParamProvider {
   // Every block, sharded over `comm` (one pipeline stage).
   ShardedModel(const ModelConfig& config, const ShardingConfig& sharding, Communicator& comm,
                Backend& backend, Allocator& device, Allocator& host, Stream compute = nullptr)
-      : ShardedModel(config, sharding, StateGroups{&comm, nullptr, nullptr}, backend, device,
-                     host, compute) {}
+      : ShardedModel(config, sharding, StateGroups{&comm, nullptr, nullptr, nullptr, nullptr},
+                     backend, device, host, compute) {}
 
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -179,6 +186,10 @@ class ShardedModel : public ParamProvider {
  private:
   struct Block {
     bool held = false;        // a pipeline stage's block (else nothing is allocated)
+    // The group the block is sharded and reduced over (the data-parallel group, or for
+    // routed experts the expert-data group), its size and this rank's index in it.
+    Communicator* comm = nullptr;
+    int world = 1, rank = 0;
     int64_t numel = 0;        // block_numel
     int64_t shard = 0;        // shard_numel
     Buffer params;            // param_dtype: full padded (world * shard) unless stage 3: shard
@@ -234,6 +245,7 @@ class ShardedModel : public ParamProvider {
   ParamLayout layout_;
   ShardingConfig sharding_;
   Communicator& comm_;    // the data-parallel group
+  Communicator& expert_data_;  // the ranks holding the same experts (== comm_ at ep = 1)
   Communicator& all_;     // every rank: agreement on inf/NaN and the norm
   Communicator* tied_;    // the tied embedding's two holders, or nullptr
   Communicator* tensor_;  // the tp group, or nullptr

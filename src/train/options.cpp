@@ -140,6 +140,7 @@ template <class Fn>
 void for_each_plan_setting(TrainOptions& o, Fn&& fn) {
   fn("gpus", o.gpus);
   fn("tp", o.tp);
+  fn("ep", o.ep);
   fn("sequence-parallel", o.sequence_parallel);
   fn("pp", o.pp);
   fn("pp-schedule", o.pp_schedule);

@@ -95,6 +95,7 @@ struct TrainOptions {
   bool exact_global_batch = false; // a resume: the planner reaches global_batch_tokens exactly
   int dp = 0;                      // data parallel degree; 0: gpus / (tp x pp)
   int tp = 1, pp = 1;              // tensor / pipeline parallel degrees
+  int ep = 1;                      // expert parallel degree (of the data-parallel ranks)
   bool sequence_parallel = true;   // tp > 1: sequence parallelism outside the tp regions
   std::string pp_schedule = "1f1b";  // 1f1b | gpipe
   std::string pp_split;            // layers per stage, "7,7,7,7"; empty: the balanced split

@@ -40,6 +40,7 @@ PlanRequest request_from_flags(const TrainOptions& options, const ModelConfig& c
   if (given_flag(options, "batch") || given_flag(options, "micro-batch")) request.micro_batch = options.batch;
   if (given_flag(options, "dp") && options.dp > 0) request.dp = options.dp;
   if (given_flag(options, "tp")) request.tp = options.tp;
+  if (given_flag(options, "ep")) request.ep = options.ep;
   if (given_flag(options, "sequence-parallel")) request.sequence_parallel = options.sequence_parallel;
   if (given_flag(options, "pp")) request.pp = options.pp;
   if (given_flag(options, "pp-schedule")) request.pp_schedule = parse_pipeline_schedule(options.pp_schedule);
@@ -178,6 +179,21 @@ void check_tensor_parallel(const ModelConfig& config, const Plan& plan) {
       << ", or turn it off with --sequence-parallel false";
 }
 
+// The mixture-of-experts requirements: for expert parallelism a model whose experts split
+// evenly, over ranks that divide the data-parallel group; for the load-balancing loss one
+// pipeline stage.
+void check_mixture_of_experts(const ModelConfig& config, const Plan& plan) {
+  const std::string reason = ep_unsupported_reason(config, plan.ep);
+  DSTRAIN_USER_CHECK(reason.empty()) << "--ep " << plan.ep << ": " << reason;
+  DSTRAIN_USER_CHECK(config.moe.aux_loss_coef == 0 || plan.pp == 1)
+      << "--pp " << plan.pp << ": the load-balancing loss (output_router_logits) sums each "
+      << "micro-batch's routing over all of its layers, which dstrain does on one pipeline stage "
+      << "only so far: use --pp 1, or set output_router_logits to false";
+  DSTRAIN_USER_CHECK(plan.dp % plan.ep == 0)
+      << "--ep " << plan.ep << " splits the experts over data-parallel ranks, but the plan has "
+      << plan.dp << " (dp = --gpus / (tp x pp)): ep must divide it";
+}
+
 }  // namespace
 
 Plan plan_from_options(const TrainOptions& options, const ModelConfig& config) {
@@ -217,6 +233,8 @@ Plan plan_from_options(const TrainOptions& options, const ModelConfig& config) {
   plan.param_dtype = parse_dtype(options.precision);
   plan.sequence_parallel = options.sequence_parallel;
   check_tensor_parallel(config, plan);
+  plan.ep = options.ep;
+  check_mixture_of_experts(config, plan);
   plan.pp_schedule = parse_pipeline_schedule(options.pp_schedule);
   if (!options.pp_split.empty()) plan.pp_split = parse_pipeline_split(options.pp_split);
   plan.pp_split = pipeline_split(config, plan);  // checks a given one, balances otherwise
@@ -227,6 +245,7 @@ void remember_plan(const Plan& plan, TrainOptions& options) {
   options.gpus = plan.world();
   options.dp = plan.dp;
   options.tp = plan.tp;
+  options.ep = plan.ep;
   options.pp = plan.pp;
   options.zero = plan.zero;
   options.offload = plan.offload;

@@ -112,10 +112,16 @@ RankTrainer::RankTrainer(const RunContext& ctx, Communicator& world)
       full_layout_(ctx.config),
       groups_(traced_groups(make_rank_groups(*devices_.comm, ctx.plan, full_layout_.tied_embedding()),
                             traced_groups_)),
+      aux_loss_(ctx.config.moe.aux_loss_coef > 0
+                    ? std::make_unique<MoeAuxLoss>(ctx.config.moe.experts, ctx.config.moe.top_k,
+                                                   ctx.config.moe.aux_loss_coef, groups_.data)
+                    : nullptr),
       arch_(make_architecture(ctx.config,
                               TensorParallel{ctx.plan.tp, groups_.tensor_index,
                                              ctx.plan.uses_sequence_parallel(), groups_.tensor,
-                                             &tp_stats_})),
+                                             &tp_stats_},
+                              ExpertParallel{ctx.plan.ep, groups_.expert_index, groups_.expert,
+                                             &expert_load_, aux_loss_.get()})),
       split_(pipeline_split(ctx.config, ctx.plan)),
       scaler_(ctx.plan.param_dtype == DType::F16, ctx.options.loss_scaling),
       adam_{ctx.options.beta1, ctx.options.beta2, ctx.options.eps, ctx.options.weight_decay,
@@ -125,12 +131,13 @@ RankTrainer::RankTrainer(const RunContext& ctx, Communicator& world)
   ShardingConfig sharding{plan_.zero, plan_.offload, plan_.param_dtype, threads_,
                           pipeline_stage_blocks(arch_->layout(), range_),
                           plan_.pp > 1 && last_stage() && full_layout_.tied_embedding(), plan_.tp,
-                          plan_.uses_sequence_parallel()};
+                          plan_.uses_sequence_parallel(), plan_.ep, groups_.expert_index};
   // The model and the optimizer run on the rank's compute stream; ShardedModel's collectives
   // and offload copies, and the pipeline's transfers, on streams of their own.
   const Stream compute = devices_.compute.get();
   state_ = std::make_unique<ShardedModel>(
-      config_, sharding, StateGroups{groups_.data, groups_.all, groups_.tied, groups_.tensor},
+      config_, sharding,
+      StateGroups{groups_.data, groups_.all, groups_.tied, groups_.tensor, groups_.expert_data},
       *devices_.backend,
       *devices_.device, *devices_.host, compute);
   const int slots = activation_slots(plan_.pp_schedule, plan_.pp, groups_.stage,
@@ -207,7 +214,9 @@ MicroBatch RankTrainer::load_micro_batch(DataLoader& loader, int micro_batch) {
 int RankTrainer::owner_stage(int block) const {
   if (block == ParamLayout::embedding_block()) return 0;
   if (block == arch_->layout().final_block()) return plan_.pp - 1;
-  const int64_t layer = block - ParamLayout::layer_block(0);
+  const int expert_layer = arch_->layout().expert_layer(block);
+  const int64_t layer =
+      expert_layer >= 0 ? expert_layer : block - ParamLayout::layer_block(0);
   for (int s = 0; s < plan_.pp; ++s) {
     const StageRange r = stage_of_split(split_, s);
     if (layer >= r.first_layer && layer < r.end_layer) return s;
@@ -309,7 +318,9 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   state_->begin_step();
   runner_->reset_times();
   tp_stats_ = {};
+  expert_load_.clear();
   o.loss_scale = scaler_.scale();
+  if (aux_loss_) aux_loss_->set_gradient_weight(o.loss_scale / static_cast<double>(accum_));
   // The gradient of the mean loss over the global batch, times the loss scale.
   const float dloss = static_cast<float>(o.loss_scale / static_cast<double>(B_ * T_ * accum_ * plan_.dp));
   MicroBatchSource source;
@@ -320,7 +331,12 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   if (options_.test.inject_inf_step == step + 1 && options_.test.inject_inf_rank == rank_) {
     state_->inject_inf_gradient();
   }
-  const double mean = counts_loss() ? local / static_cast<double>(accum_) : 0.0;
+  double mean = counts_loss() ? local / static_cast<double>(accum_) : 0.0;
+  if (aux_loss_) {
+    // The same on every data-parallel rank (its statistics are summed over them).
+    o.aux_loss = aux_loss_->take_step_sum() / static_cast<double>(accum_);
+    if (counts_loss()) mean += aux_loss_->coef() * o.aux_loss;
+  }
   o.loss = sum_over_ranks(world_, mean) / plan_.dp;
   DSTRAIN_USER_CHECK(std::isfinite(o.loss))
       << "the loss became " << o.loss << " at step " << step + 1
@@ -338,6 +354,10 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   measure_time(step, trace_begin, o);
   run_times_ += runner_->times();
   measure_parallelism(o);
+  if (config_.moe.enabled()) {
+    o.expert_load = gather_expert_load(world_, expert_load_, groups_.tensor_index == 0,
+                                       static_cast<int>(config_.n_layer), config_.moe.experts);
+  }
   return o;
 }
 
@@ -451,6 +471,8 @@ void RankTrainer::report_step(int64_t step, const StepOutcome& o) {
                                  {"all_reduce_bytes", o.tp_bytes},
                                  {"comm_share", o.tp_share}};
   }
+  if (!o.expert_load.empty()) record["expert_load"] = expert_load_json(o.expert_load);
+  if (o.aux_loss >= 0) record["aux_loss"] = o.aux_loss;
   record["time"] = time_record(o.time);
   if (o.mfu >= 0) record["mfu"] = o.mfu;
   ctx_.log->write(record);
@@ -552,7 +574,7 @@ void RankTrainer::load_initial_state() {
   const FullTrainingState& initial = *ctx_.initial;
   std::optional<HostBlocks> slices;
   auto local = [&](const HostBlocks& full) -> const std::vector<Tensor>& {
-    if (plan_.tp == 1) return full.tensors();
+    if (arch_->layout().whole()) return full.tensors();
     slices.emplace(arch_->layout());
     slice_host_blocks(full_layout_, arch_->layout(), groups_.tensor_index, full, *slices);
     return slices->tensors();
@@ -627,12 +649,22 @@ void RankTrainer::verify_tied_embedding() {
 }
 
 // Every block's full weights on rank 0, block by block in order: the block's stage gathers it
-// over its data-parallel groups, then its ranks of data-parallel index 0 send their tp slices
-// to rank 0, which puts them in place. Off rank 0 a rank holds one block at a time.
+// over its data-parallel groups (the experts' over the ranks holding the same experts), then
+// its ranks of data-parallel index 0 (for the experts' blocks, of each ep rank's index) send
+// their tp slices to rank 0, which puts them in place. Off rank 0 a rank holds one block at a
+// time.
 void RankTrainer::gather_full_weights_on_leader(const HostBlocks& gathered) {
   const ParamLayout& local = arch_->layout();
-  const bool sliced = plan_.tp > 1;
+  const bool sliced = !local.whole();
   const ParamLayout& held_layout = sliced ? local : full_layout_;
+  // Each ep rank's layout (which experts its blocks hold), made on rank 0 as needed.
+  std::vector<std::unique_ptr<ParamLayout>> ep_layouts(static_cast<size_t>(plan_.ep));
+  auto layout_of = [&](int e) -> const ParamLayout& {
+    if (plan_.ep == 1 || e == groups_.expert_index) return local;
+    auto& layout = ep_layouts[static_cast<size_t>(e)];
+    if (!layout) layout = std::make_unique<ParamLayout>(config_, plan_.tp, plan_.ep, e);
+    return *layout;
+  };
   for (int block = 0; block < state_->num_blocks(); ++block) {
     const int stage = owner_stage(block);
     // This rank's part: rank 0's whole block straight into place, else a buffer of the block.
@@ -641,16 +673,22 @@ void RankTrainer::gather_full_weights_on_leader(const HostBlocks& gathered) {
       if (rank_ != 0 || sliced) mine.emplace(held_layout, std::vector<int>{block});
       state_->get_full_param_block(block, (mine ? *mine : gathered).block(block));
     }
-    for (int t = 0; t < plan_.tp; ++t) {
-      const int owner = world_rank_of(plan_, stage, 0, t);
-      if (rank_ == owner && owner != 0) world_.send(mine->block(block), 0, nullptr);
-      if (rank_ != 0) continue;
-      std::optional<HostBlocks> theirs;
-      if (owner != 0) {
-        if (sliced) theirs.emplace(local, std::vector<int>{block});
-        world_.recv((sliced ? *theirs : gathered).block(block), owner, nullptr);
+    const int holders = local.expert_layer(block) >= 0 ? plan_.ep : 1;
+    for (int e = 0; e < holders; ++e) {
+      for (int t = 0; t < plan_.tp; ++t) {
+        const int owner = world_rank_of(plan_, stage, e, t);
+        if (rank_ == owner && owner != 0) world_.send(mine->block(block), 0, nullptr);
+        if (rank_ != 0) continue;
+        std::optional<HostBlocks> theirs;
+        if (owner != 0) {
+          if (sliced) theirs.emplace(local, std::vector<int>{block});
+          world_.recv((sliced ? *theirs : gathered).block(block), owner, nullptr);
+        }
+        if (sliced) {
+          insert_block_slice(full_layout_, layout_of(e), t, block, owner == 0 ? *mine : *theirs,
+                             gathered);
+        }
       }
-      if (sliced) insert_block_slice(full_layout_, local, t, block, owner == 0 ? *mine : *theirs, gathered);
     }
   }
 }

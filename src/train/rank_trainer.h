@@ -19,6 +19,7 @@
 #include "core/trace.h"
 #include "data/loader.h"
 #include "model/architecture.h"
+#include "model/moe_aux_loss.h"
 #include "model/stage.h"
 #include "optim/adamw.h"
 #include "optim/grad_scaler.h"
@@ -26,6 +27,7 @@
 #include "parallel/pipeline_runner.h"
 #include "parallel/sharded_model.h"
 #include "train/devices.h"
+#include "train/expert_load.h"
 #include "train/run_context.h"
 #include "train/replica_check.h"
 #include "train/run_trace.h"
@@ -47,6 +49,8 @@ class RankTrainer {
     // Per stage (tp > 1): its ranks' tensor-parallel collectives and their all-reduce volume
     // (the same on each of its ranks), and the share of the step in them (their mean).
     std::vector<double> tp_collectives, tp_bytes, tp_share;
+    std::vector<LayerLoad> expert_load;  // MoE models: each MoE layer's, over every rank
+    double aux_loss = -1;  // the load-balancing loss, the mean over micro-batches (< 0: none)
     TimeSplit time;    // where the step's time went, the mean over ranks
     double mfu = -1;   // model FLOPs utilization (< 0: unknown, on the CPU backend)
   };
@@ -101,6 +105,8 @@ class RankTrainer {
   std::vector<std::unique_ptr<Communicator>> traced_groups_;  // groups_' communicators, traced
   RankGroups groups_;
   TensorParallelStats tp_stats_;  // this step's, reset by train_step
+  ExpertLoad expert_load_;        // this step's routing (MoE models), reset by train_step
+  std::unique_ptr<MoeAuxLoss> aux_loss_;  // the load-balancing loss, where the config asks
   std::unique_ptr<Architecture> arch_;
   StageRange range_;
   std::vector<int64_t> split_;

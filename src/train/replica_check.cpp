@@ -34,13 +34,17 @@ std::string hex(uint64_t value) {
 }  // namespace
 
 ReplicaChecker::ReplicaChecker(const RankGroups& groups, int world_rank) {
-  auto add = [&](const char* what, Communicator* comm, bool replicated, bool embedding) {
+  auto add = [&](const char* what, Communicator* comm, bool replicated, bool embedding,
+                 bool dense = false, bool experts = false) {
     if (comm == nullptr || comm->size() < 2) return;
-    groups_.push_back(Group{what, comm, member_world_ranks(*comm, world_rank), replicated, embedding});
+    groups_.push_back(Group{what, comm, member_world_ranks(*comm, world_rank), replicated,
+                            embedding, dense, experts});
   };
-  add("the data-parallel replicas", groups.data, false, false);
+  const bool ep = groups.expert != nullptr;
+  add("the data-parallel replicas", groups.data, false, false, ep);
   add("the tensor-parallel ranks", groups.tensor, true, false);
   add("the tied embedding's copies (first and last pipeline stage)", groups.tied, false, true);
+  if (ep) add("the replicas of each expert", groups.expert_data, false, false, false, true);
 }
 
 void ReplicaChecker::check(ShardedModel& state, const ParamLayout& layout, int64_t step) const {
@@ -63,7 +67,8 @@ void ReplicaChecker::check(ShardedModel& state, const ParamLayout& layout, int64
     for (size_t i = 0; i < specs.size(); ++i) {
       const ParamSpec& spec = specs[i];
       if (!state.holds(spec.block) || (group.replicated_only && spec.tp_dim >= 0) ||
-          (group.embedding_only && spec.block != ParamLayout::embedding_block())) {
+          (group.embedding_only && spec.block != ParamLayout::embedding_block()) ||
+          (group.dense_only && spec.expert) || (group.experts_only && !spec.expert)) {
         continue;
       }
       tensors.push_back(static_cast<int>(i));

@@ -37,6 +37,9 @@ class ReplicaChecker {
     std::vector<int> world_ranks;  // by group rank
     bool replicated_only = false;  // tensor group: tensors with tp_dim < 0
     bool embedding_only = false;   // tied group: the embedding block
+    // Expert parallelism: the data group compares the dense tensors only (each ep rank holds
+    // other experts), the expert-data group the routed experts only.
+    bool dense_only = false, experts_only = false;
   };
   std::vector<Group> groups_;
 };

@@ -158,6 +158,9 @@ RankGroups traced_groups(RankGroups groups, std::vector<std::unique_ptr<Communic
   wrap(groups.pipe, "pipe", TraceTrack::Pipeline);
   wrap(groups.data, "data", TraceTrack::Communication);
   wrap(groups.tied, "tied", TraceTrack::Communication);
+  // The experts' token exchange runs inline on the compute stream, like tp's collectives.
+  wrap(groups.expert, "expert", TraceTrack::Compute);
+  wrap(groups.expert_data, "expert_data", TraceTrack::Communication);
   wrap(groups.all, "world", TraceTrack::Communication);
   return groups;
 }

@@ -42,8 +42,9 @@ namespace {
 // index in both layouts).
 template <typename Fn>
 void for_each_param_pair(const ParamLayout& full, const ParamLayout& local, int block, Fn&& fn) {
-  DSTRAIN_CHECK(full.tp() == 1 && full.params().size() == local.params().size())
-      << "full layout (tp " << full.tp() << ") and tp " << local.tp() << " layout differ";
+  DSTRAIN_CHECK(full.whole() && full.params().size() == local.params().size())
+      << "full layout (tp " << full.tp() << ", ep " << full.ep() << ") and tp " << local.tp()
+      << ", ep " << local.ep() << " layout differ";
   for (int index : local.block_params(block)) {
     fn(full.params()[static_cast<size_t>(index)], local.params()[static_cast<size_t>(index)]);
   }
@@ -324,7 +325,7 @@ void create_tensor_files(const std::string& dir, const ParamLayout& layout,
 TensorFilePart::TensorFilePart(const std::string& dir, const ParamLayout& layout,
                                const TensorFileLayout& files)
     : dir_(dir), layout_(layout), files_(files) {
-  DSTRAIN_CHECK(layout.tp() == 1) << "a file's layout is the whole model's";
+  DSTRAIN_CHECK(layout.whole()) << "a file's layout is the whole model's";
   for (const TensorFileLayout::File& file : files.files) {
     const std::string path = (std::filesystem::path(dir) / file.name).string();
     fds_.push_back(::open(path.c_str(), O_WRONLY | O_CLOEXEC));

@@ -37,8 +37,12 @@ class FlagsTest : public ::testing::Test {
 };
 
 TEST_F(FlagsTest, PrefixesAreNotGuessedAndTheNearestFlagsAreNamed) {
-  // Boost's default would read these as --eps 2 and --zero 1, silently.
-  expect_user_error("--ep 2 " + kSmall, "unknown flag --ep (nearest: --eps, --epochs");
+  // Boost's default would read these as --epochs 2 and --zero 1, silently; --ep is expert
+  // parallelism, its own flag, not --eps.
+  expect_user_error("--epo 2 " + kSmall, "unknown flag --epo (nearest: --epochs, --ep, --eps)");
+  expect_user_error("--ep 2 " + kSmall,
+                    "--ep 2: expert parallelism over 2 ranks needs a "
+                    "mixture-of-experts model; tiny is dense");
   expect_user_error("--zer 1 " + kSmall, "unknown flag --zer (nearest: --zero)");
   expect_user_error("--stpes 3", "unknown flag --stpes (nearest: --steps)");
   expect_user_error("--lr-sched cosine", "unknown flag --lr-sched (nearest: --lr-schedule)");

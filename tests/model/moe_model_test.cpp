@@ -194,8 +194,12 @@ TEST(MoeConfig, WhatDstrainDoesNotDoYetIsOneSentence) {
     return std::string();
   };
   EXPECT_EQ(message(""), "");
-  EXPECT_NE(message(R"(, "output_router_logits": true)").find("load-balancing loss"),
-            std::string::npos);
+  // The load-balancing loss is read (transformers' default coefficient 0.001), not refused.
+  EXPECT_EQ(message(R"(, "output_router_logits": true)"), "");
+  EXPECT_EQ(model_config_from_json(base + R"(, "output_router_logits": true})", "m").moe.aux_loss_coef,
+            0.001);
+  EXPECT_EQ(model_config_from_json(base + R"(, "router_aux_loss_coef": 0.02})", "m").moe.aux_loss_coef,
+            0.0);
   EXPECT_NE(message(R"(, "sliding_window": 4096)").find("sliding-window"), std::string::npos);
   EXPECT_NE(message(R"(, "router_jitter_noise": 0.1)").find("jitter"), std::string::npos);
   EXPECT_NE(message(R"(, "num_experts_per_tok": 5)").find("num_experts_per_tok"),

@@ -74,16 +74,24 @@ int expect_allocations_match(const ModelConfig& config, const Plan& plan) {
     std::unique_ptr<Allocator> device = make_cpu_allocator(world.rank());
     std::unique_ptr<Allocator> host = make_cpu_allocator(world.rank());
     const StageRange range = model.stage_range(plan, groups.stage);
-    ShardingConfig sharding{plan.zero, plan.offload, plan.param_dtype, 1,
+    ShardingConfig sharding{plan.zero,
+                            plan.offload,
+                            plan.param_dtype,
+                            1,
                             pipeline_stage_blocks(model.layout(), range),
-                            plan.pp > 1 && range.last && tied, plan.tp,
-                            plan.uses_sequence_parallel()};
-    ShardedModel state(config, sharding,
-                       StateGroups{groups.data, groups.all, groups.tied, groups.tensor}, *backend,
-                       *device, *host);
+                            plan.pp > 1 && range.last && tied,
+                            plan.tp,
+                            plan.uses_sequence_parallel(),
+                            plan.ep,
+                            groups.expert_index};
+    ShardedModel state(
+        config, sharding,
+        StateGroups{groups.data, groups.all, groups.tied, groups.tensor, groups.expert_data},
+        *backend, *device, *host);
     const std::unique_ptr<Architecture> arch = make_architecture(
         config,
-        TensorParallel{plan.tp, groups.tensor_index, plan.uses_sequence_parallel(), groups.tensor});
+        TensorParallel{plan.tp, groups.tensor_index, plan.uses_sequence_parallel(), groups.tensor},
+        ExpertParallel{plan.ep, groups.expert_index, groups.expert});
     const int slots = activation_slots(plan.pp_schedule, plan.pp, groups.stage,
                                        static_cast<int>(plan.grad_accum));
     ModelStage stage(*arch, range, *backend, *device, plan.micro_batch, plan.seq_len,
@@ -221,6 +229,7 @@ struct PlanCase {
   bool offload;
   Recompute recompute;
   DType dtype;
+  int ep = 1;
 };
 
 // Every case of every config (micro-batch 2 x 3 accumulation, seq 6): predicted = allocated on
@@ -231,6 +240,7 @@ void expect_cases_match(const std::vector<ModelConfig>& configs, const std::vect
       Plan plan = one_rank_plan(2, 6);
       plan.dp = c.dp;
       plan.tp = c.tp;
+      plan.ep = c.ep;
       plan.pp = c.pp;
       plan.zero = c.zero;
       plan.offload = c.offload;
@@ -295,6 +305,15 @@ TEST(MemoryModel, MixtureOfExpertsPlansMatchAllocatorEveryRank) {
                                           {1, 1, 1, 0, false, Recompute::Selective, DType::BF16},
                                           {2, 1, 1, 3, true, Recompute::Full, DType::F32},
                                           {1, 1, 2, 1, false, Recompute::None, DType::BF16},
+                                      });
+  // Expert parallelism: each rank holds E / ep experts, their blocks sharded over dp / ep
+  // ranks, and buffers for the worst case of rows its experts may receive.
+  qwen.moe.experts = 4;
+  expect_cases_match({qwen, mixtral}, {
+                                          {2, 1, 1, 0, false, Recompute::None, DType::F32, 2},
+                                          {4, 1, 1, 3, false, Recompute::Selective, DType::BF16, 2},
+                                          {4, 1, 1, 2, true, Recompute::Full, DType::F32, 4},
+                                          {2, 1, 2, 1, false, Recompute::None, DType::BF16, 2},
                                       });
 }
 

@@ -11,6 +11,9 @@ Face model directories and of training against the real thing:
   qwen2_moe_tiny/ Qwen2-MoE: a dense first layer (mlp_only_layers [0]), then 4 experts, top 2,
                not renormalized, and a shared expert behind a sigmoid gate; q/k/v biases, tied
                head; F32 in one file
+  mixtral_aux_tiny/, qwen2_moe_aux_tiny/ the two with the load-balancing loss
+               (output_router_logits, router_aux_loss_coef 0.05): the training loss is the
+               cross-entropy plus 0.05 x transformers' aux_loss
 
 Each directory holds what `save_pretrained` wrote (config.json, the weights), and:
 
@@ -88,6 +91,13 @@ FIXTURES = {
                                        shared_expert_intermediate_size=40, norm_topk_prob=False,
                                        decoder_sparse_step=1, mlp_only_layers=[0])),
 }
+# The load-balancing loss (output_router_logits): the training loss is the cross-entropy plus
+# router_aux_loss_coef times the model's aux_loss, as transformers adds it with labels.
+AUX = dict(output_router_logits=True, router_aux_loss_coef=0.05)
+FIXTURES["mixtral_aux_tiny"] = dict(FIXTURES["mixtral_tiny"],
+                                    config=dict(FIXTURES["mixtral_tiny"]["config"], **AUX))
+FIXTURES["qwen2_moe_aux_tiny"] = dict(FIXTURES["qwen2_moe_tiny"],
+                                      config=dict(FIXTURES["qwen2_moe_tiny"]["config"], **AUX))
 WEIGHT_SEED = 4321
 TOKEN_SEED = 8765
 
@@ -138,6 +148,15 @@ def save_checkpoint(model, out_dir, dtype, shard):
         f.write("\n")
 
 
+def training_loss(model, inputs, targets):
+    """The cross-entropy, plus the load-balancing loss where the config asks for it."""
+    out = model(input_ids=inputs)
+    loss = cross_entropy(out.logits, targets)
+    if getattr(model.config, "output_router_logits", False):
+        loss = loss + model.config.router_aux_loss_coef * out.aux_loss
+    return loss
+
+
 def named(model):
     """Parameters by their checkpoint names (a tied head appears once, as the embedding)."""
     return dict(model.named_parameters())
@@ -162,7 +181,7 @@ def make_fixture(name, spec):
     write_llmc_tokens(os.path.join(out_dir, "train.bin"), tokens.tolist())
 
     inputs, targets = micro_batch(tokens, 0, B, T)
-    initial_loss = cross_entropy(model(input_ids=inputs).logits, targets)
+    initial_loss = training_loss(model, inputs, targets)
     initial_loss.backward()
     grads0 = {n: params[n].grad.clone() for n in names}
     for n in names:
@@ -183,7 +202,7 @@ def make_fixture(name, spec):
         step_loss = 0.0
         for micro in range(accum):
             inputs, targets = micro_batch(tokens, step * accum + micro, B, T)
-            loss = cross_entropy(model(input_ids=inputs).logits, targets)
+            loss = training_loss(model, inputs, targets)
             (loss / accum).backward()
             step_loss += loss.item() / accum
         grad_norm = torch.nn.utils.clip_grad_norm_([params[n] for n in names], t["grad_clip"])

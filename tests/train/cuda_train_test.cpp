@@ -26,6 +26,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 
 #include "tests/common/temp_dir.h"
 #include "tests/train/hf_fixture.h"
@@ -348,6 +349,22 @@ TEST(CudaTraining, LlamaTensorParallelWithAGpuPerRankTrainsLikeTransformers) {
   options.device = "cuda";
   options.test.max_gpus = 2;
   test::expect_trains_like_transformers(options, "llama_tiny", 1e-4, 1e-4);
+}
+
+// Expert parallelism with a GPU per rank: each rank's experts on its own device, the tokens'
+// all-to-alls through NCCL (grouped sends and receives), the experts' state sharded over the
+// ranks holding the same experts.
+TEST(CudaTraining, ExpertParallelWithAGpuPerRankTrainsLikeTransformers) {
+  REQUIRE_NCCL_GPUS(2);
+  for (const auto& [fixture, zero] : {std::pair{"mixtral_tiny", 3}, std::pair{"qwen2_moe_tiny", 1}}) {
+    SCOPED_TRACE(fixture);
+    const testing::TempDir dir;
+    TrainOptions options = test::fixture_run(test::FixturePlan{fixture, 2, 1, 1, zero, false, 2},
+                                             test::fixture_expected(fixture), dir.path());
+    options.device = "cuda";
+    options.test.max_gpus = 2;
+    test::expect_trains_like_transformers(options, fixture, 1e-4, 1e-4);
+  }
 }
 
 }  // namespace

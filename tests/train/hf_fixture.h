@@ -32,9 +32,11 @@ struct FixturePlan {
   const char* fixture;
   int dp = 1, tp = 1, pp = 1, zero = 0;
   bool offload = false;
+  int ep = 1;  // expert parallelism (of the dp ranks)
   std::string name() const {
     return std::string(fixture) + "_dp" + std::to_string(dp) + "_tp" + std::to_string(tp) + "_pp" +
-           std::to_string(pp) + "_zero" + std::to_string(zero) + (offload ? "_offload" : "");
+           std::to_string(pp) + "_zero" + std::to_string(zero) + (offload ? "_offload" : "") +
+           (ep > 1 ? "_ep" + std::to_string(ep) : "");
   }
 };
 
@@ -55,9 +57,15 @@ inline TrainOptions fixture_run(const FixturePlan& p, const nlohmann::json& expe
   options.save_dtype = "fp32";
   options.data = fixture + "/train.bin";
   options.val_data = options.data;  // (no validation windows taken out of the data)
+  // The step's sequences: the accumulation split over the dp ranks, or (more ranks than
+  // micro-batches) the micro-batch.
   options.batch = expected["batch"];
   options.seq_len = expected["seq_len"];
   options.grad_accum = expected["grad_accum"].get<int64_t>() / p.dp;
+  if (options.grad_accum == 0) {
+    options.batch = options.batch * expected["grad_accum"].get<int64_t>() / p.dp;
+    options.grad_accum = 1;
+  }
   options.steps = expected["steps"];
   options.lr = expected["lr"];
   options.min_lr = expected["min_lr"];
@@ -71,6 +79,7 @@ inline TrainOptions fixture_run(const FixturePlan& p, const nlohmann::json& expe
   options.eval_every = 0;
   options.gpus = p.dp * p.tp * p.pp;
   options.tp = p.tp;
+  options.ep = p.ep;
   options.pp = p.pp;
   options.zero = p.zero;
   options.offload = p.offload;

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -16,6 +17,7 @@
 #include "core/safetensors.h"
 #include "kernels/ops.h"
 #include "model/decoder.h"
+#include "model/moe_aux_loss.h"
 #include "model/stage.h"
 #include "tests/common/temp_dir.h"
 #include "tests/model/host_params.h"
@@ -36,7 +38,14 @@ class LlamaAgainstTransformers : public ::testing::TestWithParam<const char*> {}
 TEST_P(LlamaAgainstTransformers, LossAndGradientsOfTheFirstMicroBatch) {
   const std::string dir = std::string(DSTRAIN_SOURCE_DIR "/tests/reference/") + GetParam() + "/";
   const ModelConfig config = load_model_config(dir);
-  const Decoder arch(config);
+  // The load-balancing loss where the config asks (its gradient's weight: the loss's, 1).
+  std::unique_ptr<MoeAuxLoss> aux;
+  if (config.moe.aux_loss_coef > 0) {
+    aux = std::make_unique<MoeAuxLoss>(config.moe.experts, config.moe.top_k,
+                                       config.moe.aux_loss_coef, nullptr);
+    aux->set_gradient_weight(1.0);
+  }
+  const Decoder arch(config, {}, ExpertParallel{1, 0, nullptr, nullptr, aux.get()});
   const ParamLayout& layout = arch.layout();
   HostBlocks weights(layout);
   load_weights(layout, weights, dir);
@@ -55,9 +64,9 @@ TEST_P(LlamaAgainstTransformers, LossAndGradientsOfTheFirstMicroBatch) {
                    Recompute::None, 1);
   Tensor input_tensor(inputs.data(), DType::I32, {B, T});
   Tensor target_tensor(targets.data(), DType::I32, {B, T});
-  const double loss =
-      model.forward(params, 0, B, T, input_tensor, target_tensor, 1.0f / N, nullptr);
+  double loss = model.forward(params, 0, B, T, input_tensor, target_tensor, 1.0f / N, nullptr);
   model.backward(params, 0, input_tensor, nullptr);
+  if (aux) loss += aux->coef() * aux->take_step_sum();
   const nlohmann::json expected = nlohmann::json::parse(test::slurp(dir + "expected.json"));
   EXPECT_NEAR(loss, expected["initial_loss"].get<double>(), 2e-6);
 
@@ -67,7 +76,8 @@ TEST_P(LlamaAgainstTransformers, LossAndGradientsOfTheFirstMicroBatch) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaAgainstTransformers,
                          ::testing::Values("llama_tiny", "qwen2_tiny", "mixtral_tiny",
-                                           "qwen2_moe_tiny"));
+                                           "qwen2_moe_tiny", "mixtral_aux_tiny",
+                                           "qwen2_moe_aux_tiny"));
 
 class TrainsLikeTransformers : public ::testing::TestWithParam<test::FixturePlan> {};
 
@@ -95,7 +105,21 @@ INSTANTIATE_TEST_SUITE_P(Plans, TrainsLikeTransformers,
                                            test::FixturePlan{"mixtral_tiny", 2, 1, 1, 3, true},
                                            test::FixturePlan{"mixtral_tiny", 1, 1, 2, 1},
                                            test::FixturePlan{"qwen2_moe_tiny"},
-                                           test::FixturePlan{"qwen2_moe_tiny", 2, 1, 2, 2}),
+                                           test::FixturePlan{"qwen2_moe_tiny", 2, 1, 2, 2},
+                                           // Expert parallelism: the experts split over ep of
+                                           // the dp ranks, tokens exchanged by all-to-all.
+                                           test::FixturePlan{"mixtral_tiny", 2, 1, 1, 3, false, 2},
+                                           test::FixturePlan{"mixtral_tiny", 4, 1, 1, 3, false, 4},
+                                           test::FixturePlan{"mixtral_tiny", 2, 1, 2, 3, false, 2},
+                                           test::FixturePlan{"qwen2_moe_tiny", 2, 1, 1, 3, false, 2},
+                                           test::FixturePlan{"qwen2_moe_tiny", 4, 1, 1, 3, false, 4},
+                                           test::FixturePlan{"qwen2_moe_tiny", 4, 1, 2, 1, true, 2},
+                                           // The load-balancing loss (one data-parallel rank:
+                                           // over several its statistics are summed across
+                                           // them, which transformers' loop does not do).
+                                           test::FixturePlan{"mixtral_aux_tiny"},
+                                           test::FixturePlan{"qwen2_moe_aux_tiny"},
+                                           test::FixturePlan{"qwen2_moe_aux_tiny", 1, 1, 1, 3, true}),
                          [](const ::testing::TestParamInfo<test::FixturePlan>& info) {
                            return info.param.name();
                          });

@@ -1,0 +1,277 @@
+// Expert parallelism against one rank: a Qwen2-MoE-shaped model (4 layers, the first dense, 4
+// routed experts of width 20, top 2, a shared expert behind its gate) and a Mixtral-shaped one
+// (every layer MoE), 20 fp32 steps of 8 micro-batches of 2 x 16 tokens, the same global batch
+// for every plan, on CPU ranks. --ep N splits each MoE layer's experts over N of the dp ranks;
+// tokens go to their experts and back by all-to-all.
+//
+// Tolerances: per-step losses within 1e-5 relative, final weights within 1e-5 absolute (fp32).
+// Not bitwise: an expert's gradient is summed over its rows on the rank holding it and then over
+// the ranks holding the same expert, where one rank sums all rows in one product (as for any dp
+// plan). Bitwise: a run and its resumption on the same plan.
+//
+// CI runs these plans (ep 2 and 4, every ZeRO stage, offload, recompute, pipelines); the other
+// combinations are covered by tests/train/hf_models_test.cpp against transformers.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "tests/common/temp_dir.h"
+#include "tests/train/expect_user_error.h"
+#include "tests/train/small_model.h"
+#include "train/trainer.h"
+
+namespace dstrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kVocab = 61;
+
+struct EpSplit {
+  int dp = 1, ep = 1, pp = 1, zero = 0;
+  bool offload = false;
+  std::string recompute = "none";
+  std::string model = "qwen2_moe";  // or "mixtral", or "qwen2_moe_aux" (the load-balancing loss)
+
+  int world() const { return dp * pp; }
+  std::string name() const {
+    return model + "_dp" + std::to_string(dp) + "_ep" + std::to_string(ep) + "_pp" +
+           std::to_string(pp) + "_zero" + std::to_string(zero) + (offload ? "_offload" : "") + "_" +
+           recompute;
+  }
+};
+
+void PrintTo(const EpSplit& split, std::ostream* out) { *out << split.name(); }
+
+std::string write_model_config(const fs::path& dir, const std::string& model) {
+  fs::create_directories(dir);
+  const fs::path path = dir / (model + ".json");
+  if (model == "mixtral") {
+    std::ofstream(path) << R"({"model_type": "mixtral", "vocab_size": 61, "hidden_size": 24,
+        "intermediate_size": 20, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "max_position_embeddings": 32, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "num_local_experts": 4, "num_experts_per_tok": 2,
+        "tie_word_embeddings": false, "sliding_window": null})";
+  } else {
+    const bool aux = model == "qwen2_moe_aux";
+    std::ofstream(path) << R"({"model_type": "qwen2_moe", "vocab_size": 61, "hidden_size": 24,
+        "intermediate_size": 36, "moe_intermediate_size": 20,
+        "shared_expert_intermediate_size": 28, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 32,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "num_experts": 4, "num_experts_per_tok": 2,
+        "norm_topk_prob": false, "decoder_sparse_step": 1, "mlp_only_layers": [0],
+        "tie_word_embeddings": true, "output_router_logits": )"
+                        << (aux ? "true" : "false") << R"(, "router_aux_loss_coef": 0.1})";
+  }
+  return path.string();
+}
+
+// A stream a small model can learn: mostly the next token is 7 * token + 2 (mod 61).
+std::string write_tokens(const fs::path& dir) {
+  const fs::path path = dir / "tokens.u16";
+  if (fs::exists(path)) return path.string();
+  Rng rng(4321, 0);
+  std::vector<uint16_t> tokens(40000);
+  uint32_t token = 3;
+  for (uint16_t& t : tokens) {
+    const double u = rng.uniform();
+    token = (7 * token + 2 + (u < 0.8 ? 0 : u < 0.9 ? 1 : 2)) % kVocab;
+    t = static_cast<uint16_t>(token);
+  }
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(tokens.data()),
+             static_cast<std::streamsize>(tokens.size() * sizeof(uint16_t)));
+  return path.string();
+}
+
+TrainOptions split_options(const fs::path& dir, const EpSplit& s) {
+  TrainOptions options = test::small_run_options(dir, s.name(), s.world());
+  options.model = write_model_config(dir, s.model);
+  options.data = write_tokens(dir);
+  options.ep = s.ep;
+  options.pp = s.pp;
+  options.grad_accum = test::kSmallRunMicroBatches / s.dp;
+  options.zero = s.zero;
+  options.offload = s.offload;
+  options.recompute = s.recompute;
+  options.threads = s.world();
+  options.check_replicas = 5;  // the ranks holding the same experts (and the dp replicas) agree
+  return options;
+}
+
+test::LoggedRun run(const fs::path& dir, const EpSplit& s) {
+  TrainOptions options = split_options(dir, s);
+  std::ostringstream out;
+  train(options, out);
+  return test::read_logged_run(options);
+}
+
+// One rank of each model, trained once.
+const test::LoggedRun& reference(const std::string& model) {
+  static testing::TempDir dir;
+  static std::map<std::string, test::LoggedRun> runs;
+  auto it = runs.find(model);
+  if (it == runs.end()) {
+    EpSplit one;
+    one.model = model;
+    it = runs.emplace(model, run(dir.path(), one)).first;
+  }
+  return it->second;
+}
+
+EpSplit split(const char* model, int dp, int ep, int pp, int zero, bool offload,
+              const char* recompute) {
+  EpSplit s;
+  s.model = model;
+  s.dp = dp;
+  s.ep = ep;
+  s.pp = pp;
+  s.zero = zero;
+  s.offload = offload;
+  s.recompute = recompute;
+  return s;
+}
+
+class ExpertParallelEquivalence : public ::testing::TestWithParam<EpSplit> {
+ protected:
+  testing::TempDir temp_;
+};
+
+TEST_P(ExpertParallelEquivalence, SameLossesAndWeightsAsOneRank) {
+  const EpSplit& s = GetParam();
+  test::expect_same_training(reference(s.model), run(temp_.path(), s), s.name(), 1e-5, 1e-5, 0.5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Plans, ExpertParallelEquivalence,
+                         ::testing::Values(split("qwen2_moe", 2, 2, 1, 0, false, "none"),
+                                           split("qwen2_moe", 4, 2, 1, 3, false, "selective"),
+                                           split("qwen2_moe", 4, 4, 1, 2, true, "none"),
+                                           split("qwen2_moe", 2, 2, 2, 1, false, "full"),
+                                           split("mixtral", 4, 4, 1, 3, false, "full"),
+                                           split("mixtral", 4, 2, 2, 3, true, "none")),
+                         [](const ::testing::TestParamInfo<EpSplit>& info) {
+                           return info.param.name();
+                         });
+
+TEST(ExpertParallelResume, AnotherExpertParallelDegreeContinuesTheSameRun) {
+  // A checkpoint is plan-independent: an ep 2 run's checkpoint continues on ep 2 bit for bit,
+  // and on ep 1 and ep 4 within the tolerance of the top.
+  testing::TempDir temp;
+  const EpSplit ep2 = split("qwen2_moe", 4, 2, 1, 3, false, "none");
+  TrainOptions straight = split_options(temp.path() / "straight", ep2);
+  straight.steps = 10;
+  straight.save_every = 5;
+  std::ostringstream out;
+  train(straight, out);
+  const std::vector<double> all = test::read_logged_run(straight).losses;
+  ASSERT_EQ(all.size(), 10u);
+  for (const EpSplit& second : {ep2, split("qwen2_moe", 4, 1, 1, 1, false, "none"),
+                                split("qwen2_moe", 4, 4, 1, 0, false, "none")}) {
+    TrainOptions resumed = split_options(temp.path() / ("resumed_" + second.name()), second);
+    resumed.steps = 10;
+    resumed.resume = straight.out + "/step-000005";
+    resumed.data = straight.data;
+    resumed.model = straight.model;
+    train(resumed, out);
+    const std::vector<double> tail = test::read_logged_run(resumed).losses;
+    ASSERT_EQ(tail.size(), 5u);
+    for (int i = 0; i < 5; ++i) {
+      if (second.ep == 2) {
+        EXPECT_EQ(tail[i], all[5 + i]) << "step " << 6 + i;
+      } else {
+        EXPECT_NEAR(tail[i], all[5 + i], 1e-5 * all[5 + i]) << second.name() << ", step " << 6 + i;
+      }
+    }
+  }
+}
+
+// Each step record says, per MoE layer, the fewest and the most token copies an expert got over
+// the step (every micro-batch, every rank): k copies of each of the step's tokens in all, the
+// dense layer not listed, and the same numbers whatever the plan (at step 1 the weights are the
+// same, so is the routing).
+TEST(ExpertParallelLog, StepRecordsHoldEachMoeLayersExpertLoad) {
+  const test::LoggedRun& one = reference("qwen2_moe");
+  testing::TempDir temp;
+  const test::LoggedRun many = run(temp.path(), split("qwen2_moe", 4, 2, 1, 3, false, "full"));
+  const double copies = 8 * 2 * 16 * 2;  // micro-batches x batch x seq x k
+  for (const test::LoggedRun* r : {&one, &many}) {
+    ASSERT_EQ(r->steps.size(), size_t(test::kSmallRunSteps));
+    for (const nlohmann::json& step : r->steps) {
+      const nlohmann::json& load = step.at("expert_load");
+      ASSERT_EQ(load.size(), 3u) << step.dump();  // layers 1-3; layer 0 is dense
+      for (size_t i = 0; i < load.size(); ++i) {
+        EXPECT_EQ(load[i]["layer"].get<int>(), static_cast<int>(i) + 1);
+        EXPECT_DOUBLE_EQ(load[i]["mean"].get<double>(), copies / 4);
+        EXPECT_LE(load[i]["min"].get<int64_t>(), load[i]["mean"].get<double>());
+        EXPECT_GE(load[i]["max"].get<int64_t>(), load[i]["mean"].get<double>());
+      }
+    }
+  }
+  EXPECT_EQ(one.steps[0]["expert_load"], many.steps[0]["expert_load"]);
+}
+
+// The load-balancing loss sums each micro-batch's routing statistics over the data-parallel
+// ranks: dp ranks at micro-batch b train as one rank at micro-batch dp x b (the same sequences
+// in each micro-batch of the step), with and without expert parallelism. Each step record holds
+// the loss (the cross-entropy plus 0.1 x aux) and aux itself.
+TEST(ExpertParallelAuxLoss, DataParallelRanksTrainAsOneRankWithTheirMicroBatchesTogether) {
+  testing::TempDir temp;
+  auto aux_run = [&](int dp, int ep) {
+    EpSplit s = split("qwen2_moe_aux", dp, ep, 1, dp > 1 ? 3 : 0, false, "none");
+    TrainOptions options = split_options(temp.path() / s.name(), s);
+    options.batch = 4 / dp;
+    options.grad_accum = 2;
+    std::ostringstream out;
+    train(options, out);
+    return test::read_logged_run(options);
+  };
+  const test::LoggedRun one = aux_run(1, 1);
+  ASSERT_EQ(one.steps.size(), size_t(test::kSmallRunSteps));
+  for (const nlohmann::json& step : one.steps) {
+    // A balanced router gives aux = k (f_e = k / E, P_e = 1 / E), one sending every token to
+    // the same k experts E times as much.
+    ASSERT_TRUE(step.contains("aux_loss")) << step.dump();
+    EXPECT_GT(step["aux_loss"].get<double>(), 1.5);
+    EXPECT_LT(step["aux_loss"].get<double>(), 8.0);
+  }
+  for (const auto& [dp, ep] : {std::pair{2, 1}, std::pair{2, 2}, std::pair{4, 4}}) {
+    const test::LoggedRun many = aux_run(dp, ep);
+    ASSERT_EQ(many.steps.size(), one.steps.size());
+    for (size_t i = 0; i < one.steps.size(); ++i) {
+      const double a = one.steps[i]["aux_loss"], b = many.steps[i]["aux_loss"];
+      EXPECT_NEAR(b, a, 1e-5 * a) << "dp " << dp << " ep " << ep << " step " << i + 1;
+      EXPECT_NEAR(many.losses[i], one.losses[i], 1e-5 * one.losses[i])
+          << "dp " << dp << " ep " << ep << " step " << i + 1;
+    }
+    EXPECT_LT(test::max_weight_difference(one.weights, many.weights), 1e-5)
+        << "dp " << dp << " ep " << ep;
+  }
+}
+
+// The loss needs all of a micro-batch's MoE layers in one place.
+TEST(ExpertParallelAuxLoss, PipelinesAreOneSentence) {
+  testing::TempDir temp;
+  test::expect_user_error(
+      split_options(temp.path(), split("qwen2_moe_aux", 1, 1, 2, 0, false, "none")),
+      "--pp 2: the load-balancing loss (output_router_logits) sums each "
+      "micro-batch's routing over all of its layers");
+}
+
+TEST(ExpertParallelFlags, WhatCannotSplitIsOneSentence) {
+  testing::TempDir temp;
+  test::expect_user_error(split_options(temp.path(), split("mixtral", 4, 3, 1, 0, false, "none")),
+                          "--ep 3: expert parallelism over 3 ranks needs the experts (4) "
+                          "divisible by 3");
+  test::expect_user_error(split_options(temp.path(), split("mixtral", 2, 4, 1, 0, false, "none")),
+                          "--ep 4 splits the experts over data-parallel ranks, but the plan has 2");
+}
+
+}  // namespace
+}  // namespace dstrain
