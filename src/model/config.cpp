@@ -24,13 +24,16 @@ const char* model_type_name(ModelType type) {
       return "mixtral";
     case ModelType::Qwen2Moe:
       return "qwen2_moe";
+    case ModelType::DeepSeekMoe:
+      return "deepseek";
   }
   return "?";
 }
 
 bool MoeConfig::moe_layer(int64_t layer) const {
   // Qwen2MoeDecoderLayer: experts unless listed in mlp_only_layers, every sparse_step-th layer.
-  if (!enabled()) return false;
+  // DeepSeek's: from first_k_dense_replace on, every moe_layer_freq-th.
+  if (!enabled() || layer < first_dense || layer % layer_freq != 0) return false;
   for (int64_t dense : mlp_only_layers) {
     if (dense == layer) return false;
   }
@@ -71,14 +74,31 @@ static const char* architecture_name(ModelType type) {
       return "MixtralForCausalLM";
     case ModelType::Qwen2Moe:
       return "Qwen2MoeForCausalLM";
+    case ModelType::DeepSeekMoe:
+      return "DeepseekForCausalLM";
     default:
       return "LlamaForCausalLM";
   }
 }
 
-// The mixture-of-experts fields of a Mixtral or Qwen2-MoE config.json.
+// The mixture-of-experts fields of DeepSeekMoE's config.json (its configuration_deepseek.py).
+static void deepseek_moe_json(const ModelConfig& c, nlohmann::json& json) {
+  json["n_routed_experts"] = c.moe.experts;
+  json["moe_intermediate_size"] = c.moe.expert_width;
+  json["n_shared_experts"] = c.moe.shared_width / c.moe.expert_width;
+  json["first_k_dense_replace"] = c.moe.first_dense;
+  json["moe_layer_freq"] = c.moe.layer_freq;
+  json["norm_topk_prob"] = c.moe.norm_topk;
+  json["scoring_func"] = "softmax";
+  json["aux_loss_alpha"] = c.moe.aux_alpha;
+  json["seq_aux"] = c.moe.seq_aux;
+  json["pretraining_tp"] = 1;
+}
+
+// The mixture-of-experts fields of a Mixtral, Qwen2-MoE or DeepSeekMoE config.json.
 static void moe_json(const ModelConfig& c, nlohmann::json& json) {
   json["num_experts_per_tok"] = c.moe.top_k;
+  if (c.type == ModelType::DeepSeekMoe) return deepseek_moe_json(c, json);
   json["output_router_logits"] = c.moe.aux_loss_coef > 0;
   if (c.moe.aux_loss_coef > 0) json["router_aux_loss_coef"] = c.moe.aux_loss_coef;
   if (c.type == ModelType::Mixtral) {
@@ -112,9 +132,10 @@ static nlohmann::json llama_json(const ModelConfig& c) {
   json["rope_scaling"] = c.rope_scaling;
   json["tie_word_embeddings"] = c.tie_word_embeddings;
   json["torch_dtype"] = "float32";  // what dstrain's checkpoints hold
+  json["attention_dropout"] = 0.0;  // dstrain trains without it (anything else is refused)
   if (!qwen2 && c.type != ModelType::Mixtral) {
     json["attention_bias"] = c.qkv_bias;
-    json["mlp_bias"] = c.mlp_bias;
+    if (c.type != ModelType::DeepSeekMoe) json["mlp_bias"] = c.mlp_bias;  // DeepseekConfig has none
   }
   if (c.moe.enabled()) moe_json(c, json);
   return json;
@@ -149,6 +170,11 @@ class ConfigFields {
   }
   int64_t positive_or(const char* field, int64_t limit, int64_t fallback) const {
     return has(field) ? positive(field, limit) : fallback;
+  }
+  // An integer in 0..limit (0 allowed), or the fallback when absent.
+  int64_t count_or(const char* field, int64_t limit, int64_t fallback) const {
+    if (has(field) && at(field).is_number_integer() && at(field).get<int64_t>() == 0) return 0;
+    return positive_or(field, limit, fallback);
   }
   double number_or(const char* field, double low, double high, double fallback) const {
     if (!has(field)) return fallback;
@@ -234,7 +260,42 @@ nlohmann::json rope_scaling(const ConfigFields& f) {
 
 // The experts of a Mixtral or Qwen2-MoE config (with its shared expert and dense layers), and one
 // sentence for what dstrain does not do with them yet: router jitter, sliding windows.
+// DeepSeekMoE's experts (configuration_deepseek.py's fields and defaults), one sentence for
+// what dstrain does not do: other scoring functions or top-k methods, pretraining_tp.
+MoeConfig deepseek_moe_config(const ConfigFields& f) {
+  MoeConfig moe;
+  moe.experts = f.positive("n_routed_experts", 4096);
+  moe.top_k = f.positive("num_experts_per_tok", moe.experts);
+  moe.expert_width = f.positive("moe_intermediate_size", int64_t{1} << 20);
+  moe.shared_width = f.has("n_shared_experts")
+                         ? f.positive("n_shared_experts", 4096) * moe.expert_width
+                         : 0;
+  moe.shared_gate = false;
+  moe.first_dense = f.count_or("first_k_dense_replace", 1 << 20, 0);
+  moe.layer_freq = f.positive_or("moe_layer_freq", 1024, 1);
+  moe.norm_topk = f.flag_or("norm_topk_prob", false);
+  moe.aux_alpha = f.has("aux_loss_alpha") && f.at("aux_loss_alpha") == 0
+                      ? 0.0
+                      : f.number_or("aux_loss_alpha", 0, 1e6, 0.001);
+  moe.seq_aux = f.flag_or("seq_aux", true);
+  if (f.has("scoring_func") && f.at("scoring_func") != "softmax") {
+    f.unsupported("scoring_func " + f.at("scoring_func").dump() +
+                  " is not supported (DeepSeekMoE's \"softmax\")");
+  }
+  if (f.has("topk_method") && f.at("topk_method") != "greedy") {
+    f.unsupported("topk_method " + f.at("topk_method").dump() +
+                  " is not supported (DeepSeekMoE's \"greedy\")");
+  }
+  if (f.has("pretraining_tp") && f.at("pretraining_tp") != 1) {
+    f.unsupported("pretraining_tp " + f.at("pretraining_tp").dump() +
+                  " splits the projections for a slower, equivalent computation dstrain does not "
+                  "reproduce (set it to 1)");
+  }
+  return moe;
+}
+
 MoeConfig moe_config(const ConfigFields& f, ModelType type) {
+  if (type == ModelType::DeepSeekMoe) return deepseek_moe_config(f);
   const bool mixtral = type == ModelType::Mixtral;
   MoeConfig moe;
   moe.experts = f.positive(mixtral ? "num_local_experts" : "num_experts", 4096);
@@ -303,6 +364,16 @@ const std::set<std::string>& llama_fields() {
                                                "decoder_sparse_step",
                                                "mlp_only_layers",
                                                "output_router_logits",
+                                               // DeepSeekMoE
+                                               "n_routed_experts",
+                                               "n_shared_experts",
+                                               "first_k_dense_replace",
+                                               "moe_layer_freq",
+                                               "scoring_func",
+                                               "topk_method",
+                                               "aux_loss_alpha",
+                                               "seq_aux",
+                                               "pretraining_tp",
                                                "router_jitter_noise"};
   return fields;
 }
@@ -342,7 +413,10 @@ ModelConfig llama_config(const nlohmann::json& json, const ConfigFields& f, Mode
   config.qkv_bias = qwen2 || attention_bias;
   config.o_bias = !qwen2 && attention_bias;
   config.mlp_bias = !qwen2 && f.flag_or("mlp_bias", false);
-  if (type == ModelType::Mixtral || type == ModelType::Qwen2Moe) config.moe = moe_config(f, type);
+  if (type == ModelType::Mixtral || type == ModelType::Qwen2Moe ||
+      type == ModelType::DeepSeekMoe) {
+    config.moe = moe_config(f, type);
+  }
   for (const auto& [key, value] : json.items()) {
     if (!llama_fields().count(key)) config.passthrough[key] = value;
   }
@@ -367,17 +441,19 @@ ModelConfig model_config_from_json(const std::string& text, const std::string& o
   ModelConfig config;
   if (type == "gpt2") {
     config = gpt2_config(fields);
-  } else if (type == "llama" || type == "qwen2" || type == "mixtral" || type == "qwen2_moe") {
-    const ModelType kind = type == "llama"     ? ModelType::Llama
-                           : type == "qwen2"   ? ModelType::Qwen2
-                           : type == "mixtral" ? ModelType::Mixtral
-                                               : ModelType::Qwen2Moe;
+  } else if (type == "llama" || type == "qwen2" || type == "mixtral" || type == "qwen2_moe" ||
+             type == "deepseek") {
+    const ModelType kind = type == "llama"      ? ModelType::Llama
+                           : type == "qwen2"    ? ModelType::Qwen2
+                           : type == "mixtral"  ? ModelType::Mixtral
+                           : type == "deepseek" ? ModelType::DeepSeekMoe
+                                                : ModelType::Qwen2Moe;
     config = llama_config(json, fields, kind);
   } else {
     DSTRAIN_USER_ERROR() << "model config " << origin << " has model_type "
                          << json["model_type"].dump()
                          << "; dstrain trains model_type \"gpt2\", \"llama\", \"qwen2\", "
-                            "\"mixtral\" and \"qwen2_moe\"";
+                            "\"mixtral\", \"qwen2_moe\" and \"deepseek\"";
   }
   config.name = origin;
   return config;

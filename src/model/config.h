@@ -1,8 +1,9 @@
 // The model configuration, read from a Hugging Face config.json (or a preset: the same text,
 // embedded). The model_types: gpt2 (GPT-2 field names), and the LLaMA family, llama and qwen2
 // (hidden_size, num_attention_heads, ... mapped onto the same members below), with its
-// mixture-of-experts members mixtral and qwen2_moe. DeepSeek-LLM checkpoints are model_type
-// llama. Which parts a model is made of: model/parts.h.
+// mixture-of-experts members mixtral, qwen2_moe and deepseek (DeepSeekMoE, whose config.json and
+// modeling code ship with its checkpoints). DeepSeek-LLM checkpoints are model_type llama.
+// Which parts a model is made of: model/parts.h.
 #pragma once
 
 #include <cstdint>
@@ -15,8 +16,8 @@ namespace dstrain {
 // gpt2: pre-LN blocks with LayerNorm, learned positions, tanh GELU MLP, tied head, biases.
 // llama / qwen2: pre-norm blocks with RMSNorm, rotary positions, grouped-query attention, a
 // SwiGLU MLP; biases only where the config asks (Qwen2: q/k/v).
-enum class ModelType { Gpt2, Llama, Qwen2, Mixtral, Qwen2Moe };
-// "gpt2" | "llama" | "qwen2" | "mixtral" | "qwen2_moe"
+enum class ModelType { Gpt2, Llama, Qwen2, Mixtral, Qwen2Moe, DeepSeekMoe };
+// "gpt2" | "llama" | "qwen2" | "mixtral" | "qwen2_moe" | "deepseek"
 const char* model_type_name(ModelType type);
 
 // A mixture-of-experts MLP (experts > 0): a router picks top_k of `experts` SwiGLU experts of
@@ -25,7 +26,10 @@ const char* model_type_name(ModelType type);
 // renormalized where norm_topk (norm_topk_prob; Mixtral always), plus Qwen2-MoE's shared expert
 // of shared_width (shared_expert_intermediate_size) behind a sigmoid gate. Qwen2-MoE's layers
 // may be dense (a SwiGLU MLP of intermediate_size): those in mlp_only_layers, and all but every
-// sparse_step-th (decoder_sparse_step), as transformers decides.
+// sparse_step-th (decoder_sparse_step), as transformers decides. DeepSeekMoE (n_routed_experts,
+// num_experts_per_tok, moe_intermediate_size): n_shared_experts shared experts, one SwiGLU of
+// n_shared_experts x the expert width without a gate; the first first_k_dense_replace layers
+// and all but every moe_layer_freq-th dense; its own auxiliary loss (aux_loss_alpha, seq_aux).
 struct MoeConfig {
   int64_t experts = 0;  // 0: a dense model
   int64_t top_k = 0;
@@ -34,6 +38,13 @@ struct MoeConfig {
   int64_t shared_width = 0;  // 0: no shared expert
   int64_t sparse_step = 1;
   std::vector<int64_t> mlp_only_layers = {};
+  int64_t first_dense = 0;    // first_k_dense_replace
+  int64_t layer_freq = 1;     // moe_layer_freq
+  bool shared_gate = true;    // the shared expert's output scaled by sigmoid(x @ w_gate)
+  // DeepSeek's auxiliary loss: aux_loss_alpha (0: none), per sequence (seq_aux) or over the
+  // micro-batch's tokens (model/moe_aux_loss.h).
+  double aux_alpha = 0;
+  bool seq_aux = true;
   // The load-balancing loss's coefficient where output_router_logits asks for it
   // (router_aux_loss_coef; model/moe_aux_loss.h); 0: none.
   double aux_loss_coef = 0;

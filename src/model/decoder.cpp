@@ -604,7 +604,7 @@ void Decoder::mlp_backward(const LayerRun& run, Tensor dout) const {
     dnorm = prefix(run.workspace[kDnorm], {N, C});
     const MoeActivations moe = moe_activations(run);
     const MoeWorkspace ws = moe_workspace(run);
-    if (ep_.aux != nullptr) ep_.aux->layer_gradient(run.backend, ws.aux_dscores, run.stream);
+    if (ep_.aux != nullptr) ep_.aux->layer_gradient(run.backend, moe, run.t, ws.aux_dscores, run.stream);
     moe_mlp_backward(run.backend, parts_.mlp, ep_, moe_weights(w, run.expert_weights),
                      moe_weights(g, run.expert_grads), moe, ws, prefix(a[ai.norm2], {R, C}), dout,
                      dnorm, run.stream);

@@ -216,7 +216,7 @@ void add_experts(Builder& b, const TensorNames& names, const MlpPart& mlp, const
           {.packed = i > 0});
   }
   b.add(shared + names.expert_down + ".weight", {C, mlp.shared_width}, true, kReplicated);
-  b.add(p + names.shared_gate + ".weight", {1, C}, true, kReplicated);
+  if (mlp.shared_gate) b.add(p + names.shared_gate + ".weight", {1, C}, true, kReplicated);
 }
 
 // One layer: norm, attention (qkv column-parallel, o row-parallel), norm, MLP (up

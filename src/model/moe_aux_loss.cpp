@@ -1,27 +1,64 @@
 #include "model/moe_aux_loss.h"
 
+#include <memory>
+
 #include "comm/gather_values.h"
 #include "core/check.h"
 
 namespace dstrain {
 
-MoeAuxLoss::MoeAuxLoss(int64_t experts, int64_t top_k, double coef, Communicator* data)
-    : experts_(experts), top_k_(top_k), coef_(coef), data_(data) {
+namespace {
+
+// The routing of a layer on the host: the chosen experts (N, k) and the probabilities (N, E).
+void read_routing(Backend& backend, const MoeActivations& a, std::vector<int32_t>& chosen,
+                  std::vector<float>& scores, Stream stream) {
+  chosen.resize(static_cast<size_t>(a.topk_expert.numel()));
+  scores.resize(static_cast<size_t>(a.scores.numel()));
+  backend.copy_bytes(chosen.data(), a.topk_expert.data, a.topk_expert.nbytes(), stream);
+  backend.copy_bytes(scores.data(), a.scores.data, a.scores.nbytes(), stream);
+  backend.synchronize(stream);
+}
+
+}  // namespace
+
+MoeAuxLoss::MoeAuxLoss(AuxLossKind kind, int64_t experts, int64_t top_k, double coef,
+                       Communicator* data)
+    : kind_(kind), experts_(experts), top_k_(top_k), coef_(coef), data_(data) {
   DSTRAIN_CHECK(experts > 0 && top_k > 0 && coef > 0) << experts << " " << top_k << " " << coef;
 }
 
+std::unique_ptr<MoeAuxLoss> make_aux_loss(const ModelConfig& config, Communicator* data) {
+  const MoeConfig& moe = config.moe;
+  if (moe.aux_loss_coef > 0) {
+    return std::make_unique<MoeAuxLoss>(AuxLossKind::Transformers, moe.experts, moe.top_k,
+                                        moe.aux_loss_coef, data);
+  }
+  if (moe.aux_alpha > 0) {
+    return std::make_unique<MoeAuxLoss>(
+        moe.seq_aux ? AuxLossKind::DeepSeekSequence : AuxLossKind::DeepSeekToken, moe.experts,
+        moe.top_k, moe.aux_alpha, data);
+  }
+  return nullptr;
+}
+
+void MoeAuxLoss::begin_step(double loss_scale, int64_t accumulation, int data_parallel) {
+  // transformers' loop divides each micro-batch's loss by the accumulation; DeepSeek's
+  // AddAuxiliaryLoss gives the loss a gradient of 1 per micro-batch, averaged over the ranks.
+  weight_ = kind_ == AuxLossKind::Transformers ? loss_scale / static_cast<double>(accumulation)
+                                               : loss_scale / data_parallel;
+}
+
 void MoeAuxLoss::add_layer(Backend& backend, const MoeActivations& a, bool first, Stream stream) {
+  if (kind_ != AuxLossKind::Transformers) return;  // DeepSeek's is a layer's own, in backward
   const size_t E = static_cast<size_t>(experts_);
   if (first || counts_.empty()) {
     counts_.assign(E, 0.0);
     prob_sums_.assign(E, 0.0);
     combined_ = false;
   }
-  std::vector<int32_t> chosen(static_cast<size_t>(a.topk_expert.numel()));
-  std::vector<float> scores(static_cast<size_t>(a.scores.numel()));
-  backend.copy_bytes(chosen.data(), a.topk_expert.data, a.topk_expert.nbytes(), stream);
-  backend.copy_bytes(scores.data(), a.scores.data, a.scores.nbytes(), stream);
-  backend.synchronize(stream);
+  std::vector<int32_t> chosen;
+  std::vector<float> scores;
+  read_routing(backend, a, chosen, scores, stream);
   for (int32_t e : chosen) counts_[static_cast<size_t>(e)] += 1;
   for (size_t i = 0; i < scores.size(); ++i) prob_sums_[i % E] += scores[i];
 }
@@ -50,15 +87,50 @@ void MoeAuxLoss::combine() {
   combined_ = true;
 }
 
-void MoeAuxLoss::layer_gradient(Backend& backend, Tensor dscores, Stream stream) {
-  DSTRAIN_CHECK(!counts_.empty()) << "the load-balancing loss's backward before its forward";
-  if (!combined_) combine();
-  const size_t E = static_cast<size_t>(experts_);
+// DeepSeek's: per sequence (seq_aux) or over all N tokens as one group of `seq_len` = N.
+void MoeAuxLoss::deepseek_gradient(const std::vector<int32_t>& chosen,
+                                   const std::vector<float>& scores, int64_t seq_len,
+                                   std::vector<float>& gradient) {
+  const int64_t E = experts_, k = top_k_;
+  const int64_t N = static_cast<int64_t>(scores.size()) / E;
+  const int64_t T = kind_ == AuxLossKind::DeepSeekSequence ? seq_len : N;
+  const int64_t groups = N / T;
+  DSTRAIN_CHECK(groups * T == N) << N << " tokens in sequences of " << T;
+  double aux = 0;
+  for (int64_t s = 0; s < groups; ++s) {
+    std::vector<double> f(static_cast<size_t>(E), 0.0), p(static_cast<size_t>(E), 0.0);
+    for (int64_t i = s * T * k; i < (s + 1) * T * k; ++i) f[static_cast<size_t>(chosen[i])] += 1;
+    for (int64_t t = s * T; t < (s + 1) * T; ++t) {
+      for (int64_t e = 0; e < E; ++e) p[static_cast<size_t>(e)] += scores[t * E + e];
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      f[e] *= static_cast<double>(E) / static_cast<double>(T * k);
+      aux += f[e] * p[e] / static_cast<double>(T) / static_cast<double>(groups);
+      // d aux / d p_{t,e} = f_e / (T groups), for each token t of the group.
+      const float g = static_cast<float>(coef_ * weight_ * f[e] / static_cast<double>(T * groups));
+      for (int64_t t = s * T; t < (s + 1) * T; ++t) gradient[t * E + e] = g;
+    }
+  }
+  step_sum_ += aux;
+}
+
+void MoeAuxLoss::layer_gradient(Backend& backend, const MoeActivations& a, int64_t seq_len,
+                                Tensor dscores, Stream stream) {
   DSTRAIN_CHECK(dscores.dtype == DType::F32 && dscores.ndim == 2 && dscores.size(1) == experts_)
       << dscores.shape_str();
   std::vector<float> values(static_cast<size_t>(dscores.numel()));
-  for (size_t i = 0; i < values.size(); ++i) {
-    values[i] = static_cast<float>(coef_ * weight_ * gradient_[i % E]);
+  if (kind_ == AuxLossKind::Transformers) {
+    DSTRAIN_CHECK(!counts_.empty()) << "the load-balancing loss's backward before its forward";
+    if (!combined_) combine();
+    const size_t E = static_cast<size_t>(experts_);
+    for (size_t i = 0; i < values.size(); ++i) {
+      values[i] = static_cast<float>(coef_ * weight_ * gradient_[i % E]);
+    }
+  } else {
+    std::vector<int32_t> chosen;
+    std::vector<float> scores;
+    read_routing(backend, a, chosen, scores, stream);
+    deepseek_gradient(chosen, scores, seq_len, values);
   }
   backend.copy_bytes(dscores.data, values.data(), dscores.nbytes(), stream);
   backend.synchronize(stream);  // the host values die on return

@@ -15,7 +15,7 @@ MoeShape moe_shape(const MlpPart& mlp, int64_t tokens, int64_t width, int ep) {
   // The worst case a rank's experts may receive: every token of every peer sends it a copy for
   // each of its choices among this rank's El experts.
   s.R = ep == 1 ? s.M : ep * tokens * std::min(s.k, s.El);
-  s.aux = mlp.aux_loss_coef > 0;
+  s.aux = mlp.aux_loss;
   return s;
 }
 
@@ -24,12 +24,17 @@ namespace {
 // The shared expert's gate as a router: one expert, top 1, a sigmoid score, not renormalized.
 constexpr MoeRouting kSharedGate{1, 1, RouterScore::Sigmoid, false, 1.0f};
 
-// out += sigmoid(x @ w_gate) * down(silu(gate(x)) * up(x)).
+// out += sigmoid(x @ w_gate) * down(silu(gate(x)) * up(x)); without a gate (DeepSeekMoE's
+// shared experts) out += down(silu(gate(x)) * up(x)).
 void shared_expert_forward(Backend& backend, const MoeWeights& w, const MoeActivations& a,
                            const MoeWorkspace& ws, Tensor x, Tensor out, Stream stream) {
   backend.matmul_forward(a.shared_up, x, w.shared_up, Tensor(), true, stream);
   backend.swiglu_forward(a.shared_act, a.shared_up, stream);
   backend.matmul_forward(a.shared_out, a.shared_act, w.shared_down, Tensor(), true, stream);
+  if (w.shared_gate.empty()) {
+    backend.accumulate(out, a.shared_out, stream);
+    return;
+  }
   backend.matmul_forward(ws.shared_logit, x, w.shared_gate, Tensor(), true, stream);
   backend.moe_route(a.shared_weight, a.shared_expert, a.shared_scores, ws.shared_logit, kSharedGate,
                     stream);
@@ -44,14 +49,19 @@ void shared_expert_forward(Backend& backend, const MoeWeights& w, const MoeActiv
 void shared_expert_backward(Backend& backend, const MoeWeights& w, const MoeWeights& g,
                             const MoeActivations& a, const MoeWorkspace& ws, Tensor x, Tensor dout,
                             Tensor dx, Stream stream) {
-  backend.moe_combine_backward(ws.shared_sum, ws.dshared_weight, dout, a.shared_out, a.shared_dest,
-                               a.shared_weight, stream);
-  backend.matmul_backward(ws.dshared_act, g.shared_down, Tensor(), ws.shared_sum, a.shared_act,
-                          w.shared_down, true, stream);
+  const bool gated = !w.shared_gate.empty();
+  // dL/d(the expert's output): through the gate's scale, or dout itself.
+  if (gated) {
+    backend.moe_combine_backward(ws.shared_sum, ws.dshared_weight, dout, a.shared_out,
+                                 a.shared_dest, a.shared_weight, stream);
+  }
+  backend.matmul_backward(ws.dshared_act, g.shared_down, Tensor(), gated ? ws.shared_sum : dout,
+                          a.shared_act, w.shared_down, true, stream);
   backend.swiglu_backward(ws.dshared_up, ws.dshared_act, a.shared_up, stream);
   backend.matmul_backward(ws.dx_router, g.shared_up, Tensor(), ws.dshared_up, x, w.shared_up, true,
                           stream);
   backend.accumulate(dx, ws.dx_router, stream);
+  if (!gated) return;
   backend.moe_route_backward(ws.shared_logit, ws.dshared_weight, Tensor(), a.shared_scores,
                              a.shared_expert, kSharedGate, stream);
   backend.matmul_backward(ws.dx_router, g.shared_gate, Tensor(), ws.shared_logit, x, w.shared_gate,

@@ -50,8 +50,10 @@ DecoderParts llama_parts(const ModelConfig& config) {
                  .down = "mlp.down_proj",
                  .head = "lm_head.weight"};
   if (config.moe.enabled()) {
-    // Mixtral's names (block_sparse_moe, w1 w3 w2), or Qwen2-MoE's (mlp, gate_proj ...).
+    // Mixtral's names (block_sparse_moe, w1 w3 w2), or Qwen2-MoE's and DeepSeekMoE's (mlp,
+    // gate_proj ...).
     const bool mixtral = config.type == ModelType::Mixtral;
+    const bool deepseek = config.type == ModelType::DeepSeekMoe;
     parts.mlp = {MlpKind::MoE,
                  config.moe.expert_width,
                  false,
@@ -60,14 +62,16 @@ DecoderParts llama_parts(const ModelConfig& config) {
                  config.moe.top_k,
                  config.moe.norm_topk,
                  config.moe.shared_width,
-                 config.moe.aux_loss_coef};
+                 config.moe.aux_loss_coef > 0 || config.moe.aux_alpha > 0,
+                 config.moe.shared_gate};
+    if (deepseek) parts.mlp.width_name = "moe_intermediate_size";
     parts.names.router = mixtral ? "block_sparse_moe.gate" : "mlp.gate";
     parts.names.experts = mixtral ? "block_sparse_moe.experts." : "mlp.experts.";
     parts.names.expert_up = mixtral ? std::vector<std::string>{"w1", "w3"}
                                     : std::vector<std::string>{"gate_proj", "up_proj"};
     parts.names.expert_down = mixtral ? "w2" : "down_proj";
-    parts.names.shared_expert = "mlp.shared_expert.";
-    parts.names.shared_gate = "mlp.shared_expert_gate";
+    parts.names.shared_expert = deepseek ? "mlp.shared_experts." : "mlp.shared_expert.";
+    parts.names.shared_gate = deepseek ? "" : "mlp.shared_expert_gate";
     parts.dense_mlp = {MlpKind::SwiGLU, config.mlp_width(), config.mlp_bias,
                        "the MLP width intermediate_size"};
     for (int64_t layer = 0; layer < config.n_layer; ++layer) {

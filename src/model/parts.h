@@ -59,8 +59,11 @@ struct MlpPart {
   // MoE: a shared SwiGLU expert of this width every token passes through, its output scaled by
   // sigmoid(x @ w_gate) (Qwen2-MoE); 0: none.
   int64_t shared_width = 0;
-  // MoE: the load-balancing loss's coefficient (model/moe_aux_loss.h); 0: none.
-  double aux_loss_coef = 0;
+  // MoE: with a load-balancing loss (model/moe_aux_loss.h), whose gradient reaches the scores.
+  bool aux_loss = false;
+  // MoE: the shared expert's output scaled by sigmoid(x @ w_gate) (Qwen2-MoE), or added as it
+  // is (DeepSeekMoE's shared experts).
+  bool shared_gate = true;
   // The up projection's output per hidden unit: GELU 1, SwiGLU (and its experts) 2 ([gate | up]).
   int64_t up_factor() const { return kind == MlpKind::Gelu ? 1 : 2; }
   // Rows the experts see per token: top_k for MoE (each token copied to k experts), else 1.

@@ -112,10 +112,7 @@ RankTrainer::RankTrainer(const RunContext& ctx, Communicator& world)
       full_layout_(ctx.config),
       groups_(traced_groups(make_rank_groups(*devices_.comm, ctx.plan, full_layout_.tied_embedding()),
                             traced_groups_)),
-      aux_loss_(ctx.config.moe.aux_loss_coef > 0
-                    ? std::make_unique<MoeAuxLoss>(ctx.config.moe.experts, ctx.config.moe.top_k,
-                                                   ctx.config.moe.aux_loss_coef, groups_.data)
-                    : nullptr),
+      aux_loss_(make_aux_loss(ctx.config, groups_.data)),
       arch_(make_architecture(ctx.config,
                               TensorParallel{ctx.plan.tp, groups_.tensor_index,
                                              ctx.plan.uses_sequence_parallel(), groups_.tensor,
@@ -320,7 +317,7 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   tp_stats_ = {};
   expert_load_.clear();
   o.loss_scale = scaler_.scale();
-  if (aux_loss_) aux_loss_->set_gradient_weight(o.loss_scale / static_cast<double>(accum_));
+  if (aux_loss_) aux_loss_->begin_step(o.loss_scale, accum_, plan_.dp);
   // The gradient of the mean loss over the global batch, times the loss scale.
   const float dloss = static_cast<float>(o.loss_scale / static_cast<double>(B_ * T_ * accum_ * plan_.dp));
   MicroBatchSource source;
@@ -331,13 +328,15 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   if (options_.test.inject_inf_step == step + 1 && options_.test.inject_inf_rank == rank_) {
     state_->inject_inf_gradient();
   }
-  double mean = counts_loss() ? local / static_cast<double>(accum_) : 0.0;
-  if (aux_loss_) {
-    // The same on every data-parallel rank (its statistics are summed over them).
-    o.aux_loss = aux_loss_->take_step_sum() / static_cast<double>(accum_);
-    if (counts_loss()) mean += aux_loss_->coef() * o.aux_loss;
-  }
+  const double mean = counts_loss() ? local / static_cast<double>(accum_) : 0.0;
   o.loss = sum_over_ranks(world_, mean) / plan_.dp;
+  if (aux_loss_) {
+    // Summed over the stages' layers, the mean over the micro-batches and the data-parallel
+    // ranks (transformers': the same on each, its statistics summed over them).
+    const double aux = aux_loss_->take_step_sum() / static_cast<double>(accum_);
+    o.aux_loss = sum_over_ranks(world_, groups_.tensor_index == 0 ? aux : 0.0) / plan_.dp;
+    if (aux_loss_->in_reported_loss()) o.loss += aux_loss_->coef() * o.aux_loss;
+  }
   DSTRAIN_USER_CHECK(std::isfinite(o.loss))
       << "the loss became " << o.loss << " at step " << step + 1
       << "; training diverged (try a lower --lr or a --grad-clip)";

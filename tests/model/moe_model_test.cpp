@@ -15,6 +15,7 @@
 #include "model/decoder.h"
 #include "model/stage.h"
 #include "tests/model/gradient_checks.h"
+#include "tests/model/reference_fixture.h"
 #include "tests/model/host_params.h"
 
 namespace dstrain {
@@ -178,6 +179,58 @@ TEST(MoeConfig, DenseLayersAmongMoeLayersFollowTransformersRule) {
   const ModelConfig again = model_config_from_json(config.to_json().dump(), "again");
   EXPECT_EQ(again.to_json(), config.to_json());
   EXPECT_EQ(again.num_parameters(), config.num_parameters());
+}
+
+// DeepSeekMoE 16B (deepseek-ai/deepseek-moe-16b-base's config.json): 64 routed experts of 1408,
+// top 6, two shared experts (one SwiGLU of 2 x 1408, no gate), the first layer dense (10944);
+// 16.4B parameters as published, counted here from the shapes.
+TEST(MoeConfig, DeepSeekMoePresetFieldsLayersAndParameterCount) {
+  const ModelConfig config = load_model_config("deepseek-moe-16b");
+  EXPECT_EQ(config.type, ModelType::DeepSeekMoe);
+  EXPECT_EQ(config.moe.experts, 64);
+  EXPECT_EQ(config.moe.top_k, 6);
+  EXPECT_EQ(config.moe.expert_width, 1408);
+  EXPECT_EQ(config.moe.shared_width, 2 * 1408);
+  EXPECT_FALSE(config.moe.shared_gate);
+  EXPECT_FALSE(config.moe.norm_topk);
+  EXPECT_DOUBLE_EQ(config.moe.aux_alpha, 0.001);
+  EXPECT_TRUE(config.moe.seq_aux);
+  EXPECT_FALSE(config.moe.moe_layer(0));
+  for (int64_t l = 1; l < 28; ++l) EXPECT_TRUE(config.moe.moe_layer(l)) << l;
+  const int64_t V = 102400, C = 2048, L = 28, dense = 10944, E = 64, I = 1408;
+  const int64_t layer_common = 4 * C * C + 2 * C;  // attention and the two norms
+  const int64_t moe = E * 3 * C * I + 3 * C * 2 * I + E * C;
+  EXPECT_EQ(config.num_parameters(), 2 * V * C + C + L * layer_common + 3 * C * dense + 27 * moe);
+  EXPECT_NEAR(static_cast<double>(config.num_parameters()) / 1e9, 16.4, 0.05);
+  const ModelConfig again = model_config_from_json(config.to_json().dump(), "again");
+  EXPECT_EQ(again.to_json(), config.to_json());
+  EXPECT_EQ(again.moe.first_dense, 1);
+  EXPECT_EQ(config.to_json()["n_shared_experts"], 2);
+  // Its weight names: DeepSeek's mlp.gate, mlp.experts.N.*, mlp.shared_experts.*.
+  const ParamLayout layout(config);
+  EXPECT_TRUE(layout.contains("model.layers.1.mlp.gate.weight"));
+  EXPECT_TRUE(layout.contains("model.layers.1.mlp.experts.63.down_proj.weight"));
+  EXPECT_TRUE(layout.contains("model.layers.1.mlp.shared_experts.up_proj.weight"));
+  EXPECT_TRUE(layout.contains("model.layers.0.mlp.gate_proj.weight"));
+  EXPECT_FALSE(layout.contains("model.layers.0.mlp.gate.weight"));
+}
+
+TEST(MoeConfig, DeepSeekRoutersDstrainDoesNotRunAreOneSentence) {
+  std::string base = test::slurp(std::string(DSTRAIN_SOURCE_DIR) + "/configs/models/deepseek-moe-16b.json");
+  base = base.substr(0, base.rfind('}'));
+  auto message = [&](const std::string& extra) {
+    try {
+      model_config_from_json(base + extra + "}", "m");
+    } catch (const UserError& error) {
+      return std::string(error.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(message(""), "");
+  EXPECT_NE(message(R"(, "topk_method": "group_limited_greedy")").find("topk_method"),
+            std::string::npos);
+  EXPECT_NE(message(R"(, "pretraining_tp": 2)").find("pretraining_tp"), std::string::npos);
+  EXPECT_EQ(model_config_from_json(base + R"(, "aux_loss_alpha": 0})", "m").moe.aux_alpha, 0.0);
 }
 
 TEST(MoeConfig, WhatDstrainDoesNotDoYetIsOneSentence) {

@@ -330,7 +330,8 @@ TEST(CudaTraining, TensorParallelRanksWithAGpuEachThroughNcclMatchOneRank) {
 // above (1e-4 relative per step), the final weights within 1e-4.
 TEST(CudaTraining, LlamaFamilyTrainsLikeTransformers) {
   REQUIRE_CUDA_DEVICE();
-  for (const char* fixture : {"llama_tiny", "qwen2_tiny", "mixtral_tiny", "qwen2_moe_tiny"}) {
+  for (const char* fixture : {"llama_tiny", "qwen2_tiny", "mixtral_tiny", "qwen2_moe_tiny",
+                              "qwen2_moe_aux_tiny", "deepseek_moe_aux_tiny"}) {
     SCOPED_TRACE(fixture);
     const testing::TempDir dir;
     TrainOptions options =

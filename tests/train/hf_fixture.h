@@ -33,6 +33,9 @@ struct FixturePlan {
   int dp = 1, tp = 1, pp = 1, zero = 0;
   bool offload = false;
   int ep = 1;  // expert parallelism (of the dp ranks)
+  // The dp ranks split each micro-batch's sequences and keep the accumulation (DeepSeek's
+  // auxiliary loss is per micro-batch, weight 1 each: only this split keeps it the same).
+  bool split_batch = false;
   std::string name() const {
     return std::string(fixture) + "_dp" + std::to_string(dp) + "_tp" + std::to_string(tp) + "_pp" +
            std::to_string(pp) + "_zero" + std::to_string(zero) + (offload ? "_offload" : "") +
@@ -62,7 +65,10 @@ inline TrainOptions fixture_run(const FixturePlan& p, const nlohmann::json& expe
   options.batch = expected["batch"];
   options.seq_len = expected["seq_len"];
   options.grad_accum = expected["grad_accum"].get<int64_t>() / p.dp;
-  if (options.grad_accum == 0) {
+  if (p.split_batch) {
+    options.batch = expected["batch"].get<int64_t>() / p.dp;
+    options.grad_accum = expected["grad_accum"];
+  } else if (options.grad_accum == 0) {
     options.batch = options.batch * expected["grad_accum"].get<int64_t>() / p.dp;
     options.grad_accum = 1;
   }

@@ -39,12 +39,8 @@ TEST_P(LlamaAgainstTransformers, LossAndGradientsOfTheFirstMicroBatch) {
   const std::string dir = std::string(DSTRAIN_SOURCE_DIR "/tests/reference/") + GetParam() + "/";
   const ModelConfig config = load_model_config(dir);
   // The load-balancing loss where the config asks (its gradient's weight: the loss's, 1).
-  std::unique_ptr<MoeAuxLoss> aux;
-  if (config.moe.aux_loss_coef > 0) {
-    aux = std::make_unique<MoeAuxLoss>(config.moe.experts, config.moe.top_k,
-                                       config.moe.aux_loss_coef, nullptr);
-    aux->set_gradient_weight(1.0);
-  }
+  const std::unique_ptr<MoeAuxLoss> aux = make_aux_loss(config, nullptr);
+  if (aux) aux->begin_step(1.0, 1, 1);
   const Decoder arch(config, {}, ExpertParallel{1, 0, nullptr, nullptr, aux.get()});
   const ParamLayout& layout = arch.layout();
   HostBlocks weights(layout);
@@ -66,7 +62,7 @@ TEST_P(LlamaAgainstTransformers, LossAndGradientsOfTheFirstMicroBatch) {
   Tensor target_tensor(targets.data(), DType::I32, {B, T});
   double loss = model.forward(params, 0, B, T, input_tensor, target_tensor, 1.0f / N, nullptr);
   model.backward(params, 0, input_tensor, nullptr);
-  if (aux) loss += aux->coef() * aux->take_step_sum();
+  if (aux && aux->in_reported_loss()) loss += aux->coef() * aux->take_step_sum();
   const nlohmann::json expected = nlohmann::json::parse(test::slurp(dir + "expected.json"));
   EXPECT_NEAR(loss, expected["initial_loss"].get<double>(), 2e-6);
 
@@ -77,7 +73,8 @@ TEST_P(LlamaAgainstTransformers, LossAndGradientsOfTheFirstMicroBatch) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaAgainstTransformers,
                          ::testing::Values("llama_tiny", "qwen2_tiny", "mixtral_tiny",
                                            "qwen2_moe_tiny", "mixtral_aux_tiny",
-                                           "qwen2_moe_aux_tiny"));
+                                           "qwen2_moe_aux_tiny", "deepseek_moe_tiny",
+                                           "deepseek_moe_aux_tiny"));
 
 class TrainsLikeTransformers : public ::testing::TestWithParam<test::FixturePlan> {};
 
@@ -119,7 +116,18 @@ INSTANTIATE_TEST_SUITE_P(Plans, TrainsLikeTransformers,
                                            // them, which transformers' loop does not do).
                                            test::FixturePlan{"mixtral_aux_tiny"},
                                            test::FixturePlan{"qwen2_moe_aux_tiny"},
-                                           test::FixturePlan{"qwen2_moe_aux_tiny", 1, 1, 1, 3, true}),
+                                           test::FixturePlan{"qwen2_moe_aux_tiny", 1, 1, 1, 3, true},
+                                           // DeepSeekMoE against a PyTorch reference written
+                                           // from DeepSeek's modeling code (its auxiliary loss
+                                           // per micro-batch: the dp ranks split the batch).
+                                           test::FixturePlan{"deepseek_moe_tiny"},
+                                           test::FixturePlan{"deepseek_moe_aux_tiny"},
+                                           test::FixturePlan{"deepseek_moe_aux_tiny", 2, 1, 1, 3,
+                                                             false, 2, true},
+                                           test::FixturePlan{"deepseek_moe_aux_tiny", 4, 1, 1, 1,
+                                                             true, 4, true},
+                                           test::FixturePlan{"deepseek_moe_aux_tiny", 2, 1, 3, 2,
+                                                             false, 2, true}),
                          [](const ::testing::TestParamInfo<test::FixturePlan>& info) {
                            return info.param.name();
                          });

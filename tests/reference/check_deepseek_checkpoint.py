@@ -1,0 +1,189 @@
+#!/usr/bin/python3
+"""A dstrain DeepSeekMoE checkpoint is a Hugging Face model directory of DeepSeek's model.
+
+  check_deepseek_checkpoint.py DSTRAIN FIXTURE_DIR WORK_DIR
+
+The DeepSeekMoE counterpart of check_in_transformers.py. transformers 4.41 has no DeepSeekMoE
+(DeepSeek's modeling_deepseek.py ships with its checkpoints on the hub, trust_remote_code), so
+the checkpoint is loaded into the PyTorch model of make_deepseek_reference.py instead, the
+model that made the fixture.
+
+Trains the fixture (deepseek_moe_tiny or deepseek_moe_aux_tiny, made by
+make_deepseek_reference.py) with the dstrain binary DSTRAIN, on the CPU, with the training
+settings the reference used, into WORK_DIR, the weights in shards (--save-shard-size 30K) so
+that the index is read too. Then:
+  - WORK_DIR/run/latest, the link to the final checkpoint, has a config.json of DeepSeek's
+    model (model_type "deepseek", architectures ["DeepseekForCausalLM"]) whose DeepSeek fields
+    equal the fixture's;
+  - the reference model built from that config.json (not the fixture's) loads every tensor of
+    the sharded checkpoint, as model.safetensors.index.json maps them, with no missing,
+    unexpected or misshapen tensor;
+  - its loss on every micro-batch of the run (eval mode: the cross-entropy, no aux loss) equals
+    (1e-4 relative) the loss of the reference's own model after the same 10 steps (the
+    fixture's final.safetensors);
+  - its weights are within 2e-5 of those (the bound of hf_models_test.cpp).
+
+WORK_DIR is emptied first. Exits 77 (ctest's "skipped") when torch (or transformers, which
+make_llama_reference.py imports) cannot be imported: dstrain's tests never need them, this
+check runs where they are installed (Debian's python3-torch and transformers 4.41: see
+tests/reference/README.md).
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+sys.dont_write_bytecode = True
+try:
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from make_deepseek_reference import DeepseekForCausalLM  # noqa: E402
+    from make_gpt2_reference import cross_entropy, micro_batch  # noqa: E402
+except ImportError as error:
+    print(f"skipped: {error} (install python3-torch and transformers to run this check)")
+    sys.exit(77)
+
+from safetensors_io import read_safetensors  # noqa: E402
+
+# The fields of DeepSeek's config.json (configuration_deepseek.py's DeepseekConfig) that decide
+# the model: the checkpoint's must be the fixture's.
+DEEPSEEK_FIELDS = [
+    "n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size",
+    "intermediate_size", "first_k_dense_replace", "moe_layer_freq", "norm_topk_prob",
+    "scoring_func", "aux_loss_alpha", "seq_aux", "hidden_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "vocab_size", "rms_norm_eps", "rope_theta",
+    "tie_word_embeddings",
+]
+# DeepseekConfig's defaults for the other fields the reference model reads, as DeepSeek's own
+# model would take them from a config.json that leaves them out.
+DEEPSEEK_DEFAULTS = {
+    "hidden_act": "silu", "attention_bias": False, "attention_dropout": 0.0,
+    "rope_scaling": None, "pretraining_tp": 1, "initializer_range": 0.02,
+}
+
+
+def train_with_dstrain(dstrain, fixture, expected, out_dir, save_dtype="fp32"):
+    data = os.path.join(fixture, "train.bin")
+    flags = {
+        "model": fixture, "init-from": fixture, "data": data, "val-data": data,
+        "save-dtype": save_dtype,
+        "batch": expected["batch"], "seq-len": expected["seq_len"],
+        "grad-accum": expected["grad_accum"], "steps": expected["steps"],
+        "lr": expected["lr"], "min-lr": expected["min_lr"], "warmup": expected["warmup"],
+        "lr-schedule": expected["lr_schedule"], "weight-decay": expected["weight_decay"],
+        "beta1": expected["beta1"], "beta2": expected["beta2"], "eps": expected["eps"],
+        "grad-clip": expected["grad_clip"], "eval-every": 0, "sample": 0, "device": "cpu",
+        "out": out_dir, "save-shard-size": "30K",
+    }
+    command = [dstrain, "--quiet"] + [f"--{k}={v}" for k, v in flags.items()]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    latest = os.path.join(out_dir, "latest")  # a link to step-000010: what users load
+    assert os.path.realpath(latest) == os.path.realpath(
+        os.path.join(out_dir, "step-%06d" % expected["steps"])), latest
+    return latest
+
+
+def tokens_of(path):
+    """The uint16 tokens of an llm.c shard (256 int32 header)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    header = torch.frombuffer(bytearray(raw[:1024]), dtype=torch.int32)
+    count = int(header[2])
+    return torch.frombuffer(bytearray(raw[1024:1024 + 2 * count]), dtype=torch.int16).long() & 0xFFFF
+
+
+def mean_loss(model, tokens, expected):
+    B, T = expected["batch"], expected["seq_len"]
+    windows = expected["steps"] * expected["grad_accum"]
+    with torch.no_grad():
+        losses = []
+        for x, y in (micro_batch(tokens, w, B, T) for w in range(windows)):
+            logits, aux = model(x)
+            assert not aux, "an aux loss in eval mode"
+            losses.append(cross_entropy(logits, y).item())
+    return sum(losses) / len(losses)
+
+
+def same(a, b):
+    """Equal JSON values, a boolean only equal to a boolean (not to 0 or 1)."""
+    return a == b and isinstance(a, bool) == isinstance(b, bool)
+
+
+def checked_config(checkpoint, fixture):
+    """The checkpoint's config.json, checked against the fixture's."""
+    config = json.load(open(os.path.join(checkpoint, "config.json")))
+    source = json.load(open(os.path.join(fixture, "config.json")))
+    assert config.get("model_type") == "deepseek", config.get("model_type")
+    assert config.get("architectures") == ["DeepseekForCausalLM"], config.get("architectures")
+    wrong = {k: (config.get(k, "<missing>"), source[k])
+             for k in DEEPSEEK_FIELDS if k not in config or not same(config[k], source[k])}
+    assert not wrong, f"{checkpoint}/config.json differs from the fixture's: {wrong}"
+    return config
+
+
+def read_sharded(checkpoint):
+    """{name: tensor} of a sharded checkpoint, following model.safetensors.index.json; every
+    shard of the index holds exactly the tensors the index maps to it. Also the shard count."""
+    index = json.load(open(os.path.join(checkpoint, "model.safetensors.index.json")))
+    weight_map = index["weight_map"]
+    shards = sorted(set(weight_map.values()))
+    tensors = {}
+    for shard in shards:
+        held = read_safetensors(os.path.join(checkpoint, shard))
+        mapped = sorted(n for n, s in weight_map.items() if s == shard)
+        assert sorted(held) == mapped, (shard, sorted(held), mapped)
+        tensors.update(held)
+    size = sum(t.numel() * t.element_size() for t in tensors.values())
+    total = index.get("metadata", {}).get("total_size")
+    assert total == size, f"the index's total_size {total}, the tensors' {size} bytes"
+    return tensors, len(shards)
+
+
+def reference_model(config, tensors):
+    """make_deepseek_reference.py's model for `config` holding `tensors`: every parameter,
+    nothing else (load_state_dict strict), each of its shape."""
+    model = DeepseekForCausalLM(dict(DEEPSEEK_DEFAULTS, **config))
+    state = model.state_dict()
+    missing = sorted(set(state) - set(tensors))
+    unexpected = sorted(set(tensors) - set(state))
+    misshapen = sorted(n for n in set(state) & set(tensors) if state[n].shape != tensors[n].shape)
+    assert not (missing or unexpected or misshapen), \
+        f"missing {missing}, unexpected {unexpected}, misshapen {misshapen}"
+    for name, value in tensors.items():
+        assert value.dtype == torch.float32, (name, value.dtype)  # --save-dtype fp32
+    model.load_state_dict(tensors, strict=True)
+    return model
+
+
+def main():
+    dstrain, fixture, work = sys.argv[1:4]
+    torch.set_num_threads(1)
+    expected = json.load(open(os.path.join(fixture, "expected.json")))
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    checkpoint = train_with_dstrain(dstrain, fixture, expected, os.path.join(work, "run"))
+    assert os.path.exists(os.path.join(checkpoint, "model.safetensors.index.json")), checkpoint
+
+    config = checked_config(checkpoint, fixture)
+    tensors, shards = read_sharded(checkpoint)
+    ours = reference_model(config, tensors)
+    final = dict(read_safetensors(os.path.join(fixture, "final.safetensors")))
+    reference = reference_model(json.load(open(os.path.join(fixture, "config.json"))), final)
+    ours_params, params = dict(ours.named_parameters()), dict(reference.named_parameters())
+    assert sorted(ours_params) == sorted(params), (sorted(ours_params), sorted(params))
+    worst = max((ours_params[n] - params[n]).abs().max().item() for n in params)
+    assert worst < 2e-5, f"weights differ by up to {worst}"
+
+    tokens = tokens_of(os.path.join(fixture, "train.bin"))
+    loss_ours, loss_ref = mean_loss(ours.eval(), tokens, expected), mean_loss(reference.eval(), tokens, expected)
+    assert abs(loss_ours - loss_ref) <= 1e-4 * loss_ref, (loss_ours, loss_ref)
+    print(f"{os.path.basename(fixture)}: make_deepseek_reference.py's {type(ours).__name__} "
+          f"loads dstrain's {checkpoint} ({len(tensors)} tensors in {shards} shards, "
+          f"model_type {config['model_type']}); loss {loss_ours:.7f} (the reference's own run: "
+          f"{loss_ref:.7f}), weights within {worst:.2e}")
+
+
+if __name__ == "__main__":
+    main()
