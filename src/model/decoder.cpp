@@ -178,7 +178,17 @@ const MlpPart& Decoder::kind_mlp(int kind) const {
   return kind == 0 ? parts_.mlp : parts_.dense_mlp;
 }
 
-int64_t Decoder::mlp_width(int kind) const { return kind_mlp(kind).width / tp_.size; }
+int64_t Decoder::mlp_width(int kind) const {
+  // Experts are whole on every tp rank; a dense MLP is split.
+  const MlpPart& mlp = kind_mlp(kind);
+  return mlp.kind == MlpKind::MoE ? mlp.width : mlp.width / tp_.size;
+}
+
+Tensor Decoder::own_rows(Tensor full) const {
+  if (!tp_.enabled() || !tp_.sequence_parallel) return full;
+  const int64_t rows = full.size(0) / tp_.size, C = full.size(1);
+  return full.slice(tp_.rank * rows * C, {rows, C});
+}
 
 int64_t Decoder::vocab_begin() const { return tp_.rank * (config_.padded_vocab() / tp_.size); }
 
@@ -257,6 +267,9 @@ std::vector<TensorSpec> Decoder::layer_workspace(int64_t B, int64_t T, DType dty
     for (TensorSpec& spec : moe_workspace_specs(moe_shape_of(N), dtype, with_backward)) {
       specs.push_back(std::move(spec));
     }
+    DSTRAIN_CHECK(static_cast<int>(specs.size()) == moe_workspace_begin() + kMoeWorkspaceBuffers);
+    // Under sequence parallelism: the experts' input gathered again in backward.
+    specs.push_back({"moe_gathered", dtype, {sp && with_backward ? N : 0, C}});
   }
   return specs;
 }
@@ -470,7 +483,9 @@ Tensor Decoder::mlp_forward(const LayerRun& run, Tensor norm2_full) const {
     if (ep_.aux != nullptr && !run.recomputing) {
       ep_.aux->add_layer(run.backend, moe, run.layer == first_moe_layer_, run.stream);
     }
-    return out;
+    // Under tp every rank ran the whole experts on all rows: its stream rows are its own, with
+    // no reduction.
+    return own_rows(out);
   }
   Tensor up = prefix(run.activations[activations_[kind].up], {N, up_width});
   Tensor act = prefix(run.activations[activations_[kind].act], {N, mlp});
@@ -590,6 +605,31 @@ Tensor Decoder::dense_mlp_backward(const LayerRun& run, Tensor dout) const {
   return dnorm;
 }
 
+// The experts' backward from dout (the whole rows): dL/d(norm2) of all rows, the same on every
+// tp rank. Their input is norm2 gathered again under sequence parallelism (into a buffer of
+// its own: dout holds the usual one until the shared expert's backward).
+Tensor Decoder::moe_backward(const LayerRun& run, Tensor dout) const {
+  const int64_t N = run.b * run.t, C = config_.n_embd, R = tp_.stream_rows(N);
+  const std::vector<Tensor>& a = run.activations;
+  const LayerActivations& ai = activations_[0];
+  Tensor dnorm = prefix(run.workspace[kDnorm], {N, C});
+  const MoeActivations moe = moe_activations(run);
+  const MoeWorkspace ws = moe_workspace(run);
+  Tensor x = enter_region_forward(
+      tp_, prefix(a[ai.norm2], {R, C}),
+      sequence_parallel_view(run.workspace[moe_workspace_begin() + kMoeWorkspaceBuffers], N),
+      run.stream);
+  if (ep_.aux != nullptr) {
+    ep_.aux->layer_gradient(run.backend, moe, run.t, ws.aux_dscores, run.stream);
+  }
+  moe_mlp_backward(run.backend, parts_.mlp, ep_, moe_weights(run.weights, run.expert_weights),
+                   moe_weights(run.grads, run.expert_grads), moe, ws, x, dout, dnorm, run.stream);
+  if (ep_.load != nullptr) {
+    ep_.load->add(run.layer, moe_expert_tokens(run.backend, moe, run.stream));
+  }
+  return dnorm;
+}
+
 // From dL/d(the layer's output) (dout: the whole rows under sequence parallelism) to
 // dL/d(residual2) in run.residual_grad.
 void Decoder::mlp_backward(const LayerRun& run, Tensor dout) const {
@@ -599,22 +639,12 @@ void Decoder::mlp_backward(const LayerRun& run, Tensor dout) const {
   const std::vector<Tensor>& g = run.grads;
   const LayerTensors& i = tensors_[layer_kind(run.layer)];
   const LayerActivations& ai = activations_[layer_kind(run.layer)];
-  Tensor dnorm;
-  if (kind_mlp(layer_kind(run.layer)).kind == MlpKind::MoE) {
-    dnorm = prefix(run.workspace[kDnorm], {N, C});
-    const MoeActivations moe = moe_activations(run);
-    const MoeWorkspace ws = moe_workspace(run);
-    if (ep_.aux != nullptr) ep_.aux->layer_gradient(run.backend, moe, run.t, ws.aux_dscores, run.stream);
-    moe_mlp_backward(run.backend, parts_.mlp, ep_, moe_weights(w, run.expert_weights),
-                     moe_weights(g, run.expert_grads), moe, ws, prefix(a[ai.norm2], {R, C}), dout,
-                     dnorm, run.stream);
-    if (ep_.load != nullptr) {
-      ep_.load->add(run.layer, moe_expert_tokens(run.backend, moe, run.stream));
-    }
-  } else {
-    dnorm = dense_mlp_backward(run, dout);
-  }
-  Tensor dnorm2 = enter_region_backward(tp_, dnorm, stream_part(run), run.stream);
+  // The experts' dnorm is whole on every tp rank already (they ran on all rows); a split MLP's
+  // is this rank's part, summed over the ranks.
+  const bool moe = kind_mlp(layer_kind(run.layer)).kind == MlpKind::MoE;
+  Tensor dnorm2 =
+      moe ? own_rows(moe_backward(run, dout))
+          : enter_region_backward(tp_, dense_mlp_backward(run, dout), stream_part(run), run.stream);
   norm_backward(run.backend, parts_.norm, prefix(run.residual_grad, {R, C}),
                 {g[i.norm2], optional(g, i.norm2_bias)}, dnorm2, prefix(a[ai.residual2], {R, C}),
                 {w[i.norm2], optional(w, i.norm2_bias), optional_prefix(a, ai.norm2_mean, {R}),

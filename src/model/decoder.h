@@ -87,6 +87,9 @@ class Decoder final : public Architecture {
   int layer_kind(int layer) const;
   const MlpPart& kind_mlp(int kind) const;
   int64_t mlp_width(int kind) const;  // this tp rank's hidden width of the kind's MLP
+  // This tp rank's stream rows of a (N, C) tensor every rank holds whole: its 1/tp under
+  // sequence parallelism, else all of it.
+  Tensor own_rows(Tensor full) const;
   LayerActivations layer_activation_specs(int kind, int64_t B, int64_t T, DType dtype,
                                           Recompute recompute,
                                           std::vector<ActivationSpec>* specs) const;
@@ -99,6 +102,7 @@ class Decoder final : public Architecture {
   void attention_backward(const LayerRun& run, Tensor dout) const;
   void mlp_backward(const LayerRun& run, Tensor dout) const;
   Tensor dense_mlp_backward(const LayerRun& run, Tensor dout) const;
+  Tensor moe_backward(const LayerRun& run, Tensor dout) const;
   MoeShape moe_shape_of(int64_t tokens) const;       // this rank's, for `tokens` tokens
   int64_t mlp_rows(int kind, int64_t tokens) const;  // the rows a kind's MLP activations hold
   MoeWeights moe_weights(const std::vector<Tensor>& tensors,

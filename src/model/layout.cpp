@@ -39,14 +39,15 @@ std::string tp_unsupported_reason(const ModelConfig& config, int tp) {
     return false;
   };
   const DecoderParts parts = decoder_parts(config);
+  // The experts stay whole on every tp rank (Megatron's expert tensor parallelism 1): only a
+  // dense MLP splits.
+  const MlpPart& split_mlp = parts.mlp.kind == MlpKind::MoE ? parts.dense_mlp : parts.mlp;
+  const bool splits_mlp = parts.mlp.kind != MlpKind::MoE || parts.mixed_layers();
   if (tp < 1) {
     reason << "tensor parallelism needs at least 1 rank, not " << tp;
-  } else if (tp > 1 && parts.mlp.kind == MlpKind::MoE) {
-    reason << "tensor parallelism over " << tp
-           << " ranks: dstrain does not split mixture-of-experts models over tp ranks yet";
   } else if (divisible("n_head", parts.attention.heads) &&
              divisible("num_key_value_heads", parts.attention.kv_heads) &&
-             divisible(parts.mlp.width_name, parts.mlp.width) &&
+             (!splits_mlp || divisible(split_mlp.width_name, split_mlp.width)) &&
              divisible("n_embd", config.n_embd)) {
     // Megatron pads the vocabulary to a multiple of 128 * tp; dstrain pads to 64 only, so some
     // vocabularies cannot be split evenly.

@@ -119,6 +119,8 @@ struct MoeWorkspace {
   // The load-balancing loss's gradient w.r.t. the scores (N, E) F32 (backward), or empty.
   Tensor aux_dscores;
 };
+// The buffers of MoeWorkspace, in order (kMoeWorkspaceBuffers of them).
+constexpr int kMoeWorkspaceBuffers = 17;
 std::vector<TensorSpec> moe_workspace_specs(const MoeShape& s, DType dtype, bool with_backward);
 
 // The copies of the micro-batch's tokens each of the E experts received (from the kept

@@ -513,7 +513,8 @@ double fullest_node_total(const Plan& plan, int gpus_per_node,
 // vocabulary-parallel loss adds an all-gather of (B*T, 3) statistics, a latency (its volume,
 // 3 / (2 C) of an all-reduce at tp 2, is left out). The trainer logs what ran
 // (model/tensor_parallel.h, TensorParallelStats): the same counts.
-TensorParallelTraffic tensor_parallel_traffic(const Plan& plan, const StageRange& range) {
+TensorParallelTraffic tensor_parallel_traffic(const Plan& plan, const StageRange& range,
+                                              int64_t moe_layers) {
   const bool sp = plan.uses_sequence_parallel();
   const bool full = plan.recompute == Recompute::Full;
   const double layers = static_cast<double>(range.layers());
@@ -522,7 +523,22 @@ TensorParallelTraffic tensor_parallel_traffic(const Plan& plan, const StageRange
   t.all_reduces = layers * (4 + (sp ? 1 : 0) + (full ? 2 : 0)) + ends;
   t.collectives = layers * (sp ? 10 + (full ? 4 : 0) : 4 + (full ? 2 : 0)) + ends * (sp ? 2 : 1) +
                   (range.last ? 1 : 0);
+  // A MoE layer's MLP: no output reduction forward (again under full recompute), no input
+  // gradient reduction backward. Each is an all-reduce, or under sequence parallelism a
+  // reduce-scatter (half an all-reduce's volume).
+  const double skipped = static_cast<double>(moe_layers) * (full ? 3 : 2);
+  t.collectives -= skipped;
+  t.all_reduces -= skipped * (sp ? 0.5 : 1.0);
   return t;
+}
+
+int64_t moe_layers_in(const ModelConfig& config, const StageRange& range) {
+  if (!config.moe.enabled()) return 0;
+  int64_t count = 0;
+  for (int64_t layer = range.first_layer; layer < range.end_layer; ++layer) {
+    count += config.moe.moe_layer(layer) ? 1 : 0;
+  }
+  return count;
 }
 
 ExpertParallelTraffic expert_parallel_traffic(const ModelConfig& config, const Plan& plan,
@@ -574,6 +590,10 @@ ComputeTime stage_compute(const ModelConfig& config, const Plan& plan, const Sta
   forward.bytes =
       bytes * (layers * traffic.layer_forward + (range.first ? traffic.embed_forward : 0) +
                (range.last ? traffic.head_forward : 0));
+  // Under tp the experts run whole on every rank, on all of the micro-batch's rows.
+  const double moe_repeated = (tokens - per_rank) * static_cast<double>(moe_layers_in(config, range)) *
+                              mlp_gemm_forward(decoder_parts(config).mlp, static_cast<double>(config.n_embd));
+  forward.gemm += moe_repeated;
   backward.gemm = 2 * forward.gemm;  // dX and dW
   backward.attention = per_rank * layers * attention.backward;
   backward.bytes =
@@ -581,7 +601,7 @@ ComputeTime stage_compute(const ModelConfig& config, const Plan& plan, const Sta
                (range.last ? traffic.head_backward : 0));
   double recomputed_attention = 0;  // runs at the forward's rate
   if (plan.recompute == Recompute::Full) {
-    backward.gemm += per_rank * layers * flops.layer_gemm_forward;
+    backward.gemm += per_rank * layers * flops.layer_gemm_forward + moe_repeated;
     recomputed_attention = forward.attention;
     backward.bytes += bytes * layers * traffic.layer_forward;
   } else if (plan.recompute == Recompute::Selective) {
@@ -642,7 +662,8 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
     const double fwd_seconds = st.compute.forward, bwd_seconds = st.compute.backward;
     const double activation_bytes = tokens * static_cast<double>(config.n_embd) * P;
     if (plan.tp > 1) {
-      const TensorParallelTraffic traffic = tensor_parallel_traffic(plan, ps);
+      const TensorParallelTraffic traffic =
+          tensor_parallel_traffic(plan, ps, moe_layers_in(config, ps));
       st.tp = traffic.all_reduces * all_reduce_volume(activation_bytes, plan.tp) / rates.tp +
               traffic.collectives * kCollectiveSeconds;
     }

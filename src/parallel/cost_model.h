@@ -89,7 +89,12 @@ struct TensorParallelTraffic {
   double all_reduces = 0;
   double collectives = 0;
 };
-TensorParallelTraffic tensor_parallel_traffic(const Plan& plan, const StageRange& range);
+// moe_layers: the range's mixture-of-experts layers, whose experts run whole on every tp rank:
+// their MLP has no reduction (forward) and no summed input gradient (backward).
+TensorParallelTraffic tensor_parallel_traffic(const Plan& plan, const StageRange& range,
+                                              int64_t moe_layers = 0);
+// The mixture-of-experts layers of `range` (0 for a dense model).
+int64_t moe_layers_in(const ModelConfig& config, const StageRange& range);
 
 // Expert parallelism's all-to-alls of one micro-batch on one stage: the bytes one rank sends
 // (and receives) and the number of exchanges. Each MoE layer exchanges its tokens' k copies

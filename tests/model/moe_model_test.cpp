@@ -257,9 +257,15 @@ TEST(MoeConfig, WhatDstrainDoesNotDoYetIsOneSentence) {
   EXPECT_NE(message(R"(, "router_jitter_noise": 0.1)").find("jitter"), std::string::npos);
   EXPECT_NE(message(R"(, "num_experts_per_tok": 5)").find("num_experts_per_tok"),
             std::string::npos);
-  EXPECT_EQ(tp_unsupported_reason(model_config_from_json(base + "}", "m"), 2),
-            "tensor parallelism over 2 ranks: dstrain does not split mixture-of-experts models "
-            "over tp ranks yet");
+  // Under tp the experts stay whole (their width need not divide); a dense layer's MLP splits.
+  EXPECT_EQ(tp_unsupported_reason(model_config_from_json(base + "}", "m"), 2), "");
+  const std::string qwen = R"({"model_type": "qwen2_moe", "vocab_size": 97,
+    "max_position_embeddings": 32, "hidden_size": 32, "intermediate_size": 45,
+    "moe_intermediate_size": 15, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [0]})";
+  EXPECT_EQ(tp_unsupported_reason(model_config_from_json(qwen, "q"), 2),
+            "tensor parallelism over 2 ranks needs the MLP width intermediate_size (45) divisible "
+            "by 2");
 }
 
 }  // namespace

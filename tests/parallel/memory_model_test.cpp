@@ -314,6 +314,9 @@ TEST(MemoryModel, MixtureOfExpertsPlansMatchAllocatorEveryRank) {
                                           {4, 1, 1, 3, false, Recompute::Selective, DType::BF16, 2},
                                           {4, 1, 1, 2, true, Recompute::Full, DType::F32, 4},
                                           {2, 1, 2, 1, false, Recompute::None, DType::BF16, 2},
+                                          // tp: the attention split, the experts whole
+                                          {1, 2, 1, 0, false, Recompute::Selective, DType::F32},
+                                          {2, 2, 1, 3, false, Recompute::Full, DType::BF16, 2},
                                       });
 }
 

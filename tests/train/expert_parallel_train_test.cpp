@@ -22,6 +22,8 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "parallel/cost_model.h"
+#include "parallel/pipeline_split.h"
 #include "tests/common/temp_dir.h"
 #include "tests/train/expect_user_error.h"
 #include "tests/train/small_model.h"
@@ -36,15 +38,16 @@ constexpr int kVocab = 61;
 
 struct EpSplit {
   int dp = 1, ep = 1, pp = 1, zero = 0;
+  int tp = 1;  // the attention split, the experts whole on every tp rank
   bool offload = false;
   std::string recompute = "none";
   std::string model = "qwen2_moe";  // or "mixtral", or "qwen2_moe_aux" (the load-balancing loss)
 
-  int world() const { return dp * pp; }
+  int world() const { return dp * pp * tp; }
   std::string name() const {
     return model + "_dp" + std::to_string(dp) + "_ep" + std::to_string(ep) + "_pp" +
            std::to_string(pp) + "_zero" + std::to_string(zero) + (offload ? "_offload" : "") + "_" +
-           recompute;
+           recompute + (tp > 1 ? "_tp" + std::to_string(tp) : "");
   }
 };
 
@@ -97,6 +100,7 @@ TrainOptions split_options(const fs::path& dir, const EpSplit& s) {
   options.data = write_tokens(dir);
   options.ep = s.ep;
   options.pp = s.pp;
+  options.tp = s.tp;
   options.grad_accum = test::kSmallRunMicroBatches / s.dp;
   options.zero = s.zero;
   options.offload = s.offload;
@@ -127,8 +131,9 @@ const test::LoggedRun& reference(const std::string& model) {
 }
 
 EpSplit split(const char* model, int dp, int ep, int pp, int zero, bool offload,
-              const char* recompute) {
+              const char* recompute, int tp = 1) {
   EpSplit s;
+  s.tp = tp;
   s.model = model;
   s.dp = dp;
   s.ep = ep;
@@ -155,7 +160,12 @@ INSTANTIATE_TEST_SUITE_P(Plans, ExpertParallelEquivalence,
                                            split("qwen2_moe", 4, 4, 1, 2, true, "none"),
                                            split("qwen2_moe", 2, 2, 2, 1, false, "full"),
                                            split("mixtral", 4, 4, 1, 3, false, "full"),
-                                           split("mixtral", 4, 2, 2, 3, true, "none")),
+                                           split("mixtral", 4, 2, 2, 3, true, "none"),
+                                           // Tensor parallelism: the attention split, the
+                                           // experts whole on every tp rank.
+                                           split("qwen2_moe", 1, 1, 1, 0, false, "none", 2),
+                                           split("mixtral", 2, 2, 1, 3, false, "selective", 2),
+                                           split("qwen2_moe", 2, 2, 2, 1, false, "full", 2)),
                          [](const ::testing::TestParamInfo<EpSplit>& info) {
                            return info.param.name();
                          });
@@ -262,6 +272,38 @@ TEST(ExpertParallelAuxLoss, PipelinesAreOneSentence) {
       split_options(temp.path(), split("qwen2_moe_aux", 1, 1, 2, 0, false, "none")),
       "--pp 2: the load-balancing loss (output_router_logits) sums each "
       "micro-batch's routing over all of its layers");
+}
+
+// Under tp a MoE layer's experts run whole on every tp rank: its MLP has no output reduction and
+// no summed input gradient. The collectives each rank logs are what the cost model counts.
+TEST(ExpertParallelLog, TensorParallelCollectivesAreWhatTheCostModelCounts) {
+  testing::TempDir temp;
+  for (const EpSplit& s : {split("qwen2_moe", 1, 1, 1, 0, false, "full", 2),
+                           split("qwen2_moe", 2, 2, 2, 1, false, "none", 2)}) {
+    SCOPED_TRACE(s.name());
+    TrainOptions options = split_options(temp.path() / s.name(), s);
+    options.steps = 2;
+    std::ostringstream out;
+    train(options, out);
+    const test::LoggedRun r = test::read_logged_run(options);
+    Plan plan;
+    plan.tp = s.tp;
+    plan.pp = s.pp;
+    plan.recompute = s.recompute == "full" ? Recompute::Full : Recompute::None;
+    const ModelConfig config = load_model_config(options.model);
+    const std::vector<int64_t> cut = r.config["plan"]["pp_split"];
+    ASSERT_EQ(r.steps.size(), 2u);
+    for (const nlohmann::json& step : r.steps) {
+      for (int stage = 0; stage < s.pp; ++stage) {
+        const StageRange range = stage_of_split(cut, stage);
+        const TensorParallelTraffic traffic =
+            tensor_parallel_traffic(plan, range, moe_layers_in(config, range));
+        EXPECT_EQ(step["tensor_parallel"]["collectives"][stage].get<double>(),
+                  test::kSmallRunMicroBatches / s.dp * traffic.collectives)
+            << "stage " << stage;
+      }
+    }
+  }
 }
 
 TEST(ExpertParallelFlags, WhatCannotSplitIsOneSentence) {

@@ -127,6 +127,11 @@ INSTANTIATE_TEST_SUITE_P(Plans, TrainsLikeTransformers,
                                            test::FixturePlan{"deepseek_moe_aux_tiny", 4, 1, 1, 1,
                                                              true, 4, true},
                                            test::FixturePlan{"deepseek_moe_aux_tiny", 2, 1, 3, 2,
+                                                             false, 2, true},
+                                           // Tensor parallelism with experts whole per rank.
+                                           test::FixturePlan{"mixtral_tiny", 1, 2, 1, 0},
+                                           test::FixturePlan{"qwen2_moe_aux_tiny", 1, 2, 1, 1},
+                                           test::FixturePlan{"deepseek_moe_aux_tiny", 2, 2, 1, 3,
                                                              false, 2, true}),
                          [](const ::testing::TestParamInfo<test::FixturePlan>& info) {
                            return info.param.name();
