@@ -58,6 +58,17 @@ inline ModelFlops model_flops(const ModelConfig& config, int64_t seq_len) {
   return f;
 }
 
+// Layer `layer`'s forward FLOPs per token: its own MLP's (a dense layer among MoE layers differs
+// from the mean model_flops gives).
+inline double layer_forward_flops(const ModelConfig& config, int64_t seq_len, int64_t layer) {
+  const DecoderParts parts = decoder_parts(config);
+  const double C = static_cast<double>(parts.width), T = static_cast<double>(seq_len);
+  const double q = static_cast<double>(parts.attention.q_width());
+  const double kv = static_cast<double>(parts.attention.kv_width());
+  return 2 * C * (q + 2 * kv) + 2 * C * q + mlp_gemm_forward(parts.layer_mlp(layer), C) +
+         4 * T * q;
+}
+
 // Model FLOPs of training on one token (forward and backward, the backward twice the forward;
 // recomputation not counted, as MFU's definition wants): 3 (n_layer layer_forward + head).
 inline double training_flops_per_token(const ModelConfig& config, int64_t seq_len) {

@@ -45,8 +45,19 @@ std::vector<int64_t> balanced_pipeline_split(const ModelConfig& config, int pp, 
   const ModelFlops flops = model_flops(config, seq_len);
   // The embedding's lookup and its backward's scatter-add: about 2 C per token.
   const double embedding = 2.0 * static_cast<double>(config.n_embd);
-  auto cost = [&](int stage, int64_t layers) {
-    return static_cast<double>(layers) * flops.layer_forward + (stage == 0 ? embedding : 0.0) +
+  // Layers that differ (a dense layer among MoE layers) count their own FLOPs: prefix sums.
+  const bool mixed = decoder_parts(config).mixed_layers();
+  std::vector<double> before(static_cast<size_t>(L) + 1, 0.0);
+  for (int64_t l = 0; mixed && l < L; ++l) {
+    before[static_cast<size_t>(l) + 1] =
+        before[static_cast<size_t>(l)] + layer_forward_flops(config, seq_len, l);
+  }
+  auto layers_cost = [&](int64_t first, int64_t layers) {
+    return mixed ? before[static_cast<size_t>(first + layers)] - before[static_cast<size_t>(first)]
+                 : static_cast<double>(layers) * flops.layer_forward;
+  };
+  auto cost = [&](int stage, int64_t first, int64_t layers) {
+    return layers_cost(first, layers) + (stage == 0 ? embedding : 0.0) +
            (stage == pp - 1 ? flops.head_forward : 0.0);
   };
   // best[s][u]: the best score of stages s.. over the layers u.. (each stage at least one).
@@ -57,7 +68,8 @@ std::vector<int64_t> balanced_pipeline_split(const ModelConfig& config, int pp, 
     for (int64_t u = s; u + (pp - s) <= L; ++u) {
       SplitScore& b = best[static_cast<size_t>(s)][static_cast<size_t>(u)];
       for (int64_t n = 1; u + n + (pp - s - 1) <= L; ++n) {
-        const SplitScore candidate = with_stage(cost(s, n), best[static_cast<size_t>(s) + 1][static_cast<size_t>(u + n)]);
+        const SplitScore candidate =
+            with_stage(cost(s, u, n), best[static_cast<size_t>(s) + 1][static_cast<size_t>(u + n)]);
         if (better(candidate, b)) b = candidate;
       }
     }
@@ -69,7 +81,9 @@ std::vector<int64_t> balanced_pipeline_split(const ModelConfig& config, int pp, 
   for (int s = 0; s < pp; ++s) {
     const SplitScore& target = best[static_cast<size_t>(s)][static_cast<size_t>(used)];
     for (int64_t n = 1; used + n + (pp - s - 1) <= L; ++n) {
-      if (equal(with_stage(cost(s, n), best[static_cast<size_t>(s) + 1][static_cast<size_t>(used + n)]), target)) {
+      if (equal(with_stage(cost(s, used, n),
+                           best[static_cast<size_t>(s) + 1][static_cast<size_t>(used + n)]),
+                target)) {
         split.push_back(n);
         used += n;
         break;

@@ -1,7 +1,8 @@
 // How a pipeline cuts the model: layers per stage (the split), and what each stage holds.
 //
 // The planner's split balances the stages' work: each stage's forward FLOPs per token
-// (parallel/model_flops.h) are its layers' plus the embedding's on the first stage and the LM
+// (parallel/model_flops.h) are its layers' (each its own where they differ: a dense layer among
+// mixture-of-experts layers) plus the embedding's on the first stage and the LM
 // head's on the last (2 C Vp: at GPT-2's vocabulary about 4.5 layers of gpt2-124m, one layer
 // of 6b), and the split is the contiguous one whose slowest stage is fastest (then the most
 // even; then the one with the fewest layers early, where 1F1B keeps the most micro-batches in

@@ -16,6 +16,8 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "parallel/model_flops.h"
+#include "parallel/pipeline_split.h"
 #include "parallel/planner.h"
 #include "test_machines.h"
 
@@ -344,6 +346,27 @@ TEST(Planner, GlobalBatchAndSequenceLength) {
   const PlanResult s = plan("gpt2-124m", h100_x8(), six);
   EXPECT_GE(s.best.plan.tokens_per_step(), kDefaultGlobalBatchTokens);
   EXPECT_LE(s.best.plan.tokens_per_step() * 16, kDefaultGlobalBatchTokens * 17);
+}
+
+}  // namespace
+}  // namespace dstrain
+
+namespace dstrain {
+namespace {
+
+// The balanced pipeline split counts each layer's own FLOPs where they differ: DeepSeekMoE's
+// dense first layer, here far wider than its MoE layers' active experts, gets a stage alone.
+TEST(PipelineSplit, ADenseLayerAmongMoeLayersCountsItsOwnFlops) {
+  const ModelConfig config = model_config_from_json(R"({"model_type": "deepseek",
+      "vocab_size": 97, "hidden_size": 32, "intermediate_size": 4096, "moe_intermediate_size": 16,
+      "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
+      "n_routed_experts": 4, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
+      "max_position_embeddings": 64})", "wide-dense");
+  EXPECT_GT(layer_forward_flops(config, 64, 0), 10 * layer_forward_flops(config, 64, 1));
+  EXPECT_EQ(balanced_pipeline_split(config, 2, 64), (std::vector<int64_t>{1, 3}));
+  // Alike layers: the split of equal layers, as before.
+  EXPECT_EQ(balanced_pipeline_split(load_model_config("moe-tiny"), 2, 64),
+            (std::vector<int64_t>{1, 1}));
 }
 
 }  // namespace
