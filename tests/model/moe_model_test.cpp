@@ -15,8 +15,8 @@
 #include "model/decoder.h"
 #include "model/stage.h"
 #include "tests/model/gradient_checks.h"
-#include "tests/model/reference_fixture.h"
 #include "tests/model/host_params.h"
+#include "tests/model/reference_fixture.h"
 
 namespace dstrain {
 namespace {
@@ -215,17 +215,21 @@ TEST(MoeConfig, DeepSeekMoePresetFieldsLayersAndParameterCount) {
   EXPECT_FALSE(layout.contains("model.layers.0.mlp.gate.weight"));
 }
 
+// The UserError a config.json gets, or "" when it parses.
+std::string config_error(const std::string& json) {
+  try {
+    model_config_from_json(json, "m");
+  } catch (const UserError& error) {
+    return std::string(error.what());
+  }
+  return std::string();
+}
+
 TEST(MoeConfig, DeepSeekRoutersDstrainDoesNotRunAreOneSentence) {
-  std::string base = test::slurp(std::string(DSTRAIN_SOURCE_DIR) + "/configs/models/deepseek-moe-16b.json");
+  std::string base =
+      test::slurp(std::string(DSTRAIN_SOURCE_DIR) + "/configs/models/deepseek-moe-16b.json");
   base = base.substr(0, base.rfind('}'));
-  auto message = [&](const std::string& extra) {
-    try {
-      model_config_from_json(base + extra + "}", "m");
-    } catch (const UserError& error) {
-      return std::string(error.what());
-    }
-    return std::string();
-  };
+  auto message = [&](const std::string& extra) { return config_error(base + extra + "}"); };
   EXPECT_EQ(message(""), "");
   EXPECT_NE(message(R"(, "topk_method": "group_limited_greedy")").find("topk_method"),
             std::string::npos);
@@ -238,21 +242,16 @@ TEST(MoeConfig, WhatDstrainDoesNotDoYetIsOneSentence) {
     "max_position_embeddings": 32, "hidden_size": 32, "intermediate_size": 16,
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_local_experts": 4,
     "num_experts_per_tok": 2)";
-  auto message = [&](const std::string& extra) {
-    try {
-      model_config_from_json(base + extra + "}", "m");
-    } catch (const UserError& error) {
-      return std::string(error.what());
-    }
-    return std::string();
-  };
+  auto message = [&](const std::string& extra) { return config_error(base + extra + "}"); };
   EXPECT_EQ(message(""), "");
   // The load-balancing loss is read (transformers' default coefficient 0.001), not refused.
   EXPECT_EQ(message(R"(, "output_router_logits": true)"), "");
-  EXPECT_EQ(model_config_from_json(base + R"(, "output_router_logits": true})", "m").moe.aux_loss_coef,
-            0.001);
-  EXPECT_EQ(model_config_from_json(base + R"(, "router_aux_loss_coef": 0.02})", "m").moe.aux_loss_coef,
-            0.0);
+  EXPECT_EQ(
+      model_config_from_json(base + R"(, "output_router_logits": true})", "m").moe.aux_loss_coef,
+      0.001);
+  EXPECT_EQ(
+      model_config_from_json(base + R"(, "router_aux_loss_coef": 0.02})", "m").moe.aux_loss_coef,
+      0.0);
   EXPECT_NE(message(R"(, "sliding_window": 4096)").find("sliding-window"), std::string::npos);
   EXPECT_NE(message(R"(, "router_jitter_noise": 0.1)").find("jitter"), std::string::npos);
   EXPECT_NE(message(R"(, "num_experts_per_tok": 5)").find("num_experts_per_tok"),

@@ -40,6 +40,8 @@ try:
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from make_deepseek_reference import DeepseekForCausalLM  # noqa: E402
+    # The same run of dstrain and the same data as the transformers check.
+    from check_in_transformers import train_with_dstrain, tokens_of  # noqa: E402
     from make_gpt2_reference import cross_entropy, micro_batch  # noqa: E402
 except ImportError as error:
     print(f"skipped: {error} (install python3-torch and transformers to run this check)")
@@ -62,36 +64,6 @@ DEEPSEEK_DEFAULTS = {
     "hidden_act": "silu", "attention_bias": False, "attention_dropout": 0.0,
     "rope_scaling": None, "pretraining_tp": 1, "initializer_range": 0.02,
 }
-
-
-def train_with_dstrain(dstrain, fixture, expected, out_dir, save_dtype="fp32"):
-    data = os.path.join(fixture, "train.bin")
-    flags = {
-        "model": fixture, "init-from": fixture, "data": data, "val-data": data,
-        "save-dtype": save_dtype,
-        "batch": expected["batch"], "seq-len": expected["seq_len"],
-        "grad-accum": expected["grad_accum"], "steps": expected["steps"],
-        "lr": expected["lr"], "min-lr": expected["min_lr"], "warmup": expected["warmup"],
-        "lr-schedule": expected["lr_schedule"], "weight-decay": expected["weight_decay"],
-        "beta1": expected["beta1"], "beta2": expected["beta2"], "eps": expected["eps"],
-        "grad-clip": expected["grad_clip"], "eval-every": 0, "sample": 0, "device": "cpu",
-        "out": out_dir, "save-shard-size": "30K",
-    }
-    command = [dstrain, "--quiet"] + [f"--{k}={v}" for k, v in flags.items()]
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    latest = os.path.join(out_dir, "latest")  # a link to step-000010: what users load
-    assert os.path.realpath(latest) == os.path.realpath(
-        os.path.join(out_dir, "step-%06d" % expected["steps"])), latest
-    return latest
-
-
-def tokens_of(path):
-    """The uint16 tokens of an llm.c shard (256 int32 header)."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    header = torch.frombuffer(bytearray(raw[:1024]), dtype=torch.int32)
-    count = int(header[2])
-    return torch.frombuffer(bytearray(raw[1024:1024 + 2 * count]), dtype=torch.int16).long() & 0xFFFF
 
 
 def mean_loss(model, tokens, expected):

@@ -78,20 +78,7 @@ std::string write_model_config(const fs::path& dir, const std::string& model) {
 
 // A stream a small model can learn: mostly the next token is 7 * token + 2 (mod 61).
 std::string write_tokens(const fs::path& dir) {
-  const fs::path path = dir / "tokens.u16";
-  if (fs::exists(path)) return path.string();
-  Rng rng(4321, 0);
-  std::vector<uint16_t> tokens(40000);
-  uint32_t token = 3;
-  for (uint16_t& t : tokens) {
-    const double u = rng.uniform();
-    token = (7 * token + 2 + (u < 0.8 ? 0 : u < 0.9 ? 1 : 2)) % kVocab;
-    t = static_cast<uint16_t>(token);
-  }
-  std::ofstream(path, std::ios::binary)
-      .write(reinterpret_cast<const char*>(tokens.data()),
-             static_cast<std::streamsize>(tokens.size() * sizeof(uint16_t)));
-  return path.string();
+  return test::write_learnable_tokens(dir, kVocab, 7, 2, 4321);
 }
 
 TrainOptions split_options(const fs::path& dir, const EpSplit& s) {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/rng.h"
 #include "core/safetensors.h"
 #include "tests/common/temp_dir.h"
 #include "train/options.h"
@@ -61,6 +62,27 @@ inline TrainOptions small_run_options(const std::filesystem::path& dir, const st
   options.log = (dir / (name + ".jsonl")).string();
   options.out = (dir / name).string();
   return options;
+}
+
+// A token stream a small model can learn, written once to dir/tokens.u16 (raw uint16): mostly
+// the next token is (multiplier * token + increment) mod vocab, sometimes one or two more.
+inline std::string write_learnable_tokens(const std::filesystem::path& dir, uint32_t vocab,
+                                          uint32_t multiplier, uint32_t increment,
+                                          uint64_t seed) {
+  const std::filesystem::path path = dir / "tokens.u16";
+  if (std::filesystem::exists(path)) return path.string();
+  Rng rng(seed, 0);
+  std::vector<uint16_t> tokens(40000);
+  uint32_t token = 7 % vocab;
+  for (uint16_t& t : tokens) {
+    const double u = rng.uniform();
+    token = (multiplier * token + increment + (u < 0.8 ? 0 : u < 0.9 ? 1 : 2)) % vocab;
+    t = static_cast<uint16_t>(token);
+  }
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(tokens.data()),
+             static_cast<std::streamsize>(tokens.size() * sizeof(uint16_t)));
+  return path.string();
 }
 
 // Every tensor of the run's final checkpoint, as fp32.

@@ -76,20 +76,7 @@ std::string write_model_config(const fs::path& dir) {
 // A stream over all 97 tokens that a small model can learn: mostly the next token is
 // 5 * token + 3 (mod 97), sometimes one or two more.
 std::string write_tokens(const fs::path& dir) {
-  const fs::path path = dir / "tokens.u16";
-  if (fs::exists(path)) return path.string();
-  Rng rng(1234, 0);
-  std::vector<uint16_t> tokens(40000);
-  uint32_t token = 7;
-  for (uint16_t& t : tokens) {
-    const double u = rng.uniform();
-    token = (5 * token + 3 + (u < 0.8 ? 0 : u < 0.9 ? 1 : 2)) % kVocab;
-    t = static_cast<uint16_t>(token);
-  }
-  std::ofstream(path, std::ios::binary)
-      .write(reinterpret_cast<const char*>(tokens.data()),
-             static_cast<std::streamsize>(tokens.size() * sizeof(uint16_t)));
-  return path.string();
+  return test::write_learnable_tokens(dir, kVocab, 5, 3, 1234);
 }
 
 TrainOptions split_options(const fs::path& dir, const Split& s) {
