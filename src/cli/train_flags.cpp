@@ -100,6 +100,11 @@ po::options_description optimizer_flags(TrainOptions& o) {
       ("eps", po::value(&o.eps)->default_value(o.eps, "1e-8")->value_name("E"), "AdamW epsilon")
       ("grad-clip", po::value(&o.grad_clip)->default_value(o.grad_clip, "1.0")->value_name("NORM"),
        "clip the global gradient norm to this (0 disables)")
+      ("moe-expert-capacity-factor", po::value(&o.moe_capacity_factor)->default_value(o.moe_capacity_factor, "0")->value_name("F"),
+       "mixture-of-experts models: each expert runs at most F x its even share of a "
+       "micro-batch's token copies (the first in token order), the others are dropped and "
+       "counted in the step records (Megatron's flag; 0: dropless, every token reaches its k "
+       "experts)")
       ("seed", po::value(&o.seed)->default_value(o.seed)->value_name("N"),
        "seed of initialization, shuffling and sampling")
       ("precision", po::value(&o.precision)->value_name("DTYPE"),

@@ -478,10 +478,14 @@ Tensor Decoder::mlp_forward(const LayerRun& run, Tensor norm2_full) const {
   if (part.kind == MlpKind::MoE) {
     Tensor out = prefix(run.workspace[kScratch], {N, config_.n_embd});
     const MoeActivations moe = moe_activations(run);
-    moe_mlp_forward(run.backend, parts_.mlp, ep_, moe_weights(w, run.expert_weights), moe,
-                    moe_workspace(run), norm2_full, out, run.stream);
+    const int64_t dropped =
+        moe_mlp_forward(run.backend, parts_.mlp, ep_, moe_weights(w, run.expert_weights), moe,
+                        moe_workspace(run), norm2_full, out, run.stream);
     if (ep_.aux != nullptr && !run.recomputing) {
       ep_.aux->add_layer(run.backend, moe, run.layer == first_moe_layer_, run.stream);
+    }
+    if (ep_.load != nullptr && !run.recomputing && ep_.capacity_factor > 0) {
+      ep_.load->add_dropped(run.layer, dropped);
     }
     // Under tp every rank ran the whole experts on all rows: its stream rows are its own, with
     // no reduction.

@@ -20,7 +20,8 @@ class MoeAuxLoss;  // model/moe_aux_loss.h
 // another pipeline stage), the copies of its tokens each expert received, added up over the
 // micro-batches (counted in backward, so recomputed forwards and evaluation do not count).
 struct ExpertLoad {
-  std::vector<std::vector<int64_t>> tokens;  // [layer][expert]
+  std::vector<std::vector<int64_t>> tokens;  // [layer][expert]: the copies each expert ran
+  std::vector<int64_t> dropped;              // [layer]: copies a capacity factor dropped
 
   void add(int layer, const std::vector<int64_t>& counts) {
     if (tokens.size() <= static_cast<size_t>(layer)) tokens.resize(static_cast<size_t>(layer) + 1);
@@ -28,7 +29,14 @@ struct ExpertLoad {
     if (mine.empty()) mine.assign(counts.size(), 0);
     for (size_t e = 0; e < counts.size(); ++e) mine[e] += counts[e];
   }
-  void clear() { tokens.clear(); }
+  void add_dropped(int layer, int64_t count) {
+    if (dropped.size() <= static_cast<size_t>(layer)) dropped.resize(static_cast<size_t>(layer) + 1);
+    dropped[static_cast<size_t>(layer)] += count;
+  }
+  void clear() {
+    tokens.clear();
+    dropped.clear();
+  }
 };
 
 struct ExpertParallel {
@@ -39,6 +47,10 @@ struct ExpertParallel {
   // The load-balancing loss (where the config asks for it): the MoE layers add their routing in
   // forward and take its gradient in backward. nullptr: none.
   MoeAuxLoss* aux = nullptr;
+  // An expert capacity (Megatron's --moe-expert-capacity-factor): each expert keeps at most
+  // ceil(factor x N k / E) of a micro-batch's N k token copies on each rank, the first in token
+  // order; the others are dropped (they add nothing to their token's output). 0: dropless.
+  double capacity_factor = 0;
   bool enabled() const { return size > 1; }
 };
 

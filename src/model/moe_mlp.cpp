@@ -1,6 +1,7 @@
 #include "model/moe_mlp.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/check.h"
 #include "core/trace.h"
@@ -291,48 +292,87 @@ std::vector<int64_t> moe_expert_tokens(Backend& backend, const MoeActivations& a
   return tokens;
 }
 
+int64_t moe_capacity(double factor, const MoeShape& s) {
+  return static_cast<int64_t>(std::ceil(factor * static_cast<double>(s.M) / static_cast<double>(s.E)));
+}
+
+int64_t moe_apply_capacity(Backend& backend, const MoeActivations& a, int64_t capacity,
+                           Stream stream) {
+  const std::vector<int32_t> offsets = read_i32(backend, a.offsets, stream);
+  const std::vector<int32_t> source = read_i32(backend, a.source_rows, stream);
+  std::vector<int32_t> dest = read_i32(backend, a.dest_rows, stream);
+  const size_t E = offsets.size() - 1;
+  // Each row's expert, and its place among the kept rows (-1: dropped).
+  std::vector<int32_t> kept_offsets(E + 1, 0), new_row(source.size(), -1), new_source;
+  for (size_t e = 0; e < E; ++e) {
+    const int64_t rows = offsets[e + 1] - offsets[e];
+    const int64_t keep = std::min(rows, capacity);
+    for (int64_t r = 0; r < keep; ++r) {
+      new_row[static_cast<size_t>(offsets[e] + r)] = static_cast<int32_t>(new_source.size());
+      new_source.push_back(source[static_cast<size_t>(offsets[e] + r)]);
+    }
+    kept_offsets[e + 1] = static_cast<int32_t>(new_source.size());
+  }
+  for (int32_t& d : dest) d = d < 0 ? -1 : new_row[static_cast<size_t>(d)];
+  write_i32(backend, a.offsets, kept_offsets, stream);
+  write_i32(backend, a.source_rows, new_source, stream);
+  write_i32(backend, a.dest_rows, dest, stream);
+  return static_cast<int64_t>(source.size() - new_source.size());
+}
+
 int64_t moe_expert_rows(Backend& backend, const MoeShape& s, const MoeActivations& a,
                         Stream stream) {
-  if (s.ep == 1) return s.M;
+  if (s.ep == 1) return read_i32(backend, a.offsets, stream).back();  // M, or what a capacity kept
   int64_t rows = 0;
   for (int32_t count : read_i32(backend, a.recv_counts, stream)) rows += count;
   return rows;
 }
 
-void moe_mlp_forward(Backend& backend, const MlpPart& mlp, const ExpertParallel& ep,
-                     const MoeWeights& w, const MoeActivations& a, const MoeWorkspace& ws, Tensor x,
-                     Tensor out, Stream stream) {
+int64_t moe_mlp_forward(Backend& backend, const MlpPart& mlp, const ExpertParallel& ep,
+                        const MoeWeights& w, const MoeActivations& a, const MoeWorkspace& ws,
+                        Tensor x, Tensor out, Stream stream) {
+  const MoeShape s = moe_shape(mlp, x.size(0), x.size(1), ep.size);
   const Tensor logits = ws.logits;
   backend.matmul_forward(logits, x, w.router, Tensor(), true, stream);
   backend.moe_route(a.topk_weight, a.topk_expert, a.scores, logits, moe_routing(mlp), stream);
   backend.moe_dispatch(a.offsets, a.source_rows, a.dest_rows, a.topk_expert,
                        static_cast<int>(mlp.experts), stream);
+  const int64_t dropped =
+      ep.capacity_factor > 0
+          ? moe_apply_capacity(backend, a, moe_capacity(ep.capacity_factor, s), stream)
+          : 0;
+  const int64_t rows = s.M - dropped;  // the copies the experts run, in expert order
   if (ep.enabled()) {
-    backend.moe_gather(ws.send_rows, x, a.source_rows, stream);
-    exchanged_experts_forward(backend, ep, moe_shape(mlp, x.size(0), x.size(1), ep.size), w, a, ws,
-                              stream);
+    backend.moe_gather(rows_of(ws.send_rows, rows), x, rows_of(a.source_rows, rows), stream);
+    exchanged_experts_forward(backend, ep, s, w, a, ws, stream);
   } else {
-    backend.moe_gather(a.inp, x, a.source_rows, stream);
-    experts_forward(backend, w, a.inp, a.up, a.act, a.out, a.offsets, stream);
+    backend.moe_gather(rows_of(a.inp, rows), x, rows_of(a.source_rows, rows), stream);
+    experts_forward(backend, w, rows_of(a.inp, rows), rows_of(a.up, rows), rows_of(a.act, rows),
+                    rows_of(a.out, rows), a.offsets, stream);
   }
-  backend.moe_combine(out, a.out, a.dest_rows, a.topk_weight, stream);
+  backend.moe_combine(out, rows_of(a.out, rows), a.dest_rows, a.topk_weight, stream);
   if (mlp.shared_width > 0) shared_expert_forward(backend, w, a, ws, x, out, stream);
+  return dropped;
 }
 
 void moe_mlp_backward(Backend& backend, const MlpPart& mlp, const ExpertParallel& ep,
                       const MoeWeights& w, const MoeWeights& g, const MoeActivations& a,
                       const MoeWorkspace& ws, Tensor x, Tensor dout, Tensor dx, Stream stream) {
-  backend.moe_combine_backward(ws.dout_rows, ws.dtopk_weight, dout, a.out, a.dest_rows,
-                               a.topk_weight, stream);
+  const MoeShape s = moe_shape(mlp, x.size(0), x.size(1), ep.size);
+  // The copies the experts ran: all M, or what a capacity kept (the dispatch offsets' end).
+  const int64_t rows =
+      ep.capacity_factor > 0 ? read_i32(backend, a.offsets, stream).back() : s.M;
+  backend.moe_combine_backward(rows_of(ws.dout_rows, rows), ws.dtopk_weight, dout,
+                               rows_of(a.out, rows), a.dest_rows, a.topk_weight, stream);
   if (ep.enabled()) {
-    exchanged_experts_backward(backend, ep, moe_shape(mlp, x.size(0), x.size(1), ep.size), w, g, a,
-                               ws, stream);
+    exchanged_experts_backward(backend, ep, s, w, g, a, ws, stream);
   } else {
-    experts_backward(backend, w, g, a.inp, a.up, a.act, ws.dout_rows, ws.dup, ws.dact, ws.dinp_rows,
-                     a.offsets, stream);
+    experts_backward(backend, w, g, rows_of(a.inp, rows), rows_of(a.up, rows),
+                     rows_of(a.act, rows), rows_of(ws.dout_rows, rows), rows_of(ws.dup, rows),
+                     rows_of(ws.dact, rows), rows_of(ws.dinp_rows, rows), a.offsets, stream);
   }
   // The copies' gradients summed back into token order, then the router's path added.
-  backend.moe_combine(dx, ws.dinp_rows, a.dest_rows, Tensor(), stream);
+  backend.moe_combine(dx, rows_of(ws.dinp_rows, rows), a.dest_rows, Tensor(), stream);
   backend.moe_route_backward(ws.logits, ws.dtopk_weight, ws.aux_dscores, a.scores, a.topk_expert,
                              moe_routing(mlp), stream);
   backend.matmul_backward(ws.dx_router, g.router, Tensor(), ws.logits, x, w.router, true, stream);

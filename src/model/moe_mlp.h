@@ -127,14 +127,23 @@ std::vector<TensorSpec> moe_workspace_specs(const MoeShape& s, DType dtype, bool
 // dispatch offsets).
 std::vector<int64_t> moe_expert_tokens(Backend& backend, const MoeActivations& a, Stream stream);
 
+// An expert capacity (ExpertParallel::capacity_factor > 0): after the dispatch, each expert keeps
+// its first `capacity` rows (in token order); the other choices are dropped (dest_rows -1) and
+// the kept rows close up (offsets and source_rows rewritten). Returns the copies dropped.
+int64_t moe_apply_capacity(Backend& backend, const MoeActivations& a, int64_t capacity,
+                           Stream stream);
+// The capacity of a micro-batch's experts: ceil(factor x N k / E).
+int64_t moe_capacity(double factor, const MoeShape& s);
+
 // The rows this rank's experts saw in the forward that kept `a` (its tokens' M copies without
 // expert parallelism; with it, what the peers sent: read from the kept counts).
 int64_t moe_expert_rows(Backend& backend, const MoeShape& s, const MoeActivations& a,
                         Stream stream);
 
 // out (N, C) = sum over each token's k experts of weight * expert(x), x (N, C) the norm's output.
-// w.up and w.down hold this rank's experts (E / ep).
-void moe_mlp_forward(Backend& backend, const MlpPart& mlp, const ExpertParallel& ep,
+// w.up and w.down hold this rank's experts (E / ep). Returns the token copies an expert capacity
+// dropped (0 when dropless).
+int64_t moe_mlp_forward(Backend& backend, const MlpPart& mlp, const ExpertParallel& ep,
                      const MoeWeights& w, const MoeActivations& a, const MoeWorkspace& ws, Tensor x,
                      Tensor out, Stream stream);
 // dx (N, C) = dL/dx (overwritten) from dout (N, C); the weights' gradients g are added to.

@@ -8,26 +8,31 @@ namespace dstrain {
 
 std::vector<LayerLoad> gather_expert_load(Communicator& world, const ExpertLoad& mine, bool counted,
                                           int layers, int64_t experts) {
-  const size_t per_rank = static_cast<size_t>(layers) * static_cast<size_t>(experts);
-  std::vector<double> counts(per_rank, 0.0);  // exact below 2^53 copies
+  // Per layer: each expert's copies, then the copies dropped; exact below 2^53.
+  const size_t stride = static_cast<size_t>(experts) + 1;
+  const size_t per_rank = static_cast<size_t>(layers) * stride;
+  std::vector<double> counts(per_rank, 0.0);
   for (size_t l = 0; counted && l < mine.tokens.size(); ++l) {
     for (size_t e = 0; e < mine.tokens[l].size(); ++e) {
-      counts[l * static_cast<size_t>(experts) + e] = static_cast<double>(mine.tokens[l][e]);
+      counts[l * stride + e] = static_cast<double>(mine.tokens[l][e]);
     }
+  }
+  for (size_t l = 0; counted && l < mine.dropped.size(); ++l) {
+    counts[l * stride + stride - 1] = static_cast<double>(mine.dropped[l]);
   }
   const std::vector<double> all = all_gather_values(world, counts);
   std::vector<double> sum(per_rank, 0.0);
   for (size_t i = 0; i < all.size(); ++i) sum[i % per_rank] += all[i];
   std::vector<LayerLoad> load;
   for (int l = 0; l < layers; ++l) {
-    const auto first = sum.begin() + static_cast<std::ptrdiff_t>(l * experts);
+    const auto first = sum.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(l) * stride);
     const auto last = first + static_cast<std::ptrdiff_t>(experts);
     double total = 0;
     for (auto it = first; it != last; ++it) total += *it;
-    if (total == 0) continue;  // a dense layer
+    if (total == 0 && *last == 0) continue;  // a dense layer
     load.push_back({l, static_cast<int64_t>(*std::min_element(first, last)),
                     static_cast<int64_t>(*std::max_element(first, last)),
-                    total / static_cast<double>(experts)});
+                    total / static_cast<double>(experts), static_cast<int64_t>(*last)});
   }
   return load;
 }
@@ -35,7 +40,11 @@ std::vector<LayerLoad> gather_expert_load(Communicator& world, const ExpertLoad&
 nlohmann::json expert_load_json(const std::vector<LayerLoad>& load) {
   nlohmann::json layers = nlohmann::json::array();
   for (const LayerLoad& l : load) {
-    layers.push_back({{"layer", l.layer}, {"min", l.min}, {"max", l.max}, {"mean", l.mean}});
+    layers.push_back({{"layer", l.layer},
+                      {"min", l.min},
+                      {"max", l.max},
+                      {"mean", l.mean},
+                      {"dropped", l.dropped}});
   }
   return layers;
 }

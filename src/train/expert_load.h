@@ -1,6 +1,7 @@
-// The step records' expert load (issue: MoE step records): for each mixture-of-experts layer,
-// the fewest and the most token copies any expert received over the step's micro-batches and
-// every data-parallel rank, against the mean (k tokens' worth spread evenly over the experts).
+// The step records' expert load: for each mixture-of-experts layer,
+// the fewest and the most token copies any expert ran over the step's micro-batches and every
+// data-parallel rank, against the mean (what it ran spread evenly over the experts), and the
+// copies an expert capacity dropped.
 // A balanced router keeps max / mean near 1; a collapsed one sends most copies to a few experts.
 #pragma once
 
@@ -17,6 +18,7 @@ struct LayerLoad {
   int layer = 0;
   int64_t min = 0, max = 0;
   double mean = 0;
+  int64_t dropped = 0;  // copies an expert capacity dropped (--moe-expert-capacity-factor)
 };
 
 // Every rank's `mine` summed over the world (only tp index 0's counted: tp ranks route the same
@@ -24,7 +26,7 @@ struct LayerLoad {
 std::vector<LayerLoad> gather_expert_load(Communicator& world, const ExpertLoad& mine, bool counted,
                                           int layers, int64_t experts);
 
-// [{"layer": l, "min": ..., "max": ..., "mean": ...}, ...]
+// [{"layer": l, "min": ..., "max": ..., "mean": ..., "dropped": ...}, ...]
 nlohmann::json expert_load_json(const std::vector<LayerLoad>& load);
 
 }  // namespace dstrain

@@ -46,6 +46,8 @@ void validate_options(const TrainOptions& options) {
   DSTRAIN_USER_CHECK(options.beta2 >= 0 && options.beta2 < 1) << "--beta2 must be in [0, 1)";
   DSTRAIN_USER_CHECK(options.eps > 0) << "--eps must be positive";
   DSTRAIN_USER_CHECK(options.grad_clip >= 0) << "--grad-clip must not be negative (0 disables)";
+  DSTRAIN_USER_CHECK(options.moe_capacity_factor >= 0)
+      << "--moe-expert-capacity-factor must not be negative (0: dropless)";
   DSTRAIN_USER_CHECK(options.eval_every >= 0) << "--eval-every must not be negative (0 disables)";
   DSTRAIN_USER_CHECK(options.eval_batches >= 1) << "--eval-batches must be at least 1";
   DSTRAIN_USER_CHECK(options.save_every >= 0) << "--save-every must not be negative";
@@ -119,6 +121,7 @@ void for_each_run_setting(TrainOptions& o, Fn&& fn) {
   fn("beta2", o.beta2);
   fn("eps", o.eps);
   fn("grad-clip", o.grad_clip);
+  fn("moe-expert-capacity-factor", o.moe_capacity_factor);
   fn("seed", o.seed);
   fn("precision", o.precision);
   fn("loss-scale-init", o.loss_scaling.initial_scale);

@@ -72,6 +72,9 @@ struct TrainOptions {
   double beta2 = 0.95;
   double eps = 1e-8;
   double grad_clip = 1.0;          // 0 disables
+  // Mixture-of-experts models: each expert's capacity per micro-batch and rank, as a factor of
+  // its even share of the token copies (model/expert_parallel.h); 0: dropless.
+  double moe_capacity_factor = 0;
   uint64_t seed = 1337;
   std::string precision = "fp32";
   LossScaling loss_scaling;        // fp16's dynamic loss scaling (optim/grad_scaler.h)

@@ -127,6 +127,10 @@ Problem make_problem(int ep, Routing routing, uint64_t seed) {
 // gradients.
 struct Result {
   std::vector<float> out, dx, dup, ddown, drouter;
+  // The routing and each copy's expert output (one rank: all experts), and the copies dropped.
+  std::vector<int32_t> offsets, dest;
+  std::vector<float> weights, rows;
+  int64_t dropped = 0;
 };
 
 // Forward and backward of `tokens` rows of x starting at token `first`, with experts
@@ -153,10 +157,25 @@ Result run_pass(Backend& backend, const Problem& p, const ExpertParallel& ep, in
   g.up = m.make(DType::F32, {s.El, 2 * I, C});
   g.down = m.make(DType::F32, {s.El, C, I});
   Tensor out = m.make(DType::F32, {tokens, C}), dx = m.make(DType::F32, {tokens, C});
-  moe_mlp_forward(backend, mlp, ep, w, b.a, b.ws, x, out, nullptr);
-  moe_mlp_backward(backend, mlp, ep, w, g, b.a, b.ws, x, dout, dx, nullptr);
+  const int64_t dropped = moe_mlp_forward(backend, mlp, ep, w, b.a, b.ws, x, out, nullptr);
+  Result r;
   auto values = [](Tensor t) { return std::vector<float>(t.f32(), t.f32() + t.numel()); };
-  return {values(out), values(dx), values(g.up), values(g.down), values(g.router)};
+  auto indices = [](Tensor t) {
+    return std::vector<int32_t>(static_cast<const int32_t*>(t.data),
+                                static_cast<const int32_t*>(t.data) + t.numel());
+  };
+  r.offsets = indices(b.a.offsets);
+  r.dest = indices(b.a.dest_rows);
+  r.weights = values(b.a.topk_weight);
+  r.rows = values(b.a.out);
+  r.dropped = dropped;
+  moe_mlp_backward(backend, mlp, ep, w, g, b.a, b.ws, x, dout, dx, nullptr);
+  r.out = values(out);
+  r.dx = values(dx);
+  r.dup = values(g.up);
+  r.ddown = values(g.down);
+  r.drouter = values(g.router);
+  return r;
 }
 
 void expect_near(const std::vector<float>& got, const float* want, size_t n,
@@ -217,6 +236,77 @@ TEST(ExpertParallel, RanksWhoseExpertsReceiveNothingMatchOneRank) {
   });
   ASSERT_FALSE(last_up.empty());
   for (float g : last_up) ASSERT_EQ(g, 0.0f) << "an expert without rows got a gradient";
+}
+
+// An expert capacity keeps each expert's first ceil(f x M / E) copies in token order. Against the
+// dropless pass: each token's output is the sum over its kept choices of weight x that copy's
+// expert output (float64 here), the dropped count is what the experts had beyond capacity, and
+// a capacity no expert reaches changes no bit.
+TEST(ExpertParallel, ACapacityDropsEachExpertsLateCopies) {
+  std::unique_ptr<Backend> backend = make_cpu_backend(1);
+  const int64_t N = 2 * kTokens, M = N * kTopK;
+  for (uint64_t seed : {11u, 12u, 13u}) {
+    const Problem p = make_problem(2, Routing::Random, seed);
+    const Result dropless = run_pass(*backend, p, ExpertParallel{}, 0, N);
+    ExpertParallel capped;
+    capped.capacity_factor = 0.5;
+    const Result dropped = run_pass(*backend, p, capped, 0, N);
+    const int64_t capacity = (M / 2 + kExperts - 1) / kExperts;  // ceil(0.5 M / E)
+    int64_t expected_drops = 0;
+    for (int64_t e = 0; e < kExperts; ++e) {
+      expected_drops +=
+          std::max<int64_t>(0, dropless.offsets[e + 1] - dropless.offsets[e] - capacity);
+    }
+    EXPECT_EQ(dropped.dropped, expected_drops) << "seed " << seed;
+    EXPECT_GT(dropped.dropped, 0) << "seed " << seed;
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t c = 0; c < kChannels; ++c) {
+        double want = 0;
+        for (int64_t j = 0; j < kTopK; ++j) {
+          const int32_t row = dropless.dest[static_cast<size_t>(n * kTopK + j)];
+          int64_t e = 0;
+          while (dropless.offsets[static_cast<size_t>(e + 1)] <= row) ++e;
+          if (row - dropless.offsets[static_cast<size_t>(e)] >= capacity) continue;
+          want += static_cast<double>(dropless.weights[static_cast<size_t>(n * kTopK + j)]) *
+                  dropless.rows[static_cast<size_t>(row * kChannels + c)];
+        }
+        ASSERT_NEAR(dropped.out[static_cast<size_t>(n * kChannels + c)], want, 1e-5)
+            << "seed " << seed << ", token " << n;
+      }
+    }
+    ExpertParallel roomy;
+    roomy.capacity_factor = static_cast<double>(kExperts);  // capacity M: nothing dropped
+    const Result same = run_pass(*backend, p, roomy, 0, N);
+    EXPECT_EQ(same.dropped, 0);
+    EXPECT_EQ(same.out, dropless.out);
+    EXPECT_EQ(same.dx, dropless.dx);
+    EXPECT_EQ(same.dup, dropless.dup);
+    EXPECT_EQ(same.drouter, dropless.drouter);
+  }
+}
+
+// Under expert parallelism each rank's capacity is its own copies': a rank's outputs and input
+// gradients equal one rank's with the same capacity over that rank's tokens alone.
+TEST(ExpertParallel, ACapacityUnderExpertParallelismIsEachRanksOwn) {
+  const Problem p = make_problem(2, Routing::Random, 21);
+  std::unique_ptr<Backend> one = make_cpu_backend(1);
+  ExpertParallel capped;
+  capped.capacity_factor = 0.75;
+  std::vector<Result> alone, ranks(2);
+  for (int r = 0; r < 2; ++r) alone.push_back(run_pass(*one, p, capped, r * kTokens, kTokens));
+  run_local_ranks(2, 30.0, [&](Communicator& comm) {
+    std::unique_ptr<Backend> backend = make_cpu_backend(1);
+    ExpertParallel ep{2, comm.rank(), &comm};
+    ep.capacity_factor = 0.75;
+    ranks[static_cast<size_t>(comm.rank())] =
+        run_pass(*backend, p, ep, comm.rank() * kTokens, kTokens);
+  });
+  for (int r = 0; r < 2; ++r) {
+    const size_t n = static_cast<size_t>(kTokens * kChannels);
+    EXPECT_EQ(ranks[r].dropped, alone[r].dropped) << "rank " << r;
+    expect_near(ranks[r].out, alone[r].out.data(), n, "rank " + std::to_string(r) + " out");
+    expect_near(ranks[r].dx, alone[r].dx.data(), n, "rank " + std::to_string(r) + " dx");
+  }
 }
 
 // Every token picks its own rank's experts: nothing crosses between the ranks.

@@ -368,5 +368,34 @@ TEST(CudaTraining, ExpertParallelWithAGpuPerRankTrainsLikeTransformers) {
   }
 }
 
+// An expert capacity on the GPU: the dispatch rewritten on the host from device memory, the
+// experts' GEMMs over the kept rows only. The same drops and losses as the CPU backend.
+TEST(CudaTraining, AnExpertCapacityDropsTheSameAsTheCpuBackend) {
+  REQUIRE_CUDA_DEVICE();
+  const testing::TempDir dir;
+  std::vector<test::LoggedRun> runs;
+  for (const char* device : {"cpu", "cuda"}) {
+    TrainOptions options = test::fixture_run(test::FixturePlan{"mixtral_tiny"},
+                                             test::fixture_expected("mixtral_tiny"),
+                                             dir.path() / device);
+    options.device = device;
+    options.test.max_gpus = std::string(device) == "cuda" ? 1 : 0;
+    options.moe_capacity_factor = 0.75;
+    std::ostringstream out;
+    train(options, out);
+    runs.push_back(test::read_logged_run(options));
+  }
+  ASSERT_EQ(runs[0].steps.size(), runs[1].steps.size());
+  int64_t dropped = 0;
+  for (size_t i = 0; i < runs[0].steps.size(); ++i) {
+    EXPECT_EQ(runs[1].steps[i]["expert_load"], runs[0].steps[i]["expert_load"]) << "step " << i + 1;
+    EXPECT_NEAR(runs[1].losses[i], runs[0].losses[i], 1e-4 * runs[0].losses[i]) << "step " << i + 1;
+    for (const nlohmann::json& layer : runs[0].steps[i]["expert_load"]) {
+      dropped += layer["dropped"].get<int64_t>();
+    }
+  }
+  EXPECT_GT(dropped, 0);
+}
+
 }  // namespace
 }  // namespace dstrain

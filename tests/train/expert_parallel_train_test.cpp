@@ -293,6 +293,38 @@ TEST(ExpertParallelLog, TensorParallelCollectivesAreWhatTheCostModelCounts) {
   }
 }
 
+// --moe-expert-capacity-factor: each expert runs at most ceil(f x its even share) of a rank's
+// micro-batch copies. The step records count what was dropped; splitting the experts over ranks
+// changes no drop (each rank's capacity is over its own copies) and the losses within 1e-5.
+TEST(ExpertParallelCapacity, DroppedCopiesAreLoggedAndExpertParallelismDropsTheSame) {
+  testing::TempDir temp;
+  auto capped = [&](int ep) {
+    const EpSplit s = split("mixtral", 2, ep, 1, 1, false, "none");
+    TrainOptions options = split_options(temp.path() / s.name(), s);
+    options.moe_capacity_factor = 1.0;
+    std::ostringstream out;
+    train(options, out);
+    return test::read_logged_run(options);
+  };
+  const test::LoggedRun one = capped(1), two = capped(2);
+  // A rank's micro-batch: 2 x 16 tokens, 2 copies each over 4 experts: capacity 16 a rank.
+  const int64_t capacity_over_ranks = 2 * 16, micro_batches = test::kSmallRunMicroBatches / 2;
+  int64_t dropped = 0;
+  for (size_t i = 0; i < one.steps.size(); ++i) {
+    const nlohmann::json& a = one.steps[i]["expert_load"];
+    const nlohmann::json& b = two.steps[i]["expert_load"];
+    ASSERT_EQ(a.size(), 2u);
+    for (size_t l = 0; l < a.size(); ++l) {
+      EXPECT_EQ(a[l]["dropped"], b[l]["dropped"]) << "step " << i + 1;
+      EXPECT_LE(a[l]["max"].get<int64_t>(), micro_batches * capacity_over_ranks);
+      dropped += a[l]["dropped"].get<int64_t>();
+    }
+    EXPECT_NEAR(two.losses[i], one.losses[i], 1e-5 * one.losses[i]) << "step " << i + 1;
+  }
+  EXPECT_GT(dropped, 0);
+  EXPECT_LT(one.losses.back(), one.losses.front() - 0.5);
+}
+
 TEST(ExpertParallelFlags, WhatCannotSplitIsOneSentence) {
   testing::TempDir temp;
   test::expect_user_error(split_options(temp.path(), split("mixtral", 4, 3, 1, 0, false, "none")),
