@@ -279,7 +279,7 @@ int Decoder::moe_workspace_begin() const {
 }
 
 MoeShape Decoder::moe_shape_of(int64_t tokens) const {
-  return moe_shape(parts_.mlp, tokens, config_.n_embd, ep_.size);
+  return moe_shape(parts_.mlp, tokens, config_.n_embd, ep_.size, ep_.capacity_factor);
 }
 
 int64_t Decoder::mlp_rows(int kind, int64_t tokens) const {

@@ -8,7 +8,8 @@
 
 namespace dstrain {
 
-MoeShape moe_shape(const MlpPart& mlp, int64_t tokens, int64_t width, int ep) {
+MoeShape moe_shape(const MlpPart& mlp, int64_t tokens, int64_t width, int ep,
+                   double capacity_factor) {
   MoeShape s{tokens, mlp.top_k, tokens * mlp.top_k, mlp.experts,
              width,  mlp.width, mlp.shared_width};
   s.ep = ep;
@@ -16,6 +17,9 @@ MoeShape moe_shape(const MlpPart& mlp, int64_t tokens, int64_t width, int ep) {
   // The worst case a rank's experts may receive: every token of every peer sends it a copy for
   // each of its choices among this rank's El experts.
   s.R = ep == 1 ? s.M : ep * tokens * std::min(s.k, s.El);
+  // With a capacity, each of the ep senders gives each of this rank's El experts at most its
+  // capacity.
+  if (capacity_factor > 0) s.R = std::min(s.R, ep * s.El * moe_capacity(capacity_factor, s));
   s.aux = mlp.aux_loss;
   return s;
 }
@@ -331,7 +335,7 @@ int64_t moe_expert_rows(Backend& backend, const MoeShape& s, const MoeActivation
 int64_t moe_mlp_forward(Backend& backend, const MlpPart& mlp, const ExpertParallel& ep,
                         const MoeWeights& w, const MoeActivations& a, const MoeWorkspace& ws,
                         Tensor x, Tensor out, Stream stream) {
-  const MoeShape s = moe_shape(mlp, x.size(0), x.size(1), ep.size);
+  const MoeShape s = moe_shape(mlp, x.size(0), x.size(1), ep.size, ep.capacity_factor);
   const Tensor logits = ws.logits;
   backend.matmul_forward(logits, x, w.router, Tensor(), true, stream);
   backend.moe_route(a.topk_weight, a.topk_expert, a.scores, logits, moe_routing(mlp), stream);
@@ -358,7 +362,7 @@ int64_t moe_mlp_forward(Backend& backend, const MlpPart& mlp, const ExpertParall
 void moe_mlp_backward(Backend& backend, const MlpPart& mlp, const ExpertParallel& ep,
                       const MoeWeights& w, const MoeWeights& g, const MoeActivations& a,
                       const MoeWorkspace& ws, Tensor x, Tensor dout, Tensor dx, Stream stream) {
-  const MoeShape s = moe_shape(mlp, x.size(0), x.size(1), ep.size);
+  const MoeShape s = moe_shape(mlp, x.size(0), x.size(1), ep.size, ep.capacity_factor);
   // The copies the experts ran: all M, or what a capacity kept (the dispatch offsets' end).
   const int64_t rows =
       ep.capacity_factor > 0 ? read_i32(backend, a.offsets, stream).back() : s.M;

@@ -29,7 +29,9 @@ struct MoeShape {
   int64_t ep = 1, El = 0, R = 0;
   bool aux = false;  // with the load-balancing loss (its gradient w.r.t. the scores)
 };
-MoeShape moe_shape(const MlpPart& mlp, int64_t tokens, int64_t width, int ep = 1);
+// capacity_factor > 0: an expert capacity (ExpertParallel::capacity_factor) bounds R too.
+MoeShape moe_shape(const MlpPart& mlp, int64_t tokens, int64_t width, int ep = 1,
+                   double capacity_factor = 0);
 MoeRouting moe_routing(const MlpPart& mlp);
 
 // The part's weights (or their gradients) in a layer's block: the router (E, C), every expert's

@@ -128,8 +128,9 @@ const ActivationTable& MemoryModel::activation_table(const Plan& plan, const Sta
   // they are planned from layer 0. Where they differ (a dense layer among MoE layers), on which.
   const int64_t first = mixed_layers_ ? range.first_layer : 0;
   const auto key = std::make_tuple(plan.micro_batch, plan.seq_len, plan.param_dtype, plan.tp,
-                                   plan.uses_sequence_parallel(), plan.ep, recompute,
-                                   range.layers(), range.first, range.last, first);
+                                   plan.uses_sequence_parallel(), plan.ep,
+                                   plan.moe_capacity_factor, recompute, range.layers(),
+                                   range.first, range.last, first);
   auto it = activation_tables_.find(key);
   if (it == activation_tables_.end()) {
     const StageRange planned{first, first + range.layers(), range.first, range.last};
@@ -192,12 +193,14 @@ MemoryModel::MemoryModel(const ModelConfig& config)
 MemoryModel::~MemoryModel() = default;
 
 const Architecture& MemoryModel::architecture(const Plan& plan) const {
-  const auto key = std::make_tuple(plan.tp, plan.uses_sequence_parallel(), plan.ep);
+  const auto key =
+      std::make_tuple(plan.tp, plan.uses_sequence_parallel(), plan.ep, plan.moe_capacity_factor);
   auto it = architectures_.find(key);
   if (it == architectures_.end()) {
     const TensorParallel tp{plan.tp, 0, plan.uses_sequence_parallel(), nullptr};
-    it = architectures_.emplace(key, make_architecture(config_, tp, ExpertParallel{plan.ep, 0}))
-             .first;
+    ExpertParallel ep{plan.ep, 0};
+    ep.capacity_factor = plan.moe_capacity_factor;
+    it = architectures_.emplace(key, make_architecture(config_, tp, ep)).first;
   }
   return *it->second;
 }

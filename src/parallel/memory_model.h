@@ -201,15 +201,14 @@ class MemoryModel {
 
   ModelConfig config_;
   ParamLayout layout_;
-  // Caches (not thread-safe): (tp, sequence parallel, ep) -> the architecture; (pp, seq_len) ->
-  // the balanced split; (B, T, dtype, tp, sequence parallel, recompute, layers, first, last)
-  // -> the stage's buffer bytes.
-  mutable std::map<std::tuple<int, bool, int>, std::unique_ptr<Architecture>> architectures_;
+  // Caches (not thread-safe): (tp, sequence parallel, ep, capacity) -> the architecture;
+  // (pp, seq_len) -> the balanced split; the stage's shape -> its buffer bytes.
+  mutable std::map<std::tuple<int, bool, int, double>, std::unique_ptr<Architecture>> architectures_;
   mutable std::map<std::pair<int, int64_t>, std::vector<int64_t>> splits_;
-  // (micro-batch, seq, dtype, tp, sequence parallel, ep, recompute, layers, first stage, last
-  // stage, first layer where the layers differ)
-  mutable std::map<
-      std::tuple<int64_t, int64_t, DType, int, bool, int, Recompute, int64_t, bool, bool, int64_t>,
+  // (micro-batch, seq, dtype, tp, sequence parallel, ep, capacity factor, recompute, layers,
+  // first stage, last stage, first layer where the layers differ)
+  mutable std::map<std::tuple<int64_t, int64_t, DType, int, bool, int, double, Recompute, int64_t,
+                              bool, bool, int64_t>,
       std::unique_ptr<memory_detail::ActivationTable>>
       activation_tables_;
   bool mixed_layers_ = false;  // some layers' MLPs differ (decoder_parts(config).mixed_layers())

@@ -46,6 +46,7 @@ nlohmann::json to_json(const Plan& plan) {
   return nlohmann::json{{"dp", plan.dp},
                         {"tp", plan.tp},
                         {"ep", plan.ep},
+                        {"moe_capacity_factor", plan.moe_capacity_factor},
                         {"pp", plan.pp},
                         {"zero", plan.zero},
                         {"offload", plan.offload},

@@ -48,6 +48,9 @@ struct Plan {
   std::vector<int64_t> pp_split;
   // tp > 1: sequence parallelism (model/tensor_parallel.h) outside the tensor-parallel regions.
   bool sequence_parallel = true;
+  // Mixture-of-experts models: an expert capacity (model/expert_parallel.h), which also bounds
+  // the experts' buffers; 0: dropless, the buffers for the worst case.
+  double moe_capacity_factor = 0;
 
   int world() const { return dp * tp * pp; }
   int64_t tokens_per_step() const { return dp * micro_batch * grad_accum * seq_len; }

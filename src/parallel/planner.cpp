@@ -449,6 +449,7 @@ void add_shape_candidates(const MemoryModel& memory, const NodeTopology& topolog
             plan.dp = dp;
             plan.tp = shape.tp;
             plan.ep = ep;
+            plan.moe_capacity_factor = request.moe_capacity_factor;
             plan.pp = shape.pp;
             plan.zero = zero;
             plan.offload = offload;

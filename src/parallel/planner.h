@@ -42,6 +42,7 @@ struct PlanRequest {
   // Parts of the plan the user fixed; the search keeps them.
   std::optional<int> dp, tp, pp, zero;
   std::optional<int> ep;  // expert parallelism (MoE models); default: the planner's choice
+  double moe_capacity_factor = 0;  // MoE models: an expert capacity (Plan::moe_capacity_factor)
   std::optional<bool> offload;
   std::optional<Recompute> recompute;
   std::optional<int64_t> micro_batch;

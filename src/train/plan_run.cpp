@@ -41,6 +41,7 @@ PlanRequest request_from_flags(const TrainOptions& options, const ModelConfig& c
   if (given_flag(options, "dp") && options.dp > 0) request.dp = options.dp;
   if (given_flag(options, "tp")) request.tp = options.tp;
   if (given_flag(options, "ep")) request.ep = options.ep;
+  request.moe_capacity_factor = options.moe_capacity_factor;
   if (given_flag(options, "sequence-parallel")) request.sequence_parallel = options.sequence_parallel;
   if (given_flag(options, "pp")) request.pp = options.pp;
   if (given_flag(options, "pp-schedule")) request.pp_schedule = parse_pipeline_schedule(options.pp_schedule);
@@ -234,6 +235,7 @@ Plan plan_from_options(const TrainOptions& options, const ModelConfig& config) {
   plan.sequence_parallel = options.sequence_parallel;
   check_tensor_parallel(config, plan);
   plan.ep = options.ep;
+  plan.moe_capacity_factor = options.moe_capacity_factor;
   check_mixture_of_experts(config, plan);
   plan.pp_schedule = parse_pipeline_schedule(options.pp_schedule);
   if (!options.pp_split.empty()) plan.pp_split = parse_pipeline_split(options.pp_split);
@@ -246,6 +248,7 @@ void remember_plan(const Plan& plan, TrainOptions& options) {
   options.dp = plan.dp;
   options.tp = plan.tp;
   options.ep = plan.ep;
+  options.moe_capacity_factor = plan.moe_capacity_factor;
   options.pp = plan.pp;
   options.zero = plan.zero;
   options.offload = plan.offload;

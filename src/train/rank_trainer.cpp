@@ -119,7 +119,7 @@ RankTrainer::RankTrainer(const RunContext& ctx, Communicator& world)
                                              &tp_stats_},
                               ExpertParallel{ctx.plan.ep, groups_.expert_index, groups_.expert,
                                              &expert_load_, aux_loss_.get(),
-                                             ctx.options.moe_capacity_factor})),
+                                             ctx.plan.moe_capacity_factor})),
       split_(pipeline_split(ctx.config, ctx.plan)),
       scaler_(ctx.plan.param_dtype == DType::F16, ctx.options.loss_scaling),
       adam_{ctx.options.beta1, ctx.options.beta2, ctx.options.eps, ctx.options.weight_decay,

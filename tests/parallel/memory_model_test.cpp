@@ -91,7 +91,8 @@ int expect_allocations_match(const ModelConfig& config, const Plan& plan) {
     const std::unique_ptr<Architecture> arch = make_architecture(
         config,
         TensorParallel{plan.tp, groups.tensor_index, plan.uses_sequence_parallel(), groups.tensor},
-        ExpertParallel{plan.ep, groups.expert_index, groups.expert});
+        ExpertParallel{plan.ep, groups.expert_index, groups.expert, nullptr, nullptr,
+                       plan.moe_capacity_factor});
     const int slots = activation_slots(plan.pp_schedule, plan.pp, groups.stage,
                                        static_cast<int>(plan.grad_accum));
     ModelStage stage(*arch, range, *backend, *device, plan.micro_batch, plan.seq_len,
@@ -230,6 +231,7 @@ struct PlanCase {
   Recompute recompute;
   DType dtype;
   int ep = 1;
+  double capacity = 0;  // an expert capacity factor (it bounds the experts' buffers)
 };
 
 // Every case of every config (micro-batch 2 x 3 accumulation, seq 6): predicted = allocated on
@@ -241,6 +243,7 @@ void expect_cases_match(const std::vector<ModelConfig>& configs, const std::vect
       plan.dp = c.dp;
       plan.tp = c.tp;
       plan.ep = c.ep;
+      plan.moe_capacity_factor = c.capacity;
       plan.pp = c.pp;
       plan.zero = c.zero;
       plan.offload = c.offload;
@@ -317,7 +320,25 @@ TEST(MemoryModel, MixtureOfExpertsPlansMatchAllocatorEveryRank) {
                                           // tp: the attention split, the experts whole
                                           {1, 2, 1, 0, false, Recompute::Selective, DType::F32},
                                           {2, 2, 1, 3, false, Recompute::Full, DType::BF16, 2},
+                                          // an expert capacity bounds the buffers
+                                          {4, 1, 1, 3, false, Recompute::None, DType::F32, 4, 1.25},
+                                          {1, 1, 1, 0, false, Recompute::Selective, DType::F32, 1,
+                                           0.5},
                                       });
+}
+
+// With an expert capacity the experts' buffers hold what the capacity lets through instead of
+// the dropless worst case: less memory at ep > 1.
+TEST(MemoryModel, AnExpertCapacityBoundsTheExpertsBuffers) {
+  const ModelConfig config = load_model_config("moe-tiny");
+  Plan plan = one_rank_plan(8, 64);
+  plan.dp = plan.ep = 4;
+  const uint64_t dropless = predict_memory(config, plan).device_total();
+  plan.moe_capacity_factor = 1.0;
+  const uint64_t capped = predict_memory(config, plan).device_total();
+  EXPECT_LT(capped, dropless);
+  plan.moe_capacity_factor = 100.0;  // a capacity above the worst case: the worst case
+  EXPECT_EQ(predict_memory(config, plan).device_total(), dropless);
 }
 
 TEST(MemoryModel, SequenceParallelismDividesTheStreamsActivations) {
