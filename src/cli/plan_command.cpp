@@ -20,6 +20,11 @@ po::options_description plan_flags() {
       ("dp", po::value<int>()->value_name("N"), "data-parallel ranks")
       ("tp", po::value<int>()->value_name("N"), "tensor-parallel ranks (inside an NVLink island of one node)")
       ("pp", po::value<int>()->value_name("N"), "pipeline stages")
+      ("ep", po::value<int>()->value_name("N"),
+       "mixture-of-experts models: the experts split over N data-parallel ranks")
+      ("moe-expert-capacity-factor", po::value<double>()->value_name("F"),
+       "mixture-of-experts models: an expert capacity (0: dropless), which bounds the experts' "
+       "buffers")
       ("zero", po::value<int>()->value_name("STAGE"),
        "ZeRO stage: 0 replicated, 1 optimizer state sharded, 2 + gradients, 3 + parameters")
       ("offload", po::value<std::string>()->implicit_value("on")->value_name("on|off"),
@@ -44,6 +49,12 @@ void read_plan_flags(const po::variables_map& values, PlanRequest& request) {
   if (values.count("dp")) request.dp = values["dp"].as<int>();
   if (values.count("tp")) request.tp = values["tp"].as<int>();
   if (values.count("pp")) request.pp = values["pp"].as<int>();
+  if (values.count("ep")) request.ep = values["ep"].as<int>();
+  if (values.count("moe-expert-capacity-factor")) {
+    request.moe_capacity_factor = values["moe-expert-capacity-factor"].as<double>();
+    DSTRAIN_USER_CHECK(request.moe_capacity_factor >= 0)
+        << "--moe-expert-capacity-factor must not be negative (0: dropless)";
+  }
   if (values.count("zero")) request.zero = values["zero"].as<int>();
   if (values.count("offload")) {
     const std::string text = values["offload"].as<std::string>();

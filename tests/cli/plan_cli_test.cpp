@@ -82,6 +82,50 @@ TEST(PlanCli, MistakesAreOneSentenceAndExitTwo) {
   expect_user_error({"plan", "--topology", fixture("nope.json"), "--model", "6b"}, "nope.json");
 }
 
+// A mixture-of-experts model on the 8 x RTX 4090 box: the planner chooses ep and says why, --ep
+// fixes it, an expert capacity makes the experts' buffers smaller, and what cannot split is one
+// sentence.
+TEST(PlanCli, MixtureOfExpertsPlansSayWhyTheirEpAndTakeItFixed) {
+  const CliResult chosen = run(rtx4090_x8({"--model", "deepseek-moe-16b"}));
+  ASSERT_EQ(chosen.exit_code, 0) << chosen.err;
+  EXPECT_NE(chosen.out.find("expert parallelism: ep "), std::string::npos) << chosen.out;
+  EXPECT_NE(chosen.out.find("expert parallel link"), std::string::npos) << chosen.out;
+  const CliResult json = run(rtx4090_x8({"--model", "deepseek-moe-16b", "--plan-json"}));
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const nlohmann::json j = nlohmann::json::parse(json.out);
+  EXPECT_GT(j["ep"].get<int>(), 1);
+  EXPECT_TRUE(j.contains("ep_choice"));
+  const CliResult fixed =
+      run(rtx4090_x8({"--model", "deepseek-moe-16b", "--plan-json", "--ep", "8"}));
+  ASSERT_EQ(fixed.exit_code, 0) << fixed.err;
+  EXPECT_EQ(nlohmann::json::parse(fixed.out)["ep"], 8);
+  auto activations = [&](const std::vector<std::string>& more) {
+    std::vector<std::string> args = {"--model",
+                                     "deepseek-moe-16b",
+                                     "--plan-json",
+                                     "--ep",
+                                     "4",
+                                     "--pp",
+                                     "2",
+                                     "--zero",
+                                     "1",
+                                     "--recompute",
+                                     "selective",
+                                     "--offload",
+                                     "on",
+                                     "--micro-batch",
+                                     "1"};
+    args.insert(args.end(), more.begin(), more.end());
+    const CliResult r = run(rtx4090_x8(args));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return nlohmann::json::parse(r.out)["memory_by_category"]["activations"].get<uint64_t>();
+  };
+  EXPECT_LT(activations({"--moe-expert-capacity-factor", "1.25"}), activations({}));
+  expect_user_error(rtx4090_x8({"--model", "deepseek-moe-16b", "--ep", "3"}),
+                    "needs the experts (64) divisible by 3");
+  expect_user_error(rtx4090_x8({"--model", "6b", "--ep", "2"}), "needs a mixture-of-experts model");
+}
+
 // 8 x H100 on NVSwitch with 4 RDMA NICs (NIC0..NIC3: mlx5_0, mlx5_3, mlx5_4, mlx5_5).
 std::vector<std::string> h100_nodes(std::vector<std::string> more) {
   std::vector<std::string> args = {"plan", "--from-nvidia-smi",
