@@ -1,11 +1,14 @@
 // The mixture-of-experts MLP part (model/parts.h, MlpKind::MoE), as the decoder runs it on one
 // rank: a router (x @ W_router^T, (N, E) logits), the top-k routing (scores in fp32), the
 // tokens' copies in expert order (M = N k rows), each expert's SwiGLU on its rows (two grouped
-// matmuls around the activation), and the weighted combine back into token order. Dropless:
-// every token reaches its k experts. Qwen2-MoE adds a shared SwiGLU expert every token passes
-// through, scaled by sigmoid(x @ w_gate): the routing op with one expert, top 1, sigmoid scores
-// gives that scale and its gradient, the combine applies it. Forward and backward written
-// against Backend's MoE ops (kernels/ops.h).
+// matmuls around the activation), and the weighted combine back into token order. Dropless by
+// default: every token reaches its k experts; with an expert capacity (ExpertParallel::
+// capacity_factor) each expert runs only its first copies. Under expert parallelism the copies
+// travel to their experts' ranks and back (model/expert_parallel.h). Qwen2-MoE adds a shared
+// SwiGLU expert every token passes through, scaled by sigmoid(x @ w_gate): the routing op with
+// one expert, top 1, sigmoid scores gives that scale and its gradient, the combine applies it;
+// DeepSeekMoE's shared experts have no gate. Forward and backward written against Backend's MoE
+// ops (kernels/ops.h).
 #pragma once
 
 #include <cstdint>
