@@ -626,11 +626,11 @@ Tensor Decoder::moe_backward(const LayerRun& run, Tensor dout) const {
   if (ep_.aux != nullptr) {
     ep_.aux->layer_gradient(run.backend, moe, run.t, ws.aux_dscores, run.stream);
   }
+  std::vector<int64_t> tokens;
   moe_mlp_backward(run.backend, parts_.mlp, ep_, moe_weights(run.weights, run.expert_weights),
-                   moe_weights(run.grads, run.expert_grads), moe, ws, x, dout, dnorm, run.stream);
-  if (ep_.load != nullptr) {
-    ep_.load->add(run.layer, moe_expert_tokens(run.backend, moe, run.stream));
-  }
+                   moe_weights(run.grads, run.expert_grads), moe, ws, x, dout, dnorm, run.stream,
+                   ep_.load != nullptr ? &tokens : nullptr);
+  if (ep_.load != nullptr) ep_.load->add(run.layer, tokens);
   return dnorm;
 }
 

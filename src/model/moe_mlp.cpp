@@ -194,13 +194,6 @@ Tensor rows_of(Tensor full, int64_t rows) {
   return full.ndim == 2 ? prefix(full, {rows, full.size(1)}) : prefix(full, {rows});
 }
 
-// The exchange of the micro-batch whose activations are `a`, from what forward kept.
-Exchange kept_exchange(Backend& backend, const MoeShape& s, const MoeActivations& a,
-                       Stream stream) {
-  return plan_exchange(read_i32(backend, a.offsets, stream),
-                       read_i32(backend, a.recv_counts, stream), s.ep, s.El);
-}
-
 // Uploads the exchange's permutations.
 void upload_orders(Backend& backend, const Exchange& x, const MoeWorkspace& ws, Stream stream) {
   write_i32(backend, ws.to_expert_order, x.to_expert_order, stream);
@@ -251,10 +244,10 @@ void experts_backward(Backend& backend, const MoeWeights& w, const MoeWeights& g
 // Expert parallelism: the rows (M, C) of this rank's tokens -> their experts' outputs in
 // a.out (M, C). The counts go first (each peer learns what it receives per expert), then the
 // rows; the outputs come back the same way.
+// offsets: the dispatch's (E + 1), on the host.
 void exchanged_experts_forward(Backend& backend, const ExpertParallel& ep, const MoeShape& s,
                                const MoeWeights& w, const MoeActivations& a, const MoeWorkspace& ws,
-                               Stream stream) {
-  const std::vector<int32_t> offsets = read_i32(backend, a.offsets, stream);
+                               const std::vector<int32_t>& offsets, Stream stream) {
   std::vector<int32_t> counts(static_cast<size_t>(s.E));
   for (int64_t e = 0; e < s.E; ++e) counts[e] = offsets[e + 1] - offsets[e];
   write_i32(backend, ws.send_counts, counts, stream);
@@ -272,11 +265,14 @@ void exchanged_experts_forward(Backend& backend, const ExpertParallel& ep, const
   return_from_experts(backend, ep, x, expert_out, ws, a.out, stream);
 }
 
-// Its backward: ws.dout_rows (M, C) -> ws.dinp_rows (M, C).
+// Its backward: ws.dout_rows (M, C) -> ws.dinp_rows (M, C); the exchange from the dispatch's
+// offsets (host) and the counts forward kept.
 void exchanged_experts_backward(Backend& backend, const ExpertParallel& ep, const MoeShape& s,
                                 const MoeWeights& w, const MoeWeights& g, const MoeActivations& a,
-                                const MoeWorkspace& ws, Stream stream) {
-  const Exchange x = kept_exchange(backend, s, a, stream);
+                                const MoeWorkspace& ws, const std::vector<int32_t>& offsets,
+                                Stream stream) {
+  const Exchange x =
+      plan_exchange(offsets, read_i32(backend, a.recv_counts, stream), s.ep, s.El);
   upload_orders(backend, x, ws, stream);
   const int64_t R = x.received;
   // ws.exchange[0] is the peer-order staging of send_to_experts, [1] of return_from_experts.
@@ -289,20 +285,13 @@ void exchanged_experts_backward(Backend& backend, const ExpertParallel& ep, cons
 
 }  // namespace
 
-std::vector<int64_t> moe_expert_tokens(Backend& backend, const MoeActivations& a, Stream stream) {
-  const std::vector<int32_t> offsets = read_i32(backend, a.offsets, stream);
-  std::vector<int64_t> tokens;
-  for (size_t e = 0; e + 1 < offsets.size(); ++e) tokens.push_back(offsets[e + 1] - offsets[e]);
-  return tokens;
-}
-
 int64_t moe_capacity(double factor, const MoeShape& s) {
   return static_cast<int64_t>(std::ceil(factor * static_cast<double>(s.M) / static_cast<double>(s.E)));
 }
 
 int64_t moe_apply_capacity(Backend& backend, const MoeActivations& a, int64_t capacity,
-                           Stream stream) {
-  const std::vector<int32_t> offsets = read_i32(backend, a.offsets, stream);
+                           std::vector<int32_t>& host_offsets, Stream stream) {
+  const std::vector<int32_t> offsets = host_offsets;
   const std::vector<int32_t> source = read_i32(backend, a.source_rows, stream);
   std::vector<int32_t> dest = read_i32(backend, a.dest_rows, stream);
   const size_t E = offsets.size() - 1;
@@ -321,6 +310,7 @@ int64_t moe_apply_capacity(Backend& backend, const MoeActivations& a, int64_t ca
   write_i32(backend, a.offsets, kept_offsets, stream);
   write_i32(backend, a.source_rows, new_source, stream);
   write_i32(backend, a.dest_rows, dest, stream);
+  host_offsets = kept_offsets;
   return static_cast<int64_t>(source.size() - new_source.size());
 }
 
@@ -341,14 +331,17 @@ int64_t moe_mlp_forward(Backend& backend, const MlpPart& mlp, const ExpertParall
   backend.moe_route(a.topk_weight, a.topk_expert, a.scores, logits, moe_routing(mlp), stream);
   backend.moe_dispatch(a.offsets, a.source_rows, a.dest_rows, a.topk_expert,
                        static_cast<int>(mlp.experts), stream);
+  // The dispatch's offsets on the host, read once, where a capacity or the exchange needs them.
+  std::vector<int32_t> offsets;
+  if (ep.capacity_factor > 0 || ep.enabled()) offsets = read_i32(backend, a.offsets, stream);
   const int64_t dropped =
       ep.capacity_factor > 0
-          ? moe_apply_capacity(backend, a, moe_capacity(ep.capacity_factor, s), stream)
+          ? moe_apply_capacity(backend, a, moe_capacity(ep.capacity_factor, s), offsets, stream)
           : 0;
   const int64_t rows = s.M - dropped;  // the copies the experts run, in expert order
   if (ep.enabled()) {
     backend.moe_gather(rows_of(ws.send_rows, rows), x, rows_of(a.source_rows, rows), stream);
-    exchanged_experts_forward(backend, ep, s, w, a, ws, stream);
+    exchanged_experts_forward(backend, ep, s, w, a, ws, offsets, stream);
   } else {
     backend.moe_gather(rows_of(a.inp, rows), x, rows_of(a.source_rows, rows), stream);
     experts_forward(backend, w, rows_of(a.inp, rows), rows_of(a.up, rows), rows_of(a.act, rows),
@@ -361,15 +354,27 @@ int64_t moe_mlp_forward(Backend& backend, const MlpPart& mlp, const ExpertParall
 
 void moe_mlp_backward(Backend& backend, const MlpPart& mlp, const ExpertParallel& ep,
                       const MoeWeights& w, const MoeWeights& g, const MoeActivations& a,
-                      const MoeWorkspace& ws, Tensor x, Tensor dout, Tensor dx, Stream stream) {
+                      const MoeWorkspace& ws, Tensor x, Tensor dout, Tensor dx, Stream stream,
+                      std::vector<int64_t>* expert_tokens) {
   const MoeShape s = moe_shape(mlp, x.size(0), x.size(1), ep.size, ep.capacity_factor);
+  // The dispatch's offsets on the host, read once, where a capacity, the exchange or the
+  // caller needs them.
+  std::vector<int32_t> offsets;
+  if (ep.capacity_factor > 0 || ep.enabled() || expert_tokens != nullptr) {
+    offsets = read_i32(backend, a.offsets, stream);
+  }
+  if (expert_tokens != nullptr) {
+    expert_tokens->clear();
+    for (size_t e = 0; e + 1 < offsets.size(); ++e) {
+      expert_tokens->push_back(offsets[e + 1] - offsets[e]);
+    }
+  }
   // The copies the experts ran: all M, or what a capacity kept (the dispatch offsets' end).
-  const int64_t rows =
-      ep.capacity_factor > 0 ? read_i32(backend, a.offsets, stream).back() : s.M;
+  const int64_t rows = ep.capacity_factor > 0 ? offsets.back() : s.M;
   backend.moe_combine_backward(rows_of(ws.dout_rows, rows), ws.dtopk_weight, dout,
                                rows_of(a.out, rows), a.dest_rows, a.topk_weight, stream);
   if (ep.enabled()) {
-    exchanged_experts_backward(backend, ep, s, w, g, a, ws, stream);
+    exchanged_experts_backward(backend, ep, s, w, g, a, ws, offsets, stream);
   } else {
     experts_backward(backend, w, g, rows_of(a.inp, rows), rows_of(a.up, rows),
                      rows_of(a.act, rows), rows_of(ws.dout_rows, rows), rows_of(ws.dup, rows),

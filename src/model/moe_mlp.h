@@ -128,15 +128,12 @@ struct MoeWorkspace {
 constexpr int kMoeWorkspaceBuffers = 17;
 std::vector<TensorSpec> moe_workspace_specs(const MoeShape& s, DType dtype, bool with_backward);
 
-// The copies of the micro-batch's tokens each of the E experts received (from the kept
-// dispatch offsets).
-std::vector<int64_t> moe_expert_tokens(Backend& backend, const MoeActivations& a, Stream stream);
-
 // An expert capacity (ExpertParallel::capacity_factor > 0): after the dispatch, each expert keeps
 // its first `capacity` rows (in token order); the other choices are dropped (dest_rows -1) and
-// the kept rows close up (offsets and source_rows rewritten). Returns the copies dropped.
+// the kept rows close up (offsets and source_rows rewritten). host_offsets: the dispatch's
+// offsets read to the host, replaced by the kept ones. Returns the copies dropped.
 int64_t moe_apply_capacity(Backend& backend, const MoeActivations& a, int64_t capacity,
-                           Stream stream);
+                           std::vector<int32_t>& host_offsets, Stream stream);
 // The capacity of a micro-batch's experts: ceil(factor x N k / E).
 int64_t moe_capacity(double factor, const MoeShape& s);
 
@@ -152,8 +149,10 @@ int64_t moe_mlp_forward(Backend& backend, const MlpPart& mlp, const ExpertParall
                      const MoeWeights& w, const MoeActivations& a, const MoeWorkspace& ws, Tensor x,
                      Tensor out, Stream stream);
 // dx (N, C) = dL/dx (overwritten) from dout (N, C); the weights' gradients g are added to.
+// expert_tokens (optional): the copies each of the E experts ran this micro-batch.
 void moe_mlp_backward(Backend& backend, const MlpPart& mlp, const ExpertParallel& ep,
                       const MoeWeights& w, const MoeWeights& g, const MoeActivations& a,
-                      const MoeWorkspace& ws, Tensor x, Tensor dout, Tensor dx, Stream stream);
+                      const MoeWorkspace& ws, Tensor x, Tensor dout, Tensor dx, Stream stream,
+                      std::vector<int64_t>* expert_tokens = nullptr);
 
 }  // namespace dstrain
