@@ -271,8 +271,7 @@ void exchanged_experts_backward(Backend& backend, const ExpertParallel& ep, cons
                                 const MoeWeights& w, const MoeWeights& g, const MoeActivations& a,
                                 const MoeWorkspace& ws, const std::vector<int32_t>& offsets,
                                 Stream stream) {
-  const Exchange x =
-      plan_exchange(offsets, read_i32(backend, a.recv_counts, stream), s.ep, s.El);
+  const Exchange x = plan_exchange(offsets, read_i32(backend, a.recv_counts, stream), s.ep, s.El);
   upload_orders(backend, x, ws, stream);
   const int64_t R = x.received;
   // ws.exchange[0] is the peer-order staging of send_to_experts, [1] of return_from_experts.
@@ -286,7 +285,8 @@ void exchanged_experts_backward(Backend& backend, const ExpertParallel& ep, cons
 }  // namespace
 
 int64_t moe_capacity(double factor, const MoeShape& s) {
-  return static_cast<int64_t>(std::ceil(factor * static_cast<double>(s.M) / static_cast<double>(s.E)));
+  return static_cast<int64_t>(
+      std::ceil(factor * static_cast<double>(s.M) / static_cast<double>(s.E)));
 }
 
 int64_t moe_apply_capacity(Backend& backend, const MoeActivations& a, int64_t capacity,
@@ -376,9 +376,9 @@ void moe_mlp_backward(Backend& backend, const MlpPart& mlp, const ExpertParallel
   if (ep.enabled()) {
     exchanged_experts_backward(backend, ep, s, w, g, a, ws, offsets, stream);
   } else {
-    experts_backward(backend, w, g, rows_of(a.inp, rows), rows_of(a.up, rows),
-                     rows_of(a.act, rows), rows_of(ws.dout_rows, rows), rows_of(ws.dup, rows),
-                     rows_of(ws.dact, rows), rows_of(ws.dinp_rows, rows), a.offsets, stream);
+    experts_backward(backend, w, g, rows_of(a.inp, rows), rows_of(a.up, rows), rows_of(a.act, rows),
+                     rows_of(ws.dout_rows, rows), rows_of(ws.dup, rows), rows_of(ws.dact, rows),
+                     rows_of(ws.dinp_rows, rows), a.offsets, stream);
   }
   // The copies' gradients summed back into token order, then the router's path added.
   backend.moe_combine(dx, rows_of(ws.dinp_rows, rows), a.dest_rows, Tensor(), stream);
