@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The GPU measurements of issue 5 in one call (a device machine gives at most 10 minutes):
-# build for sm_90, run the CUDA tests, time every kernel against the measured copy and GEMM
-# peaks, time dstrain's training step and the same model trained by PyTorch (eager and
-# torch.compile) for gpt2-124m and gpt2-1.5b in fp16 and bf16, and write the summary.
+# The GPU measurements of issues 5 and 34 in one call (a device machine gives at most 10
+# minutes): build for sm_90, run the CUDA tests, time every kernel against the measured copy and
+# GEMM peaks, time dstrain's training step and the same model trained by PyTorch (eager and
+# torch.compile): GPT-2 (gpt2-124m, gpt2-1.5b: benchmarks/pytorch_gpt2.py) and the LLaMA family
+# (qwen2.5-0.5b, llama3.2-1b: transformers' own model, benchmarks/pytorch_llama.py), a 7B trained
+# by dstrain itself with the plan it picks for this GPU, each kernel's share of a step (Nsight
+# Compute), and write the summary (beside llmq's published numbers).
 #
 #   bash benchmarks/gpu_session.sh              from the repository root; results go to $OUT
 #   bash benchmarks/gpu_session.sh --dry-run    print what would run, run nothing
@@ -27,7 +30,16 @@
 #                  attention (default: MODELS)
 #   DTYPES         the dtypes of the training steps (default fp16,bf16; bench_cuda_ops runs in
 #                  fp16 only when they name it)
-#   MODELS         the models timed, in order (default "gpt2-1.5b gpt2-124m")
+#   MODELS         the GPT-2 models timed, in order (default "gpt2-1.5b gpt2-124m")
+#   LLAMA_MODELS   the LLaMA-family models timed against transformers' model, in order
+#                  (default "qwen2.5-0.5b llama3.2-1b"), at BATCH_LLAMA (16) x SEQ
+#   BIG_MODELS     models trained by dstrain itself (`dstrain --device cuda`, the plan it picks
+#                  for this GPU, BIG_TOKENS = 16384 tokens a step, BIG_STEPS = 8 steps; tokens/s
+#                  is the median of the steps after the second), default "qwen2.5-7b"
+#   STEP_PROFILE   the model whose bf16 step is profiled kernel by kernel with Nsight Compute
+#                  (gpu__time_duration of every launch of one step): each kernel's share of the
+#                  step in the summary (default: the first of LLAMA_MODELS; empty: none)
+#   OPS            0: no bench_cuda_ops run (the kernels alone); default 1
 #   PYTORCH        0: time dstrain only (no PyTorch runs, no prewarm)
 #   BATCH_124M, BATCH_1_5B      32 and 16: they fit dstrain and PyTorch eager on a 141 GB H200
 #                  (dstrain's planner: 14.7 and 63.1 GiB per GPU in bf16, no recompute)
@@ -82,7 +94,15 @@ WARMUP=${WARMUP:-3}
 BATCH_124M=${BATCH_124M:-32}
 BATCH_1_5B=${BATCH_1_5B:-16}
 PREWARM=${PREWARM:-1}
-MODELS=${MODELS:-gpt2-1.5b gpt2-124m}
+MODELS=${MODELS-gpt2-1.5b gpt2-124m}
+LLAMA_MODELS=${LLAMA_MODELS-qwen2.5-0.5b llama3.2-1b}
+BATCH_LLAMA=${BATCH_LLAMA:-16}
+BIG_MODELS=${BIG_MODELS-qwen2.5-7b}
+BIG_TOKENS=${BIG_TOKENS:-16384}
+BIG_STEPS=${BIG_STEPS:-8}
+read -r -a llama_list <<<"$LLAMA_MODELS"
+STEP_PROFILE=${STEP_PROFILE-${llama_list[0]:-}}
+OPS=${OPS:-1}
 DTYPES=${DTYPES:-fp16,bf16}
 ATTENTION32_MODELS=${ATTENTION32_MODELS-$MODELS}
 PYTORCH=${PYTORCH:-1}
@@ -261,14 +281,26 @@ fi
 dtypes=$DTYPES
 pytorch=("$PYTHON" benchmarks/pytorch_gpt2.py --device cuda --seq-len "$SEQ" --dtype "$dtypes"
          --compile-scope "$COMPILE_SCOPE")
+# The LLaMA family in bf16 only (issue 34's comparison; fp16 needs the scaler on both sides).
+pytorch_llama=("$PYTHON" benchmarks/pytorch_llama.py --device cuda --seq-len "$SEQ" --dtype bf16
+               --compile-scope "$COMPILE_SCOPE")
+gpt2_batch() {
+  if [ "$1" = gpt2-1.5b ]; then echo "$BATCH_1_5B"; else echo "$BATCH_124M"; fi
+}
 prewarm_pid=""
 if ((torch_ok && PREWARM)); then
   # One untimed step per case with --mode compile: the timed runs later find the FX graph,
   # AOTAutograd and Triton caches filled. Runs beside the build and the tests (which time
   # nothing); it is waited for, or stopped, before the first timed benchmark.
   once="--mode compile --steps 1 --warmup 1"
-  prewarm=(bash -c "timeout 400 ${pytorch[*]} --model gpt2-1.5b --batch $BATCH_1_5B $once;
-                    timeout 300 ${pytorch[*]} --model gpt2-124m --batch $BATCH_124M $once")
+  prewarm_text=""
+  for model in $LLAMA_MODELS; do
+    prewarm_text+="timeout 300 ${pytorch_llama[*]} --model $model --batch $BATCH_LLAMA $once; "
+  done
+  for model in $MODELS; do
+    prewarm_text+="timeout 300 ${pytorch[*]} --model $model --batch $(gpt2_batch "$model") $once; "
+  done
+  prewarm=(bash -c "$prewarm_text")
   if ((dry_run)); then
     echo "[prewarm] (background) ${prewarm[*]}"
   else
@@ -279,7 +311,7 @@ if ((torch_ok && PREWARM)); then
 fi
 
 # ---- build ------------------------------------------------------------------------------------
-targets=(tests_kernels_cuda tests_comm tests_train bench_cuda_ops bench_train)
+targets=(tests_kernels_cuda tests_comm tests_train bench_cuda_ops bench_train dstrain)
 if ((KERNELS_ONLY)); then targets=(tests_kernels_cuda); fi
 if ((PROFILE)); then targets=(bench_cuda_ops); fi
 run_step configure 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -297,10 +329,15 @@ if ((built != 0 && !dry_run)); then
   exit 1
 fi
 
+# Nsight Compute's ncu: on PATH, beside nvcc or in its own folder (empty: none).
+find_ncu() {
+  command -v ncu 2>/dev/null || ls "$(dirname "$nvcc_path")/ncu" \
+    /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1
+}
+
 # ---- Nsight Compute profiles (PROFILE=1) ------------------------------------------------------
 if ((PROFILE)); then
-  ncu_bin=$(command -v ncu 2>/dev/null || ls "$(dirname "$nvcc_path")/ncu" \
-    /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  ncu_bin=$(find_ncu)
   if [ -z "$ncu_bin" ] && ((!dry_run)); then
     record ncu "not run: no ncu on PATH, beside nvcc or in /opt/nvidia/nsight-compute"
   else
@@ -359,51 +396,82 @@ if ((!KERNELS_ONLY)); then
   fi
 
   # ---- benchmarks -------------------------------------------------------------------------------
-  run_step bench_cuda_ops_bf16 60 "$BUILD/bench_cuda_ops" --dtype bf16 --json "$json/ops_bf16.json"
-  if [[ ,$dtypes, == *,fp16,* ]]; then
-    run_step bench_cuda_ops_fp16 60 "$BUILD/bench_cuda_ops" --dtype fp16 \
-      --json "$json/ops_fp16.json"
-  fi
-
   # The peak PyTorch's MFU is taken against: the one bench_train used (the GPU table's).
   peak_of() {
     "$PYTHON" -c 'import json, sys
   rows = json.load(open(sys.argv[1]))["rows"]
   print(next((r["peak_tflops"] for r in rows if r.get("peak_tflops")), ""))' "$1" 2>/dev/null
   }
-  for model in $MODELS; do
-    batch=$BATCH_124M
-    if [ "$model" = gpt2-1.5b ]; then batch=$BATCH_1_5B; fi
+  # time_pair NAME BATCH DTYPES PYTORCH_COMMAND...: dstrain's bench_train, then PyTorch's step of
+  # the same model (eager and torch.compile) at the same batch and sequence.
+  time_pair() {
+    local model=$1 batch=$2 model_dtypes=$3
+    shift 3
     run_step "bench_train_$model" 180 "$BUILD/bench_train" --device cuda --models "$model" \
-      --dtype "$dtypes" --batch "$batch" --seq-len "$SEQ" --steps "$STEPS" --warmup "$WARMUP" \
-      --json "$json/dstrain_$model.json"
+      --dtype "$model_dtypes" --batch "$batch" --seq-len "$SEQ" --steps "$STEPS" \
+      --warmup "$WARMUP" --json "$json/dstrain_$model.json"
     if ((torch_ok)); then
+      local peak
       peak=$(peak_of "$json/dstrain_$model.json")
-      run_step "pytorch_$model" 240 "${pytorch[@]}" --model "$model" --batch "$batch" \
-        --mode both --steps "$STEPS" --warmup "$WARMUP" ${peak:+--peak-tflops "$peak"} \
+      run_step "pytorch_$model" 240 "$@" --model "$model" --batch "$batch" --mode both \
+        --steps "$STEPS" --warmup "$WARMUP" ${peak:+--peak-tflops "$peak"} \
         --json "$json/pytorch_$model.json"
     else
       record "pytorch_$model" "not run: torch is not importable"
     fi
+  }
+  # The LLaMA family first (issue 34), then GPT-2 (issue 5's comparison, kept up to date).
+  for model in $LLAMA_MODELS; do
+    time_pair "$model" "$BATCH_LLAMA" bf16 "${pytorch_llama[@]}"
   done
-  # Last, as the least needed: the kernels at the shapes of gpt2-1.5b (C=1600, 25 heads).
-  run_step bench_cuda_ops_bf16_1.5b_shapes 60 "$BUILD/bench_cuda_ops" --dtype bf16 --batch \
-    "$BATCH_1_5B" --channels 1600 --heads 25 --json "$json/ops_bf16_c1600.json"
-  # The attention kernels at the other head dims they are built for: 128 (Llama, C=2048, 16
-  # heads) and 256 (the 6b preset, C=4096, 16 heads).
-  run_step bench_cuda_ops_bf16_hd128 45 "$BUILD/bench_cuda_ops" --dtype bf16 --batch 8 \
-    --channels 2048 --heads 16 --json "$json/ops_bf16_hd128.json"
-  run_step bench_cuda_ops_bf16_hd256 45 "$BUILD/bench_cuda_ops" --dtype bf16 --batch 4 \
-    --channels 4096 --heads 16 --json "$json/ops_bf16_hd256.json"
+  # A 7B the way a user trains it: the dstrain binary, the plan it picks for this GPU.
+  for model in $BIG_MODELS; do
+    run_step "dstrain_$model" 180 "$BUILD/dstrain" --model "$model" --device cuda \
+      --global-batch-tokens "$BIG_TOKENS" --seq-len "$SEQ" --steps "$BIG_STEPS" \
+      --eval-every 0 --sample 0 --log "$json/trainer_$model.jsonl"
+  done
+  # Each kernel's share of one bf16 step (Nsight Compute times every launch, one at a time).
+  if [ -n "$STEP_PROFILE" ]; then
+    ncu_bin=$(find_ncu)
+    if [ -z "$ncu_bin" ] && ((!dry_run)); then
+      record "step_profile" "not run: no ncu on PATH, beside nvcc or in /opt/nvidia/nsight-compute"
+    else
+      run_step "step_profile_$STEP_PROFILE" 120 "${ncu_bin:-ncu}" --csv \
+        --metrics gpu__time_duration.sum --print-units base --print-kernel-base function \
+        --cache-control none \
+        --clock-control none --log-file "$json/kernels_$STEP_PROFILE.csv" \
+        "$BUILD/bench_train" --device cuda --models "$STEP_PROFILE" --dtype bf16 \
+        --batch "$BATCH_LLAMA" --seq-len "$SEQ" --steps 1 --warmup 0
+    fi
+  fi
+  for model in $MODELS; do
+    time_pair "$model" "$(gpt2_batch "$model")" "$dtypes" "${pytorch[@]}"
+  done
+  if ((OPS)); then
+    run_step bench_cuda_ops_bf16 60 "$BUILD/bench_cuda_ops" --dtype bf16 \
+      --json "$json/ops_bf16.json"
+    if [[ ,$dtypes, == *,fp16,* ]]; then
+      run_step bench_cuda_ops_fp16 60 "$BUILD/bench_cuda_ops" --dtype fp16 \
+        --json "$json/ops_fp16.json"
+    fi
+    # The kernels at the shapes of gpt2-1.5b (C=1600, 25 heads).
+    run_step bench_cuda_ops_bf16_1.5b_shapes 60 "$BUILD/bench_cuda_ops" --dtype bf16 --batch \
+      "$BATCH_1_5B" --channels 1600 --heads 25 --json "$json/ops_bf16_c1600.json"
+    # The attention kernels at the other head dims they are built for: 128 (Llama, C=2048, 16
+    # heads) and 256 (the 6b preset, C=4096, 16 heads).
+    run_step bench_cuda_ops_bf16_hd128 45 "$BUILD/bench_cuda_ops" --dtype bf16 --batch 8 \
+      --channels 2048 --heads 16 --json "$json/ops_bf16_hd128.json"
+    run_step bench_cuda_ops_bf16_hd256 45 "$BUILD/bench_cuda_ops" --dtype bf16 --batch 4 \
+      --channels 4096 --heads 16 --json "$json/ops_bf16_hd256.json"
+  fi
   # The attention with 32 rows per warp (set_cuda_attention_warp_rows; the default is 16) in a
   # whole bf16 step of each model of ATTENTION32_MODELS, against its row above: the measurement
   # that picks the default (the bench_cuda_ops rows "(32 rows per warp)" time the kernels alone).
   for model in $ATTENTION32_MODELS; do
-    batch=$BATCH_124M
-    if [ "$model" = gpt2-1.5b ]; then batch=$BATCH_1_5B; fi
     run_step "bench_train_${model}_attention32" 120 "$BUILD/bench_train" --device cuda \
-      --models "$model" --dtype bf16 --batch "$batch" --seq-len "$SEQ" --steps "$STEPS" \
-      --warmup "$WARMUP" --attention-warp-rows 32 --json "$json/dstrain_${model}_attention32.json"
+      --models "$model" --dtype bf16 --batch "$(gpt2_batch "$model")" --seq-len "$SEQ" \
+      --steps "$STEPS" --warmup "$WARMUP" --attention-warp-rows 32 \
+      --json "$json/dstrain_${model}_attention32.json"
   done
 fi  # KERNELS_ONLY
 
@@ -425,7 +493,7 @@ fi
 # ---- the summary and the combined results -----------------------------------------------------
 if ((dry_run)); then
   echo "[summary] $PYTHON benchmarks/pytorch_gpt2.py summarize --out $OUT/summary.md" \
-    "--merged $OUT/results.json ... $json/*.json"
+    "--merged $OUT/results.json ... $json/*"
   rm -rf "$work"
   exit 0
 fi
@@ -433,7 +501,7 @@ gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head 
 "$PYTHON" benchmarks/pytorch_gpt2.py summarize --out "$OUT/summary.md" \
   --merged "$OUT/results.json" --commit "$COMMIT" --date "$(date -u +%Y-%m-%d)" \
   --gpu "$gpu_name" \
-  --status "$status" "$json"/*.json 2>&1 | tee -a "$log"
+  --status "$status" "$json"/* 2>&1 | tee -a "$log"
 if [ ! -s "$OUT/summary.md" ]; then
   echo "summary: python could not write it; see status.tsv and session.log" >"$OUT/summary.md"
 fi

@@ -175,6 +175,22 @@ def build_model(torch, config):
     return model, has_sdpa
 
 
+class Family:
+    """What the benchmark asks of a model family: its program name (the JSON's "program"), the
+    config loader, the model builder ((model, uses_sdpa); model(tokens, targets) is the mean
+    loss), the parameter count, a step's model FLOPs, the modules torch.compile'd one by one
+    under --compile-scope blocks, and the FLOPs formula as text."""
+
+    def __init__(self, program, title, load, build, params, flops, regions, flops_text):
+        self.program, self.title, self.load, self.build = program, title, load, build
+        self.params, self.flops, self.regions, self.flops_text = params, flops, regions, flops_text
+
+
+GPT2 = Family("pytorch_gpt2", "GPT-2", load_config, build_model, num_parameters,
+              step_model_flops, lambda model: list(model.h) + [model.head],
+              "3 x (L x (24 C^2 + 4 T C) + 2 C Vp)")
+
+
 def sync(torch, device):
     if device == "cuda":
         torch.cuda.synchronize()
@@ -185,11 +201,11 @@ def first_line(error):
     return text.splitlines()[0][:300] if text else type(error).__name__
 
 
-def run_mode(torch, args, config, dtype_name, mode):
-    """One (dtype, mode) case. Returns a result dict; never raises for a failed case."""
+def run_mode(torch, args, config, dtype_name, mode, family):
+    """One (dtype, mode) case of `family`. Returns a result dict; never raises for a failed case."""
     B, T, device = args.batch, args.seq_len, args.device
     row = {"impl": "pytorch", "mode": mode, "device": device, "model": config["name"],
-           "dtype": dtype_name, "params": num_parameters(config), "batch": B, "seq_len": T}
+           "dtype": dtype_name, "params": family.params(config), "batch": B, "seq_len": T}
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
     if mode == "compile" and not hasattr(torch, "compile"):
         row["unavailable"] = f"torch {torch.__version__} has no torch.compile (needs torch >= 2.0)"
@@ -220,7 +236,7 @@ def run_mode(torch, args, config, dtype_name, mode):
         # Made where it trains (torch >= 2.0: the device as a context), not made and copied.
         where = torch.device(device)
         with where if hasattr(where, "__enter__") else contextlib.nullcontext():
-            model, has_sdpa = build_model(torch, config)
+            model, has_sdpa = family.build(torch, config)
         model = model.to(device)
         row["sdpa"] = has_sdpa
         decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -251,7 +267,7 @@ def run_mode(torch, args, config, dtype_name, mode):
                 # Regional compilation: each block and the head compiled on their own. The blocks
                 # are alike, so one compilation serves all of them (torch >= 2.5 inlines module
                 # parameters as inputs): the cold start of one block, not of L.
-                for module in list(model.h) + [model.head]:
+                for module in family.regions(model):
                     module.compile()
         generator = torch.Generator(device="cpu").manual_seed(2)
         tokens = torch.randint(0, config["vocab_size"], (B, T + 1), generator=generator)
@@ -294,7 +310,7 @@ def run_mode(torch, args, config, dtype_name, mode):
         if not all(math.isfinite(x) for x in losses):
             raise RuntimeError(f"the loss is not finite: {losses}")
         median = statistics.median_high(times)  # the upper median, as bench_train's
-        flops = step_model_flops(config, B, T)
+        flops = family.flops(config, B, T)
         row.update({"timed_steps": len(times), "skipped_steps": skipped,
                     "ms_per_step": median * 1e3, "mean_ms_per_step": statistics.mean(times) * 1e3,
                     "tokens_per_s": B * T / median, "tflops": flops / median / 1e12,
@@ -338,10 +354,11 @@ def print_row(row):
           f"{row['first_step_s']:.1f} |", flush=True)
 
 
-def benchmark(argv):
-    parser = argparse.ArgumentParser(description="GPT-2 training throughput in PyTorch "
-                                     "(eager and torch.compile), dstrain's FLOPs convention.")
-    parser.add_argument("--model", default="gpt2-124m")
+def benchmark(argv, family=GPT2, default_model="gpt2-124m"):
+    parser = argparse.ArgumentParser(description=f"{family.title} training throughput in "
+                                     "PyTorch (eager and torch.compile), dstrain's FLOPs "
+                                     "convention.")
+    parser.add_argument("--model", default=default_model)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--dtype", default="fp32", help="fp32, fp16, bf16, or a comma list")
     parser.add_argument("--batch", type=int, default=0, help="default: as bench_train's")
@@ -362,7 +379,7 @@ def benchmark(argv):
             fail(f"--dtype takes fp32, fp16 or bf16 (or a comma list of them), not '{d}'")
     if not dtypes:
         fail("--dtype needs fp32, fp16 or bf16")
-    config = load_config(args.model)
+    config = family.load(args.model)
     cuda = args.device == "cuda"
     small = config["name"] == "tiny"
     args.batch = args.batch or (8 if cuda else (16 if small else 4))
@@ -385,7 +402,7 @@ def benchmark(argv):
         fail("--device cuda: torch sees no CUDA device here (no GPU, no driver, or a CPU-only "
              "torch); use --device cpu")
     device_name = torch.cuda.get_device_name(0) if cuda else "cpu"
-    print(f"pytorch_gpt2: torch {torch.__version__}, {device_name}, {args.warmup} warm-up + "
+    print(f"{family.program}: torch {torch.__version__}, {device_name}, {args.warmup} warm-up + "
           f"{args.steps} timed steps")
     print("| impl | model | params | dtype | batch x seq | ms/step | tokens/s | TFLOP/s | "
           "peak TFLOP/s | MFU | fp16 skipped | peak memory | first step s |")
@@ -394,16 +411,16 @@ def benchmark(argv):
     rows = []
     for dtype_name in dtypes:
         for mode in modes:
-            row = run_mode(torch, args, config, dtype_name, mode)
+            row = run_mode(torch, args, config, dtype_name, mode, family)
             print_row(row)
             rows.append(row)
     print("\nms/step: median of the timed steps, each ending with a synchronize. Model FLOPs as "
-          "dstrain's planner counts them: per token 3 x (L x (24 C^2 + 4 T C) + 2 C Vp). MFU = "
+          f"dstrain's planner counts them: per token {family.flops_text}. MFU = "
           "achieved / --peak-tflops. First step: the untimed first warm-up step (with "
           "torch.compile, the compilation). Peak memory: torch.cuda.max_memory_allocated.")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"program": "pytorch_gpt2", "torch": torch.__version__,
+            json.dump({"program": family.program, "torch": torch.__version__,
                        "device": device_name, "warmup": args.warmup, "steps": args.steps,
                        "rows": rows}, f, indent=2)
             f.write("\n")
@@ -425,6 +442,78 @@ def dstrain_row(row):
     return dict(row, model=f"{row['model']} (attention {rows} rows per warp)")
 
 
+# llmq's published single-GPU numbers (its README, an H100; tokens/s), as issue 34 quotes them.
+LLMQ_H100 = {"qwen2.5-0.5b": {"bf16": 149e3, "fp8": 164e3},
+             "qwen2.5-7b": {"bf16": 14e3, "fp8": 19e3}}
+
+
+def trainer_row(path):
+    """A dstrain training log (--log) of gpu_session.sh's BIG_MODELS, trainer_<model>.jsonl, as a
+    throughput row: tokens/s the median over the steps after the second (the first ones load
+    cuBLAS and fill the allocator), the plan the trainer chose, its peak memory."""
+    name = os.path.basename(path)[len("trainer_"):-len(".jsonl")]
+    config, steps, memory, summary = {}, [], None, None
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("type") == "config":
+                config = record
+            elif "peak_bytes" in record and memory is None:
+                memory = sum(v for k, v in record["peak_bytes"].items() if not k.endswith("_host"))
+            elif record.get("type") == "summary":
+                summary = record
+            elif "step" in record and "tokens_per_s" in record:
+                steps.append(record["tokens_per_s"])
+    plan, run = config.get("plan", {}), config.get("run", {})
+    row = {"impl": "dstrain trainer", "model": name, "dtype": plan.get("precision", "?"),
+           "batch": run.get("global_batch", 0), "seq_len": run.get("seq_len", 0),
+           "plan": (f"dp {plan.get('dp')} x tp {plan.get('tp')} x pp {plan.get('pp')}, ZeRO-"
+                    f"{plan.get('zero')}, offload {plan.get('offload')}, recompute "
+                    f"{plan.get('recompute')}, micro-batch {plan.get('micro_batch')} x "
+                    f"{plan.get('grad_accum')} accumulation") if plan else "unknown"}
+    timed = steps[2:] or steps
+    if summary is None or not timed:
+        row["error"] = "the run did not finish (see session.log)"
+        return row
+    row["tokens_per_s"] = statistics.median_high(timed)
+    row["timed_steps"] = len(timed)
+    if memory is not None:
+        row["peak_memory_bytes"] = memory
+    return row
+
+
+def kernel_shares(path):
+    """Nsight Compute's CSV of one step (gpu__time_duration of every launch, base units): the
+    total time of each kernel, largest first, and their sum in ms."""
+    import csv
+    with open(path) as f:
+        lines = [line for line in f if line.startswith('"')]
+    totals, launches = {}, {}
+    for row in csv.DictReader(lines):
+        if row.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        try:
+            ns = float(row["Metric Value"].replace(",", ""))
+        except (KeyError, ValueError):
+            continue
+        name = row.get("Kernel Name", "?")
+        totals[name] = totals.get(name, 0.0) + ns
+        launches[name] = launches.get(name, 0) + 1
+    ordered = sorted(totals.items(), key=lambda item: -item[1])
+    return [(name, ns / 1e6, launches[name]) for name, ns in ordered], sum(totals.values()) / 1e6
+
+
+def kernel_group(name):
+    """A kernel's family for the shares: cuBLAS's GEMMs under one name."""
+    lowered = name.lower()
+    if "gemm" in lowered or lowered.startswith(("nvjet", "sm90_", "sm80_", "cutlass")):
+        return "GEMM (cuBLAS)"
+    return name
+
+
 def summarize(argv):
     parser = argparse.ArgumentParser(prog="pytorch_gpt2.py summarize",
                                      description="markdown summary of a GPU benchmark session")
@@ -437,9 +526,16 @@ def summarize(argv):
     parser.add_argument("--merged", default="", help="also write every input in one JSON file")
     parser.add_argument("files", nargs="*")
     args = parser.parse_args(argv)
-    ops, dstrain, pytorch = [], [], []
+    ops, dstrain, pytorch, profiles = [], [], [], []
     torch_version, gpu = "", args.gpu
     for path in args.files:
+        base = os.path.basename(path)
+        if base.startswith("trainer_") and base.endswith(".jsonl"):
+            dstrain.append(trainer_row(path))
+            continue
+        if base.startswith("kernels_") and base.endswith(".csv"):
+            profiles.append((base[len("kernels_"):-len(".csv")], *kernel_shares(path)))
+            continue
         try:
             with open(path) as f:
                 data = json.load(f)
@@ -452,14 +548,16 @@ def summarize(argv):
         elif program == "bench_train":
             dstrain += [dstrain_row(r) for r in data.get("rows", [])]
             gpu = gpu or data.get("gpu", "")
-        elif program == "pytorch_gpt2":
+        elif program in ("pytorch_gpt2", "pytorch_llama"):
             pytorch += data.get("rows", [])
             torch_version = data.get("torch", "")
             gpu = gpu or data.get("device", "")
     if args.merged:
         with open(args.merged, "w") as f:
             json.dump({"commit": args.commit, "date": args.date, "bench_cuda_ops": ops,
-                       "bench_train": dstrain, "pytorch": pytorch}, f, indent=2)
+                       "bench_train": dstrain, "pytorch": pytorch,
+                       "kernel_profiles": [{"model": m, "kernel_ms": k, "total_ms": t}
+                                           for m, k, t in profiles]}, f, indent=2)
             f.write("\n")
     lines = ["# dstrain GPU benchmarks", ""]
     lines.append(f"GPU: {gpu or 'unknown'}; date: {args.date or 'unknown'}; commit: "
@@ -553,9 +651,15 @@ def summarize(argv):
         if scopes:
             lines.append(f"torch.compile scope: {', '.join(scopes)} (model: the whole model in "
                          "one graph; blocks: each block and the head compiled on their own).")
-        lines.append("Model FLOPs per token: 3 x (L x (24 C^2 + 4 T C) + 2 C Vp) "
-                     "(src/parallel/cost_model.h). Issue 5 aims at dstrain / compile >= 1 and an "
-                     "MFU above 50% on gpt2-1.5b.")
+        lines.append("Model FLOPs per token (src/parallel/model_flops.h): 3 x (L x (2 x the "
+                     "multiply-adds of a layer's matrices + 4 T q) + 2 C Vp); GPT-2: 3 x (L x "
+                     "(24 C^2 + 4 T C) + 2 C Vp). A `dstrain trainer` row is the dstrain binary "
+                     "with the plan it chose (below).")
+        for r in dstrain:
+            if r.get("impl") == "dstrain trainer":
+                lines.append(f"- {r['model']}: {r.get('plan')}; peak "
+                             f"{format_bytes(r['peak_memory_bytes']) if 'peak_memory_bytes' in r else 'unknown'}.")
+        lines += goals_lines(dstrain, pytorch, gpu)
         failures = [r for r in dstrain + pytorch if "error" in r or "unavailable" in r]
         if failures:
             lines += ["", "Failed or unavailable:"]
@@ -564,9 +668,78 @@ def summarize(argv):
                 lines.append(f"- {who} {r['model']} {r['dtype']}: "
                              f"{r.get('error') or r.get('unavailable')}")
         lines.append("")
+    for model, kernels, total in profiles:
+        lines += profile_lines(model, kernels, total, dstrain)
     with open(args.out, "w") as f:
         f.write("\n".join(lines))
     return 0
+
+
+def find_row(rows, model, dtype, mode=None):
+    for r in rows:
+        if r["model"] == model and r["dtype"] == dtype and (mode is None or r.get("mode") == mode):
+            return r
+    return None
+
+
+def goals_lines(dstrain, pytorch, gpu):
+    """Issue 34's goals against this run, and llmq's published numbers beside dstrain's."""
+    lines = ["", "### Against llmq's published numbers (llmq's README, one H100) and issue 34's "
+             f"goals (this run: {gpu or 'this GPU'})", "",
+             "| model | dtype | dstrain tokens/s | llmq (H100, published) | dstrain / llmq |",
+             "|---|---|---|---|---|"]
+    for model, numbers in LLMQ_H100.items():
+        for dtype, published in numbers.items():
+            d = find_row(dstrain, model, dtype)
+            ours = d.get("tokens_per_s") if d else None
+            lines.append(f"| {model} | {dtype} | {fmt(ours, 0) or 'not run'} | {published:.0f} | "
+                         f"{fmt(ours / published if ours else None, 2)} |")
+    lines.append("")
+
+    def ratio(model, dtype):
+        d, c = find_row(dstrain, model, dtype), find_row(pytorch, model, dtype, "compile")
+        if d and c and "tokens_per_s" in d and "tokens_per_s" in c:
+            return d["tokens_per_s"] / c["tokens_per_s"]
+        return None
+    q = find_row(dstrain, "qwen2.5-0.5b", "bf16")
+    q_tps = q.get("tokens_per_s") if q else None
+    g = find_row(dstrain, "gpt2-1.5b", "bf16")
+    g_mfu = g["tflops"] / g["peak_tflops"] if g and g.get("peak_tflops") and "tflops" in g else None
+    goals = [("qwen2.5-0.5b bf16 >= 1.1 x llmq's 149k (H100)",
+              q_tps / 149e3 if q_tps else None, 1.1),
+             ("qwen2.5-0.5b bf16 >= 1.2 x torch.compile", ratio("qwen2.5-0.5b", "bf16"), 1.2),
+             ("gpt2-1.5b bf16 >= 1.15 x torch.compile", ratio("gpt2-1.5b", "bf16"), 1.15),
+             ("gpt2-1.5b bf16 MFU >= 55%", g_mfu, 0.55)]
+    for text, value, goal in goals:
+        state = "not measured" if value is None else ("met" if value >= goal else "not met")
+        lines.append(f"- {text}: {fmt(value, 3) or '-'} ({state})")
+    lines.append("")
+    return lines
+
+
+def profile_lines(model, kernels, total_ms, dstrain):
+    """Each kernel's share of one step (cuBLAS's GEMMs together), and the step's time outside
+    the kernels (launch gaps, host work) against bench_train's median step."""
+    groups = {}
+    for name, ms, launches in kernels:
+        group = kernel_group(name)
+        ms_before, launches_before = groups.get(group, (0.0, 0))
+        groups[group] = (ms_before + ms, launches_before + launches)
+    d = find_row(dstrain, model, "bf16")
+    step_ms = d.get("ms_per_step") if d else None
+    lines = ["", f"## Kernel shares of one {model} bf16 step (Nsight Compute, each launch timed "
+             "alone)", ""]
+    if step_ms:
+        lines.append(f"Kernels {total_ms:.1f} ms of bench_train's median step {step_ms:.1f} ms: "
+                     f"{100 * total_ms / step_ms:.0f}% (the rest: gaps between launches, the "
+                     "host).")
+    else:
+        lines.append(f"Kernels {total_ms:.1f} ms in all.")
+    lines += ["", "| kernel | ms | share of the kernels | launches |", "|---|---|---|---|"]
+    for group, (ms, launches) in sorted(groups.items(), key=lambda item: -item[1][0]):
+        lines.append(f"| {group} | {ms:.2f} | {100 * ms / total_ms:.1f}% | {launches} |")
+    lines.append("")
+    return lines
 
 
 if __name__ == "__main__":

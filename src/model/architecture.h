@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "core/rng.h"
 #include "core/tensor.h"
 #include "kernels/ops.h"
 #include "model/config.h"
@@ -160,7 +161,12 @@ std::unique_ptr<Architecture> make_architecture(const ModelConfig& config,
 // Fresh parameters as their parts ask (ParamSpec::init, model/layout.h), each tensor from its
 // own stream (seed, name), the same for any layout or sharding: one F32 host tensor of
 // block_numel elements per block; padding and gaps are zeroed.
+// Drawn on all of OpenMP's threads (model/init.cpp), the same values for any number of them.
 void init_model_parameters(const ParamLayout& layout, const ModelConfig& config, uint64_t seed,
                            const std::vector<Tensor>& block_flats);
+
+// data[i] = stddev x the i-th rng.normal() of a copy of `rng`, for i < n: what one sequential
+// loop gives, drawn in parallel chunks.
+void fill_normal(float* data, int64_t n, const Rng& rng, double stddev);
 
 }  // namespace dstrain

@@ -1,9 +1,7 @@
 #include "model/decoder.h"
 
 #include <cmath>
-#include <cstring>
 
-#include "core/rng.h"
 #include "model/moe_aux_loss.h"
 #include "model/param_provider.h"
 #include "model/transformer_parts.h"
@@ -796,34 +794,11 @@ void Decoder::head_backward(ParamProvider& params, const HeadRun& run, Tensor he
   params.release_params(final_block);
 }
 
-// ---- The factory and the initialization (model/architecture.h) -----------------------------
+// ---- The factory (model/architecture.h) ---------------------------------------------------------
 
 std::unique_ptr<Architecture> make_architecture(const ModelConfig& config, const TensorParallel& tp,
                                                 const ExpertParallel& ep) {
   return std::make_unique<Decoder>(config, tp, ep);
-}
-
-void init_model_parameters(const ParamLayout& layout, const ModelConfig& config, uint64_t seed,
-                           const std::vector<Tensor>& block_flats) {
-  DSTRAIN_CHECK(static_cast<int>(block_flats.size()) == layout.num_blocks());
-  for (int block = 0; block < layout.num_blocks(); ++block) {
-    DSTRAIN_CHECK(block_flats[block].numel() == layout.block_numel(block));
-    std::memset(block_flats[block].f32(), 0, block_flats[block].nbytes());
-  }
-  const double init_std = decoder_parts(config).init_std;
-  const double residual_std = init_std / std::sqrt(2.0 * static_cast<double>(config.n_layer));
-  for (const ParamSpec& spec : layout.params()) {
-    float* data = ParamLayout::view(spec, block_flats[spec.block]).f32();
-    const int64_t n = spec.file_numel();  // padded vocabulary rows stay zero
-    if (spec.init == ParamInit::Zero) continue;
-    if (spec.init == ParamInit::One) {
-      std::fill(data, data + n, 1.0f);
-      continue;
-    }
-    const double stddev = spec.init == ParamInit::ResidualNormal ? residual_std : init_std;
-    Rng rng(seed, hash_name(spec.name));
-    for (int64_t i = 0; i < n; ++i) data[i] = static_cast<float>(rng.normal() * stddev);
-  }
 }
 
 }  // namespace dstrain
