@@ -4,6 +4,7 @@
 // (FLOPs from the shape; causal attention counts half the square; backward as 2.5x forward, the
 // flash-attention convention) and GB/s for memory-bound ops (the bytes the op must read and
 // write at least, once each). Parameter gradients are in the working dtype, as in training.
+// The MoE ops run at a DeepSeekMoE-16B layer's shape whatever the flags (moe_ops).
 //
 // Next to each rate, the peak the same run measures, as a percentage:
 //   copy   a large device-to-device cudaMemcpyAsync (read + write bytes / time)
@@ -226,6 +227,65 @@ double gemm_peak_tflops(Workspace& ws, cublasHandle_t cublas, DType dtype, int64
   return 2.0 * static_cast<double>(n) * n * n / (ms * 1e-3) / 1e12;
 }
 
+struct Op {
+  std::string name;
+  double bytes, flops;  // one of them: > 0
+  std::function<void()> f;
+};
+
+// The MoE ops at the shape of a DeepSeekMoE-16B layer (C 2048, 64 routed experts of width 1408,
+// top 6) over the run's N tokens, router logits uniform in [-3, 3] (about N k / 64 rows an
+// expert), and one dense GEMM of the grouped matmul's rows and FLOPs beside it: what grouping by
+// expert costs (the CUDA grouped matmul reads the offsets to the host, then runs one cuBLAS GEMM
+// per expert). Bytes as bench_ops.cpp counts them.
+std::vector<Op> moe_ops(Workspace& ws, Backend& be, DType dt, int64_t N) {
+  constexpr int64_t C = 2048, E = 64, k = 6, I = 1408;
+  const int64_t M = N * k;
+  const double es = static_cast<double>(dtype_size(dt)), n = static_cast<double>(N);
+  const double m = static_cast<double>(M);
+  const MoeRouting routing{static_cast<int>(E), static_cast<int>(k), RouterScore::Softmax, false,
+                           1.0f};
+  Tensor logits = ws.random(dt, {N, E}, -3.0f, 3.0f), dlogits = ws.allocate(dt, {N, E});
+  Tensor scores = ws.allocate(DType::F32, {N, E}), weights = ws.allocate(DType::F32, {N, k});
+  Tensor dweights = ws.random(DType::F32, {N, k});
+  Tensor experts = ws.allocate(DType::I32, {N, k}), offsets = ws.allocate(DType::I32, {E + 1});
+  Tensor source = ws.allocate(DType::I32, {M}), dest = ws.allocate(DType::I32, {N, k});
+  Tensor x = ws.random(dt, {N, C}), rows = ws.random(dt, {M, C}), out = ws.allocate(dt, {N, C});
+  Tensor w_up = ws.random(dt, {E, 2 * I, C}, -0.05f, 0.05f), up = ws.allocate(dt, {M, 2 * I});
+  Tensor dw_up = ws.random(dt, {E, 2 * I, C}), drows = ws.allocate(dt, {M, C});
+  Tensor dup = ws.random(dt, {M, 2 * I}), dense_w = ws.random(dt, {2 * I, C}, -0.05f, 0.05f);
+  Tensor dense_dw = ws.random(dt, {2 * I, C});
+  be.moe_route(weights, experts, scores, logits, routing, nullptr);
+  be.moe_dispatch(offsets, source, dest, experts, static_cast<int>(E), nullptr);
+  be.synchronize(nullptr);
+  Backend* b = &be;
+  const double flops = 2.0 * m * C * 2 * I;  // the experts' gate and up projections
+  return {
+      {"moe_route (64 experts, top 6)", es * n * E + 4.0 * n * E + 8.0 * n * k, 0,
+       [=] { b->moe_route(weights, experts, scores, logits, routing, nullptr); }},
+      {"moe_route_backward", es * n * E + 4.0 * n * E + 8.0 * n * k, 0,
+       [=] {
+         b->moe_route_backward(dlogits, dweights, Tensor(), scores, experts, routing, nullptr);
+       }},
+      {"moe_dispatch", 4.0 * 3 * n * k, 0,
+       [=] { b->moe_dispatch(offsets, source, dest, experts, static_cast<int>(E), nullptr); }},
+      {"moe_gather (C 2048, x6)", es * 2.0 * m * C, 0,
+       [=] { b->moe_gather(rows, x, source, nullptr); }},
+      {"moe_combine (C 2048, x6)", es * (m + n) * C, 0,
+       [=] { b->moe_combine(out, rows, dest, weights, nullptr); }},
+      {"moe_combine_backward", es * (n + 2.0 * m) * C, 0,
+       [=] { b->moe_combine_backward(drows, Tensor(), out, rows, dest, weights, nullptr); }},
+      {"moe grouped_matmul_forward (64 x 2816x2048)", 0, flops,
+       [=] { b->grouped_matmul_forward(up, rows, w_up, offsets, nullptr); }},
+      {"moe grouped_matmul_backward", 0, 2.0 * flops,
+       [=] { b->grouped_matmul_backward(drows, dw_up, dup, rows, w_up, offsets, nullptr); }},
+      {"moe dense matmul_forward (same FLOPs)", 0, flops,
+       [=] { b->matmul_forward(up, rows, dense_w, Tensor(), true, nullptr); }},
+      {"moe dense matmul_backward (same FLOPs)", 0, 2.0 * flops,
+       [=] { b->matmul_backward(drows, dense_dw, Tensor(), dup, rows, dense_w, true, nullptr); }},
+  };
+}
+
 int run(const Options& options) {
   const int devices = cuda_device_count();
   if (devices == 0) {
@@ -344,12 +404,7 @@ int run(const Options& options) {
   const int nh = static_cast<int>(NH);  // multi-head: n_kv_head = n_head
   const double attention_flops = 4.0 * B * NH * static_cast<double>(T) * T * (C / NH) * 0.5;
   const double nd = static_cast<double>(N), cd = static_cast<double>(C);
-  struct Op {
-    std::string name;
-    double bytes, flops;  // one of them: > 0
-    std::function<void()> f;
-  };
-  const std::vector<Op> ops = {
+  std::vector<Op> ops = {
       {"embedding_forward", 3 * act, 0,
        [&] { be.embedding_forward(y, tokens, wte, wpe, 0, Vp, nullptr); }},
       {"embedding_backward", act + 2.0 * N * C * es, 0,
@@ -462,6 +517,7 @@ int run(const Options& options) {
       {"gradient_stats (124M in 150 buffers)", static_cast<double>(P * es), 0,
        [&] { (void)be.gradient_stats(grad_pieces, nullptr); }},
   };
+  for (Op& op : moe_ops(ws, be, dt, N)) ops.push_back(std::move(op));
   std::printf("%-34s %10s %20s %24s\n", "op", "ms", "achieved", "of the measured peak");
   nlohmann::json rows = nlohmann::json::array();
   for (const Op& op : ops) {

@@ -36,10 +36,13 @@
 #   BIG_MODELS     models trained by dstrain itself (`dstrain --device cuda`, the plan it picks
 #                  for this GPU, BIG_TOKENS = 16384 tokens a step, BIG_STEPS = 8 steps; tokens/s
 #                  is the median of the steps after the second), default "qwen2.5-7b"
-#   STEP_PROFILE   the model whose bf16 step is profiled kernel by kernel with Nsight Compute
+#   STEP_PROFILE   the models whose bf16 step is profiled kernel by kernel with Nsight Compute
 #                  (gpu__time_duration of every launch of one step): each kernel's share of the
 #                  step in the summary (default: the first of LLAMA_MODELS; empty: none)
 #   OPS            0: no bench_cuda_ops run (the kernels alone); default 1
+#   OPS_ONLY       NAME: one bench_cuda_ops run, of the ops whose name holds NAME (`--only`;
+#                  "moe": the MoE ops at a DeepSeekMoE-16B layer's shape); default: every op at
+#                  every shape
 #   PYTORCH        0: time dstrain only (no PyTorch runs, no prewarm)
 #   BATCH_124M, BATCH_1_5B      32 and 16: they fit dstrain and PyTorch eager on a 141 GB H200
 #                  (dstrain's planner: 14.7 and 63.1 GiB per GPU in bf16, no recompute)
@@ -103,6 +106,7 @@ BIG_STEPS=${BIG_STEPS:-8}
 read -r -a llama_list <<<"$LLAMA_MODELS"
 STEP_PROFILE=${STEP_PROFILE-${llama_list[0]:-}}
 OPS=${OPS:-1}
+OPS_ONLY=${OPS_ONLY:-}
 DTYPES=${DTYPES:-fp16,bf16}
 ATTENTION32_MODELS=${ATTENTION32_MODELS-$MODELS}
 PYTORCH=${PYTORCH:-1}
@@ -431,23 +435,27 @@ if ((!KERNELS_ONLY)); then
       --eval-every 0 --sample 0 --log "$json/trainer_$model.jsonl"
   done
   # Each kernel's share of one bf16 step (Nsight Compute times every launch, one at a time).
-  if [ -n "$STEP_PROFILE" ]; then
+  for model in $STEP_PROFILE; do
     ncu_bin=$(find_ncu)
     if [ -z "$ncu_bin" ] && ((!dry_run)); then
       record "step_profile" "not run: no ncu on PATH, beside nvcc or in /opt/nvidia/nsight-compute"
-    else
-      run_step "step_profile_$STEP_PROFILE" 120 "${ncu_bin:-ncu}" --csv \
-        --metrics gpu__time_duration.sum --print-units base --print-kernel-base function \
-        --cache-control none \
-        --clock-control none --log-file "$json/kernels_$STEP_PROFILE.csv" \
-        "$BUILD/bench_train" --device cuda --models "$STEP_PROFILE" --dtype bf16 \
-        --batch "$BATCH_LLAMA" --seq-len "$SEQ" --steps 1 --warmup 0
+      break
     fi
-  fi
+    batch=$BATCH_LLAMA
+    if [[ $model == gpt2-* ]]; then batch=$(gpt2_batch "$model"); fi
+    run_step "step_profile_$model" 120 "${ncu_bin:-ncu}" --csv \
+      --metrics gpu__time_duration.sum --print-units base --print-kernel-base function \
+      --cache-control none --clock-control none --log-file "$json/kernels_$model.csv" \
+      "$BUILD/bench_train" --device cuda --models "$model" --dtype bf16 --batch "$batch" \
+      --seq-len "$SEQ" --steps 1 --warmup 0
+  done
   for model in $MODELS; do
     time_pair "$model" "$(gpt2_batch "$model")" "$dtypes" "${pytorch[@]}"
   done
-  if ((OPS)); then
+  if ((OPS)) && [ -n "$OPS_ONLY" ]; then
+    run_step "bench_cuda_ops_bf16_$OPS_ONLY" 60 "$BUILD/bench_cuda_ops" --dtype bf16 \
+      --only "$OPS_ONLY" --json "$json/ops_bf16_$OPS_ONLY.json"
+  elif ((OPS)); then
     run_step bench_cuda_ops_bf16 60 "$BUILD/bench_cuda_ops" --dtype bf16 \
       --json "$json/ops_bf16.json"
     if [[ ,$dtypes, == *,fp16,* ]]; then
