@@ -86,8 +86,9 @@ class Communicator {
   // Point to point (not collective): every operation of `ops` at once, as one group (torch's
   // batch_isend_irecv, NCCL's ncclGroupStart/ncclGroupEnd): all sends are posted, all receives
   // taken, and it returns when every one is done. Each matches the peer's send or recv (plain or
-  // inside its own exchange) in per-pair order, exactly as send/recv do. REQUIRES: at most one
-  // Send and at most one Recv per peer in one call; no peer is this rank.
+  // inside its own exchange) in per-pair order, exactly as send/recv do; several to (or from)
+  // one peer in one call go in the order listed (a pipeline's activation and the small message
+  // beside it). REQUIRES: no peer is this rank.
   virtual void exchange(const std::vector<P2POp>& ops, Stream stream) = 0;
   // Collective: a personalized exchange with per-peer counts (torch's all_to_all_single with
   // split sizes; the dispatch and combine of expert parallelism). input holds send_counts[p]

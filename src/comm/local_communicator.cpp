@@ -60,6 +60,7 @@ struct Message {
   uint64_t index = 0;       // number of the message on its (source, destination) pair, from 1
   std::string what;         // "send #2 from rank 0 to rank 1 on group 'world'"
   bool in_channel = false;  // a posted send not yet received: withdrawn if the call fails
+  bool done = false;        // received (a send), or copied in (a receive)
 };
 
 class LocalCommunicator final : public Communicator {
@@ -101,17 +102,19 @@ class LocalCommunicator final : public Communicator {
   // The operations of a send, recv or exchange (`op`, for messages): checked, then numbered.
   void check_ops(const std::vector<P2POp>& ops, const char* op) const;
   std::vector<Message> number_messages(const std::vector<P2POp>& ops, const char* op);
-  // Posts every send, takes every receive, then waits until every send was received: one
-  // implementation for send, recv and exchange. `op` and `index` name the call in this rank's
-  // activity, `what` in the error of a world that aborted before it.
+  // Moves every message of the call, each as soon as its channel lets it, until every send was
+  // received and every receive copied in: one implementation for send, recv and exchange.
+  // `op` and `index` name the call in this rank's activity, `what` in the error of a world
+  // that aborted before it.
   void transfer(std::vector<Message>& messages, const char* op, uint64_t index,
                 const std::string& what);
   // REQUIRES (the four below): lock held. They throw what send/recv throw on failure.
+  // One step of messages[i] if its channel allows one now (posting a send, taking a receive,
+  // finishing a received send); whether it moved.
+  bool advance(std::unique_lock<std::mutex>& lock, std::vector<Message>& messages, size_t i);
   void post(Message& send);
-  void take(std::unique_lock<std::mutex>& lock, const Message& recv, const char* op,
-            Clock::time_point deadline);
-  void await_received(std::unique_lock<std::mutex>& lock, Message& send, const char* op,
-                      Clock::time_point deadline);
+  bool try_take(std::unique_lock<std::mutex>& lock, Message& recv);
+  bool try_finish(Message& send);
   // After a failure: takes `send` back out of its channel (Empty again) unless it was received.
   void withdraw(std::unique_lock<std::mutex>& lock, Message& send);
   // The same call on every rank, and no rank writing into another rank's buffers.
@@ -478,21 +481,18 @@ std::unique_ptr<Communicator> LocalCommunicator::split(int color, int key) {
 // A message travels through the channel of its (source, destination) pair: the sender posts
 // a pointer to its buffer, the receiver copies out of it, and the sender leaves only once the
 // copy is Done (or Rejected), so the buffer outlives every read and a channel holds at most
-// one message. send, recv and exchange are all transfer(): posting never waits, so a rank
-// that posts every send of an exchange before taking its receives cannot deadlock with a
-// neighbour doing the same.
+// one message. send, recv and exchange are all transfer(). Several messages of one call to (or
+// from) one peer go in order: the next is posted (taken) once the one before it was received.
+// A call never waits on one message while another can move, so two neighbours exchanging
+// messages both ways cannot deadlock.
 
 void LocalCommunicator::check_ops(const std::vector<P2POp>& ops, const char* op) const {
-  std::vector<int> sends_to(static_cast<size_t>(size()), 0), recvs_from(sends_to);
   for (size_t i = 0; i < ops.size(); ++i) {
     const P2POp& o = ops[i];
     const bool sending = o.kind == P2POp::Kind::Send;
     check_buffer(o.buffer, op, "buffer");
     DSTRAIN_CHECK(o.peer >= 0 && o.peer < size() && o.peer != rank_)
         << op << ": peer " << o.peer << " is not another rank of a group of " << size();
-    DSTRAIN_CHECK(++(sending ? sends_to : recvs_from)[static_cast<size_t>(o.peer)] == 1)
-        << op << ": two " << (sending ? "sends to " : "receives from ")
-        << member_name(*group_, o.peer) << " in one call (at most one of each per peer)";
     for (size_t j = 0; j < ops.size() && !sending; ++j) {
       // The peer reads a send buffer while this rank writes its receive buffers.
       DSTRAIN_CHECK(j == i || !byte_range(o.buffer).overlaps(byte_range(ops[j].buffer)))
@@ -527,17 +527,29 @@ void LocalCommunicator::transfer(std::vector<Message>& messages, const char* op,
   std::unique_lock<std::mutex> lock(world.mutex);
   if (world.aborted) world.throw_aborted(what);
   try {
-    for (Message& m : messages) {
-      if (m.sending) post(m);
-    }
-    world.changed.notify_all();
     // One deadline for the whole call: the timeout bounds how long the rank waits in it.
     const Clock::time_point deadline = world.deadline_from_now();
-    for (const Message& m : messages) {
-      if (!m.sending) take(lock, m, op, deadline);
-    }
-    for (Message& m : messages) {
-      if (m.sending) await_received(lock, m, op, deadline);
+    while (true) {
+      bool moved = false;
+      for (size_t i = 0; i < messages.size(); ++i) moved = advance(lock, messages, i) || moved;
+      if (moved) world.changed.notify_all();
+      // What the call waits for: a receive first (the peer has not sent), else a send.
+      auto waiting = std::find_if(messages.begin(), messages.end(),
+                                  [](const Message& m) { return !m.done && !m.sending; });
+      if (waiting == messages.end()) {
+        waiting = std::find_if(messages.begin(), messages.end(),
+                               [](const Message& m) { return !m.done; });
+      }
+      if (waiting == messages.end()) break;
+      if (moved) continue;
+      const Message& m = *waiting;
+      set_activity(m.sending ? Activity::Kind::Send : Activity::Kind::Recv, op, m.index, m.peer);
+      if (m.sending && group_->channels[{rank_, m.peer}].state == Channel::State::Taken) {
+        world.changed.wait(lock);  // the receiver is copying: that always ends
+        continue;
+      }
+      check_waiting(m.what, m.peer, deadline, m.sending ? "received it" : "sent it");
+      wait_for_change(lock, deadline);
     }
   } catch (...) {
     for (Message& m : messages) withdraw(lock, m);
@@ -545,6 +557,21 @@ void LocalCommunicator::transfer(std::vector<Message>& messages, const char* op,
     throw;
   }
   end_activity(op, index);
+}
+
+bool LocalCommunicator::advance(std::unique_lock<std::mutex>& lock,
+                                std::vector<Message>& messages, size_t i) {
+  Message& m = messages[i];
+  if (m.done) return false;
+  // A channel holds one message: an earlier message of this call on it goes first.
+  for (size_t j = 0; j < i; ++j) {
+    const Message& earlier = messages[j];
+    if (!earlier.done && earlier.sending == m.sending && earlier.peer == m.peer) return false;
+  }
+  if (!m.sending) return try_take(lock, m);
+  if (m.in_channel) return try_finish(m);
+  post(m);
+  return true;
 }
 
 void LocalCommunicator::post(Message& send) {
@@ -558,15 +585,10 @@ void LocalCommunicator::post(Message& send) {
   send.in_channel = true;
 }
 
-void LocalCommunicator::take(std::unique_lock<std::mutex>& lock, const Message& recv,
-                             const char* op, Clock::time_point deadline) {
+bool LocalCommunicator::try_take(std::unique_lock<std::mutex>& lock, Message& recv) {
   World& world = *world_;
   Channel& channel = group_->channels[{recv.peer, rank_}];
-  set_activity(Activity::Kind::Recv, op, recv.index, recv.peer);
-  while (channel.state != Channel::State::Posted) {
-    check_waiting(recv.what, recv.peer, deadline, "sent it");
-    wait_for_change(lock, deadline);
-  }
+  if (channel.state != Channel::State::Posted) return false;
   DSTRAIN_CHECK(channel.index == recv.index)
       << recv.what << ": got message #" << channel.index << " instead";
   const Tensor& buffer = recv.buffer;
@@ -588,27 +610,22 @@ void LocalCommunicator::take(std::unique_lock<std::mutex>& lock, const Message& 
   copy_bytes(buffer.data, source, buffer.nbytes());
   lock.lock();
   channel.state = Channel::State::Done;
-  world.changed.notify_all();
+  recv.done = true;
+  return true;
 }
 
-void LocalCommunicator::await_received(std::unique_lock<std::mutex>& lock, Message& send,
-                                       const char* op, Clock::time_point deadline) {
-  World& world = *world_;
+bool LocalCommunicator::try_finish(Message& send) {
   Channel& channel = group_->channels[{rank_, send.peer}];
-  set_activity(Activity::Kind::Send, op, send.index, send.peer);
-  while (channel.state == Channel::State::Posted || channel.state == Channel::State::Taken) {
-    if (channel.state == Channel::State::Taken) {
-      world.changed.wait(lock);  // the receiver is copying: that always ends
-      continue;
-    }
-    check_waiting(send.what, send.peer, deadline, "received it");
-    wait_for_change(lock, deadline);
+  if (channel.state == Channel::State::Posted || channel.state == Channel::State::Taken) {
+    return false;
   }
   const bool rejected = channel.state == Channel::State::Rejected;
   const std::string error = channel.error;
   channel = Channel{};
   send.in_channel = false;
+  send.done = true;
   if (rejected) throw Error(error);
+  return true;
 }
 
 void LocalCommunicator::withdraw(std::unique_lock<std::mutex>& lock, Message& send) {

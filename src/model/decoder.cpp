@@ -155,9 +155,6 @@ Decoder::Decoder(const ModelConfig& config, const TensorParallel& tp, const Expe
       head_buffers_(head_buffer_specs(1, tp.size, DType::F32, true, nullptr)),
       rotary_(parts_.position.kind == PositionKind::Rotary ? rope_inverse_frequencies(config)
                                                            : std::vector<double>()) {
-  for (int64_t layer = parts_.layers - 1; layer >= 0; --layer) {
-    if (parts_.layer_mlp(layer).kind == MlpKind::MoE) first_moe_layer_ = static_cast<int>(layer);
-  }
   // (in, out) weights are one tensor per projection: a packed group widens by rows.
   DSTRAIN_CHECK(!parts_.names.in_by_out ||
                 (parts_.names.qkv.size() == 1 && parts_.names.up.size() == 1))
@@ -480,7 +477,7 @@ Tensor Decoder::mlp_forward(const LayerRun& run, Tensor norm2_full) const {
         moe_mlp_forward(run.backend, parts_.mlp, ep_, moe_weights(w, run.expert_weights), moe,
                         moe_workspace(run), norm2_full, out, run.stream);
     if (ep_.aux != nullptr && !run.recomputing) {
-      ep_.aux->add_layer(run.backend, moe, run.layer == first_moe_layer_, run.stream);
+      ep_.aux->add_layer(run.backend, moe, run.stream);
     }
     if (ep_.load != nullptr && !run.recomputing && ep_.capacity_factor > 0) {
       ep_.load->add_dropped(run.layer, dropped);

@@ -127,7 +127,6 @@ class Decoder final : public Architecture {
   LayerActivations activations_[2];  // by layer kind
   HeadBuffers head_buffers_;
   RotaryTables rotary_;
-  int first_moe_layer_ = -1;  // where a micro-batch's MoE layers begin (the loss's statistics)
 };
 
 }  // namespace dstrain

@@ -1,5 +1,6 @@
 #include "model/moe_aux_loss.h"
 
+#include <algorithm>
 #include <memory>
 
 #include "comm/gather_values.h"
@@ -46,45 +47,83 @@ void MoeAuxLoss::begin_step(double loss_scale, int64_t accumulation, int data_pa
   // AddAuxiliaryLoss gives the loss a gradient of 1 per micro-batch, averaged over the ranks.
   weight_ = kind_ == AuxLossKind::Transformers ? loss_scale / static_cast<double>(accumulation)
                                                : loss_scale / data_parallel;
+  micro_batches_.clear();
+  current_ = 0;
 }
 
-void MoeAuxLoss::add_layer(Backend& backend, const MoeActivations& a, bool first, Stream stream) {
+void MoeAuxLoss::set_stage(bool first, bool last) {
+  first_stage_ = first;
+  last_stage_ = last;
+}
+
+MoeAuxLoss::MicroBatch& MoeAuxLoss::micro_batch(int index) {
+  MicroBatch& m = micro_batches_[index];
+  const size_t E = static_cast<size_t>(experts_);
+  if (m.sums.empty()) m.sums.assign(2 * E, 0.0);
+  if (m.gradient.empty()) m.gradient.assign(E, 0.0);
+  return m;
+}
+
+void MoeAuxLoss::begin_forward(int index) {
+  current_ = index;
+  if (kind_ != AuxLossKind::Transformers) return;
+  MicroBatch& m = micro_batch(index);
+  // A later stage starts from the sums that came with the activations (forward_message).
+  if (first_stage_) std::fill(m.sums.begin(), m.sums.end(), 0.0);
+  m.combined = false;
+}
+
+void MoeAuxLoss::begin_backward(int index) {
+  current_ = index;
+  if (kind_ != AuxLossKind::Transformers) return;
+  MicroBatch& m = micro_batch(index);
+  if (last_stage_ && !m.combined) combine(m);
+  DSTRAIN_CHECK(m.combined) << "the load-balancing loss's gradient of micro-batch " << index
+                            << " did not arrive from the next pipeline stage";
+}
+
+Tensor MoeAuxLoss::forward_message(int index) {
+  std::vector<double>& sums = micro_batch(index).sums;
+  return Tensor(sums.data(), DType::I32, {static_cast<int64_t>(2 * sums.size())});
+}
+
+Tensor MoeAuxLoss::backward_message(int index) {
+  MicroBatch& m = micro_batch(index);
+  m.combined = true;  // sent from here, or received into before this stage's backward
+  return Tensor(m.gradient.data(), DType::I32, {static_cast<int64_t>(2 * m.gradient.size())});
+}
+
+void MoeAuxLoss::add_layer(Backend& backend, const MoeActivations& a, Stream stream) {
   if (kind_ != AuxLossKind::Transformers) return;  // DeepSeek's is a layer's own, in backward
   const size_t E = static_cast<size_t>(experts_);
-  if (first || counts_.empty()) {
-    counts_.assign(E, 0.0);
-    prob_sums_.assign(E, 0.0);
-    combined_ = false;
-  }
+  std::vector<double>& sums = micro_batch(current_).sums;
   std::vector<int32_t> chosen;
   std::vector<float> scores;
   read_routing(backend, a, chosen, scores, stream);
-  for (int32_t e : chosen) counts_[static_cast<size_t>(e)] += 1;
-  for (size_t i = 0; i < scores.size(); ++i) prob_sums_[i % E] += scores[i];
+  for (int32_t e : chosen) sums[static_cast<size_t>(e)] += 1;
+  for (size_t i = 0; i < scores.size(); ++i) sums[E + i % E] += scores[i];
 }
 
-void MoeAuxLoss::combine() {
+void MoeAuxLoss::combine(MicroBatch& m) {
   const size_t E = static_cast<size_t>(experts_);
-  std::vector<double> mine = counts_;
-  mine.insert(mine.end(), prob_sums_.begin(), prob_sums_.end());
   std::vector<double> total(2 * E, 0.0);
   if (data_ != nullptr && data_->size() > 1) {
-    const std::vector<double> all = all_gather_values(*data_, mine);
+    const std::vector<double> all = all_gather_values(*data_, m.sums);
     for (size_t i = 0; i < all.size(); ++i) total[i % (2 * E)] += all[i];  // in rank order
   } else {
-    total = mine;
+    total = m.sums;
   }
   double choices = 0;
   for (size_t e = 0; e < E; ++e) choices += total[e];
+  DSTRAIN_CHECK(choices > 0) << "the load-balancing loss's backward before its forward";
   const double rows = choices / static_cast<double>(top_k_);
   double aux = 0;
-  gradient_.assign(E, 0.0);
   for (size_t e = 0; e < E; ++e) {
     aux += (total[e] / rows) * (total[E + e] / rows);
-    gradient_[e] = static_cast<double>(experts_) * total[e] / (rows * rows);
+    m.gradient[e] = static_cast<double>(experts_) * total[e] / (rows * rows);
   }
   step_sum_ += static_cast<double>(experts_) * aux;
-  combined_ = true;
+  m.combined = true;
 }
 
 // DeepSeek's: per sequence (seq_aux) or over all N tokens as one group of `seq_len` = N.
@@ -120,11 +159,14 @@ void MoeAuxLoss::layer_gradient(Backend& backend, const MoeActivations& a, int64
       << dscores.shape_str();
   std::vector<float> values(static_cast<size_t>(dscores.numel()));
   if (kind_ == AuxLossKind::Transformers) {
-    DSTRAIN_CHECK(!counts_.empty()) << "the load-balancing loss's backward before its forward";
-    if (!combined_) combine();
+    MicroBatch& m = micro_batch(current_);
+    if (!m.combined) {
+      DSTRAIN_CHECK(last_stage_) << "the load-balancing loss's gradient before it arrived";
+      combine(m);
+    }
     const size_t E = static_cast<size_t>(experts_);
     for (size_t i = 0; i < values.size(); ++i) {
-      values[i] = static_cast<float>(coef_ * weight_ * gradient_[i % E]);
+      values[i] = static_cast<float>(coef_ * weight_ * m.gradient[i % E]);
     }
   } else {
     std::vector<int32_t> chosen;

@@ -12,8 +12,11 @@
 // reaches the router through the probabilities only (the choices are constants):
 // d aux / d p_{row, e} = E c_e / R^2, the same for every row. Over data-parallel ranks the
 // statistics of a micro-batch are summed before aux is formed (Megatron's global auxiliary
-// loss): dp ranks at micro-batch b give one rank's numbers at micro-batch dp x b. The layers of
-// a micro-batch are all on one pipeline stage (pp > 1 is refused with this loss).
+// loss): dp ranks at micro-batch b give one rank's numbers at micro-batch dp x b. With pipeline
+// stages the statistics travel with the micro-batch: each stage adds its layers' c_e and S_e to
+// the running sums it received with the activations (the same additions in the same order as
+// one stage), the last stage sums them over its data-parallel ranks and forms aux, and E c_e /
+// R^2 travels back with the gradients (PipelineRunner sends both beside its own messages).
 //
 // DeepSeekMoE (aux_loss_alpha, seq_aux; its MoEGate): each MoE layer's own loss, with seq_aux
 // per sequence s of T tokens, f_{s,e} = c_{s,e} E / (T k), P_{s,e} = the mean over its tokens,
@@ -26,6 +29,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -51,22 +56,44 @@ class MoeAuxLoss {
   // The step's gradient weight from its loss scale, accumulation and data-parallel ranks.
   void begin_step(double loss_scale, int64_t accumulation, int data_parallel);
 
+  // Which pipeline stage this is (default: the only one). Only the last forms aux.
+  void set_stage(bool first, bool last);
+  // The micro-batch whose forward (backward) this stage runs next: the pipeline runner says so
+  // before each compute action. A forward on the first stage starts its statistics from zero;
+  // on a later one from what arrived in forward_message. A backward on the last stage sums the
+  // statistics over the data-parallel ranks (collective) and forms aux. Without these calls
+  // every layer counts toward micro-batch 0 (one micro-batch in flight, as in tests).
+  void begin_forward(int micro_batch);
+  void begin_backward(int micro_batch);
+
   // A MoE layer's forward (not a recompute): its routing `a` (topk_expert, scores) is added to
-  // the micro-batch's statistics (transformers); `first` starts a new micro-batch.
-  void add_layer(Backend& backend, const MoeActivations& a, bool first, Stream stream);
+  // the current micro-batch's statistics (transformers).
+  void add_layer(Backend& backend, const MoeActivations& a, Stream stream);
   // A MoE layer's backward: dscores (N, E) F32 = the loss's gradient w.r.t. the layer's
   // probabilities, times the step's weight; `a` its routing, of sequences of `seq_len` tokens.
-  // Transformers: the first call of a micro-batch sums its statistics over the data-parallel
-  // ranks (collective).
   void layer_gradient(Backend& backend, const MoeActivations& a, int64_t seq_len, Tensor dscores,
                       Stream stream);
+
+  // What travels between pipeline stages (transformers' loss only: `travels()`), host tensors
+  // of the same size on both ends, valid until the step ends: the running c_e and S_e of a
+  // micro-batch, sent after its forward to the next stage (and received into before it), and
+  // E c_e / R^2 over every layer and rank, sent back with its gradient. Doubles, as I32 pairs.
+  bool travels() const { return kind_ == AuxLossKind::Transformers; }
+  Tensor forward_message(int micro_batch);
+  Tensor backward_message(int micro_batch);
 
   // The sum of the micro-batches' aux (without coef) since the last call: transformers' once per
   // micro-batch, DeepSeek's summed over the MoE layers.
   double take_step_sum();
 
  private:
-  void combine();
+  struct MicroBatch {
+    std::vector<double> sums;      // c_e, then S_e: the running sums of the layers so far
+    std::vector<double> gradient;  // E c_e / R^2 of every layer and rank, per expert
+    bool combined = false;         // gradient holds it (formed here or received)
+  };
+  MicroBatch& micro_batch(int index);
+  void combine(MicroBatch& m);
   void deepseek_gradient(const std::vector<int32_t>& chosen, const std::vector<float>& scores,
                          int64_t seq_len, std::vector<float>& gradient);
 
@@ -74,9 +101,9 @@ class MoeAuxLoss {
   int64_t experts_, top_k_;
   double coef_, weight_ = 0;
   Communicator* data_;
-  std::vector<double> counts_, prob_sums_;  // c_e, S_e of this rank's rows
-  std::vector<double> gradient_;            // E c_e / R^2 of all ranks' rows, per expert
-  bool combined_ = false;
+  bool first_stage_ = true, last_stage_ = true;
+  std::map<int, MicroBatch> micro_batches_;  // this step's, by index (cleared by begin_step)
+  int current_ = 0;
   double step_sum_ = 0;
 };
 

@@ -84,6 +84,7 @@ void PipelineRunner::compute(const PipelineAction& action, const MicroBatchSourc
                              << stage_model_.slots() << " slots";
     MicroBatch& batch = batches_[static_cast<size_t>(slot)];
     batch = source ? source(m) : MicroBatch{};
+    if (aux_ != nullptr) aux_->begin_forward(m);
     const StageRange& range = stage_model_.range();
     loss += stage_model_.forward(params_, slot, b_, t_, range.first ? batch.inputs : Tensor(),
                                  range.last ? batch.targets : Tensor(),
@@ -95,6 +96,7 @@ void PipelineRunner::compute(const PipelineAction& action, const MicroBatchSourc
   DSTRAIN_CHECK(owner == m) << "backward of micro-batch " << m << " but slot " << slot
                             << " holds " << owner;
   const MicroBatch& batch = batches_[static_cast<size_t>(slot)];
+  if (aux_ != nullptr) aux_->begin_backward(m);
   stage_model_.backward(params_, slot, stage_model_.range().first ? batch.inputs : Tensor(),
                         compute_);
   owner = -1;
@@ -119,6 +121,15 @@ void PipelineRunner::exchange(const StageActions& actions, size_t begin, size_t 
         ops.push_back({P2POp::Kind::Recv, stage_model_.output_grad(b_, t_), stage_ + 1});
         break;
       default: DSTRAIN_CHECK(false) << to_string(a) << " is not a communication";
+    }
+    if (aux_ != nullptr && aux_->travels()) {  // the loss's statistics, beside the tensor
+      const bool forward =
+          a.kind == ActionKind::SendActivation || a.kind == ActionKind::RecvActivation;
+      const P2POp& op = ops.back();
+      ops.push_back({op.kind,
+                     forward ? aux_->forward_message(a.micro_batch)
+                             : aux_->backward_message(a.micro_batch),
+                     op.peer});
     }
   }
   DSTRAIN_CHECK(pipe_ != nullptr) << "a pipeline exchange with one stage";

@@ -21,6 +21,9 @@
 // compute stream is synchronized before each exchange, which costs nothing: the send needs
 // that work anyway). The waits are the pipeline bubble this stage sees.
 //
+// The load-balancing loss (model/moe_aux_loss.h), where set: told each compute action's
+// micro-batch before it runs, and its statistics sent beside each activation and gradient.
+//
 // Errors: an action that throws is reported as "pipeline stage S (rank R), forward of
 // micro-batch m: ..." (UserError stays UserError); the communicators release the other ranks.
 #pragma once
@@ -32,6 +35,7 @@
 
 #include "comm/communicator.h"
 #include "kernels/ops.h"
+#include "model/moe_aux_loss.h"
 #include "model/param_provider.h"
 #include "model/stage.h"
 #include "parallel/pipeline_schedule.h"
@@ -69,6 +73,8 @@ class PipelineRunner {
 
   // Called before a compute action runs (testing: failure injection).
   void set_before_action(std::function<void(const PipelineAction&)> hook) { before_ = std::move(hook); }
+  // The load-balancing loss the stage's MoE layers add to (outlives the runner; nullptr: none).
+  void set_aux_loss(MoeAuxLoss* aux) { aux_ = aux; }
 
   // Runs `actions` of `micro_batches` micro-batches of (b, t). dloss: the last stage's loss
   // gradient per token (0: forward only, for evaluation). before_last: called once, before
@@ -103,6 +109,7 @@ class PipelineRunner {
   std::vector<MicroBatch> batches_;  // per slot: the tokens of its forward, for the backward
   PipelineTimes times_;
   std::function<void(const PipelineAction&)> before_;
+  MoeAuxLoss* aux_ = nullptr;
 };
 
 // Where `before_last` goes in a stage's list: the index of the first compute action of the

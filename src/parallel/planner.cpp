@@ -113,10 +113,6 @@ std::string tp_rule_violation(const ModelConfig& config, const NodeTopology& top
 }
 
 std::string pp_rule_violation(const ModelConfig& config, int pp) {
-  if (pp > 1 && config.moe.aux_loss_coef > 0) {
-    return "pp " + std::to_string(pp) + ": the load-balancing loss (output_router_logits) sums a "
-           "micro-batch's routing over all of its layers, on one pipeline stage only so far";
-  }
   if (pp <= config.n_layer) return "";
   return "pp " + std::to_string(pp) + " is more pipeline stages than the model's " +
          std::to_string(config.n_layer) + " layers (stages cut at block boundaries)";

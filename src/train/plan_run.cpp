@@ -181,15 +181,10 @@ void check_tensor_parallel(const ModelConfig& config, const Plan& plan) {
 }
 
 // The mixture-of-experts requirements: for expert parallelism a model whose experts split
-// evenly, over ranks that divide the data-parallel group; for the load-balancing loss one
-// pipeline stage.
+// evenly, over ranks that divide the data-parallel group.
 void check_mixture_of_experts(const ModelConfig& config, const Plan& plan) {
   const std::string reason = ep_unsupported_reason(config, plan.ep);
   DSTRAIN_USER_CHECK(reason.empty()) << "--ep " << plan.ep << ": " << reason;
-  DSTRAIN_USER_CHECK(config.moe.aux_loss_coef == 0 || plan.pp == 1)
-      << "--pp " << plan.pp << ": the load-balancing loss (output_router_logits) sums each "
-      << "micro-batch's routing over all of its layers, which dstrain does on one pipeline stage "
-      << "only so far: use --pp 1, or set output_router_logits to false";
   DSTRAIN_USER_CHECK(plan.dp % plan.ep == 0)
       << "--ep " << plan.ep << " splits the experts over data-parallel ranks, but the plan has "
       << plan.dp << " (dp = --gpus / (tp x pp)): ep must divide it";

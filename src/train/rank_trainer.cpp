@@ -144,6 +144,10 @@ RankTrainer::RankTrainer(const RunContext& ctx, Communicator& world)
                                         T_, plan_.param_dtype, true, plan_.recompute, slots);
   runner_ = std::make_unique<PipelineRunner>(*stage_, *state_, groups_.pipe, groups_.stage,
                                              plan_.pp, rank_, *devices_.backend, compute);
+  if (aux_loss_) {
+    aux_loss_->set_stage(groups_.stage == 0, last_stage());
+    runner_->set_aux_loss(aux_loss_.get());
+  }
   schedule_ = make_pipeline_schedule(plan_.pp_schedule, plan_.pp,
                                      static_cast<int>(accum_))[static_cast<size_t>(groups_.stage)];
   if (options_.test.fail_stage == groups_.stage &&

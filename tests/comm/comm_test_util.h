@@ -215,4 +215,42 @@ struct AllToAllCase {
   }
 };
 
+// Several messages to one peer in one exchange, as a pipeline stage sends an activation and a
+// small message beside it: rank 0 sends both in one call; rank 1 receives them and sends its
+// gradient and a small message back in one call; rank 0 takes those in a later call. As two
+// calls each, rank 1's first call would wait for rank 0's receive while rank 0 waited in its
+// second send. Run by each rank of 2; expect_several_messages_arrived checks what they got.
+struct SeveralMessages {
+  std::vector<int32_t> got_by_zero, got_by_one;
+};
+
+inline void exchange_several_messages(Communicator& comm, SeveralMessages& got) {
+  std::vector<int32_t> activation(1000, 7), side = {1, 2, 3}, gradient(1000, 9), back = {4, 5};
+  std::vector<int32_t> a(1000, -1), s(3, -1), g(1000, -1), b(2, -1);
+  auto t = [](std::vector<int32_t>& v) {
+    return Tensor(v.data(), DType::I32, {static_cast<int64_t>(v.size())});
+  };
+  using Kind = P2POp::Kind;
+  if (comm.rank() == 0) {
+    comm.exchange({{Kind::Send, t(activation), 1}, {Kind::Send, t(side), 1}}, nullptr);
+    comm.exchange({{Kind::Recv, t(g), 1}, {Kind::Recv, t(b), 1}}, nullptr);
+    got.got_by_zero = g;
+    got.got_by_zero.insert(got.got_by_zero.end(), b.begin(), b.end());
+  } else {
+    comm.exchange({{Kind::Recv, t(a), 0}, {Kind::Send, t(gradient), 0}, {Kind::Recv, t(s), 0},
+                   {Kind::Send, t(back), 0}},
+                  nullptr);
+    got.got_by_one = a;
+    got.got_by_one.insert(got.got_by_one.end(), s.begin(), s.end());
+  }
+}
+
+inline void expect_several_messages_arrived(const SeveralMessages& got) {
+  std::vector<int32_t> want_one(1000, 7), want_zero(1000, 9);
+  want_one.insert(want_one.end(), {1, 2, 3});
+  want_zero.insert(want_zero.end(), {4, 5});
+  EXPECT_EQ(got.got_by_one, want_one);
+  EXPECT_EQ(got.got_by_zero, want_zero);
+}
+
 }  // namespace dstrain::test

@@ -259,6 +259,15 @@ TEST(Gloo, NeighboursExchangingAtOnceAndARingOfFour) {
   }
 }
 
+TEST(Gloo, SeveralMessagesToOnePeerInOneCallGoInOrder) {
+  SKIP_WITHOUT_GLOO();
+  SeveralMessages got;
+  expect_no_errors(run_gloo_ranks(2, kNoTimeout, [&](Communicator& comm) {
+    exchange_several_messages(comm, got);
+  }));
+  expect_several_messages_arrived(got);
+}
+
 TEST(Gloo, OneForwardOneBackwardPipelineOfThreeStages) {
   // Stage s adds s + 1 to the activation of each micro-batch on the way forward and 10 (s + 1)
   // to its gradient on the way back; the steady state pairs a send of the next activation with

@@ -62,8 +62,8 @@ TEST(InitParameters, SkipAdvancesTheStreamAsDrawsDo) {
 TEST(InitParameters, ParallelNormalsEqualTheSequentialLoop) {
   const Rng rng(1337, hash_name("model.layers.0.mlp.up_proj.weight"));
   // Around the 65536-value chunks: shorter than one, exactly one, one more, several and a tail.
-  for (const int64_t n : {int64_t{1}, int64_t{1000}, int64_t{65535}, int64_t{65536},
-                          int64_t{65537}, int64_t{3 * 65536 + 17}}) {
+  for (const int64_t n : {int64_t{1}, int64_t{1000}, int64_t{65535}, int64_t{65536}, int64_t{65537},
+                          int64_t{3 * 65536 + 17}}) {
     const std::vector<float> expected = sequential_normals(rng, n, 0.02);
     for (const int threads : {1, 3, 4}) {
       EXPECT_EQ(parallel_normals(rng, n, 0.02, threads), expected)

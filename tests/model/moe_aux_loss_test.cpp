@@ -92,7 +92,7 @@ TEST(MoeAuxLoss, TransformersValueAndGradientOverEveryLayer) {
   MoeAuxLoss aux(AuxLossKind::Transformers, kExperts, kTopK, coef, nullptr);
   aux.begin_step(scale, 2, 1);  // weight scale / accumulation
   for (size_t l = 0; l < layers.size(); ++l) {
-    aux.add_layer(*backend, activations(layers[l]), l == 0, nullptr);
+    aux.add_layer(*backend, activations(layers[l]), nullptr);
   }
   std::vector<double> all;
   for (const Routing& r : layers) all.insert(all.end(), r.scores.begin(), r.scores.end());

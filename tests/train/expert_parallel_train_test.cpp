@@ -19,6 +19,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/rng.h"
@@ -216,12 +217,13 @@ TEST(ExpertParallelLog, StepRecordsHoldEachMoeLayersExpertLoad) {
 
 // The load-balancing loss sums each micro-batch's routing statistics over the data-parallel
 // ranks: dp ranks at micro-batch b train as one rank at micro-batch dp x b (the same sequences
-// in each micro-batch of the step), with and without expert parallelism. Each step record holds
-// the loss (the cross-entropy plus 0.1 x aux) and aux itself.
-TEST(ExpertParallelAuxLoss, DataParallelRanksTrainAsOneRankWithTheirMicroBatchesTogether) {
+// in each micro-batch of the step), with and without expert parallelism. Over pipeline stages
+// the statistics travel with the micro-batch (pp 4: the first stage holds only the dense layer
+// 0). Each step record holds the loss (the cross-entropy plus 0.1 x aux) and aux itself.
+TEST(ExpertParallelAuxLoss, DataParallelRanksAndStagesTrainAsOneRank) {
   testing::TempDir temp;
-  auto aux_run = [&](int dp, int ep) {
-    EpSplit s = split("qwen2_moe_aux", dp, ep, 1, dp > 1 ? 3 : 0, false, "none");
+  auto aux_run = [&](int dp, int ep, int pp) {
+    EpSplit s = split("qwen2_moe_aux", dp, ep, pp, dp > 1 ? 3 : 0, false, "none");
     TrainOptions options = split_options(temp.path() / s.name(), s);
     options.batch = 4 / dp;
     options.grad_accum = 2;
@@ -229,7 +231,7 @@ TEST(ExpertParallelAuxLoss, DataParallelRanksTrainAsOneRankWithTheirMicroBatches
     train(options, out);
     return test::read_logged_run(options);
   };
-  const test::LoggedRun one = aux_run(1, 1);
+  const test::LoggedRun one = aux_run(1, 1, 1);
   ASSERT_EQ(one.steps.size(), size_t(test::kSmallRunSteps));
   for (const nlohmann::json& step : one.steps) {
     // A balanced router gives aux = k (f_e = k / E, P_e = 1 / E), one sending every token to
@@ -238,8 +240,12 @@ TEST(ExpertParallelAuxLoss, DataParallelRanksTrainAsOneRankWithTheirMicroBatches
     EXPECT_GT(step["aux_loss"].get<double>(), 1.5);
     EXPECT_LT(step["aux_loss"].get<double>(), 8.0);
   }
-  for (const auto& [dp, ep] : {std::pair{2, 1}, std::pair{2, 2}, std::pair{4, 4}}) {
-    const test::LoggedRun many = aux_run(dp, ep);
+  for (const auto& [dp, ep, pp] : {std::tuple{2, 1, 1}, std::tuple{2, 2, 1}, std::tuple{4, 4, 1},
+                                   std::tuple{1, 1, 2}, std::tuple{1, 1, 4},
+                                   std::tuple{2, 2, 2}}) {
+    SCOPED_TRACE("dp " + std::to_string(dp) + " ep " + std::to_string(ep) + " pp " +
+                 std::to_string(pp));
+    const test::LoggedRun many = aux_run(dp, ep, pp);
     ASSERT_EQ(many.steps.size(), one.steps.size());
     for (size_t i = 0; i < one.steps.size(); ++i) {
       const double a = one.steps[i]["aux_loss"], b = many.steps[i]["aux_loss"];
@@ -250,15 +256,6 @@ TEST(ExpertParallelAuxLoss, DataParallelRanksTrainAsOneRankWithTheirMicroBatches
     EXPECT_LT(test::max_weight_difference(one.weights, many.weights), 1e-5)
         << "dp " << dp << " ep " << ep;
   }
-}
-
-// The loss needs all of a micro-batch's MoE layers in one place.
-TEST(ExpertParallelAuxLoss, PipelinesAreOneSentence) {
-  testing::TempDir temp;
-  test::expect_user_error(
-      split_options(temp.path(), split("qwen2_moe_aux", 1, 1, 2, 0, false, "none")),
-      "--pp 2: the load-balancing loss (output_router_logits) sums each "
-      "micro-batch's routing over all of its layers");
 }
 
 // Under tp a MoE layer's experts run whole on every tp rank: its MLP has no output reduction and

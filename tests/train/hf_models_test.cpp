@@ -117,6 +117,10 @@ INSTANTIATE_TEST_SUITE_P(Plans, TrainsLikeTransformers,
                                            test::FixturePlan{"mixtral_aux_tiny"},
                                            test::FixturePlan{"qwen2_moe_aux_tiny"},
                                            test::FixturePlan{"qwen2_moe_aux_tiny", 1, 1, 1, 3, true},
+                                           // Over pipeline stages: the statistics travel with
+                                           // each micro-batch.
+                                           test::FixturePlan{"mixtral_aux_tiny", 1, 1, 2, 0},
+                                           test::FixturePlan{"qwen2_moe_aux_tiny", 1, 1, 2, 1},
                                            // DeepSeekMoE against a PyTorch reference written
                                            // from DeepSeek's modeling code (its auxiliary loss
                                            // per micro-batch: the dp ranks split the batch).
