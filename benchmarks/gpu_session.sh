@@ -36,6 +36,8 @@
 #   BIG_MODELS     models trained by dstrain itself (`dstrain --device cuda`, the plan it picks
 #                  for this GPU, BIG_TOKENS = 16384 tokens a step, BIG_STEPS = 8 steps; tokens/s
 #                  is the median of the steps after the second), default "qwen2.5-7b"
+#   BIG_FLAGS      more flags for those runs, e.g. "--gpu-memory 24G" (plan and run as if the GPU
+#                  had only 24 GB)
 #   STEP_PROFILE   the models whose bf16 step is profiled kernel by kernel with Nsight Compute
 #                  (gpu__time_duration of every launch of one step): each kernel's share of the
 #                  step in the summary (default: the first of LLAMA_MODELS; empty: none)
@@ -103,6 +105,7 @@ BATCH_LLAMA=${BATCH_LLAMA:-16}
 BIG_MODELS=${BIG_MODELS-qwen2.5-7b}
 BIG_TOKENS=${BIG_TOKENS:-16384}
 BIG_STEPS=${BIG_STEPS:-8}
+BIG_FLAGS=${BIG_FLAGS:-}
 read -r -a llama_list <<<"$LLAMA_MODELS"
 STEP_PROFILE=${STEP_PROFILE-${llama_list[0]:-}}
 OPS=${OPS:-1}
@@ -432,7 +435,7 @@ if ((!KERNELS_ONLY)); then
   for model in $BIG_MODELS; do
     run_step "dstrain_$model" 180 "$BUILD/dstrain" --model "$model" --device cuda \
       --global-batch-tokens "$BIG_TOKENS" --seq-len "$SEQ" --steps "$BIG_STEPS" \
-      --eval-every 0 --sample 0 --log "$json/trainer_$model.jsonl"
+      --eval-every 0 --sample 0 --log "$json/trainer_$model.jsonl" $BIG_FLAGS
   done
   # Each kernel's share of one bf16 step (Nsight Compute times every launch, one at a time).
   for model in $STEP_PROFILE; do

@@ -29,7 +29,9 @@ po::options_description machine_flags(MachineSource& source) {
        ("the GPU model, for what the source does not say (memory, compute, peer access): " +
         known_gpu_names()).c_str())
       ("host-memory", po::value(&source.host_memory)->value_name("SIZE"),
-       "host RAM, e.g. 256G (for optimizer offload)");
+       "host RAM, e.g. 256G (for optimizer offload)")
+      ("gpu-memory", po::value(&source.gpu_memory)->value_name("SIZE"),
+       "every GPU's memory, as if it had only SIZE, e.g. 24G (default: what it has)");
   return flags;
 }
 

@@ -166,6 +166,10 @@ po::options_description hardware_flags(TrainOptions& o) {
        "plan for the machine of this `nvidia-smi topo -m` text")
       ("gpu", po::value(&o.gpu_model)->value_name("NAME"), "the GPU model, for what the topology source does not say")
       ("host-memory", po::value(&o.host_memory)->value_name("SIZE"), "host RAM for the planner, e.g. 256G")
+      ("gpu-memory", po::value(&o.gpu_memory)->value_name("SIZE"),
+       "plan and run as if every GPU had only SIZE of memory, e.g. 24G: the planner plans for it "
+       "and each rank's allocator refuses past it, naming what it was for (on CPU ranks: each "
+       "rank's memory; default: what the GPU has)")
       ("comm-timeout", po::value(&o.comm_timeout)->default_value(o.comm_timeout, "600")->value_name("SECONDS"),
        "fail a rank stuck in a collective after this long");
   return flags;

@@ -67,7 +67,30 @@ Tensor Buffer::view(DType dtype, std::initializer_list<int64_t> dims) const {
   return tensor;
 }
 
+void Allocator::set_limit(size_t bytes, std::string flag) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  limit_ = bytes;
+  limit_flag_ = std::move(flag);
+}
+
+void Allocator::check_limit(MemCategory category, size_t bytes) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (limit_ == 0 || stats_.current_total + bytes <= limit_) return;
+  std::string held;
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    if (stats_.current[c] == 0) continue;
+    held += (held.empty() ? "" : ", ") + std::string(mem_category_name(MemCategory(c))) + " " +
+            format_bytes(stats_.current[c]);
+  }
+  DSTRAIN_USER_ERROR() << limit_flag_ << ": " << format_bytes(bytes) << " more for "
+                       << mem_category_name(category) << " would bring " << device_.str()
+                       << " to " << format_bytes(stats_.current_total + bytes) << ", past its "
+                       << format_bytes(limit_) << " (held: " << (held.empty() ? "nothing" : held)
+                       << "); run `dstrain plan` with the same flag to see what fits";
+}
+
 Buffer Allocator::allocate(MemCategory category, size_t bytes) {
+  if (bytes > 0) check_limit(category, bytes);
   Buffer buffer;
   buffer.owner_ = this;
   buffer.category_ = category;

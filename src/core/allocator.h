@@ -72,8 +72,13 @@ class Allocator {
   explicit Allocator(Device device) : device_(device) {}
   virtual ~Allocator() = default;
 
-  // Throws UserError naming the category and size when the memory is not there.
+  // Throws UserError naming the category and size when the memory is not there, or when it
+  // would pass the limit.
   Buffer allocate(MemCategory category, size_t bytes);
+  // Refuse any allocation that would bring what this allocator holds past `bytes` (0: none),
+  // as if the device had only that memory; `flag` names where the limit came from
+  // ("--gpu-memory 24G").
+  void set_limit(size_t bytes, std::string flag);
   Device device() const { return device_; }
   MemoryStats stats() const;
   void reset_peaks();
@@ -87,9 +92,13 @@ class Allocator {
   friend class Buffer;
   void release(void* pointer, size_t bytes, MemCategory category);
 
+  void check_limit(MemCategory category, size_t bytes) const;
+
   Device device_;
   mutable std::mutex mutex_;
   MemoryStats stats_;
+  size_t limit_ = 0;
+  std::string limit_flag_;
 };
 
 // Host memory allocator (the CPU backend's device memory, and host staging without CUDA).

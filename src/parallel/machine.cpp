@@ -2,6 +2,7 @@
 
 #include <iterator>
 
+#include "core/allocator.h"
 #include "core/check.h"
 #include "core/fs.h"
 #include "topology/gpu_table.h"
@@ -30,9 +31,23 @@ NodeTopology load_machine(const MachineSource& source, std::istream& in, std::st
   }
   if (!source.gpu.empty()) apply_gpu_model(topology, lookup_gpu(source.gpu));
   if (!source.host_memory.empty()) topology.host_memory_bytes = parse_size(source.host_memory);
+  if (!source.gpu_memory.empty()) {
+    apply_gpu_memory(topology, source.gpu_memory, !source.names_a_machine());
+  }
   infer_unknown_peer_access(topology);
   topology.check_invariants();
   return topology;
+}
+
+void apply_gpu_memory(NodeTopology& topology, const std::string& size, bool probed) {
+  const uint64_t bytes = parse_size(size);
+  DSTRAIN_USER_CHECK(bytes > 0) << "--gpu-memory " << size << ": give a size above 0, e.g. 24G";
+  for (GpuInfo& gpu : topology.gpus) {
+    DSTRAIN_USER_CHECK(!probed || gpu.memory_bytes == 0 || bytes <= gpu.memory_bytes)
+        << "--gpu-memory " << size << " is more than GPU " << gpu.index << " (" << gpu.name
+        << ") has: " << format_bytes(gpu.memory_bytes);
+    gpu.memory_bytes = bytes;
+  }
 }
 
 }  // namespace dstrain

@@ -105,6 +105,7 @@ RankDevices make_rank_devices(const RunDevices& devices, Communicator& launched,
     rank.backend = make_cpu_backend(cpu_threads);
     rank.device = make_cpu_allocator(launched.rank());
     rank.host = make_cpu_allocator(launched.rank());
+    if (devices.memory_limit > 0) rank.device->set_limit(devices.memory_limit, devices.memory_limit_flag);
     return rank;
   }
 #ifdef DSTRAIN_WITH_CUDA
@@ -112,6 +113,7 @@ RankDevices make_rank_devices(const RunDevices& devices, Communicator& launched,
   thread_error_context().device = "cuda:" + std::to_string(gpu);
   rank.backend = make_cuda_backend(gpu);
   rank.device = make_cuda_allocator(gpu);
+  if (devices.memory_limit > 0) rank.device->set_limit(devices.memory_limit, devices.memory_limit_flag);
   rank.host = make_pinned_host_allocator();
   if (!devices.nccl) {
     // The local communicator moves host memory: device tensors go through host copies, on

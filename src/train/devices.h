@@ -36,6 +36,9 @@ struct RunDevices {
   int first_rank = 0;  // the world rank of the first (several nodes: node_rank x ranks)
   int gpus = 0;       // cuda: the GPUs used; rank first_rank + i runs on GPU i % gpus
   bool nccl = false;  // cuda: NCCL joins the ranks, else the local communicator through copies
+  // --gpu-memory: each rank's device allocator refuses past this many bytes (0: no limit).
+  uint64_t memory_limit = 0;
+  std::string memory_limit_flag;
   // "the CPU backend", "CUDA on 2 GPUs, NCCL", "CUDA on 1 GPU shared by 2 ranks, local
   // communicator through host copies".
   std::string describe() const;

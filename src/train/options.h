@@ -94,6 +94,7 @@ struct TrainOptions {
   // The machine to plan for (parallel/machine.h): --topology, --from-nvidia-smi, --gpu,
   // --host-memory. Without one, the GPUs of this machine (none: the CPU backend, no planning).
   std::string topology_file, nvidia_smi_file, gpu_model, host_memory;
+  std::string gpu_memory;  // --gpu-memory SIZE: plan and run as if every GPU had only SIZE
   int64_t global_batch_tokens = 0; // for the planner; 0: batch x seq-len x grad-accum x gpus
   bool exact_global_batch = false; // a resume: the planner reaches global_batch_tokens exactly
   int dp = 0;                      // data parallel degree; 0: gpus / (tp x pp)

@@ -261,12 +261,13 @@ RunMachine find_run_machine(const TrainOptions& options) {
   RunMachine machine;
   if (options.test.max_gpus > 0) return machine;  // testing: the flags are the plan
   MachineSource source{options.topology_file, options.nvidia_smi_file, options.gpu_model,
-                       options.host_memory};
+                       options.host_memory, options.gpu_memory};
   if (source.names_a_machine()) {
     machine.topology = load_machine(source, std::cin, &machine.report);
     machine.described = true;
   } else if (options.device != "cpu") {
     NodeTopology local = probe_local_topology(&machine.report);
+    if (!options.gpu_memory.empty()) apply_gpu_memory(local, options.gpu_memory, true);
     if (!local.gpus.empty()) machine.topology = std::move(local);
   }
   DSTRAIN_USER_CHECK(options.device != "cuda" || (machine.topology && !machine.described))
@@ -297,7 +298,7 @@ static Plan choose_run_plan(TrainOptions& options, const ModelConfig& config,
   Plan plan = plan_for_machine(options, config, *machine.topology, out);  // its split filled in
   if (options.device != "cpu") {
     MachineSource source{options.topology_file, options.nvidia_smi_file, options.gpu_model,
-                         options.host_memory};
+                         options.host_memory, options.gpu_memory};
     check_runs_here(plan, source, options.rendezvous.nnodes);
     options.device = "cuda";
   }

@@ -94,6 +94,17 @@ TEST_F(CliTest, BadFlagsAreOneSentence) {
   expect_user_error("frobnicate", "unknown command 'frobnicate'");
 }
 
+// --gpu-memory caps what each rank's allocator holds (on CPU ranks: its memory): past it, one
+// sentence naming the flag and what the memory was for; within it, the run trains.
+TEST_F(CliTest, GpuMemoryCapsEachRanksAllocator) {
+  expect_user_error("--device cpu --gpu-memory 64K " + kSmall, "--gpu-memory 64K: ");
+  Result capped = run_dstrain("--device cpu --gpu-memory 64K " + kSmall, dir_);
+  EXPECT_NE(capped.err.find("past its 64.0 KiB (held: "), std::string::npos) << capped.err;
+  Result fits = run_dstrain("--device cpu --gpu-memory 1G " + kSmall, dir_);
+  EXPECT_EQ(fits.exit_code, 0) << fits.err;
+  expect_user_error("--device cpu --gpu-memory 0 " + kSmall, "--gpu-memory 0: give a size above 0");
+}
+
 TEST_F(CliTest, BadModelConfigs) {
   write("missing.json", R"({"vocab_size": 256, "n_positions": 64, "n_embd": 32, "n_head": 4})");
   expect_user_error("--model missing.json " + kSmall, "\"n_layer\"");

@@ -82,6 +82,36 @@ TEST(PlanCli, MistakesAreOneSentenceAndExitTwo) {
   expect_user_error({"plan", "--topology", fixture("nope.json"), "--model", "6b"}, "nope.json");
 }
 
+// --gpu-memory plans as if every GPU had only that much: Llama 3.2 1B on one H200 takes
+// micro-batches of 16 (42 GiB); as if it had an RTX 4090's 24 GB, micro-batches of 1 under
+// the 20.6 GiB usable. Qwen2.5-7B does not fit 24 GB without parameter offload (issue 31): one
+// sentence naming the 24 GiB.
+TEST(PlanCli, GpuMemoryPlansAsIfTheGpuHadOnlyThat) {
+  auto h200 = [](const std::string& model, std::vector<std::string> more) {
+    std::vector<std::string> args = {"plan", "--model", model, "--from-nvidia-smi",
+                                     fixture("single-gpu.txt"), "--gpu", "h200", "--host-memory",
+                                     "256G", "--global-batch-tokens", "16384"};
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  };
+  const CliResult whole = run(h200("llama3.2-1b", {"--plan-json"}));
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  const nlohmann::json w = nlohmann::json::parse(whole.out);
+  EXPECT_EQ(w["micro_batch"], 16);
+  EXPECT_GT(w["memory_bytes_per_gpu"].get<uint64_t>(), uint64_t{24} << 30);
+  const CliResult small = run(h200("llama3.2-1b", {"--plan-json", "--gpu-memory", "24G"}));
+  ASSERT_EQ(small.exit_code, 0) << small.err;
+  const nlohmann::json j = nlohmann::json::parse(small.out);
+  EXPECT_EQ(j["gpu_memory_bytes"].get<uint64_t>(), uint64_t{24} << 30);
+  EXPECT_LT(j["micro_batch"].get<int>(), 16);
+  EXPECT_LE(j["memory_bytes_per_gpu"].get<uint64_t>(), j["usable_memory_bytes_per_gpu"]);
+  expect_user_error(h200("qwen2.5-7b", {"--gpu-memory", "24G"}),
+                    "these GPUs have 24.00 GiB (20.60 GiB usable)");
+  expect_user_error(h200("llama3.2-1b", {"--gpu-memory", "0"}),
+                    "--gpu-memory 0: give a size above 0");
+  expect_user_error(h200("llama3.2-1b", {"--gpu-memory", "lots"}), "lots");
+}
+
 // A mixture-of-experts model on the 8 x RTX 4090 box: the planner chooses ep and says why, --ep
 // fixes it, an expert capacity makes the experts' buffers smaller, and what cannot split is one
 // sentence.

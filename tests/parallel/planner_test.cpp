@@ -92,6 +92,20 @@ bool any_excluded_mentions(const PlanResult& r, const std::string& text) {
 // all-reduce activations four times per layer over that, so the rules exclude it (no NVLink
 // island); what is left is data parallelism, ZeRO, offload and pipeline stages.
 
+// --gpu-memory on this machine's GPUs (probed) may only shrink them; on a described machine it
+// replaces what the source says.
+TEST(Planner, GpuMemoryShrinksTheProbedGpusAndReplacesADescribedOnes) {
+  NodeTopology probed = testing::fixture_machine("rtx4090-8gpu-pcie.txt", "rtx4090", "256G");
+  apply_gpu_memory(probed, "16G", true);
+  for (const GpuInfo& gpu : probed.gpus) EXPECT_EQ(gpu.memory_bytes, uint64_t{16} << 30);
+  NodeTopology small = testing::fixture_machine("rtx4090-8gpu-pcie.txt", "rtx4090", "256G");
+  EXPECT_NE(testing::user_error([&] { apply_gpu_memory(small, "80G", true); })
+                .find("--gpu-memory 80G is more than GPU 0 (NVIDIA GeForce RTX 4090) has: "),
+            std::string::npos);
+  apply_gpu_memory(small, "80G", false);  // a described machine: as the user says
+  EXPECT_EQ(small.gpus[0].memory_bytes, uint64_t{80} << 30);
+}
+
 TEST(Planner, Rtx4090x8Gpt2_124mIsPlainDataParallel) {
   // 2 GB of state fits every GPU replicated: plain data parallelism (ZeRO-0). Its one
   // all-reduce per step (248 MB of bf16 gradients) hides under the last micro-batch's
