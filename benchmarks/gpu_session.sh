@@ -41,6 +41,10 @@
 #   STEP_PROFILE   the models whose bf16 step is profiled kernel by kernel with Nsight Compute
 #                  (gpu__time_duration of every launch of one step): each kernel's share of the
 #                  step in the summary (default: the first of LLAMA_MODELS; empty: none)
+#   TRACE_MODELS   models whose steps 3-4 the dstrain binary traces (`--trace`, spans timed on
+#                  the GPU's stream: each layer's forward and backward, the head, the optimizer),
+#                  at BIG_TOKENS a step: the summary sets the spans' time against the step's, to
+#                  split what Nsight Compute's kernel sums leave out (default: none)
 #   OPS            0: no bench_cuda_ops run (the kernels alone); default 1
 #   OPS_ONLY       NAME: one bench_cuda_ops run, of the ops whose name holds NAME (`--only`;
 #                  "moe": the MoE ops at a DeepSeekMoE-16B layer's shape); default: every op at
@@ -109,6 +113,7 @@ BIG_FLAGS=${BIG_FLAGS:-}
 read -r -a llama_list <<<"$LLAMA_MODELS"
 STEP_PROFILE=${STEP_PROFILE-${llama_list[0]:-}}
 OPS=${OPS:-1}
+TRACE_MODELS=${TRACE_MODELS:-}
 OPS_ONLY=${OPS_ONLY:-}
 DTYPES=${DTYPES:-fp16,bf16}
 ATTENTION32_MODELS=${ATTENTION32_MODELS-$MODELS}
@@ -436,6 +441,12 @@ if ((!KERNELS_ONLY)); then
     run_step "dstrain_$model" 180 "$BUILD/dstrain" --model "$model" --device cuda \
       --global-batch-tokens "$BIG_TOKENS" --seq-len "$SEQ" --steps "$BIG_STEPS" \
       --eval-every 0 --sample 0 --log "$json/trainer_$model.jsonl" $BIG_FLAGS
+  done
+  # Timelines of two steps: the time of each span on the GPU's stream.
+  for model in $TRACE_MODELS; do
+    run_step "trace_$model" 120 "$BUILD/dstrain" --model "$model" --device cuda \
+      --global-batch-tokens "$BIG_TOKENS" --seq-len "$SEQ" --steps 5 --eval-every 0 \
+      --sample 0 --trace "$json/trace_$model.json" --trace-steps 3:4
   done
   # Each kernel's share of one bf16 step (Nsight Compute times every launch, one at a time).
   for model in $STEP_PROFILE; do

@@ -506,6 +506,42 @@ def kernel_shares(path):
     return [(name, ns / 1e6, launches[name]) for name, ns in ordered], sum(totals.values()) / 1e6
 
 
+def trace_spans(path):
+    """A dstrain --trace file: per traced step, the mean milliseconds of each kind of span on
+    rank 0's compute track ("forward layer 3" counts as "forward layers"), and of the step."""
+    with open(path) as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    totals, steps = {}, 0
+    for e in events:
+        if e.get("ph") != "X" or e.get("pid", 0) != 0 or e.get("tid", 0) != 0:
+            continue
+        name = e["name"]
+        if name.startswith("step "):
+            steps += 1
+            name = "step"
+        elif name.startswith(("forward layer", "backward layer")):
+            name = name.split(" layer")[0] + " layers"
+        totals[name] = totals.get(name, 0.0) + e.get("dur", 0.0) / 1e3
+    steps = max(steps, 1)
+    return {name: ms / steps for name, ms in totals.items()}
+
+
+def trace_lines(model, spans):
+    step = spans.get("step", 0.0)
+    inside = sum(ms for name, ms in spans.items() if name != "step")
+    lines = ["", f"## A traced {model} step (dstrain --trace, rank 0's compute track)", "",
+             f"Step {step:.1f} ms; its spans {inside:.1f} ms "
+             f"({100 * inside / step:.0f}%)." if step else "No step span.", "",
+             "| span | ms per step | share of the step |", "|---|---|---|"]
+    for name, ms in sorted(spans.items(), key=lambda item: -item[1]):
+        if name != "step":
+            lines.append(f"| {name} | {ms:.2f} | {100 * ms / step:.1f}% |" if step else
+                         f"| {name} | {ms:.2f} | |")
+    lines.append("")
+    return lines
+
+
 def kernel_group(name):
     """A kernel's family for the shares: cuBLAS's GEMMs under one name."""
     lowered = name.lower()
@@ -526,12 +562,18 @@ def summarize(argv):
     parser.add_argument("--merged", default="", help="also write every input in one JSON file")
     parser.add_argument("files", nargs="*")
     args = parser.parse_args(argv)
-    ops, dstrain, pytorch, profiles = [], [], [], []
+    ops, dstrain, pytorch, profiles, traces = [], [], [], [], []
     torch_version, gpu = "", args.gpu
     for path in args.files:
         base = os.path.basename(path)
         if base.startswith("trainer_") and base.endswith(".jsonl"):
             dstrain.append(trainer_row(path))
+            continue
+        if base.startswith("trace_") and base.endswith(".json"):
+            try:
+                traces.append((base[len("trace_"):-len(".json")], trace_spans(path)))
+            except (OSError, ValueError, KeyError):
+                pass  # a run that failed before writing it: its status says so
             continue
         if base.startswith("kernels_") and base.endswith(".csv"):
             profiles.append((base[len("kernels_"):-len(".csv")], *kernel_shares(path)))
@@ -670,6 +712,8 @@ def summarize(argv):
         lines.append("")
     for model, kernels, total in profiles:
         lines += profile_lines(model, kernels, total, dstrain)
+    for model, spans in traces:
+        lines += trace_lines(model, spans)
     with open(args.out, "w") as f:
         f.write("\n".join(lines))
     return 0
