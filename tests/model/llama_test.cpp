@@ -115,13 +115,16 @@ TEST(LlamaConfig, PresetsHaveTheRealModelsParameterCounts) {
   EXPECT_FALSE(qwen7b.tie_word_embeddings);
   EXPECT_EQ(qwen7b.kv_heads(), 4);
   EXPECT_EQ(qwen7b.num_parameters(), 7615616512);
+  const ModelConfig qwen32b = load_model_config("qwen2.5-32b");  // Qwen2.5-32B-Instruct's
+  EXPECT_EQ(qwen32b.kv_heads(), 8);
+  EXPECT_EQ(qwen32b.num_parameters(), 32763876352);
   const ModelConfig tiny = load_model_config("llama-tiny");
   EXPECT_EQ(ParamLayout(tiny).total_numel() >= tiny.num_parameters(), true);
 }
 
 TEST(LlamaConfig, TheWrittenConfigReadsBackTheSame) {
   for (const char* name :
-       {"llama3.2-1b", "qwen2.5-0.5b", "qwen2.5-7b", "deepseek-7b", "llama-tiny"}) {
+       {"llama3.2-1b", "qwen2.5-0.5b", "qwen2.5-7b", "qwen2.5-32b", "deepseek-7b", "llama-tiny"}) {
     const ModelConfig config = load_model_config(name);
     const ModelConfig again = model_config_from_json(config.to_json().dump(), "again");
     EXPECT_EQ(again.to_json(), config.to_json()) << name;
