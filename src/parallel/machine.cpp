@@ -39,9 +39,14 @@ NodeTopology load_machine(const MachineSource& source, std::istream& in, std::st
   return topology;
 }
 
-void apply_gpu_memory(NodeTopology& topology, const std::string& size, bool probed) {
+uint64_t parse_gpu_memory(const std::string& size) {
   const uint64_t bytes = parse_size(size);
   DSTRAIN_USER_CHECK(bytes > 0) << "--gpu-memory " << size << ": give a size above 0, e.g. 24G";
+  return bytes;
+}
+
+void apply_gpu_memory(NodeTopology& topology, const std::string& size, bool probed) {
+  const uint64_t bytes = parse_gpu_memory(size);
   for (GpuInfo& gpu : topology.gpus) {
     DSTRAIN_USER_CHECK(!probed || gpu.memory_bytes == 0 || bytes <= gpu.memory_bytes)
         << "--gpu-memory " << size << " is more than GPU " << gpu.index << " (" << gpu.name

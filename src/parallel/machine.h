@@ -29,6 +29,9 @@ struct MachineSource {
 // name, a bad size.
 NodeTopology load_machine(const MachineSource& source, std::istream& in, std::string* report);
 
+// --gpu-memory SIZE in bytes. Throws UserError on a bad size or 0.
+uint64_t parse_gpu_memory(const std::string& size);
+
 // --gpu-memory SIZE on `topology`'s GPUs (`probed`: this machine's, which SIZE may not exceed).
 // Throws UserError on a bad size.
 void apply_gpu_memory(NodeTopology& topology, const std::string& size, bool probed);

@@ -11,10 +11,10 @@
 #include "optim/schedule.h"
 #include "parallel/cost_model.h"
 #include "parallel/cpu_plan.h"
+#include "parallel/machine.h"
 #include "parallel/pipeline_split.h"
 #include "topology/host_memory.h"
 #include "topology/probe.h"
-#include "topology/units.h"
 #include "train/cluster.h"
 #include "train/plan_run.h"
 #include "train/run_start.h"
@@ -106,9 +106,7 @@ RunDevices choose_node_devices(const TrainOptions& options, const Plan& plan,
   RunDevices devices = choose_devices(options.device, plan.world() / nnodes, options.test.max_gpus);
   devices.first_rank = cluster.first_rank(devices.ranks);
   if (!options.gpu_memory.empty()) {
-    devices.memory_limit = parse_size(options.gpu_memory);
-    DSTRAIN_USER_CHECK(devices.memory_limit > 0)
-        << "--gpu-memory " << options.gpu_memory << ": give a size above 0, e.g. 24G";
+    devices.memory_limit = parse_gpu_memory(options.gpu_memory);
     devices.memory_limit_flag = "--gpu-memory " + options.gpu_memory;
   }
   return devices;

@@ -41,7 +41,7 @@ try:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from make_deepseek_reference import DeepseekForCausalLM  # noqa: E402
     # The same run of dstrain and the same data as the transformers check.
-    from check_in_transformers import train_with_dstrain, tokens_of  # noqa: E402
+    from check_in_transformers import compare_to_reference, train_with_dstrain  # noqa: E402
     from make_gpt2_reference import cross_entropy, micro_batch  # noqa: E402
 except ImportError as error:
     print(f"skipped: {error} (install python3-torch and transformers to run this check)")
@@ -143,14 +143,8 @@ def main():
     ours = reference_model(config, tensors)
     final = dict(read_safetensors(os.path.join(fixture, "final.safetensors")))
     reference = reference_model(json.load(open(os.path.join(fixture, "config.json"))), final)
-    ours_params, params = dict(ours.named_parameters()), dict(reference.named_parameters())
-    assert sorted(ours_params) == sorted(params), (sorted(ours_params), sorted(params))
-    worst = max((ours_params[n] - params[n]).abs().max().item() for n in params)
-    assert worst < 2e-5, f"weights differ by up to {worst}"
-
-    tokens = tokens_of(os.path.join(fixture, "train.bin"))
-    loss_ours, loss_ref = mean_loss(ours.eval(), tokens, expected), mean_loss(reference.eval(), tokens, expected)
-    assert abs(loss_ours - loss_ref) <= 1e-4 * loss_ref, (loss_ours, loss_ref)
+    worst, loss_ours, loss_ref = compare_to_reference(ours, reference, fixture, expected,
+                                                      mean_loss)
     print(f"{os.path.basename(fixture)}: make_deepseek_reference.py's {type(ours).__name__} "
           f"loads dstrain's {checkpoint} ({len(tensors)} tensors in {shards} shards, "
           f"model_type {config['model_type']}); loss {loss_ours:.7f} (the reference's own run: "

@@ -84,6 +84,21 @@ def mean_loss(model, tokens, expected):
     return sum(losses) / len(losses)
 
 
+def compare_to_reference(ours, reference, fixture, expected, loss=mean_loss):
+    """The model of dstrain's checkpoint against the reference holding the fixture's final
+    weights: the same parameters, within 2e-5, and the same mean loss over the fixture's training
+    windows within 1e-4 (`loss(model, tokens, expected)`). Returns (worst weight difference,
+    our loss, the reference's)."""
+    ours_params, params = dict(ours.named_parameters()), dict(reference.named_parameters())
+    assert sorted(ours_params) == sorted(params), (sorted(ours_params), sorted(params))
+    worst = max((ours_params[n] - params[n]).abs().max().item() for n in params)
+    assert worst < 2e-5, f"weights differ by up to {worst}"
+    tokens = tokens_of(os.path.join(fixture, "train.bin"))
+    loss_ours, loss_ref = loss(ours.eval(), tokens, expected), loss(reference.eval(), tokens, expected)
+    assert abs(loss_ours - loss_ref) <= 1e-4 * loss_ref, (loss_ours, loss_ref)
+    return worst, loss_ours, loss_ref
+
+
 def main():
     dstrain, fixture, work = sys.argv[1:4]
     torch.set_num_threads(1)
@@ -106,14 +121,7 @@ def main():
     with torch.no_grad():
         for name, value in final.items():
             params[name].copy_(value)
-    ours_params = dict(ours.named_parameters())
-    assert sorted(ours_params) == sorted(params), (sorted(ours_params), sorted(params))
-    worst = max((ours_params[n] - params[n]).abs().max().item() for n in params)
-    assert worst < 2e-5, f"weights differ by up to {worst}"
-
-    tokens = tokens_of(os.path.join(fixture, "train.bin"))
-    loss_ours, loss_ref = mean_loss(ours.eval(), tokens, expected), mean_loss(reference.eval(), tokens, expected)
-    assert abs(loss_ours - loss_ref) <= 1e-4 * loss_ref, (loss_ours, loss_ref)
+    worst, loss_ours, loss_ref = compare_to_reference(ours, reference, fixture, expected)
     print(f"{os.path.basename(fixture)}: transformers {transformers.__version__} loads dstrain's "
           f"{checkpoint} as {type(ours).__name__}; loss {loss_ours:.7f} (transformers' own run: "
           f"{loss_ref:.7f}), weights within {worst:.2e}")
