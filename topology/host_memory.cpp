@@ -76,6 +76,14 @@ std::optional<Limit> address_space_limit(const HostMemorySources& sources) {
 
 }  // namespace
 
+std::optional<uint64_t> locked_memory_limit() {
+  rlimit value{};
+  if (::getrlimit(RLIMIT_MEMLOCK, &value) != 0 || value.rlim_cur == RLIM_INFINITY) {
+    return std::nullopt;
+  }
+  return static_cast<uint64_t>(value.rlim_cur);
+}
+
 HostMemoryBudget available_host_memory(const HostMemorySources& sources) {
   HostMemoryBudget budget;
   const auto take = [&budget](const std::optional<Limit>& limit) {

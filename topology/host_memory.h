@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace dstrain {
@@ -25,5 +26,9 @@ struct HostMemoryBudget {
 };
 
 HostMemoryBudget available_host_memory(const HostMemorySources& sources = {});
+
+// The most this process may lock in memory (RLIMIT_MEMLOCK's soft limit, ulimit -l), or nullopt
+// when unlimited or unknown. Containers start with a small one unless given --ulimit memlock.
+std::optional<uint64_t> locked_memory_limit();
 
 }  // namespace dstrain

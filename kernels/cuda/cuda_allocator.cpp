@@ -1,5 +1,7 @@
 #include "kernels/cuda/cuda_allocator.h"
 
+#include <sys/resource.h>
+
 #include <cstdio>
 
 #include "kernels/cuda/cuda_check.h"
@@ -82,6 +84,14 @@ class PinnedHostAllocator final : public Allocator {
   }
   void raw_free(void* pointer) override {
     report_free_error(cudaFreeHost(pointer), "cudaFreeHost");
+  }
+  std::string out_of_memory_advice() const override {
+    rlimit limit{};
+    if (::getrlimit(RLIMIT_MEMLOCK, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return "";
+    return "; this is pinned (page-locked) host memory, and this process may lock " +
+           format_bytes(limit.rlim_cur) +
+           " (ulimit -l): raise it (ulimit -l unlimited; in a container, docker run --ulimit "
+           "memlock=-1)";
   }
 };
 

@@ -16,6 +16,7 @@
 #include "core/check.h"
 #include "data/prepare.h"
 #include "model/config.h"
+#include "parallel/plan.h"
 #include "topology/cluster.h"
 #include "train/cluster.h"
 #include "train/trainer.h"
@@ -72,6 +73,12 @@ int run_train(const std::vector<std::string>& args, std::ostream& out) {
                      !options.explicit_flags->count("epochs"))
       << "--steps and --epochs both say how long to train: give one";
   if (deepspeed) apply_train_batch_size(*deepspeed, *options.explicit_flags, options);
+  if (values.count("offload")) {
+    Plan offload;
+    set_offload(offload, values["offload"].as<std::string>());
+    options.offload = offload.offload;
+    options.offload_params = offload.offload_params;
+  }
   options.rendezvous = rendezvous_options(rendezvous_flags(values), process_environment());
   for (const char* launcher : {"local_rank", "local-rank"}) {
     if (values.count(launcher)) {

@@ -37,7 +37,7 @@ boost::program_options::options_description machine_flags(MachineSource& source)
 // --inter-node-bandwidth RATE (topology/cluster.h: kInterNodeBandwidthFlag), into
 // `inter_node_bandwidth` as written; make_cluster_shape parses it (with --nnodes and the machine).
 boost::program_options::options_description inter_node_flags(std::string& inter_node_bandwidth);
-// --dp, --tp, --pp, --zero, --offload [on|off], --recompute, --micro-batch: read them back
+// --dp, --tp, --pp, --zero, --offload [WHAT], --recompute, --micro-batch: read them back
 // from the parsed values with read_plan_flags. Throws UserError on a bad --offload or
 // --recompute value.
 boost::program_options::options_description plan_flags();

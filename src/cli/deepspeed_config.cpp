@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "core/fs.h"
+#include "parallel/plan.h"
 
 namespace dstrain {
 
@@ -141,6 +142,10 @@ class Mapper {
   std::optional<json> param(const json& params, const std::string& name, const json& fallback,
                             const std::string& flag);
 
+  // What offload_optimizer and offload_param put on the CPU, and the keys that said so.
+  bool offload_optimizer_ = false, offload_param_ = false;
+  std::string offload_keys_;
+
   std::string path_;
   DeepSpeedMapping& out_;
   std::optional<double> lr_;  // the optimizer's, for WarmupCosineLR's ratios
@@ -215,6 +220,12 @@ void Mapper::zero(const json& zero) {
       refuse(key, "is not supported");
     }
   }
+  if (offload_optimizer_ || offload_param_) {
+    Plan plan;
+    plan.offload = offload_optimizer_;
+    plan.offload_params = offload_param_;
+    set(offload_keys_, "offload", offload_name(plan));
+  }
 }
 
 void Mapper::offload(const std::string& key, const json& offload, bool optimizer) {
@@ -224,12 +235,20 @@ void Mapper::offload(const std::string& key, const json& offload, bool optimizer
   if (device == "none") return;
   if (device != "cpu")
     refuse(key + ".device", "= " + device.dump() + " is not supported (cpu or none)");
-  if (!optimizer) {
-    refuse(key,
-           "to the CPU is not supported: dstrain offloads the optimizer (--offload) and "
-           "shards parameters with ZeRO-3");
+  (optimizer ? offload_optimizer_ : offload_param_) = true;
+  offload_keys_ += (offload_keys_.empty() ? "" : " + ") + key + ".device";
+  for (const auto& [name, value] : offload.items()) {
+    const std::string sub = key + "." + name;
+    if (name == "device") continue;
+    if (name == "pin_memory" && !is_auto(value) && boolean(sub, value)) {
+      out_.lines.push_back(sub + " true -> pinned host memory (as dstrain always offloads)");
+    } else if (name == "pin_memory") {
+      no_effect(sub, "dstrain's offloaded state is always pinned: its copies overlap compute "
+                     "only from page-locked memory; --host-memory budgets it");
+    } else {
+      no_effect(sub, "dstrain moves one block at a time, planned by its memory model");
+    }
   }
-  set(key + ".device", "offload", true);
 }
 
 void Mapper::fp16(const json& fp16) {

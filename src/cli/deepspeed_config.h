@@ -4,8 +4,9 @@
 // Hugging Face Trainer fills it from its arguments). Each key either becomes a flag (printed as
 // "zero_optimization.stage 3 -> --zero 3"), is named as having no effect in dstrain (tuning
 // knobs of DeepSpeed's own machinery: bucket sizes, overlap_comm, ...), or is refused in one
-// sentence naming it when dstrain cannot do what it asks (NVMe or parameter offload, a static
-// loss scale, another optimizer or scheduler).
+// sentence naming it when dstrain cannot do what it asks (NVMe offload, a static loss scale,
+// another optimizer or scheduler). offload_optimizer and offload_param to the CPU become one
+// --offload (optimizer, params or all).
 #pragma once
 
 #include <cstdint>

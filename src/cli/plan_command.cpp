@@ -27,8 +27,11 @@ po::options_description plan_flags() {
        "buffers")
       ("zero", po::value<int>()->value_name("STAGE"),
        "ZeRO stage: 0 replicated, 1 optimizer state sharded, 2 + gradients, 3 + parameters")
-      ("offload", po::value<std::string>()->implicit_value("on")->value_name("on|off"),
-       "fp32 master weights and Adam moments in host memory, the step on the host")
+      ("offload", po::value<std::string>()->implicit_value("optimizer")->value_name("WHAT"),
+       "what lives in host memory: optimizer (fp32 master weights and Adam moments, the step on "
+       "the host; a bare --offload), params (the 16-bit parameters and gradients, brought to "
+       "the GPU block by block), all, none (on and off: optimizer and none). Default: the "
+       "planner's choice")
       ("recompute", po::value<std::string>()->value_name("MODE"), "none | selective | full")
       ("micro-batch", po::value<int64_t>()->value_name("B"), "sequences per micro-batch per rank")
       ("pp-schedule", po::value<std::string>()->value_name("KIND"), "pipeline schedule: 1f1b | gpipe")
@@ -57,14 +60,10 @@ void read_plan_flags(const po::variables_map& values, PlanRequest& request) {
   }
   if (values.count("zero")) request.zero = values["zero"].as<int>();
   if (values.count("offload")) {
-    const std::string text = values["offload"].as<std::string>();
-    if (text == "on" || text == "yes" || text == "true" || text == "1") {
-      request.offload = true;
-    } else if (text == "off" || text == "no" || text == "false" || text == "0") {
-      request.offload = false;
-    } else {
-      DSTRAIN_USER_ERROR() << "--offload takes on or off, not '" << text << "'";
-    }
+    Plan offload;
+    set_offload(offload, values["offload"].as<std::string>());
+    request.offload = offload.offload;
+    request.offload_params = offload.offload_params;
   }
   if (values.count("recompute")) {
     request.recompute = parse_recompute(values["recompute"].as<std::string>());

@@ -289,6 +289,7 @@ std::string plan_text(const nlohmann::ordered_json& config) {
   std::string text = "dp " + get("dp") + " x tp " + get("tp") + " x pp " + get("pp") + ", ZeRO " +
                      get("zero") + ", " + plan.value("precision", std::string("?"));
   if (plan.value("offload", false)) text += ", offload";
+  if (plan.value("offload_params", false)) text += ", parameter offload";
   const std::string recompute = plan.value("recompute", std::string("none"));
   if (recompute != "none") text += ", recompute " + recompute;
   return text;

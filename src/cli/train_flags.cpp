@@ -136,8 +136,11 @@ po::options_description hardware_flags(TrainOptions& o) {
       ("recompute", po::value(&o.recompute)->value_name("MODE"),
        "activation checkpointing: none | selective (layernorm, GELU) | full (whole layers) "
        "(default none on CPU ranks)")
-      ("offload", po::bool_switch(&o.offload),
-       "keep fp32 master weights and Adam moments in host memory and step there")
+      ("offload", po::value<std::string>()->implicit_value("optimizer")->value_name("WHAT"),
+       "what lives in pinned host memory: optimizer (the fp32 master weights and Adam moments, "
+       "and the step runs there; what a bare --offload means), params (the 16-bit parameters "
+       "and gradients of every block, brought to the GPU block by block ahead of use), all "
+       "(both), none (default on CPU ranks)")
       ("dp", po::value(&o.dp)->value_name("N"), "data parallel degree (--gpus = dp x tp x pp)")
       ("tp", po::value(&o.tp)->value_name("N"),
        "tensor parallel degree: Megatron-style splits of each layer over N consecutive ranks "

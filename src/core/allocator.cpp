@@ -106,7 +106,8 @@ Buffer Allocator::allocate(MemCategory category, size_t bytes) {
                          << format_bytes(bytes) << " for " << mem_category_name(category)
                          << " (" << format_bytes(stats().current_total)
                          << " already in use); run `dstrain plan` to see what fits"
-                         << (device_.is_cpu() ? " (with --device cpu for CPU ranks)" : "");
+                         << (device_.is_cpu() ? " (with --device cpu for CPU ranks)" : "")
+                         << out_of_memory_advice();
   }
   std::lock_guard<std::mutex> lock(mutex_);
   const int c = static_cast<int>(category);

@@ -86,6 +86,8 @@ class Allocator {
  protected:
   // 64-byte aligned; nullptr when out of memory.
   virtual void* raw_allocate(size_t bytes) = 0;
+  // What to say after "out of memory ... allocating N for X" (e.g. a limit that may be why).
+  virtual std::string out_of_memory_advice() const { return ""; }
   virtual void raw_free(void* pointer) = 0;
 
  private:

@@ -623,6 +623,35 @@ ComputeTime stage_compute(const ModelConfig& config, const Plan& plan, const Sta
 
 }  // namespace
 
+namespace {
+
+// Parameter offload, one micro-batch: what the communication stream carries in forward (every
+// block the rank stores comes up, after the data-parallel traffic `dp` of that window) and in
+// backward (every block again, the step's gradient sums so far up -- all but in the first
+// micro-batch -- and the new sums down), each hidden behind its window of compute but for the
+// last block's share. The result includes the data-parallel traffic's exposed time.
+double offloaded_params_micro(double param_bytes, double grad_bytes, double micro_batches,
+                              double host_bytes_per_s, std::pair<double, double> dp,
+                              std::pair<double, double> windows, int blocks) {
+  const double up = param_bytes / host_bytes_per_s, grads = grad_bytes / host_bytes_per_s;
+  const double forward = dp.first + up;
+  const double backward = dp.second + up + grads * (micro_batches - 1) / micro_batches + grads;
+  return exposed(forward, windows.first, blocks) + exposed(backward, windows.second, blocks);
+}
+
+// Parameter offload, bytes each step moves between the host and the device outside the
+// micro-batches: the gradient check brings every optimizer range up; an optimizer on the device
+// brings each range's parameters and gradients up and the parameters down; at stages 1-2 each
+// rank's updated range goes up and the gathered block comes down.
+double offloaded_params_step(const Plan& plan, double optimizer_bytes, double param_bytes) {
+  double bytes = optimizer_bytes;
+  if (!plan.offload) bytes += 3 * optimizer_bytes;
+  if (plan.zero == 1 || plan.zero == 2) bytes += optimizer_bytes + param_bytes;
+  return bytes;
+}
+
+}  // namespace
+
 StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topology,
                            const Plan& plan, const ClusterShape& cluster) {
   const ModelConfig& config = memory.config();
@@ -648,11 +677,11 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
   // Per stage: time per micro-batch, and what the step adds once.
   struct StageTime {
     ComputeTime compute;  // per micro-batch, as are the next
-    double micro = 0, tp = 0, ep = 0, pp = 0, dp_micro = 0;
+    double micro = 0, tp = 0, ep = 0, pp = 0, dp_micro = 0, offload_micro = 0;
     double dp_step = 0, offload = 0, optimizer = 0;  // per step
   };
   std::vector<StageTime> stages(static_cast<size_t>(plan.pp));
-  const ShardingSpec spec{plan.zero, plan.dp, plan.offload, plan.param_dtype};
+  const ShardingSpec spec{plan.zero, plan.dp, plan.offload, plan.param_dtype, plan.offload_params};
   double host_optimizer_bytes = 0;  // all ranks together: they share the host's memory
   std::vector<double> host_optimizer_bytes_per_rank(static_cast<size_t>(plan.pp), 0.0);
   for (int s = 0; s < plan.pp; ++s) {
@@ -681,15 +710,19 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
     const std::vector<int> worlds = memory.stage_block_worlds(plan, s);
     const int blocks = static_cast<int>(numels.size());
     double padded = 0, expert_padded = 0, optimizer_elements = 0;
+    double param_elements = 0, grad_elements = 0;  // as the rank stores them
     for (size_t i = 0; i < numels.size(); ++i) {
       ShardingSpec block_spec = spec;
       block_spec.world = worlds[i];
       const BlockStateSizes b = block_state_sizes(numels[i], block_spec);
       (worlds[i] == plan.dp ? padded : expert_padded) += static_cast<double>(b.padded);
       optimizer_elements += static_cast<double>(b.optimizer_numel);
+      param_elements += static_cast<double>(b.params.numel);
+      grad_elements += static_cast<double>(b.grads.numel);
     }
     const double state_bytes = padded * P, expert_bytes = expert_padded * P;
     const int expert_dp = plan.dp / plan.ep;
+    double dp_forward = 0, dp_backward = 0;  // per micro-batch, on the communication stream
     if (plan.dp > 1) {
       const double latency = blocks * kCollectiveSeconds;
       double all_reduce = all_reduce_volume(state_bytes, plan.dp) / rates.dp + latency;
@@ -706,29 +739,43 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
           st.dp_step = exposed(gather, bwd_seconds, blocks) + exposed(gather, fwd_seconds, blocks);
           break;
         case 2:  // reduce-scatter every micro-batch; all-gather after the step
-          st.dp_micro = exposed(gather, bwd_seconds, blocks);
+          dp_backward = gather;
           st.dp_step = exposed(gather, fwd_seconds, blocks);
           break;
         default:  // 3: gather for forward, gather again + reduce-scatter in backward
-          st.dp_micro =
-              exposed(gather, fwd_seconds, blocks) + exposed(2 * gather, bwd_seconds, blocks);
+          dp_forward = gather;
+          dp_backward = 2 * gather;
           break;
       }
+      st.dp_micro =
+          exposed(dp_forward, fwd_seconds, blocks) + exposed(dp_backward, bwd_seconds, blocks);
+    }
+    if (plan.offload_params) {
+      st.offload_micro = offloaded_params_micro(param_elements * P, grad_elements * P, m,
+                                                rates.host, {dp_forward, dp_backward},
+                                                {fwd_seconds, bwd_seconds}, blocks) -
+                         st.dp_micro;
+      st.offload = offloaded_params_step(plan, optimizer_elements * P, param_elements * P) /
+                   rates.host;
     }
     const double adam_bytes = optimizer_elements * adam_bytes_per_element(plan);
     if (plan.offload) {
       // Gradients of the optimizer range down (hidden by the last backward where possible),
-      // the host step, and the updated weights up, block by block behind the host step.
+      // the host step, and the updated weights up, block by block behind the host step (with
+      // the parameters offloaded too, both are on the host already).
       const double down = optimizer_elements * P / rates.host;
       const double up = optimizer_elements * P / rates.host;
-      st.offload = exposed(down, bwd_seconds, blocks) + up / std::max(blocks, 1);
+      if (!plan.offload_params) {
+        st.offload = exposed(down, bwd_seconds, blocks) + up / std::max(blocks, 1);
+      }
       host_optimizer_bytes += adam_bytes * plan.dp * plan.tp;
       host_optimizer_bytes_per_rank[static_cast<size_t>(s)] = adam_bytes;
       st.optimizer = 0;
     } else {
       st.optimizer = adam_bytes / speed.memory_bytes_per_s;
     }
-    st.micro = st.compute.forward + st.compute.backward + st.tp + st.ep + st.pp + st.dp_micro;
+    st.micro = st.compute.forward + st.compute.backward + st.tp + st.ep + st.pp + st.dp_micro +
+               st.offload_micro;
   }
   // The host step: all ranks of a node at once over its host's memory (the uploads run behind
   // it); across nodes, the fullest node's.
@@ -761,7 +808,7 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
     }
   }
   cost.dp_comm_seconds = st.dp_micro * m + dp_step;
-  cost.offload_seconds = offload + host_step;
+  cost.offload_seconds = st.offload_micro * m + offload + host_step;
   cost.optimizer_seconds = optimizer;
   cost.step_seconds = cost.compute_seconds + cost.tp_comm_seconds + cost.ep_comm_seconds +
                       cost.pp_comm_seconds + cost.bubble_seconds + cost.dp_comm_seconds +
@@ -771,7 +818,7 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
   if (plan.tp == 1) cost.tp_route.clear();
   if (plan.ep == 1) cost.ep_route.clear();
   if (plan.pp == 1) cost.pp_route.clear();
-  if (!plan.offload) cost.host_route.clear();
+  if (!plan.offload && !plan.offload_params) cost.host_route.clear();
   return cost;
 }
 

@@ -31,8 +31,8 @@ BlockStateSizes block_state_sizes(int64_t block_numel, const ShardingSpec& spec)
   s.shard = shard_numel(block_numel, spec.world);
   s.padded = s.shard * spec.world;
   s.optimizer_numel = spec.zero >= 1 ? s.shard : s.padded;
-  s.params = {MemCategory::Parameters, p, spec.zero >= 3 ? s.shard : s.padded, false};
-  s.grads = {MemCategory::Gradients, p, spec.zero >= 2 ? s.shard : s.padded, false};
+  s.params = {MemCategory::Parameters, p, spec.zero >= 3 ? s.shard : s.padded, spec.offload_params};
+  s.grads = {MemCategory::Gradients, p, spec.zero >= 2 ? s.shard : s.padded, spec.offload_params};
   if (spec.offload) {
     // The host steps the fp32 master: with fp32 parameters too, so the device's copy is only
     // ever written (by the upload), never read back.
@@ -67,15 +67,18 @@ RankStateBuffers rank_state_buffers(const std::vector<int64_t>& block_numels,
     max_optimizer = std::max(max_optimizer, s.optimizer_numel);
   }
   RankStateBuffers r;
-  if (spec.zero >= 3) {
+  if (spec.zero >= 3 || spec.offload_params) {
     for (BufferSize& b : r.gathered_params) b = {MemCategory::GatheredParams, p, max_padded, false};
   }
-  if (spec.zero >= 2) {
+  if (spec.zero >= 2 || spec.offload_params) {
     r.embedding_grads = {MemCategory::CommBuffers, p, embedding_padded, false};
     for (BufferSize& b : r.block_grads) b = {MemCategory::CommBuffers, p, max_other_padded, false};
   }
   if (spec.zero >= 1) r.reduced_shard = {MemCategory::CommBuffers, p, max_shard, false};
-  if (spec.offload) {
+  if (spec.zero >= 2 && spec.offload_params) {
+    r.shard_sum = {MemCategory::CommBuffers, p, max_shard, false};
+  }
+  if (spec.offload && !spec.offload_params) {
     for (BufferSize& b : r.host_grad_staging) b = {MemCategory::CommBuffers, p, max_optimizer, true};
     r.host_param_staging = r.host_grad_staging;
   }
@@ -248,7 +251,7 @@ void add(MemoryPrediction& m, const BufferSize& buffer, const std::string& what)
 
 MemoryPrediction MemoryModel::predict_stage(const Plan& plan, int stage) const {
   check_plan(config_, plan);
-  const ShardingSpec spec{plan.zero, plan.dp, plan.offload, plan.param_dtype};
+  const ShardingSpec spec{plan.zero, plan.dp, plan.offload, plan.param_dtype, plan.offload_params};
   const std::string p = precision_name(plan.param_dtype);
   MemoryPrediction m;
   m.stage = stage;
@@ -257,8 +260,9 @@ MemoryPrediction MemoryModel::predict_stage(const Plan& plan, int stage) const {
   const std::vector<int64_t> numels = stage_block_numels(plan, stage);
   const std::vector<int> worlds = stage_block_worlds(plan, stage);
   const std::string host = plan.offload ? ", host" : "";
-  const std::string params_what = "parameters (" + p + shard_text(3, plan) + ")";
-  const std::string grads_what = "gradients (" + p + shard_text(2, plan) + ")";
+  const std::string params_host = plan.offload_params ? ", host" : "";
+  const std::string params_what = "parameters (" + p + params_host + shard_text(3, plan) + ")";
+  const std::string grads_what = "gradients (" + p + params_host + shard_text(2, plan) + ")";
   const std::string master_what = "fp32 master weights" + host + shard_text(1, plan);
   const std::string adam_what = "Adam moments, fp32" + host + shard_text(1, plan);
   int embedding_position = -1;
@@ -274,12 +278,18 @@ MemoryPrediction MemoryModel::predict_stage(const Plan& plan, int stage) const {
     add(m, s.exp_avg_sq, adam_what);
   }
   const RankStateBuffers r = rank_state_buffers(numels, worlds, embedding_position, spec);
-  add(m, r.gathered_params[0], "gathered-block buffers (current + prefetched)");
-  add(m, r.gathered_params[1], "gathered-block buffers (current + prefetched)");
-  add(m, r.embedding_grads, "full-block gradient buffers before reduce-scatter");
-  for (const BufferSize& b : r.block_grads)
-    add(m, b, "full-block gradient buffers before reduce-scatter");
+  const std::string gathered_what = plan.offload_params
+                                        ? "blocks brought from the host (current + prefetched)"
+                                        : "gathered-block buffers (current + prefetched)";
+  add(m, r.gathered_params[0], gathered_what);
+  add(m, r.gathered_params[1], gathered_what);
+  const std::string block_grads_what = plan.zero >= 2
+                                           ? "full-block gradient buffers before reduce-scatter"
+                                           : "full-block gradient buffers on the way to the host";
+  add(m, r.embedding_grads, block_grads_what);
+  for (const BufferSize& b : r.block_grads) add(m, b, block_grads_what);
   add(m, r.reduced_shard, "reduce-scatter output shard");
+  add(m, r.shard_sum, "gradient shard summed on the way to the host");
   for (int i = 0; i < 2; ++i) {
     add(m, r.host_grad_staging[i], "offload staging, gradients down and weights up (host)");
     add(m, r.host_param_staging[i], "offload staging, gradients down and weights up (host)");

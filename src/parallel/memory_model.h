@@ -22,12 +22,21 @@
 //   stage 3   (P params + P grads + 4 master + 8 Adam) / N
 //   offload   the master (always, fp32) and the Adam moments live in pinned host memory
 //             (OptimizerStateHost) instead; the device keeps the P-byte params and grads.
+//   offload of the parameters: the P-byte params and grads (each as its stage shards them)
+//             live in pinned host memory (Parameters, Gradients, host) and come to the device
+//             block by block.
 // plus, per rank, buffers sized by the largest block (not per parameter): stage 3 gathers
 // each block into one of two full-block buffers (current, prefetched); stages 2-3 let
 // backward add each block's gradient into a full-block buffer before the reduce-scatter (one
 // held for the embedding block, whose tied head adds first and the embedding last; one for
 // the block at hand); stages 1-3 receive the reduce-scatter's shard into a buffer; offload
 // stages one range's gradients down and updated weights up through two host buffers.
+// Parameter offload brings every block to the device as stage 3 gathers it (two full-block
+// buffers, the host's params copied in -- at stage 3 this rank's shard, then gathered) and
+// lets backward add into the three full-block gradient buffers at every stage (their sums go
+// back to the host); at stages 2-3 a shard buffer on the device adds each micro-batch's
+// reduced shard to the host's sum; the host staging of optimizer offload is not needed (the
+// gradients and the weights are on the host already).
 //
 // Shards: each block's flat buffer is cut into N equal shards of shard_numel(n, N) =
 // ceil(n / N) elements (rank r owns [r*s, (r+1)*s), the last padded); full buffers of a
@@ -75,6 +84,7 @@ struct ShardingSpec {
   int world = 1;                  // data-parallel ranks the state is sharded over
   bool offload = false;           // fp32 master + Adam moments on the host
   DType param_dtype = DType::F32; // params and grads; the master and the moments are fp32
+  bool offload_params = false;    // the working params and grads on the host too
 };
 
 // Elements of each rank's shard of a block of `block_numel` elements over `world` ranks:
@@ -100,15 +110,20 @@ BlockStateSizes block_state_sizes(int64_t block_numel, const ShardingSpec& spec)
 
 // The per-rank buffers sized by the largest blocks the rank holds.
 struct RankStateBuffers {
-  std::array<BufferSize, 2> gathered_params;  // stage 3: the current and the prefetched block,
-                                              // each the largest padded block (GatheredParams)
-  BufferSize embedding_grads;  // stages 2-3: the embedding block's padded gradient, held
-                               // across backward (CommBuffers); none without that block
-  // stages 2-3: two of the largest other padded block, one filling while the other's
-  // reduce-scatter runs (CommBuffers)
+  std::array<BufferSize, 2> gathered_params;  // stage 3 or parameter offload: the current and
+                                              // the prefetched block, each the largest padded
+                                              // block (GatheredParams)
+  BufferSize embedding_grads;  // stages 2-3 or parameter offload: the embedding block's padded
+                               // gradient, held across backward (CommBuffers); none without
+                               // that block
+  // stages 2-3 or parameter offload: two of the largest other padded block, one filling while
+  // the other's reduction runs (CommBuffers)
   std::array<BufferSize, 2> block_grads;
   BufferSize reduced_shard;  // stages 1-3: the largest shard, a reduce-scatter's output
                              // (CommBuffers)
+  BufferSize shard_sum;  // stages 2-3 with parameter offload: the largest shard, where the
+                         // host's gradient sum and a micro-batch's reduced shard are added
+                         // (CommBuffers)
   // offload: two of the largest optimizer range each, in host memory (double-buffered): the
   // gradients going down and the updated weights going up (CommBuffers, host)
   std::array<BufferSize, 2> host_grad_staging;

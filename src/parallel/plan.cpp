@@ -1,6 +1,7 @@
 #include "parallel/plan.h"
 
 #include <sstream>
+#include <tuple>
 
 #include "core/check.h"
 
@@ -17,6 +18,41 @@ const char* precision_name(DType dtype) {
   return "?";
 }
 
+const char* offload_name(const Plan& plan) {
+  if (plan.offload_params) return plan.offload ? "all" : "params";
+  return plan.offload ? "optimizer" : "none";
+}
+
+void set_offload(Plan& plan, const std::string& name) {
+  const bool on = name == "on" || name == "yes" || name == "true" || name == "1";
+  const bool off = name == "off" || name == "no" || name == "false" || name == "0";
+  const std::string canonical = on ? "optimizer" : off ? "none" : name;
+  for (const auto& [text, optimizer, params] :
+       {std::tuple{"none", false, false}, std::tuple{"optimizer", true, false},
+        std::tuple{"params", false, true}, std::tuple{"all", true, true}}) {
+    if (canonical == text) {
+      plan.offload = optimizer;
+      plan.offload_params = params;
+      return;
+    }
+  }
+  DSTRAIN_USER_ERROR() << "--offload takes optimizer, params, all or none (on and off: "
+                          "optimizer and none), not '"
+                       << name << "'";
+}
+
+namespace {
+
+const char* offload_text(const Plan& plan) {
+  if (plan.offload_params) {
+    return plan.offload ? "parameters and optimizer offloaded to host"
+                        : "parameters offloaded to host";
+  }
+  return plan.offload ? "optimizer offloaded to host" : "no offload";
+}
+
+}  // namespace
+
 std::string describe(const Plan& plan) {
   std::ostringstream text;
   text << "dp " << plan.dp;
@@ -24,7 +60,7 @@ std::string describe(const Plan& plan) {
   text << " x tp " << plan.tp << " x pp " << plan.pp
        << (plan.uses_sequence_parallel() ? " (sequence parallel)" : "") << ", ZeRO-" << plan.zero
        << ", " << precision_name(plan.param_dtype) << ", "
-       << (plan.offload ? "optimizer offloaded to host" : "no offload") << ", ";
+       << offload_text(plan) << ", ";
   if (plan.recompute == Recompute::None) {
     text << "no recompute";
   } else {
@@ -50,6 +86,7 @@ nlohmann::json to_json(const Plan& plan) {
                         {"pp", plan.pp},
                         {"zero", plan.zero},
                         {"offload", plan.offload},
+                        {"offload_params", plan.offload_params},
                         {"recompute", recompute_name(plan.recompute)},
                         {"micro_batch", plan.micro_batch},
                         {"grad_accum", plan.grad_accum},

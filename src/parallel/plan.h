@@ -34,6 +34,9 @@ struct Plan {
   int ep = 1;
   int zero = 0;            // ZeRO stage 0..3 over the data-parallel group
   bool offload = false;    // fp32 master weights + Adam moments (and the step) in host memory
+  // The working parameters and their gradients in host memory too, each block brought to the
+  // GPU ahead of its use (--offload params / all; parallel/sharded_model.h).
+  bool offload_params = false;
   Recompute recompute = Recompute::None;
   int64_t micro_batch = 1; // sequences per micro-batch per data-parallel rank
   int64_t grad_accum = 1;  // micro-batches per optimizer step (the pipeline's micro-batches)
@@ -61,12 +64,19 @@ struct Plan {
 // "fp32", "fp16", "bf16".
 const char* precision_name(DType dtype);
 
+// What --offload names: "none", "optimizer", "params", "all".
+const char* offload_name(const Plan& plan);
+// Sets plan.offload and plan.offload_params from one of those names (and on / off, yes / no,
+// true / false, 1 / 0 for optimizer / none); throws UserError naming the choices otherwise.
+void set_offload(Plan& plan, const std::string& name);
+
 // One line for people: "dp 8 x tp 1 x pp 1, ZeRO-1, bf16, no offload, no recompute,
 // micro-batch 8 x 8 accumulation (seq 1024)".
 std::string describe(const Plan& plan);
 
 // {"dp", "tp", "pp", "zero", "offload", "recompute", "micro_batch", "grad_accum", "seq_len",
-//  "precision", "pp_schedule", "ep", "pp_split", "sequence_parallel", "world", "tokens_per_step"};
+//  "precision", "pp_schedule", "ep", "pp_split", "sequence_parallel", "world", "tokens_per_step",
+//  "offload_params"};
 //  pp_split as the plan has
 // it (an empty list: the balanced split; the planner and the trainer fill it in).
 nlohmann::json to_json(const Plan& plan);

@@ -187,6 +187,7 @@ std::string format_plan_report(const ModelConfig& config, const NodeTopology& to
     if (!route->empty()) out << "  slowest " << name << " link: " << *route << "\n";
   }
   if (!result.ep_choice.empty()) out << result.ep_choice << "\n";
+  if (!result.offload_choice.empty()) out << result.offload_choice << "\n";
 
   if (!result.alternatives.empty()) {
     out << "\nalternatives (the best of each other shape):\n";
@@ -246,6 +247,7 @@ nlohmann::json plan_result_to_json(const ModelConfig& config, const PlanResult& 
   }
   j["excluded"] = result.excluded;
   if (!result.ep_choice.empty()) j["ep_choice"] = result.ep_choice;
+  if (!result.offload_choice.empty()) j["offload_choice"] = result.offload_choice;
   j["candidates_evaluated"] = result.candidates;
   j["nnodes"] = result.cluster.nnodes;
   j["gpus_per_node"] = result.gpus_per_node;

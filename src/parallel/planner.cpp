@@ -138,11 +138,12 @@ std::vector<int> expert_degrees(const ModelConfig& config, int dp, const PlanReq
   return eps;
 }
 
-// Fewer moving parts first: no offload (host step and transfers), no recompute, no
-// pipeline, a lower ZeRO stage, no tensor parallelism, then fewer micro-batches.
+// Fewer moving parts first: no parameter offload (every block through PCIe), no optimizer
+// offload (host step and transfers), no recompute, no pipeline, a lower ZeRO stage, no tensor
+// parallelism, then fewer micro-batches.
 auto simplicity(const Plan& p) {
-  return std::make_tuple(p.offload, static_cast<int>(p.recompute), p.pp, p.zero, p.tp, p.ep,
-                         -p.micro_batch);
+  return std::make_tuple(p.offload_params, p.offload, static_cast<int>(p.recompute), p.pp, p.zero,
+                         p.tp, p.ep, -p.micro_batch);
 }
 
 bool faster(const PlanCandidate& a, const PlanCandidate& b) {
@@ -152,7 +153,8 @@ bool faster(const PlanCandidate& a, const PlanCandidate& b) {
 }
 
 auto shape(const Plan& p) {
-  return std::make_tuple(p.dp, p.tp, p.pp, p.ep, p.zero, p.offload, static_cast<int>(p.recompute));
+  return std::make_tuple(p.dp, p.tp, p.pp, p.ep, p.zero, p.offload, p.offload_params,
+                         static_cast<int>(p.recompute));
 }
 
 // How far a candidate is from fitting: device bytes over, then host bytes over.
@@ -160,6 +162,14 @@ std::pair<uint64_t, uint64_t> overflow(const PlanCandidate& c, const PlanResult&
   const uint64_t device = c.memory.device_total();
   return {device > r.usable_device_bytes ? device - r.usable_device_bytes : 0,
           c.host_bytes > r.usable_host_bytes ? c.host_bytes - r.usable_host_bytes : 0};
+}
+
+// What a plan keeps in host memory, for people.
+const char* offloaded_state(const Plan& p) {
+  if (p.offload_params) {
+    return p.offload ? "the offloaded parameters and optimizer" : "the offloaded parameters";
+  }
+  return "the offloaded optimizer";
 }
 
 std::string does_not_fit(const PlanCandidate& c, const PlanResult& r) {
@@ -170,11 +180,11 @@ std::string does_not_fit(const PlanCandidate& c, const PlanResult& r) {
          << format_bytes(r.usable_device_bytes) << " usable of " << format_bytes(r.gpu_memory_bytes);
   } else if (r.host_memory_bytes == 0) {
     text << "needs " << format_bytes(c.host_bytes)
-         << " of host memory for the offloaded optimizer, and the host memory is unknown "
-            "(give it with --host-memory)";
+         << " of host memory for " << offloaded_state(c.plan)
+         << ", and the host memory is unknown (give it with --host-memory)";
   } else {
     text << "needs " << format_bytes(c.host_bytes)
-         << " of host memory for the offloaded optimizer of all ranks, "
+         << " of host memory for " << offloaded_state(c.plan) << " of all ranks, "
          << format_bytes(c.host_bytes - r.usable_host_bytes) << " more than the "
          << format_bytes(r.usable_host_bytes) << " usable of " << format_bytes(r.host_memory_bytes);
   }
@@ -212,7 +222,12 @@ std::string fixed_parts(const PlanRequest& q) {
   if (q.ep) text << " --ep " << *q.ep;
   if (q.pp) text << " --pp " << *q.pp;
   if (q.zero) text << " --zero " << *q.zero;
-  if (q.offload) text << " --offload " << (*q.offload ? "on" : "off");
+  if (q.offload || q.offload_params) {
+    Plan offload;
+    offload.offload = q.offload.value_or(false);
+    offload.offload_params = q.offload_params.value_or(false);
+    text << " --offload " << offload_name(offload);
+  }
   if (q.recompute) text << " --recompute " << recompute_name(*q.recompute);
   if (q.micro_batch) text << " --micro-batch " << *q.micro_batch;
   if (q.pp_schedule) text << " --pp-schedule " << pipeline_schedule_name(*q.pp_schedule);
@@ -224,6 +239,7 @@ std::string features(const Plan& p) {
   std::ostringstream text;
   text << "ZeRO-" << p.zero;
   if (p.offload) text << " + optimizer offload";
+  if (p.offload_params) text << " + parameter offload";
   if (p.recompute != Recompute::None) text << " + " << recompute_name(p.recompute) << " recompute";
   if (p.pp > 1) text << " + " << p.pp << " pipeline stages";
   if (p.tp > 1) text << " + tensor parallelism over " << p.tp;
@@ -274,6 +290,39 @@ std::string explain_ep_choice(const ModelConfig& config, const std::vector<PlanC
   return text.str();
 }
 
+// Why the plan offloads the parameters: what crosses the link to the host and what that costs,
+// against the best plan that keeps them on the GPUs ("" when the plan keeps them).
+std::string explain_offload_choice(const std::vector<PlanCandidate>& all,
+                                   const PlanCandidate& best, const PlanResult& r) {
+  if (!best.plan.offload_params) return "";
+  std::ostringstream text;
+  text.precision(3);
+  text << "parameter offload: the 16-bit parameters and gradients of every block live in host "
+          "memory and come to the GPU block by block, ahead of use";
+  if (!best.cost.host_route.empty()) text << " (over " << best.cost.host_route << ")";
+  text << "; the transfers" << (best.plan.offload ? " and the host's optimizer step" : "")
+       << " take " << best.cost.offload_seconds << " s of the " << best.cost.step_seconds
+       << " s step that compute does not hide";
+  const PlanCandidate* resident = nullptr;  // the best plan without parameter offload
+  for (const PlanCandidate& c : all) {
+    if (c.plan.offload_params) continue;
+    if (!resident || (c.fits() && (!resident->fits() || faster(c, *resident))) ||
+        (!c.fits() && !resident->fits() && overflow(c, r) < overflow(*resident, r))) {
+      resident = &c;
+    }
+  }
+  if (resident == nullptr) return text.str();
+  text << "; without it, the best plan (" << features(resident->plan) << ") ";
+  if (!resident->fits()) {
+    text << "does not fit: " << does_not_fit(*resident, r);
+  } else {
+    text.precision(1);
+    text << std::fixed << "is slower by "
+         << (resident->seconds_per_token() / best.seconds_per_token() - 1) * 100 << "%";
+  }
+  return text.str();
+}
+
 // The one sentence for a request no plan satisfies.
 [[noreturn]] void explain_no_fit(const ModelConfig& config, const PlanRequest& request,
                                  const std::vector<PlanCandidate>& all, const PlanResult& r,
@@ -294,7 +343,7 @@ std::string explain_ep_choice(const ModelConfig& config, const std::vector<PlanC
   }
   if (least_host) {
     DSTRAIN_USER_ERROR() << config.name << " fits " << gpus << " x " << r.machine
-                         << " only with the optimizer offloaded to host memory, and even the "
+                         << " only with state offloaded to host memory, and even the "
                          << "plan that needs the least (" << features(least_host->plan) << ") "
                          << does_not_fit(*least_host, r);
   }
@@ -305,7 +354,8 @@ std::string explain_ep_choice(const ModelConfig& config, const std::vector<PlanC
                        << features(least_device->plan) << "; these GPUs have "
                        << format_bytes(r.gpu_memory_bytes) << " ("
                        << format_bytes(r.usable_device_bytes) << " usable)"
-                       << (least_device->plan.offload && !least_device->fits_host
+                       << ((least_device->plan.offload || least_device->plan.offload_params) &&
+                                   !least_device->fits_host
                                ? " and that plan would also need " +
                                      format_bytes(least_device->host_bytes) +
                                      " of host memory (the host has " +
@@ -390,11 +440,11 @@ PlanCandidate evaluate_plan(const MemoryModel& memory, const NodeTopology& topol
   PlanCandidate c;
   c.plan = plan;
   c.memory = memory.predict(plan);
-  c.host_bytes =
-      plan.offload ? host_bytes_per_node(memory, plan, topology.gpu_count(), cluster) : 0;
+  const bool uses_host = plan.offload || plan.offload_params;
+  c.host_bytes = uses_host ? host_bytes_per_node(memory, plan, topology.gpu_count(), cluster) : 0;
   c.cost = predict_step_cost(memory, topology, plan, cluster);
   c.fits_device = c.memory.device_total() <= usable_device_memory(smallest_gpu_memory(topology));
-  c.fits_host = !plan.offload || (topology.host_memory_bytes > 0 &&
+  c.fits_host = !uses_host || (topology.host_memory_bytes > 0 &&
                                   c.host_bytes <= usable_host_memory(topology.host_memory_bytes));
   return c;
 }
@@ -417,6 +467,16 @@ std::vector<int64_t> micro_batch_choices(const PlanRequest& request, int64_t seq
   return micro_batches;
 }
 
+// Every pair of optimizer offload and parameter offload the request leaves open.
+std::vector<std::pair<bool, bool>> offload_choices(const std::vector<bool>& optimizer,
+                                                   const std::vector<bool>& params) {
+  std::vector<std::pair<bool, bool>> pairs;
+  for (bool p : params) {
+    for (bool o : optimizer) pairs.emplace_back(o, p);
+  }
+  return pairs;
+}
+
 // The candidates of one (dp, tp, pp) shape: every ep, ZeRO stage, offload, recompute and
 // micro-batch the request leaves open that reaches the global batch of `sequences`; for each
 // setting the micro-batches grow until one does not fit.
@@ -433,12 +493,14 @@ void add_shape_candidates(const MemoryModel& memory, const NodeTopology& topolog
   if (request.zero) zeros = {*request.zero};
   std::vector<bool> offloads = {false, true};
   if (request.offload) offloads = {*request.offload};
+  std::vector<bool> param_offloads = {false, true};
+  if (request.offload_params) param_offloads = {*request.offload_params};
   std::vector<Recompute> recomputes = {Recompute::None, Recompute::Selective, Recompute::Full};
   if (request.recompute) recomputes = {*request.recompute};
   const std::vector<int64_t> micro_batches = micro_batch_choices(request, sequences, dp);
   for (int ep : expert_degrees(memory.config(), dp, request)) {
     for (int zero : zeros) {
-      for (bool offload : offloads) {
+      for (const auto& [offload, offload_params] : offload_choices(offloads, param_offloads)) {
         for (Recompute recompute : recomputes) {
           for (int64_t mb : micro_batches) {
             Plan plan;
@@ -449,6 +511,7 @@ void add_shape_candidates(const MemoryModel& memory, const NodeTopology& topolog
             plan.pp = shape.pp;
             plan.zero = zero;
             plan.offload = offload;
+            plan.offload_params = offload_params;
             plan.recompute = recompute;
             plan.micro_batch = mb;
             plan.grad_accum = (sequences + dp * mb - 1) / (dp * mb);
@@ -579,6 +642,7 @@ PlanResult choose_plan(const ModelConfig& config, const NodeTopology& whole,
   }
   result.best = *best;
   result.ep_choice = explain_ep_choice(config, all, *best, result);
+  result.offload_choice = explain_offload_choice(all, *best, result);
 
   // One representative per shape: its fastest fitting plan, else the one closest to fitting.
   std::map<decltype(shape(Plan{})), const PlanCandidate*> representative;

@@ -1,8 +1,8 @@
 // The planner: the fastest plan whose memory fits, for a model on a machine.
 //
 // It enumerates dp x tp x pp (= the GPUs), ZeRO stage 0-3, optimizer offload on/off,
-// recompute none/selective/full and micro-batches (powers of two) with the accumulation that
-// reaches the requested global batch; drops what does not fit (memory_model.h against the
+// parameter offload on/off, recompute none/selective/full and micro-batches (powers of two)
+// with the accumulation that reaches the requested global batch; drops what does not fit (memory_model.h against the
 // GPU's memory less a headroom, and the host's RAM for offload); ranks the rest by predicted
 // time per token (cost_model.h) and says why each alternative lost.
 //
@@ -44,6 +44,7 @@ struct PlanRequest {
   std::optional<int> ep;  // expert parallelism (MoE models); default: the planner's choice
   double moe_capacity_factor = 0;  // MoE models: an expert capacity (Plan::moe_capacity_factor)
   std::optional<bool> offload;
+  std::optional<bool> offload_params;  // default: only where nothing else fits
   std::optional<Recompute> recompute;
   std::optional<int64_t> micro_batch;
   std::optional<PipelineScheduleKind> pp_schedule;  // default 1F1B (GPipe only needs more memory)
@@ -75,6 +76,9 @@ struct PlanResult {
   // A mixture-of-experts model: why the best plan's ep, against the other ep values (one
   // sentence); "" for a dense model.
   std::string ep_choice;
+  // Parameter offload chosen: why, against the best plan that keeps the parameters on the GPUs
+  // (one sentence); "" otherwise.
+  std::string offload_choice;
   uint64_t gpu_memory_bytes = 0;      // per GPU (the smallest)
   uint64_t usable_device_bytes = 0;   // after the headroom
   uint64_t host_memory_bytes = 0;     // 0: unknown

@@ -44,7 +44,7 @@ void ShardedModel::copy_and_wait(void* dst, Device dst_device, const void* src,
 void ShardedModel::store_from_host(Tensor dst, Tensor host_f32) {
   DSTRAIN_CHECK(host_f32.device.is_cpu() && host_f32.dtype == DType::F32 &&
                 dst.numel() == host_f32.numel());
-  if (dst.device.is_cpu()) {
+  if (dst.device.is_cpu() && !offload_params_) {
     backend_.copy(dst, host_f32, compute_);  // the CPU backend converts in place
     return;
   }
@@ -53,15 +53,21 @@ void ShardedModel::store_from_host(Tensor dst, Tensor host_f32) {
     return;
   }
   // A GPU's copy converts device memory only: round on the host (the same RNE as the
-  // device's __float2half_rn / __float2bfloat16_rn, core/dtype.h) and copy the bits up.
+  // device's __float2half_rn / __float2bfloat16_rn and the CPU backend's, core/dtype.h) and
+  // copy the bits up (or write them where the parameters live on the host).
   DSTRAIN_CHECK(dst.dtype == DType::F16 || dst.dtype == DType::BF16) << dst.shape_str();
-  std::vector<uint16_t> rounded(static_cast<size_t>(dst.numel()));
+  std::vector<uint16_t> staging;
+  uint16_t* rounded = static_cast<uint16_t*>(dst.data);
+  if (!dst.device.is_cpu()) {
+    staging.resize(static_cast<size_t>(dst.numel()));
+    rounded = staging.data();
+  }
   const float* values = host_f32.f32();
-  for (size_t i = 0; i < rounded.size(); ++i) {
+  for (int64_t i = 0; i < dst.numel(); ++i) {
     rounded[i] = dst.dtype == DType::F16 ? fp32_to_fp16_bits(values[i])
                                          : fp32_to_bf16_bits(values[i]);
   }
-  copy_and_wait(dst.data, dst.device, rounded.data(), Device{}, dst.nbytes());
+  if (!staging.empty()) copy_and_wait(dst.data, dst.device, rounded, Device{}, dst.nbytes());
 }
 
 Tensor ShardedModel::on_host(Tensor part, int slot, int block) const {
@@ -93,6 +99,9 @@ ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& shar
       shard_optimizer_(sharding.zero >= 1),
       shard_grads_(sharding.zero >= 2),
       shard_params_(sharding.zero >= 3),
+      offload_params_(sharding.offload_params),
+      gathers_params_(shard_params_ || offload_params_),
+      slot_grads_(shard_grads_ || offload_params_),
       compute_(compute),
       comm_stream_(backend),
       compute_mark_(backend),
@@ -107,7 +116,7 @@ ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& shar
       << "tensor parallelism over " << sharding.tp << " ranks needs its group";
   // Every buffer is sized by the memory model's functions: the planner's prediction and
   // what this allocates are the same numbers by construction (parallel/memory_model.h).
-  const ShardingSpec spec{sharding.zero, world_, sharding.offload, dtype_};
+  const ShardingSpec spec{sharding.zero, world_, sharding.offload, dtype_, sharding.offload_params};
   DSTRAIN_CHECK(sharding.ep == 1 || groups.expert_data != nullptr)
       << "expert parallelism over " << sharding.ep << " ranks needs its expert-data group";
   auto allocate = [&](const BufferSize& size) {
@@ -169,6 +178,8 @@ ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& shar
     slot.reduced = OwnedEvent(backend);
   }
   reduced_ = allocate(buffers.reduced_shard);
+  shard_sum_ = allocate(buffers.shard_sum);
+  grads_fresh_.assign(blocks_.size(), true);
   for (OwnedEvent& event : replicated_filled_) event = OwnedEvent(backend);
   replicated_event_of_.assign(blocks_.size(), 0);
   reduced_in_backward_.assign(blocks_.size(), false);
@@ -261,7 +272,12 @@ void ShardedModel::gather_into(int s, int block) {
   // last written; but not after the work queued since (the block in hand): that is the overlap.
   backend_.wait_event(comm, slot.released.get());
   backend_.wait_event(comm, params_written_.get());
-  b.comm->all_gather(flat(slot.buffer, b.shard * b.world, dtype_), params_padded(block), comm);
+  const Tensor full = flat(slot.buffer, b.shard * b.world, dtype_);
+  if (offload_params_) {
+    bring_params(block, full);
+  } else {
+    b.comm->all_gather(full, params_padded(block), comm);
+  }
   backend_.record_event(slot.gathered.get(), comm);
   slot.block = block;
 }
@@ -269,7 +285,7 @@ void ShardedModel::gather_into(int s, int block) {
 Tensor ShardedModel::acquire_params(int block) {
   DSTRAIN_CHECK(holds(block)) << "block " << block << " is not held by this pipeline stage";
   const Block& b = blocks_[block];
-  if (!shard_params_) return params_padded(block).slice(0, {b.numel});
+  if (!gathers_params_) return params_padded(block).slice(0, {b.numel});
   int s = gather_slots_[0].block == block ? 0 : gather_slots_[1].block == block ? 1 : -1;
   if (s < 0) {
     // A free buffer, preferably one that holds no prefetched block.
@@ -286,14 +302,16 @@ Tensor ShardedModel::acquire_params(int block) {
 }
 
 void ShardedModel::prefetch_params(int block) {
-  if (!shard_params_ || gather_slots_[0].block == block || gather_slots_[1].block == block) return;
+  if (!gathers_params_ || gather_slots_[0].block == block || gather_slots_[1].block == block) {
+    return;
+  }
   for (int s = 0; s < 2; ++s) {
     if (!gather_slots_[s].in_use) return gather_into(s, block);
   }
 }
 
 void ShardedModel::release_params(int block) {
-  if (!shard_params_) return;
+  if (!gathers_params_) return;
   for (GatherSlot& slot : gather_slots_) {
     if (slot.block == block && slot.in_use) {
       backend_.record_event(slot.released.get(), compute_);
@@ -326,15 +344,25 @@ ShardedModel::GradSlot& ShardedModel::grad_slot_of(int block) {
 Tensor ShardedModel::acquire_grads(int block) {
   DSTRAIN_CHECK(holds(block)) << "block " << block << " is not held by this pipeline stage";
   const Block& b = blocks_[block];
-  if (!shard_grads_) return grads_padded(block).slice(0, {b.numel});
+  if (!slot_grads_) return grads_padded(block).slice(0, {b.numel});
   GradSlot& slot = grad_slot_of(block);
   Tensor full = flat(slot.buffer, b.shard * b.world, dtype_);
   if (slot.owner != block) {
     DSTRAIN_CHECK(slot.owner < 0) << "block " << block << " wants the gradient buffer block "
                                   << slot.owner << " still holds";
-    // Zeroed once its last reduce-scatter has read it.
+    // Zeroed once its last reduce-scatter has read it (or it went to the host).
     backend_.wait_event(compute_, slot.reduced.get());
-    backend_.fill_zero(full, compute_);
+    if (offload_params_ && !shard_grads_ && !grads_fresh_[static_cast<size_t>(block)]) {
+      // Stages 0-1: backward adds to the step's sum so far, which comes back up.
+      const Tensor sum = grads_padded(block);
+      const TraceSpan span(TraceTrack::Communication, TraceKind::Communication,
+                           "offload gradients up, block", block, comm_stream_.get(),
+                           TraceArgs{static_cast<int64_t>(sum.nbytes()), -1, "host"});
+      backend_.copy_bytes(full.data, sum.data, sum.nbytes(), comm_stream_.get());
+      compute_waits_for_comm();
+    } else {
+      backend_.fill_zero(full, compute_);
+    }
     slot.owner = block;
   }
   return full.slice(0, {b.numel});
@@ -345,9 +373,13 @@ void ShardedModel::last_micro_batch() {
 }
 
 void ShardedModel::reduce_replicated(int block) {
+  reduce_full(block, grads_padded(block));
+  reduced_in_backward_[static_cast<size_t>(block)] = true;
+}
+
+void ShardedModel::reduce_full(int block, Tensor full) {
   const Block& b = blocks_[block];
   const Stream comm = comm_stream_.get();
-  Tensor full = grads_padded(block);
   if (!shard_optimizer_) {
     b.comm->all_reduce(full, ReduceOp::Sum, comm);
   } else {
@@ -355,11 +387,10 @@ void ShardedModel::reduce_replicated(int block) {
     b.comm->reduce_scatter(reduced, full, ReduceOp::Sum, comm);
     backend_.copy(full.slice(b.rank * b.shard, {b.shard}), reduced, comm);
   }
-  reduced_in_backward_[static_cast<size_t>(block)] = true;
 }
 
 void ShardedModel::release_grads(int block) {
-  if (!shard_grads_) {
+  if (!slot_grads_) {
     if (!reduce_in_backward_) return;
     // As at stages 2-3 below: the previous block's reduction goes now, this one's at the next
     // release (the embedding block, the last, at once).
@@ -384,6 +415,7 @@ void ShardedModel::release_grads(int block) {
   // backward: nothing comes to overlap with, so it goes at once.
   flush_reductions();
   released->pending = true;
+  released->reduce = reduce_in_backward_;
   if (block == ParamLayout::embedding_block()) flush_reductions();
 }
 
@@ -398,18 +430,28 @@ void ShardedModel::flush_reductions() {
     if (!slot.pending) continue;
     const int block = slot.owner;
     const Block& b = blocks_[block];
-    Tensor reduced = flat(reduced_, b.shard, dtype_);
     backend_.wait_event(comm, slot.filled.get());
-    b.comm->reduce_scatter(reduced, flat(slot.buffer, b.shard * b.world, dtype_), ReduceOp::Sum,
-                           comm);
-    backend_.record_event(slot.reduced.get(), comm);
-    backend_.accumulate(grads_padded(block), reduced, comm);
+    if (offload_params_) {
+      send_gradients_down(block, slot.buffer, slot.reduce);
+      backend_.record_event(slot.reduced.get(), comm);
+    } else {
+      Tensor reduced = flat(reduced_, b.shard, dtype_);
+      b.comm->reduce_scatter(reduced, flat(slot.buffer, b.shard * b.world, dtype_),
+                             ReduceOp::Sum, comm);
+      backend_.record_event(slot.reduced.get(), comm);
+      backend_.accumulate(grads_padded(block), reduced, comm);
+    }
     slot.pending = false;
     slot.owner = -1;
   }
 }
 
 void ShardedModel::begin_step() {
+  if (offload_params_) {
+    // The host's sums are read as zeros until a block's first gradients go down.
+    grads_fresh_.assign(blocks_.size(), true);
+    return;
+  }
   for (int block : held_) backend_.fill_zero(grads_padded(block), compute_);
 }
 
@@ -433,6 +475,7 @@ bool ShardedModel::flip_param_bit(int block, int64_t element) {
   copy_and_wait(bytes, Device{}, stored.data, stored.device, stored.nbytes());
   bytes[0] ^= 1;  // the lowest bit of the mantissa (little-endian)
   copy_and_wait(stored.data, stored.device, bytes, Device{}, stored.nbytes());
+  params_changed();  // a copy brought up before holds the old bit
   return true;
 }
 
@@ -465,10 +508,23 @@ void ShardedModel::finish_reduction() {
   if (!shard_grads_) {
     comm_waits_for_compute();
     for (int block : held_) {
-      if (!reduced_in_backward_[static_cast<size_t>(block)]) reduce_replicated(block);
+      if (reduced_in_backward_[static_cast<size_t>(block)]) continue;
+      if (offload_params_) {
+        reduce_offloaded(block);
+      } else {
+        reduce_replicated(block);
+      }
     }
     std::fill(reduced_in_backward_.begin(), reduced_in_backward_.end(), false);
     reduce_in_backward_ = false;
+  }
+  if (offload_params_) {
+    // The host reads the sums from here on; a block that had no gradient this step has zeros.
+    backend_.synchronize(comm_stream_.get());
+    for (int block : held_) {
+      if (grads_fresh_[static_cast<size_t>(block)]) zero_buffer(blocks_[block].grads);
+    }
+    grads_fresh_.assign(blocks_.size(), false);
   }
   compute_waits_for_comm();
 }
@@ -481,6 +537,11 @@ void ShardedModel::sum_tied_gradients() {
   const int block = ParamLayout::embedding_block();
   if (tied_ == nullptr || !holds(block)) return;
   const Stream comm = comm_stream_.get();
+  if (offload_params_) {
+    on_device_and_back(range_grads(block),
+                       [&](Tensor grads) { tied_->all_reduce(grads, ReduceOp::Sum, comm); });
+    return;
+  }
   comm_waits_for_compute();
   tied_->all_reduce(range_grads(block), ReduceOp::Sum, comm);
   compute_waits_for_comm();
@@ -505,10 +566,18 @@ void ShardedModel::sum_sequence_parallel_gradients() {
   comm_waits_for_compute();
   for (int block : held_) {
     const FlatRange range = optimizer_range(block);
-    Tensor grads = range_grads(block);
-    for_each_param_in(range, [&](int64_t offset, int64_t count, const ParamSpec& spec) {
-      if (spec.tp_partial_grad) tensor_->all_reduce(grads.slice(offset, {count}), ReduceOp::Sum, comm);
-    });
+    auto sum_partial_grads = [&](Tensor grads) {
+      for_each_param_in(range, [&](int64_t offset, int64_t count, const ParamSpec& spec) {
+        if (spec.tp_partial_grad) {
+          tensor_->all_reduce(grads.slice(offset, {count}), ReduceOp::Sum, comm);
+        }
+      });
+    };
+    if (offload_params_) {
+      on_device_and_back(range_grads(block), sum_partial_grads);
+    } else {
+      sum_partial_grads(range_grads(block));
+    }
   }
   compute_waits_for_comm();
 }
@@ -537,15 +606,24 @@ StepStats ShardedModel::agree_on_gradients(const AdamWConfig& adam, double loss_
   const Stream comm = comm_stream_.get();
   std::vector<GradientTensor> buffers;
   std::vector<size_t> block_end;  // the blocks' buffers end here, in held_ order
+  GradientStats checked;          // with parameter offload, block by block
   for (int block : held_) {
     const int64_t begin = shard_begin(block), count = shard_count(block);
     if (count == 0 || is_tied_copy(block)) continue;
     Tensor grads = shard_grads_ ? grads_padded(block).slice(0, {count})
                                 : grads_padded(block).slice(begin, {count});
+    const size_t first = buffers.size();
     append_gradient_check(FlatRange{block, begin, count}, grads, buffers);
     block_end.push_back(buffers.size());
+    if (offload_params_) {
+      const GradientStats part = offloaded_gradient_stats(
+          std::vector<GradientTensor>(buffers.begin() + static_cast<std::ptrdiff_t>(first),
+                                      buffers.end()));
+      checked.found_inf = checked.found_inf || part.found_inf;
+      checked.squares.insert(checked.squares.end(), part.squares.begin(), part.squares.end());
+    }
   }
-  const GradientStats checked = backend_.gradient_stats(buffers, compute_);
+  if (!offload_params_) checked = backend_.gradient_stats(buffers, compute_);
   float found_inf = checked.found_inf ? 1.0f : 0.0f;
   double squares = 0.0;  // block by block, each block's pieces first: a fixed order
   for (size_t block = 0, i = 0; block < block_end.size(); ++block) {
@@ -579,33 +657,52 @@ StepStats ShardedModel::finish_step(const AdamWConfig& adam, double lr, int64_t 
 
   // AdamW on this rank's range: on the device, or (offload) on the host.
   if (sharding_.offload) {
-    offload_step(adam, lr, adam_step, grad_scale);
-  } else {
-    // Every block's range in one multi-tensor update.
-    const TraceSpan span(TraceTrack::Compute, TraceKind::Optimizer, "adamw", -1, compute_);
-    std::vector<AdamWTensors> buffers;
-    for (int block : held_) {
-      Block& b = blocks_[block];
-      const FlatRange range = optimizer_range(block);
-      if (range.numel == 0) continue;
-      Tensor m = flat(b.exp_avg, range.numel), v = flat(b.exp_avg_sq, range.numel);
-      Tensor copy = b.master.empty() ? Tensor() : range_params(block);
-      append_adamw_buffers(layout_, tp_rank(), range, master(block), range_grads(block), m, v,
-                           copy, adam.weight_decay, buffers);
+    if (offload_params_) {
+      offloaded_params_host_step(adam, lr, adam_step, grad_scale);
+    } else {
+      offload_step(adam, lr, adam_step, grad_scale);
     }
-    backend_.adamw_multi(buffers, adamw_step(adam, lr, adam_step, grad_scale), compute_);
+  } else if (offload_params_) {
+    offloaded_params_device_step(adam, lr, adam_step, grad_scale);
+  } else {
+    device_step(adam, lr, adam_step, grad_scale);
   }
   // Stages 1 and 2 hold full parameters: gather the updated shards.
   if (shard_optimizer_ && !shard_params_) {
-    comm_waits_for_compute();
-    for (int block : held_) {
-      Tensor full = params_padded(block);
-      const Block& b = blocks_[block];
-      b.comm->all_gather(full, full.slice(b.rank * b.shard, {b.shard}), comm_stream_.get());
+    if (offload_params_) {
+      gather_updated_params_offloaded();
+    } else {
+      gather_updated_params();
     }
   }
   params_changed();
   return stats;
+}
+
+void ShardedModel::device_step(const AdamWConfig& adam, double lr, int64_t adam_step,
+                               float grad_scale) {
+  // Every block's range in one multi-tensor update.
+  const TraceSpan span(TraceTrack::Compute, TraceKind::Optimizer, "adamw", -1, compute_);
+  std::vector<AdamWTensors> buffers;
+  for (int block : held_) {
+    Block& b = blocks_[block];
+    const FlatRange range = optimizer_range(block);
+    if (range.numel == 0) continue;
+    Tensor m = flat(b.exp_avg, range.numel), v = flat(b.exp_avg_sq, range.numel);
+    Tensor copy = b.master.empty() ? Tensor() : range_params(block);
+    append_adamw_buffers(layout_, tp_rank(), range, master(block), range_grads(block), m, v, copy,
+                         adam.weight_decay, buffers);
+  }
+  backend_.adamw_multi(buffers, adamw_step(adam, lr, adam_step, grad_scale), compute_);
+}
+
+void ShardedModel::gather_updated_params() {
+  comm_waits_for_compute();
+  for (int block : held_) {
+    Tensor full = params_padded(block);
+    const Block& b = blocks_[block];
+    b.comm->all_gather(full, full.slice(b.rank * b.shard, {b.shard}), comm_stream_.get());
+  }
 }
 
 void ShardedModel::params_changed() {

@@ -12,6 +12,19 @@
 // master weights and Adam moments of the shard live in host memory and the optimizer step
 // runs on the host; gradients go down, updated weights come back.
 //
+// Parameter offload (offload_params): the working parameters and gradients of every block,
+// as the stage shards them, live in host memory; the device holds only the blocks in flight.
+// A block comes up as stage 3 gathers it (into one of two full-block buffers, the next one's
+// copy in flight while the current one computes; at stage 3 this rank's shard comes up and is
+// gathered there), and backward adds into a full-block gradient buffer as at stage 2, whose
+// sum goes back down once the block's backward is done: at stages 0-1 the block's sum so far
+// (brought up again for the next micro-batch; reduced first in the last one), at stages 2-3
+// the reduced shard added to the host's sum on the device. Collectives and updates on host
+// state (the tied copy's sum, sequence-parallel sums, the gradient check, a device optimizer
+// step, the gathers of stages 1-2) bring a block's range to the device, run there and send the
+// result back. Every operation on the numbers is the one the run without it does, on the same
+// operands: the bits are the same; only where bytes live and when they move changes.
+//
 // Device-agnostic: the buffers of the device allocator are touched only through the backend
 // (fill_zero, copy, copy_bytes), those of the host allocator by the CPU, so the same code runs
 // on the CPU backend (where both allocators hand out host memory) and on a GPU. Every method
@@ -43,6 +56,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -78,6 +92,9 @@ struct ShardingConfig {
   // (ParamLayout(config, tp, ep, ep_rank)), their blocks sharded and reduced over
   // StateGroups::expert_data.
   int ep = 1, ep_rank = 0;
+  // The working parameters and gradients in host memory, brought to the device block by block
+  // (see the top of the file).
+  bool offload_params = false;
 };
 
 // The communicators of a rank's model state.
@@ -254,6 +271,15 @@ class ShardedModel : public ParamProvider {
   int world_, rank_;
   DType dtype_;
   bool shard_optimizer_, shard_grads_, shard_params_;
+  bool offload_params_;
+  // The working parameters come through the gathered-block buffers (stage 3 or parameter
+  // offload); the gradients through the full-block gradient buffers (stages 2-3 or parameter
+  // offload).
+  bool gathers_params_, slot_grads_;
+  // Parameter offload: which held blocks have no gradient yet this step (their host sum is
+  // stale, read as zeros); stages 2-3, the device buffer where a shard is summed.
+  std::vector<bool> grads_fresh_;
+  Buffer shard_sum_;
   std::vector<Block> blocks_;
   // Stage 3: a buffer for a gathered block. `block` is the block it holds (-1: none, or
   // stale); `gathered` is recorded on the communication stream after its gather, `released` on
@@ -271,6 +297,7 @@ class ShardedModel : public ParamProvider {
     Buffer buffer;
     int owner = -1;     // the block accumulating into it
     bool pending = false;  // released, its reduce-scatter not issued yet
+    bool reduce = false;   // parameter offload at stages 0-1: reduced before it goes down
     OwnedEvent filled, reduced;
   };
   // Stage 3: gathers `block` into slot s on the communication stream.
@@ -286,6 +313,38 @@ class ShardedModel : public ParamProvider {
   void params_changed();
   // finish_step's AdamW with offload: on the host, the transfers pipelined.
   void offload_step(const AdamWConfig& adam, double lr, int64_t adam_step, float grad_scale);
+  // finish_step's AdamW on the device (every block's range in one update).
+  void device_step(const AdamWConfig& adam, double lr, int64_t adam_step, float grad_scale);
+  // Stages 1-2: every rank's updated range of the full parameters, gathered.
+  void gather_updated_params();
+
+  // ---- Parameter offload (sharded_offload.cpp) ----
+  // Block `block`'s working parameters (host) into gathered buffer `slot` on the communication
+  // stream: the padded block, or at stage 3 this rank's shard, then gathered.
+  void bring_params(int block, Tensor slot);
+  // A released gradient buffer's sum to the host (on the communication stream): reduced first
+  // at stages 2-3 (into the host's shard sum) and at stages 0-1 when `reduce`.
+  void send_gradients_down(int block, const Buffer& buffer, bool reduce);
+  // Stages 0-1: block's host gradient sum up, reduced, and down again (finish_reduction, for
+  // the blocks last_micro_batch() did not have reduced in backward).
+  void reduce_offloaded(int block);
+  // `host` (host memory, at most a full block) copied into a device buffer, fn(device copy)
+  // queued on the communication stream, and the result copied back. Waits for it.
+  void on_device_and_back(Tensor host, const std::function<void(Tensor)>& fn);
+  // AdamW on the device with the working parameters and gradients on the host: block by block,
+  // each range brought up, updated and sent back.
+  void offloaded_params_device_step(const AdamWConfig& adam, double lr, int64_t adam_step,
+                                    float grad_scale);
+  // AdamW on the host with everything on the host: no transfers.
+  void offloaded_params_host_step(const AdamWConfig& adam, double lr, int64_t adam_step,
+                                  float grad_scale);
+  // Stages 1-2: the gather of the updated full parameters, through the device.
+  void gather_updated_params_offloaded();
+  // A device buffer of at least `bytes` that is free outside backward (a full-block gradient
+  // buffer).
+  const Buffer& device_staging(size_t bytes) const;
+  // The gradient check of one block's buffers, brought to the device first.
+  GradientStats offloaded_gradient_stats(const std::vector<GradientTensor>& buffers);
   // The compute stream waits for everything queued on the communication stream so far.
   void compute_waits_for_comm();
   // The communication stream waits for everything queued on the compute stream so far.
@@ -311,6 +370,8 @@ class ShardedModel : public ParamProvider {
   // Stages 0-1: the reduction of one block's full gradients (all-reduce, or reduce-scatter
   // into this rank's slice), on the communication stream.
   void reduce_replicated(int block);
+  // The same on `full`, the block's gradients wherever they are (on the device).
+  void reduce_full(int block, Tensor full);
   // The shard a reduce-scatter delivers (stages >= 1).
   Buffer reduced_;
   // Offload: host staging for a range's gradients (down) and updated weights (up), two of

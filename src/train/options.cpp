@@ -139,6 +139,30 @@ void for_each_run_setting(TrainOptions& o, Fn&& fn) {
 
 // The settings of the plan: how the run's steps are laid out on the machine. A resume on the
 // same machine takes them from the checkpoint; on another one the planner chooses anew.
+// --offload as a run remembers it: the flag's word (none, optimizer, params, all); a checkpoint
+// of an earlier version has a bool (true: the optimizer).
+struct OffloadSetting {
+  bool optimizer = false, params = false;
+  bool operator==(const OffloadSetting&) const = default;
+};
+
+void to_json(nlohmann::json& json, const OffloadSetting& setting) {
+  Plan plan;
+  plan.offload = setting.optimizer;
+  plan.offload_params = setting.params;
+  json = offload_name(plan);
+}
+
+void from_json(const nlohmann::json& json, OffloadSetting& setting) {
+  if (json.is_boolean()) {
+    setting = OffloadSetting{json.get<bool>(), false};
+    return;
+  }
+  Plan plan;
+  set_offload(plan, json.get<std::string>());
+  setting = OffloadSetting{plan.offload, plan.offload_params};
+}
+
 template <class Fn>
 void for_each_plan_setting(TrainOptions& o, Fn&& fn) {
   fn("gpus", o.gpus);
@@ -151,7 +175,10 @@ void for_each_plan_setting(TrainOptions& o, Fn&& fn) {
   fn("batch", o.batch);
   fn("grad-accum", o.grad_accum);
   fn("zero", o.zero);
-  fn("offload", o.offload);
+  OffloadSetting offload{o.offload, o.offload_params};
+  fn("offload", offload);
+  o.offload = offload.optimizer;
+  o.offload_params = offload.params;
   fn("recompute", o.recompute);
 }
 

@@ -35,7 +35,10 @@ PlanRequest request_from_flags(const TrainOptions& options, const ModelConfig& c
   }
   if (given_flag(options, "precision")) request.precision = parse_dtype(options.precision);
   if (given_flag(options, "zero")) request.zero = options.zero;
-  if (given_flag(options, "offload")) request.offload = options.offload;
+  if (given_flag(options, "offload")) {
+    request.offload = options.offload;
+    request.offload_params = options.offload_params;
+  }
   if (given_flag(options, "recompute")) request.recompute = parse_recompute(options.recompute);
   if (given_flag(options, "batch") || given_flag(options, "micro-batch")) request.micro_batch = options.batch;
   if (given_flag(options, "dp") && options.dp > 0) request.dp = options.dp;
@@ -151,6 +154,31 @@ Plan plan_for_cpu_ranks(TrainOptions& options, const ModelConfig& config, std::o
   return plan_from_options(options, config);
 }
 
+// Offloaded state lives in pinned (page-locked) host memory. Where this process's locked-memory
+// limit (ulimit -l) is below this node's share, say so before anything is allocated: some
+// drivers and container runtimes count CUDA's pinned allocations against it, others do not (so
+// this is a notice, not a refusal; if the allocation does fail, its error names the limit).
+void say_locked_memory_limit(const ModelConfig& config, const Plan& plan, int gpus_per_node,
+                             std::ostream& out) {
+  if (!plan.offload && !plan.offload_params) return;
+  const std::optional<uint64_t> limit = locked_memory_limit();
+  if (!limit) return;
+  const MemoryModel model(config);
+  std::vector<double> per_stage;
+  for (int s = 0; s < plan.pp; ++s) {
+    per_stage.push_back(static_cast<double>(model.predict_stage(plan, s).host_total()));
+  }
+  const auto needed =
+      static_cast<uint64_t>(fullest_node_total(plan, std::max(1, gpus_per_node), per_stage));
+  if (needed <= *limit) return;
+  out << "note: the plan keeps " << format_bytes(needed)
+      << " of offloaded state in pinned host memory on this node, above this process's "
+         "locked-memory limit of "
+      << format_bytes(*limit)
+      << " (ulimit -l); if pinning fails, raise it (ulimit -l unlimited; in a container, docker "
+         "run --ulimit memlock=-1, as NVIDIA's containers recommend)\n";
+}
+
 // The GPUs found here run the plan: this build and this machine must be able to.
 void check_runs_here(const Plan& plan, const MachineSource& source, int nnodes) {
   DSTRAIN_USER_CHECK(!source.names_a_machine())
@@ -222,6 +250,7 @@ Plan plan_from_options(const TrainOptions& options, const ModelConfig& config) {
       << "the ranks of a node (--gpus " << gpus / nnodes << ")";
   plan.zero = options.zero;
   plan.offload = options.offload;
+  plan.offload_params = options.offload_params;
   plan.recompute = parse_recompute(options.recompute);
   plan.micro_batch = options.batch;
   plan.grad_accum = options.grad_accum;
@@ -247,6 +276,7 @@ void remember_plan(const Plan& plan, TrainOptions& options) {
   options.pp = plan.pp;
   options.zero = plan.zero;
   options.offload = plan.offload;
+  options.offload_params = plan.offload_params;
   options.recompute = recompute_name(plan.recompute);
   options.batch = plan.micro_batch;
   options.grad_accum = plan.grad_accum;
@@ -300,6 +330,7 @@ static Plan choose_run_plan(TrainOptions& options, const ModelConfig& config,
     MachineSource source{options.topology_file, options.nvidia_smi_file, options.gpu_model,
                          options.host_memory, options.gpu_memory};
     check_runs_here(plan, source, options.rendezvous.nnodes);
+    say_locked_memory_limit(config, plan, options.gpus / options.rendezvous.nnodes, out);
     options.device = "cuda";
   }
   return plan;

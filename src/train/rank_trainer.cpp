@@ -129,7 +129,8 @@ RankTrainer::RankTrainer(const RunContext& ctx, Communicator& world)
   ShardingConfig sharding{plan_.zero, plan_.offload, plan_.param_dtype, threads_,
                           pipeline_stage_blocks(arch_->layout(), range_),
                           plan_.pp > 1 && last_stage() && full_layout_.tied_embedding(), plan_.tp,
-                          plan_.uses_sequence_parallel(), plan_.ep, groups_.expert_index};
+                          plan_.uses_sequence_parallel(), plan_.ep, groups_.expert_index,
+                          plan_.offload_params};
   // The model and the optimizer run on the rank's compute stream; ShardedModel's collectives
   // and offload copies, and the pipeline's transfers, on streams of their own.
   const Stream compute = devices_.compute.get();

@@ -284,7 +284,7 @@ TEST_F(CliTest, ConfigFilesAndRunConfigRepeatARun) {
   EXPECT_EQ(saved["batch"], 4);
   EXPECT_EQ(saved["steps"], 3);
   EXPECT_EQ(saved["gpus"], 2);
-  EXPECT_EQ(saved["offload"], true);
+  EXPECT_EQ(saved["offload"], "optimizer");  // --offload's word for `offload = true`
   EXPECT_EQ(saved["lr"], 0.01);
 
   Result again = run_dstrain("--config run/run_config.json --out run2 --log log2.jsonl", dir_);
@@ -294,8 +294,12 @@ TEST_F(CliTest, ConfigFilesAndRunConfigRepeatARun) {
 
   write("bad_key.json", R"({"batch": 4, "bacth": 8})");
   expect_user_error("--config bad_key.json", "\"bacth\" is not a dstrain flag");
-  write("bad_switch.json", R"({"offload": "yes"})");
+  write("bad_switch.json", R"({"shuffle": "yes"})");
   expect_user_error("--config bad_switch.json", "switch");
+  write("bad_offload.json", R"({"offload": "sometimes"})");
+  expect_user_error("--config bad_offload.json",
+                    "--offload takes optimizer, params, all or none (on and off: optimizer and "
+                    "none), not 'sometimes'");
   write("bad.json", "{\"batch\": ");
   expect_user_error("--config bad.json", "not valid JSON");
   write("bad.cfg", "batch = many\n");
@@ -353,6 +357,43 @@ TEST_F(CliTest, DeepSpeedConfigTrainsWithItsSettings) {
   expect_user_error("--deepspeed-config missing.json", "missing.json");
   write("nvme.json", R"({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}})");
   expect_user_error("--deepspeed-config nvme.json", "offload_optimizer.device");
+}
+
+// The two DeepSpeed configs our users start from run verbatim (issue 31): ZeRO-3 fp16 with the
+// optimizer and the parameters on the CPU, and the same without offload_param ("loss_scale": 0,
+// dynamic). Offloading the parameters changes where bytes live, not one bit of the losses.
+TEST_F(CliTest, DeepSpeedZero3OffloadConfigsRunVerbatim) {
+  write("ds_all.json", R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4,
+      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": true},
+      "offload_param": {"device": "cpu"}}, "fp16": {"enabled": true}, "steps_per_print": 10,
+      "wall_clock_breakdown": false})");
+  write("ds_optimizer.json", R"({"train_micro_batch_size_per_gpu": 4,
+      "gradient_accumulation_steps": 4, "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "cpu", "pin_memory": true}},
+      "fp16": {"enabled": true, "loss_scale": 0}, "steps_per_print": 10,
+      "wall_clock_breakdown": false})");
+  std::vector<std::vector<double>> losses;
+  for (const std::string name : {"all", "optimizer"}) {
+    Result run = run_dstrain("--deepspeed-config ds_" + name + ".json --gpus 2 --seq-len 16 "
+                             "--steps 3 --eval-every 0 --sample 0 --device cpu --log " + name +
+                             ".jsonl", dir_);
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    EXPECT_NE(run.out.find("-> --offload " + name), std::string::npos) << run.out;
+    std::ifstream log(file(name + ".jsonl"));
+    nlohmann::json config;
+    losses.emplace_back();
+    for (std::string line; std::getline(log, line);) {
+      const nlohmann::json record = nlohmann::json::parse(line);
+      if (record.value("type", "") == "config") config = record;
+      if (record.contains("loss")) losses.back().push_back(record["loss"]);
+    }
+    EXPECT_EQ(config["plan"]["zero"], 3) << config.dump();
+    EXPECT_EQ(config["plan"]["precision"], "fp16");
+    EXPECT_EQ(config["plan"]["offload"], true);
+    EXPECT_EQ(config["plan"]["offload_params"], name == "all");
+  }
+  EXPECT_EQ(losses[0].size(), 3u);
+  EXPECT_EQ(losses[0], losses[1]);
 }
 
 TEST_F(CliTest, SyntheticRunLogsEntropyFloor) {

@@ -67,7 +67,7 @@ TEST_F(DeepSpeedConfigTest, MapsATypicalZero3OffloadFp16Config) {
                          {"grad-clip", 1.0},
                          {"print-every", 10},
                          {"zero", 3},
-                         {"offload", true},
+                         {"offload", "optimizer"},
                          {"precision", "fp16"},
                          {"loss-scale-init", 4096.0},
                          {"loss-scale-window", 500},
@@ -98,13 +98,52 @@ TEST_F(DeepSpeedConfigTest, MapsATypicalZero3OffloadFp16Config) {
   EXPECT_FALSE(mapping.train_batch_size.has_value());
 }
 
+// The two configs most of our users start from (issue 31), verbatim: ZeRO-3 with the optimizer
+// and the parameters on the CPU, fp16; and the same without offload_param, with a dynamic loss
+// scale said as "loss_scale": 0.
+TEST_F(DeepSpeedConfigTest, MapsParameterOffloadToTheCpu) {
+  const json all = json::parse(R"({"train_micro_batch_size_per_gpu": 4,
+      "gradient_accumulation_steps": 4, "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "cpu", "pin_memory": true},
+      "offload_param": {"device": "cpu"}}, "fp16": {"enabled": true}, "steps_per_print": 10,
+      "wall_clock_breakdown": false})");
+  DeepSpeedMapping mapping = map(all);
+  EXPECT_EQ(mapping.flags["offload"], "all") << mapping.flags.dump(1);
+  EXPECT_EQ(mapping.flags["zero"], 3);
+  EXPECT_EQ(mapping.flags["precision"], "fp16");
+  EXPECT_EQ(mapping.flags["batch"], 4);
+  EXPECT_EQ(mapping.flags["grad-accum"], 4);
+  std::string lines;
+  for (const std::string& line : mapping.lines) lines += line + "\n";
+  EXPECT_NE(lines.find("zero_optimization.offload_optimizer.device + "
+                       "zero_optimization.offload_param.device -> --offload all"),
+            std::string::npos)
+      << lines;
+  EXPECT_NE(lines.find("offload_optimizer.pin_memory true -> pinned"), std::string::npos) << lines;
+  json optimizer_only = all;
+  optimizer_only["zero_optimization"].erase("offload_param");
+  optimizer_only["fp16"]["loss_scale"] = 0;
+  mapping = map(optimizer_only);
+  EXPECT_EQ(mapping.flags["offload"], "optimizer");
+  json params_only = all;
+  params_only["zero_optimization"]["offload_optimizer"]["device"] = "none";
+  params_only["zero_optimization"]["offload_param"]["pin_memory"] = false;
+  params_only["zero_optimization"]["offload_param"]["buffer_count"] = 5;
+  mapping = map(params_only);
+  EXPECT_EQ(mapping.flags["offload"], "params");
+  lines.clear();
+  for (const std::string& line : mapping.lines) lines += line + "\n";
+  EXPECT_NE(lines.find("offload_param.pin_memory: no effect"), std::string::npos) << lines;
+  EXPECT_NE(lines.find("offload_param.buffer_count: no effect"), std::string::npos) << lines;
+}
+
 TEST_F(DeepSpeedConfigTest, RefusesWhatDstrainCannotDoNamingTheKey) {
   json c = kZero3Offload;
   c["zero_optimization"]["offload_optimizer"]["device"] = "nvme";
   expect_refused(c, "zero_optimization.offload_optimizer.device");
   c = kZero3Offload;
-  c["zero_optimization"]["offload_param"]["device"] = "cpu";
-  expect_refused(c, "zero_optimization.offload_param");
+  c["zero_optimization"]["offload_param"]["device"] = "nvme";
+  expect_refused(c, "zero_optimization.offload_param.device");
   c = kZero3Offload;
   c["fp16"]["loss_scale"] = 128;
   expect_refused(c, "static loss scale");

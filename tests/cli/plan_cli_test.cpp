@@ -74,7 +74,8 @@ TEST(PlanCli, MistakesAreOneSentenceAndExitTwo) {
                     "does not fit");
   expect_user_error(rtx4090_x8({"--model", "6b", "--tp", "2"}), "not NVLink");
   expect_user_error(rtx4090_x8({"--model", "6b", "--recompute", "some"}), "none, selective or full");
-  expect_user_error(rtx4090_x8({"--model", "6b", "--offload", "maybe"}), "--offload takes on or off");
+  expect_user_error(rtx4090_x8({"--model", "6b", "--offload", "maybe"}),
+                    "--offload takes optimizer, params, all or none");
   expect_user_error(rtx4090_x8({}), "needs --model");
   expect_user_error(rtx4090_x8({"--model", "6b", "--bogus"}), "unknown flag --bogus");
   expect_user_error({"plan", "--from-nvidia-smi", fixture("rtx4090-8gpu-pcie.txt"), "--model", "6b"},
@@ -105,8 +106,15 @@ TEST(PlanCli, GpuMemoryPlansAsIfTheGpuHadOnlyThat) {
   EXPECT_EQ(j["gpu_memory_bytes"].get<uint64_t>(), uint64_t{24} << 30);
   EXPECT_LT(j["micro_batch"].get<int>(), 16);
   EXPECT_LE(j["memory_bytes_per_gpu"].get<uint64_t>(), j["usable_memory_bytes_per_gpu"]);
-  expect_user_error(h200("qwen2.5-7b", {"--gpu-memory", "24G"}),
-                    "these GPUs have 24.00 GiB (20.60 GiB usable)");
+  // A 7B in 24 GiB: only with its parameters on the host (issue 31), and the plan says why;
+  // resident it does not fit, in one sentence.
+  const CliResult offloaded = run(h200("qwen2.5-7b", {"--plan-json", "--gpu-memory", "24G"}));
+  ASSERT_EQ(offloaded.exit_code, 0) << offloaded.err;
+  const nlohmann::json o = nlohmann::json::parse(offloaded.out);
+  EXPECT_EQ(o["offload_params"], true);
+  EXPECT_NE(o["offload_choice"].get<std::string>().find("does not fit"), std::string::npos);
+  expect_user_error(h200("qwen2.5-7b", {"--gpu-memory", "24G", "--offload", "optimizer"}),
+                    "the plan fixed by --offload optimizer does not fit");
   expect_user_error(h200("llama3.2-1b", {"--gpu-memory", "0"}),
                     "--gpu-memory 0: give a size above 0");
   expect_user_error(h200("llama3.2-1b", {"--gpu-memory", "lots"}), "lots");

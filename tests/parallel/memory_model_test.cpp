@@ -83,7 +83,8 @@ int expect_allocations_match(const ModelConfig& config, const Plan& plan) {
                             plan.tp,
                             plan.uses_sequence_parallel(),
                             plan.ep,
-                            groups.expert_index};
+                            groups.expert_index,
+                            plan.offload_params};
     ShardedModel state(
         config, sharding,
         StateGroups{groups.data, groups.all, groups.tied, groups.tensor, groups.expert_data},
@@ -153,11 +154,11 @@ TEST(MemoryModel, ShardedPlansMatchAllocatorEveryRankEveryStage) {
   for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
     for (int ranks : {2, 3, 4}) {
       for (int zero = 0; zero <= 3; ++zero) {
-        for (bool offload : {false, true}) {
+        for (const char* offload : {"none", "optimizer", "params", "all"}) {
           Plan plan = one_rank_plan(2, 9);
           plan.dp = ranks;
           plan.zero = zero;
-          plan.offload = offload;
+          set_offload(plan, offload);
           plan.param_dtype = dtype;
           plan.recompute = zero == 1 ? Recompute::Full : Recompute::None;
           SCOPED_TRACE(describe(plan));
@@ -181,6 +182,7 @@ TEST(MemoryModel, PipelinePlansMatchAllocatorEveryRankEveryStage) {
         plan.pp_schedule = schedule;
         plan.zero = pp == 2 ? 3 : pp == 3 ? 1 : 2;
         plan.offload = dp == 2;
+        plan.offload_params = schedule == PipelineScheduleKind::GPipe && pp != 3;
         plan.param_dtype = pp == 3 ? DType::BF16 : DType::F32;
         plan.recompute = pp == 4 ? Recompute::Selective : Recompute::None;
         SCOPED_TRACE(describe(plan));
@@ -232,6 +234,7 @@ struct PlanCase {
   DType dtype;
   int ep = 1;
   double capacity = 0;  // an expert capacity factor (it bounds the experts' buffers)
+  bool offload_params = false;
 };
 
 // Every case of every config (micro-batch 2 x 3 accumulation, seq 6): predicted = allocated on
@@ -247,6 +250,7 @@ void expect_cases_match(const std::vector<ModelConfig>& configs, const std::vect
       plan.pp = c.pp;
       plan.zero = c.zero;
       plan.offload = c.offload;
+      plan.offload_params = c.offload_params;
       plan.recompute = c.recompute;
       plan.param_dtype = c.dtype;
       plan.grad_accum = 3;
@@ -324,6 +328,13 @@ TEST(MemoryModel, MixtureOfExpertsPlansMatchAllocatorEveryRank) {
                                           {4, 1, 1, 3, false, Recompute::None, DType::F32, 4, 1.25},
                                           {1, 1, 1, 0, false, Recompute::Selective, DType::F32, 1,
                                            0.5},
+                                          // parameter offload: the experts' blocks come up too
+                                          {2, 1, 1, 3, true, Recompute::None, DType::BF16, 2, 0,
+                                           true},
+                                          {2, 1, 2, 1, false, Recompute::Full, DType::F32, 2, 0,
+                                           true},
+                                          {2, 2, 1, 0, false, Recompute::None, DType::BF16, 1, 0,
+                                           true},
                                       });
 }
 
@@ -458,6 +469,50 @@ TEST(MemoryModel, OffloadMovesMasterAndMomentsToTheHost) {
                m.device[static_cast<size_t>(MemCategory::Gradients)]) / psi,
               2 + 2.0 / 8, 1e-3);
   EXPECT_EQ(MemoryModel(config).host_bytes_all_ranks(plan), 8 * m.host_total());
+}
+
+// Parameter offload with the optimizer's (DeepSpeed's ZeRO-Infinity with offload_param and
+// offload_optimizer on the CPU): the device keeps no model state, only the blocks in flight --
+// two gathered blocks and three full-block gradient buffers (the embedding's and two others),
+// sized by the largest blocks, plus the shard buffers of the reduction.
+TEST(MemoryModel, ParameterOffloadLeavesTheBlocksInFlightOnTheDevice) {
+  const ModelConfig config = load_model_config("qwen2.5-7b");
+  const MemoryModel model(config);
+  const double psi = static_cast<double>(ParamLayout(config).total_numel());
+  Plan plan = one_rank_plan(1, 1024);
+  plan.dp = 4;
+  plan.zero = 3;
+  plan.param_dtype = DType::BF16;
+  set_offload(plan, "all");
+  const MemoryPrediction m = predict_memory(config, plan);
+  for (MemCategory c : {MemCategory::Parameters, MemCategory::Gradients, MemCategory::MasterWeights,
+                        MemCategory::OptimizerState}) {
+    EXPECT_EQ(m.device[static_cast<size_t>(c)], 0u) << mem_category_name(c);
+  }
+  // Host, per rank: 2 bytes of params + 2 of grads + 4 master + 8 Adam, over 4 ranks.
+  EXPECT_NEAR((m.host[static_cast<size_t>(MemCategory::Parameters)] +
+               m.host[static_cast<size_t>(MemCategory::Gradients)] +
+               m.host[static_cast<size_t>(MemCategory::OptimizerStateHost)]) / psi,
+              16.0 / 4, 1e-3);
+  // Device: 2 gathered blocks of the largest block (the untied head or the embedding: vocab x
+  // hidden, padded to 4 shards), the embedding's gradient buffer, two of the largest other
+  // block, and two shards of the largest block (the reduce-scatter's and the sum's).
+  const std::vector<int64_t> numels = model.stage_block_numels(plan, 0);
+  const int64_t largest = *std::max_element(numels.begin(), numels.end());
+  const int64_t embedding = numels[static_cast<size_t>(ParamLayout::embedding_block())];
+  int64_t other = 0;
+  for (size_t b = 0; b < numels.size(); ++b) {
+    if (static_cast<int>(b) != ParamLayout::embedding_block()) other = std::max(other, numels[b]);
+  }
+  auto padded = [](int64_t n) { return shard_numel(n, 4) * 4; };
+  EXPECT_EQ(m.device[static_cast<size_t>(MemCategory::GatheredParams)], 2 * 2 * padded(largest));
+  EXPECT_EQ(m.device[static_cast<size_t>(MemCategory::CommBuffers)],
+            2 * (padded(embedding) + 2 * padded(other) + 2 * shard_numel(largest, 4)));
+  // Without offload the same plan keeps a quarter of 16 bytes per parameter on the device.
+  Plan resident = plan;
+  set_offload(resident, "none");
+  EXPECT_GT(predict_memory(config, resident).device_total(),
+            m.device_total() + static_cast<uint64_t>(3.9 * psi));
 }
 
 TEST(MemoryModel, TensorParallelSplitOfBlocks) {

@@ -43,12 +43,18 @@ struct RunResult {
   std::map<std::string, std::vector<float>> weights;
 };
 
-RunResult run(int ranks, int zero, bool offload, bool recompute) {
+// precision: "fp32" or not (then the run's name says it, as it says parameter offload).
+RunResult run(int ranks, int zero, bool offload, bool recompute, bool offload_params = false,
+              const std::string& precision = "fp32") {
+  const bool fp32 = precision == "fp32";
   const std::string name = "r" + std::to_string(ranks) + "_z" + std::to_string(zero) +
-                           (offload ? "_offload" : "") + (recompute ? "_recompute" : "");
+                           (offload ? "_offload" : "") + (offload_params ? "_params" : "") +
+                           (recompute ? "_recompute" : "") + (fp32 ? "" : "_" + precision);
   TrainOptions options = test::small_run_options(kDir, name, ranks);
   options.zero = zero;
   options.offload = offload;
+  options.offload_params = offload_params;
+  options.precision = precision;
   options.recompute = recompute ? "full" : "none";
   options.threads = ranks;  // one thread per rank
   std::ostringstream out;
@@ -63,6 +69,14 @@ RunResult run(int ranks, int zero, bool offload, bool recompute) {
   }
   result.weights = test::final_weights(options);
   return result;
+}
+
+// 2 ranks at ZeRO `zero`, fp32, no offload or recompute: run once for every test that wants it.
+const RunResult& run_once(int ranks, int zero) {
+  static std::map<std::pair<int, int>, RunResult> runs;
+  auto it = runs.find({ranks, zero});
+  if (it == runs.end()) it = runs.emplace(std::make_pair(ranks, zero), run(ranks, zero, false, false)).first;
+  return it->second;
 }
 
 const RunResult& reference() {
@@ -113,13 +127,42 @@ TEST_P(Equivalence, SameLossesAndWeightsAsOneRank) {
 // activations: neither may change a bit.
 TEST(EquivalenceBitwise, OffloadAndRecomputeChangeNoBit) {
   for (int zero : {0, 3}) {
-    const RunResult plain = run(2, zero, false, false);
+    const RunResult& plain = run_once(2, zero);
     const RunResult offload = run(2, zero, true, false);
     const RunResult recompute = run(2, zero, false, true);
     EXPECT_EQ(offload.losses, plain.losses) << "ZeRO-" << zero;
     EXPECT_EQ(recompute.losses, plain.losses) << "ZeRO-" << zero;
     EXPECT_EQ(offload.weights, plain.weights) << "ZeRO-" << zero;
     EXPECT_EQ(recompute.weights, plain.weights) << "ZeRO-" << zero;
+  }
+}
+
+// Parameter offload keeps the working parameters and gradients in host memory and brings each
+// block to the "device" when it is needed (on CPU ranks the two memories are one, but the
+// buffers, the copies and the order of every operation are the GPU's): it may not change a
+// bit, with the optimizer on the device or offloaded too, at every ZeRO stage (the gradients'
+// host sums at stages 0-1, the reduced shards at 2-3), with accumulation over micro-batches,
+// in fp32 and in bf16 (the 16-bit sums and the master copy), with recompute.
+TEST(EquivalenceBitwise, ParameterOffloadChangesNoBit) {
+  for (const std::string precision : {"fp32", "bf16"}) {
+    for (int zero : {0, 1, 2, 3}) {
+      if (precision == "bf16" && (zero == 1 || zero == 2)) continue;
+      // (The other tests' fp32 run of this plan, or this one's own.)
+      const RunResult plain = precision == "fp32" && (zero == 0 || zero == 3)
+                                  ? run_once(2, zero)
+                                  : run(2, zero, false, false, false, precision);
+      const RunResult params = run(2, zero, false, zero == 3, true, precision);
+      const RunResult all = run(2, zero, true, false, true, precision);
+      ASSERT_EQ(plain.losses.size(), size_t(kSteps));
+      const std::string what = precision + " ZeRO-" + std::to_string(zero);
+      EXPECT_EQ(params.losses, plain.losses) << what << ", params offloaded";
+      EXPECT_EQ(params.weights, plain.weights) << what << ", params offloaded";
+      EXPECT_EQ(all.losses, plain.losses) << what << ", params and optimizer offloaded";
+      EXPECT_EQ(all.weights, plain.weights) << what << ", params and optimizer offloaded";
+      // Nothing of the model's state stays in the device categories but the blocks in flight.
+      EXPECT_GT(all.memory["gathered_params"].get<size_t>(), 0u) << what;
+      EXPECT_EQ(all.memory["optimizer_state"].get<size_t>(), 0u) << what;
+    }
   }
 }
 

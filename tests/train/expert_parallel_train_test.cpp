@@ -43,11 +43,13 @@ struct EpSplit {
   bool offload = false;
   std::string recompute = "none";
   std::string model = "qwen2_moe";  // or "mixtral", or "qwen2_moe_aux" (the load-balancing loss)
+  bool offload_params = false;
 
   int world() const { return dp * pp * tp; }
   std::string name() const {
     return model + "_dp" + std::to_string(dp) + "_ep" + std::to_string(ep) + "_pp" +
-           std::to_string(pp) + "_zero" + std::to_string(zero) + (offload ? "_offload" : "") + "_" +
+           std::to_string(pp) + "_zero" + std::to_string(zero) + (offload ? "_offload" : "") +
+           (offload_params ? "_params" : "") + "_" +
            recompute + (tp > 1 ? "_tp" + std::to_string(tp) : "");
   }
 };
@@ -92,6 +94,7 @@ TrainOptions split_options(const fs::path& dir, const EpSplit& s) {
   options.grad_accum = test::kSmallRunMicroBatches / s.dp;
   options.zero = s.zero;
   options.offload = s.offload;
+  options.offload_params = s.offload_params;
   options.recompute = s.recompute;
   options.threads = s.world();
   options.check_replicas = 5;  // the ranks holding the same experts (and the dp replicas) agree
@@ -157,6 +160,22 @@ INSTANTIATE_TEST_SUITE_P(Plans, ExpertParallelEquivalence,
                          [](const ::testing::TestParamInfo<EpSplit>& info) {
                            return info.param.name();
                          });
+
+// Parameter offload brings the experts' blocks (sharded over the ranks holding the same experts)
+// up like any other block: the same bits as without it.
+TEST(ExpertParallelOffload, ParameterOffloadChangesNoBit) {
+  const testing::TempDir dir;
+  for (EpSplit base : {split("qwen2_moe_aux", 4, 2, 1, 3, false, "none"),
+                       split("mixtral", 2, 2, 2, 1, false, "full")}) {
+    const test::LoggedRun plain = run(dir.path(), base);
+    EpSplit params = base;
+    params.offload_params = true;
+    params.offload = base.zero == 3;
+    const test::LoggedRun offloaded = run(dir.path(), params);
+    EXPECT_EQ(offloaded.losses, plain.losses) << params.name();
+    EXPECT_EQ(offloaded.weights, plain.weights) << params.name();
+  }
+}
 
 TEST(ExpertParallelResume, AnotherExpertParallelDegreeContinuesTheSameRun) {
   // A checkpoint is plan-independent: an ep 2 run's checkpoint continues on ep 2 bit for bit,

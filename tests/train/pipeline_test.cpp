@@ -53,10 +53,12 @@ struct Pipeline {
   bool offload;
   std::string recompute, schedule, precision;
   std::string split;  // --pp-split, empty: balanced
+  bool offload_params = false;
 
   std::string name() const {
     std::string text = "pp" + std::to_string(pp) + "_dp" + std::to_string(dp) + "_zero" +
-                       std::to_string(zero) + (offload ? "_offload" : "") + "_" + recompute + "_" +
+                       std::to_string(zero) + (offload ? "_offload" : "") +
+                       (offload_params ? "_params" : "") + "_" + recompute + "_" +
                        schedule + "_" + precision;
     if (!split.empty()) text += "_split";
     for (char c : split) text += c == ',' ? '_' : c;
@@ -75,6 +77,7 @@ TrainOptions pipeline_options(const fs::path& dir, const Pipeline& p) {
   options.grad_accum = test::kSmallRunMicroBatches / p.dp;
   options.zero = p.zero;
   options.offload = p.offload;
+  options.offload_params = p.offload_params;
   options.recompute = p.recompute;
   options.pp_schedule = p.schedule;
   options.pp_split = p.split;
@@ -157,11 +160,14 @@ INSTANTIATE_TEST_SUITE_P(All, PipelineFullMatrix, ::testing::ValuesIn(full_matri
 TEST_F(PipelineTest, OneFOneBAndGPipeAreTheSameBitsAndOffloadAndRecomputeChangeNone) {
   for (const Pipeline& base : {Pipeline{2, 1, 0}, Pipeline{2, 2, 3}}) {
     const RunResult plain = run(temp_.path(), base);
-    Pipeline gpipe = base, offload = base, recompute = base;
+    Pipeline gpipe = base, offload = base, recompute = base, params = base;
     gpipe.schedule = "gpipe";
     offload.offload = true;
     recompute.recompute = "full";
-    for (const Pipeline& other : {gpipe, offload, recompute}) {
+    // Parameter offload: the tied embedding's two copies summed through the device.
+    params.offload_params = true;
+    params.offload = base.zero == 3;
+    for (const Pipeline& other : {gpipe, offload, recompute, params}) {
       const RunResult result = run(temp_.path(), other);
       EXPECT_EQ(result.losses, plain.losses) << other.name();
       EXPECT_EQ(result.weights, plain.weights) << other.name();

@@ -53,11 +53,13 @@ struct Split {
   bool sequence_parallel = true;
   std::string schedule = "1f1b";
   std::string precision = "fp32";
+  bool offload_params = false;
 
   int world() const { return tp * dp * pp; }
   std::string name() const {
     return "tp" + std::to_string(tp) + "_dp" + std::to_string(dp) + "_pp" + std::to_string(pp) +
-           "_zero" + std::to_string(zero) + (offload ? "_offload" : "") + "_" + recompute +
+           "_zero" + std::to_string(zero) + (offload ? "_offload" : "") +
+           (offload_params ? "_params" : "") + "_" + recompute +
            (sequence_parallel ? "_sp" : "_nosp") + (pp > 1 ? "_" + schedule : "") + "_" + precision;
   }
 };
@@ -88,6 +90,7 @@ TrainOptions split_options(const fs::path& dir, const Split& s) {
   options.grad_accum = test::kSmallRunMicroBatches / s.dp;
   options.zero = s.zero;
   options.offload = s.offload;
+  options.offload_params = s.offload_params;
   options.recompute = s.recompute;
   options.sequence_parallel = s.sequence_parallel;
   options.pp_schedule = s.schedule;
@@ -186,10 +189,12 @@ INSTANTIATE_TEST_SUITE_P(All, TensorParallelFullMatrix, ::testing::ValuesIn(full
 TEST_F(TensorParallelTest, OffloadAndRecomputeChangeNoBitAndTheLogRecordsThePlan) {
   const Split base = split(2, 2, 1, 3, false, "none", true);
   const RunResult plain = run(temp_.path(), base);
-  Split offload = base, recompute = base;
+  Split offload = base, recompute = base, params = base;
   offload.offload = true;
   recompute.recompute = "full";
-  for (const Split& other : {offload, recompute}) {
+  // Parameter offload: the sequence-parallel sums of the norms' gradients through the device.
+  params.offload_params = true;
+  for (const Split& other : {offload, recompute, params}) {
     const RunResult result = run(temp_.path(), other);
     EXPECT_EQ(result.losses, plain.losses) << other.name();
     EXPECT_EQ(result.weights, plain.weights) << other.name();

@@ -230,6 +230,40 @@ TEST_F(TraceTest, OffloadCopiesAndTheHostOptimizerHaveTracksOfTheirOwn) {
   }
 }
 
+// Parameter offload at ZeRO-3 with the optimizer on the host: each rank's shard of every block
+// comes up (then is gathered) for the forward and again for the backward, and each block's
+// reduced gradient shard goes down once a micro-batch (its sum so far up first, but in the first
+// micro-batch); the host takes the step, with nothing to copy.
+TEST_F(TraceTest, ParameterOffloadBringsBlocksUpAndGradientsDown) {
+  TrainOptions o = options("offload_params", 2);
+  o.zero = 3;
+  o.offload = o.offload_params = true;
+  const std::vector<Span> spans = run(o);
+  expect_inside_steps(spans);
+  const size_t blocks = 4, layers = 2, micro_batches = 4;  // embedding, 2 layers, final norm
+  for (int rank = 0; rank < 2; ++rank) {
+    for (int step = 3; step <= 5; ++step) {
+      size_t up = 0, down = 0, sums_up = 0;
+      for (const Span& s : spans) {
+        if (s.rank != rank || s.step != step || s.track != kCommunication) continue;
+        if (s.name.rfind("offload", 0) == 0) {
+          EXPECT_GT(s.bytes, 0) << s.name;
+          EXPECT_EQ(s.group, "host") << s.name;
+        }
+        up += s.name.rfind("offload parameters up, block", 0) == 0;
+        down += s.name.rfind("offload gradients down, block", 0) == 0;
+        sums_up += s.name.rfind("offload gradients up, block", 0) == 0;
+      }
+      EXPECT_GE(up, 2 * layers * micro_batches) << "rank " << rank << " step " << step;
+      EXPECT_EQ(down, blocks * micro_batches) << "rank " << rank << " step " << step;
+      EXPECT_EQ(sums_up, blocks * (micro_batches - 1)) << "rank " << rank << " step " << step;
+    }
+  }
+  EXPECT_GT(count(spans, kHostOptimizer, "host adamw block"), 0u);
+  EXPECT_EQ(count(spans, kCompute, "adamw"), 0u) << "the device takes no step";
+  EXPECT_EQ(count(spans, kCommunication, "offload weights up"), 0u) << "nothing to copy up";
+}
+
 TEST_F(TraceTest, TensorParallelCollectivesNestInTheirLayers) {
   TrainOptions o = options("tp2", 2);
   o.tp = 2;
