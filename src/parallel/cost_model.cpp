@@ -625,17 +625,41 @@ ComputeTime stage_compute(const ModelConfig& config, const Plan& plan, const Sta
 
 namespace {
 
-// Parameter offload, one micro-batch: what the communication stream carries in forward (every
-// block the rank stores comes up, after the data-parallel traffic `dp` of that window) and in
-// backward (every block again, the step's gradient sums so far up -- all but in the first
+// Parameter offload: how often a micro-batch brings a block of the stage up, forward and
+// backward, as the stage acquires them (model/stage.h) with two buffers: a layer (and its
+// experts) once each way, but the stage's last dense layer only forward where its buffer still
+// holds it when the backward begins (the stage is not the last, or its head is untied: only the
+// final block came after it); the embedding for the embedding's forward on the first stage, and
+// for the tied head on the last, whose backward reuses the forward's copy; the final block (norm
+// and an untied head) once, its backward reusing it too. (Where a buffer still holds a block
+// from the micro-batch before, it is not brought again: a small model's first layer; not
+// counted.)
+std::pair<double, double> offloaded_params_uses(const ParamLayout& layout, int block,
+                                                const StageRange& range) {
+  if (block == ParamLayout::embedding_block()) {
+    return {(range.first ? 1.0 : 0.0) + (range.last && layout.tied_embedding() ? 1.0 : 0.0), 0.0};
+  }
+  if (block == layout.final_block()) return {1.0, 0.0};
+  const int last_layer = static_cast<int>(range.end_layer) - 1;
+  const bool still_held = block == ParamLayout::layer_block(last_layer) &&
+                          layout.expert_block(last_layer) < 0 &&
+                          (!range.last || !layout.tied_embedding());
+  return {1.0, still_held ? 0.0 : 1.0};
+}
+
+// Parameter offload, one micro-batch: what the communication stream carries in forward (the
+// blocks brought up, after the data-parallel traffic `dp` of that window) and in backward (the
+// blocks brought up again, the step's gradient sums so far up -- all but in the first
 // micro-batch -- and the new sums down), each hidden behind its window of compute but for the
 // last block's share. The result includes the data-parallel traffic's exposed time.
-double offloaded_params_micro(double param_bytes, double grad_bytes, double micro_batches,
-                              double host_bytes_per_s, std::pair<double, double> dp,
-                              std::pair<double, double> windows, int blocks) {
-  const double up = param_bytes / host_bytes_per_s, grads = grad_bytes / host_bytes_per_s;
-  const double forward = dp.first + up;
-  const double backward = dp.second + up + grads * (micro_batches - 1) / micro_batches + grads;
+double offloaded_params_micro(std::pair<double, double> param_bytes, double grad_bytes,
+                              double micro_batches, double host_bytes_per_s,
+                              std::pair<double, double> dp, std::pair<double, double> windows,
+                              int blocks) {
+  const double grads = grad_bytes / host_bytes_per_s;
+  const double forward = dp.first + param_bytes.first / host_bytes_per_s;
+  const double backward = dp.second + param_bytes.second / host_bytes_per_s +
+                          grads * (micro_batches - 1) / micro_batches + grads;
   return exposed(forward, windows.first, blocks) + exposed(backward, windows.second, blocks);
 }
 
@@ -711,6 +735,8 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
     const int blocks = static_cast<int>(numels.size());
     double padded = 0, expert_padded = 0, optimizer_elements = 0;
     double param_elements = 0, grad_elements = 0;  // as the rank stores them
+    std::pair<double, double> brought = {0, 0};     // elements brought up forward, backward
+    const std::vector<int> block_ids = pipeline_stage_blocks(memory.layout(), ps);
     for (size_t i = 0; i < numels.size(); ++i) {
       ShardingSpec block_spec = spec;
       block_spec.world = worlds[i];
@@ -719,6 +745,10 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
       optimizer_elements += static_cast<double>(b.optimizer_numel);
       param_elements += static_cast<double>(b.params.numel);
       grad_elements += static_cast<double>(b.grads.numel);
+      const auto [forward_uses, backward_uses] =
+          offloaded_params_uses(memory.layout(), block_ids[i], ps);
+      brought.first += forward_uses * static_cast<double>(b.params.numel);
+      brought.second += backward_uses * static_cast<double>(b.params.numel);
     }
     const double state_bytes = padded * P, expert_bytes = expert_padded * P;
     const int expert_dp = plan.dp / plan.ep;
@@ -751,7 +781,8 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
           exposed(dp_forward, fwd_seconds, blocks) + exposed(dp_backward, bwd_seconds, blocks);
     }
     if (plan.offload_params) {
-      st.offload_micro = offloaded_params_micro(param_elements * P, grad_elements * P, m,
+      st.offload_micro = offloaded_params_micro({brought.first * P, brought.second * P},
+                                                grad_elements * P, m,
                                                 rates.host, {dp_forward, dp_backward},
                                                 {fwd_seconds, bwd_seconds}, blocks) -
                          st.dp_micro;

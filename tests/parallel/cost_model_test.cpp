@@ -159,8 +159,9 @@ TEST(CostModel, HostOptimizerScalesWithNumaNodes) {
 }
 
 // Parameter offload on one RTX 4090 (PCIe 4.0 x16 to the host, 25.2 GB/s): every micro-batch
-// brings the 7B's bf16 parameters up twice (forward, backward), its gradient sums up (but in the
-// first micro-batch) and down. Where a micro-batch computes for almost nothing the transfers are
+// brings the 7B's bf16 parameters up for the forward and its layers again for the backward (the
+// untied head's block and the last layer are still in their buffers, the embedding's backward
+// needs no weights), its gradient sums up (but in the first micro-batch) and down. Where a micro-batch computes for almost nothing the transfers are
 // the step; at micro-batch 16 x 1024 they hide behind the compute.
 TEST(CostModel, ParameterOffloadMovesEveryBlockTwiceAMicroBatch) {
   const NodeTopology rtx4090 = machine("rtx4090-8gpu-pcie.txt", "rtx4090");
@@ -173,11 +174,14 @@ TEST(CostModel, ParameterOffloadMovesEveryBlockTwiceAMicroBatch) {
   const double params = static_cast<double>(m.host[static_cast<size_t>(MemCategory::Parameters)]);
   const double grads = static_cast<double>(m.host[static_cast<size_t>(MemCategory::Gradients)]);
   const double rate = 25.2e9, micro_batches = 4;
+  const std::vector<int64_t> numels = memory.stage_block_numels(p, 0);
+  const double layers =  // all but the embedding, the final block and the last layer, bf16
+      params - 2.0 * static_cast<double>(numels.front() + numels.back() + numels.end()[-2]);
   const StepCost tiny = predict_step_cost(memory, rtx4090, p);
-  // Per micro-batch: params up twice, the sums up in 3 of 4, down in all; per step the
-  // gradient check brings the gradients up once; the host's AdamW is the rest.
+  // Per micro-batch: every block up and those layers again, the sums up in 3 of 4, down in all;
+  // per step the gradient check brings the gradients up once; the host's AdamW is the rest.
   const double transfers =
-      (micro_batches * (2 * params + grads) + (micro_batches - 1) * grads + grads) / rate;
+      (micro_batches * (params + layers + grads) + (micro_batches - 1) * grads + grads) / rate;
   // The host's AdamW: 28 bytes of traffic per parameter at 40 GB/s per NUMA node.
   const double host_step = params / 2 * 28 / (40e9 * rtx4090.numa_nodes);
   // Each window of compute hides as much of its transfers (all of it here: the windows are
