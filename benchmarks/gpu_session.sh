@@ -37,7 +37,9 @@
 #                  for this GPU, BIG_TOKENS = 16384 tokens a step, BIG_STEPS = 8 steps; tokens/s
 #                  is the median of the steps after the second), default "qwen2.5-7b"
 #   BIG_FLAGS      more flags for those runs, e.g. "--gpu-memory 24G" (plan and run as if the GPU
-#                  had only 24 GB)
+#                  had only 24 GB: qwen2.5-7b then trains with its parameters and optimizer in
+#                  host memory, issue 31's item 5; the summary sets tokens/s and peak memory
+#                  against the plan's prediction)
 #   STEP_PROFILE   the models whose bf16 step is profiled kernel by kernel with Nsight Compute
 #                  (gpu__time_duration of every launch of one step): each kernel's share of the
 #                  step in the summary (default: the first of LLAMA_MODELS; empty: none)

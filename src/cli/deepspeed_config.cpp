@@ -164,6 +164,17 @@ void Mapper::top_level(const json& config) {
       if (fp16_on) refuse("fp16.enabled and bf16.enabled", "are both true: choose one");
       set(std::string(bf16) + ".enabled", "precision", "bf16");
     }
+    const std::string states = std::string(bf16) + ".bf16_optimizer_states";
+    if (section.contains("bf16_optimizer_states") && !is_auto(section["bf16_optimizer_states"]) &&
+        boolean(states, section["bf16_optimizer_states"])) {
+      set(states, "bf16-optimizer-states", true);
+    }
+    const std::string master = std::string(bf16) + ".bf16_master_weights_and_grads";
+    if (section.contains("bf16_master_weights_and_grads") &&
+        !is_auto(section["bf16_master_weights_and_grads"]) &&
+        boolean(master, section["bf16_master_weights_and_grads"])) {
+      refuse(master, "is not supported: dstrain keeps an fp32 master copy of the weights");
+    }
   }
   if (config.contains("optimizer")) optimizer(object("optimizer", config["optimizer"]));
   const std::map<std::string, std::string> filled = {

@@ -32,6 +32,8 @@ po::options_description plan_flags() {
        "the host; a bare --offload), params (the 16-bit parameters and gradients, brought to "
        "the GPU block by block), all, none (on and off: optimizer and none). Default: the "
        "planner's choice")
+      ("bf16-optimizer-states", po::bool_switch(),
+       "plan with the Adam moments in bf16 (needs the optimizer offloaded)")
       ("recompute", po::value<std::string>()->value_name("MODE"), "none | selective | full")
       ("micro-batch", po::value<int64_t>()->value_name("B"), "sequences per micro-batch per rank")
       ("pp-schedule", po::value<std::string>()->value_name("KIND"), "pipeline schedule: 1f1b | gpipe")
@@ -59,6 +61,8 @@ void read_plan_flags(const po::variables_map& values, PlanRequest& request) {
         << "--moe-expert-capacity-factor must not be negative (0: dropless)";
   }
   if (values.count("zero")) request.zero = values["zero"].as<int>();
+  request.bf16_optimizer_states =
+      values.count("bf16-optimizer-states") && values["bf16-optimizer-states"].as<bool>();
   if (values.count("offload")) {
     Plan offload;
     set_offload(offload, values["offload"].as<std::string>());

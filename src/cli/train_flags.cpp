@@ -141,6 +141,10 @@ po::options_description hardware_flags(TrainOptions& o) {
        "and the step runs there; what a bare --offload means), params (the 16-bit parameters "
        "and gradients of every block, brought to the GPU block by block ahead of use), all "
        "(both), none (default on CPU ranks)")
+      ("bf16-optimizer-states", po::bool_switch(&o.bf16_optimizer_states),
+       "keep the Adam moments in bf16 (4 bytes a parameter instead of 8; the step itself in "
+       "fp32), DeepSpeed's bf16.bf16_optimizer_states; needs --offload optimizer or all. It "
+       "changes the numbers: not chosen by the planner")
       ("dp", po::value(&o.dp)->value_name("N"), "data parallel degree (--gpus = dp x tp x pp)")
       ("tp", po::value(&o.tp)->value_name("N"),
        "tensor parallel degree: Megatron-style splits of each layer over N consecutive ranks "

@@ -68,7 +68,7 @@ void host_adamw_update_range(const ParamLayout& layout, int tp_rank, const FlatR
                              const AdamWConfig& config, double lr, int64_t step,
                              float grad_scale, int num_threads) {
   DSTRAIN_CHECK(param.numel() == range.numel && grad.numel() == range.numel &&
-                m.numel() == range.numel && v.numel() == range.numel);
+                m.numel() == range.numel && v.numel() == range.numel && m.dtype == v.dtype);
   DSTRAIN_CHECK(param.device.is_cpu() && grad.device.is_cpu() && m.device.is_cpu() &&
                 v.device.is_cpu() && (param_copy.empty() || param_copy.device.is_cpu()))
       << "the host AdamW works on host memory";
@@ -83,8 +83,12 @@ void host_adamw_update_range(const ParamLayout& layout, int tp_rank, const FlatR
     if (!param_copy.empty() && param_copy.dtype != DType::F32) {
       copy16 = static_cast<uint16_t*>(param_copy.data) + local;
     }
-    host_adamw(piece, grads, grad.dtype, m.f32() + local, v.f32() + local, copy16,
-               param_copy.empty() ? DType::F32 : param_copy.dtype, count, adam, num_threads);
+    const size_t moment_width = dtype_size(m.dtype);
+    host_adamw_moments(HostAdamWIsa::Auto, piece, grads, grad.dtype,
+                       static_cast<char*>(m.data) + local * moment_width,
+                       static_cast<char*>(v.data) + local * moment_width, m.dtype, copy16,
+                       param_copy.empty() ? DType::F32 : param_copy.dtype, count, adam,
+                       num_threads);
     if (!param_copy.empty() && param_copy.dtype == DType::F32) {
       std::memcpy(param_copy.f32() + local, piece, count * sizeof(float));
     }

@@ -58,8 +58,9 @@ void adamw_update_range(Backend& backend, const ParamLayout& layout, int tp_rank
                         Stream stream);
 
 // The same on the host (ZeRO-Offload), with the vectorized multi-threaded host AdamW
-// (optim/host_adamw.h), bitwise equal to the CPU backend's. param, m, v F32; grad F32, F16 or
-// BF16; param_copy (optional) F32, F16 or BF16. All host memory.
+// (optim/host_adamw.h), bitwise equal to the CPU backend's. param F32; m, v F32, or both BF16
+// (bf16 optimizer states: host_adamw_moments); grad F32, F16 or BF16; param_copy (optional)
+// F32, F16 or BF16. All host memory.
 void host_adamw_update_range(const ParamLayout& layout, int tp_rank, const FlatRange& range,
                              Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy,
                              const AdamWConfig& config, double lr, int64_t step,

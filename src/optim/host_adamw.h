@@ -60,4 +60,13 @@ void host_adamw_with(HostAdamWIsa isa, float* param, const void* grad, DType gra
                      float* v, uint16_t* param_copy, DType copy_dtype, int64_t n,
                      const AdamWStep& step, int num_threads);
 
+// bf16 optimizer states (--bf16-optimizer-states, DeepSpeed's bf16.bf16_optimizer_states): m and
+// v (n) of moment_dtype F32 or BF16. BF16 moments are widened (exactly) to fp32, the step is the
+// one above in fp32 -- the parameter's update uses the new moments before rounding -- and they
+// are stored rounded (RNE, as fp32_to_bf16_bits). The same bits on every ISA level and thread
+// count; with F32 moments, host_adamw_with's. The overlap rules of host_adamw apply.
+void host_adamw_moments(HostAdamWIsa isa, float* param, const void* grad, DType grad_dtype,
+                        void* m, void* v, DType moment_dtype, uint16_t* param_copy,
+                        DType copy_dtype, int64_t n, const AdamWStep& step, int num_threads);
+
 }  // namespace dstrain

@@ -107,12 +107,13 @@ constexpr double kHostOptimizerBytesPerSPerNuma = 40e9;
 constexpr double kCollectiveSeconds = 20e-6;
 
 // Bytes AdamW reads and writes per element of its range: master, m and v read and written
-// (24) plus the gradient read and the working parameter written (2 x P). In fp32 without
-// offload the parameter is the master: 7 x 4 = 28.
+// (24; 16 with bf16 moments) plus the gradient read and the working parameter written (2 x P).
+// In fp32 without offload the parameter is the master: 7 x 4 = 28.
 double adam_bytes_per_element(const Plan& plan) {
   const double p = static_cast<double>(dtype_size(plan.param_dtype));
   if (!plan.offload && plan.param_dtype == DType::F32) return 28;
-  return 24 + 2 * p;
+  const double moments = 4.0 * static_cast<double>(dtype_size(plan.moment_dtype()));
+  return 8 + moments + 2 * p;
 }
 
 // Ring collectives (Patarasuk and Yuan 2009; NCCL's "bus bandwidth" convention): bytes each
@@ -705,7 +706,8 @@ StepCost predict_step_cost(const MemoryModel& memory, const NodeTopology& topolo
     double dp_step = 0, offload = 0, optimizer = 0;  // per step
   };
   std::vector<StageTime> stages(static_cast<size_t>(plan.pp));
-  const ShardingSpec spec{plan.zero, plan.dp, plan.offload, plan.param_dtype, plan.offload_params};
+  const ShardingSpec spec{plan.zero,           plan.dp, plan.offload, plan.param_dtype,
+                          plan.offload_params, plan.moment_dtype()};
   double host_optimizer_bytes = 0;  // all ranks together: they share the host's memory
   std::vector<double> host_optimizer_bytes_per_rank(static_cast<size_t>(plan.pp), 0.0);
   for (int s = 0; s < plan.pp; ++s) {

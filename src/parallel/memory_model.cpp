@@ -37,10 +37,10 @@ BlockStateSizes block_state_sizes(int64_t block_numel, const ShardingSpec& spec)
     // The host steps the fp32 master: with fp32 parameters too, so the device's copy is only
     // ever written (by the upload), never read back.
     s.master = {MemCategory::OptimizerStateHost, DType::F32, s.optimizer_numel, true};
-    s.exp_avg = {MemCategory::OptimizerStateHost, DType::F32, s.optimizer_numel, true};
+    s.exp_avg = {MemCategory::OptimizerStateHost, spec.moment_dtype, s.optimizer_numel, true};
   } else {
     if (p != DType::F32) s.master = {MemCategory::MasterWeights, DType::F32, s.optimizer_numel, false};
-    s.exp_avg = {MemCategory::OptimizerState, DType::F32, s.optimizer_numel, false};
+    s.exp_avg = {MemCategory::OptimizerState, spec.moment_dtype, s.optimizer_numel, false};
   }
   s.exp_avg_sq = s.exp_avg;
   return s;
@@ -251,7 +251,8 @@ void add(MemoryPrediction& m, const BufferSize& buffer, const std::string& what)
 
 MemoryPrediction MemoryModel::predict_stage(const Plan& plan, int stage) const {
   check_plan(config_, plan);
-  const ShardingSpec spec{plan.zero, plan.dp, plan.offload, plan.param_dtype, plan.offload_params};
+  const ShardingSpec spec{plan.zero, plan.dp, plan.offload, plan.param_dtype, plan.offload_params,
+                          plan.moment_dtype()};
   const std::string p = precision_name(plan.param_dtype);
   MemoryPrediction m;
   m.stage = stage;
@@ -264,7 +265,9 @@ MemoryPrediction MemoryModel::predict_stage(const Plan& plan, int stage) const {
   const std::string params_what = "parameters (" + p + params_host + shard_text(3, plan) + ")";
   const std::string grads_what = "gradients (" + p + params_host + shard_text(2, plan) + ")";
   const std::string master_what = "fp32 master weights" + host + shard_text(1, plan);
-  const std::string adam_what = "Adam moments, fp32" + host + shard_text(1, plan);
+  const std::string adam_what = std::string("Adam moments, ") +
+                                (plan.bf16_optimizer_states ? "bf16" : "fp32") + host +
+                                shard_text(1, plan);
   int embedding_position = -1;
   for (size_t i = 0; i < blocks.size(); ++i) {
     if (blocks[i] == ParamLayout::embedding_block()) embedding_position = static_cast<int>(i);

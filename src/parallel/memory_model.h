@@ -85,6 +85,7 @@ struct ShardingSpec {
   bool offload = false;           // fp32 master + Adam moments on the host
   DType param_dtype = DType::F32; // params and grads; the master and the moments are fp32
   bool offload_params = false;    // the working params and grads on the host too
+  DType moment_dtype = DType::F32; // the Adam moments: F32, or BF16 (bf16 optimizer states)
 };
 
 // Elements of each rank's shard of a block of `block_numel` elements over `world` ranks:
@@ -102,8 +103,9 @@ struct BlockStateSizes {
   BufferSize grads;       // Gradients: padded; the shard at stages 2-3
   BufferSize master;      // fp32 master of the optimizer range: MasterWeights on the device
                           // with mixed precision; OptimizerStateHost with offload; else none
-  BufferSize exp_avg, exp_avg_sq;  // fp32 Adam moments of the optimizer range:
-                                   // OptimizerState, or OptimizerStateHost with offload
+  BufferSize exp_avg, exp_avg_sq;  // Adam moments of the optimizer range (fp32, or bf16 with
+                                   // bf16 optimizer states): OptimizerState, or
+                                   // OptimizerStateHost with offload
 };
 // REQUIRES: 0 <= zero <= 3, world >= 1, block_numel >= 0.
 BlockStateSizes block_state_sizes(int64_t block_numel, const ShardingSpec& spec);

@@ -60,7 +60,8 @@ std::string describe(const Plan& plan) {
   text << " x tp " << plan.tp << " x pp " << plan.pp
        << (plan.uses_sequence_parallel() ? " (sequence parallel)" : "") << ", ZeRO-" << plan.zero
        << ", " << precision_name(plan.param_dtype) << ", "
-       << offload_text(plan) << ", ";
+       << offload_text(plan) << (plan.bf16_optimizer_states ? " (bf16 Adam moments)" : "")
+       << ", ";
   if (plan.recompute == Recompute::None) {
     text << "no recompute";
   } else {
@@ -87,6 +88,7 @@ nlohmann::json to_json(const Plan& plan) {
                         {"zero", plan.zero},
                         {"offload", plan.offload},
                         {"offload_params", plan.offload_params},
+                        {"bf16_optimizer_states", plan.bf16_optimizer_states},
                         {"recompute", recompute_name(plan.recompute)},
                         {"micro_batch", plan.micro_batch},
                         {"grad_accum", plan.grad_accum},

@@ -37,6 +37,9 @@ struct Plan {
   // The working parameters and their gradients in host memory too, each block brought to the
   // GPU ahead of its use (--offload params / all; parallel/sharded_model.h).
   bool offload_params = false;
+  // The Adam moments in bf16 (DeepSpeed's bf16_optimizer_states), with the optimizer offloaded:
+  // 4 bytes a parameter instead of 8 (optim/host_adamw.h).
+  bool bf16_optimizer_states = false;
   Recompute recompute = Recompute::None;
   int64_t micro_batch = 1; // sequences per micro-batch per data-parallel rank
   int64_t grad_accum = 1;  // micro-batches per optimizer step (the pipeline's micro-batches)
@@ -58,6 +61,7 @@ struct Plan {
   int world() const { return dp * tp * pp; }
   int64_t tokens_per_step() const { return dp * micro_batch * grad_accum * seq_len; }
   bool mixed_precision() const { return param_dtype != DType::F32; }
+  DType moment_dtype() const { return bf16_optimizer_states ? DType::BF16 : DType::F32; }
   bool uses_sequence_parallel() const { return tp > 1 && sequence_parallel; }
 };
 

@@ -323,6 +323,24 @@ std::string explain_offload_choice(const std::vector<PlanCandidate>& all,
   return text.str();
 }
 
+// Where host memory is what is short and the Adam moments are fp32: what the same plan would
+// need with them in bf16 ("" otherwise).
+std::string bf16_states_hint(const ModelConfig& config, const PlanCandidate& c,
+                             const PlanResult& r) {
+  if (c.plan.bf16_optimizer_states || !c.plan.offload || r.host_memory_bytes == 0) return "";
+  Plan plan = c.plan;
+  plan.bf16_optimizer_states = true;
+  const MemoryModel memory(config);
+  // The fullest node's bytes (c.host_bytes) scale as all ranks' do.
+  const double ratio = static_cast<double>(memory.host_bytes_all_ranks(plan)) /
+                       static_cast<double>(memory.host_bytes_all_ranks(c.plan));
+  const auto bf16 = static_cast<uint64_t>(static_cast<double>(c.host_bytes) * ratio);
+  std::ostringstream text;
+  text << "; with --bf16-optimizer-states (the Adam moments in bf16) it would need "
+       << format_bytes(bf16) << (bf16 <= r.usable_host_bytes ? ", which fits" : "");
+  return text.str();
+}
+
 // The one sentence for a request no plan satisfies.
 [[noreturn]] void explain_no_fit(const ModelConfig& config, const PlanRequest& request,
                                  const std::vector<PlanCandidate>& all, const PlanResult& r,
@@ -345,7 +363,7 @@ std::string explain_offload_choice(const std::vector<PlanCandidate>& all,
     DSTRAIN_USER_ERROR() << config.name << " fits " << gpus << " x " << r.machine
                          << " only with state offloaded to host memory, and even the "
                          << "plan that needs the least (" << features(least_host->plan) << ") "
-                         << does_not_fit(*least_host, r);
+                         << does_not_fit(*least_host, r) << bf16_states_hint(config, *least_host, r);
   }
   DSTRAIN_USER_ERROR() << config.name << " needs at least "
                        << format_bytes(least_device->memory.device_total())
@@ -371,6 +389,9 @@ std::string explain_offload_choice(const std::vector<PlanCandidate>& all,
 void check_fixed_parts(const ModelConfig& config, const NodeTopology& topology,
                        const ClusterShape& cluster, const PlanRequest& request, int world,
                        const std::string& world_text) {
+  DSTRAIN_USER_CHECK(!request.bf16_optimizer_states || request.offload.value_or(true))
+      << "--bf16-optimizer-states keeps the Adam moments in bf16 for the host's AdamW: it needs "
+         "--offload optimizer or --offload all";
   for (const auto& [flag, value] : {std::pair{"--dp", request.dp}, std::pair{"--tp", request.tp},
                                     std::pair{"--pp", request.pp}}) {
     DSTRAIN_USER_CHECK(!value || (*value >= 1 && world % *value == 0))
@@ -493,6 +514,7 @@ void add_shape_candidates(const MemoryModel& memory, const NodeTopology& topolog
   if (request.zero) zeros = {*request.zero};
   std::vector<bool> offloads = {false, true};
   if (request.offload) offloads = {*request.offload};
+  if (request.bf16_optimizer_states) offloads = {true};  // checked: not fixed to false
   std::vector<bool> param_offloads = {false, true};
   if (request.offload_params) param_offloads = {*request.offload_params};
   std::vector<Recompute> recomputes = {Recompute::None, Recompute::Selective, Recompute::Full};
@@ -512,6 +534,7 @@ void add_shape_candidates(const MemoryModel& memory, const NodeTopology& topolog
             plan.zero = zero;
             plan.offload = offload;
             plan.offload_params = offload_params;
+            plan.bf16_optimizer_states = request.bf16_optimizer_states;
             plan.recompute = recompute;
             plan.micro_batch = mb;
             plan.grad_accum = (sequences + dp * mb - 1) / (dp * mb);

@@ -45,6 +45,9 @@ struct PlanRequest {
   double moe_capacity_factor = 0;  // MoE models: an expert capacity (Plan::moe_capacity_factor)
   std::optional<bool> offload;
   std::optional<bool> offload_params;  // default: only where nothing else fits
+  // The Adam moments in bf16 (Plan::bf16_optimizer_states): asked for, never chosen (it changes
+  // the numbers); it needs the optimizer offloaded.
+  bool bf16_optimizer_states = false;
   std::optional<Recompute> recompute;
   std::optional<int64_t> micro_batch;
   std::optional<PipelineScheduleKind> pp_schedule;  // default 1F1B (GPipe only needs more memory)

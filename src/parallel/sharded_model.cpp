@@ -100,6 +100,7 @@ ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& shar
       shard_grads_(sharding.zero >= 2),
       shard_params_(sharding.zero >= 3),
       offload_params_(sharding.offload_params),
+      moment_dtype_(sharding.bf16_optimizer_states ? DType::BF16 : DType::F32),
       gathers_params_(shard_params_ || offload_params_),
       slot_grads_(shard_grads_ || offload_params_),
       compute_(compute),
@@ -116,7 +117,11 @@ ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& shar
       << "tensor parallelism over " << sharding.tp << " ranks needs its group";
   // Every buffer is sized by the memory model's functions: the planner's prediction and
   // what this allocates are the same numbers by construction (parallel/memory_model.h).
-  const ShardingSpec spec{sharding.zero, world_, sharding.offload, dtype_, sharding.offload_params};
+  DSTRAIN_USER_CHECK(!sharding.bf16_optimizer_states || sharding.offload)
+      << "--bf16-optimizer-states keeps the Adam moments in bf16 for the host's AdamW: it needs "
+         "--offload optimizer or --offload all";
+  const ShardingSpec spec{sharding.zero,        world_, sharding.offload, dtype_,
+                          sharding.offload_params, moment_dtype_};
   DSTRAIN_CHECK(sharding.ep == 1 || groups.expert_data != nullptr)
       << "expert parallelism over " << sharding.ep << " ranks needs its expert-data group";
   auto allocate = [&](const BufferSize& size) {
@@ -254,13 +259,14 @@ Tensor ShardedModel::master_part(int block) const {
   return on_host(master(block).slice(offset, {shard_count(block)}), 0, block);
 }
 
-Tensor ShardedModel::moment_part(int which, int block) const {
+Tensor ShardedModel::moment(int which, int block) const {
   const Block& b = blocks_[block];
-  const FlatRange range = optimizer_range(block);
+  return flat(which == 0 ? b.exp_avg : b.exp_avg_sq, optimizer_range(block).numel, moment_dtype_);
+}
+
+Tensor ShardedModel::moment_part(int which, int block) const {
   const int64_t offset = shard_optimizer_ ? 0 : shard_begin(block);
-  return on_host(
-      flat(which == 0 ? b.exp_avg : b.exp_avg_sq, range.numel).slice(offset, {shard_count(block)}),
-      1 + which, block);
+  return on_host(moment(which, block).slice(offset, {shard_count(block)}), 1 + which, block);
 }
 
 void ShardedModel::gather_into(int s, int block) {
@@ -688,7 +694,7 @@ void ShardedModel::device_step(const AdamWConfig& adam, double lr, int64_t adam_
     Block& b = blocks_[block];
     const FlatRange range = optimizer_range(block);
     if (range.numel == 0) continue;
-    Tensor m = flat(b.exp_avg, range.numel), v = flat(b.exp_avg_sq, range.numel);
+    Tensor m = moment(0, block), v = moment(1, block);
     Tensor copy = b.master.empty() ? Tensor() : range_params(block);
     append_adamw_buffers(layout_, tp_rank(), range, master(block), range_grads(block), m, v, copy,
                          adam.weight_decay, buffers);
@@ -735,7 +741,6 @@ void ShardedModel::offload_step(const AdamWConfig& adam, double lr, int64_t adam
   if (!order.empty()) go_down(0);
   for (size_t i = 0; i < order.size(); ++i) {
     const int block = order[i];
-    Block& b = blocks_[block];
     const FlatRange range = optimizer_range(block);
     // Staging i+1 % 2 held block i-1's gradients, which the host has finished with.
     if (i + 1 < order.size()) go_down(i + 1);
@@ -749,7 +754,7 @@ void ShardedModel::offload_step(const AdamWConfig& adam, double lr, int64_t adam
       const TraceSpan span(TraceTrack::HostOptimizer, TraceKind::Optimizer, "host adamw block",
                            block);
       std::memset(staged_params.data, 0, staged_params.nbytes());
-      Tensor m = flat(b.exp_avg, range.numel), v = flat(b.exp_avg_sq, range.numel);
+      Tensor m = moment(0, block), v = moment(1, block);
       host_adamw_update_range(layout_, tp_rank(), range, master(block), staged_grads, m, v,
                               staged_params, adam, lr, adam_step, grad_scale,
                               sharding_.host_threads);
@@ -811,21 +816,33 @@ void ShardedModel::get_full_param_block(int block, const Tensor& full) {
 
 void ShardedModel::set_full_moments(int which, const std::vector<Tensor>& full_blocks) {
   for (int block : held_) {
-    Block& b = blocks_[block];
     const FlatRange range = optimizer_range(block);
-    Buffer& moment = which == 0 ? b.exp_avg : b.exp_avg_sq;
+    const Tensor stored = moment(which, block);
     const Tensor full = full_blocks[block];
-    copy_and_wait(moment.data(), moment.device(), full.f32() + range.begin, full.device,
+    if (moment_dtype_ == DType::BF16) {  // on the host: rounded as the host's AdamW stores them
+      auto* bits = static_cast<uint16_t*>(stored.data);
+      for (int64_t i = 0; i < range.numel; ++i) {
+        bits[i] = fp32_to_bf16_bits(full.f32()[range.begin + i]);
+      }
+      continue;
+    }
+    copy_and_wait(stored.data, stored.device, full.f32() + range.begin, full.device,
                   range.numel * sizeof(float));
   }
 }
 
 void ShardedModel::get_full_moments(int which, const std::vector<Tensor>& full_blocks) {
   for (int block : held_) {
-    const Block& b = blocks_[block];
-    const FlatRange range = optimizer_range(block);
-    gather_to_host(flat(which == 0 ? b.exp_avg : b.exp_avg_sq, range.numel), block,
-                   full_blocks[block]);
+    const Tensor stored = moment(which, block);
+    if (moment_dtype_ == DType::F32) {
+      gather_to_host(stored, block, full_blocks[block]);
+      continue;
+    }
+    // bf16 moments live on the host (they need offload): widened, exactly.
+    std::vector<float> wide(static_cast<size_t>(stored.numel()));
+    const auto* bits = static_cast<const uint16_t*>(stored.data);
+    for (size_t i = 0; i < wide.size(); ++i) wide[i] = bf16_bits_to_fp32(bits[i]);
+    gather_to_host(Tensor(wide.data(), DType::F32, {stored.numel()}), block, full_blocks[block]);
   }
 }
 

@@ -95,6 +95,8 @@ struct ShardingConfig {
   // The working parameters and gradients in host memory, brought to the device block by block
   // (see the top of the file).
   bool offload_params = false;
+  // The Adam moments in bf16 (with offload: the host's AdamW keeps them so).
+  bool bf16_optimizer_states = false;
 };
 
 // The communicators of a rank's model state.
@@ -182,8 +184,8 @@ class ShardedModel : public ParamProvider {
   void inject_inf_gradient();
 
   // This rank's part of block b, [shard_begin, shard_begin + shard_count), of the F32 master
-  // weights and of the Adam moments (which = 0: exp_avg, 1: exp_avg_sq): what it writes of a
-  // checkpoint. Every rank has one at every stage, so all write in parallel.
+  // weights and of the Adam moments (which = 0: exp_avg, 1: exp_avg_sq; F32, or BF16 with bf16
+  // optimizer states, which a checkpoint writes widened): what it writes of a checkpoint. Every rank has one at every stage, so all write in parallel.
   // Host memory: a view of the state when it lives on the host (CPU backend, offload), else a
   // host copy (a staging buffer of the host allocator kept per part and reused), valid until
   // the next call for the same part. Not collective.
@@ -242,6 +244,7 @@ class ShardedModel : public ParamProvider {
   Tensor range_params(int block) const;
   Tensor range_grads(int block) const;
   Tensor master(int block) const;         // F32, the optimizer range
+  Tensor moment(int which, int block) const;  // the optimizer range, moment_dtype_
   // The optimizer's range of a block: the whole block at stage 0, this rank's shard above.
   FlatRange optimizer_range(int block) const;
   int tp_rank() const { return tensor_ != nullptr ? tensor_->rank() : 0; }
@@ -272,6 +275,7 @@ class ShardedModel : public ParamProvider {
   DType dtype_;
   bool shard_optimizer_, shard_grads_, shard_params_;
   bool offload_params_;
+  DType moment_dtype_;  // F32, or BF16 with bf16 optimizer states
   // The working parameters come through the gathered-block buffers (stage 3 or parameter
   // offload); the gradients through the full-block gradient buffers (stages 2-3 or parameter
   // offload).

@@ -140,7 +140,7 @@ void ShardedModel::offloaded_params_device_step(const AdamWConfig& adam, double 
                 host_grads.nbytes(), comm);
     compute_waits_for_comm();
     std::vector<AdamWTensors> buffers;
-    const Tensor m = flat(b.exp_avg, range.numel), v = flat(b.exp_avg_sq, range.numel);
+    const Tensor m = moment(0, block), v = moment(1, block);
     // fp32 parameters are their own master; else the device's master, rounded into params.
     const Tensor master_weights = b.master.empty() ? params : flat(b.master, range.numel);
     const Tensor copy = b.master.empty() ? Tensor() : params;
@@ -159,14 +159,13 @@ void ShardedModel::offloaded_params_host_step(const AdamWConfig& adam, double lr
   // Everything is on the host (finish_reduction waited for the gradients): the update writes
   // the working parameters in place, as offload_step writes its staging before the upload.
   for (int block : held_) {
-    Block& b = blocks_[block];
     const FlatRange range = optimizer_range(block);
     if (range.numel == 0) continue;
     const TraceSpan span(TraceTrack::HostOptimizer, TraceKind::Optimizer, "host adamw block",
                          block);
     const Tensor params = range_params(block);
     std::memset(params.data, 0, params.nbytes());  // the gaps between tensors stay zeros
-    const Tensor m = flat(b.exp_avg, range.numel), v = flat(b.exp_avg_sq, range.numel);
+    const Tensor m = moment(0, block), v = moment(1, block);
     host_adamw_update_range(layout_, tp_rank(), range, master(block), range_grads(block), m, v,
                             params, adam, lr, adam_step, grad_scale, sharding_.host_threads);
   }

@@ -179,6 +179,7 @@ void for_each_plan_setting(TrainOptions& o, Fn&& fn) {
   fn("offload", offload);
   o.offload = offload.optimizer;
   o.offload_params = offload.params;
+  fn("bf16-optimizer-states", o.bf16_optimizer_states);
   fn("recompute", o.recompute);
 }
 

@@ -85,6 +85,7 @@ struct TrainOptions {
   int zero = 0;                    // ZeRO stage 0..3
   bool offload = false;            // optimizer state and step on the host
   bool offload_params = false;     // the working parameters and gradients on the host too
+  bool bf16_optimizer_states = false;  // the Adam moments in bf16 (needs offload)
   std::string recompute = "none";  // none | selective | full
   double comm_timeout = 600.0;     // seconds a rank may wait in one collective
   // Several nodes (train/cluster.h): --nnodes, --node-rank, --master-addr, --master-port,

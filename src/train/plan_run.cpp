@@ -39,6 +39,7 @@ PlanRequest request_from_flags(const TrainOptions& options, const ModelConfig& c
     request.offload = options.offload;
     request.offload_params = options.offload_params;
   }
+  request.bf16_optimizer_states = options.bf16_optimizer_states;
   if (given_flag(options, "recompute")) request.recompute = parse_recompute(options.recompute);
   if (given_flag(options, "batch") || given_flag(options, "micro-batch")) request.micro_batch = options.batch;
   if (given_flag(options, "dp") && options.dp > 0) request.dp = options.dp;
@@ -251,6 +252,10 @@ Plan plan_from_options(const TrainOptions& options, const ModelConfig& config) {
   plan.zero = options.zero;
   plan.offload = options.offload;
   plan.offload_params = options.offload_params;
+  plan.bf16_optimizer_states = options.bf16_optimizer_states;
+  DSTRAIN_USER_CHECK(!plan.bf16_optimizer_states || plan.offload)
+      << "--bf16-optimizer-states keeps the Adam moments in bf16 for the host's AdamW: it needs "
+         "--offload optimizer or --offload all";
   plan.recompute = parse_recompute(options.recompute);
   plan.micro_batch = options.batch;
   plan.grad_accum = options.grad_accum;
@@ -277,6 +282,7 @@ void remember_plan(const Plan& plan, TrainOptions& options) {
   options.zero = plan.zero;
   options.offload = plan.offload;
   options.offload_params = plan.offload_params;
+  options.bf16_optimizer_states = plan.bf16_optimizer_states;
   options.recompute = recompute_name(plan.recompute);
   options.batch = plan.micro_batch;
   options.grad_accum = plan.grad_accum;

@@ -130,7 +130,7 @@ RankTrainer::RankTrainer(const RunContext& ctx, Communicator& world)
                           pipeline_stage_blocks(arch_->layout(), range_),
                           plan_.pp > 1 && last_stage() && full_layout_.tied_embedding(), plan_.tp,
                           plan_.uses_sequence_parallel(), plan_.ep, groups_.expert_index,
-                          plan_.offload_params};
+                          plan_.offload_params, plan_.bf16_optimizer_states};
   // The model and the optimizer run on the rank's compute stream; ShardedModel's collectives
   // and offload copies, and the pipeline's transfers, on streams of their own.
   const Stream compute = devices_.compute.get();
@@ -646,8 +646,8 @@ void RankTrainer::verify_tied_embedding() {
       groups_.tied->send(mine, 0, nullptr);
       continue;
     }
-    std::vector<float> theirs(static_cast<size_t>(mine.numel()));
-    groups_.tied->recv(Tensor(theirs.data(), DType::F32, {mine.numel()}), 1, nullptr);
+    std::vector<unsigned char> theirs(mine.nbytes());  // F32, or BF16 moments
+    groups_.tied->recv(Tensor(theirs.data(), mine.dtype, {mine.numel()}), 1, nullptr);
     DSTRAIN_CHECK(std::memcmp(theirs.data(), mine.data, mine.nbytes()) == 0)
         << "the two copies of the tied embedding (first and last pipeline stage) differ";
   }

@@ -345,7 +345,9 @@ void TensorFilePart::write(int suffix, int block, int64_t begin, Tensor values,
   DSTRAIN_CHECK(local.params().size() == layout_.params().size())
       << "the part's layout is not the file's model";
   const int64_t end = begin + values.numel();
-  const float* data = values.f32();
+  DSTRAIN_CHECK(values.dtype == DType::F32 || values.dtype == DType::BF16) << values.shape_str();
+  const auto* data = static_cast<const char*>(values.data);
+  const size_t width = dtype_size(values.dtype);
   for (int index : local.block_params(block)) {
     const ParamSpec& spec = local.params()[index];
     if (spec.tp_dim < 0 && !source.replicated) continue;
@@ -361,30 +363,45 @@ void TensorFilePart::write(int suffix, int block, int64_t begin, Tensor values,
                       // tensor.
                       count = std::min(count, spec.file_numel() - full_index);
                       if (count <= 0) return;
-                      write_values(file, data + (spec.offset + local_index - begin), count,
+                      write_values(file, data + (spec.offset + local_index - begin) * width,
+                                   values.dtype, count,
                                    tensor_at + static_cast<uint64_t>(full_index) *
                                                    dtype_size(files_.dtype));
                     });
   }
 }
 
-void TensorFilePart::write_values(int file, const float* data, int64_t count, uint64_t at) {
-  if (files_.dtype == DType::F32) {
-    write_bytes(file, reinterpret_cast<const char*>(data), static_cast<size_t>(count) * 4, at);
+void TensorFilePart::write_values(int file, const void* data, DType dtype, int64_t count,
+                                  uint64_t at) {
+  if (files_.dtype == dtype) {
+    write_bytes(file, static_cast<const char*>(data), static_cast<size_t>(count) * dtype_size(dtype),
+                at);
     return;
   }
-  // 16-bit files: converted in pieces (round to nearest even, as the GPU's conversions).
+  // Converted in pieces: bf16 values widened (exactly) to fp32 files; fp32 values rounded to
+  // 16-bit files (to nearest even, as the GPU's conversions).
   constexpr int64_t kPiece = 1 << 16;
-  std::vector<uint16_t> bits(static_cast<size_t>(std::min(count, kPiece)));
+  const size_t piece = static_cast<size_t>(std::min(count, kPiece));
+  std::vector<uint16_t> bits(files_.dtype == DType::F32 ? 0 : piece);
+  std::vector<float> wide(files_.dtype == DType::F32 ? piece : 0);
   const bool bf16 = files_.dtype == DType::BF16;
+  const size_t out_width = dtype_size(files_.dtype);
   for (int64_t first = 0; first < count; first += kPiece) {
     const int64_t n = std::min(kPiece, count - first);
     for (int64_t i = 0; i < n; ++i) {
-      const float value = data[first + i];
-      bits[static_cast<size_t>(i)] = bf16 ? fp32_to_bf16_bits(value) : fp32_to_fp16_bits(value);
+      const float value = dtype == DType::F32
+                              ? static_cast<const float*>(data)[first + i]
+                              : bf16_bits_to_fp32(static_cast<const uint16_t*>(data)[first + i]);
+      if (files_.dtype == DType::F32) {
+        wide[static_cast<size_t>(i)] = value;
+      } else {
+        bits[static_cast<size_t>(i)] = bf16 ? fp32_to_bf16_bits(value) : fp32_to_fp16_bits(value);
+      }
     }
-    write_bytes(file, reinterpret_cast<const char*>(bits.data()), static_cast<size_t>(n) * 2,
-                at + static_cast<uint64_t>(first) * 2);
+    const char* out = files_.dtype == DType::F32 ? reinterpret_cast<const char*>(wide.data())
+                                                 : reinterpret_cast<const char*>(bits.data());
+    write_bytes(file, out, static_cast<size_t>(n) * out_width,
+                at + static_cast<uint64_t>(first) * out_width);
   }
 }
 

@@ -120,7 +120,8 @@ class TensorFilePart {
   ~TensorFilePart();
   TensorFilePart(const TensorFilePart&) = delete;
   TensorFilePart& operator=(const TensorFilePart&) = delete;
-  // Writes F32 `values`, the flat range [begin, begin + values.numel()) of block `block` in
+  // Writes F32 (or BF16, widened exactly) `values`, the flat range [begin, begin +
+  // values.numel()) of block `block` in
   // `source`'s layout, with suffix index `suffix`: each element where its element of the whole
   // tensor lies in the file (only the rows files hold: not wte's padded vocabulary rows),
   // converted to the files' dtype.
@@ -129,7 +130,8 @@ class TensorFilePart {
   void close();  // fsync and close
 
  private:
-  void write_values(int file, const float* data, int64_t count, uint64_t at);
+  // `count` values of `dtype` (F32 or BF16) at `data`, converted to the files' dtype.
+  void write_values(int file, const void* data, DType dtype, int64_t count, uint64_t at);
   void write_bytes(int file, const char* data, size_t bytes, uint64_t at);
 
   std::string dir_;

@@ -394,6 +394,10 @@ TEST_F(CliTest, DeepSpeedZero3OffloadConfigsRunVerbatim) {
   }
   EXPECT_EQ(losses[0].size(), 3u);
   EXPECT_EQ(losses[0], losses[1]);
+  // bf16 optimizer states are the host AdamW's: without the optimizer offloaded, one sentence.
+  expect_user_error("--device cpu --steps 1 --bf16-optimizer-states",
+                    "--bf16-optimizer-states keeps the Adam moments in bf16 for the host's "
+                    "AdamW: it needs --offload optimizer or --offload all");
 }
 
 TEST_F(CliTest, SyntheticRunLogsEntropyFloor) {

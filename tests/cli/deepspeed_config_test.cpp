@@ -135,6 +135,15 @@ TEST_F(DeepSpeedConfigTest, MapsParameterOffloadToTheCpu) {
   for (const std::string& line : mapping.lines) lines += line + "\n";
   EXPECT_NE(lines.find("offload_param.pin_memory: no effect"), std::string::npos) << lines;
   EXPECT_NE(lines.find("offload_param.buffer_count: no effect"), std::string::npos) << lines;
+  // DeepSpeed's bf16 optimizer states; its bf16 master weights are not something dstrain does.
+  json states = all;
+  states.erase("fp16");
+  states["bf16"] = {{"enabled", true}, {"bf16_optimizer_states", true}};
+  mapping = map(states);
+  EXPECT_EQ(mapping.flags["bf16-optimizer-states"], true) << mapping.flags.dump(1);
+  EXPECT_EQ(mapping.flags["precision"], "bf16");
+  states["bf16"]["bf16_master_weights_and_grads"] = true;
+  expect_refused(states, "bf16.bf16_master_weights_and_grads");
 }
 
 TEST_F(DeepSpeedConfigTest, RefusesWhatDstrainCannotDoNamingTheKey) {

@@ -388,6 +388,51 @@ TEST_P(HostAdamWLevel, NonFiniteGradients) {
   EXPECT_TRUE(bitwise_equal(name, "v", reference.v.data(), host.v.data(), n, inputs));
 }
 
+// bf16 optimizer states: each step is the CPU backend's fp32 AdamW on the widened moments (exact),
+// its new moments stored rounded to bf16 and its parameter update taken from the unrounded ones.
+// Three steps from a state of bf16 moments, bf16 gradients and copy, odd sizes, 1-3 threads.
+TEST_P(HostAdamWLevel, Bf16MomentsAreTheFp32StepRounded) {
+  auto backend = make_cpu_backend(1);
+  for (int threads : {1, 3}) {
+    for (const int64_t n : {int64_t{1}, int64_t{17}, int64_t{40003}}) {
+      Rng rng(static_cast<uint64_t>(11 + n + threads));
+      State state = random_state(rng, n, false);
+      std::vector<uint16_t> m = to_16bit(state.m, DType::BF16), v = to_16bit(state.v, DType::BF16);
+      std::vector<float> param = state.param;
+      for (int step_index = 1; step_index <= 3; ++step_index) {
+        const std::vector<uint16_t> grad = to_16bit(mixed_values(rng, n, 0.02, false), DType::BF16);
+        AdamWStep step;
+        step.lr = 1e-3f;
+        step.weight_decay = 0.1f;
+        step.step = 10 + step_index;
+        step.grad_scale = 0.5f;
+        // The reference: fp32 moments widened from the bf16 ones.
+        std::vector<float> ref_param = param, ref_m(n), ref_v(n);
+        for (int64_t i = 0; i < n; ++i) {
+          ref_m[i] = bf16_bits_to_fp32(m[i]);
+          ref_v[i] = bf16_bits_to_fp32(v[i]);
+        }
+        std::vector<uint16_t> ref_copy(n), copy(n);
+        backend->adamw(Tensor(ref_param.data(), DType::F32, {n}),
+                       Tensor(const_cast<uint16_t*>(grad.data()), DType::BF16, {n}),
+                       Tensor(ref_m.data(), DType::F32, {n}), Tensor(ref_v.data(), DType::F32, {n}),
+                       Tensor(ref_copy.data(), DType::BF16, {n}), step, nullptr);
+        host_adamw_moments(GetParam(), param.data(), grad.data(), DType::BF16, m.data(), v.data(),
+                           DType::BF16, copy.data(), DType::BF16, n, step, threads);
+        const std::string name = std::string("bf16_moments_") + host_adamw_isa_name(GetParam()) +
+                                 "_n" + std::to_string(n) + "_step" + std::to_string(step_index);
+        auto inputs = [&](int64_t i) { return "grad " + hex_bits(grad[i]); };
+        const std::vector<uint16_t> want_m = to_16bit(ref_m, DType::BF16);
+        const std::vector<uint16_t> want_v = to_16bit(ref_v, DType::BF16);
+        ASSERT_TRUE(bitwise_equal(name, "param", ref_param.data(), param.data(), n, inputs));
+        ASSERT_TRUE(bitwise_equal(name, "m", want_m.data(), m.data(), n, inputs));
+        ASSERT_TRUE(bitwise_equal(name, "v", want_v.data(), v.data(), n, inputs));
+        ASSERT_TRUE(bitwise_equal(name, "param_copy", ref_copy.data(), copy.data(), n, inputs));
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Isa, HostAdamWLevel,
                          ::testing::Values(HostAdamWIsa::Scalar, HostAdamWIsa::Avx2,
                                            HostAdamWIsa::Avx512),

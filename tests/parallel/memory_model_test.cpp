@@ -84,7 +84,8 @@ int expect_allocations_match(const ModelConfig& config, const Plan& plan) {
                             plan.uses_sequence_parallel(),
                             plan.ep,
                             groups.expert_index,
-                            plan.offload_params};
+                            plan.offload_params,
+                            plan.bf16_optimizer_states};
     ShardedModel state(
         config, sharding,
         StateGroups{groups.data, groups.all, groups.tied, groups.tensor, groups.expert_data},
@@ -159,6 +160,7 @@ TEST(MemoryModel, ShardedPlansMatchAllocatorEveryRankEveryStage) {
           plan.dp = ranks;
           plan.zero = zero;
           set_offload(plan, offload);
+          plan.bf16_optimizer_states = plan.offload && dtype != DType::F32;
           plan.param_dtype = dtype;
           plan.recompute = zero == 1 ? Recompute::Full : Recompute::None;
           SCOPED_TRACE(describe(plan));
@@ -508,6 +510,12 @@ TEST(MemoryModel, ParameterOffloadLeavesTheBlocksInFlightOnTheDevice) {
   EXPECT_EQ(m.device[static_cast<size_t>(MemCategory::GatheredParams)], 2 * 2 * padded(largest));
   EXPECT_EQ(m.device[static_cast<size_t>(MemCategory::CommBuffers)],
             2 * (padded(embedding) + 2 * padded(other) + 2 * shard_numel(largest, 4)));
+  // bf16 optimizer states: 2 + 2 + 4 + 4 (the moments 2 each) bytes per parameter.
+  Plan bf16_states = plan;
+  bf16_states.bf16_optimizer_states = true;
+  const MemoryPrediction b = predict_memory(config, bf16_states);
+  EXPECT_NEAR(b.host[static_cast<size_t>(MemCategory::OptimizerStateHost)] / psi, 8.0 / 4, 1e-3);
+  EXPECT_EQ(b.device_total(), m.device_total());
   // Without offload the same plan keeps a quarter of 16 bytes per parameter on the device.
   Plan resident = plan;
   set_offload(resident, "none");

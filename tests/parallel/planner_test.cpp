@@ -272,6 +272,35 @@ TEST(Planner, Rtx4090x2_13bNeedsItsStateOnTheHostAndSaysHowMuch) {
 // card; with the parameters and the optimizer on the host the card holds two blocks in flight,
 // the gradient buffers and the activations. The transfers hide behind the compute of a
 // micro-batch (a 7B's layer computes for far longer than its 0.4 GB take over PCIe 4.0).
+// Issue 31's other goal: a Qwen2.5-32B-shaped model on four RTX 4090s with 512 GB of host
+// memory. Offloaded whole it needs 16 bytes a parameter on the host (488 GiB), more than the
+// 401.6 GiB usable: the planner says so and what bf16 Adam moments would need (12 bytes, 366
+// GiB); asked for them, it plans ZeRO-3 with the parameters and the optimizer on the host.
+TEST(Planner, Qwen32bOnFourRtx4090sNeedsBf16OptimizerStates) {
+  PlanRequest request;
+  request.gpus = 4;
+  const NodeTopology box = machine("rtx4090-8gpu-pcie.txt", "rtx4090", "512G");
+  const std::string message = user_error([&] { plan("qwen2.5-32b", box, request); });
+  EXPECT_NE(message.find("488.22 GiB of host memory"), std::string::npos) << message;
+  EXPECT_NE(message.find("with --bf16-optimizer-states (the Adam moments in bf16) it would need "
+                         "366.16 GiB, which fits"),
+            std::string::npos)
+      << message;
+  request.bf16_optimizer_states = true;
+  const PlanResult r = plan("qwen2.5-32b", box, request);
+  EXPECT_TRUE(r.best.plan.bf16_optimizer_states);
+  EXPECT_TRUE(r.best.plan.offload && r.best.plan.offload_params) << describe(r.best.plan);
+  EXPECT_EQ(r.best.plan.zero, 3);
+  EXPECT_LE(r.best.host_bytes, r.usable_host_bytes);
+  EXPECT_GT(r.best.cost.tokens_per_second, 500);
+  // It needs the optimizer on the host.
+  request.offload = false;
+  EXPECT_NE(user_error([&] { plan("qwen2.5-32b", box, request); })
+                .find("--bf16-optimizer-states keeps the Adam moments in bf16 for the host's "
+                      "AdamW: it needs --offload optimizer or --offload all"),
+            std::string::npos);
+}
+
 TEST(Planner, Qwen7bOnOneRtx4090OffloadsItsParameters) {
   PlanRequest request;
   request.gpus = 1;

@@ -79,6 +79,7 @@ struct Run {
   // (kernels/cuda/cuda_attention_mma.cu); the small model's heads of 8 take the fp32 kernels.
   bool tensor_core_heads = false;
   bool offload_params = false;  // the working parameters and gradients in pinned host memory
+  bool bf16_states = false;     // the Adam moments in bf16 (with offload)
 };
 
 using RunSpec = Run;  // (inside a TEST, Run names testing::Test::Run)
@@ -107,7 +108,8 @@ RunResult train_run(const fs::path& dir, const Run& run) {
                            run.schedule + "_tp" + std::to_string(run.tp) +
                            (run.sequence_parallel ? "sp" : "") + (run.four_heads ? "_4h" : "") +
                            (run.tensor_core_heads ? "_hd64" : "") +
-                           (run.offload_params ? "_params" : "");
+                           (run.offload_params ? "_params" : "") +
+                           (run.bf16_states ? "_bf16states" : "");
   TrainOptions options = test::small_run_options(dir, name, run.ranks);
   if (run.four_heads) options.model = small_model_with_heads(dir, "four_heads", 24, 4);
   if (run.tensor_core_heads) {
@@ -125,6 +127,7 @@ RunResult train_run(const fs::path& dir, const Run& run) {
   options.zero = run.zero;
   options.offload = run.offload;
   options.offload_params = run.offload_params;
+  options.bf16_optimizer_states = run.bf16_states;
   options.pp = run.pp;
   options.pp_schedule = run.schedule;
   options.tp = run.tp;
@@ -268,6 +271,15 @@ TEST(CudaTraining, ParameterOffloadChangesNoBit) {
       EXPECT_EQ(max_weight_difference(got, want), 0.0) << precision;
     }
   }
+  // bf16 Adam moments on the host: the parameters' offload changes no bit of them either.
+  RunSpec optimizer{"cuda", "bf16", 1, 0, true};
+  optimizer.bf16_states = true;
+  RunSpec everything = optimizer;
+  everything.offload_params = true;
+  const RunResult want = train_run(dir.path(), optimizer);
+  const RunResult got = train_run(dir.path(), everything);
+  EXPECT_EQ(got.losses, want.losses) << "bf16 moments";
+  EXPECT_EQ(max_weight_difference(got, want), 0.0) << "bf16 moments";
 }
 
 // The same through NCCL with a GPU per rank: at ZeRO-1 each block's sum is reduced on its way

@@ -166,6 +166,53 @@ TEST(EquivalenceBitwise, ParameterOffloadChangesNoBit) {
   }
 }
 
+// bf16 optimizer states (--bf16-optimizer-states, with the optimizer on the host): the moments
+// are rounded to bf16 after every step, so the run differs from fp32 moments, but stays close
+// and trains; 2 ranks at ZeRO-3 with the parameters offloaded too train as 1 rank; and a
+// checkpoint (moments written widened to fp32, exactly) resumes to the same bits.
+TEST(EquivalenceBf16States, TrainAsOneRankAndResumeBitwise) {
+  auto options_for = [&](const std::string& name, int ranks, int zero) {
+    TrainOptions options = test::small_run_options(kDir, name, ranks);
+    options.zero = zero;
+    options.offload = true;
+    options.offload_params = ranks > 1;
+    options.bf16_optimizer_states = true;
+    options.precision = "bf16";
+    options.threads = ranks;
+    return options;
+  };
+  auto train_and_read = [](const TrainOptions& options) {
+    std::ostringstream out;
+    train(options, out);
+    return test::read_logged_run(options);
+  };
+  const test::LoggedRun one = train_and_read(options_for("bf16_states_r1", 1, 0));
+  const test::LoggedRun many = train_and_read(options_for("bf16_states_r2", 2, 3));
+  const RunResult fp32_states = run(2, 0, true, false, false, "bf16");
+  ASSERT_EQ(one.losses.size(), size_t(kSteps));
+  EXPECT_LT(one.losses.back(), one.losses.front() - 0.1);
+  for (int step = 0; step < kSteps; ++step) {
+    // bf16 runs: the 16-bit sums' rounding flips with the order of the additions (see the top).
+    EXPECT_NEAR(many.losses[step], one.losses[step], 1e-2 * one.losses[step]) << step + 1;
+    EXPECT_NEAR(one.losses[step], fp32_states.losses[step], 2e-2 * fp32_states.losses[step])
+        << step + 1;
+  }
+  EXPECT_NE(one.losses, fp32_states.losses) << "bf16 moments round: not the fp32 run";
+  EXPECT_EQ(one.config["plan"]["bf16_optimizer_states"], true);
+
+  TrainOptions straight = options_for("bf16_states_straight", 2, 3);
+  straight.steps = 10;
+  straight.save_every = 5;
+  const test::LoggedRun all = train_and_read(straight);
+  TrainOptions resumed = options_for("bf16_states_resumed", 2, 3);
+  resumed.model.clear();
+  resumed.resume = straight.out + "/step-000005";
+  resumed.steps = 10;
+  const test::LoggedRun tail = train_and_read(resumed);
+  ASSERT_EQ(tail.losses.size(), 5u);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(tail.losses[i], all.losses[5 + i]) << "step " << 6 + i;
+}
+
 // A checkpoint is layout-independent: resuming with another number of ranks or ZeRO stage
 // (the same micro-batches per step) continues with the same losses.
 TEST(EquivalenceResume, AnotherRankCountOrZeroStageContinuesTheSameRun) {
