@@ -140,7 +140,8 @@ po::options_description hardware_flags(TrainOptions& o) {
        "what lives in pinned host memory: optimizer (the fp32 master weights and Adam moments, "
        "and the step runs there; what a bare --offload means), params (the 16-bit parameters "
        "and gradients of every block, brought to the GPU block by block ahead of use), all "
-       "(both), none (default on CPU ranks)")
+       "(both), none. Default: none on CPU ranks; on GPUs the planner's choice (the parameters "
+       "only where nothing else fits)")
       ("bf16-optimizer-states", po::bool_switch(&o.bf16_optimizer_states),
        "keep the Adam moments in bf16 (4 bytes a parameter instead of 8; the step itself in "
        "fp32), DeepSpeed's bf16.bf16_optimizer_states; needs --offload optimizer or all. It "

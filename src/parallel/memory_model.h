@@ -25,6 +25,7 @@
 //   offload of the parameters: the P-byte params and grads (each as its stage shards them)
 //             live in pinned host memory (Parameters, Gradients, host) and come to the device
 //             block by block.
+//   bf16 optimizer states: the two Adam moments take 2 bytes each instead of 4.
 // plus, per rank, buffers sized by the largest block (not per parameter): stage 3 gathers
 // each block into one of two full-block buffers (current, prefetched); stages 2-3 let
 // backward add each block's gradient into a full-block buffer before the reduce-scatter (one
