@@ -462,7 +462,13 @@ def trainer_row(path):
             if record.get("type") == "config":
                 config = record
             elif "peak_bytes" in record and memory is None:
-                memory = sum(v for k, v in record["peak_bytes"].items() if not k.endswith("_host"))
+                # The device's allocator alone (with parameter offload the parameters'
+                # category is in both); logs of earlier versions: the categories not on the host.
+                if "device_peak_bytes" in record:
+                    memory = sum(record["device_peak_bytes"].values())
+                else:
+                    memory = sum(v for k, v in record["peak_bytes"].items()
+                                 if not k.endswith("_host"))
             elif record.get("type") == "summary":
                 summary = record
             elif "step" in record and "tokens_per_s" in record:
@@ -471,7 +477,8 @@ def trainer_row(path):
     row = {"impl": "dstrain trainer", "model": name, "dtype": plan.get("precision", "?"),
            "batch": run.get("global_batch", 0), "seq_len": run.get("seq_len", 0),
            "plan": (f"dp {plan.get('dp')} x tp {plan.get('tp')} x pp {plan.get('pp')}, ZeRO-"
-                    f"{plan.get('zero')}, offload {plan.get('offload')}, recompute "
+                    f"{plan.get('zero')}, offload {plan.get('offload')}"
+                    f"{' (and the parameters)' if plan.get('offload_params') else ''}, recompute "
                     f"{plan.get('recompute')}, micro-batch {plan.get('micro_batch')} x "
                     f"{plan.get('grad_accum')} accumulation") if plan else "unknown"}
     timed = steps[2:] or steps

@@ -48,12 +48,17 @@ std::string memory_line(const std::array<size_t, kNumMemCategories>& bytes) {
   return text.str();
 }
 
+// This rank's peak bytes by category of one allocator.
+std::array<size_t, kNumMemCategories> allocator_peaks(const Allocator& allocator) {
+  return allocator.stats().peak;
+}
+
 // This rank's peak bytes by category, device and host allocators together.
 std::array<size_t, kNumMemCategories> peak_bytes(const RankDevices& devices) {
   std::array<size_t, kNumMemCategories> mine{};
   for (const Allocator* allocator : {devices.device.get(), devices.host.get()}) {
-    const MemoryStats stats = allocator->stats();
-    for (int c = 0; c < kNumMemCategories; ++c) mine[c] += stats.peak[c];
+    const std::array<size_t, kNumMemCategories> peaks = allocator_peaks(*allocator);
+    for (int c = 0; c < kNumMemCategories; ++c) mine[c] += peaks[c];
   }
   return mine;
 }
@@ -228,7 +233,9 @@ int RankTrainer::owner_stage(int block) const {
   return -1;
 }
 
-void RankTrainer::announce(const std::vector<std::array<size_t, kNumMemCategories>>& ranks) const {
+void RankTrainer::announce(const std::vector<std::array<size_t, kNumMemCategories>>& ranks,
+                           const std::array<size_t, kNumMemCategories>& device,
+                           const std::array<size_t, kNumMemCategories>& host) const {
   const MemoryBytes memory = max_of(ranks);
   const TrainOptions& o = options_;
   const int world = world_.size();
@@ -262,6 +269,15 @@ void RankTrainer::announce(const std::vector<std::array<size_t, kNumMemCategorie
          << (plan_.uses_sequence_parallel() ? ", sequence parallel" : "") << "\n";
   }
   text << "  memory per rank (peak, largest over ranks):" << memory_line(memory);
+  size_t device_total = 0, host_total = 0;
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    device_total += device[static_cast<size_t>(c)];
+    host_total += host[static_cast<size_t>(c)];
+  }
+  if (host_total > 0) {
+    text << " (the device's allocator " << format_bytes(device_total) << ", the host's "
+         << format_bytes(host_total) << ")";
+  }
   if (ctx_.resume) text << "\n  resuming " << ctx_.resume->dir << " at step " << ctx_.first_step;
   if (ctx_.data->entropy_floor) {
     text.precision(4);
@@ -270,8 +286,11 @@ void RankTrainer::announce(const std::vector<std::array<size_t, kNumMemCategorie
          << *ctx_.data->entropy_previous_only << ")";
   }
   ctx_.progress->message(text.str());
-  nlohmann::json memory_record{{"type", "memory"}, {"ranks", world},
-                               {"peak_bytes", memory_json(memory)}};
+  nlohmann::json memory_record{{"type", "memory"},
+                               {"ranks", world},
+                               {"peak_bytes", memory_json(memory)},
+                               {"device_peak_bytes", memory_json(device)},
+                               {"host_peak_bytes", memory_json(host)}};
   for (const MemoryBytes& rank : ranks) memory_record["per_rank_peak_bytes"].push_back(memory_json(rank));
   if (!ctx_.resume) {
     ctx_.log->write({{"type", "config"}, {"model", config_.to_json()}, {"run", ctx_.fingerprint},
@@ -595,8 +614,11 @@ void RankTrainer::run() {
   const ScopedTracer tracing(&tracer_);
   load_initial_state();
   const std::vector<MemoryBytes> memory = over_ranks(world_, peak_bytes(devices_));
+  // Apart: a category (the parameters, with parameter offload) may be in both.
+  const MemoryBytes device = max_of(over_ranks(world_, allocator_peaks(*devices_.device)));
+  const MemoryBytes host = max_of(over_ranks(world_, allocator_peaks(*devices_.host)));
   const bool leader = rank_ == 0;
-  if (leader) announce(memory);
+  if (leader) announce(memory, device, host);
   TrainSummary& summary = *ctx_.summary;
   double train_seconds = 0.0;
   for (int64_t step = ctx_.first_step; step < options_.steps; ++step) {

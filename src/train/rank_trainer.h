@@ -61,7 +61,11 @@ class RankTrainer {
   MicroBatch load_micro_batch(DataLoader& loader, int micro_batch);
   // The run's first lines and records; memory: each rank's peak bytes by category.
   std::string epoch_line() const;
-  void announce(const std::vector<std::array<size_t, kNumMemCategories>>& memory) const;
+  // memory: each rank's peak bytes by category (device and host allocators together); device,
+  // host: each allocator's, the largest over the ranks.
+  void announce(const std::vector<std::array<size_t, kNumMemCategories>>& memory,
+                const std::array<size_t, kNumMemCategories>& device,
+                const std::array<size_t, kNumMemCategories>& host) const;
   // A step and what follows it.
   StepOutcome train_step(int64_t step);
   // The pipeline bubble and the tensor-parallel traffic of the step, per stage.

@@ -40,6 +40,7 @@ std::string small_model_config() { return test::write_small_model_config(kDir); 
 struct RunResult {
   std::vector<double> losses;
   nlohmann::json memory;  // peak bytes by category, largest over ranks
+  nlohmann::json device_memory, host_memory;  // the same of each allocator
   std::map<std::string, std::vector<float>> weights;
 };
 
@@ -65,7 +66,11 @@ RunResult run(int ranks, int zero, bool offload, bool recompute, bool offload_pa
   for (std::string line; std::getline(log, line);) {
     const nlohmann::json record = nlohmann::json::parse(line);
     if (record.contains("loss")) result.losses.push_back(record["loss"]);
-    if (record.value("type", "") == "memory") result.memory = record["peak_bytes"];
+    if (record.value("type", "") == "memory") {
+      result.memory = record["peak_bytes"];
+      result.device_memory = record["device_peak_bytes"];
+      result.host_memory = record["host_peak_bytes"];
+    }
   }
   result.weights = test::final_weights(options);
   return result;
@@ -159,9 +164,13 @@ TEST(EquivalenceBitwise, ParameterOffloadChangesNoBit) {
       EXPECT_EQ(params.weights, plain.weights) << what << ", params offloaded";
       EXPECT_EQ(all.losses, plain.losses) << what << ", params and optimizer offloaded";
       EXPECT_EQ(all.weights, plain.weights) << what << ", params and optimizer offloaded";
-      // Nothing of the model's state stays in the device categories but the blocks in flight.
-      EXPECT_GT(all.memory["gathered_params"].get<size_t>(), 0u) << what;
-      EXPECT_EQ(all.memory["optimizer_state"].get<size_t>(), 0u) << what;
+      // Nothing of the model's state stays on the device but the blocks in flight.
+      EXPECT_GT(all.device_memory["gathered_params"].get<size_t>(), 0u) << what;
+      for (const char* state : {"parameters", "gradients", "master_weights", "optimizer_state"}) {
+        EXPECT_EQ(all.device_memory[state].get<size_t>(), 0u) << what << ": " << state;
+      }
+      EXPECT_EQ(all.host_memory["parameters"], plain.device_memory["parameters"]) << what;
+      EXPECT_EQ(all.host_memory["gradients"], plain.device_memory["gradients"]) << what;
     }
   }
 }
