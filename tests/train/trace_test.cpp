@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -315,6 +316,38 @@ TEST_F(TraceTest, AnInterruptedWindowIsWrittenAtTheRunsEnd) {
 
 // NCCL between two emulated GPUs (or real ones): ZeRO-3's prefetched gathers run on the model
 // state's communication stream while the compute stream runs the previous layer.
+// Parameter offload on a GPU: each block's copy up runs on the communication stream while the
+// block before it computes (the emulator runs its streams concurrently, timed with CUDA events),
+// so the trace shows copies inside layers' spans and the time split counts them as hidden.
+TEST_F(TraceTest, OnAGpuTheParameterCopiesOverlapTheLayers) {
+  if (usable_cuda_devices() < 1) GTEST_SKIP() << "needs a GPU (the emulator's)";
+  TrainOptions o = options("gpu_offload_params", 1);
+  o.device = "cuda";
+  o.test.max_gpus = 1;
+  o.offload = o.offload_params = true;
+  const std::vector<Span> spans = run(o);
+  size_t copies = 0, hidden = 0;
+  for (const Span& c : spans) {
+    if (c.track != kCommunication || c.name.rfind("offload parameters up, block", 0) != 0) continue;
+    ++copies;
+    hidden += std::any_of(spans.begin(), spans.end(), [&](const Span& l) {
+      return l.track == kCompute && l.cat == "compute" &&
+             (l.name.rfind("forward layer", 0) == 0 || l.name.rfind("backward layer", 0) == 0) &&
+             c.overlaps(l);
+    });
+  }
+  EXPECT_GT(copies, 0u);
+  EXPECT_GT(hidden, 0u) << "no copy of " << copies << " overlaps a layer";
+  double exposed = 0, total = 0;
+  for (const nlohmann::json& t : time_records(o.log)) {
+    exposed += t.at("comm_exposed_s").get<double>();
+    total += t.at("comm_total_s").get<double>();
+  }
+  EXPECT_LT(exposed, total) << "some of the copies hide behind computation";
+  std::cout << "  " << hidden << " of " << copies << " parameter copies overlap a layer; "
+            << "communication " << total << " s, exposed " << exposed << " s (3 steps)\n";
+}
+
 TEST_F(TraceTest, OnGpusTheGathersOverlapTheLayers) {
   if (usable_cuda_devices() < 2 || !choose_devices("cuda", 2, 2).nccl) {
     GTEST_SKIP() << "needs 2 GPUs joined by NCCL (the emulator's: DSTRAIN_CUDA_EMU_DEVICES=2)";
