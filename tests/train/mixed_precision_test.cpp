@@ -125,8 +125,12 @@ std::string slurp(const fs::path& path) {
 }
 
 TEST_F(MixedPrecisionTest, OverflowOnOneRankSkipsTheStepEverywhere) {
-  for (int zero : {0, 3}) {
+  // ZeRO 0 and 3, and ZeRO-3 with everything offloaded (the gradients checked on the host's
+  // copy, brought to the device block by block).
+  for (const auto& [zero, offloaded] :
+       {std::pair{0, false}, std::pair{3, false}, std::pair{3, true}}) {
     TrainOptions options;
+    options.offload = options.offload_params = offloaded;
     options.device = "cpu";
     options.model = "tiny";
     options.precision = "fp16";
@@ -141,9 +145,10 @@ TEST_F(MixedPrecisionTest, OverflowOnOneRankSkipsTheStepEverywhere) {
     options.threads = 4;
     options.test.inject_inf_step = 4;  // rank 2 overflows at step 4
     options.test.inject_inf_rank = 2;
-    options.out = (dir_ / ("run" + std::to_string(zero))).string();
+    const std::string name = std::to_string(zero) + (offloaded ? "_offloaded" : "");
+    options.out = (dir_ / ("run" + name)).string();
     options.save_every = 1;
-    options.log = (dir_ / ("log" + std::to_string(zero) + ".jsonl")).string();
+    options.log = (dir_ / ("log" + name + ".jsonl")).string();
     std::ostringstream out;
     const TrainSummary summary = train(options, out);
     EXPECT_EQ(summary.skipped_steps, 1);
