@@ -63,7 +63,10 @@ void ShardedModel::store_from_host(Tensor dst, Tensor host_f32) {
     rounded = staging.data();
   }
   const float* values = host_f32.f32();
-  for (int64_t i = 0; i < dst.numel(); ++i) {
+  const int64_t n = dst.numel();
+// Elementwise: the same bits on any thread count; threads only where they pay.
+#pragma omp parallel for schedule(static) if (n > (int64_t{1} << 20))
+  for (int64_t i = 0; i < n; ++i) {
     rounded[i] = dst.dtype == DType::F16 ? fp32_to_fp16_bits(values[i])
                                          : fp32_to_bf16_bits(values[i]);
   }
@@ -821,6 +824,7 @@ void ShardedModel::set_full_moments(int which, const std::vector<Tensor>& full_b
     const Tensor full = full_blocks[block];
     if (moment_dtype_ == DType::BF16) {  // on the host: rounded as the host's AdamW stores them
       auto* bits = static_cast<uint16_t*>(stored.data);
+#pragma omp parallel for schedule(static) if (range.numel > (int64_t{1} << 20))
       for (int64_t i = 0; i < range.numel; ++i) {
         bits[i] = fp32_to_bf16_bits(full.f32()[range.begin + i]);
       }
