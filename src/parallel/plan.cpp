@@ -41,17 +41,14 @@ void set_offload(Plan& plan, const std::string& name) {
                        << name << "'";
 }
 
-namespace {
-
-const char* offload_text(const Plan& plan) {
-  if (plan.offload_params) {
-    return plan.offload ? "parameters and optimizer offloaded to host"
-                        : "parameters offloaded to host";
-  }
-  return plan.offload ? "optimizer offloaded to host" : "no offload";
+const char* offloaded_parts(const Plan& plan) {
+  if (plan.offload_params) return plan.offload ? "parameters and optimizer" : "parameters";
+  return plan.offload ? "optimizer" : "";
 }
 
-}  // namespace
+const char* const kBf16StatesNeedOffload =
+    "--bf16-optimizer-states keeps the Adam moments in bf16 for the host's AdamW: it needs "
+    "--offload optimizer or --offload all";
 
 std::string describe(const Plan& plan) {
   std::ostringstream text;
@@ -60,7 +57,10 @@ std::string describe(const Plan& plan) {
   text << " x tp " << plan.tp << " x pp " << plan.pp
        << (plan.uses_sequence_parallel() ? " (sequence parallel)" : "") << ", ZeRO-" << plan.zero
        << ", " << precision_name(plan.param_dtype) << ", "
-       << offload_text(plan) << (plan.bf16_optimizer_states ? " (bf16 Adam moments)" : "")
+       << (plan.offload || plan.offload_params
+               ? std::string(offloaded_parts(plan)) + " offloaded to host"
+               : std::string("no offload"))
+       << (plan.bf16_optimizer_states ? " (bf16 Adam moments)" : "")
        << ", ";
   if (plan.recompute == Recompute::None) {
     text << "no recompute";

@@ -70,6 +70,13 @@ const char* precision_name(DType dtype);
 
 // What --offload names: "none", "optimizer", "params", "all".
 const char* offload_name(const Plan& plan);
+// What the plan keeps in host memory, for people: "parameters and optimizer", "parameters",
+// "optimizer", or "" (nothing).
+const char* offloaded_parts(const Plan& plan);
+
+// The sentence for bf16 optimizer states without the optimizer offloaded.
+extern const char* const kBf16StatesNeedOffload;
+
 // Sets plan.offload and plan.offload_params from one of those names (and on / off, yes / no,
 // true / false, 1 / 0 for optimizer / none); throws UserError naming the choices otherwise.
 void set_offload(Plan& plan, const std::string& name);

@@ -164,14 +164,6 @@ std::pair<uint64_t, uint64_t> overflow(const PlanCandidate& c, const PlanResult&
           c.host_bytes > r.usable_host_bytes ? c.host_bytes - r.usable_host_bytes : 0};
 }
 
-// What a plan keeps in host memory, for people.
-const char* offloaded_state(const Plan& p) {
-  if (p.offload_params) {
-    return p.offload ? "the offloaded parameters and optimizer" : "the offloaded parameters";
-  }
-  return "the offloaded optimizer";
-}
-
 std::string does_not_fit(const PlanCandidate& c, const PlanResult& r) {
   std::ostringstream text;
   if (!c.fits_device) {
@@ -180,11 +172,11 @@ std::string does_not_fit(const PlanCandidate& c, const PlanResult& r) {
          << format_bytes(r.usable_device_bytes) << " usable of " << format_bytes(r.gpu_memory_bytes);
   } else if (r.host_memory_bytes == 0) {
     text << "needs " << format_bytes(c.host_bytes)
-         << " of host memory for " << offloaded_state(c.plan)
+         << " of host memory for the offloaded " << offloaded_parts(c.plan)
          << ", and the host memory is unknown (give it with --host-memory)";
   } else {
     text << "needs " << format_bytes(c.host_bytes)
-         << " of host memory for " << offloaded_state(c.plan) << " of all ranks, "
+         << " of host memory for the offloaded " << offloaded_parts(c.plan) << " of all ranks, "
          << format_bytes(c.host_bytes - r.usable_host_bytes) << " more than the "
          << format_bytes(r.usable_host_bytes) << " usable of " << format_bytes(r.host_memory_bytes);
   }
@@ -390,8 +382,7 @@ void check_fixed_parts(const ModelConfig& config, const NodeTopology& topology,
                        const ClusterShape& cluster, const PlanRequest& request, int world,
                        const std::string& world_text) {
   DSTRAIN_USER_CHECK(!request.bf16_optimizer_states || request.offload.value_or(true))
-      << "--bf16-optimizer-states keeps the Adam moments in bf16 for the host's AdamW: it needs "
-         "--offload optimizer or --offload all";
+      << kBf16StatesNeedOffload;
   for (const auto& [flag, value] : {std::pair{"--dp", request.dp}, std::pair{"--tp", request.tp},
                                     std::pair{"--pp", request.pp}}) {
     DSTRAIN_USER_CHECK(!value || (*value >= 1 && world % *value == 0))

@@ -44,17 +44,13 @@ void ShardedModel::copy_and_wait(void* dst, Device dst_device, const void* src,
 void ShardedModel::store_from_host(Tensor dst, Tensor host_f32) {
   DSTRAIN_CHECK(host_f32.device.is_cpu() && host_f32.dtype == DType::F32 &&
                 dst.numel() == host_f32.numel());
-  if (dst.device.is_cpu() && !offload_params_) {
-    backend_.copy(dst, host_f32, compute_);  // the CPU backend converts in place
-    return;
-  }
   if (dst.dtype == DType::F32) {
     copy_and_wait(dst.data, dst.device, host_f32.data, host_f32.device, dst.nbytes());
     return;
   }
-  // A GPU's copy converts device memory only: round on the host (the same RNE as the
-  // device's __float2half_rn / __float2bfloat16_rn and the CPU backend's, core/dtype.h) and
-  // copy the bits up (or write them where the parameters live on the host).
+  // Rounded on the host (the same RNE as the device's __float2half_rn / __float2bfloat16_rn
+  // and the CPU backend's, core/dtype.h; a GPU's copy converts device memory only), written
+  // where they live, or staged and copied up.
   DSTRAIN_CHECK(dst.dtype == DType::F16 || dst.dtype == DType::BF16) << dst.shape_str();
   std::vector<uint16_t> staging;
   uint16_t* rounded = static_cast<uint16_t*>(dst.data);
@@ -121,8 +117,7 @@ ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& shar
   // Every buffer is sized by the memory model's functions: the planner's prediction and
   // what this allocates are the same numbers by construction (parallel/memory_model.h).
   DSTRAIN_USER_CHECK(!sharding.bf16_optimizer_states || sharding.offload)
-      << "--bf16-optimizer-states keeps the Adam moments in bf16 for the host's AdamW: it needs "
-         "--offload optimizer or --offload all";
+      << kBf16StatesNeedOffload;
   const ShardingSpec spec{sharding.zero,        world_, sharding.offload, dtype_,
                           sharding.offload_params, moment_dtype_};
   DSTRAIN_CHECK(sharding.ep == 1 || groups.expert_data != nullptr)
@@ -364,10 +359,7 @@ Tensor ShardedModel::acquire_grads(int block) {
     if (offload_params_ && !shard_grads_ && !grads_fresh_[static_cast<size_t>(block)]) {
       // Stages 0-1: backward adds to the step's sum so far, which comes back up.
       const Tensor sum = grads_padded(block);
-      const TraceSpan span(TraceTrack::Communication, TraceKind::Communication,
-                           "offload gradients up, block", block, comm_stream_.get(),
-                           TraceArgs{static_cast<int64_t>(sum.nbytes()), -1, "host"});
-      backend_.copy_bytes(full.data, sum.data, sum.nbytes(), comm_stream_.get());
+      traced_copy("offload gradients up, block", block, full.data, sum.data, sum.nbytes());
       compute_waits_for_comm();
     } else {
       backend_.fill_zero(full, compute_);
@@ -734,10 +726,7 @@ void ShardedModel::offload_step(const AdamWConfig& adam, double lr, int64_t adam
     const int block = order[i];
     Tensor grads = range_grads(block);
     Tensor staged = flat(host_grads_[i % 2], grads.numel(), dtype_);
-    const TraceSpan span(TraceTrack::Communication, TraceKind::Communication,
-                         "offload gradients down, block", block, comm,
-                         TraceArgs{static_cast<int64_t>(grads.nbytes()), -1, "host"});
-    backend_.copy_bytes(staged.data, grads.data, grads.nbytes(), comm);
+    traced_copy("offload gradients down, block", block, staged.data, grads.data, grads.nbytes());
     backend_.record_event(down_[i % 2].get(), comm);
   };
   comm_waits_for_compute();
@@ -763,10 +752,8 @@ void ShardedModel::offload_step(const AdamWConfig& adam, double lr, int64_t adam
                               sharding_.host_threads);
     }
     Tensor device_params = range_params(block);
-    const TraceSpan span(TraceTrack::Communication, TraceKind::Communication,
-                         "offload weights up, block", block, comm,
-                         TraceArgs{static_cast<int64_t>(staged_params.nbytes()), -1, "host"});
-    backend_.copy_bytes(device_params.data, staged_params.data, staged_params.nbytes(), comm);
+    traced_copy("offload weights up, block", block, device_params.data, staged_params.data,
+                staged_params.nbytes());
     backend_.record_event(up_[i % 2].get(), comm);
   }
 }

@@ -323,6 +323,9 @@ class ShardedModel : public ParamProvider {
   void gather_updated_params();
 
   // ---- Parameter offload (sharded_offload.cpp) ----
+  // A copy between host and device memory on the communication stream, traced as `name` (of
+  // `block`, -1: none) with its bytes.
+  void traced_copy(const char* name, int block, void* dst, const void* src, size_t bytes) const;
   // Block `block`'s working parameters (host) into gathered buffer `slot` on the communication
   // stream: the padded block, or at stage 3 this rank's shard, then gathered.
   void bring_params(int block, Tensor slot);

@@ -11,25 +11,21 @@
 
 namespace dstrain {
 
-namespace {
-
 // A transfer between host and device on the communication stream, traced with its bytes.
-void traced_copy(Backend& backend, const char* name, int block, void* dst, const void* src,
-                 size_t bytes, Stream stream) {
-  const TraceSpan span(TraceTrack::Communication, TraceKind::Communication, name, block, stream,
+void ShardedModel::traced_copy(const char* name, int block, void* dst, const void* src,
+                               size_t bytes) const {
+  const Stream comm = comm_stream_.get();
+  const TraceSpan span(TraceTrack::Communication, TraceKind::Communication, name, block, comm,
                        TraceArgs{static_cast<int64_t>(bytes), -1, "host"});
-  backend.copy_bytes(dst, src, bytes, stream);
+  backend_.copy_bytes(dst, src, bytes, comm);
 }
-
-}  // namespace
 
 void ShardedModel::bring_params(int block, Tensor full) {
   const Block& b = blocks_[block];
   const Stream comm = comm_stream_.get();
   const Tensor stored = params_padded(block);  // the padded block, or at stage 3 the shard
   const Tensor place = shard_params_ ? full.slice(b.rank * b.shard, {b.shard}) : full;
-  traced_copy(backend_, "offload parameters up, block", block, place.data, stored.data,
-              stored.nbytes(), comm);
+  traced_copy("offload parameters up, block", block, place.data, stored.data, stored.nbytes());
   if (shard_params_) b.comm->all_gather(full, place, comm);
 }
 
@@ -47,16 +43,14 @@ void ShardedModel::send_gradients_down(int block, const Buffer& buffer, bool red
     if (grads_fresh_[static_cast<size_t>(block)]) {
       backend_.fill_zero(down, comm);
     } else {
-      traced_copy(backend_, "offload gradients up, block", block, down.data, sum.data, sum.nbytes(),
-                  comm);
+      traced_copy("offload gradients up, block", block, down.data, sum.data, sum.nbytes());
     }
     backend_.accumulate(down, reduced, comm);
   } else if (reduce) {
     reduce_full(block, full);
     reduced_in_backward_[static_cast<size_t>(block)] = true;
   }
-  traced_copy(backend_, "offload gradients down, block", block, sum.data, down.data, sum.nbytes(),
-              comm);
+  traced_copy("offload gradients down, block", block, sum.data, down.data, sum.nbytes());
   grads_fresh_[static_cast<size_t>(block)] = false;
 }
 
@@ -77,12 +71,10 @@ void ShardedModel::reduce_offloaded(int block) {
   if (grads_fresh_[static_cast<size_t>(block)]) {
     backend_.fill_zero(full, comm);
   } else {
-    traced_copy(backend_, "offload gradients up, block", block, full.data, sum.data, sum.nbytes(),
-                comm);
+    traced_copy("offload gradients up, block", block, full.data, sum.data, sum.nbytes());
   }
   reduce_full(block, full);
-  traced_copy(backend_, "offload gradients down, block", block, sum.data, full.data, sum.nbytes(),
-              comm);
+  traced_copy("offload gradients down, block", block, sum.data, full.data, sum.nbytes());
   grads_fresh_[static_cast<size_t>(block)] = false;
 }
 
@@ -90,9 +82,9 @@ void ShardedModel::on_device_and_back(Tensor host, const std::function<void(Tens
   const Stream comm = comm_stream_.get();
   Tensor device = device_staging(host.nbytes()).view(host.dtype, {host.numel()});
   comm_waits_for_compute();
-  traced_copy(backend_, "offload gradients up", -1, device.data, host.data, host.nbytes(), comm);
+  traced_copy("offload gradients up", -1, device.data, host.data, host.nbytes());
   fn(device);
-  traced_copy(backend_, "offload gradients down", -1, host.data, device.data, host.nbytes(), comm);
+  traced_copy("offload gradients down", -1, host.data, device.data, host.nbytes());
   backend_.synchronize(comm);
 }
 
@@ -108,9 +100,8 @@ GradientStats ShardedModel::offloaded_gradient_stats(const std::vector<GradientT
   }
   const auto bytes = static_cast<size_t>(end - begin);
   const Buffer& staging = device_staging(bytes);
-  const Stream comm = comm_stream_.get();
   comm_waits_for_compute();
-  traced_copy(backend_, "offload gradients up", -1, staging.data(), begin, bytes, comm);
+  traced_copy("offload gradients up", -1, staging.data(), begin, bytes);
   compute_waits_for_comm();
   std::vector<GradientTensor> on_device = buffers;
   for (GradientTensor& b : on_device) {
@@ -134,10 +125,10 @@ void ShardedModel::offloaded_params_device_step(const AdamWConfig& adam, double 
     const Tensor params = flat(gather_slots_[0].buffer, range.numel, dtype_);
     const Tensor grads = device_staging(host_grads.nbytes()).view(dtype_, {range.numel});
     comm_waits_for_compute();  // the previous block's update is done with both buffers
-    traced_copy(backend_, "offload parameters up, block", block, params.data, host_params.data,
-                host_params.nbytes(), comm);
-    traced_copy(backend_, "offload gradients up, block", block, grads.data, host_grads.data,
-                host_grads.nbytes(), comm);
+    traced_copy("offload parameters up, block", block, params.data, host_params.data,
+                host_params.nbytes());
+    traced_copy("offload gradients up, block", block, grads.data, host_grads.data,
+                host_grads.nbytes());
     compute_waits_for_comm();
     std::vector<AdamWTensors> buffers;
     const Tensor m = moment(0, block), v = moment(1, block);
@@ -148,8 +139,8 @@ void ShardedModel::offloaded_params_device_step(const AdamWConfig& adam, double 
                          adam.weight_decay, buffers);
     backend_.adamw_multi(buffers, step, compute_);
     comm_waits_for_compute();
-    traced_copy(backend_, "offload parameters down, block", block, host_params.data, params.data,
-                host_params.nbytes(), comm);
+    traced_copy("offload parameters down, block", block, host_params.data, params.data,
+                host_params.nbytes());
   }
   backend_.synchronize(comm);
 }
@@ -180,11 +171,9 @@ void ShardedModel::gather_updated_params_offloaded() {
     const Tensor full = flat(gather_slots_[0].buffer, b.shard * b.world, dtype_);
     const Tensor mine = host.slice(b.rank * b.shard, {b.shard});
     const Tensor place = full.slice(b.rank * b.shard, {b.shard});
-    traced_copy(backend_, "offload parameters up, block", block, place.data, mine.data,
-                mine.nbytes(), comm);
+    traced_copy("offload parameters up, block", block, place.data, mine.data, mine.nbytes());
     b.comm->all_gather(full, place, comm);
-    traced_copy(backend_, "offload parameters down, block", block, host.data, full.data,
-                host.nbytes(), comm);
+    traced_copy("offload parameters down, block", block, host.data, full.data, host.nbytes());
   }
   backend_.synchronize(comm);
 }

@@ -253,9 +253,7 @@ Plan plan_from_options(const TrainOptions& options, const ModelConfig& config) {
   plan.offload = options.offload;
   plan.offload_params = options.offload_params;
   plan.bf16_optimizer_states = options.bf16_optimizer_states;
-  DSTRAIN_USER_CHECK(!plan.bf16_optimizer_states || plan.offload)
-      << "--bf16-optimizer-states keeps the Adam moments in bf16 for the host's AdamW: it needs "
-         "--offload optimizer or --offload all";
+  DSTRAIN_USER_CHECK(!plan.bf16_optimizer_states || plan.offload) << kBf16StatesNeedOffload;
   plan.recompute = parse_recompute(options.recompute);
   plan.micro_batch = options.batch;
   plan.grad_accum = options.grad_accum;
