@@ -3,6 +3,8 @@
 // checkpoint stays loadable.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "tests/common/temp_dir.h"
 
 #include <signal.h>
@@ -119,10 +121,18 @@ TEST_F(SignalTest, SecondSignalExitsAtOnceAndKeepsTheLastGoodCheckpoint) {
   const int code = wait_exit(pid);  // the code of whichever signal came second
   EXPECT_TRUE(code == 128 + SIGTERM || code == 128 + SIGINT) << code;
   EXPECT_NE(read(dir_ / "stderr.txt").find("second signal"), std::string::npos);
-  // Whatever step it died in, `latest` names a whole checkpoint that resumes.
+  // Whatever step it died in, `latest` names a whole checkpoint that resumes; a newer one may be
+  // whole too (written before the signal, `latest` not moved yet): --resume takes the newest.
   const std::string latest = fs::read_symlink(dir_ / "run/latest").string();
   ASSERT_FALSE(latest.empty());
-  const int steps = std::stoi(latest.substr(5)) + 1;
+  int newest = std::stoi(latest.substr(5));
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir_ / "run")) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() == 11 && name.rfind("step-", 0) == 0) {  // step-NNNNNN, not a staging dir
+      newest = std::max(newest, std::stoi(name.substr(5)));
+    }
+  }
+  const int steps = newest + 1;
   const pid_t resumed = start({"--resume", (dir_ / "run").string(), "--steps",
                                std::to_string(steps), "--sample", "0", "--quiet"});
   EXPECT_EQ(wait_exit(resumed), 0) << read(dir_ / "stderr.txt");
