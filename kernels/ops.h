@@ -33,6 +33,10 @@ namespace dstrain {
 using Stream = void*;  // cudaStream_t on CUDA; nullptr on the CPU backend
 using Event = void*;   // cudaEvent_t on CUDA; nullptr on the CPU backend
 
+// A cross-entropy target that the loss does not count (PyTorch's ignore_index): loss 0 and a
+// zero gradient row. Any other negative target is an error.
+constexpr int32_t kIgnoreTarget = -100;
+
 struct AdamWStep {
   float lr = 0.0f;
   float beta1 = 0.9f;
@@ -248,7 +252,9 @@ class Backend {
   virtual void add_bias(Tensor x, Tensor bias, Stream stream) = 0;
 
   // ---- fused softmax + cross-entropy ----
-  // logits (N,Vp); targets (N) I32 in [0,V); columns >= V do not exist (masked out).
+  // logits (N,Vp); targets (N) I32 in [0,V), or kIgnoreTarget: a row the loss does not count
+  // (a prompt or padding token of chat data), whose loss is 0 and whose dlogits row is 0.
+  // Columns >= V do not exist (masked out).
   // losses (N) F32 = -log softmax(logits[n, :V])[targets[n]].
   // If dlogits (N,Vp) is not empty: dlogits = (softmax - onehot(target)) * dloss for
   // columns < V, 0 for columns >= V (dloss: the weight of each row's loss, e.g. 1/(N*accum)).
@@ -261,15 +267,16 @@ class Backend {
   // (N,Vs) are columns [vocab_begin, vocab_begin + Vs) of the whole (N, P*Vs) logits; real
   // columns are those < vocab (global index). No rank holds the whole logits.
   // 1. stats (N,3) F32 per row over this slice's real columns: (max, sum of exp(x - max),
-  //    the target's logit, or 0 when the target is not in the slice). A slice without real
-  //    columns gives (-inf, 0, 0).
+  //    the target's logit, or 0 when the target is not in the slice or is kIgnoreTarget). A
+  //    slice without real columns gives (-inf, 0, 0).
   virtual void cross_entropy_stats(Tensor stats, Tensor logits, Tensor targets,
                                    int64_t vocab_begin, int vocab, Stream stream) = 0;
   // 2. From every slice's stats (P,N,3) F32 (slice p: columns [p*Vs, (p+1)*Vs)): M = max_p
   //    max_p, S = sum over p in order of sum_p * exp(max_p - M), target logit from the slice
   //    holding the target; losses (N) F32 = log S - (target logit - M). If dlogits (N,Vs) is
   //    not empty: dlogits = (exp(x - M) / S - onehot(target)) * dloss on real columns, 0 on
-  //    the others. dlogits may be logits itself (same dtype).
+  //    the others. dlogits may be logits itself (same dtype). A kIgnoreTarget row: loss 0 and
+  //    a zero dlogits row.
   virtual void cross_entropy_from_stats(Tensor losses, Tensor dlogits, Tensor logits,
                                         Tensor stats, Tensor targets, int64_t vocab_begin,
                                         int vocab, float dloss, Stream stream) = 0;

@@ -31,7 +31,7 @@ LogitSlice check_logit_slice(const Tensor& logits, const Tensor& targets, int64_
       << logits.shape_str();
   const int32_t* ids = static_cast<const int32_t*>(targets.data);
   for (int64_t n = 0; n < s.N; ++n) {
-    DSTRAIN_USER_CHECK(ids[n] >= 0 && ids[n] < vocab)
+    DSTRAIN_USER_CHECK((ids[n] >= 0 && ids[n] < vocab) || ids[n] == kIgnoreTarget)
         << "target id " << ids[n] << " at row " << n << " is outside the vocabulary [0, " << vocab
         << "): check that the data was tokenized for this model";
   }
@@ -109,10 +109,15 @@ void cross_entropy_from_stats(const CpuContext& ctx, Tensor losses, Tensor dlogi
   float* loss_out = losses.f32();
   ThreadScratch scratch(ctx, 2 * s.Vs);
   parallel_for(ctx, s.N, [&](int64_t n, int thread) {
+    float* buffers = scratch.get(thread);
+    if (ids[n] == kIgnoreTarget) {
+      loss_out[n] = 0.0f;
+      if (with_grad) zero_span(dlogits, n * s.Vs, s.Vs, buffers + s.Vs);
+      return;
+    }
     const RowSoftmax row = combine_stats(all_stats, P, s.N, n, ids[n] / s.Vs);
     loss_out[n] = std::log(row.sum) - (row.target_logit - row.max_logit);
     if (!with_grad) return;
-    float* buffers = scratch.get(thread);
     const float* x = load_span(logits, n * s.Vs, s.Vs, buffers);
     float* dx = output_span(dlogits, n * s.Vs, s.Vs, buffers + s.Vs);
     const float inv_sum = 1.0f / row.sum;

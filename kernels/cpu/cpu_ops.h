@@ -94,6 +94,13 @@ inline void commit_span(const Tensor& t, int64_t offset, int64_t count, const fl
   }
 }
 
+// Elements [offset, offset + count) of `t` set to 0. REQUIRES: scratch holds count floats.
+inline void zero_span(const Tensor& t, int64_t offset, int64_t count, float* scratch) {
+  float* out = output_span(t, offset, count, scratch);
+  std::fill(out, out + count, 0.0f);
+  commit_span(t, offset, count, out);
+}
+
 // t[offset + i] = round(t[offset + i] + values[i]): one rounding per element.
 template <class T>
 inline void accumulate_typed(T* dst, const float* values, int64_t count) {

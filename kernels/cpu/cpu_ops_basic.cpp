@@ -402,7 +402,7 @@ void softmax_cross_entropy(const CpuContext& ctx, Tensor losses, Tensor dlogits,
   }
   const int32_t* target_ids = static_cast<const int32_t*>(targets.data);
   for (int64_t n = 0; n < N; ++n) {
-    DSTRAIN_USER_CHECK(target_ids[n] >= 0 && target_ids[n] < V)
+    DSTRAIN_USER_CHECK((target_ids[n] >= 0 && target_ids[n] < V) || target_ids[n] == kIgnoreTarget)
         << "target id " << target_ids[n] << " at row " << n << " is outside the vocabulary [0, "
         << V << "): check that the data was tokenized for this model";
   }
@@ -411,8 +411,13 @@ void softmax_cross_entropy(const CpuContext& ctx, Tensor losses, Tensor dlogits,
   ThreadScratch scratch(ctx, 2 * Vp);
   parallel_for(ctx, N, [&](int64_t n, int thread) {
     float* buffers = scratch.get(thread);
-    const float* x = load_span(logits, n * Vp, Vp, buffers);
     const int64_t target = target_ids[n];
+    if (target == kIgnoreTarget) {
+      loss_out[n] = 0.0f;
+      if (with_grad) zero_span(dlogits, n * Vp, Vp, buffers + Vp);
+      return;
+    }
+    const float* x = load_span(logits, n * Vp, Vp, buffers);
     float max_logit = x[0];
     for (int64_t j = 1; j < V; ++j) max_logit = std::max(max_logit, x[j]);
     const float target_logit = x[target];

@@ -101,6 +101,13 @@ __global__ void softmax_cross_entropy_kernel(float* losses, DeviceTensor dlogits
   const int64_t n = blockIdx.x;
   const int64_t base = n * Vp;
   const int32_t target = targets[n];
+  if (target == kIgnoreTarget) {  // a row the loss does not count
+    if (threadIdx.x == 0) losses[n] = 0.0f;
+    if (with_grad) {
+      for (int64_t j = threadIdx.x; j < Vp; j += blockDim.x) store(dlogits, base + j, 0.0f);
+    }
+    return;
+  }
   if (target < 0 || target >= V) {  // the same for the whole block: no barrier is skipped
     if (threadIdx.x == 0) {
       atomicOr(error_word, kBadTargetId);
@@ -141,13 +148,15 @@ __global__ void softmax_cross_entropy_vector_kernel(float* losses, T* dlogits, c
   const T* row = logits + n * Vp;
   T* drow = dlogits == nullptr ? nullptr : dlogits + n * Vp;
   const int32_t target = targets[n];
-  if (target < 0 || target >= V) {  // the same for the whole block: no barrier is skipped
+  if (target == kIgnoreTarget || target < 0 || target >= V) {  // the same for the whole block
+    const bool ignored = target == kIgnoreTarget;
     if (threadIdx.x == 0) {
-      atomicOr(error_word, kBadTargetId);
-      losses[n] = NAN;
+      if (!ignored) atomicOr(error_word, kBadTargetId);
+      losses[n] = ignored ? 0.0f : NAN;
     }
     if (drow == nullptr) return;
-    for (int64_t j = threadIdx.x; j < Vp; j += blockDim.x) drow[j] = from_float<T>(NAN);
+    const T fill = from_float<T>(ignored ? 0.0f : NAN);
+    for (int64_t j = threadIdx.x; j < Vp; j += blockDim.x) drow[j] = fill;
     return;
   }
   const float target_logit = to_float(row[target]);  // before the block's first barrier
@@ -179,7 +188,8 @@ __global__ void cross_entropy_stats_kernel(float* stats, DeviceTensor logits,
                                            int64_t vocab, unsigned* error_word) {
   const int64_t n = blockIdx.x, base = n * Vs;
   const int32_t target = targets[n];
-  if (target < 0 || target >= vocab) {  // the same for the whole block
+  // An ignored row's statistics are computed as any other's (no slice holds its target).
+  if (target != kIgnoreTarget && (target < 0 || target >= vocab)) {  // the same for the block
     if (threadIdx.x == 0) {
       atomicOr(error_word, kBadTargetId);
       for (int k = 0; k < 3; ++k) stats[3 * n + k] = NAN;
@@ -204,6 +214,13 @@ __global__ void cross_entropy_from_stats_kernel(float* losses, DeviceTensor dlog
                                                 unsigned* error_word) {
   const int64_t n = blockIdx.x, base = n * Vs;
   const int32_t target = targets[n];
+  if (target == kIgnoreTarget) {  // a row the loss does not count
+    if (threadIdx.x == 0) losses[n] = 0.0f;
+    if (with_grad) {
+      for (int64_t j = threadIdx.x; j < Vs; j += blockDim.x) store(dlogits, base + j, 0.0f);
+    }
+    return;
+  }
   if (target < 0 || target >= vocab) {
     if (threadIdx.x == 0) {
       atomicOr(error_word, kBadTargetId);

@@ -13,6 +13,8 @@ HostTensor random_targets(Random& rng, const CrossEntropyCase& c) {
   HostTensor targets(DType::I32, {c.N});
   for (int64_t n = 0; n < c.N; ++n) targets.i32()[n] = static_cast<int32_t>(rng.integer(c.V));
   targets.i32()[0] = static_cast<int32_t>(c.V - 1);  // the last real column
+  // Rows the loss does not count (chat data's prompt and padding): loss 0, gradient 0.
+  for (int64_t n = 2; n < c.N; n += 3) targets.i32()[n] = kIgnoreTarget;
   return targets;
 }
 

@@ -270,6 +270,7 @@ inline std::vector<double> cross_entropy_reference(const std::vector<double>& lo
                                                    int64_t rows, int64_t V, int64_t width) {
   std::vector<double> losses(static_cast<size_t>(rows));
   for (int64_t n = 0; n < rows; ++n) {
+    if (targets[n] == kIgnoreTarget) continue;  // not counted: loss 0
     const double* row = &logits[static_cast<size_t>(n * width)];
     double max_logit = row[0];
     for (int64_t j = 1; j < V; ++j) max_logit = std::max(max_logit, row[j]);

@@ -2,7 +2,8 @@
 // dlogits over logits in place; every dtype; padded columns (V < Vp) must come back as 0.
 //   losses: {atol 1e-5, rtol 1e-5, nmse 1e-11}
 //   dlogits: F32 {1e-7, 1e-4, 1e-10} (values ~ dloss / V); F16/BF16 storage_tolerance
-// A bad target id is flagged on the device and reported by the next synchronize.
+// A bad target id is flagged on the device and reported by the next synchronize; a
+// kIgnoreTarget row is not (loss 0, gradient 0, as the twin).
 // The vocabulary-parallel pair (cross_entropy_stats, cross_entropy_from_stats) over P slices:
 // the statistics {1e-5, 1e-5, nmse 1e-10} of the CPU twin's (a slice without real columns:
 // exactly (-inf, 0, 0)), losses and dlogits as above.
@@ -24,6 +25,8 @@ Tolerance dlogits_tolerance(DType dtype) {
 HostTensor random_targets(Random& rng, int64_t N, int64_t V) {
   HostTensor t(DType::I32, {N});
   for (int64_t i = 0; i < N; ++i) t.i32()[i] = static_cast<int32_t>(rng.integer(V));
+  // Rows the loss does not count (chat data's prompt and padding): loss 0, a zero gradient row.
+  for (int64_t i = 2; i < N; i += 3) t.i32()[i] = kIgnoreTarget;
   return t;
 }
 
