@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "core/rng.h"
+#include "kernels/ops.h"
 
 namespace dstrain {
 
@@ -25,10 +26,10 @@ TokenDataset TokenDataset::open(const std::string& spec, int64_t vocab_size) {
 }
 
 TokenDataset TokenDataset::from_tokens(std::vector<int32_t> tokens, int64_t vocab_size,
-                                       std::string name) {
+                                       std::string name, std::vector<uint8_t> mask) {
   TokenDataset dataset;
   std::shared_ptr<const TokenSource> source =
-      TokenSource::from_tokens(std::move(tokens), vocab_size, name);
+      TokenSource::from_tokens(std::move(tokens), vocab_size, name, std::move(mask));
   const size_t count = source->size();
   dataset.add(TokenRange{std::move(source), 0, count});
   dataset.description_ = "'" + name + "'";
@@ -41,6 +42,14 @@ void TokenDataset::add(TokenRange range) {
                 range.count <= range.source->size() - range.begin)
       << "range [" << range.begin << ", " << range.begin + range.count << ") of "
       << range.source->size() << " tokens of '" << range.source->name() << "'";
+  if (!shards_.empty()) {
+    const bool has_mask = range.source->mask().size() > 0;
+    DSTRAIN_USER_CHECK(has_mask == masked())
+        << "'" << range.source->name() << "' " << (has_mask ? "has" : "has no")
+        << " loss mask beside it (" << mask_path_for(range.source->name()) << ") but '"
+        << shards_[0].source->name() << "' " << (has_mask ? "has none" : "has one")
+        << "; chat data (prepare --chat) and text cannot be mixed in one --data.";
+  }
   shards_.push_back(std::move(range));
 }
 
@@ -49,6 +58,19 @@ size_t TokenDataset::num_tokens() const {
   for (const TokenRange& shard : shards_) total += shard.count;
   return total;
 }
+
+namespace {
+
+// Where to cut `shard` at `position` (tokens of its range): there for text; of chat data, at the
+// start of the conversation holding it (0 when it lies in the range's first conversation).
+size_t conversation_cut(const TokenRange& shard, size_t position) {
+  const std::span<const uint8_t> mask = shard.source->mask();
+  if (mask.empty()) return position;
+  while (position > 0 && (mask[shard.begin + position] & kMaskConversationStart) == 0) --position;
+  return position;
+}
+
+}  // namespace
 
 TrainValViews held_out_split(const TokenDataset& data, double val_fraction,
                              size_t min_val_tokens) {
@@ -75,15 +97,20 @@ TrainValViews held_out_split(const TokenDataset& data, double val_fraction,
       val_reversed.push_back(shard);
       still_needed -= shard.count;
     } else {
-      const size_t train_part = shard.count - still_needed;
-      val_reversed.push_back(TokenRange{shard.source, shard.begin + train_part, still_needed});
+      const size_t train_part = conversation_cut(shard, shard.count - still_needed);
+      val_reversed.push_back(
+          TokenRange{shard.source, shard.begin + train_part, shard.count - train_part});
       cut_train = TokenRange{shard.source, shard.begin, train_part};
-      has_cut = true;
+      has_cut = train_part > 0;
       still_needed = 0;
     }
   }
   for (size_t i = 0; i < keep; ++i) views.train.add(shards[i]);
   if (has_cut) views.train.add(cut_train);
+  DSTRAIN_USER_CHECK(!views.train.shards().empty())
+      << data.description() << " is one conversation at the place the held-out split of "
+      << val_tokens << " tokens would cut it, too little to split; give separate validation "
+      << "data (--val-data) or --val-fraction 0.";
   for (auto it = val_reversed.rbegin(); it != val_reversed.rend(); ++it) views.val.add(*it);
   views.train.set_description(data.description() + " (training part)");
   views.val.set_description(data.description() + " (held-out validation tail)");
@@ -105,6 +132,9 @@ int64_t sequences_in(const TokenRange& shard, int64_t seq_len) {
 
 int64_t count_sequences(const TokenDataset& dataset, int64_t seq_len) {
   DSTRAIN_CHECK(seq_len >= 1) << "seq_len " << seq_len;
+  if (dataset.masked()) {
+    return static_cast<int64_t>(index_conversations(dataset, seq_len).conversations.size());
+  }
   int64_t sequences = 0;
   for (const TokenRange& shard : dataset.shards()) sequences += sequences_in(shard, seq_len);
   return sequences;
@@ -120,6 +150,16 @@ DataLoader::DataLoader(TokenDataset dataset, const LoaderOptions& options)
   step_ = options.sequences_per_step > 0 ? options.sequences_per_step : round_;
   DSTRAIN_CHECK(step_ % round_ == 0) << step_ << " sequences per step, rounds of " << round_;
   first_sequence_.assign(1, 0);
+  if (dataset_.masked()) {
+    conversations_ = std::make_shared<const ConversationIndex>(index_conversations(dataset_, T));
+    num_sequences_ = static_cast<int64_t>(conversations_->conversations.size());
+    DSTRAIN_USER_CHECK(num_sequences_ >= step_)
+        << dataset_.description() << " holds " << describe_conversations(*conversations_, T)
+        << ", but one step reads " << step_ << " (B=" << B << ", " << R << " rank(s)"
+        << (step_ > round_ ? ", " + std::to_string(step_ / round_) + " micro-batches each" : "")
+        << "); give more conversations or a smaller batch or rank count.";
+    return;
+  }
   for (const TokenRange& shard : dataset_.shards()) {
     first_sequence_.push_back(first_sequence_.back() + sequences_in(shard, T));
   }
@@ -156,6 +196,10 @@ int64_t DataLoader::sequence_index(int64_t epoch, int64_t position) {
 
 std::pair<size_t, size_t> DataLoader::sequence_location(int64_t s) const {
   DSTRAIN_CHECK(s >= 0 && s < num_sequences_) << "sequence " << s << " of " << num_sequences_;
+  if (conversations_) {
+    const Conversation& c = conversations_->conversations[static_cast<size_t>(s)];
+    return {c.shard, c.offset};
+  }
   // The last shard whose first sequence is <= s (empty shards share a first one; skip them).
   const auto it = std::upper_bound(first_sequence_.begin(), first_sequence_.end(), s);
   const size_t shard = static_cast<size_t>(it - first_sequence_.begin()) - 1;
@@ -168,16 +212,55 @@ void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
   const int64_t B = options_.batch, T = options_.seq_len;
   const int64_t first = (next_round_ * options_.ranks + options_.rank) * B;
   for (int64_t row = 0; row < B; ++row) {
-    const auto [shard_index, offset] = sequence_location(sequence_index(epoch_, first + row));
-    const TokenRange& shard = dataset_.shards()[shard_index];
-    const size_t count = static_cast<size_t>(T);
-    shard.source->read(shard.begin + offset, count, inputs + row * T);       // seq[0 : T]
-    shard.source->read(shard.begin + offset + 1, count, targets + row * T);  // seq[1 : T+1]
+    const int64_t sequence = sequence_index(epoch_, first + row);
+    if (conversations_) {
+      read_conversation_row(sequence, inputs + row * T, targets + row * T);
+    } else {
+      read_text_row(sequence, inputs + row * T, targets + row * T);
+    }
   }
   if (++next_round_ == rounds_per_epoch()) {
     next_round_ = 0;
     ++epoch_;
   }
+}
+
+void DataLoader::read_text_row(int64_t sequence, int32_t* inputs, int32_t* targets) const {
+  const auto [shard_index, offset] = sequence_location(sequence);
+  const TokenRange& shard = dataset_.shards()[shard_index];
+  const size_t count = static_cast<size_t>(options_.seq_len);
+  shard.source->read(shard.begin + offset, count, inputs);       // seq[0 : T]
+  shard.source->read(shard.begin + offset + 1, count, targets);  // seq[1 : T+1]
+}
+
+// inputs = tokens [0, n-1), targets = tokens [1, n) where trained, else kIgnoreTarget; the rest
+// of the row padded with token 0 (any id in the vocabulary: its targets are not counted, and
+// causal attention keeps it from the tokens before it).
+void DataLoader::read_conversation_row(int64_t sequence, int32_t* inputs,
+                                       int32_t* targets) const {
+  const Conversation& c = conversations_->conversations[static_cast<size_t>(sequence)];
+  const TokenRange& shard = dataset_.shards()[c.shard];
+  const size_t T = static_cast<size_t>(options_.seq_len), n = c.length - 1;
+  shard.source->read(shard.begin + c.offset, n, inputs);
+  shard.source->read(shard.begin + c.offset + 1, n, targets);
+  const uint8_t* flags = shard.source->mask().data() + shard.begin + c.offset + 1;
+  for (size_t i = 0; i < n; ++i) {
+    if ((flags[i] & kMaskTrained) == 0) targets[i] = kIgnoreTarget;
+  }
+  std::fill(inputs + n, inputs + T, 0);
+  std::fill(targets + n, targets + T, kIgnoreTarget);
+}
+
+int64_t DataLoader::trained_targets_ahead(int64_t sequences) {
+  const int64_t first = next_round_ * round_;
+  DSTRAIN_CHECK(sequences >= 0 && first + sequences <= steps_per_epoch() * step_)
+      << sequences << " sequences from " << first << " of an epoch of " << steps_per_epoch() * step_;
+  if (!conversations_) return sequences * options_.seq_len;
+  int64_t trained = 0;
+  for (int64_t p = first; p < first + sequences; ++p) {
+    trained += conversations_->conversations[static_cast<size_t>(sequence_index(epoch_, p))].trained;
+  }
+  return trained;
 }
 
 void DataLoader::next_batch(const Tensor& inputs, const Tensor& targets) {

@@ -14,6 +14,10 @@
 // rank r reads the B sequences order[(k*R + r)*B + i], i < B (unshuffled, consecutive tokens
 // of one shard, as llm.c reads a batch, unless a shard ends among them).
 //
+// Chat data (every shard with a loss mask, data/loss_mask.h): a sequence is one conversation
+// (data/conversations.h), not a window of T tokens; its row is padded and its prompt and padding
+// targets are kIgnoreTarget. Conversations with no trained target in their window are left out.
+//
 // The position is {epoch, next_sequence}: a count of sequences, whatever B, R and the
 // accumulation, so a run resumed with another split of the same S sequences per step (other
 // ranks, micro-batch or accumulation) reads the same sequences next. state() / restore()
@@ -30,6 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/tensor.h"
+#include "data/conversations.h"
 #include "data/token_file.h"
 
 namespace dstrain {
@@ -49,11 +54,17 @@ class TokenDataset {
   // >= vocab_size, naming file, id and position). REQUIRES: vocab_size > 0.
   static TokenDataset open(const std::string& spec, int64_t vocab_size);
   // One shard holding an in-memory token stream (the synthetic corpus). Same id check.
+  // `mask`: none (text) or its loss mask's flags (TokenSource::from_tokens).
   static TokenDataset from_tokens(std::vector<int32_t> tokens, int64_t vocab_size,
-                                  std::string name = "in-memory tokens");
+                                  std::string name = "in-memory tokens",
+                                  std::vector<uint8_t> mask = {});
 
-  // Appends a shard. REQUIRES: range.source and range.begin + range.count <= source size.
+  // Appends a shard. Throws UserError when it has a loss mask and the shards before it have
+  // none, or the other way round (chat data and text cannot be mixed).
+  // REQUIRES: range.source and range.begin + range.count <= source size.
   void add(TokenRange range);
+  // Chat data: every shard has a loss mask (false without shards).
+  bool masked() const { return !shards_.empty() && shards_[0].source->mask().size() > 0; }
 
   const std::vector<TokenRange>& shards() const { return shards_; }
   size_t num_tokens() const;
@@ -70,7 +81,8 @@ class TokenDataset {
 // of the dataset (its shards concatenated in order) holding
 //   max(ceil(val_fraction * N), min_val_tokens) tokens,
 // the training view is everything before it. Both share the sources (no copy). The cut may
-// fall inside a shard; a tail spanning several shards keeps their boundaries, and windows
+// fall inside a shard (of chat data: at the start of the conversation it would cut, so the tail
+// holds whole conversations); a tail spanning several shards keeps their boundaries, and windows
 // still never cross them. Pass min_val_tokens = R*B*T + 1 so the tail holds at least one
 // validation round when it lies in one shard (the DataLoader checks the window count).
 // Throws UserError when the split would leave the training view without a token.
@@ -93,7 +105,8 @@ struct LoaderOptions {
   int64_t sequences_per_step = 0;
 };
 
-// The sequences of T tokens (T+1 with the target) `dataset` holds: floor((n-1) / T) per shard.
+// The sequences of T tokens (T+1 with the target) `dataset` holds: floor((n-1) / T) per shard;
+// of chat data, its conversations with a trained target (index_conversations).
 int64_t count_sequences(const TokenDataset& dataset, int64_t seq_len);
 
 class DataLoader {
@@ -124,6 +137,14 @@ class DataLoader {
   // REQUIRES: 0 <= s < num_sequences().
   std::pair<size_t, size_t> sequence_location(int64_t s) const;
 
+  // The targets the loss counts in the next `sequences` sequences from the current position
+  // (every rank's, in order): sequences * T for text; of chat data, the trained ones. Divides
+  // the summed loss of a step into its mean over trained tokens (of every micro-batch and rank).
+  // REQUIRES: the current position + sequences stays within the epoch.
+  int64_t trained_targets_ahead(int64_t sequences);
+  // Chat data: its conversations; nullptr for text.
+  const ConversationIndex* conversations() const { return conversations_.get(); }
+
   // Back to epoch 0, round 0 (e.g. to evaluate the same validation batches every time).
   void reset();
 
@@ -140,6 +161,8 @@ class DataLoader {
 
  private:
   void build_order(int64_t epoch);
+  void read_text_row(int64_t sequence, int32_t* inputs, int32_t* targets) const;
+  void read_conversation_row(int64_t sequence, int32_t* inputs, int32_t* targets) const;
 
   TokenDataset dataset_;
   LoaderOptions options_;
@@ -151,6 +174,7 @@ class DataLoader {
   int64_t next_round_ = 0;
   int64_t order_epoch_ = -1;           // the epoch `order_` was drawn for
   std::vector<int64_t> order_;         // (num_sequences,) shuffled ids; empty unshuffled
+  std::shared_ptr<const ConversationIndex> conversations_;  // chat data; null for text
 };
 
 }  // namespace dstrain

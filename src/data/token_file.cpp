@@ -161,11 +161,17 @@ std::shared_ptr<const TokenSource> TokenSource::open_file(const std::string& pat
     source->tokens_ = bytes + kLlmcHeaderBytes;  // 4-byte aligned: the mapping is page aligned
   }
   source->check_vocab(vocab_size);
+  const std::string mask_path = mask_path_for(path);
+  if (std::filesystem::exists(mask_path)) {
+    source->mask_file_ = open_mask_file(mask_path, source->count_);
+    source->mask_flags_ = source->mask_file_.bytes;
+  }
   return source;
 }
 
 std::shared_ptr<const TokenSource> TokenSource::from_tokens(std::vector<int32_t> tokens,
-                                                            int64_t vocab_size, std::string name) {
+                                                            int64_t vocab_size, std::string name,
+                                                            std::vector<uint8_t> mask) {
   DSTRAIN_CHECK(vocab_size > 0) << "vocab_size " << vocab_size;
   std::shared_ptr<TokenSource> source(new TokenSource());
   source->name_ = std::move(name);
@@ -174,6 +180,15 @@ std::shared_ptr<const TokenSource> TokenSource::from_tokens(std::vector<int32_t>
   source->count_ = source->owned_tokens_.size();
   source->tokens_ = source->owned_tokens_.data();
   source->check_vocab(vocab_size);
+  if (!mask.empty()) {
+    DSTRAIN_CHECK(mask.size() == source->count_ &&
+                  std::all_of(mask.begin(), mask.end(), [](uint8_t f) { return f <= 3; }) &&
+                  (mask[0] & kMaskConversationStart) != 0)
+        << "the loss mask of '" << source->name_ << "': " << mask.size() << " flags for "
+        << source->count_ << " tokens, each at most 3, the first starting a conversation";
+    source->owned_mask_ = std::move(mask);
+    source->mask_flags_ = source->owned_mask_.data();
+  }
   return source;
 }
 

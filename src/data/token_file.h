@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/fs.h"
+#include "data/loss_mask.h"
 
 namespace dstrain {
 
@@ -54,15 +55,19 @@ class TokenSource {
   // is not the one of that magic, a raw file's size is not a multiple of the token width, or
   // a token id is >= vocab_size (the message names the first such id and its position; the
   // check is one linear scan of the file at open time).
+  // When the loss mask of the file (mask_path_for, data/loss_mask.h) exists, it is opened
+  // and checked too (open_mask_file's errors).
   // REQUIRES: the file is not truncated while the source lives (the mapping would fault).
   // REQUIRES: vocab_size > 0.
   static std::shared_ptr<const TokenSource> open_file(const std::string& path, int64_t vocab_size);
 
   // An in-memory source (synthetic data, tests). Same id check as open_file; `name` appears
-  // in error messages. REQUIRES: vocab_size > 0.
+  // in error messages. `mask`: none, or one flag byte per token as a mask file holds them
+  // (checked as open_mask_file checks them). REQUIRES: vocab_size > 0.
   static std::shared_ptr<const TokenSource> from_tokens(std::vector<int32_t> tokens,
                                                         int64_t vocab_size,
-                                                        std::string name = "in-memory tokens");
+                                                        std::string name = "in-memory tokens",
+                                                        std::vector<uint8_t> mask = {});
 
   TokenSource(const TokenSource&) = delete;
   TokenSource& operator=(const TokenSource&) = delete;
@@ -75,6 +80,10 @@ class TokenSource {
   // Copies tokens [begin, begin + count) to out as int32. REQUIRES: begin + count <= size().
   void read(size_t begin, size_t count, int32_t* out) const;
 
+  // The loss mask's flags (size() bytes: kMaskTrained, kMaskConversationStart), or empty when
+  // the source has no mask (text).
+  std::span<const uint8_t> mask() const { return {mask_flags_, mask_flags_ ? count_ : 0}; }
+
  private:
   enum class Storage : uint8_t { kU16, kU32, kI32 };
   TokenSource() = default;
@@ -86,6 +95,9 @@ class TokenSource {
   size_t count_ = 0;
   MappedFile file_;                    // open_file: the whole file, header included
   std::vector<int32_t> owned_tokens_;  // from_tokens
+  const uint8_t* mask_flags_ = nullptr;  // (count_) or none
+  MappedMask mask_file_;                 // open_file with a mask
+  std::vector<uint8_t> owned_mask_;      // from_tokens with a mask
 };
 
 // Writes a token file atomically (core/fs.h AtomicFileWriter): the tokens go to a hidden

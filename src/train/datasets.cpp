@@ -55,6 +55,9 @@ Datasets open_datasets(const TrainOptions& options, const ModelConfig& config, i
     data.val = std::move(views.val);
     data.description = options.data + " (validation: the last 10% held out)";
   }
+  if (data.train.masked()) {
+    data.description += "\n  chat data: " + describe_conversations(index_conversations(data.train, T), T);
+  }
   return data;
 }
 

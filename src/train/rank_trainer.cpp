@@ -326,6 +326,22 @@ std::string RankTrainer::epoch_line() const {
   return text.str();
 }
 
+// The targets the loss counts in the next `rounds` rounds of `loader` (every rank's): its trained
+// tokens for chat data, B*T*rounds*dp for text and on the ranks that read no data (whose loss
+// and dloss are not used).
+double RankTrainer::step_trained_targets(std::optional<DataLoader>& loader, int64_t rounds) const {
+  const int64_t all = B_ * T_ * rounds * plan_.dp;
+  if (!reads_data() || !loader) return static_cast<double>(all);
+  return static_cast<double>(loader->trained_targets_ahead(B_ * plan_.dp * rounds));
+}
+
+// What turns the runner's sum of micro-batch means (each over B*T rows) over `rounds`, divided by
+// `rounds` and summed over the data-parallel ranks then divided by dp, into the mean over the
+// `trained` targets: exactly 1 for text.
+double RankTrainer::mean_to_trained(double trained, int64_t rounds) const {
+  return static_cast<double>(B_ * T_ * rounds * plan_.dp) / trained;
+}
+
 RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   StepOutcome o;
   tracer_.take();  // what evaluation and checkpoints recorded
@@ -343,8 +359,10 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   expert_load_.clear();
   o.loss_scale = scaler_.scale();
   if (aux_loss_) aux_loss_->begin_step(o.loss_scale, accum_, plan_.dp);
-  // The gradient of the mean loss over the global batch, times the loss scale.
-  const float dloss = static_cast<float>(o.loss_scale / static_cast<double>(B_ * T_ * accum_ * plan_.dp));
+  // The gradient of the mean loss over the step's trained targets (of every micro-batch and
+  // rank, counted before any division; B*T*accum*dp of text), times the loss scale.
+  const double trained = step_trained_targets(loader_, accum_);
+  const float dloss = static_cast<float>(o.loss_scale / trained);
   MicroBatchSource source;
   if (reads_data()) source = [this](int m) { return load_micro_batch(*loader_, m); };
   const double local = runner_->run(schedule_, static_cast<int>(accum_), B_, T_, source, dloss,
@@ -354,7 +372,7 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
     state_->inject_inf_gradient();
   }
   const double mean = counts_loss() ? local / static_cast<double>(accum_) : 0.0;
-  o.loss = sum_over_ranks(world_, mean) / plan_.dp;
+  o.loss = sum_over_ranks(world_, mean * mean_to_trained(trained, accum_)) / plan_.dp;
   if (aux_loss_) {
     // Summed over the stages' layers, the mean over the micro-batches and the data-parallel
     // ranks (transformers': the same on each, its statistics summed over them).
@@ -536,9 +554,10 @@ double RankTrainer::evaluate() {
   if (reads_data()) source = [this](int m) { return load_micro_batch(*val_loader_, m); };
   const StageActions actions =
       make_forward_schedule(plan_.pp, batches)[static_cast<size_t>(groups_.stage)];
+  const double trained = step_trained_targets(val_loader_, batches);
   const double total = runner_->run(actions, batches, B_, T_, source, 0.0f);
   const double mean = counts_loss() ? total / static_cast<double>(batches) : 0.0;
-  return sum_over_ranks(world_, mean) / plan_.dp;
+  return sum_over_ranks(world_, mean * mean_to_trained(trained, batches)) / plan_.dp;
 }
 
 void RankTrainer::save_checkpoint(int64_t step) {

@@ -78,6 +78,8 @@ class RankTrainer {
   int agree_to_stop() const;
   void check_replicas(int64_t step, bool last);
   double evaluate();
+  double step_trained_targets(std::optional<DataLoader>& loader, int64_t rounds) const;
+  double mean_to_trained(double trained, int64_t rounds) const;
   void save_checkpoint(int64_t step);
   // The end.
   void finish(double train_seconds);

@@ -1,0 +1,69 @@
+#include "data/conversations.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "core/check.h"
+#include "data/loader.h"
+
+namespace dstrain {
+
+namespace {
+
+// Adds the conversation of flags [begin, end) of shard `shard` (offsets in its range).
+void add_conversation(ConversationIndex& index, const uint8_t* flags, uint32_t shard, size_t begin,
+                      size_t end, int64_t seq_len) {
+  const size_t window = static_cast<size_t>(seq_len) + 1;
+  const size_t length = std::min(end - begin, window);
+  if (end - begin > window) ++index.truncated;
+  uint32_t trained = 0;
+  for (size_t i = begin + 1; i < begin + length; ++i) trained += (flags[i] & kMaskTrained) != 0;
+  const int64_t number = static_cast<int64_t>(index.conversations.size()) + index.untrained;
+  if (trained == 0) {
+    if (index.untrained++ == 0) index.first_untrained = number;
+    return;
+  }
+  index.conversations.push_back(Conversation{shard, begin, static_cast<uint32_t>(length), trained});
+  index.tokens += static_cast<int64_t>(length);
+  index.trained_targets += trained;
+}
+
+}  // namespace
+
+ConversationIndex index_conversations(const TokenDataset& dataset, int64_t seq_len) {
+  DSTRAIN_CHECK(dataset.masked() && seq_len >= 1) << "conversations of unmasked data";
+  ConversationIndex index;
+  for (size_t s = 0; s < dataset.shards().size(); ++s) {
+    const TokenRange& range = dataset.shards()[s];
+    const uint8_t* flags = range.source->mask().data() + range.begin;
+    size_t start = 0;
+    while (start < range.count && (flags[start] & kMaskConversationStart) == 0) ++start;
+    index.fragments += static_cast<int64_t>(start);
+    while (start < range.count) {
+      size_t end = start + 1;
+      while (end < range.count && (flags[end] & kMaskConversationStart) == 0) ++end;
+      add_conversation(index, flags, static_cast<uint32_t>(s), start, end, seq_len);
+      start = end;
+    }
+  }
+  return index;
+}
+
+std::string describe_conversations(const ConversationIndex& index, int64_t seq_len) {
+  std::ostringstream text;
+  const int64_t kept = static_cast<int64_t>(index.conversations.size());
+  text << kept << " conversation(s), " << index.trained_targets << " trained token(s) of "
+       << index.tokens << " read";
+  if (index.truncated > 0) {
+    text << "; " << index.truncated << " longer than --seq-len " << seq_len
+         << " + 1 tokens, truncated";
+  }
+  if (index.untrained > 0) {
+    text << "; " << index.untrained << " left out with no trained token in their first "
+         << seq_len + 1 << " (the first is conversation " << index.first_untrained
+         << ", counting from 0)";
+  }
+  return text.str();
+}
+
+}  // namespace dstrain

@@ -1,0 +1,206 @@
+// Chat data in the loader: loss mask files beside token shards, the conversations they mark,
+// and the rows the DataLoader makes of them (one conversation per row, padded, the untrained
+// targets kIgnoreTarget), checked against rows built here from the raw tokens and flags.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <set>
+
+#include "core/rng.h"
+#include "data/conversations.h"
+#include "data/loader.h"
+#include "data/loss_mask.h"
+#include "data/token_file.h"
+#include "kernels/ops.h"
+#include "test_util.h"
+
+namespace dstrain {
+namespace {
+
+using testing::read_bytes;
+using testing::TempDir;
+using testing::write_bytes;
+
+// Random conversations: lengths in [2, max_length], each with a random prompt of 1+ tokens and
+// then a trained reply (or, with probability 1/5, nothing trained at all).
+struct ChatCorpus {
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> flags;
+  std::vector<size_t> starts;  // each conversation's first token
+};
+
+ChatCorpus random_chat(uint64_t seed, int conversations, int max_length, int vocab) {
+  std::mt19937_64 rng(seed);
+  ChatCorpus c;
+  for (int i = 0; i < conversations; ++i) {
+    const int length = 2 + static_cast<int>(rng() % static_cast<uint64_t>(max_length - 1));
+    const int prompt = 1 + static_cast<int>(rng() % static_cast<uint64_t>(length));
+    const bool untrained = rng() % 5 == 0;
+    c.starts.push_back(c.tokens.size());
+    for (int t = 0; t < length; ++t) {
+      c.tokens.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)));
+      uint8_t f = t == 0 ? kMaskConversationStart : 0;
+      if (t >= prompt && !untrained) f |= kMaskTrained;
+      c.flags.push_back(f);
+    }
+  }
+  return c;
+}
+
+// The row the loader must make of the conversation [begin, end) of `c`, built independently.
+void expected_row(const ChatCorpus& c, size_t begin, size_t end, int64_t T,
+                  std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
+  inputs.assign(static_cast<size_t>(T), 0);
+  targets.assign(static_cast<size_t>(T), kIgnoreTarget);
+  for (size_t i = 0; i + 1 < end - begin && i < static_cast<size_t>(T); ++i) {
+    inputs[i] = c.tokens[begin + i];
+    if (c.flags[begin + i + 1] & kMaskTrained) targets[i] = c.tokens[begin + i + 1];
+  }
+}
+
+TEST(LossMask, FileRoundTripsBesideItsShard) {
+  TempDir dir;
+  const ChatCorpus c = random_chat(1, 20, 12, 50);
+  const std::string shard = dir.file("train_000000.bin");
+  write_token_file(shard, c.tokens, TokenFormat::kLlmcU16);
+  EXPECT_EQ(mask_path_for(shard), dir.file("train_000000.mask"));
+  EXPECT_EQ(mask_path_for("x.u32"), "x.u32.mask");
+  write_mask_file(mask_path_for(shard), c.flags);
+  const auto source = TokenSource::open_file(shard, 50);
+  ASSERT_EQ(source->mask().size(), c.tokens.size());
+  EXPECT_TRUE(std::equal(c.flags.begin(), c.flags.end(), source->mask().begin()));
+  // Without the mask: text.
+  std::filesystem::remove(mask_path_for(shard));
+  EXPECT_TRUE(TokenSource::open_file(shard, 50)->mask().empty());
+}
+
+TEST(LossMask, BadFilesAreRefused) {
+  TempDir dir;
+  const ChatCorpus c = random_chat(2, 5, 8, 30);
+  const std::string shard = dir.file("train_000000.bin");
+  const std::string mask = mask_path_for(shard);
+  write_token_file(shard, c.tokens, TokenFormat::kLlmcU16);
+  write_mask_file(mask, c.flags);
+  const std::string good = read_bytes(mask);
+  auto with = [&](std::string bytes) {
+    write_bytes(mask, bytes);
+    return [shard] { TokenSource::open_file(shard, 30); };
+  };
+  EXPECT_USER_ERROR(with(good.substr(0, 100))(), "shorter than its 1024-byte header");
+  std::string magic = good;
+  magic[0] = 'x';
+  EXPECT_USER_ERROR(with(magic)(), "is not a dstrain loss mask");
+  EXPECT_USER_ERROR(with(good.substr(0, good.size() - 1))(), "truncated or corrupt");
+  std::string count = good;
+  count[8] = static_cast<char>(count[8] + 1);
+  EXPECT_USER_ERROR(with(count)(), "do not belong together");
+  std::string bits = good;
+  bits[1024 + 3] = 7;
+  EXPECT_USER_ERROR(with(bits)(), "the byte 7 at token 3");
+  std::string start = good;
+  start[1024] = kMaskTrained;
+  EXPECT_USER_ERROR(with(start)(), "does not begin a conversation");
+}
+
+TEST(LossMask, ChatAndTextShardsDoNotMix) {
+  TempDir dir;
+  const ChatCorpus c = random_chat(3, 5, 8, 30);
+  write_token_file(dir.file("a.bin"), c.tokens, TokenFormat::kLlmcU16);
+  write_mask_file(dir.file("a.mask"), c.flags);
+  write_token_file(dir.file("b.bin"), c.tokens, TokenFormat::kLlmcU16);
+  EXPECT_USER_ERROR(TokenDataset::open(dir.file("*.bin"), 30), "cannot be mixed");
+}
+
+TEST(ChatLoader, RowsAreWholeConversationsPaddedWithUntrainedTargetsIgnored) {
+  const ChatCorpus c = random_chat(4, 60, 14, 40);
+  const int64_t T = 9, B = 3;
+  TokenDataset data = TokenDataset::from_tokens(c.tokens, 40, "chat", c.flags);
+  ASSERT_TRUE(data.masked());
+  const ConversationIndex index = index_conversations(data, T);
+  // Independently: which conversations keep a trained target in their first T+1 tokens.
+  std::vector<size_t> kept;
+  int64_t truncated = 0;
+  for (size_t i = 0; i < c.starts.size(); ++i) {
+    const size_t end = i + 1 < c.starts.size() ? c.starts[i + 1] : c.tokens.size();
+    truncated += end - c.starts[i] > static_cast<size_t>(T + 1);
+    bool trained = false;
+    for (size_t t = c.starts[i] + 1; t < std::min(end, c.starts[i] + T + 1); ++t)
+      trained |= (c.flags[t] & kMaskTrained) != 0;
+    if (trained) kept.push_back(i);
+  }
+  ASSERT_GT(kept.size(), 10u);
+  ASSERT_LT(kept.size(), c.starts.size()) << "the corpus must have left-out conversations";
+  ASSERT_GT(truncated, 0);
+  EXPECT_EQ(index.conversations.size(), kept.size());
+  EXPECT_EQ(index.truncated + 0, truncated);
+  EXPECT_EQ(index.untrained, static_cast<int64_t>(c.starts.size() - kept.size()));
+
+  DataLoader loader(data, LoaderOptions{B, T, 1, 0, false, 0, 0});
+  EXPECT_EQ(loader.num_sequences(), static_cast<int64_t>(kept.size()));
+  std::vector<int32_t> inputs(B * T), targets(B * T), want_in, want_t;
+  for (int64_t round = 0; round < loader.rounds_per_epoch(); ++round) {
+    int64_t trained_ahead = loader.trained_targets_ahead(B);
+    loader.next_batch(inputs.data(), targets.data());
+    int64_t trained = 0;
+    for (int64_t row = 0; row < B; ++row) {
+      const size_t i = kept[static_cast<size_t>(round * B + row)];
+      const size_t end = i + 1 < c.starts.size() ? c.starts[i + 1] : c.tokens.size();
+      expected_row(c, c.starts[i], end, T, want_in, want_t);
+      EXPECT_TRUE(std::equal(want_in.begin(), want_in.end(), inputs.begin() + row * T))
+          << "inputs of conversation " << i;
+      EXPECT_TRUE(std::equal(want_t.begin(), want_t.end(), targets.begin() + row * T))
+          << "targets of conversation " << i;
+      for (int32_t t : want_t) trained += t != kIgnoreTarget;
+    }
+    EXPECT_EQ(trained_ahead, trained) << "round " << round;
+  }
+}
+
+TEST(ChatLoader, ShuffleAndRanksReadEveryConversationOnce) {
+  const ChatCorpus c = random_chat(5, 80, 10, 40);
+  TokenDataset data = TokenDataset::from_tokens(c.tokens, 40, "chat", c.flags);
+  const int64_t T = 16, B = 2, R = 3;
+  std::vector<DataLoader> loaders;
+  for (int r = 0; r < R; ++r) loaders.emplace_back(data, LoaderOptions{B, T, R, r, true, 7, 0});
+  std::multiset<std::vector<int32_t>> seen;
+  std::vector<int32_t> inputs(B * T), targets(B * T);
+  for (int64_t round = 0; round < loaders[0].rounds_per_epoch(); ++round) {
+    const int64_t ahead = loaders[0].trained_targets_ahead(B * R);
+    int64_t trained = 0;
+    for (int r = 0; r < R; ++r) {
+      EXPECT_EQ(loaders[static_cast<size_t>(r)].trained_targets_ahead(B * R), ahead);
+      loaders[static_cast<size_t>(r)].next_batch(inputs.data(), targets.data());
+      for (int64_t row = 0; row < B; ++row) {
+        seen.insert(std::vector<int32_t>(inputs.begin() + row * T, inputs.begin() + (row + 1) * T));
+      }
+      for (int32_t t : targets) trained += t != kIgnoreTarget;
+    }
+    EXPECT_EQ(trained, ahead) << "the step's trained targets, counted ahead on every rank";
+  }
+  const int64_t read = loaders[0].rounds_per_epoch() * B * R;
+  EXPECT_EQ(static_cast<int64_t>(seen.size()), read);
+  EXPECT_GT(read, 0);
+}
+
+TEST(ChatLoader, HeldOutSplitCutsBetweenConversations) {
+  const ChatCorpus c = random_chat(6, 40, 10, 40);
+  TokenDataset data = TokenDataset::from_tokens(c.tokens, 40, "chat", c.flags);
+  const TrainValViews views = held_out_split(data, 0.1, 1);
+  const TokenRange& val = views.val.shards().at(0);
+  EXPECT_NE(std::find(c.starts.begin(), c.starts.end(), val.begin), c.starts.end())
+      << "the validation tail starts at token " << val.begin << ", inside a conversation";
+  EXPECT_EQ(views.train.num_tokens() + views.val.num_tokens(), c.tokens.size());
+  const int64_t T = 16;
+  EXPECT_EQ(index_conversations(views.train, T).fragments, 0);
+  EXPECT_EQ(index_conversations(views.val, T).fragments, 0);
+}
+
+TEST(ChatLoader, TooFewConversationsIsOneSentence) {
+  const ChatCorpus c = random_chat(7, 3, 6, 20);
+  TokenDataset data = TokenDataset::from_tokens(c.tokens, 20, "chat", c.flags);
+  EXPECT_USER_ERROR(DataLoader(data, LoaderOptions{4, 8, 2, 0, false, 0, 0}), "conversation(s)",
+                    "one step reads 8");
+}
+
+}  // namespace
+}  // namespace dstrain

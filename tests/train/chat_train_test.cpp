@@ -1,0 +1,169 @@
+// Training on chat data (token shards with loss masks): the loss is the mean over the trained
+// tokens of the whole optimizer step, counted over every micro-batch and rank before any
+// division, so the micro-batch split and the plan do not change it.
+//  - Every token trained, conversations of exactly T+1 tokens: the same bits as the same tokens
+//    read as text.
+//  - Micro-batch 1 x 8 accumulation, 8 x 1, and 4 ranks (dp 4; dp 2 x pp 2; tp 2 x dp 2 at
+//    ZeRO-3) train to the same numbers (summation order only: 1e-6 relative).
+//  - A per-micro-batch mean would not: the micro-batches hold different trained counts, which
+//    the test checks so that it can fail.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "data/loader.h"
+#include "data/loss_mask.h"
+#include "data/token_file.h"
+#include "tests/train/small_model.h"
+#include "train/trainer.h"
+
+namespace dstrain {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr int kVocab = 37;
+constexpr int kSeqLen = 16;
+
+// Conversations a small model can learn: a random prompt (untrained) and a reply in which each
+// token follows the one before it by t -> (5t + 3) mod 37 (trained, to its last token). Lengths
+// 4..20 for T = 16: some are truncated.
+std::string write_chat_data(const fs::path& dir, uint64_t seed) {
+  fs::create_directories(dir);
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> flags;
+  for (int c = 0; c < 400; ++c) {
+    const int length = 4 + static_cast<int>(rng() % 17);
+    const int prompt = 1 + static_cast<int>(rng() % static_cast<uint64_t>(length - 2));
+    int32_t token = 0;
+    for (int t = 0; t < length; ++t) {
+      token = t < prompt ? static_cast<int32_t>(rng() % kVocab) : (5 * token + 3) % kVocab;
+      tokens.push_back(token);
+      flags.push_back(static_cast<uint8_t>((t == 0 ? kMaskConversationStart : 0) |
+                                           (t >= prompt ? kMaskTrained : 0)));
+    }
+  }
+  const std::string shard = (dir / "train_000000.bin").string();
+  write_token_file(shard, tokens, TokenFormat::kLlmcU16);
+  write_mask_file(mask_path_for(shard), flags);
+  return shard;
+}
+
+// A text stream and the same windows as chat data: conversation c is text window c (tokens
+// [cT, cT + T + 1)), every token trained. Returns {text shard, chat shard}.
+std::pair<std::string, std::string> write_text_and_its_windows(const fs::path& dir) {
+  fs::create_directories(dir / "text_data");
+  fs::create_directories(dir / "chat_data");
+  std::mt19937_64 rng(12);
+  std::vector<int32_t> text(400 * kSeqLen + 1);
+  int32_t token = 0;
+  for (int32_t& t : text) t = token = (5 * token + 3 + static_cast<int32_t>(rng() % 3)) % kVocab;
+  std::vector<int32_t> windows;
+  std::vector<uint8_t> flags;
+  for (size_t c = 0; (c + 1) * kSeqLen < text.size(); ++c) {
+    for (size_t i = 0; i <= kSeqLen; ++i) {
+      windows.push_back(text[c * kSeqLen + i]);
+      flags.push_back(i == 0 ? kMaskConversationStart : kMaskTrained);
+    }
+  }
+  const std::string text_shard = (dir / "text_data" / "train_000000.bin").string();
+  const std::string chat_shard = (dir / "chat_data" / "train_000000.bin").string();
+  write_token_file(text_shard, text, TokenFormat::kLlmcU16);
+  write_token_file(chat_shard, windows, TokenFormat::kLlmcU16);
+  write_mask_file(mask_path_for(chat_shard), flags);
+  return {text_shard, chat_shard};
+}
+
+// 16 rows of T = 16 per step, split as `ranks` x `batch` x the accumulation.
+TrainOptions chat_run_options(const fs::path& dir, const std::string& name, const std::string& data,
+                              int ranks, int64_t batch) {
+  TrainOptions options = test::small_run_options(dir, name, ranks);
+  options.data = data;
+  options.val_data = data;  // the same shard: no held-out cut, no evaluation (eval_every 0)
+  options.batch = batch;
+  options.grad_accum = 16 / (ranks * batch);
+  options.seq_len = kSeqLen;
+  options.threads = ranks;
+  return options;
+}
+
+test::LoggedRun train_run(const TrainOptions& options) {
+  std::ostringstream out;
+  train(options, out);
+  test::LoggedRun run = test::read_logged_run(options);
+  run.output = out.str();
+  return run;
+}
+
+TEST(ChatTraining, EveryTokenTrainedIsTheTextRunBitForBit) {
+  testing::TempDir dir;
+  const auto [text, chat] = write_text_and_its_windows(dir.path());
+  const test::LoggedRun text_run = train_run(chat_run_options(dir.path(), "text", text, 1, 2));
+  const test::LoggedRun chat_run = train_run(chat_run_options(dir.path(), "chat", chat, 1, 2));
+  ASSERT_EQ(text_run.losses.size(), size_t(test::kSmallRunSteps));
+  EXPECT_LT(text_run.losses.back(), text_run.losses.front() - 0.3);
+  EXPECT_EQ(chat_run.losses, text_run.losses);
+  EXPECT_EQ(test::max_weight_difference(text_run.weights, chat_run.weights), 0.0);
+  EXPECT_NE(chat_run.output.find("chat data: 400 conversation(s)"), std::string::npos)
+      << chat_run.output;
+}
+
+// The split of a step's 16 rows does not change the loss, nor the weights beyond summation order.
+struct Split {
+  int ranks = 1;
+  int64_t batch = 1;
+  int tp = 1, pp = 1, zero = 0;
+  int layers = 2, heads = 3;
+  std::string name() const {
+    return "l" + std::to_string(layers) + "_r" + std::to_string(ranks) + "_b" +
+           std::to_string(batch) + "_tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_z" +
+           std::to_string(zero);
+  }
+};
+
+test::LoggedRun train_split(const fs::path& dir, const Split& split) {
+  const std::string data = write_chat_data(dir / "data", 21);
+  TrainOptions options = chat_run_options(dir, split.name(), data, split.ranks, split.batch);
+  options.model = test::write_small_model_config(dir, split.layers, split.heads);
+  options.tp = split.tp;
+  options.pp = split.pp;
+  options.zero = split.zero;
+  options.grad_accum = 16 / (split.batch * (split.ranks / (split.tp * split.pp)));
+  return train_run(options);
+}
+
+TEST(ChatTraining, MicroBatchesOfDifferentTrainedCountsMeanOverTheStep) {
+  testing::TempDir dir;
+  const test::LoggedRun one_by_16 = train_split(dir.path() / "a", Split{1, 1});
+  const test::LoggedRun sixteen_by_1 = train_split(dir.path() / "b", Split{1, 16});
+  test::expect_same_training(one_by_16, sixteen_by_1, "16 x 1 against 1 x 16", 1e-6, 1e-5, 0.3);
+  // The mean is over the trained targets, not every position: the fresh model predicts nearly
+  // uniformly, so its first loss is near log(V) (a mean over all 16 x 16 positions, about half
+  // of them prompt or padding, would be near half of it).
+  EXPECT_NEAR(one_by_16.losses[0], std::log(double{kVocab}), 0.1);
+  // The first step's rows hold different trained counts, so a mean per micro-batch of 1 x 16
+  // would weigh the tokens differently from one over the 16 rows: the test can fail.
+  const TokenDataset data =
+      TokenDataset::open((dir.path() / "a" / "data" / "*.bin").string(), kVocab);
+  const ConversationIndex index = index_conversations(data, kSeqLen);
+  std::set<uint32_t> counts;
+  for (size_t row = 0; row < 16; ++row) counts.insert(index.conversations.at(row).trained);
+  EXPECT_GT(counts.size(), 3u);
+}
+
+TEST(ChatTraining, FourRanksOfAnyPlanTrainAsOne) {
+  testing::TempDir dir;
+  const Split one{1, 4, 1, 1, 0, 4, 4};
+  const test::LoggedRun reference = train_split(dir.path() / "one", one);
+  for (const Split& split :
+       {Split{4, 1, 1, 1, 0, 4, 4}, Split{4, 2, 1, 2, 1, 4, 4}, Split{4, 2, 2, 1, 3, 4, 4}}) {
+    SCOPED_TRACE(split.name());
+    test::expect_same_training(reference, train_split(dir.path() / split.name(), split),
+                               split.name(), 1e-6, 1e-5, 0.3);
+  }
+}
+
+}  // namespace
+}  // namespace dstrain
