@@ -1,5 +1,6 @@
 #include "cli/cli.h"
 
+#include <chrono>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -15,6 +16,7 @@
 #include "cli/train_flags.h"
 #include "core/check.h"
 #include "data/prepare.h"
+#include "data/prepare_chat.h"
 #include "model/config.h"
 #include "parallel/plan.h"
 #include "topology/cluster.h"
@@ -98,8 +100,39 @@ int run_train(const std::vector<std::string>& args, std::ostream& out) {
   return summary.interrupted_by != 0 ? 128 + summary.interrupted_by : 0;
 }
 
+// prepare --chat: conversations -> shards with loss masks, and what to train them with.
+int run_prepare_chat(const ChatPrepareOptions& options, std::ostream& out) {
+  const auto start = std::chrono::steady_clock::now();
+  const ChatPrepareResult result = prepare_chat(options);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const int64_t conversations = result.train_conversations + result.val_conversations;
+  const size_t tokens = result.train_tokens + result.val_tokens;
+  out << "rendered " << conversations << " conversations with the " << result.template_name
+      << " chat template: " << result.train_conversations << " for training ("
+      << result.train_tokens << " tokens), " << result.val_conversations << " for validation ("
+      << result.val_tokens << " tokens); " << result.trained_tokens << " of the " << tokens
+      << " tokens are trained (" << (options.train_on_prompt ? "--train-on-prompt" : "the assistant's replies")
+      << ")\n";
+  if (result.left_out > 0) {
+    out << "left out " << result.left_out << " conversation(s) with nothing to train (no "
+        << "assistant reply), the first at " << result.first_left_out << "\n";
+  }
+  out.precision(3);
+  out << "in " << seconds << " s: " << static_cast<double>(conversations) / std::max(seconds, 1e-9)
+      << " conversations/s, " << static_cast<double>(tokens) / std::max(seconds, 1e-9)
+      << " tokens/s\n"
+      << "look at one: dstrain prepare --show 0 --out " << options.out_dir << "\n"
+      << "train with: dstrain --data '" << options.out_dir << "/train_*.bin'";
+  if (!result.val_files.empty()) out << " --val-data '" << options.out_dir << "/val_*.bin'";
+  out << "\n";
+  return 0;
+}
+
 int run_prepare(const std::vector<std::string>& args, std::ostream& out) {
   PrepareOptions options;
+  ChatPrepareOptions chat;
+  int64_t show = -1;
   po::options_description flags("dstrain prepare");
   flags.add_options()
       ("input", po::value(&options.inputs)->composing()->value_name("FILE.txt"), "text file to tokenize (repeat for several, tokenized in order)")
@@ -111,12 +144,46 @@ int run_prepare(const std::vector<std::string>& args, std::ostream& out) {
        "<|begin_of_text|>. Default: bytes (vocabulary 256)")
       ("eot", po::bool_switch(&options.append_eot), "append the tokenizer's end-of-text token after each input file (<|endoftext|>, <|end_of_text|>, DeepSeek's end of sentence)")
       ("eot-token", po::value(&options.eot_token)->value_name("TOKEN"), "the token --eot appends instead (implies --eot)")
+      ("chat", po::value(&chat.inputs)->composing()->value_name("FILE.jsonl"),
+       "conversations to fine-tune on, one JSON object a line: OpenAI {\"messages\": [{\"role\", \"content\"}]} "
+       "or ShareGPT {\"conversations\": [{\"from\", \"value\"}]} (repeat for several). Rendered with the "
+       "model's chat template; needs --tokenizer DIR with tokenizer.json and tokenizer_config.json; writes a "
+       "loss mask beside each shard (train_NNNNNN.mask)")
+      ("chat-template", po::value(&chat.chat_template)->value_name("NAME|FILE"),
+       "with --chat: this known template (llama3, llama3.1, qwen2, qwen2.5, deepseek-llm, deepseek-v3, "
+       "deepseek-r1, mistral-legacy, mistral-v1, mistral-v3) or a file of Jinja text instead of "
+       "tokenizer_config.json's")
+      ("train-on-prompt", po::bool_switch(&chat.train_on_prompt),
+       "with --chat: train every token, not only the assistant's replies (axolotl's train_on_inputs)")
+      ("show", po::value(&show)->value_name("N"),
+       "print training conversation N (from 0) of the chat shards in --out as text, its trained spans "
+       "between [TRAINED] and [/TRAINED]")
       ("help,h", "this help");
   const po::variables_map values = parse(args, flags);
   if (values.count("help")) {
     out << "Usage: dstrain prepare --input FILE.txt [--input ...] --out DIR [--tokenizer tokenizer.json [--eot]]\n"
+        << "       dstrain prepare --chat FILE.jsonl --tokenizer DIR --out DIR [--chat-template NAME|FILE] [--train-on-prompt]\n"
+        << "       dstrain prepare --show N --out DIR\n"
         << flags << "\n";
     return 0;
+  }
+  if (values.count("show")) {
+    DSTRAIN_USER_CHECK(!options.out_dir.empty()) << "--show needs --out DIR (the prepared shards)";
+    out << show_conversation(options.out_dir, show, options.tokenizer_path);
+    return 0;
+  }
+  const bool with_chat = !chat.inputs.empty();
+  DSTRAIN_USER_CHECK(with_chat || (chat.chat_template.empty() && !chat.train_on_prompt))
+      << "--chat-template and --train-on-prompt go with --chat FILE.jsonl";
+  if (with_chat) {
+    DSTRAIN_USER_CHECK(options.inputs.empty() && !options.append_eot && options.eot_token.empty())
+        << "--chat takes conversations; --input, --eot and --eot-token are for text (prepare "
+        << "them separately)";
+    DSTRAIN_USER_CHECK(!options.out_dir.empty()) << "dstrain prepare needs --out DIR";
+    chat.out_dir = options.out_dir;
+    chat.tokenizer = options.tokenizer_path;
+    chat.val_fraction = options.val_fraction;
+    return run_prepare_chat(chat, out);
   }
   DSTRAIN_USER_CHECK(!options.inputs.empty()) << "dstrain prepare needs --input FILE.txt";
   DSTRAIN_USER_CHECK(!options.out_dir.empty()) << "dstrain prepare needs --out DIR";

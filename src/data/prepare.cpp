@@ -18,6 +18,7 @@
 
 #include "core/check.h"
 #include "core/fs.h"
+#include "data/prepare_util.h"
 #include "data/token_file.h"
 #include "data/bpe_tokenizer.h"
 #include "data/tokenizer.h"
@@ -31,25 +32,6 @@ namespace fs = std::filesystem;
 
 constexpr size_t kMinInputBytes = 1024;
 constexpr size_t kReadChunkBytes = size_t{1} << 22;
-
-std::string shard_name(const char* split, size_t index) {
-  char name[64];
-  std::snprintf(name, sizeof(name), "%s_%06zu.bin", split, index);
-  return name;
-}
-
-struct FileCloser {
-  void operator()(std::FILE* file) const { std::fclose(file); }
-};
-
-// Removes a directory tree on scope exit.
-struct TreeRemover {
-  fs::path path;
-  ~TreeRemover() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-};
 
 // The tokenizer prepare runs: the byte tokenizer, or a tokenizer.json's byte-level BPE.
 struct TextEncoder {
@@ -65,60 +47,10 @@ struct TextEncoder {
   }
 };
 
-// A scratch file of tokens, `width` (2 or 4) bytes each: written once, then read once from the
-// start. Lets prepare learn the token count (for the split and the shard headers) without
-// holding the tokens in memory.
-class TokenSpool {
- public:
-  TokenSpool(const fs::path& path, size_t width)
-      : path_(path.string()), width_(width), file_(std::fopen(path_.c_str(), "w+b")) {
-    DSTRAIN_USER_CHECK(file_ != nullptr) << "cannot create the scratch file '" << path_
-                                         << "': " << std::strerror(errno) << ".";
-  }
-
-  // REQUIRES: every token in [0, 2^(8 * width)); not rewound yet.
-  void append(std::span<const int32_t> tokens) {
-    staging_.resize(tokens.size() * width_);
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      const uint32_t token = static_cast<uint32_t>(tokens[i]);
-      std::memcpy(staging_.data() + i * width_, &token, width_);  // little-endian low bytes
-    }
-    DSTRAIN_USER_CHECK(std::fwrite(staging_.data(), 1, staging_.size(), file_.get()) ==
-                       staging_.size())
-        << "cannot write the scratch file '" << path_ << "': " << std::strerror(errno) << ".";
-    count_ += tokens.size();
-  }
-  size_t size() const { return count_; }
-  void rewind() {
-    DSTRAIN_USER_CHECK(std::fflush(file_.get()) == 0 && std::fseek(file_.get(), 0, SEEK_SET) == 0)
-        << "cannot write the scratch file '" << path_ << "': " << std::strerror(errno) << ".";
-  }
-  // The next `count` tokens. REQUIRES: rewound; no more than were appended.
-  void read(size_t count, std::vector<int32_t>& out) {
-    staging_.resize(count * width_);
-    DSTRAIN_USER_CHECK(std::fread(staging_.data(), 1, staging_.size(), file_.get()) ==
-                       staging_.size())
-        << "cannot read back the scratch file '" << path_ << "'.";
-    out.assign(count, 0);
-    for (size_t i = 0; i < count; ++i) {
-      uint32_t token = 0;
-      std::memcpy(&token, staging_.data() + i * width_, width_);
-      out[i] = static_cast<int32_t>(token);
-    }
-  }
-
- private:
-  std::string path_;
-  size_t width_;
-  std::unique_ptr<std::FILE, FileCloser> file_;
-  std::vector<unsigned char> staging_;
-  size_t count_ = 0;
-};
-
 // Encodes `text` (bytes [offset, offset + text.size()) of the input) into the spool; a BPE
 // tokenizer needs it to be UTF-8.
 void spool_text(std::string_view text, size_t offset, const std::string& input_path,
-                TextEncoder& encoder, TokenSpool& spool) {
+                TextEncoder& encoder, Spool& spool) {
   if (encoder.bpe) {
     const size_t valid = valid_utf8_prefix(text);
     DSTRAIN_USER_CHECK(valid == text.size())
@@ -132,7 +64,7 @@ void spool_text(std::string_view text, size_t offset, const std::string& input_p
 // where the encoder can stop (for BPE: at a newline, so the ids equal those of the whole
 // file; a block grows until it has such a newline), then the end-of-text id if any.
 void spool_input(const std::string& input_path, TextEncoder& encoder,
-                 std::optional<int32_t> eot_id, TokenSpool& spool) {
+                 std::optional<int32_t> eot_id, Spool& spool) {
   std::unique_ptr<std::FILE, FileCloser> input(std::fopen(input_path.c_str(), "rb"));
   DSTRAIN_USER_CHECK(input != nullptr) << "cannot open input text file '" << input_path
                                        << "': " << std::strerror(errno) << ".";
@@ -159,7 +91,7 @@ void spool_input(const std::string& input_path, TextEncoder& encoder,
 
 // Moves the next `tokens` tokens of the spool into shards staging/split_NNNNNN.bin of at most
 // max_shard_tokens tokens; returns the shard names.
-std::vector<std::string> write_split(TokenSpool& spool, size_t tokens, const fs::path& staging,
+std::vector<std::string> write_split(Spool& spool, size_t tokens, const fs::path& staging,
                                      const char* split, size_t max_shard_tokens,
                                      TokenFormat format) {
   std::vector<std::string> names;
@@ -178,21 +110,6 @@ std::vector<std::string> write_split(TokenSpool& spool, size_t tokens, const fs:
     remaining -= shard_tokens;
   }
   return names;
-}
-
-// Removes split_NNNNNN.bin files in out_dir numbered `first_stale` and above.
-void remove_stale_shards(const std::string& out_dir, const char* split, size_t first_stale) {
-  const std::regex pattern(std::string(split) + "_([0-9]{6})\\.bin");
-  for (const fs::directory_entry& entry : fs::directory_iterator(out_dir)) {
-    std::smatch match;
-    const std::string name = entry.path().filename().string();
-    if (!std::regex_match(name, match, pattern)) continue;
-    if (std::stoul(match[1].str()) < first_stale) continue;
-    std::error_code error;
-    fs::remove(entry.path(), error);
-    DSTRAIN_USER_CHECK(!error) << "could not remove the stale shard '" << entry.path().string()
-                               << "' left by an earlier prepare: " << error.message() << ".";
-  }
 }
 
 // Checks the options and the inputs before anything is written; returns the inputs' bytes.
@@ -253,19 +170,9 @@ PrepareResult prepare(const PrepareOptions& options) {
   const bool uint32_tokens = encoder.vocab_size() > 65536;
 
   const std::string& out_dir = options.out_dir;
-  std::error_code error;
-  fs::create_directories(out_dir, error);
-  DSTRAIN_USER_CHECK(!error) << "cannot create the output directory '" << out_dir
-                             << "': " << error.message() << ".";
-  // The shards are written into a hidden staging directory inside out_dir (same file system)
-  // and moved out only when all are complete, so a failure leaves out_dir as it was.
-  const fs::path staging = fs::path(out_dir) / (".prepare-tmp-" + std::to_string(::getpid()));
-  fs::remove_all(staging, error);  // a leftover of a crashed run with our pid
-  fs::create_directory(staging, error);
-  DSTRAIN_USER_CHECK(!error) << "cannot create the directory '" << staging.string()
-                             << "': " << error.message() << ".";
+  const fs::path staging = make_staging_directory(out_dir);
   const TreeRemover remove_staging{staging};
-  TokenSpool spool(staging / "tokens.spool", uint32_tokens ? 4 : 2);
+  Spool spool(staging / "tokens.spool", uint32_tokens ? 4 : 2);
   for (const std::string& input : options.inputs) spool_input(input, encoder, eot_id, spool);
 
   const size_t total = spool.size();
@@ -291,17 +198,12 @@ PrepareResult prepare(const PrepareOptions& options) {
   result.uint32_tokens = uint32_tokens;
   for (const auto& [names, files] : {std::pair{&train_names, &result.train_files},
                                      std::pair{&val_names, &result.val_files}}) {
-    for (const std::string& name : *names) {
-      const fs::path target = fs::path(out_dir) / name;
-      fs::rename(staging / name, target, error);
-      DSTRAIN_USER_CHECK(!error) << "cannot move the finished shard into place at '"
-                                 << target.string() << "': " << error.message() << ".";
-      files->push_back(target.string());
-    }
+    for (const std::string& name : *names) files->push_back(move_into_place(staging, out_dir, name));
   }
   fsync_directory(out_dir);
-  remove_stale_shards(out_dir, "train", result.train_files.size());
-  remove_stale_shards(out_dir, "val", result.val_files.size());
+  // Masks of an earlier prepare --chat into out_dir would make these shards chat data.
+  remove_stale_shards(out_dir, "train", result.train_files.size(), false);
+  remove_stale_shards(out_dir, "val", result.val_files.size(), false);
   return result;
 }
 
