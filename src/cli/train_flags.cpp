@@ -210,6 +210,11 @@ po::options_description output_flags(TrainOptions& o) {
       ("log", po::value(&o.log)->value_name("FILE"),
        "JSONL log: one record per step and per eval (plot it with `dstrain report FILE`); an "
        "existing FILE is appended to by --resume, and refused otherwise (or --overwrite)")
+      ("tensorboard", po::value(&o.tensorboard)->value_name("DIR"),
+       "TensorBoard event files of every number the --log records hold (loss, eval_loss, lr, "
+       "grad_norm, loss_scale, tokens_per_s, mfu, time/..., memory/..., expert_load/...): "
+       "`tensorboard --logdir DIR`. A resumed run adds a file; a new one refuses DIR's event "
+       "files of another run (or --overwrite removes them)")
       ("eval-every", po::value(&o.eval_every)->default_value(o.eval_every)->value_name("N"),
        "evaluate every N steps and at the end (0 disables)")
       ("eval-batches", po::value(&o.eval_batches)->default_value(o.eval_batches)->value_name("N"),

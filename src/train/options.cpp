@@ -135,6 +135,7 @@ void for_each_run_setting(TrainOptions& o, Fn&& fn) {
   fn("save-dtype", o.save_dtype);
   fn("out", o.out);
   fn("log", o.log);
+  fn("tensorboard", o.tensorboard);
 }
 
 // The settings of the plan: how the run's steps are laid out on the machine. A resume on the

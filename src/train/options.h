@@ -107,6 +107,7 @@ struct TrainOptions {
   std::string pp_split;            // layers per stage, "7,7,7,7"; empty: the balanced split
   // output
   std::string log;                 // JSONL file
+  std::string tensorboard;         // TensorBoard event files go into this directory; empty: none
   int64_t eval_every = 250;        // 0 disables
   int64_t eval_batches = 16;
   std::string out;                 // checkpoint directory

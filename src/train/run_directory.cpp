@@ -150,6 +150,21 @@ void check_log_file(const std::string& log, bool appending, bool overwrite) {
       << "another --log, or --overwrite to replace it";
 }
 
+void claim_tensorboard_directory(const std::string& dir, bool appending, bool overwrite) {
+  std::error_code error;
+  if (dir.empty() || appending || !fs::is_directory(dir, error)) return;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
+    if (entry.path().filename().string().rfind("events.out.tfevents.", 0) != 0) continue;
+    DSTRAIN_USER_CHECK(overwrite)
+        << "--tensorboard " << dir << " holds the event files of another run ("
+        << entry.path().filename().string() << "), which TensorBoard would draw as this one: "
+        << "give another directory, --resume that run, or --overwrite to remove them";
+    fs::remove(entry.path(), error);
+    DSTRAIN_USER_CHECK(!error) << "cannot remove " << entry.path().string() << ": "
+                               << error.message();
+  }
+}
+
 std::vector<int64_t> keep_last_checkpoints(const fs::path& out, int64_t keep,
                                            const fs::path& written) {
   std::vector<int64_t> removed;

@@ -46,6 +46,10 @@ void claim_out_directory(const std::string& out, bool overwrite, std::ostream& o
 // and otherwise a UserError.
 void check_log_file(const std::string& log, bool appending, bool overwrite);
 
+// --tensorboard DIR of a new run (not appending): refuses DIR when it holds event files of
+// another run, or removes them with `overwrite`. Nothing for an empty dir, or when appending.
+void claim_tensorboard_directory(const std::string& dir, bool appending, bool overwrite);
+
 // --keep-last N: removes the complete checkpoints of `out` but the newest N, never `written`
 // (the one just saved, even if an abandoned branch left higher steps) nor what `latest` names.
 // Returns the steps removed.

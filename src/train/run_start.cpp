@@ -280,6 +280,7 @@ void claim_outputs(const RunContext& ctx, std::ostream& out) {
       (!ctx.resume || same_directory(options.out, run_directory_of(ctx.resume->dir)));
   if (!continuing_there) claim_out_directory(options.out, options.overwrite, out);
   check_log_file(options.log, ctx.resume_asked, options.overwrite);
+  claim_tensorboard_directory(options.tensorboard, ctx.resume_asked, options.overwrite);
   if (!continuing_there || !ctx.resume) return;
   // Resumed from an older checkpoint of the run: its next steps would replace newer ones.
   const int64_t step = ctx.resume->trainer_state["step"].get<int64_t>();

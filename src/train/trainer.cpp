@@ -194,6 +194,7 @@ TrainSummary train(const TrainOptions& given, std::ostream& out) {
   if (!options.log.empty() && node0) {
     log = JsonlLog(options.log, ctx.resume_asked && !options.overwrite);
   }
+  if (!options.tensorboard.empty() && node0) log.add_tensorboard(options.tensorboard, ctx.first_step);
   ProgressPrinter progress(out, options.steps, options.quiet, options.print_every);
   TrainSummary summary;
   summary.first_step = ctx.first_step;
