@@ -7,6 +7,7 @@
 # (tests/reference/report_screenshot.py).
 # And PyPI's nvidia-cuda-cuobjdump (the disassembler, for the machine-code check of the CUDA
 # kernels, tests/reference/check_sass.py) where the toolkit has no cuobjdump.
+# And PyPI's tensorboard, whose reader checks --tensorboard's event files.
 # dstrain never needs them; without them those tests report themselves skipped.
 set -uo pipefail
 SUDO=""
@@ -19,6 +20,14 @@ if ! /usr/bin/python3 -c "import torch, transformers" 2>/dev/null; then
     $SUDO /usr/bin/python3 -m pip install -q --break-system-packages "transformers==4.41.2" \
       >/dev/null 2>&1; } ||
     echo "could not install them: the transformers check will be skipped"
+fi
+
+# PyPI's tensorboard: its own reader checks the event files of --tensorboard
+# (tests/reference/read_tensorboard.py).
+if ! /usr/bin/python3 -c "import tensorboard" 2>/dev/null; then
+  echo "installing tensorboard (PyPI, best effort)"
+  $SUDO /usr/bin/python3 -m pip install -q --break-system-packages "tensorboard==2.21.0" \
+    >/dev/null 2>&1 || echo "could not install it: the TensorBoard check will be skipped"
 fi
 
 if ! command -v hadolint >/dev/null && [ ! -x /usr/local/bin/hadolint ]; then
