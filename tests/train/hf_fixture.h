@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -12,12 +13,25 @@
 #include <vector>
 
 #include "core/safetensors.h"
+#include "tests/model/host_params.h"
 #include "tests/model/reference_fixture.h"
 #include "tests/train/small_model.h"
 #include "train/options.h"
 #include "train/trainer.h"
+#include "train/weights_io.h"
 
 namespace dstrain::test {
+
+// The Hugging Face weights of model directory `dir` as a model test's host parameters.
+inline void load_fixture_params(const ParamLayout& layout, const std::string& dir,
+                                HostParams& params) {
+  HostBlocks weights(layout);
+  load_weights(layout, weights, dir);
+  for (int block = 0; block < layout.num_blocks(); ++block) {
+    std::memcpy(params.params[block].data(), weights.block(block).data,
+                params.params[block].size() * sizeof(float));
+  }
+}
 
 inline std::string fixture_dir(const std::string& fixture) {
   return std::string(DSTRAIN_SOURCE_DIR "/tests/reference/") + fixture;

@@ -43,13 +43,8 @@ TEST_P(LlamaAgainstTransformers, LossAndGradientsOfTheFirstMicroBatch) {
   if (aux) aux->begin_step(1.0, 1, 1);
   const Decoder arch(config, {}, ExpertParallel{1, 0, nullptr, nullptr, aux.get()});
   const ParamLayout& layout = arch.layout();
-  HostBlocks weights(layout);
-  load_weights(layout, weights, dir);
   test::HostParams params(layout);
-  for (int block = 0; block < layout.num_blocks(); ++block) {
-    std::memcpy(params.params[block].data(), weights.block(block).data,
-                params.params[block].size() * sizeof(float));
-  }
+  test::load_fixture_params(layout, dir, params);
   const int64_t B = 4, T = 16, N = B * T;
   const std::vector<int32_t> stream = test::read_llmc_u16(dir + "train.bin");
   std::vector<int32_t> inputs(stream.begin(), stream.begin() + N);
