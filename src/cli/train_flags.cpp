@@ -275,6 +275,7 @@ void print_usage(std::ostream& out, const po::options_description& flags) {
       << "Usage:\n"
       << "  dstrain [train] [flags]                 train (the default command)\n"
       << "  dstrain prepare --input FILE.txt --out DIR [--tokenizer tokenizer.json]   tokenize text into shards\n"
+      << "  dstrain prepare --chat FILE.jsonl --tokenizer DIR --out DIR               conversations into shards with loss masks\n"
       << "  dstrain topo [--json] [--from-nvidia-smi FILE --gpu NAME]   how the GPUs are wired\n"
       << "  dstrain plan --model M [--gpus N] [...]   choose a parallel plan (dstrain plan --help)\n"
       << "  dstrain bench comm [--gpus N] [--sizes 1K:256M] [...]   time the collectives (dstrain bench comm --help)\n"

@@ -54,6 +54,14 @@ std::string describe_conversations(const ConversationIndex& index, int64_t seq_l
   const int64_t kept = static_cast<int64_t>(index.conversations.size());
   text << kept << " conversation(s), " << index.trained_targets << " trained token(s) of "
        << index.tokens << " read";
+  if (kept > 0) {
+    // One conversation per row of T positions: how much of them the conversations fill and train.
+    const double positions = static_cast<double>(kept) * static_cast<double>(seq_len);
+    text.precision(3);
+    text << " (rows of " << seq_len << ": "
+         << 100.0 * static_cast<double>(index.tokens - kept) / positions << "% filled, "
+         << 100.0 * static_cast<double>(index.trained_targets) / positions << "% trained)";
+  }
   if (index.truncated > 0) {
     text << "; " << index.truncated << " longer than --seq-len " << seq_len
          << " + 1 tokens, truncated";

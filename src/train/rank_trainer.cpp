@@ -778,21 +778,34 @@ void RankTrainer::print_stage_summary(nlohmann::json& summary_record) {
   ctx_.progress->message(text.str());
 }
 
-void RankTrainer::sample(const HostBlocks& gathered, std::ostream& text) const {
-  const Datasets& data = *ctx_.data;
-  std::vector<int32_t> prompt(static_cast<size_t>(std::min<int64_t>(8, T_)));
+// The sample's prompt: the first 8 tokens of the validation data; of chat data, the first
+// validation conversation up to where its first trained token (the assistant's reply) begins:
+// its turns rendered with the chat template, ending in the assistant's header.
+std::vector<int32_t> RankTrainer::sample_prompt() const {
   std::vector<int32_t> inputs(static_cast<size_t>(B_ * T_)), targets(inputs.size());
-  DataLoader prompt_loader(data.val, LoaderOptions{B_, T_, 1, 0, false, 0});
+  DataLoader prompt_loader(ctx_.data->val, LoaderOptions{B_, T_, 1, 0, false, 0});
   prompt_loader.next_batch(Tensor(inputs.data(), DType::I32, {B_, T_}),
                            Tensor(targets.data(), DType::I32, {B_, T_}));
-  std::copy(inputs.begin(), inputs.begin() + static_cast<std::ptrdiff_t>(prompt.size()), prompt.begin());
+  size_t length = static_cast<size_t>(std::min<int64_t>(8, T_));
+  if (prompt_loader.conversations() != nullptr) {
+    const auto first_trained = std::find_if(targets.begin(), targets.begin() + T_,
+                                            [](int32_t t) { return t != kIgnoreTarget; });
+    length = static_cast<size_t>(first_trained - targets.begin()) + 1;
+  }
+  return std::vector<int32_t>(inputs.begin(), inputs.begin() + static_cast<std::ptrdiff_t>(length));
+}
+
+void RankTrainer::sample(const HostBlocks& gathered, std::ostream& text) const {
+  const Datasets& data = *ctx_.data;
+  const std::vector<int32_t> prompt = sample_prompt();
   HostParams weights(gathered);
   // The gathered weights are host memory: the sample runs on a CPU backend.
   std::unique_ptr<Backend> backend = make_cpu_backend(threads_);
   std::unique_ptr<Allocator> allocator = make_cpu_allocator(rank_);
   const std::vector<int32_t> tokens = sample_tokens(config_, *backend, *allocator, weights, prompt,
                                                     options_.sample_tokens, T_, options_.seed);
-  text << "\n  sample (" << prompt.size() << " prompt tokens from the validation data, then "
+  text << "\n  sample (" << prompt.size() << " prompt tokens from the validation data"
+       << (data.val.masked() ? ", its first conversation up to the reply" : "") << ", then "
        << options_.sample_tokens << " sampled):";
   const auto split = tokens.begin() + static_cast<std::ptrdiff_t>(prompt.size());
   const std::vector<int32_t> given(tokens.begin(), split), sampled(split, tokens.end());

@@ -78,6 +78,7 @@ class RankTrainer {
   int agree_to_stop() const;
   void check_replicas(int64_t step, bool last);
   double evaluate();
+  std::vector<int32_t> sample_prompt() const;
   double step_trained_targets(std::optional<DataLoader>& loader, int64_t rounds) const;
   double mean_to_trained(double trained, int64_t rounds) const;
   void save_checkpoint(int64_t step);

@@ -73,9 +73,28 @@ TEST_F(ChatCliTest, PrepareShowAndTrainOnTheAssistantsReplies) {
   write_model();
   const BinaryResult trained = run_ok(
       "--model model/config.json --data 'data/train_*.bin' --val-data 'data/val_*.bin' "
-      "--batch 2 --seq-len 256 --steps 6 --eval-every 3 --eval-batches 2 --sample 0 --threads 2 "
-      "--device cpu --log run.jsonl --out run --tensorboard board");
+      "--batch 2 --seq-len 256 --steps 6 --eval-every 3 --eval-batches 2 --sample 4 --threads 2 "
+      "--device cpu --log run.jsonl --out run --tensorboard board --tokenizer " +
+      kChat + "llama3.1/tokenizer.json");
   EXPECT_NE(trained.out.find("chat data: "), std::string::npos) << trained.out;
+  // The sample replies to the first validation conversation (54: the last 10% are held out),
+  // rendered with the template up to the assistant's header.
+  EXPECT_NE(trained.out.find("its first conversation up to the reply"), std::string::npos)
+      << trained.out;
+  EXPECT_NE(trained.out.find("what is 54 plus 0?<|eot_id|><|start_header_id|>assistant"
+                             "<|end_header_id|>\n\n\n    sampled: "),
+            std::string::npos)
+      << trained.out;
+  // The checkpoint is a chat model for transformers: its template and generate() work.
+  const std::string chat_check = "/usr/bin/python3 " + std::string(DSTRAIN_SOURCE_DIR) +
+                                 "/tests/reference/check_chat_checkpoint.py " +
+                                 path("run/step-000006").string() + " > " +
+                                 path("chat_check.txt").string() + " 2>&1";
+  const int chat_status = std::system(chat_check.c_str());
+  if (!(WIFEXITED(chat_status) && WEXITSTATUS(chat_status) == 77)) {
+    EXPECT_TRUE(WIFEXITED(chat_status) && WEXITSTATUS(chat_status) == 0)
+        << std::ifstream(path("chat_check.txt")).rdbuf();
+  }
   EXPECT_EQ(dstrain::testing::step_losses(path("run.jsonl")).size(), 6u);
 
   // TensorBoard: every number of the log, as tensorboard's reader sees it (skipped without it).

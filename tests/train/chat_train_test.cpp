@@ -108,6 +108,8 @@ TEST(ChatTraining, EveryTokenTrainedIsTheTextRunBitForBit) {
   EXPECT_EQ(test::max_weight_difference(text_run.weights, chat_run.weights), 0.0);
   EXPECT_NE(chat_run.output.find("chat data: 400 conversation(s)"), std::string::npos)
       << chat_run.output;
+  EXPECT_NE(chat_run.output.find("(rows of 16: 100% filled, 100% trained)"), std::string::npos)
+      << chat_run.output;
 }
 
 // The split of a step's 16 rows does not change the loss, nor the weights beyond summation order.
