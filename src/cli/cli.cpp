@@ -133,6 +133,11 @@ int run_prepare(const std::vector<std::string>& args, std::ostream& out) {
   PrepareOptions options;
   ChatPrepareOptions chat;
   int64_t show = -1;
+  std::string template_help = "with --chat: this known template (";
+  for (const std::string& name : chat_template_names()) {
+    template_help += (name == chat_template_names().front() ? "" : ", ") + name;
+  }
+  template_help += ") or a file of Jinja text instead of tokenizer_config.json's";
   po::options_description flags("dstrain prepare");
   flags.add_options()
       ("input", po::value(&options.inputs)->composing()->value_name("FILE.txt"), "text file to tokenize (repeat for several, tokenized in order)")
@@ -150,9 +155,7 @@ int run_prepare(const std::vector<std::string>& args, std::ostream& out) {
        "model's chat template; needs --tokenizer DIR with tokenizer.json and tokenizer_config.json; writes a "
        "loss mask beside each shard (train_NNNNNN.mask)")
       ("chat-template", po::value(&chat.chat_template)->value_name("NAME|FILE"),
-       "with --chat: this known template (llama3, llama3.1, qwen2, qwen2.5, deepseek-llm, deepseek-v3, "
-       "deepseek-r1, mistral-legacy, mistral-v1, mistral-v3) or a file of Jinja text instead of "
-       "tokenizer_config.json's")
+       template_help.c_str())
       ("train-on-prompt", po::bool_switch(&chat.train_on_prompt),
        "with --chat: train every token, not only the assistant's replies (axolotl's train_on_inputs)")
       ("show", po::value(&show)->value_name("N"),

@@ -8,16 +8,19 @@
 #include <string>
 
 #include "core/check.h"
+#include "tests/common/user_error.h"
 
 namespace dstrain {
 namespace {
+
+using testing::expect_user_error_naming;
 
 namespace fs = std::filesystem;
 
 // A scratch directory for one test: a StagingDir that is never committed is removed whole.
 fs::path scratch_for_test() {
-  return fs::path(testing::TempDir()) / "dstrain_fs_test" /
-         testing::UnitTest::GetInstance()->current_test_info()->name();
+  return fs::path(::testing::TempDir()) / "dstrain_fs_test" /
+         ::testing::UnitTest::GetInstance()->current_test_info()->name();
 }
 
 std::set<std::string> entries_of(const fs::path& dir) {
@@ -26,22 +29,6 @@ std::set<std::string> entries_of(const fs::path& dir) {
   return names;
 }
 
-// Runs `action`, requires a UserError whose message names `path`; returns the message.
-template <class Action>
-std::string expect_user_error_naming(const fs::path& path, Action action) {
-  try {
-    action();
-    ADD_FAILURE() << "no error for " << path;
-  } catch (const UserError& error) {
-    const std::string message = error.what();
-    EXPECT_NE(message.find(path.string()), std::string::npos) << message;
-    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
-    return message;
-  } catch (const std::exception& error) {
-    ADD_FAILURE() << "not a UserError: " << error.what();
-  }
-  return "";
-}
 
 TEST(Fs, ReadFile_round_trip_and_binary_bytes) {
   StagingDir scratch(scratch_for_test());

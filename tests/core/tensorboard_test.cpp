@@ -19,9 +19,12 @@
 #include "core/check.h"
 #include "core/fs.h"
 #include "tests/common/temp_dir.h"
+#include "tests/common/user_error.h"
 
 namespace dstrain {
 namespace {
+
+using testing::expect_user_error_naming;
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -302,22 +305,6 @@ TEST(TensorBoard, Writer_second_run_adds_a_file_and_keeps_the_first) {
 
 // ---- errors -----------------------------------------------------------------------------------
 
-// Runs `action`, requires a UserError of one line whose message names `path`; returns it.
-template <class Action>
-std::string expect_user_error_naming(const fs::path& path, Action action) {
-  try {
-    action();
-    ADD_FAILURE() << "no error for " << path;
-  } catch (const UserError& error) {
-    const std::string message = error.what();
-    EXPECT_NE(message.find(path.string()), std::string::npos) << message;
-    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
-    return message;
-  } catch (const std::exception& error) {
-    ADD_FAILURE() << "not a UserError: " << error.what();
-  }
-  return "";
-}
 
 TEST(TensorBoard, Writer_directory_that_is_a_file_is_user_error) {
   const testing::TempDir scratch;

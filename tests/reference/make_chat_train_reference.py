@@ -54,7 +54,7 @@ import torch
 sys.dont_write_bytecode = True  # leave no __pycache__ in the source tree
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from make_gpt2_reference import learning_rate, save_tensors, write_llmc_tokens  # noqa: E402
+from make_gpt2_reference import adamw, learning_rate, save_tensors, write_llmc_tokens  # noqa: E402
 from make_llama_reference import TRAINING as LLAMA_TRAINING, named  # noqa: E402
 
 import transformers  # noqa: E402
@@ -179,12 +179,7 @@ def train_model(name, rows):
     model.train()
     params = named(model)
     names = list(params)
-    decay = [params[n] for n in names if params[n].dim() == 2]
-    no_decay = [params[n] for n in names if params[n].dim() != 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": t["weight_decay"]},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=t["lr"], betas=(t["beta1"], t["beta2"]), eps=t["eps"], foreach=False)
+    optimizer = adamw(params, names, t)
     losses, grad_norms, lrs, step_trained, micro_trained = [], [], [], [], []
     for step in range(steps):
         optimizer.zero_grad(set_to_none=True)

@@ -93,7 +93,7 @@ from torch import nn
 
 sys.dont_write_bytecode = True  # leave no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_gpt2_reference import (cross_entropy, learning_rate, micro_batch,  # noqa: E402
+from make_gpt2_reference import (adamw, cross_entropy, learning_rate, micro_batch,  # noqa: E402
                                  save_tensors, write_llmc_tokens)
 from make_llama_reference import TOKEN_SEED, TRAINING, WEIGHT_SEED, perturb  # noqa: E402
 
@@ -408,12 +408,7 @@ def make_fixture(name, config):
                  "gradients of micro-batch 0 (cross-entropy not divided by grad_accum, plus "
                  "each MoE layer's aux loss with gradient 1)")
 
-    decay = [params[n] for n in names if params[n].dim() == 2]
-    no_decay = [params[n] for n in names if params[n].dim() != 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": t["weight_decay"]},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=t["lr"], betas=(t["beta1"], t["beta2"]), eps=t["eps"], foreach=False)
+    optimizer = adamw(params, names, t)
     losses, aux_losses, grad_norms, lrs = [], [], [], []
     for step in range(steps):
         optimizer.zero_grad(set_to_none=True)

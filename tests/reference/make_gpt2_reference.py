@@ -58,6 +58,16 @@ LLMC_MAGIC = 20240520
 LLMC_VERSION = 1  # uint16 tokens
 
 
+def adamw(params, names, t):
+    """torch's AdamW over params (name -> tensor) in `names` order: weight decay t["weight_decay"]
+    on the 2-D tensors (embeddings and matrices), none on biases and norms; every fixture's."""
+    decay = [params[n] for n in names if params[n].dim() == 2]
+    no_decay = [params[n] for n in names if params[n].dim() != 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": t["weight_decay"]},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=t["lr"], betas=(t["beta1"], t["beta2"]), eps=t["eps"], foreach=False)
+
 def parameter_specs(config):
     """(name, shape, init kind) in the Hugging Face order; the generator draws in this order."""
     C, V, L = config["n_embd"], config["vocab_size"], config["n_layer"]
@@ -208,13 +218,7 @@ def main():
     save_tensors(os.path.join(out_dir, "logits0.safetensors"), ["logits"],
                  {"logits": logits.detach()}, "logits (B, T, V) of micro-batch 0")
 
-    # Weight decay on the 2-D tensors (embeddings and matrices), none on biases and LayerNorm.
-    decay = [params[n] for n in names if params[n].dim() == 2]
-    no_decay = [params[n] for n in names if params[n].dim() != 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": t["weight_decay"]},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=t["lr"], betas=(t["beta1"], t["beta2"]), eps=t["eps"], foreach=False)
+    optimizer = adamw(params, names, t)
     all_params = [params[n] for n in names]
 
     losses, micro_losses, grad_norms, lrs = [], [], [], []

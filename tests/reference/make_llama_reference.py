@@ -43,7 +43,7 @@ import torch
 
 sys.dont_write_bytecode = True  # leave no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_gpt2_reference import (cross_entropy, learning_rate, micro_batch,  # noqa: E402
+from make_gpt2_reference import (adamw, cross_entropy, learning_rate, micro_batch,  # noqa: E402
                                  save_tensors, write_llmc_tokens)
 
 import transformers  # noqa: E402
@@ -190,12 +190,7 @@ def make_fixture(name, spec):
     save_tensors(os.path.join(out_dir, "grads0.safetensors"), names, grads0,
                  "gradients of micro-batch 0 (loss not divided by grad_accum)")
 
-    decay = [params[n] for n in names if params[n].dim() == 2]
-    no_decay = [params[n] for n in names if params[n].dim() != 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": t["weight_decay"]},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=t["lr"], betas=(t["beta1"], t["beta2"]), eps=t["eps"], foreach=False)
+    optimizer = adamw(params, names, t)
     losses, grad_norms, lrs = [], [], []
     for step in range(steps):
         optimizer.zero_grad(set_to_none=True)
