@@ -167,5 +167,30 @@ TEST(ChatTraining, FourRanksOfAnyPlanTrainAsOne) {
   }
 }
 
+// A chat run resumed from its checkpoint, shuffled, on another split of the step, continues to
+// the same losses: the loader's position and each step's trained count come back with it.
+TEST(ChatTraining, ResumesOnTheSameCurve) {
+  testing::TempDir dir;
+  const std::string data = write_chat_data(dir.path() / "data", 31);
+  TrainOptions straight = chat_run_options(dir.path(), "straight", data, 1, 4);
+  straight.shuffle = true;
+  straight.steps = 10;
+  straight.save_every = 5;
+  const test::LoggedRun all = train_run(straight);
+  TrainOptions resumed = chat_run_options(dir.path(), "resumed", data, 2, 2);
+  resumed.shuffle = true;
+  resumed.model.clear();
+  resumed.resume = straight.out + "/step-000005";
+  resumed.steps = 10;
+  std::ostringstream out;
+  train(resumed, out);
+  std::vector<double> tail;
+  for (const nlohmann::json& r : test::read_logged_run(resumed).steps) tail.push_back(r["loss"]);
+  ASSERT_EQ(tail.size(), 5u);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_NEAR(tail[i], all.losses[5 + i], 1e-6 * all.losses[5 + i]) << "step " << 6 + i;
+  }
+}
+
 }  // namespace
 }  // namespace dstrain
