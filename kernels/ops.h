@@ -117,21 +117,39 @@ class Backend {
   // Copy between this device's memory and host memory (either side may be host).
   virtual void copy_bytes(void* dst, const void* src, size_t bytes, Stream stream) = 0;
 
+  // ---- positions (packed sequences) ----
+  // The embedding, rotary and attention ops take `positions` (B,T) I32: each token's place in
+  // its sequence, where several sequences are packed into one row (Hugging Face's position_ids
+  // packing). A sequence starts where the position is 0 and counts up by 1 from there:
+  // REQUIRES positions[b,0] == 0 and positions[b,t] is 0 or positions[b,t-1] + 1. Token t of a
+  // row belongs to the sequence that starts at t - positions[b,t]. Empty: one sequence per row,
+  // positions[b,t] = t. The overloads without it are that case.
+
   // ---- embedding ----
-  // out (B,T,C) = wte[tokens[b,t]] + wpe[t]
+  // out (B,T,C) = wte[tokens[b,t]] + wpe[positions[b,t]]
   // tokens (B,T) I32 with 0 <= id < vocab_rows (else UserError); wpe (maxT,C), maxT >= T, or
   // empty: no position table (LLaMA), out = wte[tokens[b,t]] (and no dwpe in backward).
   // Vocabulary-parallel: wte (Vs,C) holds rows [vocab_begin, vocab_begin + Vs) of the whole
   // (vocab_rows, C) table; positions whose token lies outside them get a zero row (no wpe
   // either), so the sum over the slices is the whole embedding, bitwise. The whole table:
   // vocab_begin 0, vocab_rows Vs. REQUIRES: vocab_begin + Vs <= vocab_rows.
-  virtual void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe,
-                                 int64_t vocab_begin, int64_t vocab_rows, Stream stream) = 0;
+  virtual void embedding_forward(Tensor out, Tensor tokens, Tensor positions, Tensor wte,
+                                 Tensor wpe, int64_t vocab_begin, int64_t vocab_rows,
+                                 Stream stream) = 0;
+  void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_begin,
+                         int64_t vocab_rows, Stream stream) {
+    embedding_forward(out, tokens, Tensor(), wte, wpe, vocab_begin, vocab_rows, stream);
+  }
   // dwte (Vs,C) += scatter of dout rows by token (only tokens inside the slice);
-  // dwpe (maxT,C) += sum over b of dout[b,t] (every position). dout (B,T,C).
-  // Deterministic: rows that share a token add up in (b,t) order.
+  // dwpe (maxT,C) += scatter of dout rows by position (every token: positions[b,t], or t).
+  // dout (B,T,C). Deterministic: rows that share a token (or a position) add up in (b,t) order.
   virtual void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens,
-                                  int64_t vocab_begin, int64_t vocab_rows, Stream stream) = 0;
+                                  Tensor positions, int64_t vocab_begin, int64_t vocab_rows,
+                                  Stream stream) = 0;
+  void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens,
+                          int64_t vocab_begin, int64_t vocab_rows, Stream stream) {
+    embedding_backward(dwte, dwpe, dout, tokens, Tensor(), vocab_begin, vocab_rows, stream);
+  }
 
   // ---- layernorm (eps 1e-5, biased variance) ----
   // out (N,C), mean (N) F32, rstd (N) F32, inp (N,C), weight (C), bias (C)
@@ -208,27 +226,45 @@ class Backend {
   // at columns h*hd, k head j at NH*hd + j*hd, v head j at (NH+KV)*hd + j*hd.
   // out (B,T,NH*hd) = softmax(q k^T / sqrt(hd), causal) v per query head; lse (B,NH,T) F32 = the
   // log-sum-exp of each scaled score row (all backward needs besides qkv and out: no T x T).
-  virtual void attention_forward(Tensor out, Tensor lse, Tensor qkv, int n_head, int n_kv_head,
-                                 Stream stream) = 0;
+  // With positions, query t sees the keys of its own sequence up to itself only: keys
+  // [t - positions[b,t], t].
+  virtual void attention_forward(Tensor out, Tensor lse, Tensor qkv, Tensor positions,
+                                 int n_head, int n_kv_head, Stream stream) = 0;
+  void attention_forward(Tensor out, Tensor lse, Tensor qkv, int n_head, int n_kv_head,
+                         Stream stream) {
+    attention_forward(out, lse, qkv, Tensor(), n_head, n_kv_head, stream);
+  }
   // dqkv (B,T,(NH+2KV)*hd) = gradient w.r.t. qkv; dout (B,T,NH*hd); qkv, out, lse as saved by
-  // forward. dk and dv of a kv head sum over its query heads in a fixed order (ascending head,
-  // then ascending query row, one fp32 accumulator): the same bits on every run.
-  virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,
-                                  Tensor lse, int n_head, int n_kv_head, Stream stream) = 0;
+  // forward (with the same positions). dk and dv of a kv head sum over its query heads in a
+  // fixed order (ascending head, then ascending query row, one fp32 accumulator): the same bits
+  // on every run.
+  virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
+                                  Tensor positions, int n_head, int n_kv_head,
+                                  Stream stream) = 0;
+  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
+                          int n_head, int n_kv_head, Stream stream) {
+    attention_backward(dqkv, dout, qkv, out, lse, Tensor(), n_head, n_kv_head, stream);
+  }
 
   // ---- rotary position embedding (rotate-half, as Hugging Face's Llama) ----
   // qkv (B,T,(NH+2KV)*hd), laid out as for attention, in place on its NH q heads and KV k heads
-  // (v untouched); freqs (maxT,hd/2,2) F32 with maxT >= T: (cos, sin) of position t's angle for
-  // frequency i (the model computes it on the host once, kernels/rope_table.h, with whatever
+  // (v untouched); freqs (maxT,hd/2,2) F32 with maxT >= T: (cos, sin) of position p's angle for
+  // frequency i (p = positions[b,t], or t) (the model computes it on the host once, kernels/rope_table.h, with whatever
   // rope_theta / scaling the config has). For each head and i < hd/2: x1 = x[i],
   // x2 = x[i + hd/2]; x[i] = x1*cos - x2*sin, x[i + hd/2] = x2*cos + x1*sin; computed in fp32
   // (no FMA), rounded to storage once. REQUIRES: hd even.
-  virtual void rope_forward(Tensor qkv, Tensor freqs, int n_head, int n_kv_head,
-                            Stream stream) = 0;
+  virtual void rope_forward(Tensor qkv, Tensor freqs, Tensor positions, int n_head,
+                            int n_kv_head, Stream stream) = 0;
+  void rope_forward(Tensor qkv, Tensor freqs, int n_head, int n_kv_head, Stream stream) {
+    rope_forward(qkv, freqs, Tensor(), n_head, n_kv_head, stream);
+  }
   // The backward, in place on dqkv (same layout): the transposed rotation (sin negated) of dq
   // and dk; dv untouched.
-  virtual void rope_backward(Tensor dqkv, Tensor freqs, int n_head, int n_kv_head,
-                             Stream stream) = 0;
+  virtual void rope_backward(Tensor dqkv, Tensor freqs, Tensor positions, int n_head,
+                             int n_kv_head, Stream stream) = 0;
+  void rope_backward(Tensor dqkv, Tensor freqs, int n_head, int n_kv_head, Stream stream) {
+    rope_backward(dqkv, freqs, Tensor(), n_head, n_kv_head, stream);
+  }
 
   // ---- GELU, tanh approximation ----
   // out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); any shape

@@ -8,12 +8,14 @@
 // walks the query rows in order and writes only that head's columns. Backward: one task per
 // (b, kv head), walking its query heads in ascending order, so the dK/dV sums over the group's
 // heads and query rows run in one fp32 accumulator in a fixed order (with KV == NH exactly the
-// multi-head order). All reductions run inside a task, so the result does not depend on the
+// multi-head order). With positions (packed sequences), query i sees keys [i - pos(i), i]: the
+// loops start there. All reductions run inside a task, so the result does not depend on the
 // thread count. `omp simd` marks only loops whose iterations are independent: vectorizing them
 // does not change a bit.
 #include <cmath>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/positions.h"
 #include "kernels/qkv_checks.h"
 
 namespace dstrain::cpu {
@@ -63,10 +65,11 @@ void check_attention_dtypes(const Tensor& qkv, const Tensor& out, const Tensor& 
 
 }  // namespace
 
-void attention_forward(const CpuContext& ctx, Tensor out, Tensor lse, Tensor qkv, int n_head,
-                       int n_kv_head) {
+void attention_forward(const CpuContext& ctx, Tensor out, Tensor lse, Tensor qkv,
+                       Tensor positions, int n_head, int n_kv_head) {
   check_attention_dtypes(qkv, out, lse);
   const QkvShape s = check_attention_shapes(qkv, out, lse, n_head, n_kv_head);
+  const int32_t* position = checked_host_positions(positions, s.B, s.T, "attention");
   const int64_t T = s.T, hd = s.hd, width = s.width(), C = s.q_width();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   float* lse_out = lse.f32();
@@ -84,12 +87,13 @@ void attention_forward(const CpuContext& ctx, Tensor out, Tensor lse, Tensor qkv
     load_head(qkv, b, T, width, s.v_column(kv_head), hd, v);
     for (int64_t i = 0; i < T; ++i) {
       load_span_into(qkv, (b * T + i) * width + h * hd, hd, q);
-      scaled_scores(q, k_t, T, hd, i + 1, scale, scores);
+      const int64_t first = i - position_at(position, b, i, T);  // of its sequence
+      scaled_scores(q, k_t + first, T, hd, i + 1 - first, scale, scores + first);
       float max_score = -INFINITY;
-      for (int64_t j = 0; j <= i; ++j) max_score = std::max(max_score, scores[j]);
+      for (int64_t j = first; j <= i; ++j) max_score = std::max(max_score, scores[j]);
       float sum = 0.0f;
       std::fill(o, o + hd, 0.0f);
-      for (int64_t j = 0; j <= i; ++j) {
+      for (int64_t j = first; j <= i; ++j) {
         const float p = std::exp(scores[j] - max_score);
         sum += p;
         const float* vj = v + j * hd;
@@ -139,8 +143,9 @@ struct BackwardScratch {
 // One query head h of batch row b: writes its dq columns and adds its share of dk (unscaled)
 // and dv into the task's accumulators, query rows in order.
 void backward_query_head(const QkvShape& s, const Tensor& dqkv, const Tensor& dout,
-                         const Tensor& qkv, const Tensor& out, const float* lse, int64_t b,
-                         int64_t h, float scale, BackwardScratch& w) {
+                         const Tensor& qkv, const Tensor& out, const float* lse,
+                         const int32_t* position, int64_t b, int64_t h, float scale,
+                         BackwardScratch& w) {
   const int64_t T = s.T, hd = s.hd, width = s.width(), C = s.q_width();
   load_head(qkv, b, T, width, h * hd, hd, w.q);
   load_head(out, b, T, C, h * hd, hd, w.o);
@@ -151,14 +156,15 @@ void backward_query_head(const QkvShape& s, const Tensor& dqkv, const Tensor& do
     const float* doi = w.dout_head + i * hd;
     // D_i = dO_i . O_i = sum_j P_ij dP_ij
     const float delta = dot(doi, w.o + i * hd, hd);
-    scaled_scores(qi, w.k_t, T, hd, i + 1, scale, w.scores);
-    scaled_scores(doi, w.v_t, T, hd, i + 1, 1.0f, w.dp);
-    for (int64_t j = 0; j <= i; ++j) {
+    const int64_t first = i - position_at(position, b, i, T);  // of its sequence
+    scaled_scores(qi, w.k_t + first, T, hd, i + 1 - first, scale, w.scores + first);
+    scaled_scores(doi, w.v_t + first, T, hd, i + 1 - first, 1.0f, w.dp + first);
+    for (int64_t j = first; j <= i; ++j) {
       w.scores[j] = std::exp(w.scores[j] - row_lse[i]);  // P_ij
       w.dp[j] = w.scores[j] * (w.dp[j] - delta);         // dS_ij
     }
     std::fill(w.dq, w.dq + hd, 0.0f);
-    for (int64_t j = 0; j <= i; ++j) {
+    for (int64_t j = first; j <= i; ++j) {
       const float p = w.scores[j], ds = w.dp[j];
       const float* kj = w.k + j * hd;
       float* dvj = w.dv + j * hd;
@@ -178,11 +184,12 @@ void backward_query_head(const QkvShape& s, const Tensor& dqkv, const Tensor& do
 }  // namespace
 
 void attention_backward(const CpuContext& ctx, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,
-                        Tensor lse, int n_head, int n_kv_head) {
+                        Tensor lse, Tensor positions, int n_head, int n_kv_head) {
   check_attention_dtypes(qkv, out, lse);
   check_float_tensor(dqkv, "attention dqkv");
   check_float_tensor(dout, "attention dout");
   const QkvShape s = check_attention_backward_shapes(dqkv, dout, qkv, out, lse, n_head, n_kv_head);
+  const int32_t* position = checked_host_positions(positions, s.B, s.T, "attention");
   const int64_t T = s.T, hd = s.hd, width = s.width();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   ThreadScratch scratch(ctx, BackwardScratch::floats(T, hd));
@@ -195,7 +202,7 @@ void attention_backward(const CpuContext& ctx, Tensor dqkv, Tensor dout, Tensor 
     transpose(w.staging, T, hd, w.v_t);
     std::fill(w.dk, w.dk + 2 * T * hd, 0.0f);  // dk and dv
     for (int64_t h = kv_head * s.group(); h < (kv_head + 1) * s.group(); ++h) {
-      backward_query_head(s, dqkv, dout, qkv, out, lse.f32(), b, h, scale, w);
+      backward_query_head(s, dqkv, dout, qkv, out, lse.f32(), position, b, h, scale, w);
     }
     for (int64_t j = 0; j < T; ++j) {
       float* dkj = w.dk + j * hd;

@@ -107,13 +107,19 @@ class CpuBackend final : public Backend {
     std::memmove(dst, src, bytes);
   }
 
-  void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_begin,
-                         int64_t vocab_rows, Stream) override {
-    cpu::embedding_forward(ctx_, out, tokens, wte, wpe, vocab_begin, vocab_rows);
+  using Backend::attention_backward;
+  using Backend::attention_forward;
+  using Backend::embedding_backward;
+  using Backend::embedding_forward;
+  using Backend::rope_backward;
+  using Backend::rope_forward;
+  void embedding_forward(Tensor out, Tensor tokens, Tensor positions, Tensor wte, Tensor wpe,
+                         int64_t vocab_begin, int64_t vocab_rows, Stream) override {
+    cpu::embedding_forward(ctx_, out, tokens, positions, wte, wpe, vocab_begin, vocab_rows);
   }
-  void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens,
+  void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor positions,
                           int64_t vocab_begin, int64_t vocab_rows, Stream) override {
-    cpu::embedding_backward(ctx_, dwte, dwpe, dout, tokens, vocab_begin, vocab_rows);
+    cpu::embedding_backward(ctx_, dwte, dwpe, dout, tokens, positions, vocab_begin, vocab_rows);
   }
   void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight,
                          Tensor bias, Stream) override {
@@ -179,19 +185,21 @@ class CpuBackend final : public Backend {
                            Stream) override {
     cpu::matmul_gelu_forward(ctx_, out, pre_gelu, inp, weight, bias);
   }
-  void attention_forward(Tensor out, Tensor lse, Tensor qkv, int n_head, int n_kv_head,
-                         Stream) override {
-    cpu::attention_forward(ctx_, out, lse, qkv, n_head, n_kv_head);
+  void attention_forward(Tensor out, Tensor lse, Tensor qkv, Tensor positions, int n_head,
+                         int n_kv_head, Stream) override {
+    cpu::attention_forward(ctx_, out, lse, qkv, positions, n_head, n_kv_head);
   }
-  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int n_head,
-                          int n_kv_head, Stream) override {
-    cpu::attention_backward(ctx_, dqkv, dout, qkv, out, lse, n_head, n_kv_head);
+  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
+                          Tensor positions, int n_head, int n_kv_head, Stream) override {
+    cpu::attention_backward(ctx_, dqkv, dout, qkv, out, lse, positions, n_head, n_kv_head);
   }
-  void rope_forward(Tensor qkv, Tensor freqs, int n_head, int n_kv_head, Stream) override {
-    cpu::rope(ctx_, qkv, freqs, n_head, n_kv_head, false);
+  void rope_forward(Tensor qkv, Tensor freqs, Tensor positions, int n_head, int n_kv_head,
+                    Stream) override {
+    cpu::rope(ctx_, qkv, freqs, positions, n_head, n_kv_head, false);
   }
-  void rope_backward(Tensor dqkv, Tensor freqs, int n_head, int n_kv_head, Stream) override {
-    cpu::rope(ctx_, dqkv, freqs, n_head, n_kv_head, true);
+  void rope_backward(Tensor dqkv, Tensor freqs, Tensor positions, int n_head, int n_kv_head,
+                     Stream) override {
+    cpu::rope(ctx_, dqkv, freqs, positions, n_head, n_kv_head, true);
   }
   void gelu_forward(Tensor out, Tensor inp, Stream) override { cpu::gelu_forward(ctx_, out, inp); }
   void gelu_backward(Tensor dinp, Tensor dout, Tensor inp, Stream) override {

@@ -166,10 +166,10 @@ inline int64_t num_chunks(int64_t n) { return (n + kElementChunk - 1) / kElement
 void fill_zero(const CpuContext& ctx, Tensor t);
 void copy(const CpuContext& ctx, Tensor dst, Tensor src);
 
-void embedding_forward(const CpuContext& ctx, Tensor out, Tensor tokens, Tensor wte, Tensor wpe,
-                       int64_t vocab_begin, int64_t vocab_rows);
+void embedding_forward(const CpuContext& ctx, Tensor out, Tensor tokens, Tensor positions,
+                       Tensor wte, Tensor wpe, int64_t vocab_begin, int64_t vocab_rows);
 void embedding_backward(const CpuContext& ctx, Tensor dwte, Tensor dwpe, Tensor dout,
-                        Tensor tokens, int64_t vocab_begin, int64_t vocab_rows);
+                        Tensor tokens, Tensor positions, int64_t vocab_begin, int64_t vocab_rows);
 void layernorm_forward(const CpuContext& ctx, Tensor out, Tensor mean, Tensor rstd, Tensor inp,
                        Tensor weight, Tensor bias);
 void layernorm_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias,
@@ -220,12 +220,13 @@ void grouped_matmul_forward(const CpuContext& ctx, Tensor out, Tensor inp, Tenso
 void grouped_matmul_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tensor dout,
                              Tensor inp, Tensor weight, Tensor expert_offsets);
 
-void attention_forward(const CpuContext& ctx, Tensor out, Tensor lse, Tensor qkv, int n_head,
-                       int n_kv_head);
+void attention_forward(const CpuContext& ctx, Tensor out, Tensor lse, Tensor qkv,
+                       Tensor positions, int n_head, int n_kv_head);
 void attention_backward(const CpuContext& ctx, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,
-                        Tensor lse, int n_head, int n_kv_head);
+                        Tensor lse, Tensor positions, int n_head, int n_kv_head);
 // cpu_rope.cpp; `transposed` rotates by -angle (the backward).
-void rope(const CpuContext& ctx, Tensor qkv, Tensor freqs, int n_head, int n_kv_head,
+void rope(const CpuContext& ctx, Tensor qkv, Tensor freqs, Tensor positions, int n_head,
+          int n_kv_head,
           bool transposed);
 
 void adamw(const CpuContext& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy,

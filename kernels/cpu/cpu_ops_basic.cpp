@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/positions.h"
 
 namespace dstrain::cpu {
 
@@ -68,17 +69,18 @@ void check_position_table(const Tensor& table, const char* name, int64_t T, int6
 
 }  // namespace
 
-void embedding_forward(const CpuContext& ctx, Tensor out, Tensor tokens, Tensor wte, Tensor wpe,
-                       int64_t vocab_begin, int64_t vocab_rows) {
+void embedding_forward(const CpuContext& ctx, Tensor out, Tensor tokens, Tensor positions,
+                       Tensor wte, Tensor wpe, int64_t vocab_begin, int64_t vocab_rows) {
   check_float_tensor(out, "embedding out");
   check_float_tensor(wte, "wte");
   DSTRAIN_CHECK(out.ndim == 3) << "embedding out " << out.shape_str() << " must be (B, T, C)";
   const int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
   const VocabSlice slice = check_vocab_slice(wte, "wte", C, vocab_begin, vocab_rows);
-  const bool positions = !wpe.empty();  // LLaMA: no position table
-  if (positions) check_position_table(wpe, "wpe", T, C);
+  const bool learned = !wpe.empty();  // LLaMA: no position table
+  if (learned) check_position_table(wpe, "wpe", T, C);
   check_tokens(tokens, B, T, vocab_rows);
   const int32_t* ids = static_cast<const int32_t*>(tokens.data);
+  const int32_t* position = checked_host_positions(positions, B, T, "embedding");
 
   ThreadScratch scratch(ctx, 3 * C);
   parallel_for(ctx, B * T, [&](int64_t bt, int thread) {
@@ -88,8 +90,9 @@ void embedding_forward(const CpuContext& ctx, Tensor out, Tensor tokens, Tensor 
       std::fill(dst, dst + C, 0.0f);  // another slice's token
     } else {
       const float* token_row = load_span(wte, (ids[bt] - slice.begin) * C, C, buffers);
-      if (positions) {
-        const float* position_row = load_span(wpe, bt % T * C, C, buffers + C);
+      if (learned) {
+        const int64_t p = position_at(position, bt / T, bt % T, T);
+        const float* position_row = load_span(wpe, p * C, C, buffers + C);
         for (int64_t c = 0; c < C; ++c) dst[c] = token_row[c] + position_row[c];
       } else {
         std::copy(token_row, token_row + C, dst);
@@ -123,22 +126,12 @@ TokenGroups group_by_token(const int32_t* ids, int64_t count, const VocabSlice& 
   return groups;
 }
 
-}  // namespace
-
-void embedding_backward(const CpuContext& ctx, Tensor dwte, Tensor dwpe, Tensor dout,
-                        Tensor tokens, int64_t vocab_begin, int64_t vocab_rows) {
-  check_float_tensor(dwte, "dwte");
-  check_float_tensor(dout, "embedding dout");
-  DSTRAIN_CHECK(dout.ndim == 3) << "embedding dout " << dout.shape_str() << " must be (B, T, C)";
-  const int64_t B = dout.shape[0], T = dout.shape[1], C = dout.shape[2];
-  const VocabSlice slice = check_vocab_slice(dwte, "dwte", C, vocab_begin, vocab_rows);
-  if (!dwpe.empty()) check_position_table(dwpe, "dwpe", T, C);
-  check_tokens(tokens, B, T, vocab_rows);
-  const int32_t* ids = static_cast<const int32_t*>(tokens.data);
-
-  // Each group of positions sharing a token is one task that sums its rows in (b, t) order in
-  // fp32 and adds the sum to dwte once.
-  const TokenGroups groups = group_by_token(ids, B * T, slice);
+// table (rows, C) += the rows of dout (count, C) summed per id (ids[i] in `slice`, as table row
+// ids[i] - slice.begin): each group of rows sharing an id is one task that sums them in (b, t)
+// order in fp32 and adds the sum once.
+void scatter_rows(const CpuContext& ctx, const Tensor& table, const Tensor& dout,
+                  const int32_t* ids, int64_t count, const VocabSlice& slice, int64_t C) {
+  const TokenGroups groups = group_by_token(ids, count, slice);
   const std::vector<int64_t>& order = groups.order;
   const std::vector<int64_t>& group_begin = groups.group_begin;
   ThreadScratch scratch(ctx, 2 * C);
@@ -150,10 +143,32 @@ void embedding_backward(const CpuContext& ctx, Tensor dwte, Tensor dwpe, Tensor 
       const float* row = load_span(dout, order[i] * C, C, row_buffer);
       for (int64_t c = 0; c < C; ++c) sum[c] += row[c];
     }
-    accumulate_span(dwte, (ids[order[group_begin[group]]] - slice.begin) * C, C, sum);
+    accumulate_span(table, (ids[order[group_begin[group]]] - slice.begin) * C, C, sum);
   });
+}
+
+}  // namespace
+
+void embedding_backward(const CpuContext& ctx, Tensor dwte, Tensor dwpe, Tensor dout,
+                        Tensor tokens, Tensor positions, int64_t vocab_begin, int64_t vocab_rows) {
+  check_float_tensor(dwte, "dwte");
+  check_float_tensor(dout, "embedding dout");
+  DSTRAIN_CHECK(dout.ndim == 3) << "embedding dout " << dout.shape_str() << " must be (B, T, C)";
+  const int64_t B = dout.shape[0], T = dout.shape[1], C = dout.shape[2];
+  const VocabSlice slice = check_vocab_slice(dwte, "dwte", C, vocab_begin, vocab_rows);
+  if (!dwpe.empty()) check_position_table(dwpe, "dwpe", T, C);
+  check_tokens(tokens, B, T, vocab_rows);
+  const int32_t* ids = static_cast<const int32_t*>(tokens.data);
+
+  const int32_t* position = checked_host_positions(positions, B, T, "embedding");
+  scatter_rows(ctx, dwte, dout, ids, B * T, slice, C);
   if (dwpe.empty()) return;
+  if (position != nullptr) {  // packed: the rows sharing a position, in (b, t) order
+    scatter_rows(ctx, dwpe, dout, position, B * T, VocabSlice{0, dwpe.shape[0]}, C);
+    return;
+  }
   // dwpe[t] += sum over b of dout[b, t], in b order.
+  ThreadScratch scratch(ctx, 2 * C);
   parallel_for(ctx, T, [&](int64_t t, int thread) {
     float* sum = scratch.get(thread);
     float* row_buffer = sum + C;

@@ -6,10 +6,13 @@
 //   3. dQ:     a block owns query rows of a query head and streams the key tiles they see
 // dQ gets its own pass (recomputing the scores once more) instead of atomic adds from step 2:
 // every gradient element is then summed by one thread in a fixed order -- deterministic.
+// With positions (packed sequences), query i sees keys [i - positions[b, i], i] only; the
+// tensor-core kernels do not take positions yet, so packed rows run here in every dtype.
 #include <cmath>
 
 #include "kernels/cuda/cuda_attention.cuh"
 #include "kernels/cuda/cuda_attention_mma.cuh"
+#include "kernels/positions.h"
 
 namespace dstrain::cuda {
 
@@ -47,8 +50,8 @@ template <int kDPerLane>
 __device__ __forceinline__ void accumulate_dkdv_head(
     float (&dk)[kRowsPerWarp][kDPerLane], float (&dv)[kRowsPerWarp][kDPerLane],
     const DkdvTiles& tile, const DeviceTensor& dout, const DeviceTensor& qkv, const float* row_lse,
-    const float* row_delta, int64_t b, int64_t h, int64_t j0, int64_t T, int64_t C, int64_t width,
-    int64_t hd, float scale) {
+    const float* row_delta, const int32_t* positions, int64_t b, int64_t h, int64_t j0, int64_t T,
+    int64_t C, int64_t width, int64_t hd, float scale) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t stride = stream_stride(hd);
   for (int64_t q0 = j0 / kStreamRows * kStreamRows; q0 < T; q0 += kStreamRows) {
@@ -59,12 +62,14 @@ __device__ __forceinline__ void accumulate_dkdv_head(
     const int64_t i = q0 + lane;  // this lane's query
     const float lse_i = i < T ? row_lse[i] : 0.0f;
     const float delta_i = i < T ? row_delta[i] : 0.0f;
+    // The first key this lane's query sees: the start of its sequence.
+    const int64_t first_i = positions != nullptr && i < T ? i - positions[b * T + i] : 0;
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
       const int r = warp * kRowsPerWarp + rr;
       const int64_t j = j0 + r;
       if (j >= T || q0 + kStreamRows <= j) continue;  // warp-uniform: no query of the tile sees j
-      const bool visible = i < T && i >= j;
+      const bool visible = i < T && i >= j && j >= first_i;
       float p = 0.0f, ds = 0.0f;
       if (visible) {
         p = expf(dot_rows(tile.k + r * hd, tile.q + lane * stride, hd) * scale - lse_i);
@@ -97,8 +102,9 @@ __device__ __forceinline__ void accumulate_dkdv_head(
 // B*KV).
 template <int kDPerLane>
 __global__ void attention_dkdv_kernel(DeviceTensor dqkv, DeviceTensor dout, DeviceTensor qkv,
-                                      const float* lse, const float* delta, int64_t T, int64_t NH,
-                                      int64_t KV, int64_t hd, float scale) {
+                                      const float* lse, const float* delta,
+                                      const int32_t* positions, int64_t T, int64_t NH, int64_t KV,
+                                      int64_t hd, float scale) {
   DSTRAIN_DYNAMIC_SHARED(float, shared);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int owned = (blockDim.x / 32) * kRowsPerWarp;  // key rows of this block
@@ -123,7 +129,8 @@ __global__ void attention_dkdv_kernel(DeviceTensor dqkv, DeviceTensor dout, Devi
   }
   for (int64_t h = kv_head * group; h < (kv_head + 1) * group; ++h) {
     accumulate_dkdv_head<kDPerLane>(dk, dv, tile, dout, qkv, lse + (b * NH + h) * T,
-                                    delta + (b * NH + h) * T, b, h, j0, T, C, width, hd, scale);
+                                    delta + (b * NH + h) * T, positions, b, h, j0, T, C, width, hd,
+                                    scale);
   }
 
 #pragma unroll
@@ -146,7 +153,7 @@ __global__ void attention_dkdv_kernel(DeviceTensor dqkv, DeviceTensor dout, Devi
 // dqkv (B,T,(NH+2KV)*hd): writes the q head's columns. Grid (query blocks, B*NH).
 template <int kDPerLane>
 __global__ void attention_dq_kernel(DeviceTensor dqkv, DeviceTensor dout, DeviceTensor qkv,
-                                    const float* lse, const float* delta, int64_t T, int64_t NH,
+                                    const float* lse, const float* delta, const int32_t* positions, int64_t T, int64_t NH,
                                     int64_t KV, int64_t hd, float scale) {
   DSTRAIN_DYNAMIC_SHARED(float, shared);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -184,9 +191,11 @@ __global__ void attention_dq_kernel(DeviceTensor dqkv, DeviceTensor dout, Device
       const int r = warp * kRowsPerWarp + rr;
       const int64_t i = q0 + r;
       if (i >= T || k0 > i) continue;  // warp-uniform
+      const int64_t first = positions != nullptr ? i - positions[b * T + i] : 0;
+      if (k0 + kStreamRows <= first) continue;  // a tile before its sequence: warp-uniform
       const int64_t j = k0 + lane;
       float ds = 0.0f;
-      if (j <= i) {
+      if (j <= i && j >= first) {
         const float p =
             expf(dot_rows(q_tile + r * hd, k_tile + lane * stride, hd) * scale - row_lse[i]);
         const float dp = dot_rows(do_tile + r * hd, v_tile + lane * stride, hd);
@@ -220,7 +229,7 @@ __global__ void attention_dq_kernel(DeviceTensor dqkv, DeviceTensor dout, Device
 
 template <int kDPerLane>
 void launch_backward(const QkvShape& s, Tensor dqkv, Tensor dout, Tensor qkv, const float* lse,
-                     const float* delta, cudaStream_t stream) {
+                     const float* delta, const int32_t* positions, cudaStream_t stream) {
   const int warps = warps_for(s.hd);
   const int owned = warps * kRowsPerWarp;
   // Both kernels: two owned (owned, hd) tiles and two streamed (32, stride) tiles.
@@ -231,28 +240,31 @@ void launch_backward(const QkvShape& s, Tensor dqkv, Tensor dout, Tensor qkv, co
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
   allow_shared_memory(attention_dkdv_kernel<kDPerLane>, shared_bytes);
   DSTRAIN_LAUNCH(attention_dkdv_kernel<kDPerLane>, key_grid, 32 * warps, shared_bytes, stream)
-  (device_tensor(dqkv), device_tensor(dout), device_tensor(qkv), lse, delta, s.T, s.NH, s.KV, s.hd,
-   scale);
+  (device_tensor(dqkv), device_tensor(dout), device_tensor(qkv), lse, delta, positions, s.T, s.NH,
+   s.KV, s.hd, scale);
   CUDA_CHECK_LAUNCH();
   allow_shared_memory(attention_dq_kernel<kDPerLane>, shared_bytes);
   DSTRAIN_LAUNCH(attention_dq_kernel<kDPerLane>, query_grid, 32 * warps, shared_bytes, stream)
-  (device_tensor(dqkv), device_tensor(dout), device_tensor(qkv), lse, delta, s.T, s.NH, s.KV, s.hd,
-   scale);
+  (device_tensor(dqkv), device_tensor(dout), device_tensor(qkv), lse, delta, positions, s.T, s.NH,
+   s.KV, s.hd, scale);
   CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 void attention_backward(const CudaContext& ctx, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,
-                        Tensor lse, int n_head, int n_kv_head, cudaStream_t stream) {
+                        Tensor lse, Tensor positions, int n_head, int n_kv_head,
+                        cudaStream_t stream) {
   check_attention(ctx, qkv, out, lse, n_head, n_kv_head);
   check_float_tensor(ctx, dqkv, "attention dqkv");
   check_float_tensor(ctx, dout, "attention dout");
   const QkvShape s =
       check_attention_backward_shapes(dqkv, dout, qkv, out, lse, n_head, n_kv_head);
+  check_positions_shape(positions, s.B, s.T, "attention");
   if (s.B == 0 || s.T == 0 || s.hd == 0) return;
+  const int32_t* position = positions.empty() ? nullptr : positions.i32();
   // BF16/F16 with hd 64, 128, 256: the tensor-core kernels (cuda_attention_mma_backward.cu).
-  if (attention::mma_backward_supports(s, dqkv, dout, qkv, out)) {
+  if (position == nullptr && attention::mma_backward_supports(s, dqkv, dout, qkv, out)) {
     return attention::attention_backward_mma(ctx, s, dqkv, dout, qkv, out, lse, stream);
   }
   const int64_t rows = s.B * s.T * s.NH;
@@ -262,11 +274,11 @@ void attention_backward(const CudaContext& ctx, Tensor dqkv, Tensor dout, Tensor
   (delta.as<float>(), device_tensor(dout), device_tensor(out), s.B, s.T, s.q_width(), s.NH, s.hd);
   CUDA_CHECK_LAUNCH();
   if (s.hd <= 64) {
-    launch_backward<2>(s, dqkv, dout, qkv, lse.f32(), delta.as<float>(), stream);
+    launch_backward<2>(s, dqkv, dout, qkv, lse.f32(), delta.as<float>(), position, stream);
   } else if (s.hd <= 128) {
-    launch_backward<4>(s, dqkv, dout, qkv, lse.f32(), delta.as<float>(), stream);
+    launch_backward<4>(s, dqkv, dout, qkv, lse.f32(), delta.as<float>(), position, stream);
   } else {
-    launch_backward<8>(s, dqkv, dout, qkv, lse.f32(), delta.as<float>(), stream);
+    launch_backward<8>(s, dqkv, dout, qkv, lse.f32(), delta.as<float>(), position, stream);
   }
 }
 

@@ -2,11 +2,14 @@
 // tiling): each block owns query rows of one (b, query head); its kv head's key/value tiles
 // stream through shared memory; per query row a running max, a running sum and the output row
 // (in registers) are rescaled as each tile arrives (online softmax). Saves lse = max + log(sum)
-// per row.
+// per row. With positions (packed sequences), query i sees keys [i - positions[b, i], i]: the
+// tiles before its sequence are skipped, the keys before it in a tile masked. The tensor-core
+// kernel does not take positions yet: packed rows run here in every dtype.
 #include <cmath>
 
 #include "kernels/cuda/cuda_attention.cuh"
 #include "kernels/cuda/cuda_attention_mma.cuh"
+#include "kernels/positions.h"
 
 namespace dstrain::cuda {
 
@@ -17,8 +20,9 @@ using namespace attention;
 // out (B,T,NH*hd), lse (B,NH,T), qkv (B,T,(NH+2KV)*hd). Grid (query blocks, B*NH), block
 // 32*warps.
 template <int kDPerLane>
-__global__ void attention_forward_kernel(DeviceTensor out, float* lse, DeviceTensor qkv, int64_t T,
-                                         int64_t NH, int64_t KV, int64_t hd, float scale) {
+__global__ void attention_forward_kernel(DeviceTensor out, float* lse, DeviceTensor qkv,
+                                         const int32_t* positions, int64_t T, int64_t NH,
+                                         int64_t KV, int64_t hd, float scale) {
   DSTRAIN_DYNAMIC_SHARED(float, shared);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int owned = (blockDim.x / 32) * kRowsPerWarp;  // query rows of this block
@@ -54,11 +58,14 @@ __global__ void attention_forward_kernel(DeviceTensor out, float* lse, DeviceTen
       const int r = warp * kRowsPerWarp + rr;
       const int64_t i = q0 + r;
       if (i >= T || k0 > i) continue;  // warp-uniform
+      const int64_t first = positions != nullptr ? i - positions[b * T + i] : 0;
+      if (k0 + kStreamRows <= first) continue;  // a tile before its sequence: warp-uniform
       const int64_t j = k0 + lane;
-      const bool visible = j <= i;
+      const bool visible = j <= i && j >= first;
       const float score =
           visible ? dot_rows(q_tile + r * hd, k_tile + lane * stride, hd) * scale : -INFINITY;
-      const float new_max = fmaxf(row_max[rr], warp_max(score));  // finite: key k0 <= i
+      // Finite: the first tile processed holds key `first`, which the row sees.
+      const float new_max = fmaxf(row_max[rr], warp_max(score));
       const float p = visible ? expf(score - new_max) : 0.0f;
       const float correction = expf(row_max[rr] - new_max);  // 0 on the first tile
       row_sum[rr] = row_sum[rr] * correction + warp_sum(p);
@@ -93,7 +100,8 @@ __global__ void attention_forward_kernel(DeviceTensor out, float* lse, DeviceTen
 }
 
 template <int kDPerLane>
-void launch_forward(const QkvShape& s, Tensor out, Tensor lse, Tensor qkv, cudaStream_t stream) {
+void launch_forward(const QkvShape& s, Tensor out, Tensor lse, Tensor qkv,
+                    const int32_t* positions, cudaStream_t stream) {
   const int warps = warps_for(s.hd);
   const int owned = warps * kRowsPerWarp;
   const size_t shared_bytes =
@@ -103,25 +111,27 @@ void launch_forward(const QkvShape& s, Tensor out, Tensor lse, Tensor qkv, cudaS
   const dim3 grid(ceil_div(s.T, owned), static_cast<unsigned>(s.B * s.NH));
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
   DSTRAIN_LAUNCH(attention_forward_kernel<kDPerLane>, grid, 32 * warps, shared_bytes, stream)
-  (device_tensor(out), lse.f32(), device_tensor(qkv), s.T, s.NH, s.KV, s.hd, scale);
+  (device_tensor(out), lse.f32(), device_tensor(qkv), positions, s.T, s.NH, s.KV, s.hd, scale);
   CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void attention_forward(const CudaContext& ctx, Tensor out, Tensor lse, Tensor qkv, int n_head,
-                       int n_kv_head, cudaStream_t stream) {
+void attention_forward(const CudaContext& ctx, Tensor out, Tensor lse, Tensor qkv,
+                       Tensor positions, int n_head, int n_kv_head, cudaStream_t stream) {
   const QkvShape s = check_attention(ctx, qkv, out, lse, n_head, n_kv_head);
+  check_positions_shape(positions, s.B, s.T, "attention");
   if (s.B == 0 || s.T == 0 || s.hd == 0) return;
+  const int32_t* position = positions.empty() ? nullptr : positions.i32();
   // BF16/F16 with hd 64, 128, 256: the tensor-core kernel (cuda_attention_mma.cu).
-  if (attention::mma_forward_supports(s, qkv, out)) {
+  if (position == nullptr && attention::mma_forward_supports(s, qkv, out)) {
     attention::attention_forward_mma(s, out, lse, qkv, stream);
   } else if (s.hd <= 64) {
-    launch_forward<2>(s, out, lse, qkv, stream);
+    launch_forward<2>(s, out, lse, qkv, position, stream);
   } else if (s.hd <= 128) {
-    launch_forward<4>(s, out, lse, qkv, stream);
+    launch_forward<4>(s, out, lse, qkv, position, stream);
   } else {
-    launch_forward<8>(s, out, lse, qkv, stream);
+    launch_forward<8>(s, out, lse, qkv, position, stream);
   }
 }
 

@@ -278,16 +278,22 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, to_stream(stream)));
   }
 
-  void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int64_t vocab_begin,
-                         int64_t vocab_rows, Stream stream) override {
+  using Backend::attention_backward;
+  using Backend::attention_forward;
+  using Backend::embedding_backward;
+  using Backend::embedding_forward;
+  using Backend::rope_backward;
+  using Backend::rope_forward;
+  void embedding_forward(Tensor out, Tensor tokens, Tensor positions, Tensor wte, Tensor wpe,
+                         int64_t vocab_begin, int64_t vocab_rows, Stream stream) override {
     DeviceScope scope(ctx_.device);
-    cuda::embedding_forward(ctx_, out, tokens, wte, wpe, vocab_begin, vocab_rows,
+    cuda::embedding_forward(ctx_, out, tokens, positions, wte, wpe, vocab_begin, vocab_rows,
                             to_stream(stream));
   }
-  void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens,
+  void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor positions,
                           int64_t vocab_begin, int64_t vocab_rows, Stream stream) override {
     DeviceScope scope(ctx_.device);
-    cuda::embedding_backward(ctx_, dwte, dwpe, dout, tokens, vocab_begin, vocab_rows,
+    cuda::embedding_backward(ctx_, dwte, dwpe, dout, tokens, positions, vocab_begin, vocab_rows,
                              to_stream(stream));
   }
   void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight,
@@ -370,25 +376,26 @@ class CudaBackend final : public Backend {
     DeviceScope scope(ctx_.device);
     cuda::matmul_gelu_forward(ctx_, out, pre_gelu, inp, weight, bias, to_stream(stream));
   }
-  void attention_forward(Tensor out, Tensor lse, Tensor qkv, int n_head, int n_kv_head,
-                         Stream stream) override {
+  void attention_forward(Tensor out, Tensor lse, Tensor qkv, Tensor positions, int n_head,
+                         int n_kv_head, Stream stream) override {
     DeviceScope scope(ctx_.device);
-    cuda::attention_forward(ctx_, out, lse, qkv, n_head, n_kv_head, to_stream(stream));
+    cuda::attention_forward(ctx_, out, lse, qkv, positions, n_head, n_kv_head, to_stream(stream));
   }
-  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int n_head,
-                          int n_kv_head, Stream stream) override {
+  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
+                          Tensor positions, int n_head, int n_kv_head, Stream stream) override {
     DeviceScope scope(ctx_.device);
-    cuda::attention_backward(ctx_, dqkv, dout, qkv, out, lse, n_head, n_kv_head,
+    cuda::attention_backward(ctx_, dqkv, dout, qkv, out, lse, positions, n_head, n_kv_head,
                              to_stream(stream));
   }
-  void rope_forward(Tensor qkv, Tensor freqs, int n_head, int n_kv_head, Stream stream) override {
+  void rope_forward(Tensor qkv, Tensor freqs, Tensor positions, int n_head, int n_kv_head,
+                    Stream stream) override {
     DeviceScope scope(ctx_.device);
-    cuda::rope(ctx_, qkv, freqs, n_head, n_kv_head, false, to_stream(stream));
+    cuda::rope(ctx_, qkv, freqs, positions, n_head, n_kv_head, false, to_stream(stream));
   }
-  void rope_backward(Tensor dqkv, Tensor freqs, int n_head, int n_kv_head,
+  void rope_backward(Tensor dqkv, Tensor freqs, Tensor positions, int n_head, int n_kv_head,
                      Stream stream) override {
     DeviceScope scope(ctx_.device);
-    cuda::rope(ctx_, dqkv, freqs, n_head, n_kv_head, true, to_stream(stream));
+    cuda::rope(ctx_, dqkv, freqs, positions, n_head, n_kv_head, true, to_stream(stream));
   }
   void gelu_forward(Tensor out, Tensor inp, Stream stream) override {
     DeviceScope scope(ctx_.device);

@@ -5,7 +5,8 @@
 //   3. one block column per group sums its dout rows in that order in fp32 and adds the sum to
 //      the token's dwte row once -- the same order and rounding as the CPU twin, so the result
 //      is bitwise the CPU's.
-// dwpe[t] += the sum over b of dout[b,t], b in order (bitwise the CPU's too).
+// dwpe[t] += the sum over b of dout[b,t], b in order (bitwise the CPU's too); with positions
+// (packed sequences) dwpe's rows are scattered by position as dwte's by token.
 // Vocabulary parallelism: wte is rows [begin, begin + Vs) of the whole (vocab_rows, C) table;
 // a valid token outside them embeds as a zero row and is keyed like a bad id in backward (sorted
 // last, skipped) without raising the flag.
@@ -17,6 +18,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/positions.h"
 
 namespace dstrain::cuda {
 
@@ -24,9 +26,11 @@ namespace {
 
 constexpr int kThreads = 256;  // channels per block
 
-// out (BT, C) = wte[ids - begin] (+ wpe[t] with has_positions) for ids in [begin, begin + Vs), else 0; ids (BT); an
-// id outside [0, vocab_rows) gives a NaN row and raises the flag.
-__global__ void embedding_forward_kernel(DeviceTensor out, const int32_t* ids, DeviceTensor wte,
+// out (BT, C) = wte[ids - begin] (+ wpe[p] with has_positions, p = positions[row] or t) for
+// ids in [begin, begin + Vs), else 0; ids (BT); an id outside [0, vocab_rows) gives a NaN row
+// and raises the flag.
+__global__ void embedding_forward_kernel(DeviceTensor out, const int32_t* ids,
+                                         const int32_t* positions, DeviceTensor wte,
                                          DeviceTensor wpe, bool has_positions, int64_t T, int64_t C,
                                          int64_t begin, int64_t Vs, int64_t vocab_rows,
                                          unsigned* error_word) {
@@ -45,7 +49,12 @@ __global__ void embedding_forward_kernel(DeviceTensor out, const int32_t* ids, D
   }
   const float token = load(wte, (id - begin) * C + c);
   // No position table (LLaMA): the token row alone.
-  store(out, row * C + c, has_positions ? __fadd_rn(token, load(wpe, row % T * C + c)) : token);
+  if (!has_positions) {
+    store(out, row * C + c, token);
+    return;
+  }
+  const int64_t p = positions != nullptr ? positions[row] : row % T;
+  store(out, row * C + c, __fadd_rn(token, load(wpe, p * C + c)));
 }
 
 // keys (BT) = the token's row in the slice, or Vs for a token outside it (sorted last, then
@@ -127,30 +136,34 @@ void check_slice(const EmbeddingShape& s, const char* table_name, int64_t vocab_
 
 }  // namespace
 
-void embedding_forward(const CudaContext& ctx, Tensor out, Tensor tokens, Tensor wte, Tensor wpe,
-                       int64_t vocab_begin, int64_t vocab_rows, cudaStream_t stream) {
+void embedding_forward(const CudaContext& ctx, Tensor out, Tensor tokens, Tensor positions,
+                       Tensor wte, Tensor wpe, int64_t vocab_begin, int64_t vocab_rows,
+                       cudaStream_t stream) {
   const EmbeddingShape s =
       check_embedding(ctx, out, "embedding out", tokens, wte, "wte", wpe, "wpe");
   check_slice(s, "wte", vocab_begin, vocab_rows);
+  check_positions_shape(positions, s.B, s.T, "embedding");
   if (s.B * s.T == 0 || s.C == 0) return;
   const dim3 grid(static_cast<unsigned>(s.B * s.T), ceil_div(s.C, kThreads));
   DSTRAIN_LAUNCH(embedding_forward_kernel, grid, kThreads, 0, stream)
-  (device_tensor(out), static_cast<const int32_t*>(tokens.data), device_tensor(wte),
-   device_tensor(wpe), !wpe.empty(), s.T, s.C, vocab_begin, s.Vp, vocab_rows, ctx.error_word);
+  (device_tensor(out), static_cast<const int32_t*>(tokens.data),
+   positions.empty() ? nullptr : positions.i32(), device_tensor(wte), device_tensor(wpe),
+   !wpe.empty(), s.T, s.C, vocab_begin, s.Vp, vocab_rows, ctx.error_word);
   CUDA_CHECK_LAUNCH();
 }
 
-void embedding_backward(const CudaContext& ctx, Tensor dwte, Tensor dwpe, Tensor dout,
-                        Tensor tokens, int64_t vocab_begin, int64_t vocab_rows,
-                        cudaStream_t stream) {
-  const EmbeddingShape s =
-      check_embedding(ctx, dout, "embedding dout", tokens, dwte, "dwte", dwpe, "dwpe");
-  check_slice(s, "dwte", vocab_begin, vocab_rows);
-  const int64_t BT = s.B * s.T;
-  if (BT == 0 || s.C == 0) return;
+namespace {
+
+// table (rows, C) += the rows of dout (BT, C) summed per id (ids in [begin, begin + rows), as
+// table row id - begin; others skipped, one outside [0, id_limit) raising the flag): a stable
+// radix sort groups the rows by id, (b,t) order kept inside a group, and one block column per
+// group sums it in that order.
+void scatter_rows(const CudaContext& ctx, Tensor table, Tensor dout, const int32_t* ids,
+                  int64_t BT, int64_t C, int64_t begin, int64_t rows, int64_t id_limit,
+                  cudaStream_t stream) {
   const int items = static_cast<int>(BT);
-  // Keys are < Vs + 1: sort only the bits that can differ.
-  const int end_bit = std::bit_width(static_cast<uint64_t>(s.Vp));
+  // Keys are < rows + 1: sort only the bits that can differ.
+  const int end_bit = std::bit_width(static_cast<uint64_t>(rows));
   size_t sort_bytes = 0;
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
       nullptr, sort_bytes, static_cast<uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
@@ -160,24 +173,42 @@ void embedding_backward(const CudaContext& ctx, Tensor dwte, Tensor dwpe, Tensor
   char* base = scratch.as<char>();
   auto* keys = reinterpret_cast<uint32_t*>(base);
   auto* sorted_keys = reinterpret_cast<uint32_t*>(base + array_bytes);
-  auto* rows = reinterpret_cast<int32_t*>(base + 2 * array_bytes);
+  auto* row_ids = reinterpret_cast<int32_t*>(base + 2 * array_bytes);
   auto* sorted_rows = reinterpret_cast<int32_t*>(base + 3 * array_bytes);
   void* sort_temp = base + 4 * array_bytes;
 
   DSTRAIN_LAUNCH(embedding_keys_kernel, grid_for(ctx, BT, kThreads), kThreads, 0, stream)
-  (static_cast<const int32_t*>(tokens.data), BT, vocab_begin, s.Vp, vocab_rows, keys, rows,
-   ctx.error_word);
+  (ids, BT, begin, rows, id_limit, keys, row_ids, ctx.error_word);
   CUDA_CHECK_LAUNCH();
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_temp, sort_bytes, keys, sorted_keys, rows,
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_temp, sort_bytes, keys, sorted_keys, row_ids,
                                              sorted_rows, items, 0, end_bit, stream));
-  const unsigned channel_blocks = ceil_div(s.C, kThreads);
-  DSTRAIN_LAUNCH(embedding_group_sum_kernel, dim3(static_cast<unsigned>(BT), channel_blocks),
-                 kThreads, 0, stream)
-  (device_tensor(dwte), device_tensor(dout), sorted_keys, sorted_rows, BT, s.C, s.Vp);
+  DSTRAIN_LAUNCH(embedding_group_sum_kernel,
+                 dim3(static_cast<unsigned>(BT), ceil_div(C, kThreads)), kThreads, 0, stream)
+  (device_tensor(table), device_tensor(dout), sorted_keys, sorted_rows, BT, C, rows);
   CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void embedding_backward(const CudaContext& ctx, Tensor dwte, Tensor dwpe, Tensor dout,
+                        Tensor tokens, Tensor positions, int64_t vocab_begin, int64_t vocab_rows,
+                        cudaStream_t stream) {
+  const EmbeddingShape s =
+      check_embedding(ctx, dout, "embedding dout", tokens, dwte, "dwte", dwpe, "dwpe");
+  check_slice(s, "dwte", vocab_begin, vocab_rows);
+  check_positions_shape(positions, s.B, s.T, "embedding");
+  const int64_t BT = s.B * s.T;
+  if (BT == 0 || s.C == 0) return;
+  scatter_rows(ctx, dwte, dout, static_cast<const int32_t*>(tokens.data), BT, s.C, vocab_begin,
+               s.Vp, vocab_rows, stream);
   if (dwpe.empty()) return;  // no position table (LLaMA)
-  DSTRAIN_LAUNCH(embedding_position_sum_kernel, dim3(static_cast<unsigned>(s.T), channel_blocks),
-                 kThreads, 0, stream)
+  if (!positions.empty()) {  // packed: the rows sharing a position, in (b, t) order
+    const int64_t max_t = dwpe.shape[0];
+    scatter_rows(ctx, dwpe, dout, positions.i32(), BT, s.C, 0, max_t, max_t, stream);
+    return;
+  }
+  DSTRAIN_LAUNCH(embedding_position_sum_kernel,
+                 dim3(static_cast<unsigned>(s.T), ceil_div(s.C, kThreads)), kThreads, 0, stream)
   (device_tensor(dwpe), device_tensor(dout), s.B, s.T, s.C);
   CUDA_CHECK_LAUNCH();
 }

@@ -103,10 +103,11 @@ void gelu_backward_bias(const CudaContext& ctx, Tensor dinp, Tensor dbias, Tenso
                         cudaStream_t stream);
 
 // cuda_embedding.cu
-void embedding_forward(const CudaContext& ctx, Tensor out, Tensor tokens, Tensor wte, Tensor wpe,
-                       int64_t vocab_begin, int64_t vocab_rows, cudaStream_t stream);
+void embedding_forward(const CudaContext& ctx, Tensor out, Tensor tokens, Tensor positions,
+                       Tensor wte, Tensor wpe, int64_t vocab_begin, int64_t vocab_rows,
+                       cudaStream_t stream);
 void embedding_backward(const CudaContext& ctx, Tensor dwte, Tensor dwpe, Tensor dout,
-                        Tensor tokens, int64_t vocab_begin, int64_t vocab_rows,
+                        Tensor tokens, Tensor positions, int64_t vocab_begin, int64_t vocab_rows,
                         cudaStream_t stream);
 
 // cuda_layernorm.cu
@@ -170,13 +171,15 @@ void matmul_gelu_forward(const CudaContext& ctx, Tensor out, Tensor pre_gelu, Te
                          Tensor weight, Tensor bias, cudaStream_t stream);
 
 // cuda_attention_forward.cu / cuda_attention_backward.cu
-void attention_forward(const CudaContext& ctx, Tensor out, Tensor lse, Tensor qkv, int n_head,
-                       int n_kv_head, cudaStream_t stream);
+void attention_forward(const CudaContext& ctx, Tensor out, Tensor lse, Tensor qkv,
+                       Tensor positions, int n_head, int n_kv_head, cudaStream_t stream);
 void attention_backward(const CudaContext& ctx, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out,
-                        Tensor lse, int n_head, int n_kv_head, cudaStream_t stream);
+                        Tensor lse, Tensor positions, int n_head, int n_kv_head,
+                        cudaStream_t stream);
 
 // cuda_rope.cu; `transposed` rotates by -angle (the backward).
-void rope(const CudaContext& ctx, Tensor qkv, Tensor freqs, int n_head, int n_kv_head,
+void rope(const CudaContext& ctx, Tensor qkv, Tensor freqs, Tensor positions, int n_head,
+          int n_kv_head,
           bool transposed, cudaStream_t stream);
 
 // cuda_cross_entropy.cu

@@ -5,6 +5,7 @@
 // thread reads its elements before writing them, and no two threads share an element, so in
 // place is safe. Consecutive threads take consecutive i: both halves' loads coalesce.
 #include "kernels/cuda/cuda_vector.cuh"
+#include "kernels/positions.h"
 #include "kernels/qkv_checks.h"
 
 namespace dstrain::cuda {
@@ -18,21 +19,27 @@ constexpr int kThreads = 256;
 // __fmul_rn/__fsub_rn/__fadd_rn: no FMA contraction, so the same roundings as the CPU twin's
 // x1*c - x2*s (compiled without contraction): bitwise equal.
 // The rotated pair (x1, x2) by the angle of (c, s).
+// The position of qkv row `row` (b * T + t): positions[row], or t without positions.
+__device__ __forceinline__ int64_t row_position(const int32_t* positions, int64_t row, int64_t T) {
+  return positions != nullptr ? positions[row] : row % T;
+}
+
 __device__ __forceinline__ void rotate(float& x1, float& x2, float c, float s) {
   const float y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
   x2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
   x1 = y1;
 }
 
-__global__ void rope_kernel(DeviceTensor qkv, const float* freqs, int64_t pairs, int64_t T,
-                            int64_t width, int64_t heads, int64_t half, float sin_sign) {
+__global__ void rope_kernel(DeviceTensor qkv, const float* freqs, const int32_t* positions,
+                            int64_t pairs, int64_t T, int64_t width, int64_t heads, int64_t half,
+                            float sin_sign) {
   const int64_t pairs_per_row = heads * half;
   for (int64_t p = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; p < pairs;
        p += int64_t{gridDim.x} * blockDim.x) {
     const int64_t row = p / pairs_per_row, in_row = p % pairs_per_row;
     const int64_t head = in_row / half, i = in_row % half;
     const int64_t first = row * width + head * 2 * half + i, second = first + half;
-    const float* cos_sin = freqs + ((row % T) * half + i) * 2;
+    const float* cos_sin = freqs + (row_position(positions, row, T) * half + i) * 2;
     float x1 = load(qkv, first), x2 = load(qkv, second);
     rotate(x1, x2, cos_sin[0], sin_sign * cos_sin[1]);
     store(qkv, first, x1);
@@ -43,15 +50,16 @@ __global__ void rope_kernel(DeviceTensor qkv, const float* freqs, int64_t pairs,
 // The same, 8 pairs per thread per step: `packs` = pairs / 8. REQUIRES: half % 8 == 0; qkv of
 // storage type T and freqs 16-byte aligned.
 template <class T>
-__global__ void rope_vector_kernel(T* qkv, const float* freqs, int64_t packs, int64_t T_len,
-                                   int64_t width, int64_t heads, int64_t half, float sin_sign) {
+__global__ void rope_vector_kernel(T* qkv, const float* freqs, const int32_t* positions,
+                                   int64_t packs, int64_t T_len, int64_t width, int64_t heads,
+                                   int64_t half, float sin_sign) {
   const int64_t half_packs = half / kVectorElements, packs_per_row = heads * half_packs;
   for (int64_t v = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; v < packs;
        v += int64_t{gridDim.x} * blockDim.x) {
     const int64_t row = v / packs_per_row, in_row = v % packs_per_row;
     const int64_t head = in_row / half_packs, i = in_row % half_packs * kVectorElements;
     T* first = qkv + row * width + head * 2 * half + i;
-    const float* cos_sin = freqs + ((row % T_len) * half + i) * 2;
+    const float* cos_sin = freqs + (row_position(positions, row, T_len) * half + i) * 2;
     float x1[kVectorElements], x2[kVectorElements], cs[2][kVectorElements];
     load_vector(first, x1);
     load_vector(first + half, x2);
@@ -69,11 +77,13 @@ __global__ void rope_vector_kernel(T* qkv, const float* freqs, int64_t packs, in
 
 }  // namespace
 
-void rope(const CudaContext& ctx, Tensor qkv, Tensor freqs, int n_head, int n_kv_head,
-          bool transposed, cudaStream_t stream) {
+void rope(const CudaContext& ctx, Tensor qkv, Tensor freqs, Tensor positions, int n_head,
+          int n_kv_head, bool transposed, cudaStream_t stream) {
   check_float_tensor(ctx, qkv, "rope qkv");
   check_tensor_dtype(ctx, freqs, DType::F32, "rope freqs");
   const QkvShape s = check_rope_shapes(qkv, freqs, n_head, n_kv_head);
+  check_positions_shape(positions, s.B, s.T, "rope");
+  const int32_t* position = positions.empty() ? nullptr : positions.i32();
   const int64_t half = s.hd / 2, heads = s.NH + s.KV;  // v is not rotated
   const int64_t pairs = s.B * s.T * heads * half;
   if (pairs == 0) return;
@@ -83,11 +93,12 @@ void rope(const CudaContext& ctx, Tensor qkv, Tensor freqs, int n_head, int n_kv
       using T = decltype(tag);
       const int64_t packs = pairs / kVectorElements;
       DSTRAIN_LAUNCH(rope_vector_kernel<T>, grid_for(ctx, packs, kThreads), kThreads, 0, stream)
-      (static_cast<T*>(qkv.data), freqs.f32(), packs, s.T, s.width(), heads, half, sin_sign);
+      (static_cast<T*>(qkv.data), freqs.f32(), position, packs, s.T, s.width(), heads, half,
+       sin_sign);
     });
   } else {
     DSTRAIN_LAUNCH(rope_kernel, grid_for(ctx, pairs, kThreads), kThreads, 0, stream)
-    (device_tensor(qkv), freqs.f32(), pairs, s.T, s.width(), heads, half, sin_sign);
+    (device_tensor(qkv), freqs.f32(), position, pairs, s.T, s.width(), heads, half, sin_sign);
   }
   CUDA_CHECK_LAUNCH();
 }

@@ -1,4 +1,5 @@
-// Causal self-attention forward/backward against a float64 reference and finite differences.
+// Causal self-attention forward/backward against a float64 reference and finite differences;
+// with positions (packed sequences), each query sees only its own sequence's keys.
 #include "kernel_test_util.h"
 
 namespace dstrain::test {
@@ -8,6 +9,7 @@ namespace {
 struct AttentionCase {
   int64_t B, T, NH, KV, hd;
   DType dtype;
+  std::vector<std::vector<int64_t>> packed = {};  // per row, its sequences' lengths (sum T)
   int64_t C() const { return NH * hd; }               // an out row
   int64_t W() const { return (NH + 2 * KV) * hd; }    // a qkv row
   int64_t kv_of(int64_t h) const { return h / (NH / KV); }
@@ -18,6 +20,31 @@ struct AttentionCase {
 struct AttentionResult {
   std::vector<double> out, lse;  // out (B,T,C), lse (B,NH,T)
 };
+
+// positions (B,T) of c.packed: each sequence counts from 0; (0) without packing.
+HostTensor positions_of(const AttentionCase& c) {
+  if (c.packed.empty()) return HostTensor(DType::I32, {0});
+  HostTensor positions(DType::I32, {c.B, c.T});
+  for (int64_t b = 0; b < c.B; ++b) {
+    int64_t t = 0;
+    for (int64_t length : c.packed[static_cast<size_t>(b)]) {
+      for (int64_t p = 0; p < length; ++p) positions.i32()[b * c.T + t++] = static_cast<int32_t>(p);
+    }
+    EXPECT_EQ(t, c.T) << "row " << b << "'s sequences must fill T";
+  }
+  return positions;
+}
+
+// The first key query i of row b sees: the start of its sequence (0 without packing).
+int64_t first_key(const AttentionCase& c, int64_t b, int64_t i) {
+  if (c.packed.empty()) return 0;
+  int64_t start = 0;
+  for (int64_t length : c.packed[static_cast<size_t>(b)]) {
+    if (i < start + length) return start;
+    start += length;
+  }
+  return start;
+}
 
 // float64 causal attention; query head h reads k and v of kv head h / (NH/KV).
 AttentionResult attention_reference(const std::vector<double>& qkv, const AttentionCase& c) {
@@ -33,7 +60,8 @@ AttentionResult attention_reference(const std::vector<double>& qkv, const Attent
       for (int64_t i = 0; i < T; ++i) {
         const double* q = &qkv[(b * T + i) * W + h * hd];
         double max_score = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j) {
+        const int64_t first = first_key(c, b, i);
+        for (int64_t j = first; j <= i; ++j) {
           const double* k = &qkv[(b * T + j) * W + k_column];
           double s = 0.0;
           for (int64_t d = 0; d < hd; ++d) s += q[d] * k[d];
@@ -41,8 +69,8 @@ AttentionResult attention_reference(const std::vector<double>& qkv, const Attent
           max_score = std::max(max_score, scores[j]);
         }
         double sum = 0.0;
-        for (int64_t j = 0; j <= i; ++j) sum += std::exp(scores[j] - max_score);
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = first; j <= i; ++j) sum += std::exp(scores[j] - max_score);
+        for (int64_t j = first; j <= i; ++j) {
           const double p = std::exp(scores[j] - max_score) / sum;
           const double* v = &qkv[(b * T + j) * W + v_column];
           for (int64_t d = 0; d < hd; ++d) r.out[(b * T + i) * C + h * hd + d] += p * v[d];
@@ -61,7 +89,9 @@ void check_forward(const AttentionCase& c) {
   qkv.fill_random(rng, -1.5, 1.5);
   out.fill_nan();
   lse.fill_nan();
-  test_backend()->attention_forward(out, lse, qkv, c.nh(), c.kv(), nullptr);
+  const HostTensor positions = positions_of(c);
+  test_backend()->attention_forward(out, lse, qkv, positions_view(positions), c.nh(), c.kv(),
+                                    nullptr);
   const AttentionResult ref = attention_reference(qkv.values(), c);
   Tolerance tol = storage_tolerance(c.dtype);
   if (c.dtype == DType::F32) tol = {2e-6, 1e-5, 1e-11};
@@ -83,7 +113,9 @@ void check_backward(const AttentionCase& c) {
   dqkv.fill_nan();
   const HostTensor qkv_saved = qkv.clone(), out_saved = out.clone(), lse_saved = lse.clone(),
                    dout_saved = dout.clone();
-  test_backend()->attention_backward(dqkv, dout, qkv, out, lse, c.nh(), c.kv(), nullptr);
+  const HostTensor positions = positions_of(c);
+  test_backend()->attention_backward(dqkv, dout, qkv, out, lse, positions_view(positions), c.nh(),
+                                     c.kv(), nullptr);
   const std::vector<double> grad = numeric_gradient(
       [&](const std::vector<double>& v) { return dot(attention_reference(v, c).out, r); }, x);
   Tolerance tol = storage_tolerance(c.dtype);
@@ -110,6 +142,15 @@ TEST(Attention, BackwardLongF32) { check_backward({1, 23, 2, 2, 6, DType::F32});
 
 // Grouped-query attention: 2 and 3 query heads per kv head, and all heads on one kv head
 // (multi-query). Odd T and odd hd cut every loop.
+// Packed rows: sequences of 5, 1 and 7 tokens in row 0, 2 and 11 in row 1.
+const std::vector<std::vector<int64_t>> kPacked = {{5, 1, 7}, {2, 11}};
+TEST(Attention, PackedForwardOddShapeF32) { check_forward({2, 13, 3, 3, 5, DType::F32, kPacked}); }
+TEST(Attention, PackedForwardOddShapeBF16) { check_forward({2, 13, 3, 3, 5, DType::BF16, kPacked}); }
+TEST(Attention, PackedGqaForwardF32) { check_forward({2, 13, 6, 2, 4, DType::F32, kPacked}); }
+TEST(Attention, PackedBackwardOddShapeF32) { check_backward({2, 13, 3, 3, 5, DType::F32, kPacked}); }
+TEST(Attention, PackedGqaBackwardF32) { check_backward({2, 13, 6, 2, 4, DType::F32, kPacked}); }
+TEST(Attention, PackedBackwardF16) { check_backward({2, 13, 3, 3, 5, DType::F16, kPacked}); }
+
 TEST(Attention, GqaForwardRoundShapeF32) { check_forward({2, 8, 4, 1, 8, DType::F32}); }
 TEST(Attention, GqaForwardOddShapeF32) { check_forward({3, 7, 6, 2, 5, DType::F32}); }
 TEST(Attention, GqaForwardOddShapeF16) { check_forward({3, 7, 6, 2, 5, DType::F16}); }
@@ -236,6 +277,60 @@ TEST(Attention, GqaShapeMismatchThrows) {
   HostTensor dqkv_mha(DType::F32, {1, 4, 72});
   EXPECT_THROW(test_backend()->attention_backward(dqkv_mha, dout, qkv, out, lse, 6, 2, nullptr),
                Error);
+}
+
+// Rows [first, first + count) of a tensor of rows `width` wide.
+std::vector<double> rows_of(const HostTensor& t, int64_t width, int64_t first, int64_t count) {
+  const std::vector<double> all = t.values();
+  return std::vector<double>(all.begin() + first * width, all.begin() + (first + count) * width);
+}
+
+// A packed row is its sequences attended alone, bit for bit (forward and backward).
+TEST(Attention, PackedRowIsEachSequenceAloneBitwise) {
+  const AttentionCase c{1, 13, 4, 2, 6, DType::F32, {{5, 1, 7}}};
+  Random rng(43);
+  HostTensor qkv(c.dtype, {1, c.T, c.W()}), dout(c.dtype, {1, c.T, c.C()});
+  qkv.fill_random(rng, -1.5, 1.5);
+  dout.fill_random(rng, -1.0, 1.0);
+  HostTensor out(c.dtype, {1, c.T, c.C()}), lse(DType::F32, {1, c.NH, c.T});
+  HostTensor dqkv(c.dtype, {1, c.T, c.W()});
+  const HostTensor positions = positions_of(c);
+  test_backend()->attention_forward(out, lse, qkv, positions.t(), c.nh(), c.kv(), nullptr);
+  test_backend()->attention_backward(dqkv, dout, qkv, out, lse, positions.t(), c.nh(), c.kv(),
+                                     nullptr);
+  int64_t start = 0;
+  for (int64_t length : c.packed[0]) {
+    HostTensor q1(c.dtype, {1, length, c.W()}), o1(c.dtype, {1, length, c.C()});
+    HostTensor l1(DType::F32, {1, c.NH, length}), d1(c.dtype, {1, length, c.C()});
+    HostTensor dq1(c.dtype, {1, length, c.W()});
+    q1.set(rows_of(qkv, c.W(), start, length));
+    d1.set(rows_of(dout, c.C(), start, length));
+    test_backend()->attention_forward(o1, l1, q1, c.nh(), c.kv(), nullptr);
+    test_backend()->attention_backward(dq1, d1, q1, o1, l1, c.nh(), c.kv(), nullptr);
+    EXPECT_EQ(o1.values(), rows_of(out, c.C(), start, length)) << "out at " << start;
+    EXPECT_EQ(dq1.values(), rows_of(dqkv, c.W(), start, length)) << "dqkv at " << start;
+    for (int64_t h = 0; h < c.NH; ++h) {
+      for (int64_t i = 0; i < length; ++i) {
+        EXPECT_EQ(l1.get(h * length + i), lse.get(h * c.T + start + i)) << "lse";
+      }
+    }
+    start += length;
+  }
+}
+
+TEST(Attention, BadPositionsThrow) {
+  const AttentionCase c{1, 4, 2, 2, 4, DType::F32};
+  HostTensor qkv(c.dtype, {1, c.T, c.W()}), out(c.dtype, {1, c.T, c.C()});
+  HostTensor lse(DType::F32, {1, c.NH, c.T}), positions(DType::I32, {1, c.T});
+  Random rng(44);
+  qkv.fill_random(rng, -1.0, 1.0);
+  for (const std::vector<double>& bad : {std::vector<double>{1, 2, 3, 4}, {0, 1, 3, 4},
+                                         {0, 0, 2, 0}}) {
+    positions.set(bad);
+    EXPECT_THROW(test_backend()->attention_forward(out, lse, qkv, positions.t(), c.nh(), c.kv(),
+                                                   nullptr),
+                 Error);
+  }
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Embedding forward/backward against a float64 reference and finite differences.
+// Embedding forward/backward against a float64 reference and finite differences; with positions
+// (packed sequences), the wpe row of each token is its position.
 #include "kernel_test_util.h"
 
 namespace dstrain::test {
@@ -7,7 +8,12 @@ namespace {
 struct EmbeddingCase {
   int64_t B, T, C, Vp, maxT;
   DType dtype;
+  std::vector<int32_t> positions = {};  // (B*T) of packed sequences; empty: t
+  int64_t position(int64_t bt) const {
+    return positions.empty() ? bt % T : positions[static_cast<size_t>(bt)];
+  }
 };
+
 
 // out (B,T,C) = wte[tokens] + wpe[t], in double.
 std::vector<double> embedding_reference(const std::vector<double>& tokens,
@@ -15,7 +21,7 @@ std::vector<double> embedding_reference(const std::vector<double>& tokens,
                                         const std::vector<double>& wpe, const EmbeddingCase& c) {
   std::vector<double> out(static_cast<size_t>(c.B * c.T * c.C));
   for (int64_t bt = 0; bt < c.B * c.T; ++bt) {
-    const int64_t token = static_cast<int64_t>(tokens[bt]), t = bt % c.T;
+    const int64_t token = static_cast<int64_t>(tokens[bt]), t = c.position(bt);
     for (int64_t ch = 0; ch < c.C; ++ch) {
       out[bt * c.C + ch] = wte[token * c.C + ch] + wpe[t * c.C + ch];
     }
@@ -41,7 +47,9 @@ void check_forward(const EmbeddingCase& c) {
   wte.fill_random(rng, -1.0, 1.0);
   wpe.fill_random(rng, -1.0, 1.0);
   out.fill_nan();
-  test_backend()->embedding_forward(out, tokens, wte, wpe, 0, wte.t().size(0), nullptr);
+  const HostTensor positions = positions_tensor(c.B, c.T, c.positions);
+  test_backend()->embedding_forward(out, tokens, positions_view(positions), wte, wpe, 0,
+                                    wte.t().size(0), nullptr);
   const std::vector<double> ref =
       embedding_reference(tokens.values(), wte.values(), wpe.values(), c);
   EXPECT_TRUE(all_close(out.values(), ref, storage_tolerance(c.dtype)));
@@ -56,7 +64,9 @@ void check_backward(const EmbeddingCase& c) {
   const std::vector<double> r = dout.fill_random(rng, -1.0, 1.0);
   const std::vector<double> dwte_before = dwte.fill_random(rng, -1.0, 1.0);
   const std::vector<double> dwpe_before = dwpe.fill_random(rng, -1.0, 1.0);
-  test_backend()->embedding_backward(dwte, dwpe, dout, tokens, 0, dwte.t().size(0), nullptr);
+  const HostTensor positions = positions_tensor(c.B, c.T, c.positions);
+  test_backend()->embedding_backward(dwte, dwpe, dout, tokens, positions_view(positions), 0,
+                                     dwte.t().size(0), nullptr);
 
   // L = sum(out * R) with R = dout; its gradients by central differences in double.
   const std::vector<double> token_ids = tokens.values();
@@ -77,6 +87,19 @@ void check_backward(const EmbeddingCase& c) {
   EXPECT_TRUE(all_close(dwte.values(), add(dwte_before, grad_wte), tol)) << "dwte";
   EXPECT_TRUE(all_close(dwpe.values(), add(dwpe_before, grad_wpe), tol)) << "dwpe";
   EXPECT_TRUE(guards_intact({&dwte, &dwpe, &dout, &tokens}));
+}
+
+// Packed rows (sequences of 2, 4 and 1, then 7): positions restart, rows share them.
+EmbeddingCase packed(DType dtype) {
+  EmbeddingCase c{2, 7, 13, 37, 9, dtype};
+  c.positions = {0, 1, 0, 1, 2, 3, 0, 0, 1, 2, 3, 4, 5, 6};
+  return c;
+}
+TEST(Embedding, PackedForwardAndBackward) {
+  for (DType dtype : kFloatDTypes) {
+    check_forward(packed(dtype));
+    check_backward(packed(dtype));
+  }
 }
 
 TEST(Embedding, ForwardRoundShapeF32) { check_forward({2, 8, 32, 64, 16, DType::F32}); }

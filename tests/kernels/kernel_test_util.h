@@ -307,6 +307,19 @@ inline std::vector<double> add(const std::vector<double>& a, const std::vector<d
   return out;
 }
 
+// positions (B,T) I32 of packed sequences (kernels/ops.h) holding `values` (B*T), or a (0)
+// tensor when values is empty: no positions.
+inline HostTensor positions_tensor(int64_t B, int64_t T, const std::vector<int32_t>& values) {
+  HostTensor positions(DType::I32, {values.empty() ? 0 : B, T});
+  std::copy(values.begin(), values.end(), positions.i32());
+  return positions;
+}
+
+// The positions argument of an op: the tensor, or an empty one when it holds nothing.
+inline Tensor positions_view(const HostTensor& positions) {
+  return positions.t().numel() == 0 ? Tensor() : positions.t();
+}
+
 // The storage dtypes every op supports, for parameterized loops.
 constexpr DType kFloatDTypes[] = {DType::F32, DType::F16, DType::BF16};
 

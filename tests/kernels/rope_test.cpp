@@ -20,6 +20,7 @@ struct RopeCase {
   int64_t B, T, NH, KV, hd;
   DType dtype;
   int64_t table_rows;
+  std::vector<int32_t> positions = {};  // (B*T), packed sequences; empty: t
   int64_t W() const { return (NH + 2 * KV) * hd; }
   int64_t rotated() const { return (NH + KV) * hd; }  // the q and k columns of a row
   int nh() const { return static_cast<int>(NH); }
@@ -39,7 +40,8 @@ std::vector<double> rope_reference(const std::vector<double>& x, const std::vect
   std::vector<double> out = x;
   const int64_t half = c.hd / 2;
   for (int64_t row = 0; row < c.B * c.T; ++row) {
-    const double* cos_sin = &table[(row % c.T) * half * 2];
+    const int64_t p = c.positions.empty() ? row % c.T : c.positions[static_cast<size_t>(row)];
+    const double* cos_sin = &table[p * half * 2];
     for (int64_t head = 0; head < c.NH + c.KV; ++head) {
       const int64_t base = row * c.W() + head * c.hd;
       for (int64_t i = 0; i < half; ++i) {
@@ -78,6 +80,7 @@ std::vector<double> columns(const std::vector<double>& values, int64_t row_width
   return out;
 }
 
+
 Tolerance rope_tolerance(DType dtype) {
   return dtype == DType::F32 ? Tolerance{1e-6, 1e-6, 1e-12} : storage_tolerance(dtype);
 }
@@ -89,7 +92,8 @@ void check_forward(const RopeCase& c) {
   const std::vector<double> x = qkv.fill_random(rng, -2.0, 2.0);
   HostTensor freqs = make_freqs(c);
   const HostTensor freqs_saved = freqs.clone();
-  test_backend()->rope_forward(qkv, freqs, c.nh(), c.kv(), nullptr);
+  const HostTensor positions = positions_tensor(c.B, c.T, c.positions);
+  test_backend()->rope_forward(qkv, freqs, positions_view(positions), c.nh(), c.kv(), nullptr);
   const std::vector<double> got = qkv.values();
   const std::vector<double> ref = rope_reference(x, freqs.values(), c, 1.0);
   EXPECT_TRUE(all_close(columns(got, c.W(), 0, c.rotated()), columns(ref, c.W(), 0, c.rotated()),
@@ -108,7 +112,8 @@ void check_backward(const RopeCase& c) {
   const std::vector<double> x = rng.vector(g.size(), -2.0, 2.0);
   HostTensor freqs = make_freqs(c);
   const std::vector<double> table = freqs.values();
-  test_backend()->rope_backward(dqkv, freqs, c.nh(), c.kv(), nullptr);
+  const HostTensor positions = positions_tensor(c.B, c.T, c.positions);
+  test_backend()->rope_backward(dqkv, freqs, positions_view(positions), c.nh(), c.kv(), nullptr);
   const std::vector<double> grad = numeric_gradient(
       [&](const std::vector<double>& v) { return dot(g, rope_reference(v, table, c, 1.0)); }, x);
   EXPECT_TRUE(all_close(dqkv.values(), grad, rope_tolerance(c.dtype)));
@@ -124,6 +129,19 @@ const RopeCase kOddMultiHead{1, 5, 3, 3, 6, DType::F32, 5};
 RopeCase with_dtype(RopeCase c, DType dtype) {
   c.dtype = dtype;
   return c;
+}
+
+// Packed rows (sequences of 3 and 4, then 7): the angles restart with each sequence.
+RopeCase packed(DType dtype) {
+  RopeCase c{2, 7, 3, 1, 10, dtype, 12};
+  c.positions = {0, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6};
+  return c;
+}
+TEST(Rope, PackedForwardAndBackward) {
+  for (DType dtype : kFloatDTypes) {
+    check_forward(packed(dtype));
+    check_backward(packed(dtype));
+  }
 }
 
 TEST(Rope, ForwardRoundShape) {

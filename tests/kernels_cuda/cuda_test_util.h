@@ -114,6 +114,24 @@ inline HostTensor random_ids(Random& rng, const std::vector<int64_t>& dims, int6
   return t;
 }
 
+// positions (B,T) of packed sequences (kernels/ops.h): each row cut into sequences of random
+// lengths (1 to 2 * mean_length), each counting from 0.
+inline HostTensor random_positions(Random& rng, int64_t B, int64_t T, int64_t mean_length) {
+  HostTensor t(DType::I32, {B, T});
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t left = 0, position = 0;
+    for (int64_t i = 0; i < T; ++i) {
+      if (left == 0) {
+        left = 1 + rng.integer(2 * mean_length);
+        position = 0;
+      }
+      t.i32()[b * T + i] = static_cast<int32_t>(position++);
+      --left;
+    }
+  }
+  return t;
+}
+
 inline double norm_squared(const std::vector<double>& values) {
   double sum = 0.0;
   for (double v : values) sum += v * v;

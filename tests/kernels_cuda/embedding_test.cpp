@@ -67,6 +67,42 @@ TEST(CudaEmbedding, BackwardBitwiseEqualCpu) {
   }
 }
 
+// Packed sequences: wpe rows by position forward, dwpe scattered by position backward (the
+// rows sharing a position in (b, t) order), bitwise the twin's.
+TEST(CudaEmbedding, PackedPositionsBitwiseEqualCpu) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : kFloatDTypes) {
+    const EmbeddingCase c{3, 33, 300, 64, 40, 20};
+    Random rng(24);
+    HostTensor tokens = random_ids(rng, {c.B, c.T}, c.distinct);
+    HostTensor positions = random_positions(rng, c.B, c.T, 6);
+    HostTensor wte = random_tensor(rng, dtype, {c.Vp, c.C});
+    HostTensor wpe = random_tensor(rng, dtype, {c.maxT, c.C});
+    HostTensor out_cpu = nan_tensor(dtype, {c.B, c.T, c.C}), out_gpu = out_cpu.clone();
+    HostTensor dout = random_tensor(rng, dtype, {c.B, c.T, c.C});
+    HostTensor dwte_cpu = random_tensor(rng, dtype, {c.Vp, c.C});
+    HostTensor dwpe_cpu = random_tensor(rng, dtype, {c.maxT, c.C});
+    HostTensor dwte_gpu = dwte_cpu.clone(), dwpe_gpu = dwpe_cpu.clone();
+    const HostTensor dwpe_before = dwpe_cpu.clone();
+    cpu_backend().embedding_forward(out_cpu, tokens, positions, wte, wpe, 0, c.Vp, nullptr);
+    cpu_backend().embedding_backward(dwte_cpu, dwpe_cpu, dout, tokens, positions, 0, c.Vp,
+                                     nullptr);
+    HostTensor tokens_gpu = tokens.clone(), positions_gpu = positions.clone();
+    HostTensor wte_gpu = wte.clone(), wpe_gpu = wpe.clone(), dout_gpu = dout.clone();
+    GpuRun run;
+    cuda_backend().embedding_forward(run(out_gpu), run(tokens_gpu), run(positions_gpu),
+                                     run(wte_gpu), run(wpe_gpu), 0, c.Vp, nullptr);
+    cuda_backend().embedding_backward(run(dwte_gpu), run(dwpe_gpu), run(dout_gpu),
+                                      run(tokens_gpu), run(positions_gpu), 0, c.Vp, nullptr);
+    run.finish();
+    EXPECT_FALSE(bitwise_equal(dwpe_cpu, dwpe_before)) << "the reference did not change";
+    EXPECT_TRUE(bitwise_equal(out_gpu, out_cpu)) << "out " << dtype_name(dtype);
+    EXPECT_TRUE(bitwise_equal(dwte_gpu, dwte_cpu)) << "dwte " << dtype_name(dtype);
+    EXPECT_TRUE(bitwise_equal(dwpe_gpu, dwpe_cpu)) << "dwpe " << dtype_name(dtype);
+    EXPECT_TRUE(guards_intact({&out_gpu, &dwte_gpu, &dwpe_gpu, &positions_gpu}));
+  }
+}
+
 // One token everywhere: the whole batch is one group, summed serially in (b, t) order.
 TEST(CudaEmbedding, BackwardSingleTokenGroup) {
   REQUIRE_CUDA_DEVICE();

@@ -65,6 +65,38 @@ TEST(CudaRope, ForwardAndBackwardMatchCpuBitwise) {
   }
 }
 
+// Packed sequences: the angle of each token's own position, bitwise the twin's (both forms).
+TEST(CudaRope, PackedPositionsMatchCpuBitwise) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : kFloatDTypes) {
+    for (const RopeCase& c : {RopeCase{2, 33, 4, 2, 16, 40}, RopeCase{3, 7, 3, 1, 10, 12}}) {
+      for (bool backward : {false, true}) {
+        Random rng(73);
+        HostTensor x_cpu = random_tensor(rng, dtype, {c.B, c.T, c.W()}, -2.0, 2.0);
+        HostTensor x_gpu = x_cpu.clone(), freqs = rope_freqs(c), freqs_gpu = freqs.clone();
+        HostTensor positions = random_positions(rng, c.B, c.T, 5), positions_gpu = positions.clone();
+        HostTensor unpacked = x_cpu.clone();
+        const int nh = static_cast<int>(c.NH), kv = static_cast<int>(c.KV);
+        GpuRun run;
+        if (backward) {
+          cpu_backend().rope_backward(x_cpu, freqs, positions, nh, kv, nullptr);
+          cuda_backend().rope_backward(run(x_gpu), run(freqs_gpu), run(positions_gpu), nh, kv,
+                                       nullptr);
+          cpu_backend().rope_backward(unpacked, freqs, nh, kv, nullptr);
+        } else {
+          cpu_backend().rope_forward(x_cpu, freqs, positions, nh, kv, nullptr);
+          cuda_backend().rope_forward(run(x_gpu), run(freqs_gpu), run(positions_gpu), nh, kv,
+                                      nullptr);
+          cpu_backend().rope_forward(unpacked, freqs, nh, kv, nullptr);
+        }
+        run.finish();
+        EXPECT_FALSE(bitwise_equal(x_cpu, unpacked)) << "the positions changed nothing";
+        EXPECT_TRUE(bitwise_equal(x_gpu, x_cpu)) << case_name(c, dtype, backward) << " packed";
+      }
+    }
+  }
+}
+
 TEST(CudaRope, BadShapeThrows) {
   REQUIRE_CUDA_DEVICE();
   Random rng(72);
