@@ -47,6 +47,10 @@ po::options_description model_flags(TrainOptions& o) {
       ("val-data", po::value(&o.val_data)->value_name("FILE|GLOB"),
        "validation shards (default: the last 10% of --data)")
       ("shuffle", po::bool_switch(&o.shuffle), "shuffle the sequences each epoch (seeded)")
+      ("packing", po::value(&o.packing)->default_value(o.packing)->value_name("auto|on|off"),
+       "chat data (prepare --chat): pack several conversations into each row of --seq-len, "
+       "attention and positions restarting at each (auto: on, except with pipeline stages, "
+       "which do not take it yet)")
       ("tokenizer", po::value(&o.tokenizer)->value_name("FILE"),
        "a Hugging Face tokenizer.json (the one `dstrain prepare --tokenizer` used): the sample at "
        "the end is decoded with it, and it goes into every checkpoint with the "

@@ -49,6 +49,23 @@ ConversationIndex index_conversations(const TokenDataset& dataset, int64_t seq_l
   return index;
 }
 
+PackedRows pack_conversations(const ConversationIndex& index, int64_t seq_len) {
+  PackedRows packed;
+  int64_t used = seq_len;  // the first conversation begins a row
+  for (size_t c = 0; c < index.conversations.size(); ++c) {
+    const int64_t positions = index.conversations[c].length - 1;  // <= seq_len
+    if (used + positions > seq_len) {
+      packed.row_first.push_back(static_cast<int64_t>(c));
+      packed.trained.push_back(0);
+      used = 0;
+    }
+    used += positions;
+    packed.trained.back() += index.conversations[c].trained;
+  }
+  packed.row_first.push_back(static_cast<int64_t>(index.conversations.size()));
+  return packed;
+}
+
 std::string describe_conversations(const ConversationIndex& index, int64_t seq_len) {
   std::ostringstream text;
   const int64_t kept = static_cast<int64_t>(index.conversations.size());

@@ -36,6 +36,16 @@ struct ConversationIndex {
 // REQUIRES: dataset.masked(), seq_len >= 1.
 ConversationIndex index_conversations(const TokenDataset& dataset, int64_t seq_len);
 
+// Rows of T positions packed greedily in order: a conversation takes its length - 1 positions
+// (its inputs; <= T), and one that does not fit begins a new row. Row r holds conversations
+// [row_first[r], row_first[r + 1]); trained[r] is its trained targets.
+struct PackedRows {
+  std::vector<int64_t> row_first;  // (rows + 1)
+  std::vector<int64_t> trained;    // (rows)
+  int64_t rows() const { return static_cast<int64_t>(trained.size()); }
+};
+PackedRows pack_conversations(const ConversationIndex& index, int64_t seq_len);
+
 // One sentence for the run's header: the conversations, the truncated and the left-out ones.
 std::string describe_conversations(const ConversationIndex& index, int64_t seq_len);
 

@@ -130,10 +130,12 @@ int64_t sequences_in(const TokenRange& shard, int64_t seq_len) {
 
 }  // namespace
 
-int64_t count_sequences(const TokenDataset& dataset, int64_t seq_len) {
+int64_t count_sequences(const TokenDataset& dataset, int64_t seq_len, bool packing) {
   DSTRAIN_CHECK(seq_len >= 1) << "seq_len " << seq_len;
   if (dataset.masked()) {
-    return static_cast<int64_t>(index_conversations(dataset, seq_len).conversations.size());
+    const ConversationIndex index = index_conversations(dataset, seq_len);
+    if (packing) return pack_conversations(index, seq_len).rows();
+    return static_cast<int64_t>(index.conversations.size());
   }
   int64_t sequences = 0;
   for (const TokenRange& shard : dataset.shards()) sequences += sequences_in(shard, seq_len);
@@ -153,8 +155,10 @@ DataLoader::DataLoader(TokenDataset dataset, const LoaderOptions& options)
   if (dataset_.masked()) {
     conversations_ = std::make_shared<const ConversationIndex>(index_conversations(dataset_, T));
     num_sequences_ = static_cast<int64_t>(conversations_->conversations.size());
+    if (options.packing) pack_rows();
     DSTRAIN_USER_CHECK(num_sequences_ >= step_)
         << dataset_.description() << " holds " << describe_conversations(*conversations_, T)
+        << (packed() ? ", packed into " + std::to_string(num_sequences_) + " row(s)" : "")
         << ", but one step reads " << step_ << " (B=" << B << ", " << R << " rank(s)"
         << (step_ > round_ ? ", " + std::to_string(step_ / round_) + " micro-batches each" : "")
         << "); give more conversations or a smaller batch or rank count.";
@@ -196,9 +200,10 @@ int64_t DataLoader::sequence_index(int64_t epoch, int64_t position) {
 
 std::pair<size_t, size_t> DataLoader::sequence_location(int64_t s) const {
   DSTRAIN_CHECK(s >= 0 && s < num_sequences_) << "sequence " << s << " of " << num_sequences_;
-  if (conversations_) {
-    const Conversation& c = conversations_->conversations[static_cast<size_t>(s)];
-    return {c.shard, c.offset};
+  if (conversations_) {  // the conversation, or a packed row's first
+    const size_t c = packed() ? static_cast<size_t>(row_first_[static_cast<size_t>(s)])
+                              : static_cast<size_t>(s);
+    return {conversations_->conversations[c].shard, conversations_->conversations[c].offset};
   }
   // The last shard whose first sequence is <= s (empty shards share a first one; skip them).
   const auto it = std::upper_bound(first_sequence_.begin(), first_sequence_.end(), s);
@@ -207,17 +212,23 @@ std::pair<size_t, size_t> DataLoader::sequence_location(int64_t s) const {
                      static_cast<size_t>(options_.seq_len)};
 }
 
-void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
+void DataLoader::next_batch(int32_t* inputs, int32_t* targets, int32_t* positions) {
   DSTRAIN_CHECK(inputs != nullptr && targets != nullptr) << "null batch buffer";
   const int64_t B = options_.batch, T = options_.seq_len;
   const int64_t first = (next_round_ * options_.ranks + options_.rank) * B;
   for (int64_t row = 0; row < B; ++row) {
     const int64_t sequence = sequence_index(epoch_, first + row);
+    int32_t* row_positions = positions != nullptr ? positions + row * T : nullptr;
+    if (packed()) {
+      read_packed_row(sequence, inputs + row * T, targets + row * T, row_positions);
+      continue;
+    }
     if (conversations_) {
       read_conversation_row(sequence, inputs + row * T, targets + row * T);
     } else {
       read_text_row(sequence, inputs + row * T, targets + row * T);
     }
+    if (row_positions != nullptr) std::iota(row_positions, row_positions + T, 0);
   }
   if (++next_round_ == rounds_per_epoch()) {
     next_round_ = 0;
@@ -236,19 +247,50 @@ void DataLoader::read_text_row(int64_t sequence, int32_t* inputs, int32_t* targe
 // inputs = tokens [0, n-1), targets = tokens [1, n) where trained, else kIgnoreTarget; the rest
 // of the row padded with token 0 (any id in the vocabulary: its targets are not counted, and
 // causal attention keeps it from the tokens before it).
-void DataLoader::read_conversation_row(int64_t sequence, int32_t* inputs,
-                                       int32_t* targets) const {
-  const Conversation& c = conversations_->conversations[static_cast<size_t>(sequence)];
+int64_t DataLoader::read_conversation(const Conversation& c, int32_t* inputs,
+                                      int32_t* targets) const {
   const TokenRange& shard = dataset_.shards()[c.shard];
-  const size_t T = static_cast<size_t>(options_.seq_len), n = c.length - 1;
+  const size_t n = c.length - 1;
   shard.source->read(shard.begin + c.offset, n, inputs);
   shard.source->read(shard.begin + c.offset + 1, n, targets);
   const uint8_t* flags = shard.source->mask().data() + shard.begin + c.offset + 1;
   for (size_t i = 0; i < n; ++i) {
     if ((flags[i] & kMaskTrained) == 0) targets[i] = kIgnoreTarget;
   }
-  std::fill(inputs + n, inputs + T, 0);
-  std::fill(targets + n, targets + T, kIgnoreTarget);
+  return static_cast<int64_t>(n);
+}
+
+void DataLoader::read_conversation_row(int64_t sequence, int32_t* inputs,
+                                       int32_t* targets) const {
+  const Conversation& c = conversations_->conversations[static_cast<size_t>(sequence)];
+  const int64_t n = read_conversation(c, inputs, targets);
+  std::fill(inputs + n, inputs + options_.seq_len, 0);
+  std::fill(targets + n, targets + options_.seq_len, kIgnoreTarget);
+}
+
+// The row's conversations one after the other, then padding: input 0, target ignored, the
+// positions of one more sequence (valid positions: each run counts from 0).
+void DataLoader::read_packed_row(int64_t row, int32_t* inputs, int32_t* targets,
+                                 int32_t* positions) const {
+  int64_t t = 0;
+  const auto& all = conversations_->conversations;
+  for (int64_t c = row_first_[static_cast<size_t>(row)]; c < row_first_[static_cast<size_t>(row) + 1];
+       ++c) {
+    const int64_t n = read_conversation(all[static_cast<size_t>(c)], inputs + t, targets + t);
+    if (positions != nullptr) std::iota(positions + t, positions + t + n, 0);
+    t += n;
+  }
+  const int64_t T = options_.seq_len;
+  std::fill(inputs + t, inputs + T, 0);
+  std::fill(targets + t, targets + T, kIgnoreTarget);
+  if (positions != nullptr) std::iota(positions + t, positions + T, 0);
+}
+
+void DataLoader::pack_rows() {
+  PackedRows packed = pack_conversations(*conversations_, options_.seq_len);
+  row_first_ = std::move(packed.row_first);
+  row_trained_ = std::move(packed.trained);
+  num_sequences_ = static_cast<int64_t>(row_trained_.size());
 }
 
 int64_t DataLoader::trained_targets_ahead(int64_t sequences) {
@@ -258,19 +300,22 @@ int64_t DataLoader::trained_targets_ahead(int64_t sequences) {
   if (!conversations_) return sequences * options_.seq_len;
   int64_t trained = 0;
   for (int64_t p = first; p < first + sequences; ++p) {
-    trained += conversations_->conversations[static_cast<size_t>(sequence_index(epoch_, p))].trained;
+    const size_t s = static_cast<size_t>(sequence_index(epoch_, p));
+    trained += packed() ? row_trained_[s] : conversations_->conversations[s].trained;
   }
   return trained;
 }
 
-void DataLoader::next_batch(const Tensor& inputs, const Tensor& targets) {
-  for (const Tensor* t : {&inputs, &targets}) {
+void DataLoader::next_batch(const Tensor& inputs, const Tensor& targets,
+                            const Tensor& positions) {
+  for (const Tensor* t : {&inputs, &targets, &positions}) {
+    if (t == &positions && positions.empty()) continue;
     DSTRAIN_CHECK(t->device.is_cpu() && t->ndim == 2 && t->shape[0] == options_.batch &&
                   t->shape[1] == options_.seq_len)
         << "batch tensor " << t->shape_str() << " on " << t->device.str() << ", expected ("
         << options_.batch << ", " << options_.seq_len << ") I32 on cpu";
   }
-  next_batch(inputs.i32(), targets.i32());
+  next_batch(inputs.i32(), targets.i32(), positions.empty() ? nullptr : positions.i32());
 }
 
 void DataLoader::reset() {
@@ -285,7 +330,8 @@ nlohmann::json DataLoader::state() const {
                         {"sequences_per_step", step_},
                         {"seq_len", options_.seq_len},
                         {"shuffle", options_.shuffle},
-                        {"seed", options_.seed}};
+                        {"seed", options_.seed},
+                        {"packing", packed()}};
 }
 
 namespace {
@@ -326,6 +372,13 @@ void DataLoader::restore(const nlohmann::json& state) {
       << ", not an object with 'epoch' and 'next_sequence'; the state is corrupt.";
   const int64_t epoch = state_count(state, "epoch");
   const int64_t read = sequences_read(state);
+  // Packing changes what a sequence is: checked before the counts it changes.
+  if (state.contains("packing")) {
+    DSTRAIN_USER_CHECK(state["packing"].is_boolean() && state["packing"].get<bool>() == packed())
+        << "the data loader state to resume from was saved with packing "
+        << state["packing"].dump() << " but this run has it " << (packed() ? "on" : "off")
+        << "; resume with the same --packing.";
+  }
   // Geometry the state was taken with: a resume with other data, sequence length or global
   // batch would read other sequences, so refuse it instead of continuing silently.
   const std::pair<const char*, int64_t> expected[] = {{"sequences", num_sequences_},

@@ -17,6 +17,10 @@
 // Chat data (every shard with a loss mask, data/loss_mask.h): a sequence is one conversation
 // (data/conversations.h), not a window of T tokens; its row is padded and its prompt and padding
 // targets are kIgnoreTarget. Conversations with no trained target in their window are left out.
+// With packing, a sequence is a row of whole conversations instead: packed greedily in dataset
+// order, each taking its n - 1 input positions (n = min(its length, T + 1)), a new row begun
+// where the next does not fit; the positions (kernels/ops.h) restart at each conversation and
+// at the padding after the last.
 //
 // The position is {epoch, next_sequence}: a count of sequences, whatever B, R and the
 // accumulation, so a run resumed with another split of the same S sequences per step (other
@@ -103,11 +107,13 @@ struct LoaderOptions {
   uint64_t seed = 0;     // shuffle seed; unused without shuffle
   // S: sequences per optimizer step, a multiple of B*R (0: B*R, one round per step).
   int64_t sequences_per_step = 0;
+  bool packing = false;  // chat data: several conversations per row (ignored for text)
 };
 
 // The sequences of T tokens (T+1 with the target) `dataset` holds: floor((n-1) / T) per shard;
-// of chat data, its conversations with a trained target (index_conversations).
-int64_t count_sequences(const TokenDataset& dataset, int64_t seq_len);
+// of chat data, its conversations with a trained target (index_conversations), or with packing
+// the rows they pack into (pack_conversations).
+int64_t count_sequences(const TokenDataset& dataset, int64_t seq_len, bool packing = false);
 
 class DataLoader {
  public:
@@ -117,10 +123,14 @@ class DataLoader {
   DataLoader(TokenDataset dataset, const LoaderOptions& options);
 
   // Reads this rank's batch of the current round and advances one round.
-  // inputs and targets: (B, T) int32 each, row-major. REQUIRES: non-null, no overlap.
-  void next_batch(int32_t* inputs, int32_t* targets);
-  // Same into CPU tensors. REQUIRES: dtype I32, shape (B, T), device CPU.
-  void next_batch(const Tensor& inputs, const Tensor& targets);
+  // inputs and targets: (B, T) int32 each, row-major; positions (B, T) or null: each token's
+  // place in its conversation with packing, t otherwise. REQUIRES: inputs and targets
+  // non-null, no overlap.
+  void next_batch(int32_t* inputs, int32_t* targets, int32_t* positions = nullptr);
+  // Same into CPU tensors (positions may be empty). REQUIRES: dtype I32, shape (B, T), device CPU.
+  void next_batch(const Tensor& inputs, const Tensor& targets, const Tensor& positions = {});
+  // Rows of several conversations (chat data with options().packing).
+  bool packed() const { return !row_first_.empty(); }
 
   int64_t num_sequences() const { return num_sequences_; }
   int64_t sequences_per_step() const { return step_; }
@@ -163,6 +173,10 @@ class DataLoader {
   void build_order(int64_t epoch);
   void read_text_row(int64_t sequence, int32_t* inputs, int32_t* targets) const;
   void read_conversation_row(int64_t sequence, int32_t* inputs, int32_t* targets) const;
+  // Conversation c into positions [0, n-1) of the row pointers; returns n - 1.
+  int64_t read_conversation(const Conversation& c, int32_t* inputs, int32_t* targets) const;
+  void read_packed_row(int64_t row, int32_t* inputs, int32_t* targets, int32_t* positions) const;
+  void pack_rows();
 
   TokenDataset dataset_;
   LoaderOptions options_;
@@ -175,6 +189,8 @@ class DataLoader {
   int64_t order_epoch_ = -1;           // the epoch `order_` was drawn for
   std::vector<int64_t> order_;         // (num_sequences,) shuffled ids; empty unshuffled
   std::shared_ptr<const ConversationIndex> conversations_;  // chat data; null for text
+  // Packing: row r holds conversations [row_first_[r], row_first_[r + 1]); its trained targets.
+  std::vector<int64_t> row_first_, row_trained_;
 };
 
 }  // namespace dstrain

@@ -75,6 +75,8 @@ struct LayerRun {
   // A forward run again by backward (full recompute): what forward records once is not
   // recorded again.
   bool recomputing = false;
+  // (b, t) I32 positions of packed sequences (kernels/ops.h), or empty: one sequence per row.
+  Tensor positions = {};
 };
 
 // The first stage's embedding: tokens (b, t) -> output (b, t, C), and its backward.
@@ -85,6 +87,7 @@ struct EmbedRun {
   Tensor output;                  // (stream_rows(B, T), C)
   Tensor residual_grad;           // backward: dL/d(output), (stream_rows(B, T), C)
   std::vector<Tensor> workspace;  // the layers' (LayerRun::workspace), free between layers
+  Tensor positions = {};          // (b, t) I32 of packed sequences, or empty (LayerRun's)
 };
 
 // The last stage's final norm, head and loss. forward: input (the last layer's output) ->

@@ -435,12 +435,12 @@ void Decoder::embed_forward(ParamProvider& params, const EmbedRun& run, int next
   // zero elsewhere; the sum over the tp ranks is the embedding (the same bits).
   Tensor gathered_rows = sequence_parallel_view(run.workspace.at(kGathered), N);
   Tensor partial = gathered_rows.empty() ? output : gathered_rows;
-  Tensor positions = parts_.position.kind == PositionKind::Learned
-                         ? ParamLayout::view(layout_.find(parts_.names.positions), flat)
-                         : Tensor();
-  run.backend.embedding_forward(partial.reshape({b, t, C}), run.tokens,
-                                ParamLayout::view(layout_.find(parts_.names.embedding), flat),
-                                positions, vocab_begin(), config_.padded_vocab(), run.stream);
+  Tensor wpe = parts_.position.kind == PositionKind::Learned
+                   ? ParamLayout::view(layout_.find(parts_.names.positions), flat)
+                   : Tensor();
+  run.backend.embedding_forward(partial.reshape({b, t, C}), run.tokens, run.positions,
+                                ParamLayout::view(layout_.find(parts_.names.embedding), flat), wpe,
+                                vocab_begin(), config_.padded_vocab(), run.stream);
   exit_region_forward(tp_, partial, output, run.stream);
   if (next >= 0) params.prefetch_params(next);
   params.release_params(block);
@@ -457,8 +457,8 @@ void Decoder::embed_backward(ParamProvider& params, const EmbedRun& run) const {
                           ? ParamLayout::view(layout_.find(parts_.names.positions), grads)
                           : Tensor();
   run.backend.embedding_backward(ParamLayout::view(layout_.find(parts_.names.embedding), grads),
-                                 dpositions, dout.reshape({b, t, C}), run.tokens, vocab_begin(),
-                                 config_.padded_vocab(), run.stream);
+                                 dpositions, dout.reshape({b, t, C}), run.tokens, run.positions,
+                                 vocab_begin(), config_.padded_vocab(), run.stream);
   params.release_grads(block);
 }
 
@@ -521,10 +521,10 @@ void Decoder::layer_forward(const LayerRun& run) const {
   backend.matmul_forward(qkv.reshape({N, wd.qkv}), norm1_full, matrix(w, i.qkv, wd.qkv),
                          matrix(w, i.qkv_bias, wd.qkv), out_by_in, run.stream);
   if (parts_.position.kind == PositionKind::Rotary) {
-    backend.rope_forward(qkv, rope_freqs(run), heads, kv_heads, run.stream);
+    backend.rope_forward(qkv, rope_freqs(run), run.positions, heads, kv_heads, run.stream);
   }
-  backend.attention_forward(atty, prefix(a[ai.lse], {b, wd.heads, t}), qkv, heads, kv_heads,
-                            run.stream);
+  backend.attention_forward(atty, prefix(a[ai.lse], {b, wd.heads, t}), qkv, run.positions, heads,
+                            kv_heads, run.stream);
   Tensor attn_out = row_parallel(run, atty.reshape({N, wd.attn}), w[i.o], optional(w, i.o_bias));
   residual_norm_forward(backend, parts_.norm, residual2, norm2, input, attn_out,
                         {w[i.norm2], optional(w, i.norm2_bias),
@@ -670,9 +670,10 @@ void Decoder::attention_backward(const LayerRun& run, Tensor dout) const {
                           prefix(a[ai.atty], {N, wd.attn}), w[i.o], out_by_in, run.stream);
   backend.attention_backward(dqkv, datty.reshape({b, t, wd.attn}),
                              prefix(a[ai.qkv], {b, t, wd.qkv}), prefix(a[ai.atty], {b, t, wd.attn}),
-                             prefix(a[ai.lse], {b, wd.heads, t}), heads, kv_heads, run.stream);
+                             prefix(a[ai.lse], {b, wd.heads, t}), run.positions, heads, kv_heads,
+                             run.stream);
   if (parts_.position.kind == PositionKind::Rotary) {
-    backend.rope_backward(dqkv, rope_freqs(run), heads, kv_heads, run.stream);
+    backend.rope_backward(dqkv, rope_freqs(run), run.positions, heads, kv_heads, run.stream);
   }
   Tensor norm1_full =
       enter_region_forward(tp_, prefix(a[ai.norm1], {R, C}), gathered(run), run.stream);

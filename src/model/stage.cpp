@@ -214,6 +214,7 @@ LayerRun ModelStage::layer_run(int slot, int64_t layer, const LayerBlocks& block
                {},
                views(plan_.layer_workspace),
                plan_.residual_grad >= 0 ? work_tensor(plan_.residual_grad) : Tensor()};
+  run.positions = state.positions;
   const int experts = layout_.expert_block(static_cast<int>(layer));
   if (experts >= 0) {
     run.expert_weights = layout_.block_views(experts, blocks.expert_params);
@@ -246,7 +247,7 @@ void ModelStage::forward_layers(ParamProvider& params, int slot, Stream stream) 
 }
 
 double ModelStage::forward(ParamProvider& params, int slot, int64_t b, int64_t t, Tensor tokens,
-                           Tensor targets, float dloss, Stream stream) {
+                           Tensor targets, Tensor positions, float dloss, Stream stream) {
   DSTRAIN_CHECK(slot >= 0 && slot < plan_.slots) << "slot " << slot << " of " << plan_.slots;
   DSTRAIN_CHECK(b >= 1 && t >= 1 && b <= B_ && t <= T_)
       << "micro-batch (" << b << ", " << t << ") exceeds (" << B_ << ", " << T_ << ")";
@@ -256,14 +257,17 @@ double ModelStage::forward(ParamProvider& params, int slot, int64_t b, int64_t t
       << tokens.shape_str();
   DSTRAIN_CHECK(dloss == 0.0f || (with_backward_ && range_.last && !targets.empty()))
       << "dloss needs backward, the last stage and targets";
+  DSTRAIN_CHECK(positions.empty() || (positions.ndim == 2 && positions.dtype == DType::I32 &&
+                                      positions.size(0) == b && positions.size(1) == t))
+      << "positions " << positions.shape_str();
   SlotState& state = slot_state_[static_cast<size_t>(slot)];
-  state = SlotState{b, t, false};
+  state = SlotState{b, t, false, positions};
   if (range_.first) {
     const int next = ParamLayout::layer_block(static_cast<int>(range_.first_layer));
     const TraceSpan span(TraceTrack::Compute, TraceKind::Compute, "forward embedding", -1, stream);
     arch_.embed_forward(params,
                         EmbedRun{backend_, stream, tokens, slot_tensor(slot, plan_.input), Tensor(),
-                                 views(plan_.layer_workspace)},
+                                 views(plan_.layer_workspace), positions},
                         next);
   }
   forward_layers(params, slot, stream);
@@ -319,7 +323,7 @@ void ModelStage::backward(ParamProvider& params, int slot, Tensor tokens, Stream
     const TraceSpan span(TraceTrack::Compute, TraceKind::Compute, "backward embedding", -1, stream);
     arch_.embed_backward(params, EmbedRun{backend_, stream, tokens, Tensor(),
                                           work_tensor(plan_.residual_grad),
-                                          views(plan_.layer_workspace)});
+                                          views(plan_.layer_workspace), state.positions});
   } else {
     // Into the send buffer, so that the next output gradient can be received meanwhile.
     backend_.copy(input_grad(b, t), output_grad(b, t), stream);

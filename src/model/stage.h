@@ -91,8 +91,14 @@ class ModelStage {
   // the input is in input(slot, b, t)); targets (b, t) I32 on the last stage (empty: logits
   // only). dloss != 0 (the last stage's loss gradient per token) prepares backward(slot).
   // Returns the mean loss on the last stage with targets, else 0.
+  // positions: (b, t) I32 of packed sequences (kernels/ops.h) on every stage, or empty; they
+  // stay in place until the slot's backward.
   double forward(ParamProvider& params, int slot, int64_t b, int64_t t, Tensor tokens,
-                 Tensor targets, float dloss, Stream stream);
+                 Tensor targets, Tensor positions, float dloss, Stream stream);
+  double forward(ParamProvider& params, int slot, int64_t b, int64_t t, Tensor tokens,
+                 Tensor targets, float dloss, Stream stream) {
+    return forward(params, slot, b, t, tokens, targets, Tensor(), dloss, stream);
+  }
   // Backpropagates the micro-batch of `slot`, adding into the gradients. tokens: the first
   // stage's (b, t), for the embedding's backward (else empty).
   void backward(ParamProvider& params, int slot, Tensor tokens, Stream stream);
@@ -112,6 +118,7 @@ class ModelStage {
   struct SlotState {
     int64_t b = 0, t = 0;
     bool forwarded = false;  // with dloss != 0: backward may follow
+    Tensor positions;        // the forward's (packed sequences), or empty
   };
   Tensor slot_tensor(int slot, int id) const;
   // The (stream_rows(b, t), C) prefix of a residual-stream buffer.

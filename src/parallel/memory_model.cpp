@@ -86,7 +86,8 @@ RankStateBuffers rank_state_buffers(const std::vector<int64_t>& block_numels,
 }
 
 uint64_t token_batch_bytes(int64_t micro_batch, int64_t seq_len) {
-  return 2 * static_cast<uint64_t>(micro_batch * seq_len) * sizeof(int32_t);
+  // inputs, targets and the positions of packed sequences
+  return 3 * static_cast<uint64_t>(micro_batch * seq_len) * sizeof(int32_t);
 }
 
 // ---- Activations ----------------------------------------------------------------------------

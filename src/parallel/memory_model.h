@@ -139,8 +139,9 @@ RankStateBuffers rank_state_buffers(const std::vector<int64_t>& block_numels,
                                     const std::vector<int>& block_worlds, int embedding_position,
                                     const ShardingSpec& spec);
 
-// The token batch a rank reads: inputs and targets, (B, T) int32 each (MemCategory::Data),
-// one per activation slot. Held by the first pipeline stage (inputs) and the last (targets).
+// The token batch a rank reads: inputs, targets and the positions of packed sequences, (B, T)
+// int32 each (MemCategory::Data), one per activation slot. Held by the first pipeline stage
+// (inputs) and the last (targets).
 uint64_t token_batch_bytes(int64_t micro_batch, int64_t seq_len);
 
 // Activations and workspace of one rank: plan_stage_buffers of its pipeline stage with the

@@ -87,7 +87,7 @@ void PipelineRunner::compute(const PipelineAction& action, const MicroBatchSourc
     if (aux_ != nullptr) aux_->begin_forward(m);
     const StageRange& range = stage_model_.range();
     loss += stage_model_.forward(params_, slot, b_, t_, range.first ? batch.inputs : Tensor(),
-                                 range.last ? batch.targets : Tensor(),
+                                 range.last ? batch.targets : Tensor(), batch.positions,
                                  range.last ? dloss : 0.0f, compute_);
     // Evaluation (dloss 0) keeps nothing for a backward: the slot is free again.
     owner = dloss != 0.0f ? m : -1;

@@ -49,6 +49,7 @@ namespace dstrain {
 // (micro-batch m in slot m % slots, ModelStage::slots()).
 struct MicroBatch {
   Tensor inputs, targets;
+  Tensor positions = {};  // (b, t) of packed sequences, for every stage; empty: none
 };
 using MicroBatchSource = std::function<MicroBatch(int micro_batch)>;
 

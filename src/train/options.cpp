@@ -50,6 +50,9 @@ void validate_options(const TrainOptions& options) {
       << "--moe-expert-capacity-factor must not be negative (0: dropless)";
   DSTRAIN_USER_CHECK(options.eval_every >= 0) << "--eval-every must not be negative (0 disables)";
   DSTRAIN_USER_CHECK(options.eval_batches >= 1) << "--eval-batches must be at least 1";
+  DSTRAIN_USER_CHECK(options.packing == "auto" || options.packing == "on" ||
+                     options.packing == "off")
+      << "--packing must be auto, on or off, not '" << options.packing << "'";
   DSTRAIN_USER_CHECK(options.save_every >= 0) << "--save-every must not be negative";
   DSTRAIN_USER_CHECK(options.keep_last >= 0) << "--keep-last must not be negative (0 keeps all)";
   DSTRAIN_USER_CHECK(options.keep_last == 0 || !options.out.empty())
@@ -107,6 +110,7 @@ void for_each_run_setting(TrainOptions& o, Fn&& fn) {
   fn("data", o.data);
   fn("val-data", o.val_data);
   fn("shuffle", o.shuffle);
+  fn("packing", o.packing);
   fn("seq-len", o.seq_len);
   fn("steps", o.steps);
   fn("lr-decay-steps", o.lr_decay_steps);

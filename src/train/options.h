@@ -51,6 +51,9 @@ struct TrainOptions {
   std::string data;                // file or glob of shards; empty: the synthetic corpus
   std::string val_data;            // empty: a held-out tail of --data (or synthetic val)
   bool shuffle = false;
+  // Chat data: several conversations per row (data/loader.h). auto: on for chat data on a plan
+  // without pipeline stages; on / off.
+  std::string packing = "auto";
   // batch geometry
   int64_t batch = 16;              // B per rank
   int64_t seq_len = 64;            // T

@@ -175,11 +175,12 @@ RankTrainer::RankTrainer(const RunContext& ctx, Communicator& world)
   tracer_.set_stream_track(runner_->comm_stream(), TraceTrack::Pipeline);
   make_token_buffers();
   const int dp = plan_.dp, d = groups_.data_index;
-  val_loader_.emplace(ctx.data->val, LoaderOptions{B_, T_, dp, d, false, 0});
+  const bool packing = options_.packing == "on";
+  val_loader_.emplace(ctx.data->val, LoaderOptions{B_, T_, dp, d, false, 0, 0, packing});
   if (reads_data()) {
     // Epochs are whole steps, whatever the split of a step's sequences (data/loader.h).
     loader_.emplace(ctx.data->train, LoaderOptions{B_, T_, dp, d, options_.shuffle, options_.seed,
-                                                   B_ * dp * accum_});
+                                                   B_ * dp * accum_, packing});
     if (!ctx.data_state.is_null()) loader_->restore(ctx.data_state);
   }
   if (!ctx.scaler_state.is_null()) scaler_.restore(ctx.scaler_state);
@@ -208,15 +209,24 @@ MicroBatch RankTrainer::load_micro_batch(DataLoader& loader, int micro_batch) {
   const Buffer& host = host_token_buffers_.empty() ? device : host_token_buffers_[slot];
   Tensor host_inputs = host.view(DType::I32, {B_, T_});
   Tensor host_targets(static_cast<int32_t*>(host.data()) + B_ * T_, DType::I32, {B_, T_});
-  loader.next_batch(host_inputs, host_targets);
+  // Packed rows: the positions after the targets (token_batch_bytes holds all three).
+  const bool packed = loader.packed();
+  Tensor host_positions = packed ? Tensor(static_cast<int32_t*>(host.data()) + 2 * B_ * T_,
+                                          DType::I32, {B_, T_})
+                                 : Tensor();
+  loader.next_batch(host_inputs, host_targets, host_positions);
   if (host.data() != device.data()) {
     devices_.backend->copy_bytes(device.data(), host.data(), device.bytes(),
                                  devices_.compute.get());
   }
   Tensor inputs = device.view(DType::I32, {B_, T_});
-  Tensor targets = inputs;
+  Tensor targets = inputs, positions;
   targets.data = static_cast<int32_t*>(device.data()) + B_ * T_;
-  return MicroBatch{inputs, targets};
+  if (packed) {
+    positions = inputs;
+    positions.data = static_cast<int32_t*>(device.data()) + 2 * B_ * T_;
+  }
+  return MicroBatch{inputs, targets, positions};
 }
 
 int RankTrainer::owner_stage(int block) const {

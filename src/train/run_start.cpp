@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <iomanip>
 #include <set>
 
 #include "core/format.h"
@@ -227,12 +228,42 @@ std::vector<std::pair<std::string, std::string>> files_beside_weights(const RunC
   return files;
 }
 
+// --packing auto as on or off: on for chat data on a plan without pipeline stages (their middle
+// stages read no data, so no positions yet). `on` where it cannot be is one sentence.
+void resolve_packing(TrainOptions& options, const Plan& plan, const Datasets& data,
+                     std::ostream& out) {
+  const bool chat = data.train.masked();
+  DSTRAIN_USER_CHECK(chat || options.packing != "on")
+      << "--packing on packs conversations: it needs chat data (prepare --chat), and "
+      << data.description << " is text";
+  DSTRAIN_USER_CHECK(plan.pp == 1 || options.packing != "on")
+      << "--packing on does not take pipeline stages yet (this plan has " << plan.pp
+      << "): give --packing off, or a plan without them (--pp 1)";
+  if (options.packing == "auto") {
+    options.packing = chat && plan.pp == 1 ? "on" : "off";
+    if (chat && plan.pp > 1) {
+      out << "dstrain: one conversation per row: packing does not take pipeline stages yet\n";
+    }
+  }
+  if (options.packing != "on") return;
+  const ConversationIndex index = index_conversations(data.train, plan.seq_len);
+  const PackedRows rows = pack_conversations(index, plan.seq_len);
+  const int64_t positions = index.tokens - static_cast<int64_t>(index.conversations.size());
+  out << "dstrain: packing " << index.conversations.size() << " conversations into "
+      << rows.rows() << " rows of " << plan.seq_len << " (" << std::fixed << std::setprecision(1)
+      << 100.0 * static_cast<double>(positions) / static_cast<double>(rows.rows() * plan.seq_len)
+      << "% of their positions filled)\n"
+      << std::defaultfloat;
+}
+
 // --epochs as steps, the schedule's horizon, and how the run covers the data, said once.
 void settle_run_length(RunContext& ctx, const Datasets& data, std::ostream& out) {
   TrainOptions& options = ctx.options;
   const Plan& plan = ctx.plan;
+  resolve_packing(options, plan, data, out);
   const int64_t per_step = plan.micro_batch * plan.grad_accum * plan.dp;
-  ctx.steps_per_epoch = count_sequences(data.train, plan.seq_len) / per_step;
+  ctx.steps_per_epoch =
+      count_sequences(data.train, plan.seq_len, options.packing == "on") / per_step;
   if (options.epochs > 0) {
     options.steps = std::max<int64_t>(
         1, std::llround(options.epochs * static_cast<double>(std::max<int64_t>(1, ctx.steps_per_epoch))));

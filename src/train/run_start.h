@@ -51,7 +51,8 @@ void claim_outputs(const RunContext& ctx, std::ostream& out);
 // `dstrain --config OUT/run_config.json` repeats it.
 void write_run_config(const TrainOptions& options, const ModelConfig& config);
 
-// --epochs as --steps (whole steps of the training data, ctx.steps_per_epoch), the schedule's
+// --packing auto resolved (on for chat data without pipeline stages), then --epochs as --steps
+// (whole steps of the training data, ctx.steps_per_epoch), the schedule's
 // horizon (--lr-decay-steps: the run's --steps when not given), and on a resume past the
 // horizon a line saying the learning rate holds at its floor.
 void settle_run_length(RunContext& ctx, const Datasets& data, std::ostream& out);

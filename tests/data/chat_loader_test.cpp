@@ -202,5 +202,68 @@ TEST(ChatLoader, TooFewConversationsIsOneSentence) {
                     "one step reads 8");
 }
 
+// Packing: rows of whole conversations in file order, each taking its n - 1 positions, a new row
+// where the next does not fit; positions restart at each conversation and at the padding; the
+// trained count ahead is the rows'.
+TEST(ChatLoader, PackedRowsHoldWholeConversationsInOrder) {
+  const ChatCorpus c = random_chat(8, 90, 14, 40);
+  const int64_t T = 24, B = 2;
+  TokenDataset data = TokenDataset::from_tokens(c.tokens, 40, "chat", c.flags);
+  LoaderOptions options{B, T, 1, 0, false, 0, 0};
+  options.packing = true;
+  DataLoader loader(data, options);
+  ASSERT_TRUE(loader.packed());
+  // Independently: the kept conversations' rows (as unpacked), then greedy packing.
+  DataLoader unpacked(data, LoaderOptions{1, T, 1, 0, false, 0, 0});
+  std::vector<std::vector<int32_t>> inputs_of, targets_of;
+  for (int64_t i = 0; i < unpacked.rounds_per_epoch(); ++i) {
+    std::vector<int32_t> in(T), tg(T);
+    unpacked.next_batch(in.data(), tg.data());
+    inputs_of.push_back(in);
+    targets_of.push_back(tg);
+  }
+  const ConversationIndex index = index_conversations(data, T);
+  std::vector<std::vector<size_t>> rows(1);
+  int64_t used = 0;
+  for (size_t k = 0; k < index.conversations.size(); ++k) {
+    const int64_t n = index.conversations[k].length - 1;
+    if (used + n > T) {
+      rows.emplace_back();
+      used = 0;
+    }
+    rows.back().push_back(k);
+    used += n;
+  }
+  ASSERT_EQ(loader.num_sequences(), static_cast<int64_t>(rows.size()));
+  ASSERT_LT(rows.size(), index.conversations.size()) << "nothing was packed: the test is void";
+  std::vector<int32_t> in(B * T), tg(B * T), pos(B * T);
+  for (int64_t round = 0; round < loader.rounds_per_epoch(); ++round) {
+    const int64_t ahead = loader.trained_targets_ahead(B);
+    loader.next_batch(in.data(), tg.data(), pos.data());
+    int64_t trained = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t t = 0;
+      for (size_t k : rows[static_cast<size_t>(round * B + b)]) {
+        const int64_t n = index.conversations[k].length - 1;
+        for (int64_t i = 0; i < n; ++i, ++t) {
+          EXPECT_EQ(in[b * T + t], inputs_of[k][i]) << "row " << round * B + b << " token " << t;
+          EXPECT_EQ(tg[b * T + t], targets_of[k][i]) << "row " << round * B + b << " token " << t;
+          EXPECT_EQ(pos[b * T + t], i);
+        }
+      }
+      for (int64_t p = 0; t < T; ++t, ++p) {
+        EXPECT_EQ(tg[b * T + t], kIgnoreTarget);
+        EXPECT_EQ(pos[b * T + t], p) << "the padding counts as one more sequence";
+      }
+    }
+    for (int32_t target : tg) trained += target != kIgnoreTarget;
+    EXPECT_EQ(trained, ahead);
+  }
+  // A state saved packed does not resume unpacked.
+  const nlohmann::json state = loader.state();
+  DataLoader other(data, LoaderOptions{B, T, 1, 0, false, 0, 0});
+  EXPECT_USER_ERROR(other.restore(state), "packing");
+}
+
 }  // namespace
 }  // namespace dstrain

@@ -17,6 +17,7 @@
 #include "data/loss_mask.h"
 #include "data/token_file.h"
 #include "tests/train/small_model.h"
+#include "train/devices.h"
 #include "train/trainer.h"
 
 namespace dstrain {
@@ -118,8 +119,9 @@ struct Split {
   int64_t batch = 1;
   int tp = 1, pp = 1, zero = 0;
   int layers = 2, heads = 3;
+  std::string packing = "off";
   std::string name() const {
-    return "l" + std::to_string(layers) + "_r" + std::to_string(ranks) + "_b" +
+    return "l" + std::to_string(layers) + "_" + packing + "_r" + std::to_string(ranks) + "_b" +
            std::to_string(batch) + "_tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_z" +
            std::to_string(zero);
   }
@@ -132,6 +134,7 @@ test::LoggedRun train_split(const fs::path& dir, const Split& split) {
   options.tp = split.tp;
   options.pp = split.pp;
   options.zero = split.zero;
+  options.packing = split.packing;
   options.grad_accum = 16 / (split.batch * (split.ranks / (split.tp * split.pp)));
   return train_run(options);
 }
@@ -190,6 +193,84 @@ TEST(ChatTraining, ResumesOnTheSameCurve) {
   for (int i = 0; i < 5; ++i) {
     EXPECT_NEAR(tail[i], all.losses[5 + i], 1e-6 * all.losses[5 + i]) << "step " << 6 + i;
   }
+}
+
+// Packed rows train as one rank too, on the plans that take packing (no pipeline stages).
+TEST(ChatTraining, PackedRowsOnFourRanksTrainAsOne) {
+  testing::TempDir dir;
+  Split one{1, 4, 1, 1, 0, 4, 4, "on"};
+  const test::LoggedRun reference = train_split(dir.path() / "one", one);
+  for (const Split& split : {Split{4, 1, 1, 1, 0, 4, 4, "on"}, Split{4, 2, 2, 1, 3, 4, 4, "on"}}) {
+    SCOPED_TRACE(split.name());
+    test::expect_same_training(reference, train_split(dir.path() / split.name(), split),
+                               split.name(), 1e-6, 1e-5, 0.3);
+  }
+}
+
+// Conversations of 5 tokens (4 positions each) pack 4 to a row of 16: a step of 4 packed rows
+// holds the 16 conversations a step of 16 unpacked rows holds, in the same order. The packed run
+// equals the unpacked one (padded, masked) within 1e-5: attention never crosses a
+// conversation's start and the positions restart there (rotary for Llama, the learned table for
+// GPT-2).
+std::string write_uniform_chat(const fs::path& dir, uint64_t seed) {
+  fs::create_directories(dir);
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> flags;
+  for (int c = 0; c < 400; ++c) {
+    int32_t token = static_cast<int32_t>(rng() % kVocab);
+    for (int t = 0; t < 5; ++t) {
+      token = t < 2 ? static_cast<int32_t>(rng() % kVocab) : (5 * token + 3) % kVocab;
+      tokens.push_back(token);
+      flags.push_back(static_cast<uint8_t>((t == 0 ? kMaskConversationStart : 0) |
+                                           (t >= 2 ? kMaskTrained : 0)));
+    }
+  }
+  const std::string shard = (dir / "train_000000.bin").string();
+  write_token_file(shard, tokens, TokenFormat::kLlmcU16);
+  write_mask_file(mask_path_for(shard), flags);
+  return shard;
+}
+
+void expect_packed_equals_unpacked(const std::string& model_type,
+                                   const std::string& device = "cpu") {
+  testing::TempDir dir;
+  const std::string data = write_uniform_chat(dir.path() / "data", 41);
+  const fs::path model = dir.path() / "model" / "config.json";
+  fs::create_directories(model.parent_path());
+  if (model_type == "llama") {
+    std::ofstream(model) << R"({"model_type": "llama", "vocab_size": 37, "hidden_size": 24,
+      "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "max_position_embeddings": 32, "rms_norm_eps": 1e-5})";
+  } else {
+    std::ofstream(model) << R"({"model_type": "gpt2", "vocab_size": 37, "n_positions": 32,
+      "n_embd": 24, "n_layer": 2, "n_head": 3})";
+  }
+  TrainOptions unpacked = chat_run_options(dir.path(), "unpacked", data, 1, 16);
+  unpacked.model = model.string();
+  unpacked.packing = "off";
+  TrainOptions packed = chat_run_options(dir.path(), "packed", data, 1, 4);
+  packed.model = model.string();
+  packed.packing = "on";
+  packed.grad_accum = 1;  // 4 rows of 4 conversations: the unpacked step's 16
+  unpacked.device = packed.device = device;
+  const test::LoggedRun a = train_run(unpacked), b = train_run(packed);
+  test::expect_same_training(a, b, model_type + ": packed against unpacked", 1e-5, 1e-5, 0.3);
+  EXPECT_NE(b.output.find("packing 400 conversations into 100 rows of 16 (100.0% of their "
+                         "positions filled)"),
+            std::string::npos)
+      << b.output;
+  EXPECT_EQ(a.output.find("packing"), std::string::npos) << a.output;
+}
+
+TEST(ChatTraining, PackedEqualsUnpackedLlama) { expect_packed_equals_unpacked("llama"); }
+TEST(ChatTraining, PackedEqualsUnpackedGpt2) { expect_packed_equals_unpacked("gpt2"); }
+
+// On a GPU (the emulator's in CI): the CUDA attention, rotary and embedding kernels with
+// positions (the bf16 kernels with positions are tested against the twin in kernels_cuda).
+TEST(ChatTraining, PackedEqualsUnpackedOnAGpu) {
+  if (usable_cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
+  expect_packed_equals_unpacked("llama", "cuda");
 }
 
 }  // namespace
