@@ -133,6 +133,9 @@ std::shared_ptr<const TokenSource> TokenSource::open_file(const std::string& pat
     int32_t header[3];  // magic, version, count
     std::memcpy(header, bytes, sizeof(header));
     const int32_t magic = header[0], version = header[1], count = header[2];
+    DSTRAIN_USER_CHECK(magic != kMaskMagic)
+        << "'" << path << "' is the loss mask of a chat shard, not a token shard; name the "
+        << "shards alone (--data 'DIR/train_*.bin'): their masks are found beside them.";
     DSTRAIN_USER_CHECK(magic == kLlmcMagicU16 || magic == kLlmcMagicU32)
         << "token file '" << path << "' has magic number " << magic
         << ", so it is not an llm.c token shard (expected " << kLlmcMagicU16 << " for uint16 or "

@@ -102,6 +102,15 @@ TEST(LossMask, BadFilesAreRefused) {
   EXPECT_USER_ERROR(with(start)(), "does not begin a conversation");
 }
 
+TEST(LossMask, AGlobThatTakesTheMasksSaysSo) {
+  TempDir dir;
+  const ChatCorpus c = random_chat(9, 5, 8, 30);
+  write_token_file(dir.file("train_000000.bin"), c.tokens, TokenFormat::kLlmcU16);
+  write_mask_file(dir.file("train_000000.mask"), c.flags);
+  EXPECT_USER_ERROR(TokenDataset::open(dir.file("train_*"), 30), "is the loss mask of a chat shard",
+                    "train_*.bin");
+}
+
 TEST(LossMask, ChatAndTextShardsDoNotMix) {
   TempDir dir;
   const ChatCorpus c = random_chat(3, 5, 8, 30);
