@@ -51,6 +51,14 @@ void TokenDataset::add(TokenRange range) {
         << "; chat data (prepare --chat) and text cannot be mixed in one --data.";
   }
   shards_.push_back(std::move(range));
+  conversation_cache_ = std::make_shared<ConversationCache>();
+}
+
+std::shared_ptr<const ConversationIndex> TokenDataset::conversations(int64_t seq_len) const {
+  std::lock_guard<std::mutex> lock(conversation_cache_->mutex);
+  std::shared_ptr<const ConversationIndex>& index = conversation_cache_->by_seq_len[seq_len];
+  if (!index) index = std::make_shared<const ConversationIndex>(index_conversations(*this, seq_len));
+  return index;
 }
 
 size_t TokenDataset::num_tokens() const {
@@ -133,9 +141,9 @@ int64_t sequences_in(const TokenRange& shard, int64_t seq_len) {
 int64_t count_sequences(const TokenDataset& dataset, int64_t seq_len, bool packing) {
   DSTRAIN_CHECK(seq_len >= 1) << "seq_len " << seq_len;
   if (dataset.masked()) {
-    const ConversationIndex index = index_conversations(dataset, seq_len);
-    if (packing) return pack_conversations(index, seq_len).rows();
-    return static_cast<int64_t>(index.conversations.size());
+    const std::shared_ptr<const ConversationIndex> index = dataset.conversations(seq_len);
+    if (packing) return pack_conversations(*index, seq_len).rows();
+    return static_cast<int64_t>(index->conversations.size());
   }
   int64_t sequences = 0;
   for (const TokenRange& shard : dataset.shards()) sequences += sequences_in(shard, seq_len);
@@ -153,7 +161,7 @@ DataLoader::DataLoader(TokenDataset dataset, const LoaderOptions& options)
   DSTRAIN_CHECK(step_ % round_ == 0) << step_ << " sequences per step, rounds of " << round_;
   first_sequence_.assign(1, 0);
   if (dataset_.masked()) {
-    conversations_ = std::make_shared<const ConversationIndex>(index_conversations(dataset_, T));
+    conversations_ = dataset_.conversations(T);
     num_sequences_ = static_cast<int64_t>(conversations_->conversations.size());
     if (options.packing) pack_rows();
     DSTRAIN_USER_CHECK(num_sequences_ >= step_)

@@ -30,7 +30,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -69,6 +71,9 @@ class TokenDataset {
   void add(TokenRange range);
   // Chat data: every shard has a loss mask (false without shards).
   bool masked() const { return !shards_.empty() && shards_[0].source->mask().size() > 0; }
+  // Chat data: index_conversations(*this, seq_len), scanned once and shared by this dataset's
+  // copies (each rank's loaders), whichever thread asks first. REQUIRES: masked().
+  std::shared_ptr<const ConversationIndex> conversations(int64_t seq_len) const;
 
   const std::vector<TokenRange>& shards() const { return shards_; }
   size_t num_tokens() const;
@@ -79,6 +84,12 @@ class TokenDataset {
  private:
   std::vector<TokenRange> shards_;
   std::string description_ = "the data";
+  // conversations() by seq_len; a new one whenever a shard is added.
+  struct ConversationCache {
+    std::mutex mutex;
+    std::map<int64_t, std::shared_ptr<const ConversationIndex>> by_seq_len;
+  };
+  std::shared_ptr<ConversationCache> conversation_cache_ = std::make_shared<ConversationCache>();
 };
 
 // The held-out split used when no validation data is given: the validation view is the tail

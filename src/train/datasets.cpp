@@ -56,7 +56,7 @@ Datasets open_datasets(const TrainOptions& options, const ModelConfig& config, i
     data.description = options.data + " (validation: the last 10% held out)";
   }
   if (data.train.masked()) {
-    data.description += "\n  chat data: " + describe_conversations(index_conversations(data.train, T), T);
+    data.description += "\n  chat data: " + describe_conversations(*data.train.conversations(T), T);
   }
   return data;
 }

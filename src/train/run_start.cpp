@@ -246,7 +246,7 @@ void resolve_packing(TrainOptions& options, const Plan& plan, const Datasets& da
     }
   }
   if (options.packing != "on") return;
-  const ConversationIndex index = index_conversations(data.train, plan.seq_len);
+  const ConversationIndex& index = *data.train.conversations(plan.seq_len);
   const PackedRows rows = pack_conversations(index, plan.seq_len);
   const int64_t positions = index.tokens - static_cast<int64_t>(index.conversations.size());
   out << "dstrain: packing " << index.conversations.size() << " conversations into "
