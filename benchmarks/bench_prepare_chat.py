@@ -14,6 +14,10 @@ the shards' loss masks back and prints, for T = 1024, 2048 and 4096:
   packed     the same conversations packed greedily in file order into rows of T positions
              (a conversation of n tokens takes n - 1 positions, one too long for a row is cut
              to T): what --packing would reach.
+  budget     one conversation per row under --batch-tokens 4T: micro-batches of whole
+             conversations in file order, rows as wide as the longest rounded up to 8 (at most
+             T), rows x width <= 4T (data/conversations.h, batch_conversations): the share of
+             the micro-batches' positions filled.
 The tokenizer is the small fixture one unless given: its vocabulary of a few hundred tokens
 makes ~3x more tokens per word than a real one; the shares depend on the token counts, so give a
 real model directory for numbers that mean that model.
@@ -85,7 +89,21 @@ def shares(conversations, T):
             used = 0
         used += positions
     return (filled / (rows_unpacked * T), trained / (rows_unpacked * T),
-            filled / (packed_rows * T), trained / (packed_rows * T))
+            filled / (packed_rows * T), trained / (packed_rows * T),
+            filled / budget_positions(conversations, T, 4 * T))
+
+
+def budget_positions(conversations, T, budget):
+    """The positions of the --batch-tokens micro-batches (rows x width, summed)."""
+    total = rows = width = 0
+    for n, _ in conversations:
+        w = min(T, (min(n - 1, T) + 7) // 8 * 8)
+        if rows > 0 and (rows + 1) * max(width, w) <= budget:
+            rows, width = rows + 1, max(width, w)
+            continue
+        total += rows * width
+        rows, width = 1, w
+    return total + rows * width
 
 
 def main():
@@ -119,12 +137,13 @@ def main():
             if line.startswith("in "):
                 print("dstrain says:", line)
         print()
-        print("| T | unpacked filled | unpacked trained | packed filled | packed trained |")
-        print("|---|---|---|---|---|")
+        print("| T | unpacked filled | unpacked trained | packed filled | packed trained | "
+              "budget 4T filled |")
+        print("|---|---|---|---|---|---|")
         for T in (1024, 2048, 4096):
-            u_fill, u_train, p_fill, p_train = shares(conversations, T)
+            u_fill, u_train, p_fill, p_train, b_fill = shares(conversations, T)
             print(f"| {T} | {100 * u_fill:.1f}% | {100 * u_train:.1f}% | {100 * p_fill:.1f}% | "
-                  f"{100 * p_train:.1f}% |")
+                  f"{100 * p_train:.1f}% | {100 * b_fill:.1f}% |")
 
 
 if __name__ == "__main__":

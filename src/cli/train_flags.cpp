@@ -49,8 +49,7 @@ po::options_description model_flags(TrainOptions& o) {
       ("shuffle", po::bool_switch(&o.shuffle), "shuffle the sequences each epoch (seeded)")
       ("packing", po::value(&o.packing)->default_value(o.packing)->value_name("auto|on|off"),
        "chat data (prepare --chat): pack several conversations into each row of --seq-len, "
-       "attention and positions restarting at each (auto: on, except with pipeline stages, "
-       "which do not take it yet)")
+       "attention and positions restarting at each (auto: on, unless --batch-tokens)")
       ("tokenizer", po::value(&o.tokenizer)->value_name("FILE"),
        "a Hugging Face tokenizer.json (the one `dstrain prepare --tokenizer` used): the sample at "
        "the end is decoded with it, and it goes into every checkpoint with the "
@@ -65,6 +64,11 @@ po::options_description batch_flags(TrainOptions& o) {
        "sequences per micro-batch per data-parallel rank (default 16 on CPU ranks; on GPUs the "
        "planner's)")
       ("micro-batch", po::value<int64_t>()->value_name("B"), "the same as --batch")
+      ("batch-tokens", po::value(&o.batch_tokens)->default_value(o.batch_tokens)->value_name("N"),
+       "chat data, one conversation per row: micro-batches of whole conversations up to N "
+       "positions each (rows x the longest's length, rounded up to 8), as DeepSpeed's "
+       "DynamicBatchSampler max_tokens; the micro-batch is planned as ceil(N / --seq-len) rows "
+       "(0: --batch rows)")
       ("seq-len", po::value(&o.seq_len)->value_name("T"),
        "tokens per sequence (default: a Hugging Face model's context, as long as it fits, else "
        "64 on CPU ranks and min(1024, n_positions) on GPUs)")

@@ -66,6 +66,33 @@ PackedRows pack_conversations(const ConversationIndex& index, int64_t seq_len) {
   return packed;
 }
 
+TokenBatches batch_conversations(const ConversationIndex& index, int64_t seq_len,
+                                 int64_t batch_tokens, int64_t multiple) {
+  DSTRAIN_CHECK(seq_len >= 1 && multiple >= 1 && batch_tokens >= seq_len)
+      << "seq_len " << seq_len << ", multiple " << multiple << ", batch_tokens " << batch_tokens;
+  const auto width_of = [&](int64_t positions) {
+    return std::min(seq_len, (positions + multiple - 1) / multiple * multiple);
+  };
+  TokenBatches batches;
+  int64_t rows = 0, width = 0;
+  for (size_t c = 0; c < index.conversations.size(); ++c) {
+    const int64_t positions = index.conversations[c].length - 1;  // <= seq_len
+    const int64_t wider = std::max(width, width_of(positions));
+    if (rows == 0 || (rows + 1) * wider > batch_tokens) {  // begins a micro-batch
+      batches.first.push_back(static_cast<int64_t>(c));
+      batches.trained.push_back(0);
+      batches.width.push_back(0);
+      rows = 0;
+    }
+    ++rows;
+    width = std::max(rows == 1 ? 0 : width, width_of(positions));
+    batches.width.back() = width;
+    batches.trained.back() += index.conversations[c].trained;
+  }
+  batches.first.push_back(static_cast<int64_t>(index.conversations.size()));
+  return batches;
+}
+
 std::string describe_conversations(const ConversationIndex& index, int64_t seq_len) {
   std::ostringstream text;
   const int64_t kept = static_cast<int64_t>(index.conversations.size());

@@ -46,6 +46,24 @@ struct PackedRows {
 };
 PackedRows pack_conversations(const ConversationIndex& index, int64_t seq_len);
 
+// Micro-batches under a token budget (--batch-tokens, as DeepSpeed's DynamicBatchSampler
+// max_tokens): whole conversations in order, one per row, each micro-batch's rows as wide as its
+// longest conversation's inputs rounded up to `multiple` (at most seq_len); a conversation joins
+// while rows x width stays within batch_tokens, and begins the next micro-batch otherwise.
+// Micro-batch m holds conversations [first[m], first[m + 1]) in rows of width[m] positions.
+struct TokenBatches {
+  std::vector<int64_t> first;    // (batches + 1)
+  std::vector<int64_t> trained;  // (batches)
+  std::vector<int64_t> width;    // (batches)
+  int64_t batches() const { return static_cast<int64_t>(trained.size()); }
+  int64_t rows(int64_t m) const {
+    return first[static_cast<size_t>(m) + 1] - first[static_cast<size_t>(m)];
+  }
+};
+// REQUIRES: seq_len >= 1, multiple >= 1, batch_tokens >= seq_len (a conversation fits alone).
+TokenBatches batch_conversations(const ConversationIndex& index, int64_t seq_len,
+                                 int64_t batch_tokens, int64_t multiple);
+
 // One sentence for the run's header: the conversations, the truncated and the left-out ones.
 std::string describe_conversations(const ConversationIndex& index, int64_t seq_len);
 

@@ -150,6 +150,15 @@ int64_t count_sequences(const TokenDataset& dataset, int64_t seq_len, bool packi
   return sequences;
 }
 
+int64_t count_sequences(const TokenDataset& dataset, const LoaderOptions& options) {
+  if (options.batch_tokens == 0 || !dataset.masked() || options.packing) {
+    return count_sequences(dataset, options.seq_len, options.packing);
+  }
+  return batch_conversations(*dataset.conversations(options.seq_len), options.seq_len,
+                             options.batch_tokens, options.width_multiple)
+      .batches();
+}
+
 DataLoader::DataLoader(TokenDataset dataset, const LoaderOptions& options)
     : dataset_(std::move(dataset)), options_(options) {
   const int64_t B = options.batch, T = options.seq_len, R = options.ranks;
@@ -163,10 +172,18 @@ DataLoader::DataLoader(TokenDataset dataset, const LoaderOptions& options)
   if (dataset_.masked()) {
     conversations_ = dataset_.conversations(T);
     num_sequences_ = static_cast<int64_t>(conversations_->conversations.size());
-    if (options.packing) pack_rows();
+    if (options.packing) {
+      pack_rows();
+    } else if (options.batch_tokens > 0) {
+      batch_rows();
+    }
     DSTRAIN_USER_CHECK(num_sequences_ >= step_)
         << dataset_.description() << " holds " << describe_conversations(*conversations_, T)
         << (packed() ? ", packed into " + std::to_string(num_sequences_) + " row(s)" : "")
+        << (token_batches() ? ", in " + std::to_string(num_sequences_) +
+                                  " micro-batch(es) of --batch-tokens " +
+                                  std::to_string(options.batch_tokens)
+                            : "")
         << ", but one step reads " << step_ << " (B=" << B << ", " << R << " rank(s)"
         << (step_ > round_ ? ", " + std::to_string(step_ / round_) + " micro-batches each" : "")
         << "); give more conversations or a smaller batch or rank count.";
@@ -208,8 +225,8 @@ int64_t DataLoader::sequence_index(int64_t epoch, int64_t position) {
 
 std::pair<size_t, size_t> DataLoader::sequence_location(int64_t s) const {
   DSTRAIN_CHECK(s >= 0 && s < num_sequences_) << "sequence " << s << " of " << num_sequences_;
-  if (conversations_) {  // the conversation, or a packed row's first
-    const size_t c = packed() ? static_cast<size_t>(row_first_[static_cast<size_t>(s)])
+  if (conversations_) {  // the conversation, or a packed row's or micro-batch's first
+    const size_t c = !row_first_.empty() ? static_cast<size_t>(row_first_[static_cast<size_t>(s)])
                               : static_cast<size_t>(s);
     return {conversations_->conversations[c].shard, conversations_->conversations[c].offset};
   }
@@ -220,11 +237,15 @@ std::pair<size_t, size_t> DataLoader::sequence_location(int64_t s) const {
                      static_cast<size_t>(options_.seq_len)};
 }
 
-void DataLoader::next_batch(int32_t* inputs, int32_t* targets, int32_t* positions) {
+BatchShape DataLoader::next_batch(int32_t* inputs, int32_t* targets, int32_t* positions) {
   DSTRAIN_CHECK(inputs != nullptr && targets != nullptr) << "null batch buffer";
   const int64_t B = options_.batch, T = options_.seq_len;
   const int64_t first = (next_round_ * options_.ranks + options_.rank) * B;
-  for (int64_t row = 0; row < B; ++row) {
+  BatchShape shape{B, T};
+  if (token_batches()) {
+    shape = read_token_batch(sequence_index(epoch_, first), inputs, targets, positions);
+  }
+  for (int64_t row = 0; row < B && !token_batches(); ++row) {
     const int64_t sequence = sequence_index(epoch_, first + row);
     int32_t* row_positions = positions != nullptr ? positions + row * T : nullptr;
     if (packed()) {
@@ -242,6 +263,25 @@ void DataLoader::next_batch(int32_t* inputs, int32_t* targets, int32_t* position
     next_round_ = 0;
     ++epoch_;
   }
+  return shape;
+}
+
+// Micro-batch `batch`'s conversations, one per row of its width, padded as read_conversation_row.
+BatchShape DataLoader::read_token_batch(int64_t batch, int32_t* inputs, int32_t* targets,
+                                        int32_t* positions) const {
+  const size_t m = static_cast<size_t>(batch);
+  const int64_t width = row_width_[m];
+  const auto& all = conversations_->conversations;
+  int64_t row = 0;
+  for (int64_t c = row_first_[m]; c < row_first_[m + 1]; ++c, ++row) {
+    int32_t* row_inputs = inputs + row * width;
+    int32_t* row_targets = targets + row * width;
+    const int64_t n = read_conversation(all[static_cast<size_t>(c)], row_inputs, row_targets);
+    std::fill(row_inputs + n, row_inputs + width, 0);
+    std::fill(row_targets + n, row_targets + width, kIgnoreTarget);
+    if (positions != nullptr) std::iota(positions + row * width, positions + (row + 1) * width, 0);
+  }
+  return BatchShape{row, width};
 }
 
 void DataLoader::read_text_row(int64_t sequence, int32_t* inputs, int32_t* targets) const {
@@ -301,6 +341,31 @@ void DataLoader::pack_rows() {
   num_sequences_ = static_cast<int64_t>(row_trained_.size());
 }
 
+void DataLoader::batch_rows() {
+  DSTRAIN_CHECK(options_.batch == 1) << "a token budget reads one micro-batch per round, not "
+                                     << options_.batch;
+  TokenBatches batches = batch_conversations(*conversations_, options_.seq_len,
+                                             options_.batch_tokens, options_.width_multiple);
+  row_first_ = std::move(batches.first);
+  row_trained_ = std::move(batches.trained);
+  row_width_ = std::move(batches.width);
+  num_sequences_ = static_cast<int64_t>(row_trained_.size());
+}
+
+int64_t DataLoader::positions_ahead(int64_t sequences) {
+  const int64_t first = next_round_ * round_;
+  DSTRAIN_CHECK(sequences >= 0 && first + sequences <= steps_per_epoch() * step_)
+      << sequences << " sequences from " << first << " of an epoch of " << steps_per_epoch() * step_;
+  if (!token_batches()) return sequences * options_.seq_len;
+  int64_t positions = 0;
+  for (int64_t p = first; p < first + sequences; ++p) {
+    const int64_t m = sequence_index(epoch_, p);
+    positions += (row_first_[static_cast<size_t>(m) + 1] - row_first_[static_cast<size_t>(m)]) *
+                 row_width_[static_cast<size_t>(m)];
+  }
+  return positions;
+}
+
 int64_t DataLoader::trained_targets_ahead(int64_t sequences) {
   const int64_t first = next_round_ * round_;
   DSTRAIN_CHECK(sequences >= 0 && first + sequences <= steps_per_epoch() * step_)
@@ -309,13 +374,14 @@ int64_t DataLoader::trained_targets_ahead(int64_t sequences) {
   int64_t trained = 0;
   for (int64_t p = first; p < first + sequences; ++p) {
     const size_t s = static_cast<size_t>(sequence_index(epoch_, p));
-    trained += packed() ? row_trained_[s] : conversations_->conversations[s].trained;
+    trained += !row_first_.empty() ? row_trained_[s] : conversations_->conversations[s].trained;
   }
   return trained;
 }
 
-void DataLoader::next_batch(const Tensor& inputs, const Tensor& targets,
-                            const Tensor& positions) {
+BatchShape DataLoader::next_batch(const Tensor& inputs, const Tensor& targets,
+                                  const Tensor& positions) {
+  DSTRAIN_CHECK(!token_batches()) << "a token budget's micro-batches have shapes of their own";
   for (const Tensor* t : {&inputs, &targets, &positions}) {
     if (t == &positions && positions.empty()) continue;
     DSTRAIN_CHECK(t->device.is_cpu() && t->ndim == 2 && t->shape[0] == options_.batch &&
@@ -323,7 +389,7 @@ void DataLoader::next_batch(const Tensor& inputs, const Tensor& targets,
         << "batch tensor " << t->shape_str() << " on " << t->device.str() << ", expected ("
         << options_.batch << ", " << options_.seq_len << ") I32 on cpu";
   }
-  next_batch(inputs.i32(), targets.i32(), positions.empty() ? nullptr : positions.i32());
+  return next_batch(inputs.i32(), targets.i32(), positions.empty() ? nullptr : positions.i32());
 }
 
 void DataLoader::reset() {
@@ -339,7 +405,8 @@ nlohmann::json DataLoader::state() const {
                         {"seq_len", options_.seq_len},
                         {"shuffle", options_.shuffle},
                         {"seed", options_.seed},
-                        {"packing", packed()}};
+                        {"packing", packed()},
+                        {"batch_tokens", options_.batch_tokens}};
 }
 
 namespace {
@@ -387,18 +454,20 @@ void DataLoader::restore(const nlohmann::json& state) {
         << state["packing"].dump() << " but this run has it " << (packed() ? "on" : "off")
         << "; resume with the same --packing.";
   }
-  // Geometry the state was taken with: a resume with other data, sequence length or global
-  // batch would read other sequences, so refuse it instead of continuing silently.
+  // Geometry the state was taken with: a resume with other data, sequence length, global
+  // batch or token budget would read other sequences, so refuse it instead of continuing
+  // silently.
   const std::pair<const char*, int64_t> expected[] = {{"sequences", num_sequences_},
                                                       {"sequences_per_step", step_},
-                                                      {"seq_len", options_.seq_len}};
+                                                      {"seq_len", options_.seq_len},
+                                                      {"batch_tokens", options_.batch_tokens}};
   for (const auto& [key, value] : expected) {
     if (!state.contains(key)) continue;
     const int64_t saved = state_count(state, key);
     DSTRAIN_USER_CHECK(saved == value)
         << "the data loader state to resume from was saved with " << key << " = " << saved
         << " but this run has " << key << " = " << value
-        << "; resume with the same data, sequence length and sequences per step.";
+        << "; resume with the same data, sequence length, sequences per step and --batch-tokens.";
   }
   DSTRAIN_USER_CHECK(read < steps_per_epoch() * step_)
       << "the data loader state to resume from has read " << read << " sequences of the epoch, "

@@ -22,6 +22,10 @@
 // where the next does not fit; the positions (kernels/ops.h) restart at each conversation and
 // at the padding after the last.
 //
+// With a token budget (batch_tokens, chat data without packing), a sequence is a micro-batch of
+// whole conversations instead (batch_conversations): a rank reads one per round (B = 1), as
+// rows of its own width t <= T; next_batch says its shape.
+//
 // The position is {epoch, next_sequence}: a count of sequences, whatever B, R and the
 // accumulation, so a run resumed with another split of the same S sequences per step (other
 // ranks, micro-batch or accumulation) reads the same sequences next. state() / restore()
@@ -119,12 +123,24 @@ struct LoaderOptions {
   // S: sequences per optimizer step, a multiple of B*R (0: B*R, one round per step).
   int64_t sequences_per_step = 0;
   bool packing = false;  // chat data: several conversations per row (ignored for text)
+  // Chat data without packing: micro-batches of at most this many positions (0: B rows of T),
+  // their widths rounded up to width_multiple. REQUIRES: batch 1, batch_tokens >= seq_len.
+  int64_t batch_tokens = 0;
+  int64_t width_multiple = 1;
+};
+
+// What next_batch wrote: `rows` rows of `positions` each, contiguous from the buffers' start.
+struct BatchShape {
+  int64_t rows = 0, positions = 0;
 };
 
 // The sequences of T tokens (T+1 with the target) `dataset` holds: floor((n-1) / T) per shard;
 // of chat data, its conversations with a trained target (index_conversations), or with packing
 // the rows they pack into (pack_conversations).
 int64_t count_sequences(const TokenDataset& dataset, int64_t seq_len, bool packing = false);
+// The same under a token budget: the micro-batches of batch_conversations (or count_sequences'
+// without one: batch_tokens 0).
+int64_t count_sequences(const TokenDataset& dataset, const LoaderOptions& options);
 
 class DataLoader {
  public:
@@ -135,13 +151,20 @@ class DataLoader {
 
   // Reads this rank's batch of the current round and advances one round.
   // inputs and targets: (B, T) int32 each, row-major; positions (B, T) or null: each token's
-  // place in its conversation with packing, t otherwise. REQUIRES: inputs and targets
-  // non-null, no overlap.
-  void next_batch(int32_t* inputs, int32_t* targets, int32_t* positions = nullptr);
+  // place in its conversation with packing, t otherwise. With a token budget, (rows, t) of the
+  // micro-batch (rows * t <= batch_tokens). REQUIRES: inputs and targets non-null, no overlap,
+  // room for B * T (or batch_tokens) each.
+  BatchShape next_batch(int32_t* inputs, int32_t* targets, int32_t* positions = nullptr);
   // Same into CPU tensors (positions may be empty). REQUIRES: dtype I32, shape (B, T), device CPU.
-  void next_batch(const Tensor& inputs, const Tensor& targets, const Tensor& positions = {});
+  BatchShape next_batch(const Tensor& inputs, const Tensor& targets, const Tensor& positions = {});
   // Rows of several conversations (chat data with options().packing).
-  bool packed() const { return !row_first_.empty(); }
+  bool packed() const { return !row_first_.empty() && row_width_.empty(); }
+  // Micro-batches under a token budget (options().batch_tokens with chat data).
+  bool token_batches() const { return !row_width_.empty(); }
+  // The positions the next `sequences` sequences hold (every rank's, in order): sequences * T,
+  // or the rows x width of each micro-batch under a token budget. For tokens/s.
+  // REQUIRES: as trained_targets_ahead.
+  int64_t positions_ahead(int64_t sequences);
 
   int64_t num_sequences() const { return num_sequences_; }
   int64_t sequences_per_step() const { return step_; }
@@ -188,6 +211,9 @@ class DataLoader {
   int64_t read_conversation(const Conversation& c, int32_t* inputs, int32_t* targets) const;
   void read_packed_row(int64_t row, int32_t* inputs, int32_t* targets, int32_t* positions) const;
   void pack_rows();
+  void batch_rows();
+  BatchShape read_token_batch(int64_t batch, int32_t* inputs, int32_t* targets,
+                              int32_t* positions) const;
 
   TokenDataset dataset_;
   LoaderOptions options_;
@@ -201,7 +227,8 @@ class DataLoader {
   std::vector<int64_t> order_;         // (num_sequences,) shuffled ids; empty unshuffled
   std::shared_ptr<const ConversationIndex> conversations_;  // chat data; null for text
   // Packing: row r holds conversations [row_first_[r], row_first_[r + 1]); its trained targets.
-  std::vector<int64_t> row_first_, row_trained_;
+  // A token budget: the same of micro-batch r, and its width.
+  std::vector<int64_t> row_first_, row_trained_, row_width_;
 };
 
 }  // namespace dstrain

@@ -5,8 +5,10 @@
 // the decoder built from parts (model/decoder.h, model/parts.h).
 //
 // Shapes: every tensor an Architecture declares is sized for the stage's largest micro-batch
-// (B, T). At run time a micro-batch (b, t) with b <= B, t <= T uses a compact prefix of each
-// buffer (see prefix()): producer and consumer agree on the layout, so no strides are needed.
+// (B, T). At run time a micro-batch (b, t) with b * t <= B * T, t <= T uses a compact prefix of
+// each buffer (see prefix()): producer and consumer agree on the layout, so no strides are
+// needed. Every buffer is sized by the positions B * T (or B * T * something), none by B or T
+// alone, so that narrower rows may be more (--batch-tokens).
 //
 // Tensor parallelism: an Architecture is one tp rank's part of the model (its layout holds the
 // rank's slices, model/layout.h) and calls the collectives of model/tensor_parallel.h itself.

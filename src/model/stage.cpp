@@ -249,7 +249,7 @@ void ModelStage::forward_layers(ParamProvider& params, int slot, Stream stream) 
 double ModelStage::forward(ParamProvider& params, int slot, int64_t b, int64_t t, Tensor tokens,
                            Tensor targets, Tensor positions, float dloss, Stream stream) {
   DSTRAIN_CHECK(slot >= 0 && slot < plan_.slots) << "slot " << slot << " of " << plan_.slots;
-  DSTRAIN_CHECK(b >= 1 && t >= 1 && b <= B_ && t <= T_)
+  DSTRAIN_CHECK(b >= 1 && t >= 1 && b * t <= B_ * T_ && t <= T_)
       << "micro-batch (" << b << ", " << t << ") exceeds (" << B_ << ", " << T_ << ")";
   DSTRAIN_CHECK(range_.first == !tokens.empty()) << "tokens go to the first stage only";
   DSTRAIN_CHECK(tokens.empty() || (tokens.ndim == 2 && tokens.dtype == DType::I32 &&

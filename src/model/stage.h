@@ -87,9 +87,9 @@ class ModelStage {
   int64_t max_batch() const { return B_; }
   int64_t max_seq() const { return T_; }
 
-  // One micro-batch (b, t) into `slot`. tokens (b, t) I32 on the first stage (else empty:
-  // the input is in input(slot, b, t)); targets (b, t) I32 on the last stage (empty: logits
-  // only). dloss != 0 (the last stage's loss gradient per token) prepares backward(slot).
+  // One micro-batch (b, t) into `slot`, b * t <= B * T and t <= T (narrower rows may be more).
+  // tokens (b, t) I32 on the first stage (else empty: the input is in input(slot, b, t));
+  // targets (b, t) I32 on the last stage (empty: logits only). dloss != 0 (the last stage's loss gradient per token) prepares backward(slot).
   // Returns the mean loss on the last stage with targets, else 0.
   // positions: (b, t) I32 of packed sequences (kernels/ops.h) on every stage, or empty; they
   // stay in place until the slot's backward.

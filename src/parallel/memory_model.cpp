@@ -90,6 +90,10 @@ uint64_t token_batch_bytes(int64_t micro_batch, int64_t seq_len) {
   return 3 * static_cast<uint64_t>(micro_batch * seq_len) * sizeof(int32_t);
 }
 
+bool stage_reads_tokens(const Plan& plan, const StageRange& range) {
+  return range.first || range.last || plan.packed_sequences || plan.batch_tokens > 0;
+}
+
 // ---- Activations ----------------------------------------------------------------------------
 //
 // The stage's own plan (model/stage.h, plan_stage_buffers) for one tp rank's architecture:
@@ -311,7 +315,7 @@ MemoryPrediction MemoryModel::predict_stage(const Plan& plan, int stage) const {
   m.activations_without_recompute = a.without_recompute;
 
   const StageRange s = stage_range(plan, stage);
-  if (s.first || s.last) {
+  if (stage_reads_tokens(plan, s)) {
     add(m, MemCategory::Data, false, "token batches (one per micro-batch in flight)",
         token_batch_bytes(plan.micro_batch, plan.seq_len) * static_cast<uint64_t>(a.in_flight));
   }

@@ -141,8 +141,11 @@ RankStateBuffers rank_state_buffers(const std::vector<int64_t>& block_numels,
 
 // The token batch a rank reads: inputs, targets and the positions of packed sequences, (B, T)
 // int32 each (MemCategory::Data), one per activation slot. Held by the first pipeline stage
-// (inputs) and the last (targets).
+// (inputs) and the last (targets), and by every stage with packed sequences (the positions)
+// or --batch-tokens (each micro-batch's shape).
 uint64_t token_batch_bytes(int64_t micro_batch, int64_t seq_len);
+// Whether the ranks of a stage read the token batch (see token_batch_bytes).
+bool stage_reads_tokens(const Plan& plan, const StageRange& range);
 
 // Activations and workspace of one rank: plan_stage_buffers of its pipeline stage with the
 // plan's recompute mode and slots, exactly what ModelStage allocates. A pipeline

@@ -82,13 +82,16 @@ void PipelineRunner::compute(const PipelineAction& action, const MicroBatchSourc
     DSTRAIN_CHECK(owner < 0) << "slot " << slot << " still holds micro-batch " << owner
                              << ": the schedule keeps more micro-batches in flight than the "
                              << stage_model_.slots() << " slots";
-    MicroBatch& batch = batches_[static_cast<size_t>(slot)];
-    batch = source ? source(m) : MicroBatch{};
+    const MicroBatch& batch = batch_of(m, source);
     if (aux_ != nullptr) aux_->begin_forward(m);
     const StageRange& range = stage_model_.range();
-    loss += stage_model_.forward(params_, slot, b_, t_, range.first ? batch.inputs : Tensor(),
-                                 range.last ? batch.targets : Tensor(), batch.positions,
-                                 range.last ? dloss : 0.0f, compute_);
+    const auto [b, t] = shape_of(batch);
+    const double mean =
+        stage_model_.forward(params_, slot, b, t, range.first ? batch.inputs : Tensor(),
+                             range.last ? batch.targets : Tensor(), batch.positions,
+                             range.last ? dloss : 0.0f, compute_);
+    // (b * t) / (b_ * t_) is exactly 1 for the run's shape: the sum is the plain one then.
+    loss += mean * (static_cast<double>(b * t) / static_cast<double>(b_ * t_));
     // Evaluation (dloss 0) keeps nothing for a backward: the slot is free again.
     owner = dloss != 0.0f ? m : -1;
     return;
@@ -102,23 +105,34 @@ void PipelineRunner::compute(const PipelineAction& action, const MicroBatchSourc
   owner = -1;
 }
 
-void PipelineRunner::exchange(const StageActions& actions, size_t begin, size_t end) {
+MicroBatch& PipelineRunner::batch_of(int m, const MicroBatchSource& source) {
+  const size_t slot = static_cast<size_t>(slot_of(m));
+  if (batch_taken_[slot] != m) {
+    batches_[slot] = source ? source(m) : MicroBatch{};
+    batch_taken_[slot] = m;
+  }
+  return batches_[slot];
+}
+
+void PipelineRunner::exchange(const StageActions& actions, size_t begin, size_t end,
+                              const MicroBatchSource& source) {
   std::vector<P2POp> ops;
   for (size_t i = begin; i < end; ++i) {
     const PipelineAction& a = actions[i];
     const int slot = slot_of(a.micro_batch);
+    const auto [b, t] = shape_of(batch_of(a.micro_batch, source));
     switch (a.kind) {
       case ActionKind::SendActivation:
-        ops.push_back({P2POp::Kind::Send, stage_model_.output(b_, t_), stage_ + 1});
+        ops.push_back({P2POp::Kind::Send, stage_model_.output(b, t), stage_ + 1});
         break;
       case ActionKind::RecvActivation:
-        ops.push_back({P2POp::Kind::Recv, stage_model_.input(slot, b_, t_), stage_ - 1});
+        ops.push_back({P2POp::Kind::Recv, stage_model_.input(slot, b, t), stage_ - 1});
         break;
       case ActionKind::SendGradient:
-        ops.push_back({P2POp::Kind::Send, stage_model_.input_grad(b_, t_), stage_ - 1});
+        ops.push_back({P2POp::Kind::Send, stage_model_.input_grad(b, t), stage_ - 1});
         break;
       case ActionKind::RecvGradient:
-        ops.push_back({P2POp::Kind::Recv, stage_model_.output_grad(b_, t_), stage_ + 1});
+        ops.push_back({P2POp::Kind::Recv, stage_model_.output_grad(b, t), stage_ + 1});
         break;
       default: DSTRAIN_CHECK(false) << to_string(a) << " is not a communication";
     }
@@ -149,6 +163,7 @@ double PipelineRunner::run(const StageActions& actions, int micro_batches, int64
                            const std::function<void()>& before_last) {
   b_ = b;
   t_ = t;
+  batch_taken_.assign(batches_.size(), -1);
   const size_t last_position = before_last ? last_micro_batch_position(actions, micro_batches)
                                            : actions.size();
   double loss = 0.0;
@@ -160,7 +175,7 @@ double PipelineRunner::run(const StageActions& actions, int micro_batches, int64
         while (end < actions.size() && is_communication(actions[end].kind)) ++end;
         annotate("");
         const auto start = Clock::now();
-        exchange(actions, i, end);
+        exchange(actions, i, end, source);
         times_.wait_seconds += seconds_since(start);
         i = end;
         continue;

@@ -50,6 +50,9 @@ namespace dstrain {
 struct MicroBatch {
   Tensor inputs, targets;
   Tensor positions = {};  // (b, t) of packed sequences, for every stage; empty: none
+  // Its own shape (--batch-tokens; every stage's source gives it), b * t <= the run's b * t;
+  // 0: the run's (b, t).
+  int64_t b = 0, t = 0;
 };
 using MicroBatchSource = std::function<MicroBatch(int micro_batch)>;
 
@@ -77,11 +80,13 @@ class PipelineRunner {
   // The load-balancing loss the stage's MoE layers add to (outlives the runner; nullptr: none).
   void set_aux_loss(MoeAuxLoss* aux) { aux_ = aux; }
 
-  // Runs `actions` of `micro_batches` micro-batches of (b, t). dloss: the last stage's loss
-  // gradient per token (0: forward only, for evaluation). before_last: called once, before
-  // the last micro-batch's work that adds gradients begins (ShardedModel::last_micro_batch;
-  // empty: not called). Returns the sum of the last stage's per-micro-batch mean losses (0
-  // on other stages).
+  // Runs `actions` of `micro_batches` micro-batches of (b, t) (or each its own shape, which its
+  // source says). A micro-batch is taken from `source` at its first action (its activation's
+  // receive or its forward). dloss: the last stage's loss gradient per token (0: forward only,
+  // for evaluation). before_last: called once, before the last micro-batch's work that adds
+  // gradients begins (ShardedModel::last_micro_batch; empty: not called). Returns the sum of
+  // the last stage's per-micro-batch mean losses, each weighted by its positions over b * t
+  // (exactly 1 for the run's shape; 0 on other stages).
   double run(const StageActions& actions, int micro_batches, int64_t b, int64_t t,
              const MicroBatchSource& source, float dloss,
              const std::function<void()>& before_last = nullptr);
@@ -93,7 +98,13 @@ class PipelineRunner {
   int slot_of(int micro_batch) const { return micro_batch % stage_model_.slots(); }
   void compute(const PipelineAction& action, const MicroBatchSource& source, float dloss,
                double& loss);
-  void exchange(const StageActions& actions, size_t begin, size_t end);
+  void exchange(const StageActions& actions, size_t begin, size_t end,
+                const MicroBatchSource& source);
+  // Micro-batch m in its slot, taken from `source` at its first use in this run.
+  MicroBatch& batch_of(int m, const MicroBatchSource& source);
+  std::pair<int64_t, int64_t> shape_of(const MicroBatch& batch) const {
+    return {batch.b > 0 ? batch.b : b_, batch.t > 0 ? batch.t : t_};
+  }
   std::string where(const PipelineAction& action) const;
   void annotate(const std::string& what);
 
@@ -108,6 +119,7 @@ class PipelineRunner {
   int64_t b_ = 0, t_ = 0;
   std::vector<int> slot_owner_;      // micro-batch in each slot (-1: free)
   std::vector<MicroBatch> batches_;  // per slot: the tokens of its forward, for the backward
+  std::vector<int> batch_taken_;     // per slot: the micro-batch batches_ holds (-1: none yet)
   PipelineTimes times_;
   std::function<void(const PipelineAction&)> before_;
   MoeAuxLoss* aux_ = nullptr;

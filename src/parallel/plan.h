@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <numeric>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -57,12 +58,25 @@ struct Plan {
   // Mixture-of-experts models: an expert capacity (model/expert_parallel.h), which also bounds
   // the experts' buffers; 0: dropless, the buffers for the worst case.
   double moe_capacity_factor = 0;
+  // Packed sequences (--packing on): every stage reads the token batch, the middle stages for
+  // its positions (attention and rotary restart at each sequence). Set from the data when the
+  // run starts (train/run_start.cpp), not part of the plan's JSON.
+  bool packed_sequences = false;
+  // --batch-tokens: micro-batches of whole conversations up to this many positions, each of
+  // its own shape (b, t) with b * t <= micro_batch * seq_len; every stage reads the token batch
+  // for that shape. Set with packed_sequences; 0: every micro-batch (micro_batch, seq_len).
+  int64_t batch_tokens = 0;
 
   int world() const { return dp * tp * pp; }
   int64_t tokens_per_step() const { return dp * micro_batch * grad_accum * seq_len; }
   bool mixed_precision() const { return param_dtype != DType::F32; }
   DType moment_dtype() const { return bf16_optimizer_states ? DType::BF16 : DType::F32; }
   bool uses_sequence_parallel() const { return tp > 1 && sequence_parallel; }
+  // --batch-tokens: what a micro-batch's width rounds up to: 8 positions, and a multiple of tp
+  // under sequence parallelism (its b * t rows split over the tp ranks).
+  int64_t token_batch_width_multiple() const {
+    return uses_sequence_parallel() ? std::lcm(int64_t{8}, int64_t{tp}) : 8;
+  }
 };
 
 // "fp32", "fp16", "bf16".

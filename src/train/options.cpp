@@ -53,6 +53,11 @@ void validate_options(const TrainOptions& options) {
   DSTRAIN_USER_CHECK(options.packing == "auto" || options.packing == "on" ||
                      options.packing == "off")
       << "--packing must be auto, on or off, not '" << options.packing << "'";
+  DSTRAIN_USER_CHECK(options.batch_tokens >= 0)
+      << "--batch-tokens must not be negative (0: --batch rows of --seq-len)";
+  DSTRAIN_USER_CHECK(options.batch_tokens == 0 || options.packing != "on")
+      << "--batch-tokens is a token budget for one conversation per row: give --packing off "
+      << "(or auto) with it, or --batch with packing";
   DSTRAIN_USER_CHECK(options.save_every >= 0) << "--save-every must not be negative";
   DSTRAIN_USER_CHECK(options.keep_last >= 0) << "--keep-last must not be negative (0 keeps all)";
   DSTRAIN_USER_CHECK(options.keep_last == 0 || !options.out.empty())
@@ -111,6 +116,7 @@ void for_each_run_setting(TrainOptions& o, Fn&& fn) {
   fn("val-data", o.val_data);
   fn("shuffle", o.shuffle);
   fn("packing", o.packing);
+  fn("batch-tokens", o.batch_tokens);
   fn("seq-len", o.seq_len);
   fn("steps", o.steps);
   fn("lr-decay-steps", o.lr_decay_steps);

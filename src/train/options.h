@@ -56,6 +56,9 @@ struct TrainOptions {
   std::string packing = "auto";
   // batch geometry
   int64_t batch = 16;              // B per rank
+  // Chat data without packing: micro-batches of whole conversations up to this many positions
+  // (rows x their width; 0: B rows of T). The micro-batch becomes ceil(it / T) rows of T.
+  int64_t batch_tokens = 0;
   int64_t seq_len = 64;            // T
   int64_t grad_accum = 1;
   // optimization

@@ -19,6 +19,12 @@ namespace dstrain {
 
 namespace {
 
+// --batch-tokens N: micro-batches planned as ceil(N / T) rows of T (a micro-batch of narrower
+// rows holds more of them in the same positions).
+int64_t batch_tokens_rows(const TrainOptions& options, int64_t seq_len) {
+  return (options.batch_tokens + seq_len - 1) / seq_len;
+}
+
 // `gpus`: the world's (every node's); the request's are one node's.
 PlanRequest request_from_flags(const TrainOptions& options, const ModelConfig& config, int gpus) {
   PlanRequest request;
@@ -42,6 +48,11 @@ PlanRequest request_from_flags(const TrainOptions& options, const ModelConfig& c
   request.bf16_optimizer_states = options.bf16_optimizer_states;
   if (given_flag(options, "recompute")) request.recompute = parse_recompute(options.recompute);
   if (given_flag(options, "batch") || given_flag(options, "micro-batch")) request.micro_batch = options.batch;
+  if (options.batch_tokens > 0) {
+    const int64_t T =
+        given_flag(options, "seq-len") ? options.seq_len : std::min<int64_t>(1024, config.n_positions);
+    request.micro_batch = batch_tokens_rows(options, T);
+  }
   if (given_flag(options, "dp") && options.dp > 0) request.dp = options.dp;
   if (given_flag(options, "tp")) request.tp = options.tp;
   if (given_flag(options, "ep")) request.ep = options.ep;
@@ -96,6 +107,7 @@ PlanResult plan_with_context(TrainOptions& options, const ModelConfig& config,
   for (size_t i = 0; i < lengths.size(); ++i) {
     PlanRequest at = request;
     at.seq_len = lengths[i];
+    if (options.batch_tokens > 0) at.micro_batch = batch_tokens_rows(options, at.seq_len);
     if (!given_flag(options, "global-batch-tokens") &&
         (given_flag(options, "batch") || given_flag(options, "grad-accum"))) {
       // The sequences asked for, at this length (request_from_flags counted them at 1024).
@@ -255,7 +267,8 @@ Plan plan_from_options(const TrainOptions& options, const ModelConfig& config) {
   plan.bf16_optimizer_states = options.bf16_optimizer_states;
   DSTRAIN_USER_CHECK(!plan.bf16_optimizer_states || plan.offload) << kBf16StatesNeedOffload;
   plan.recompute = parse_recompute(options.recompute);
-  plan.micro_batch = options.batch;
+  plan.micro_batch =
+      options.batch_tokens > 0 ? batch_tokens_rows(options, options.seq_len) : options.batch;
   plan.grad_accum = options.grad_accum;
   plan.seq_len = options.seq_len;
   plan.param_dtype = parse_dtype(options.precision);
@@ -318,6 +331,23 @@ nlohmann::json machine_record(const RunMachine& machine, bool cpu_ranks, int ran
   return record;
 }
 
+// --batch-tokens against the plan: a whole row of T fits, and --batch (if given) agrees.
+static void check_batch_tokens(const TrainOptions& options, const Plan& plan) {
+  if (options.batch_tokens == 0) return;
+  DSTRAIN_USER_CHECK(options.batch_tokens >= plan.seq_len)
+      << "--batch-tokens " << options.batch_tokens << " is below --seq-len " << plan.seq_len
+      << ": a conversation as long as a row would fit no micro-batch; give at least "
+      << plan.seq_len;
+  // (A library caller's batch field is not a flag it gave: the budget decides.)
+  const bool batch_given = options.explicit_flags.has_value() &&
+                           (options.explicit_flags->count("batch") != 0 ||
+                            options.explicit_flags->count("micro-batch") != 0);
+  DSTRAIN_USER_CHECK(!batch_given || options.batch == plan.micro_batch)
+      << "--batch-tokens " << options.batch_tokens << " plans micro-batches of "
+      << plan.micro_batch << " rows of " << plan.seq_len << ", and --batch says "
+      << options.batch << ": give one of them";
+}
+
 // The plan of a run before the options remember it (plan_run).
 static Plan choose_run_plan(TrainOptions& options, const ModelConfig& config,
                             const RunMachine& machine, std::ostream& out) {
@@ -343,6 +373,7 @@ static Plan choose_run_plan(TrainOptions& options, const ModelConfig& config,
 Plan plan_run(TrainOptions& options, const ModelConfig& config, const RunMachine& machine,
               std::ostream& out) {
   Plan plan = choose_run_plan(options, config, machine, out);
+  check_batch_tokens(options, plan);
   remember_plan(plan, options);
   return plan;
 }

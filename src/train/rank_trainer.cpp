@@ -16,6 +16,7 @@
 #include "parallel/pipeline_split.h"
 #include "train/cluster.h"
 #include "train/run_directory.h"
+#include "train/run_start.h"
 #include "train/sample.h"
 
 namespace dstrain {
@@ -179,8 +180,8 @@ RankTrainer::RankTrainer(const RunContext& ctx, Communicator& world)
   val_loader_.emplace(ctx.data->val, LoaderOptions{B_, T_, dp, d, false, 0, 0, packing});
   if (reads_data()) {
     // Epochs are whole steps, whatever the split of a step's sequences (data/loader.h).
-    loader_.emplace(ctx.data->train, LoaderOptions{B_, T_, dp, d, options_.shuffle, options_.seed,
-                                                   B_ * dp * accum_, packing});
+    loader_.emplace(ctx.data->train,
+                    train_loader_options(plan_, d, options_.shuffle, options_.seed));
     if (!ctx.data_state.is_null()) loader_->restore(ctx.data_state);
   }
   if (!ctx.scaler_state.is_null()) scaler_.restore(ctx.scaler_state);
@@ -203,30 +204,31 @@ void RankTrainer::make_token_buffers() {
   }
 }
 
+// The loader's next micro-batch in the slot's token buffer: inputs, targets and (packed rows)
+// positions, each at its third of the buffer, (b, t) = (B, T) or a --batch-tokens micro-batch's.
 MicroBatch RankTrainer::load_micro_batch(DataLoader& loader, int micro_batch) {
   const size_t slot = static_cast<size_t>(micro_batch % stage_->slots());
   const Buffer& device = token_buffers_[slot];
   const Buffer& host = host_token_buffers_.empty() ? device : host_token_buffers_[slot];
-  Tensor host_inputs = host.view(DType::I32, {B_, T_});
-  Tensor host_targets(static_cast<int32_t*>(host.data()) + B_ * T_, DType::I32, {B_, T_});
-  // Packed rows: the positions after the targets (token_batch_bytes holds all three).
+  const auto part = [this](const Buffer& buffer, int index) {
+    return static_cast<int32_t*>(buffer.data()) + index * B_ * T_;
+  };
   const bool packed = loader.packed();
-  Tensor host_positions = packed ? Tensor(static_cast<int32_t*>(host.data()) + 2 * B_ * T_,
-                                          DType::I32, {B_, T_})
-                                 : Tensor();
-  loader.next_batch(host_inputs, host_targets, host_positions);
+  const BatchShape shape =
+      loader.next_batch(part(host, 0), part(host, 1), packed ? part(host, 2) : nullptr);
   if (host.data() != device.data()) {
     devices_.backend->copy_bytes(device.data(), host.data(), device.bytes(),
                                  devices_.compute.get());
   }
-  Tensor inputs = device.view(DType::I32, {B_, T_});
-  Tensor targets = inputs, positions;
-  targets.data = static_cast<int32_t*>(device.data()) + B_ * T_;
-  if (packed) {
-    positions = inputs;
-    positions.data = static_cast<int32_t*>(device.data()) + 2 * B_ * T_;
-  }
-  return MicroBatch{inputs, targets, positions};
+  const auto view = [&](int index) {
+    Tensor t = device.view(DType::I32, {shape.rows, shape.positions});
+    t.data = part(device, index);
+    return t;
+  };
+  MicroBatch batch{view(0), view(1), packed ? view(2) : Tensor()};
+  batch.b = shape.rows;
+  batch.t = shape.positions;
+  return batch;
 }
 
 int RankTrainer::owner_stage(int block) const {
@@ -260,7 +262,11 @@ void RankTrainer::announce(const std::vector<std::array<size_t, kNumMemCategorie
   std::snprintf(lr_text, sizeof lr_text, "%.3g", o.lr);
   text << "  batch " << B_ << " x " << T_ << " tokens x " << accum_ << " accumulation x "
        << plan_.dp << " data-parallel" << (plan_.dp == 1 ? " rank" : " ranks") << " = "
-       << B_ * T_ * accum_ * plan_.dp << " tokens per step; " << count_of(o.steps, "step") << ", lr "
+       << B_ * T_ * accum_ * plan_.dp << " tokens per step";
+  if (plan_.batch_tokens > 0) {
+    text << " at most (micro-batches of up to " << plan_.batch_tokens << " positions)";
+  }
+  text << "; " << count_of(o.steps, "step") << ", lr "
        << lr_text << " (" << o.lr_schedule << ", warmup " << o.warmup << ")\n";
   text << "  " << epoch_line() << "\n";
   text << "  plan: " << world << (world == 1 ? " rank" : " ranks") << " on "
@@ -342,7 +348,16 @@ std::string RankTrainer::epoch_line() const {
 double RankTrainer::step_trained_targets(std::optional<DataLoader>& loader, int64_t rounds) const {
   const int64_t all = B_ * T_ * rounds * plan_.dp;
   if (!reads_data() || !loader) return static_cast<double>(all);
-  return static_cast<double>(loader->trained_targets_ahead(B_ * plan_.dp * rounds));
+  return static_cast<double>(
+      loader->trained_targets_ahead(loader->options().batch * plan_.dp * rounds));
+}
+
+// The positions the next `rounds` rounds of `loader` hold (every rank's), which tokens/s and
+// MFU count: B*T*rounds*dp, or the rows x widths of --batch-tokens micro-batches.
+double RankTrainer::step_positions(std::optional<DataLoader>& loader, int64_t rounds) const {
+  const int64_t all = B_ * T_ * rounds * plan_.dp;
+  if (!reads_data() || !loader) return static_cast<double>(all);
+  return static_cast<double>(loader->positions_ahead(loader->options().batch * plan_.dp * rounds));
 }
 
 // What turns the runner's sum of micro-batch means (each over B*T rows) over `rounds`, divided by
@@ -372,6 +387,7 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   // The gradient of the mean loss over the step's trained targets (of every micro-batch and
   // rank, counted before any division; B*T*accum*dp of text), times the loss scale.
   const double trained = step_trained_targets(loader_, accum_);
+  o.positions = step_positions(loader_, accum_);
   const float dloss = static_cast<float>(o.loss_scale / trained);
   MicroBatchSource source;
   if (reads_data()) source = [this](int m) { return load_micro_batch(*loader_, m); };
@@ -470,8 +486,7 @@ void RankTrainer::measure_time(int64_t step, double begin, StepOutcome& o) {
   }
   const TimeSplit& t = o.time = scaled(sum, 1.0 / ranks);
   if (ctx_.peak_flops > 0 && t.step > 0) {
-    const double tokens = static_cast<double>(B_ * T_ * accum_ * plan_.dp);
-    o.mfu = training_flops_per_token(config_, T_) * tokens /
+    o.mfu = training_flops_per_token(config_, T_) * o.positions /
             (t.step * ranks * ctx_.peak_flops);
   }
   if (ctx_.trace != nullptr && ctx_.trace->window().contains(step + 1)) {
@@ -503,7 +518,8 @@ void RankTrainer::write_trace(int64_t step, bool last) {
 
 void RankTrainer::report_step(int64_t step, const StepOutcome& o) {
   TrainSummary& summary = *ctx_.summary;
-  const double tokens_per_s = static_cast<double>(B_ * T_ * accum_ * plan_.dp) / o.seconds;
+  const double tokens_per_s = o.positions / o.seconds;
+  positions_run_ += o.positions;
   summary.losses.push_back(o.loss);
   nlohmann::json record{{"step", step + 1}, {"loss", o.loss}, {"lr", o.lr},
                         {"grad_norm", o.stats.grad_norm}, {"tokens_per_s", tokens_per_s}};

@@ -24,6 +24,7 @@
 #include "optim/adamw.h"
 #include "optim/grad_scaler.h"
 #include "parallel/groups.h"
+#include "parallel/memory_model.h"
 #include "parallel/pipeline_runner.h"
 #include "parallel/sharded_model.h"
 #include "train/devices.h"
@@ -53,6 +54,7 @@ class RankTrainer {
     double aux_loss = -1;  // the load-balancing loss, the mean over micro-batches (< 0: none)
     TimeSplit time;    // where the step's time went, the mean over ranks
     double mfu = -1;   // model FLOPs utilization (< 0: unknown, on the CPU backend)
+    double positions = 0;  // the step's token positions over every rank (step_positions)
   };
 
   // Setup.
@@ -81,6 +83,7 @@ class RankTrainer {
   std::vector<int32_t> sample_prompt() const;
   double step_trained_targets(std::optional<DataLoader>& loader, int64_t rounds) const;
   double mean_to_trained(double trained, int64_t rounds) const;
+  double step_positions(std::optional<DataLoader>& loader, int64_t rounds) const;
   void save_checkpoint(int64_t step);
   // The end.
   void finish(double train_seconds);
@@ -91,7 +94,8 @@ class RankTrainer {
 
   bool first_stage() const { return groups_.stage == 0; }
   bool last_stage() const { return groups_.stage == plan_.pp - 1; }
-  bool reads_data() const { return first_stage() || last_stage(); }
+  // The first and last stage, and every stage with packed sequences (their positions).
+  bool reads_data() const { return stage_reads_tokens(plan_, range_); }
   // The last stage's ranks of tp index 0 count the loss (every tp rank computes the same).
   bool counts_loss() const { return last_stage() && groups_.tensor_index == 0; }
   // The stage that holds block b (its state is written by that stage's ranks).
@@ -133,6 +137,7 @@ class RankTrainer {
   bool trace_written_ = false;
   std::optional<ReplicaChecker> replicas_;  // --check-replicas
   int64_t step_ = 0;         // the step in progress (0-based)
+  double positions_run_ = 0;  // the token positions of the steps reported (tokens/s)
   bool training_ = false;    // in a training step's pipeline (not evaluating)
 };
 

@@ -102,10 +102,8 @@ void RankTrainer::finish(double train_seconds) {
   TrainSummary& summary = *ctx_.summary;
   const bool leader = rank_ == 0;
   const int64_t steps_run = summary.steps - ctx_.first_step;
-  const double tokens_per_step = static_cast<double>(B_ * T_ * accum_ * plan_.dp);
   if (leader) {
-    summary.tokens_per_second =
-        train_seconds > 0 ? tokens_per_step * static_cast<double>(steps_run) / train_seconds : 0.0;
+    summary.tokens_per_second = train_seconds > 0 ? positions_run_ / train_seconds : 0.0;
   }
   if (options_.test.verify_tied_embedding) verify_tied_embedding();
   nlohmann::json summary_record{{"type", "summary"},

@@ -228,23 +228,49 @@ std::vector<std::pair<std::string, std::string>> files_beside_weights(const RunC
   return files;
 }
 
-// --packing auto as on or off: on for chat data on a plan without pipeline stages (their middle
-// stages read no data, so no positions yet). `on` where it cannot be is one sentence.
-void resolve_packing(TrainOptions& options, const Plan& plan, const Datasets& data,
-                     std::ostream& out) {
+LoaderOptions train_loader_options(const Plan& plan, int rank, bool shuffle, uint64_t seed) {
+  LoaderOptions o;
+  o.batch = plan.batch_tokens > 0 ? 1 : plan.micro_batch;
+  o.seq_len = plan.seq_len;
+  o.ranks = plan.dp;
+  o.rank = rank;
+  o.shuffle = shuffle;
+  o.seed = seed;
+  o.sequences_per_step = o.batch * plan.dp * plan.grad_accum;
+  o.packing = plan.packed_sequences;
+  o.batch_tokens = plan.batch_tokens;
+  o.width_multiple = plan.token_batch_width_multiple();
+  return o;
+}
+
+// --batch-tokens against the data and the plan (plan.batch_tokens).
+void resolve_batch_tokens(const TrainOptions& options, Plan& plan, const Datasets& data,
+                          std::ostream& out) {
+  if (options.batch_tokens == 0) return;
+  DSTRAIN_USER_CHECK(data.train.masked())
+      << "--batch-tokens fills micro-batches with whole conversations: it needs chat data "
+      << "(prepare --chat), and " << data.description << " is text";
+  const int64_t multiple = plan.token_batch_width_multiple();
+  DSTRAIN_USER_CHECK(!plan.uses_sequence_parallel() || plan.seq_len % plan.tp == 0)
+      << "--batch-tokens with sequence parallelism needs --seq-len " << plan.seq_len
+      << " to be a multiple of --tp " << plan.tp;
+  plan.batch_tokens = options.batch_tokens;
+  out << "dstrain: micro-batches of up to " << plan.batch_tokens << " positions: "
+      << count_sequences(data.train, train_loader_options(plan, 0, false, 0))
+      << " of one conversation per row, rows as wide as "
+      << "their longest (a multiple of " << multiple << ", at most " << plan.seq_len << ")\n";
+}
+
+// --packing auto as on or off: on for chat data without --batch-tokens. `on` with text data is
+// one sentence.
+void resolve_packing(TrainOptions& options, Plan& plan, const Datasets& data, std::ostream& out) {
   const bool chat = data.train.masked();
   DSTRAIN_USER_CHECK(chat || options.packing != "on")
       << "--packing on packs conversations: it needs chat data (prepare --chat), and "
       << data.description << " is text";
-  DSTRAIN_USER_CHECK(plan.pp == 1 || options.packing != "on")
-      << "--packing on does not take pipeline stages yet (this plan has " << plan.pp
-      << "): give --packing off, or a plan without them (--pp 1)";
-  if (options.packing == "auto") {
-    options.packing = chat && plan.pp == 1 ? "on" : "off";
-    if (chat && plan.pp > 1) {
-      out << "dstrain: one conversation per row: packing does not take pipeline stages yet\n";
-    }
-  }
+  if (options.packing == "auto") options.packing = chat && options.batch_tokens == 0 ? "on" : "off";
+  plan.packed_sequences = options.packing == "on";
+  resolve_batch_tokens(options, plan, data, out);
   if (options.packing != "on") return;
   const ConversationIndex& index = *data.train.conversations(plan.seq_len);
   const PackedRows rows = pack_conversations(index, plan.seq_len);
@@ -260,10 +286,9 @@ void resolve_packing(TrainOptions& options, const Plan& plan, const Datasets& da
 void settle_run_length(RunContext& ctx, const Datasets& data, std::ostream& out) {
   TrainOptions& options = ctx.options;
   const Plan& plan = ctx.plan;
-  resolve_packing(options, plan, data, out);
-  const int64_t per_step = plan.micro_batch * plan.grad_accum * plan.dp;
-  ctx.steps_per_epoch =
-      count_sequences(data.train, plan.seq_len, options.packing == "on") / per_step;
+  resolve_packing(options, ctx.plan, data, out);
+  const LoaderOptions geometry = train_loader_options(plan, 0, false, 0);
+  ctx.steps_per_epoch = count_sequences(data.train, geometry) / (geometry.sequences_per_step);
   if (options.epochs > 0) {
     options.steps = std::max<int64_t>(
         1, std::llround(options.epochs * static_cast<double>(std::max<int64_t>(1, ctx.steps_per_epoch))));

@@ -51,7 +51,12 @@ void claim_outputs(const RunContext& ctx, std::ostream& out);
 // `dstrain --config OUT/run_config.json` repeats it.
 void write_run_config(const TrainOptions& options, const ModelConfig& config);
 
-// --packing auto resolved (on for chat data without pipeline stages), then --epochs as --steps
+// The training data's loader for data-parallel rank `rank` of the plan (every stage's): B rows
+// of T, rows of packed conversations, or one micro-batch of --batch-tokens a round.
+LoaderOptions train_loader_options(const Plan& plan, int rank, bool shuffle, uint64_t seed);
+
+// --packing auto resolved (on for chat data without --batch-tokens; plan.packed_sequences and
+// plan.batch_tokens), then --epochs as --steps
 // (whole steps of the training data, ctx.steps_per_epoch), the schedule's
 // horizon (--lr-decay-steps: the run's --steps when not given), and on a resume past the
 // horizon a line saying the learning rate holds at its floor.

@@ -139,4 +139,29 @@ TEST_F(ChatCliTest, BadChatFlagsAreOneSentence) {
                                         "no prepare.json");
 }
 
+// --batch-tokens: a run, its header, and what it does not go with (one sentence each).
+TEST_F(ChatCliTest, BatchTokensRunsAndItsBadUsesAreOneSentence) {
+  write_conversations();
+  run_ok("prepare --chat chat.jsonl --tokenizer " + kChat + "qwen2.5 --out data");
+  write_model();
+  const std::string common =
+      "--model model/config.json --data 'data/train_*.bin' --val-data 'data/val_*.bin' "
+      "--seq-len 128 --steps 2 --sample 0 --device cpu --threads 2 ";
+  const BinaryResult trained = run_ok(common + "--batch-tokens 256 --log run.jsonl");
+  EXPECT_NE(trained.out.find("micro-batches of up to 256 positions: "), std::string::npos)
+      << trained.out;
+  EXPECT_NE(trained.out.find("batch 2 x 128 tokens"), std::string::npos) << trained.out;
+  EXPECT_EQ(dstrain::testing::step_losses(path("run.jsonl")).size(), 2u);
+  dstrain::testing::expect_one_sentence(run(common + "--batch-tokens 64"), "--batch-tokens 64",
+                                        "is below --seq-len 128");
+  dstrain::testing::expect_one_sentence(run(common + "--batch-tokens 256 --packing on"),
+                                        "--batch-tokens", "--packing off");
+  dstrain::testing::expect_one_sentence(run(common + "--batch-tokens 256 --batch 3"),
+                                        "--batch-tokens 256 plans micro-batches of 2 rows",
+                                        "give one of them");
+  dstrain::testing::expect_one_sentence(
+      run("--seq-len 32 --steps 1 --device cpu --batch-tokens 64"), "--batch-tokens",
+      "needs chat data");
+}
+
 }  // namespace

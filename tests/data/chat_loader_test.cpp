@@ -274,5 +274,89 @@ TEST(ChatLoader, PackedRowsHoldWholeConversationsInOrder) {
   EXPECT_USER_ERROR(other.restore(state), "packing");
 }
 
+// A token budget (--batch-tokens): micro-batches of whole conversations in file order, one per
+// row, the rows as wide as the longest's inputs rounded up to 8 (at most T), as many as keep
+// rows x width within the budget; over 3 ranks with shuffle every conversation is read once an
+// epoch, and the trained targets and positions are counted ahead on every rank.
+TEST(ChatLoader, TokenBudgetMicroBatchesHoldWholeConversations) {
+  const ChatCorpus c = random_chat(9, 150, 30, 40);
+  const int64_t T = 40, N = 80, R = 3;
+  TokenDataset data = TokenDataset::from_tokens(c.tokens, 40, "chat", c.flags);
+  const ConversationIndex index = index_conversations(data, T);
+  // Independently: the greedy cut.
+  std::vector<std::vector<size_t>> batches;
+  std::vector<int64_t> widths;
+  for (size_t k = 0; k < index.conversations.size(); ++k) {
+    const int64_t n = index.conversations[k].length - 1;
+    const int64_t width = std::min<int64_t>(T, (n + 7) / 8 * 8);
+    const int64_t wider = batches.empty() ? width : std::max(widths.back(), width);
+    if (batches.empty() || static_cast<int64_t>(batches.back().size() + 1) * wider > N) {
+      batches.emplace_back();
+      widths.push_back(width);
+    } else {
+      widths.back() = wider;
+    }
+    batches.back().push_back(k);
+  }
+  std::set<int64_t> distinct(widths.begin(), widths.end());
+  ASSERT_GT(distinct.size(), 2u) << "the micro-batches must differ in width";
+  LoaderOptions options{1, T, R, 0, true, 11, 0};
+  options.batch_tokens = N;
+  options.width_multiple = 8;
+  EXPECT_EQ(count_sequences(data, options), static_cast<int64_t>(batches.size()));
+  // The rows as one conversation per row of T reads them (the unpacked loader, in order).
+  DataLoader unpacked(data, LoaderOptions{1, T, 1, 0, false, 0, 0});
+  std::vector<std::vector<int32_t>> inputs_of, targets_of;
+  for (int64_t i = 0; i < unpacked.rounds_per_epoch(); ++i) {
+    std::vector<int32_t> in(T), tg(T);
+    unpacked.next_batch(in.data(), tg.data());
+    inputs_of.push_back(in);
+    targets_of.push_back(tg);
+  }
+  std::vector<DataLoader> loaders;
+  for (int r = 0; r < R; ++r) {
+    options.rank = r;
+    loaders.emplace_back(data, options);
+    ASSERT_TRUE(loaders.back().token_batches());
+  }
+  std::multiset<size_t> seen;
+  std::vector<int32_t> in(N), tg(N);
+  for (int64_t round = 0; round < loaders[0].rounds_per_epoch(); ++round) {
+    const int64_t trained_ahead = loaders[0].trained_targets_ahead(R);
+    const int64_t positions_ahead = loaders[0].positions_ahead(R);
+    int64_t trained = 0, positions = 0;
+    for (int r = 0; r < R; ++r) {
+      DataLoader& loader = loaders[static_cast<size_t>(r)];
+      EXPECT_EQ(loader.trained_targets_ahead(R), trained_ahead);
+      const int64_t m = loader.sequence_index(loader.epoch(), round * R + r);
+      const BatchShape shape = loader.next_batch(in.data(), tg.data());
+      const std::vector<size_t>& batch = batches[static_cast<size_t>(m)];
+      ASSERT_EQ(shape.rows, static_cast<int64_t>(batch.size()));
+      ASSERT_EQ(shape.positions, widths[static_cast<size_t>(m)]);
+      EXPECT_LE(shape.rows * shape.positions, N);
+      positions += shape.rows * shape.positions;
+      for (int64_t row = 0; row < shape.rows; ++row) {
+        const size_t k = batch[static_cast<size_t>(row)];
+        seen.insert(k);
+        for (int64_t t = 0; t < shape.positions; ++t) {
+          EXPECT_EQ(in[row * shape.positions + t], inputs_of[k][t]) << "conversation " << k;
+          EXPECT_EQ(tg[row * shape.positions + t], targets_of[k][t]) << "conversation " << k;
+        }
+      }
+      for (int64_t i = 0; i < shape.rows * shape.positions; ++i) trained += tg[i] != kIgnoreTarget;
+    }
+    EXPECT_EQ(trained, trained_ahead) << "round " << round;
+    EXPECT_EQ(positions, positions_ahead) << "round " << round;
+  }
+  const int64_t read_batches = loaders[0].rounds_per_epoch() * R;
+  EXPECT_EQ(read_batches, static_cast<int64_t>(batches.size()) / R * R);
+  for (size_t k : seen) EXPECT_EQ(seen.count(k), 1u) << "conversation " << k << " read twice";
+  EXPECT_GT(seen.size(), index.conversations.size() / 2);
+  // A state saved with a budget does not resume without it.
+  const nlohmann::json state = loaders[0].state();
+  DataLoader other(data, LoaderOptions{1, T, R, 0, true, 11, 0});
+  EXPECT_USER_ERROR(other.restore(state), "batch-tokens");
+}
+
 }  // namespace
 }  // namespace dstrain

@@ -99,9 +99,10 @@ int expect_allocations_match(const ModelConfig& config, const Plan& plan) {
                                        static_cast<int>(plan.grad_accum));
     ModelStage stage(*arch, range, *backend, *device, plan.micro_batch, plan.seq_len,
                      plan.param_dtype, true, plan.recompute, slots);
-    // As the trainer: a token batch per slot on the first and the last stage.
+    // As the trainer: a token batch per slot on the first and the last stage (every stage with
+    // packed sequences).
     std::vector<Buffer> batches;
-    for (int i = 0; (range.first || range.last) && i < slots; ++i) {
+    for (int i = 0; stage_reads_tokens(plan, range) && i < slots; ++i) {
       batches.push_back(device->allocate(MemCategory::Data,
                                          token_batch_bytes(plan.micro_batch, plan.seq_len)));
     }
@@ -198,6 +199,22 @@ TEST(MemoryModel, PipelinePlansMatchAllocatorEveryRankEveryStage) {
   plan.grad_accum = 3;
   plan.pp_split = {3, 1};
   EXPECT_EQ(expect_allocations_match(config, plan), 2);
+}
+
+// Packed sequences: the middle stages read the token batch too (its positions).
+TEST(MemoryModel, PackedSequencesGiveEveryStageTheTokenBatches) {
+  const ModelConfig config = odd_config(37, 32, 24, 4, 3);
+  Plan plan = one_rank_plan(2, 9);
+  plan.pp = 4;
+  plan.grad_accum = 5;
+  const MemoryModel model(config);
+  const uint64_t before = model.predict_stage(plan, 1).device[static_cast<size_t>(MemCategory::Data)];
+  plan.packed_sequences = true;
+  const uint64_t after = model.predict_stage(plan, 1).device[static_cast<size_t>(MemCategory::Data)];
+  EXPECT_EQ(before, 0u);
+  EXPECT_EQ(after, token_batch_bytes(2, 9) * static_cast<uint64_t>(activation_slots(
+                                                 plan.pp_schedule, plan.pp, 1, 5)));
+  EXPECT_EQ(expect_allocations_match(config, plan), 4);
 }
 
 TEST(MemoryModel, TensorParallelPlansMatchAllocatorEveryRank) {

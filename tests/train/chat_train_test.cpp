@@ -195,12 +195,14 @@ TEST(ChatTraining, ResumesOnTheSameCurve) {
   }
 }
 
-// Packed rows train as one rank too, on the plans that take packing (no pipeline stages).
+// Packed rows train as one rank too, on every kind of plan: dp, tp x dp at ZeRO-3, dp x pp
+// (the middle stages read the positions) and dp x tp x pp.
 TEST(ChatTraining, PackedRowsOnFourRanksTrainAsOne) {
   testing::TempDir dir;
   Split one{1, 4, 1, 1, 0, 4, 4, "on"};
   const test::LoggedRun reference = train_split(dir.path() / "one", one);
-  for (const Split& split : {Split{4, 1, 1, 1, 0, 4, 4, "on"}, Split{4, 2, 2, 1, 3, 4, 4, "on"}}) {
+  for (const Split& split : {Split{4, 1, 1, 1, 0, 4, 4, "on"}, Split{4, 2, 2, 1, 3, 4, 4, "on"},
+                             Split{4, 1, 1, 4, 1, 4, 4, "on"}, Split{8, 2, 2, 2, 0, 4, 4, "on"}}) {
     SCOPED_TRACE(split.name());
     test::expect_same_training(reference, train_split(dir.path() / split.name(), split),
                                split.name(), 1e-6, 1e-5, 0.3);
@@ -232,8 +234,13 @@ std::string write_uniform_chat(const fs::path& dir, uint64_t seed) {
   return shard;
 }
 
-void expect_packed_equals_unpacked(const std::string& model_type,
-                                   const std::string& device = "cpu") {
+// The plan both runs take: 1 rank, or dp 2 x tp 2 x pp 2.
+struct PackPlan {
+  int ranks = 1, tp = 1, pp = 1;
+  std::string device = "cpu";
+};
+
+void expect_packed_equals_unpacked(const std::string& model_type, const PackPlan& plan = {}) {
   testing::TempDir dir;
   const std::string data = write_uniform_chat(dir.path() / "data", 41);
   const fs::path model = dir.path() / "model" / "config.json";
@@ -244,18 +251,27 @@ void expect_packed_equals_unpacked(const std::string& model_type,
       "num_key_value_heads": 2, "max_position_embeddings": 32, "rms_norm_eps": 1e-5})";
   } else {
     std::ofstream(model) << R"({"model_type": "gpt2", "vocab_size": 37, "n_positions": 32,
-      "n_embd": 24, "n_layer": 2, "n_head": 3})";
+      "n_embd": 24, "n_layer": 2, "n_head": 4})";
   }
-  TrainOptions unpacked = chat_run_options(dir.path(), "unpacked", data, 1, 16);
-  unpacked.model = model.string();
+  const int dp = plan.ranks / (plan.tp * plan.pp);
+  TrainOptions unpacked = chat_run_options(dir.path(), "unpacked", data, plan.ranks, 16 / dp);
   unpacked.packing = "off";
-  TrainOptions packed = chat_run_options(dir.path(), "packed", data, 1, 4);
-  packed.model = model.string();
+  // 4 rows of 4 conversations: the unpacked step's 16.
+  TrainOptions packed = chat_run_options(dir.path(), "packed", data, plan.ranks, 4 / dp);
   packed.packing = "on";
-  packed.grad_accum = 1;  // 4 rows of 4 conversations: the unpacked step's 16
-  unpacked.device = packed.device = device;
+  for (TrainOptions* options : {&unpacked, &packed}) {
+    options->model = model.string();
+    options->device = plan.device;
+    options->tp = plan.tp;
+    options->pp = plan.pp;
+    options->grad_accum = 1;
+  }
   const test::LoggedRun a = train_run(unpacked), b = train_run(packed);
-  test::expect_same_training(a, b, model_type + ": packed against unpacked", 1e-5, 1e-5, 0.3);
+  // On one rank the same bits; on dp 2 the micro-batches of 8 and 2 rows sum the weight
+  // gradients' rows in other SIMD groupings (1e-8 in a step's loss), which ten AdamW steps
+  // carry to 1e-5 in a weight whose gradient is near 0.
+  const double weights = plan.ranks == 1 ? 1e-5 : 3e-5;
+  test::expect_same_training(a, b, model_type + ": packed against unpacked", 1e-5, weights, 0.3);
   EXPECT_NE(b.output.find("packing 400 conversations into 100 rows of 16 (100.0% of their "
                          "positions filled)"),
             std::string::npos)
@@ -265,12 +281,80 @@ void expect_packed_equals_unpacked(const std::string& model_type,
 
 TEST(ChatTraining, PackedEqualsUnpackedLlama) { expect_packed_equals_unpacked("llama"); }
 TEST(ChatTraining, PackedEqualsUnpackedGpt2) { expect_packed_equals_unpacked("gpt2"); }
+TEST(ChatTraining, PackedEqualsUnpackedOnDpTpPp) {
+  expect_packed_equals_unpacked("llama", PackPlan{8, 2, 2});
+  expect_packed_equals_unpacked("gpt2", PackPlan{8, 2, 2});
+}
+
+// A token budget (--batch-tokens 32, T = 16): conversations of 5 tokens take rows 8 wide, 4 to
+// a micro-batch of (4, 8), on a plan of 2 rows of 16; the same 4 conversations as a micro-batch
+// of 4 padded rows of 16 give the same training.
+void expect_batch_tokens_equal_rows(const PackPlan& plan) {
+  testing::TempDir dir;
+  const std::string data = write_uniform_chat(dir.path() / "data", 43);
+  const int dp = plan.ranks / (plan.tp * plan.pp);
+  TrainOptions rows = chat_run_options(dir.path(), "rows", data, plan.ranks, 4);
+  rows.packing = "off";
+  TrainOptions budget = chat_run_options(dir.path(), "budget", data, plan.ranks, 1);
+  budget.batch_tokens = 32;
+  for (TrainOptions* options : {&rows, &budget}) {
+    options->model = test::write_small_model_config(dir.path(), 2, 4);
+    options->tp = plan.tp;
+    options->pp = plan.pp;
+    options->device = plan.device;
+    options->grad_accum = 4 / dp;  // 16 conversations a step
+  }
+  const test::LoggedRun a = train_run(rows), b = train_run(budget);
+  test::expect_same_training(a, b, "a token budget against rows", 1e-6, 1e-5, 0.3);
+  EXPECT_NE(b.output.find("micro-batches of up to 32 positions: 100 of one conversation per "
+                          "row"),
+            std::string::npos)
+      << b.output;
+  EXPECT_EQ(b.output.find("packing"), std::string::npos) << b.output;
+}
+
+TEST(ChatTraining, BatchTokensEqualTheSameRowsOneRank) { expect_batch_tokens_equal_rows({}); }
+TEST(ChatTraining, BatchTokensEqualTheSameRowsOnDpTpPp) {
+  expect_batch_tokens_equal_rows(PackPlan{8, 2, 2});
+}
+
+// Conversations of 4 to 20 tokens under a budget of 32 positions: micro-batches of 1 to 4 rows
+// 8 or 16 wide. Every plan reads the same micro-batches each step and trains as one rank; the
+// pipeline's middle stages take each micro-batch's shape from their own loader.
+TEST(ChatTraining, BatchTokensOnAnyPlanTrainAsOne) {
+  testing::TempDir dir;
+  const auto run = [&](const std::string& name, int ranks, int tp, int pp, int zero) {
+    const std::string data = write_chat_data(dir.path() / name / "data", 21);
+    TrainOptions options = chat_run_options(dir.path() / name, name, data, ranks, 1);
+    options.model = test::write_small_model_config(dir.path() / name, 4, 4);
+    options.batch_tokens = 32;
+    options.shuffle = true;
+    options.tp = tp;
+    options.pp = pp;
+    options.zero = zero;
+    options.grad_accum = 8 / (ranks / (tp * pp));
+    return train_run(options);
+  };
+  const test::LoggedRun one = run("one", 1, 1, 1, 0);
+  EXPECT_NE(one.output.find("at most (micro-batches of up to 32 positions)"), std::string::npos)
+      << one.output;
+  test::expect_same_training(one, run("dp2_pp2", 4, 1, 2, 1), "dp 2 x pp 2", 1e-6, 1e-5, 0.3);
+  test::expect_same_training(one, run("pp4", 4, 1, 4, 0), "pp 4", 1e-6, 1e-5, 0.3);
+  test::expect_same_training(one, run("dp2_tp2_pp2", 8, 2, 2, 3), "dp 2 x tp 2 x pp 2", 1e-6,
+                             1e-5, 0.3);
+}
 
 // On a GPU (the emulator's in CI): the CUDA attention, rotary and embedding kernels with
 // positions (the bf16 kernels with positions are tested against the twin in kernels_cuda).
 TEST(ChatTraining, PackedEqualsUnpackedOnAGpu) {
   if (usable_cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
-  expect_packed_equals_unpacked("llama", "cuda");
+  expect_packed_equals_unpacked("llama", PackPlan{1, 1, 1, "cuda"});
+}
+
+// The CUDA kernels on micro-batches of their own shapes, (4, 8) on a plan of (2, 16).
+TEST(ChatTraining, BatchTokensEqualTheSameRowsOnAGpu) {
+  if (usable_cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
+  expect_batch_tokens_equal_rows(PackPlan{1, 1, 1, "cuda"});
 }
 
 }  // namespace
