@@ -144,10 +144,10 @@ int run_prepare(const std::vector<std::string>& args, std::ostream& out) {
       ("out", po::value(&options.out_dir)->value_name("DIR"), "where train_*.bin and val_*.bin go")
       ("val-fraction", po::value(&options.val_fraction)->default_value(0.1, "0.1"), "share of the tokens held out for validation (0: train shards only)")
       ("tokenizer", po::value(&options.tokenizer_path)->value_name("tokenizer.json"),
-       "a Hugging Face byte-level BPE tokenizer (GPT-2, Llama 3, Qwen2, DeepSeek kinds; UTF-8 input); "
+       "a Hugging Face BPE tokenizer (GPT-2, Llama 3, Qwen2, DeepSeek byte-level kinds; Llama 2, Mistral SentencePiece kind; UTF-8 input); "
        "ids as tokenizers' encode(text, add_special_tokens=False): no post-processor tokens such as "
        "<|begin_of_text|>. Default: bytes (vocabulary 256)")
-      ("eot", po::bool_switch(&options.append_eot), "append the tokenizer's end-of-text token after each input file (<|endoftext|>, <|end_of_text|>, DeepSeek's end of sentence)")
+      ("eot", po::bool_switch(&options.append_eot), "append the tokenizer's end-of-text token after each input file (<|endoftext|>, <|end_of_text|>, DeepSeek's end of sentence, </s>)")
       ("eot-token", po::value(&options.eot_token)->value_name("TOKEN"), "the token --eot appends instead (implies --eot)")
       ("chat", po::value(&chat.inputs)->composing()->value_name("FILE.jsonl"),
        "conversations to fine-tune on, one JSON object a line: OpenAI {\"messages\": [{\"role\", \"content\"}]} "

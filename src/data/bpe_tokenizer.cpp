@@ -6,10 +6,9 @@
 #include <filesystem>
 #include <queue>
 
-#include <nlohmann/json.hpp>
-
 #include "core/check.h"
 #include "core/fs.h"
+#include "data/bpe_tokenizer_impl.h"
 #include "data/unicode_nfc.h"
 #include "data/unicode_regex.h"
 
@@ -26,6 +25,8 @@ constexpr const char* kGpt2Pattern =
 
 constexpr int64_t kMaxId = (int64_t{1} << 24) - 1;  // far above any real vocabulary (~256k)
 constexpr size_t kMaxCachedWords = 1 << 18;
+// Longer words are not cached: the SentencePiece kind's word can be a whole document.
+constexpr size_t kMaxCachedWordBytes = 256;
 
 std::string utf8_of(char32_t code_point) {
   std::string out;
@@ -101,24 +102,6 @@ std::string lossy_utf8(std::string_view bytes) {
   return text;
 }
 
-struct AddedToken {
-  std::string content;
-  int32_t id = 0;
-  bool normalized = false;  // matched in a second pass, on the text left between the others
-};
-
-// One step of the pre-tokenizer: a Split (regex, Isolated) or the final ByteLevel (optional
-// prefix space, then its regex when use_regex).
-struct PreTokenizerStep {
-  std::optional<UnicodeRegex> regex;
-  bool add_prefix_space = false;
-};
-
-struct Merge {
-  int32_t rank = 0;
-  int32_t new_id = 0;
-};
-
 uint64_t pair_key(int32_t left, int32_t right) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
          static_cast<uint32_t>(right);
@@ -137,39 +120,16 @@ char32_t byte_to_unicode(unsigned char byte) {
   return static_cast<char32_t>(256 + rank);
 }
 
-struct BpeTokenizer::Impl {
-  std::string name;                                // the file, for messages
-  std::unordered_map<std::string, int32_t> vocab;  // byte-level token -> id
-  std::vector<std::string> id_tokens;              // (vocab_size,) id -> token; "" for none
-  std::vector<bool> id_known;                      // (vocab_size,)
-  std::unordered_map<uint64_t, Merge> merges;      // (left id, right id) -> rank, merged id
-  std::array<int32_t, 256> byte_ids{};             // byte -> id of its character, -1 if none
-  std::vector<AddedToken> added;                   // longest first
-  std::array<std::vector<int>, 256> added_by_first_byte;  // byte -> indices into `added`
-  std::vector<PreTokenizerStep> steps;
-  std::optional<int32_t> unk_id;
-  bool fuse_unk = false;
-  bool ignore_merges = false;
-  bool nfc = false;  // the normalizer: NFC (Qwen2) or none
-  bool added_has_newline = false;
-  std::unordered_map<std::string, std::vector<int32_t>> word_cache;  // pre-token -> ids
-
-  void encode_text(std::string_view text, bool normalized_pass, std::vector<int32_t>& ids);
-  void encode_segment(std::string_view segment, std::vector<int32_t>& ids);
-  void encode_word(std::string_view word, std::vector<int32_t>& ids);
-  std::vector<int32_t> initial_symbols(std::string_view word) const;
-  std::vector<int32_t> merge_symbols(std::vector<int32_t> symbols) const;
-};
-
 // ---------------------------------------------------------------------------------------------
 // Reading tokenizer.json
 
-namespace {
+namespace bpe_json {
 
-[[noreturn]] void unsupported(const std::string& name, const std::string& what) {
+void unsupported(const std::string& name, const std::string& what) {
   DSTRAIN_USER_ERROR() << "tokenizer '" << name << "' uses " << what
-                       << ", which dstrain does not support (it reads byte-level BPE "
-                          "tokenizers: GPT-2, Llama 3, Qwen2, DeepSeek kinds).";
+                       << ", which dstrain does not support (it reads BPE tokenizers of the "
+                          "byte-level kinds, GPT-2, Llama 3, Qwen2, DeepSeek, and the "
+                          "SentencePiece kind of Llama 2 and Mistral).";
 }
 
 std::string type_of(const json& node) {
@@ -182,6 +142,17 @@ bool flag(const json& node, const char* key, bool fallback) {
   if (!node.contains(key) || node[key].is_null()) return fallback;
   return node[key].get<bool>();
 }
+
+const json& field(const json& node, const char* key) {
+  static const json null_node;
+  return node.is_object() && node.contains(key) ? node[key] : null_node;
+}
+
+}  // namespace bpe_json
+
+namespace {
+
+using namespace bpe_json;
 
 bool is_unset(const json& node, const char* key) {
   return !node.contains(key) || node[key].is_null() ||
@@ -200,6 +171,7 @@ void remember_id(BpeTokenizer::Impl& impl, int32_t id, const std::string& token)
   if (static_cast<size_t>(id) >= impl.id_tokens.size()) {
     impl.id_tokens.resize(id + 1);
     impl.id_known.resize(id + 1, false);
+    impl.id_added.resize(id + 1, -1);
   }
   impl.id_tokens[id] = token;
   impl.id_known[id] = true;
@@ -249,6 +221,7 @@ void read_merges(const json& model, BpeTokenizer::Impl& impl) {
   DSTRAIN_USER_CHECK(model.contains("merges") && model["merges"].is_array())
       << "tokenizer '" << impl.name << "' has no model.merges list.";
   const json& merges = model["merges"];
+  impl.id_in_merge.assign(impl.id_tokens.size(), false);
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     const auto [left, right] = merge_parts(merges[rank], rank, impl.name);
     const int32_t left_id = vocab_id_for_merge(impl, left, rank);
@@ -256,6 +229,7 @@ void read_merges(const json& model, BpeTokenizer::Impl& impl) {
     const int32_t new_id = vocab_id_for_merge(impl, left + right, rank);
     // A pair listed twice keeps its last rank, as the library's map does.
     impl.merges[pair_key(left_id, right_id)] = Merge{static_cast<int32_t>(rank), new_id};
+    impl.id_in_merge[left_id] = impl.id_in_merge[right_id] = true;
   }
 }
 
@@ -267,8 +241,13 @@ void read_model(const json& model, BpeTokenizer::Impl& impl) {
   if (!is_unset(model, "continuing_subword_prefix"))
     unsupported(impl.name, "a continuing_subword_prefix");
   if (!is_unset(model, "end_of_word_suffix")) unsupported(impl.name, "an end_of_word_suffix");
-  if (flag(model, "byte_fallback", false)) unsupported(impl.name, "byte_fallback");
+  const bool byte_fallback = flag(model, "byte_fallback", false);
+  if (byte_fallback && !impl.sentencepiece)
+    unsupported(impl.name, "byte_fallback in a byte-level tokenizer");
+  if (!byte_fallback && impl.sentencepiece)
+    unsupported(impl.name, "a SentencePiece-kind model without byte_fallback");
   read_vocab(model, impl);
+  if (impl.sentencepiece) read_byte_tokens(impl);
   read_merges(model, impl);
   impl.fuse_unk = flag(model, "fuse_unk", false);
   impl.ignore_merges = flag(model, "ignore_merges", false);
@@ -282,35 +261,53 @@ void read_model(const json& model, BpeTokenizer::Impl& impl) {
   }
 }
 
+// What a normalized added token is matched as: the normalizer's form of its content (the
+// library normalizes the patterns of its second pass).
+std::string normalized_form(const BpeTokenizer::Impl& impl, const std::string& content) {
+  if (impl.nfc) return nfc_normalize(content);
+  if (impl.sentencepiece) return impl.sentencepiece_pattern(content);
+  return content;
+}
+
+AddedToken read_added_token(const json& entry, const BpeTokenizer::Impl& impl) {
+  DSTRAIN_USER_CHECK(entry.is_object() && entry.contains("content") &&
+                     entry["content"].is_string() && !entry["content"].get<std::string>().empty() &&
+                     entry.contains("id"))
+      << "tokenizer '" << impl.name << "' has an added token without content or id: "
+      << entry.dump() << ".";
+  AddedToken token;
+  token.content = entry["content"].get<std::string>();
+  token.id = checked_id(entry["id"], impl.name, token.content);
+  for (const char* option : {"lstrip", "rstrip", "single_word"})
+    if (flag(entry, option, false))
+      unsupported(impl.name, "the added token '" + token.content + "' with " + option);
+  token.normalized = flag(entry, "normalized", !flag(entry, "special", false));
+  token.pattern = token.normalized ? normalized_form(impl, token.content) : token.content;
+  return token;
+}
+
 void read_added_tokens(const json& root, BpeTokenizer::Impl& impl) {
   if (!root.contains("added_tokens") || root["added_tokens"].is_null()) return;
   DSTRAIN_USER_CHECK(root["added_tokens"].is_array())
       << "tokenizer '" << impl.name << "' has added_tokens that is not a list.";
   for (const json& entry : root["added_tokens"]) {
-    DSTRAIN_USER_CHECK(entry.is_object() && entry.contains("content") &&
-                       entry["content"].is_string() && !entry["content"].get<std::string>().empty() &&
-                       entry.contains("id"))
-        << "tokenizer '" << impl.name << "' has an added token without content or id: "
-        << entry.dump() << ".";
-    AddedToken token;
-    token.content = entry["content"].get<std::string>();
-    token.id = checked_id(entry["id"], impl.name, token.content);
-    for (const char* option : {"lstrip", "rstrip", "single_word"})
-      if (flag(entry, option, false))
-        unsupported(impl.name, "the added token '" + token.content + "' with " + option);
-    token.normalized = flag(entry, "normalized", !flag(entry, "special", false));
+    AddedToken token = read_added_token(entry, impl);
     impl.added_has_newline |= token.content.find('\n') != std::string::npos;
+    impl.added_has_space |= token.content.find(' ') != std::string::npos ||
+                            token.content.find("\xE2\x96\x81") != std::string::npos;
     remember_id(impl, token.id, token.content);
     impl.added.push_back(std::move(token));
   }
   // Longest first: at one position the longest added token wins, as in the library.
   std::stable_sort(impl.added.begin(), impl.added.end(),
                    [](const AddedToken& a, const AddedToken& b) {
-                     return a.content.size() > b.content.size();
+                     return a.pattern.size() > b.pattern.size();
                    });
-  for (size_t i = 0; i < impl.added.size(); ++i)
-    impl.added_by_first_byte[static_cast<unsigned char>(impl.added[i].content[0])].push_back(
+  for (size_t i = 0; i < impl.added.size(); ++i) {
+    impl.added_by_first_byte[static_cast<unsigned char>(impl.added[i].pattern[0])].push_back(
         static_cast<int>(i));
+    impl.id_added[impl.added[i].id] = static_cast<int32_t>(i);
+  }
 }
 
 PreTokenizerStep split_step(const json& split, const std::string& name) {
@@ -386,11 +383,13 @@ BpeTokenizer BpeTokenizer::from_json(std::string_view json_text, const std::stri
   auto impl = std::make_unique<Impl>();
   impl->name = name;
   try {
-    read_normalizer(root, *impl);
+    const bool sentencepiece = is_sentencepiece(root);
+    if (sentencepiece) read_sentencepiece_layout(root, *impl);
+    else read_normalizer(root, *impl);
     DSTRAIN_USER_CHECK(root.contains("model")) << "tokenizer '" << name << "' has no model.";
     read_model(root["model"], *impl);
     read_added_tokens(root, *impl);
-    read_pre_tokenizer(root, *impl);
+    if (!sentencepiece) read_pre_tokenizer(root, *impl);
   } catch (const json::exception& error) {  // a field of the wrong JSON type
     DSTRAIN_USER_ERROR() << "tokenizer '" << name << "' has a field of an unexpected type ("
                          << error.what() << ").";
@@ -422,7 +421,8 @@ std::optional<int32_t> BpeTokenizer::token_id(std::string_view token) const {
 
 std::optional<int32_t> BpeTokenizer::end_of_text_id() const {
   for (const char* name : {"<|endoftext|>", "<|end_of_text|>",
-                           "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>"})
+                           "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+                           "</s>"})
     for (const AddedToken& added : impl_->added)
       if (added.content == name) return added.id;
   return std::nullopt;
@@ -431,31 +431,36 @@ std::optional<int32_t> BpeTokenizer::end_of_text_id() const {
 // ---------------------------------------------------------------------------------------------
 // Encoding
 
-// Cuts the added tokens of one pass (normalized false, then true) out of `text`, leftmost
-// first and longest at a position; what lies between goes to the next pass, then to the
-// pre-tokenizer.
+// The library's leftmost-longest matching: the first position in text[from..) where an added
+// token of the pass matches, the longest one there.
+std::pair<size_t, const AddedToken*> BpeTokenizer::Impl::next_added(std::string_view text,
+                                                                    size_t from,
+                                                                    bool normalized_pass) const {
+  for (size_t i = from; i < text.size(); ++i) {
+    for (const int index : added_by_first_byte[static_cast<unsigned char>(text[i])]) {
+      const AddedToken& token = added[index];
+      if (token.normalized == normalized_pass &&
+          text.compare(i, token.pattern.size(), token.pattern) == 0)
+        return {i, &token};
+    }
+  }
+  return {text.size(), nullptr};
+}
+
+// Cuts the added tokens of one pass (normalized false, then true) out of `text`; what lies
+// between goes to the next pass, then to the pre-tokenizer.
 void BpeTokenizer::Impl::encode_text(std::string_view text, bool normalized_pass,
                                      std::vector<int32_t>& ids) {
   std::string normalized;  // the text of the normalized pass, when there is a normalizer
   if (normalized_pass && nfc) text = normalized = nfc_normalize(text);
-  size_t piece_begin = 0;
-  for (size_t i = 0; i < text.size(); ++i) {
-    for (const int index : added_by_first_byte[static_cast<unsigned char>(text[i])]) {
-      const AddedToken& token = added[index];
-      if (token.normalized != normalized_pass || text.compare(i, token.content.size(),
-                                                              token.content) != 0)
-        continue;
-      const std::string_view before = text.substr(piece_begin, i - piece_begin);
-      normalized_pass ? encode_segment(before, ids) : encode_text(before, true, ids);
-      ids.push_back(token.id);
-      i += token.content.size();
-      piece_begin = i;
-      --i;  // the loop's ++i
-      break;
-    }
+  for (size_t piece_begin = 0;;) {
+    const auto [at, token] = next_added(text, piece_begin, normalized_pass);
+    const std::string_view piece = text.substr(piece_begin, at - piece_begin);
+    normalized_pass ? encode_segment(piece, ids) : encode_text(piece, true, ids);
+    if (token == nullptr) return;
+    ids.push_back(token->id);
+    piece_begin = at + token->pattern.size();
   }
-  const std::string_view rest = text.substr(piece_begin);
-  normalized_pass ? encode_segment(rest, ids) : encode_text(rest, true, ids);
 }
 
 // The pre-tokenizer's steps, each splitting every piece of the previous one, then BPE on each.
@@ -486,24 +491,33 @@ void BpeTokenizer::Impl::encode_segment(std::string_view segment, std::vector<in
 }
 
 void BpeTokenizer::Impl::encode_word(std::string_view word, std::vector<int32_t>& ids) {
-  const std::string key(word);
-  if (const auto cached = word_cache.find(key); cached != word_cache.end()) {
-    ids.insert(ids.end(), cached->second.begin(), cached->second.end());
+  if (word.size() > kMaxCachedWordBytes) {
+    const std::vector<int32_t> merged = word_ids(word);
+    ids.insert(ids.end(), merged.begin(), merged.end());
     return;
   }
-  std::vector<int32_t> word_ids;
-  // ignore_merges (Llama 3): a word that is a token as a whole is that token, merges or not.
-  std::optional<int32_t> whole_word_id;
-  if (ignore_merges) {
-    std::string mapped;  // the word in the byte-level alphabet
-    for (const char c : word) mapped += byte_tables().byte_chars[static_cast<unsigned char>(c)];
-    if (const auto found = vocab.find(mapped); found != vocab.end()) whole_word_id = found->second;
+  const std::string key(word);
+  auto cached = word_cache.find(key);
+  if (cached == word_cache.end()) {
+    if (word_cache.size() >= kMaxCachedWords) word_cache.clear();
+    cached = word_cache.emplace(key, word_ids(word)).first;
   }
-  word_ids = whole_word_id ? std::vector<int32_t>{*whole_word_id}
-                           : merge_symbols(initial_symbols(word));
-  ids.insert(ids.end(), word_ids.begin(), word_ids.end());
-  if (word_cache.size() >= kMaxCachedWords) word_cache.clear();
-  word_cache.emplace(key, std::move(word_ids));
+  ids.insert(ids.end(), cached->second.begin(), cached->second.end());
+}
+
+std::vector<int32_t> BpeTokenizer::Impl::word_ids(std::string_view word) const {
+  // ignore_merges (Llama 3): a word that is a token as a whole is that token, merges or not.
+  if (ignore_merges) {
+    std::string mapped;  // the word in the model's alphabet
+    if (sentencepiece) {
+      mapped = word;
+    } else {
+      for (const char c : word) mapped += byte_tables().byte_chars[static_cast<unsigned char>(c)];
+    }
+    if (const auto found = vocab.find(mapped); found != vocab.end()) return {found->second};
+  }
+  return merge_between_fences(sentencepiece ? sentencepiece_symbols(word)
+                                            : initial_symbols(word));
 }
 
 // One symbol per byte (its character's id). A byte whose character is not in the vocabulary
@@ -526,6 +540,29 @@ std::vector<int32_t> BpeTokenizer::Impl::initial_symbols(std::string_view word) 
   }
   if (pending_unk) symbols.push_back(*unk_id);
   return symbols;
+}
+
+bool BpeTokenizer::Impl::is_fence(int32_t id) const {
+  return static_cast<size_t>(id) >= id_in_merge.size() || !id_in_merge[id];
+}
+
+// BPE on each run between fences (symbols in no merge, such as Llama 2's <0x0A>), a fence
+// standing alone: the same result as on the whole, since no merge reaches across a fence, in
+// memory for the longest run (a SentencePiece-kind word can be a whole file).
+std::vector<int32_t> BpeTokenizer::Impl::merge_between_fences(
+    const std::vector<int32_t>& symbols) const {
+  std::vector<int32_t> merged;
+  size_t run_begin = 0;
+  for (size_t i = 0; i <= symbols.size(); ++i) {
+    if (i < symbols.size() && !is_fence(symbols[i])) continue;
+    if (run_begin == 0 && i == symbols.size()) return merge_symbols(symbols);  // no fence
+    const std::vector<int32_t> run =
+        merge_symbols(std::vector<int32_t>(symbols.begin() + run_begin, symbols.begin() + i));
+    merged.insert(merged.end(), run.begin(), run.end());
+    if (i < symbols.size()) merged.push_back(symbols[i]);
+    run_begin = i + 1;
+  }
+  return merged;
 }
 
 // Merges the adjacent pair of lowest rank (leftmost on a tie) until no pair has a merge.
@@ -572,17 +609,38 @@ std::vector<int32_t> BpeTokenizer::Impl::merge_symbols(std::vector<int32_t> symb
   return merged;
 }
 
-std::vector<int32_t> BpeTokenizer::encode(std::string_view text) {
+std::vector<int32_t> BpeTokenizer::Impl::encode(std::string_view text,
+                                                std::vector<TokenSpan>* spans) {
   const size_t valid = valid_utf8_prefix(text);
   DSTRAIN_USER_CHECK(valid == text.size())
       << "the text is not valid UTF-8 at byte " << valid
       << "; the tokenizer reads UTF-8 text (convert the file, e.g. with iconv).";
   std::vector<int32_t> ids;
-  impl_->encode_text(text, false, ids);
+  if (sentencepiece) {
+    encode_sentencepiece(text, ids, spans);
+    return ids;
+  }
+  encode_text(text, false, ids);
+  // The byte-level kinds' tokens spell the text (or its NFC form) one after the other.
+  for (size_t i = 0, end = 0; spans != nullptr && i < ids.size(); ++i) {
+    const size_t begin = end;
+    end += token_bytes(id_tokens[ids[i]]).size();
+    spans->push_back({begin, end});
+  }
   return ids;
 }
 
+std::vector<int32_t> BpeTokenizer::encode(std::string_view text) {
+  return impl_->encode(text, nullptr);
+}
+
+std::vector<int32_t> BpeTokenizer::encode(std::string_view text, std::vector<TokenSpan>& spans) {
+  spans.clear();
+  return impl_->encode(text, &spans);
+}
+
 size_t BpeTokenizer::safe_prefix_length(std::string_view text) const {
+  if (impl_->sentencepiece) return impl_->sentencepiece_safe_prefix(text);
   if (impl_->added_has_newline) return 0;  // an added token could span the cut
   const auto graphic = [](char c) { return c > ' ' && c < 0x7F; };
   for (size_t p = text.size() - (text.empty() ? 0 : 1); p >= 2; --p) {
@@ -601,12 +659,14 @@ std::string BpeTokenizer::decode_bytes(std::span<const int32_t> ids) const {
     DSTRAIN_USER_CHECK(id >= 0 && id < vocab_size() && impl_->id_known[id])
         << "token id " << id << " at position " << i << " has no token in tokenizer '"
         << impl_->name << "'.";
-    bytes += token_bytes(impl_->id_tokens[id]);
+    bytes += impl_->sentencepiece ? impl_->sentencepiece_bytes(id)
+                                  : token_bytes(impl_->id_tokens[id]);
   }
   return bytes;
 }
 
 std::string BpeTokenizer::decode(std::span<const int32_t> ids) const {
+  if (impl_->sentencepiece) return impl_->sentencepiece_decode(ids);
   std::string text, run;  // run: the bytes of known tokens since the last unknown id
   for (const int32_t id : ids) {
     if (id >= 0 && id < vocab_size() && impl_->id_known[id]) {

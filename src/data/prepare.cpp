@@ -33,7 +33,7 @@ namespace fs = std::filesystem;
 constexpr size_t kMinInputBytes = 1024;
 constexpr size_t kReadChunkBytes = size_t{1} << 22;
 
-// The tokenizer prepare runs: the byte tokenizer, or a tokenizer.json's byte-level BPE.
+// The tokenizer prepare runs: the byte tokenizer, or a tokenizer.json's BPE.
 struct TextEncoder {
   std::optional<BpeTokenizer> bpe;  // none: bytes
 
@@ -61,8 +61,10 @@ void spool_text(std::string_view text, size_t offset, const std::string& input_p
 }
 
 // Streams one input file through the encoder into the spool, block by block, each block cut
-// where the encoder can stop (for BPE: at a newline, so the ids equal those of the whole
-// file; a block grows until it has such a newline), then the end-of-text id if any.
+// where the encoder can stop (for BPE: where safe_prefix_length says, so the ids equal those
+// of the whole file; a block grows until it has such a place, and a SentencePiece tokenizer
+// with Llama 2's Prepend normalizer has none: the file is one block), then the end-of-text id
+// if any.
 void spool_input(const std::string& input_path, TextEncoder& encoder,
                  std::optional<int32_t> eot_id, Spool& spool) {
   std::unique_ptr<std::FILE, FileCloser> input(std::fopen(input_path.c_str(), "rb"));
@@ -149,8 +151,8 @@ std::optional<int32_t> eot_id_of(const PrepareOptions& options, const TextEncode
   DSTRAIN_USER_CHECK(id.has_value())
       << "tokenizer '" << options.tokenizer_path << "' has "
       << (options.eot_token.empty()
-              ? std::string("no end-of-text token (<|endoftext|>, <|end_of_text|> or DeepSeek's "
-                            "end-of-sentence token); name one with --eot-token")
+              ? std::string("no end-of-text token (<|endoftext|>, <|end_of_text|>, DeepSeek's "
+                            "end-of-sentence token or </s>); name one with --eot-token")
               : "no token '" + options.eot_token + "'")
       << ".";
   return id;

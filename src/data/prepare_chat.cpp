@@ -55,19 +55,15 @@ TokenizedConversation tokenize_conversation(BpeTokenizer& tokenizer,
                                             bool train_on_prompt, const std::string& where) {
   TokenizedConversation out;
   const std::string text = chat_text(segments);
-  out.ids = tokenizer.encode(text);
+  std::vector<BpeTokenizer::TokenSpan> spans;  // each token's bytes, rising
+  out.ids = tokenizer.encode(text, spans);
   out.flags.assign(out.ids.size(), train_on_prompt ? kMaskTrained : 0);
   if (out.ids.empty()) return out;
   out.flags[0] |= kMaskConversationStart;
   if (train_on_prompt) return out;
-  std::vector<size_t> token_end(out.ids.size());  // byte offsets in the text the ids spell
-  size_t total = 0;
-  for (size_t i = 0; i < out.ids.size(); ++i) {
-    total += tokenizer.decode_bytes(std::span<const int32_t>(&out.ids[i], 1)).size();
-    token_end[i] = total;
-  }
-  // The ids spell the text, or its NFC form (Qwen2's normalizer), whose segments are their
-  // own NFC forms (segments meet at template text, where no character composes across).
+  // The spans are in the text, or in its NFC form (Qwen2's normalizer), whose segments are
+  // their own NFC forms (segments meet at template text, where no character composes across).
+  const size_t total = spans.back().end;
   std::vector<size_t> lengths;
   for (const ChatSegment& s : segments) {
     lengths.push_back(total == text.size() ? s.text.size() : nfc_normalize(s.text).size());
@@ -77,12 +73,12 @@ TokenizedConversation tokenize_conversation(BpeTokenizer& tokenizer,
   DSTRAIN_USER_CHECK(spelled == total)
       << where << ": the tokenizer's ids spell " << total << " bytes of a rendering of " << spelled
       << "; the conversation cannot be masked (is its text valid UTF-8?).";
-  // Token t spells bytes [token_end[t-1], token_end[t]); the ranges come in order.
+  // Token t stands for bytes [spans[t].begin, spans[t].end); the ranges come in order.
   size_t token = 0;
   for (const auto& [first, last] : trained_ranges(segments, lengths)) {
     if (first == last) continue;
-    while (token < out.ids.size() && token_end[token] <= first) ++token;
-    for (size_t t = token; t < out.ids.size() && (t == 0 ? 0 : token_end[t - 1]) < last; ++t) {
+    while (token < out.ids.size() && spans[token].end <= first) ++token;
+    for (size_t t = token; t < out.ids.size() && spans[t].begin < last; ++t) {
       out.flags[t] |= kMaskTrained;
     }
   }

@@ -45,9 +45,11 @@ struct TokenizedConversation {
 };
 
 // Tokenizes the rendered conversation whole (so the ids are apply_chat_template's) and flags
-// as trained every token that overlaps a trained segment's bytes (a token such as " Hello"
-// after "Assistant:" holds an untrained space and trained text: trained), or every token with
-// train_on_prompt. Throws UserError, naming `where`, when the tokens do not cover the text.
+// as trained every token whose bytes (BpeTokenizer::encode's spans, the library's offsets)
+// overlap a trained segment's bytes (a token such as " Hello" after "Assistant:", or
+// SentencePiece's "▁Hello" after "[/INST]", holds an untrained space and trained text:
+// trained), or every token with train_on_prompt. Throws UserError, naming `where`, when the
+// tokens do not cover the text.
 TokenizedConversation tokenize_conversation(BpeTokenizer& tokenizer,
                                             std::span<const ChatSegment> segments,
                                             bool train_on_prompt, const std::string& where);

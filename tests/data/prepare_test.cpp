@@ -162,8 +162,11 @@ std::vector<int32_t> shard_tokens(const std::vector<std::string>& files, int64_t
 }
 
 TEST(Prepare, TokenizerJsonShardsHoldTheLibrarysIds) {
-  const nlohmann::json expected = nlohmann::json::parse(read_file(kTokenizers + "prepare_ids.json"));
-  for (const char* name : {"gpt2_kind", "llama3_kind", "deepseek_kind", "qwen2_kind"}) {
+  nlohmann::json expected = nlohmann::json::parse(read_file(kTokenizers + "prepare_ids.json"));
+  // The SentencePiece kinds (their end-of-text token: </s>).
+  expected.update(nlohmann::json::parse(read_file(kTokenizers + "sentencepiece_corpus_ids.json")));
+  for (const char* name : {"gpt2_kind", "llama3_kind", "deepseek_kind", "qwen2_kind", "llama2_kind",
+                           "mistral_v3_kind", "llama2_metaspace_kind"}) {
     TempDir dir;
     PrepareOptions options;
     options.inputs = {kTokenizers + "corpus.txt", kTokenizers + "corpus.txt"};

@@ -26,11 +26,16 @@ them, copied byte for byte from these public sources (SOURCES below says which f
                DeepSeek-R1 model files; its chat_template equals [hfjs-e2e] deepseek-ai/DeepSeek-R1.
 
 Writes tests/reference/chat/<family>/ for each FAMILIES entry:
-  tokenizer.json          a small byte-level BPE trained here with `tokenizers` (a few hundred
-                          tokens) of the family's kind (Llama 3's regex split; Qwen2's with the
-                          NFC normalizer; DeepSeek's splits; for Mistral/Mixtral, whose real
-                          tokenizer is a SentencePiece one dstrain does not read, GPT-2's
-                          byte-level kind), with the tokens the template emits as added tokens
+  tokenizer.json          a small BPE trained here with `tokenizers` (a few hundred tokens) of the
+                          family's kind: byte-level for Llama 3 (its regex split), Qwen2 (with
+                          the NFC normalizer) and DeepSeek (its splits); SentencePiece for
+                          Mistral/Mixtral, laid out as their real files (make_tokenizer_fixtures'
+                          sentencepiece_kind: <unk> <s> </s>, byte tokens, byte_fallback):
+                          Mixtral-8x7B's (v0.1) Prepend("▁") + Replace(" ", "▁") normalizer for
+                          mixtral and mixtral-legacy, Mistral-7B-Instruct-v0.3's current
+                          Metaspace("▁", prepend_scheme "first", split false) with [INST]
+                          [/INST] [TOOL_CALLS] ... as special added tokens for mistral-v0.3;
+                          with the tokens the template emits as added tokens
   tokenizer_config.json   the real chat_template, bos_token and eos_token written as the real
                           file writes them (strings, or {"__type": "AddedToken", "content"}
                           objects for DeepSeek) and the real file's other fields that matter
@@ -51,9 +56,13 @@ and tests/reference/chat/cases.json: the conversations (CASES) and for every fam
                assistant turn ends the conversation, so a prefix does not render as a prefix.)
   trained_tokens  per id, 1 when the token's bytes overlap a trained span (the first token:
                0, it is never a target), 0 otherwise: what `dstrain prepare --chat` writes as
-               the mask's trained bit. Each token's bytes come from the `tokenizers` vocabulary
-               (an added token's content, or its byte-level string through GPT-2's byte table),
-               not from dstrain.
+               the mask's trained bit. Each token's bytes come from the `tokenizers` library,
+               not from dstrain: for the byte-level kinds from its vocabulary (an added token's
+               content, or its byte-level string through GPT-2's byte table); for the
+               SentencePiece kind from its offsets (return_offsets_mapping, in UTF-8 bytes): a
+               "▁" covers its space, so "▁Hello" after "[/INST]" covers the space before the
+               content and is trained; a "▁" the tokenizer put before a piece covers the
+               piece's first character; every byte token of a character the whole character.
   error        instead of the above, when the template raises (Mistral's alternation check)
 """
 import json
@@ -70,8 +79,9 @@ transformers.logging.set_verbosity_error()
 
 sys.dont_write_bytecode = True  # no __pycache__ beside the fixtures
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_tokenizer_fixtures import (DEEPSEEK_PATTERNS, LLAMA3_PATTERN,  # noqa: E402
-                                     QWEN2_PATTERN, corpus_lines)
+from make_tokenizer_fixtures import (DEEPSEEK_PATTERNS, LLAMA2_NORMALIZER,  # noqa: E402
+                                     LLAMA3_PATTERN, MISTRAL_V3_CONTROLS, QWEN2_PATTERN,
+                                     corpus_lines, metaspace, sentencepiece_kind)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "chat")
@@ -167,12 +177,12 @@ FAMILIES = {
                     DEEPSEEK_CONFIG, DEEPSEEK_EOS),
     "deepseek-r1": ("deepseek-r1.jinja", "deepseek-r1", "deepseek", DEEPSEEK3_SPECIALS,
                     DEEPSEEK_CONFIG, DEEPSEEK_EOS),
-    "mixtral": ("mixtral.jinja", "mistral-v1", "bytelevel", MISTRAL_SPECIALS,
+    "mixtral": ("mixtral.jinja", "mistral-v1", "sentencepiece-v0.1", MISTRAL_SPECIALS,
                 dict(MISTRAL_CONFIG, legacy=True), "</s>"),
-    "mixtral-legacy": ("mixtral-legacy.jinja", "mistral-legacy", "bytelevel", MISTRAL_SPECIALS,
-                       dict(MISTRAL_CONFIG, legacy=True), "</s>"),
-    "mistral-v0.3": ("mistral-v0.3.jinja", "mistral-v3", "bytelevel",
-                     MISTRAL_SPECIALS + ["[INST]", "[/INST]"], MISTRAL_CONFIG, "</s>"),
+    "mixtral-legacy": ("mixtral-legacy.jinja", "mistral-legacy", "sentencepiece-v0.1",
+                       MISTRAL_SPECIALS, dict(MISTRAL_CONFIG, legacy=True), "</s>"),
+    "mistral-v0.3": ("mistral-v0.3.jinja", "mistral-v3", "sentencepiece-v0.3",
+                     MISTRAL_SPECIALS + MISTRAL_V3_CONTROLS, MISTRAL_CONFIG, "</s>"),
 }
 
 
@@ -224,9 +234,14 @@ def training_texts():
 
 
 def make_tokenizer(kind, specials):
-    if kind == "bytelevel":
-        pre = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    elif kind == "deepseek":
+    if kind == "sentencepiece-v0.1":  # Mixtral-8x7B's layout
+        assert specials == MISTRAL_SPECIALS
+        return sentencepiece_kind(training_texts(), 200, [], LLAMA2_NORMALIZER, None)
+    if kind == "sentencepiece-v0.3":  # Mistral-7B-Instruct-v0.3's current layout
+        assert specials[:len(MISTRAL_SPECIALS)] == MISTRAL_SPECIALS
+        return sentencepiece_kind(training_texts(), 200, specials[len(MISTRAL_SPECIALS):], None,
+                                  metaspace("first", False))
+    if kind == "deepseek":
         pre = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(p), behavior="isolated") for p in DEEPSEEK_PATTERNS]
             + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
@@ -339,8 +354,21 @@ def trained_tokens(hf_tokenizer, ids, text, spans):
     return flags
 
 
+def trained_tokens_by_offsets(hf_tokenizer, ids, text, spans):
+    """trained_tokens with each token's bytes from the library's offsets (SentencePiece)."""
+    encoded = hf_tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    assert encoded["input_ids"] == ids
+    flags = []
+    for t, (begin, end) in enumerate(encoded["offset_mapping"]):
+        begin, end = byte_offset(text, begin), byte_offset(text, end)
+        overlaps = any(begin < b_end and end > b_begin for b_begin, b_end in spans)
+        flags.append(int(t > 0 and overlaps))
+    return flags
+
+
 def family_results(name, spec, hf_tokenizer):
     eot = spec[5]
+    mark = trained_tokens_by_offsets if spec[2].startswith("sentencepiece") else trained_tokens
     results = []
     for case_name, messages in CASES:
         row = {"family": name, "case": case_name}
@@ -354,7 +382,7 @@ def family_results(name, spec, hf_tokenizer):
         spans = trained_spans(hf_tokenizer, messages, text, eot)
         row.update(text=text, prompt_text=render(hf_tokenizer, messages, generation=True),
                    ids=ids, trained=spans,
-                   trained_tokens=trained_tokens(hf_tokenizer, ids, text, spans))
+                   trained_tokens=mark(hf_tokenizer, ids, text, spans))
         results.append(row)
     return results
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Small Hugging Face byte-level BPE tokenizer.json files and the ids the `tokenizers` library
-gives for test texts, for tests/data/bpe_tokenizer_test.cpp and tests/cli (dstrain prepare).
+"""Small Hugging Face BPE tokenizer.json files (byte-level and SentencePiece kinds) and the ids
+the `tokenizers` library gives for test texts, for tests/data/bpe_tokenizer_test.cpp and
+tests/cli (dstrain prepare).
 
-Regenerate from the repository root (pip install tokenizers):
+Regenerate from the repository root (pip install tokenizers; 0.23.3 made the committed files):
 
     python3 tests/reference/make_tokenizer_fixtures.py
 
@@ -19,21 +20,45 @@ Writes tests/reference/tokenizers/:
                           <|im_end|>, a ByteLevel post-processor
   deepseek_kind.json      Sequence of several Splits (DeepSeek-LLM style, with `\\s+$`), then
                           ByteLevel(use_regex=False), <｜end▁of▁sentence｜>
+  llama2_kind.json        the SentencePiece kind as Llama 2 / Mistral-7B-v0.1 / Mixtral-8x7B ship
+                          it: normalizer Sequence[Prepend("▁"), Replace(" ", "▁")], no
+                          pre-tokenizer, BPE with byte_fallback and fuse_unk over <unk> <s> </s>,
+                          <0x00>..<0xFF>, "▁▁" and "▁▁▁▁" (merged first, as in Llama 2) and
+                          pieces trained SentencePiece-style (words cut before each "▁", no
+                          CJK or emoji: those go to byte tokens); decoder Sequence[Replace("▁",
+                          " "), ByteFallback, Fuse, Strip(" ", 1, 0)]; a TemplateProcessing
+                          post-processor adding <s>
+  mistral_v3_kind.json    the newer layout (Mistral-7B-Instruct-v0.3's current file): no
+                          normalizer, pre_tokenizer Metaspace("▁", prepend_scheme "first",
+                          split false), and [INST] [/INST] [TOOL_CALLS] ... as special added
+                          tokens (ids 3..9, before the byte tokens, as in v0.3)
+  llama2_metaspace_kind.json  llama2_kind's model with no normalizer and Metaspace("▁",
+                          prepend_scheme "always", split true) (some Llama 2 conversions)
+  llama2_added_kind.json, mistral_v3_added_kind.json  llama2_kind and mistral_v3_kind with
+                          two normalized, not special added tokens, as add_tokens() makes them
+                          (<|im_start|>, and "lazy dog" with a space), for ADDED_TEXTS only
   cases.json              [{"tokenizer", "text", "ids", "decoded"}]: ids =
                           encode(text, add_special_tokens=False).ids and decoded =
                           decode(ids, skip_special_tokens=False), plus "prefix_decoded": the
                           decode of the ids without the last one (may cut a character) and
-                          "normalized": the text the ids stand for (the NFC form for qwen2_kind)
+                          "normalized": the text the ids stand for (the NFC form for qwen2_kind;
+                          for the SentencePiece kinds each token's text with "▁" as a space and
+                          <0xNN> as its byte, so with the space of every prefix "▁"; a
+                          normalized added token's normalized form). The
+                          SentencePiece kinds also get SENTENCEPIECE_TEXTS and "offsets": each
+                          token's [begin, end) in the text, the library's offsets in UTF-8 bytes
   corpus.txt              a text for `dstrain prepare --tokenizer`, and its ids per tokenizer in
-                          prepare_ids.json (each with and without an end-of-text id at the end)
+                          prepare_ids.json (each with and without an end-of-text id at the end);
+                          for the SentencePiece kinds in sentencepiece_corpus_ids.json
 """
 import json
 import os
 import random
+import re
 
 import tokenizers
-from tokenizers import (Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
-                        processors, trainers)
+from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers,
+                        pre_tokenizers, processors, trainers)
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenizers")
 
@@ -95,6 +120,145 @@ TEXTS = [
     "a\u0323\u0302 a\u0302\u0323 \ufb01 \u00bd",
     "e\u0301<|endoftext|>\u0301x<|im_start|>u\u0308<|im_end|>",
 ]
+
+# Texts for the SentencePiece kinds only (the byte-level kinds' cases stay as they were):
+# leading, trailing and repeated spaces, the added tokens beside text and spaces, newlines
+# before spaces, a literal "▁", tabs, byte tokens.
+SENTENCEPIECE_TEXTS = [
+    " ",
+    "  ",
+    "\n",
+    "\t tab first",
+    "<s>Hello</s>",
+    "<s> Hello </s> ",
+    "Hello<s>world</s>again",
+    "  <s>  spaced  </s>  ",
+    "</s></s><s>",
+    "<unk> and <0x41> as text",
+    "[INST] What is 2+2? [/INST] 4.</s>",
+    "<s>[INST] Hi there![/INST] Hello! How can I help?</s>[INST] next[/INST]",
+    "[INST]\n  hello  \n[/INST]   \n answer \n\n</s>",
+    "x [INST]y[/INST] z[TOOL_CALLS]",
+    "a\n b\n\n  c\n   d",
+    "literal ▁ meta▁space ▁▁x ▁",
+    "東京 🙂\n日本語👍🏽",
+    "  indented\n    code = 1\n\tcode2\n",
+    "ünïcödé  spaces\u00a0and\u3000others",
+]
+
+# For the SentencePiece kinds with normalized added tokens: matched in the normalized text,
+# where Llama 2's layout has put a "▁" before them.
+ADDED_TEXTS = ["<|im_start|>user", "a<|im_start|>b", " <|im_start|> x", "the lazy dog",
+               "thelazy dog", "lazy dog<s>lazy dog", " lazy dog", "lazy  dog lazy dog"]
+
+SP = "\u2581"  # "▁", SentencePiece's space
+SP_SPECIALS = ["<unk>", "<s>", "</s>"]
+MISTRAL_V3_CONTROLS = ["[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
+                       "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"]
+LLAMA2_NORMALIZER = {"type": "Sequence", "normalizers": [
+    {"type": "Prepend", "prepend": SP},
+    {"type": "Replace", "pattern": {"String": " "}, "content": SP}]}
+SENTENCEPIECE_DECODER = {"type": "Sequence", "decoders": [
+    {"type": "Replace", "pattern": {"String": SP}, "content": " "},
+    {"type": "ByteFallback"}, {"type": "Fuse"},
+    {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+
+
+def metaspace(prepend_scheme, split):
+    return {"type": "Metaspace", "replacement": SP, "prepend_scheme": prepend_scheme,
+            "split": split}
+
+
+def sentencepiece_pieces(texts, vocab_size):
+    """BPE pieces and merges trained the way SentencePiece makes them: words cut before each "▁"
+    (a space), so a "▁" only starts a piece; characters past U+024F (CJK, Hangul, Cyrillic,
+    emoji, ...) left out of the training text, so that they go to byte tokens."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SP, prepend_scheme="always",
+                                                       split=True)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False)
+    latin = ["".join(c for c in text if ord(c) < 0x250) for text in texts]
+    tokenizer.train_from_iterator(latin, trainer=trainer)
+    model = json.loads(tokenizer.to_str())["model"]
+    pieces = [t for t, _ in sorted(model["vocab"].items(), key=lambda item: item[1])]
+    return pieces, model["merges"]
+
+
+def sentencepiece_kind(texts, vocab_size, controls, normalizer, pre_tokenizer):
+    """A tokenizer.json of the SentencePiece kind laid out as Llama 2's and Mistral's: the added
+    tokens (<unk> <s> </s> and `controls`, special, not normalized) first, then the 256 byte
+    tokens, "▁▁" and "▁▁▁▁" (merged first, as in Llama 2), then the trained pieces."""
+    pieces, merges = sentencepiece_pieces(texts, vocab_size)
+    specials = SP_SPECIALS + controls
+    spaces = [SP * 2, SP * 4]
+    tokens = (specials + ["<0x%02X>" % b for b in range(256)] + spaces
+              + [p for p in pieces if p not in spaces])
+    pair = (lambda a, b: a + " " + b) if merges and isinstance(merges[0], str) else (
+        lambda a, b: [a, b])  # tokenizers < 0.20 writes "a b" strings
+    data = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False,
+                          "rstrip": False, "normalized": False, "special": True}
+                         for i, t in enumerate(specials)],
+        "normalizer": normalizer, "pre_tokenizer": pre_tokenizer, "post_processor": None,
+        "decoder": SENTENCEPIECE_DECODER,
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>",
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": True, "byte_fallback": True,
+                  "vocab": {t: i for i, t in enumerate(tokens)},
+                  "merges": [pair(SP, SP), pair(SP * 2, SP * 2)] + merges}}
+    tokenizer = Tokenizer.from_str(json.dumps(data))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
+    return tokenizer
+
+
+def llama2_kind():
+    return sentencepiece_kind(list(corpus_lines(5)), 460, [], LLAMA2_NORMALIZER, None)
+
+
+def mistral_v3_kind():
+    return sentencepiece_kind(list(corpus_lines(6)), 480, MISTRAL_V3_CONTROLS, None,
+                              metaspace("first", False))
+
+
+def with_layout(tokenizer, normalizer, pre_tokenizer):
+    data = json.loads(tokenizer.to_str())
+    data["normalizer"], data["pre_tokenizer"] = normalizer, pre_tokenizer
+    return Tokenizer.from_str(json.dumps(data))
+
+
+def with_normalized_added(tokenizer):
+    tokenizer = Tokenizer.from_str(tokenizer.to_str())
+    tokenizer.add_tokens([AddedToken("<|im_start|>", normalized=True, special=False),
+                          AddedToken("lazy dog", normalized=True, special=False)])
+    return Tokenizer.from_str(tokenizer.to_str())
+
+
+def spelled_text(tokenizer, ids):
+    """What the ids spell token by token: an added token's content (a normalized one's
+    normalized form with "▁" as a space), a <0xNN> token's byte, any other token with "▁" as a
+    space."""
+    added = tokenizer.get_added_tokens_decoder()
+    out = b""
+    for i in ids:
+        token = tokenizer.id_to_token(i)
+        if i in added and added[i].normalized and tokenizer.normalizer is not None:
+            out += tokenizer.normalizer.normalize_str(added[i].content).replace(SP, " ").encode()
+        elif i in added:
+            out += added[i].content.encode("utf-8")
+        elif re.fullmatch(r"<0x[0-9A-F]{2}>", token):
+            out += bytes([int(token[3:5], 16)])
+        else:
+            out += token.replace(SP, " ").encode("utf-8")
+    return out.decode("utf-8")
+
+
+def byte_offsets(text, offsets):
+    """The library's character offsets as UTF-8 byte offsets."""
+    def at(char_index):
+        return len(text[:char_index].encode("utf-8"))
+    return [[at(begin), at(end)] for begin, end in offsets]
 
 
 def train(pre_tokenizer, special_tokens, vocab_size, seed):
@@ -191,6 +355,13 @@ def main():
     texts = {name: tokenizer.to_str(pretty=True) for name, tokenizer in made.items()}
     texts["gpt2_kind_legacy"] = legacy_merges(made["gpt2_kind"])
     made["gpt2_kind_legacy"] = Tokenizer.from_str(texts["gpt2_kind_legacy"])
+    sentencepiece = {"llama2_kind": llama2_kind(), "mistral_v3_kind": mistral_v3_kind()}
+    sentencepiece["llama2_metaspace_kind"] = with_layout(sentencepiece["llama2_kind"], None,
+                                                         metaspace("always", True))
+    for name in ("llama2", "mistral_v3"):
+        sentencepiece[name + "_added_kind"] = with_normalized_added(sentencepiece[name + "_kind"])
+    for name, tokenizer in sentencepiece.items():
+        texts[name] = tokenizer.to_str(pretty=True)
     for name, text in texts.items():
         with open(os.path.join(OUT, name + ".json"), "w", encoding="utf-8") as f:
             f.write(text)
@@ -204,6 +375,19 @@ def main():
                           "decoded": tokenizer.decode(ids, skip_special_tokens=False),
                           "prefix_decoded": tokenizer.decode(ids[:-1],
                                                              skip_special_tokens=False)})
+    for name, tokenizer in sentencepiece.items():
+        for text in ADDED_TEXTS if "_added" in name else TEXTS + SENTENCEPIECE_TEXTS:
+            encoding = tokenizer.encode(text, add_special_tokens=False)
+            ids = encoding.ids
+            cases.append({"tokenizer": name, "text": text, "ids": ids,
+                          "normalized": spelled_text(tokenizer, ids),
+                          "decoded": tokenizer.decode(ids, skip_special_tokens=False),
+                          "prefix_decoded": tokenizer.decode(ids[:-1],
+                                                             skip_special_tokens=False),
+                          "offsets": byte_offsets(text, encoding.offsets)})
+    # The byte fallback is exercised: CJK and emoji are byte tokens.
+    assert sentencepiece["llama2_kind"].encode("東", add_special_tokens=False).tokens == [
+        SP, "<0xE6>", "<0x9D>", "<0xB1>"]
     # The legacy file must give the same ids as the pair-merges one.
     for a, b in zip([c for c in cases if c["tokenizer"] == "gpt2_kind"],
                     [c for c in cases if c["tokenizer"] == "gpt2_kind_legacy"]):
@@ -221,6 +405,10 @@ def main():
     write_json("prepare_ids.json", {
         name: {"ids": made[name].encode(corpus, add_special_tokens=False).ids,
                "eot_id": made[name].token_to_id(eot[name])} for name in eot})
+    write_json("sentencepiece_corpus_ids.json", {
+        name: {"ids": tokenizer.encode(corpus, add_special_tokens=False).ids,
+               "eot_id": tokenizer.token_to_id("</s>")}
+        for name, tokenizer in sentencepiece.items() if "_added" not in name})
     print("tokenizers", tokenizers.__version__, "->", OUT, len(cases), "cases")
 
 
