@@ -173,6 +173,7 @@ class Attention(nn.Module):
 
     def __init__(self, c):
         super().__init__()
+        assert c["rope_scaling"] is None
         C, H, KV = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
         self.H, self.KV, self.hd, self.theta = H, KV, C // H, c["rope_theta"]
         bias = c["attention_bias"]
@@ -245,13 +246,20 @@ class MoE(nn.Module):
         self.E, self.k = E, c["num_experts_per_tok"]
         self.norm_topk_prob, self.alpha, self.seq_aux = (
             c["norm_topk_prob"], c["aux_loss_alpha"], c["seq_aux"])
-        assert c["scoring_func"] == "softmax"
+        self.scoring_func = c["scoring_func"]
         # DeepSeek's order (and so named_parameters' order): experts, gate, shared_experts.
         self.experts = nn.ModuleList(MLP(C, c["moe_intermediate_size"]) for _ in range(E))
         self.gate = Gate(E, C)
         self.shared_experts = MLP(C, c["n_shared_experts"] * c["moe_intermediate_size"])
         self.aux = None  # this forward's aux loss (a tensor) where it was computed
         self.last_logits = None  # this forward's router logits (N, E), for topk_margin
+
+    def margin(self):
+        """The smallest gap, over the last forward's tokens, between the k-th and the (k+1)-th
+        router logit (the log of the ratio of their scores): where it is far above fp32
+        rounding, the choices are the same in any fp32 implementation."""
+        top = torch.topk(self.last_logits, self.k + 1, dim=-1).values
+        return (top[:, self.k - 1] - top[:, self.k]).min().item()
 
     def aux_loss(self, scores, chosen, B, T):
         E, k = self.E, self.k
@@ -265,14 +273,22 @@ class MoE(nn.Module):
         Pi = scores.mean(0)
         return (Pi * fi).sum() * self.alpha
 
-    def forward(self, x):
-        B, T, C = x.shape
-        flat = x.reshape(B * T, C)
+    def route(self, flat):
+        """MoEGate: scores (N, E), the weights (N, k) and experts (N, k) chosen for the tokens
+        flat (N, hidden)."""
+        assert self.scoring_func == "softmax"
         logits = flat @ self.gate.weight.t()  # (N, E)
         scores = torch.softmax(logits, dim=-1)
         weights, chosen = torch.topk(scores, self.k, dim=-1)  # (N, k)
         if self.k > 1 and self.norm_topk_prob:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        self.last_logits = logits.detach()
+        return scores, weights, chosen
+
+    def forward(self, x):
+        B, T, C = x.shape
+        flat = x.reshape(B * T, C)
+        scores, weights, chosen = self.route(flat)
         # Each (token, slot) runs its expert; the k results are weighted and summed.
         routed = flat.new_zeros(B * T, self.k, C)
         for e, expert in enumerate(self.experts):
@@ -284,17 +300,19 @@ class MoE(nn.Module):
         if self.training and self.alpha > 0.0:
             self.aux = self.aux_loss(scores, chosen, B, T)
             y = AddAuxiliaryLoss.apply(y, self.aux)
-        self.last_logits = logits.detach()
         return y + self.shared_experts(x)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, c, layer_idx):
+    """A pre-norm block; `attention` and `moe` are the classes of its attention and MoE (the
+    DeepSeek-V2/V3 fixtures give theirs)."""
+
+    def __init__(self, c, layer_idx, attention=Attention, moe=MoE):
         super().__init__()
-        self.self_attn = Attention(c)
-        moe = (c["n_routed_experts"] is not None and layer_idx >= c["first_k_dense_replace"]
-               and layer_idx % c["moe_layer_freq"] == 0)
-        self.mlp = MoE(c) if moe else MLP(c["hidden_size"], c["intermediate_size"])
+        self.self_attn = attention(c)
+        is_moe = (c["n_routed_experts"] is not None and layer_idx >= c["first_k_dense_replace"]
+                  and layer_idx % c["moe_layer_freq"] == 0)
+        self.mlp = moe(c) if is_moe else MLP(c["hidden_size"], c["intermediate_size"])
         self.input_layernorm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
         self.post_attention_layernorm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
 
@@ -314,10 +332,11 @@ def init_weights(module, std):
 class Body(nn.Module):
     """DeepseekModel: embed_tokens, layers, norm."""
 
-    def __init__(self, c):
+    def __init__(self, c, attention=Attention, moe=MoE):
         super().__init__()
         self.embed_tokens = nn.Embedding(c["vocab_size"], c["hidden_size"])
-        self.layers = nn.ModuleList(DecoderLayer(c, i) for i in range(c["num_hidden_layers"]))
+        self.layers = nn.ModuleList(DecoderLayer(c, i, attention, moe)
+                                    for i in range(c["num_hidden_layers"]))
         self.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
 
     def forward(self, inputs):
@@ -328,13 +347,13 @@ class Body(nn.Module):
 
 
 class DeepseekForCausalLM(nn.Module):
-    def __init__(self, c):
+    def __init__(self, c, attention=Attention, moe=MoE):
         super().__init__()
-        assert not c["tie_word_embeddings"] and c["rope_scaling"] is None
+        assert not c["tie_word_embeddings"]
         assert c["hidden_act"] == "silu" and c["pretraining_tp"] == 1
         # Built and initialized in DeepSeek's order: its DeepseekModel runs post_init (and so
         # _init_weights on all its modules) before DeepseekForCausalLM creates lm_head.
-        self.model = Body(c)
+        self.model = Body(c, attention, moe)
         self.model.apply(lambda m: init_weights(m, c["initializer_range"]))
         self.lm_head = nn.Linear(c["hidden_size"], c["vocab_size"], bias=False)
         init_weights(self.lm_head, c["initializer_range"])
@@ -352,14 +371,8 @@ class DeepseekForCausalLM(nn.Module):
 # ----------------------------------------------------------------------------- fixtures
 
 def topk_margin(model):
-    """The smallest gap, over tokens and MoE layers of the last forward, between the k-th and
-    the (k+1)-th router logit (the log of the ratio of their scores): where it is far above
-    fp32 rounding, the choices are the same in any fp32 implementation."""
-    margin = math.inf
-    for moe in model.moe_layers():
-        top = torch.topk(moe.last_logits, moe.k + 1, dim=-1).values
-        margin = min(margin, (top[:, moe.k - 1] - top[:, moe.k]).min().item())
-    return margin
+    """The smallest routing margin (MoE.margin) over the MoE layers of the last forward."""
+    return min((moe.margin() for moe in model.moe_layers()), default=math.inf)
 
 
 def training_loss(model, inputs, targets):
@@ -375,19 +388,55 @@ def write_config(config, out_dir):
         f.write("\n")
 
 
+NOTES = [
+    "the training loop of make_gpt2_reference.py (see tests/reference/README.md)",
+    "weight decay applies to 2-D tensors only (the embedding, the head, every "
+    "projection matrix and the routers), not to RMSNorm weights",
+    "losses and initial_loss are the cross-entropy only: DeepSeek's aux loss enters the "
+    "gradient only (AddAuxiliaryLoss: identity forward, gradient 1 for aux in backward), "
+    "never the loss",
+    "each MoE layer's aux gradient enters with weight 1 per micro-batch forward/backward, "
+    "not divided by grad_accum (the cross-entropy's backward is of loss / grad_accum); "
+    "grads0 is the cross-entropy's gradient (not divided) plus the aux gradients",
+    "aux_losses[s]: the sum over MoE layers of aux (alpha included), mean over the "
+    "step's micro-batches; 0 where aux_loss_alpha is 0 (MoEGate computes none); "
+    "initial_aux_loss: the same for micro-batch 0 with the initial weights",
+    "aux with seq_aux: alpha * mean_b sum_e (count_{b,e} / (seq_len * k / E)) * "
+    "mean_t scores[b, t, e], count_{b,e} the (token, choice) pairs of sequence b that "
+    "chose e",
+    "min_topk_margin: the smallest gap between the k-th and (k+1)-th router logit over "
+    "all tokens, MoE layers and forwards (the routing is not a near tie)",
+]
+
+
 def make_fixture(name, config):
+    torch.manual_seed(WEIGHT_SEED)
+    model = DeepseekForCausalLM(config)
+    perturb(model, WEIGHT_SEED + 1)  # norms 1 + 0.1 N(0, 1), routers (mlp.gate.weight) 0.5 N(0, 1)
+    train_fixture(name, config, model, NOTES)
+
+
+def train_fixture(name, config, model, notes, buffers=None, unused=None, extra_expected=None,
+                  margin_floor=1e-5):
+    """Writes the fixture directory `name` (emptied first) of `model`, built and perturbed:
+    config.json, model.safetensors (the parameters, then `buffers`, then `unused`), train.bin,
+    grads0.safetensors (the parameters' gradients of micro-batch 0), final.safetensors (the
+    parameters after the TRAINING steps, then `buffers`) and expected.json (TRAINING, the
+    results, then `extra_expected`, then `notes`).
+
+    buffers: name -> tensor of the model that the training reads but does not change; unused:
+    name -> tensor that the model does not read (the checkpoint's tensors a loader skips)."""
+    buffers, unused, extra_expected = buffers or {}, unused or {}, extra_expected or {}
     t = TRAINING
     B, T, accum, steps = t["batch"], t["seq_len"], t["grad_accum"], t["steps"]
     out_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
-    torch.manual_seed(WEIGHT_SEED)
-    model = DeepseekForCausalLM(config)
-    perturb(model, WEIGHT_SEED + 1)  # norms 1 + 0.1 N(0, 1), routers (mlp.gate.weight) 0.5 N(0, 1)
     params = dict(model.named_parameters())
     names = list(params)
     write_config(config, out_dir)
-    save_tensors(os.path.join(out_dir, "model.safetensors"), names, params, "initial weights")
+    save_tensors(os.path.join(out_dir, "model.safetensors"), names + list(buffers) + list(unused),
+                 dict(params, **buffers, **unused), "initial weights")
     model.train()
     V = config["vocab_size"]
     n_tokens = steps * accum * B * T + 1
@@ -432,8 +481,9 @@ def make_fixture(name, config):
         lrs.append(lr)
         print(f"{name} step {step}: loss {step_loss:.6f} aux {step_aux:.6f} "
               f"grad_norm {grad_norm.item():.6f}")
-    save_tensors(os.path.join(out_dir, "final.safetensors"), names,
-                 {n: params[n].detach() for n in names}, f"weights after {steps} steps")
+    save_tensors(os.path.join(out_dir, "final.safetensors"), names + list(buffers),
+                 dict({n: params[n].detach() for n in names}, **buffers),
+                 f"weights after {steps} steps")
 
     expected = dict(t)
     expected.update({
@@ -447,32 +497,15 @@ def make_fixture(name, config):
         "weight_seed": WEIGHT_SEED,
         "token_seed": TOKEN_SEED,
         "torch_version": torch.__version__,
-        "notes": [
-            "the training loop of make_gpt2_reference.py (see tests/reference/README.md)",
-            "weight decay applies to 2-D tensors only (the embedding, the head, every "
-            "projection matrix and the routers), not to RMSNorm weights",
-            "losses and initial_loss are the cross-entropy only: DeepSeek's aux loss enters the "
-            "gradient only (AddAuxiliaryLoss: identity forward, gradient 1 for aux in backward), "
-            "never the loss",
-            "each MoE layer's aux gradient enters with weight 1 per micro-batch forward/backward, "
-            "not divided by grad_accum (the cross-entropy's backward is of loss / grad_accum); "
-            "grads0 is the cross-entropy's gradient (not divided) plus the aux gradients",
-            "aux_losses[s]: the sum over MoE layers of aux (alpha included), mean over the "
-            "step's micro-batches; 0 where aux_loss_alpha is 0 (MoEGate computes none); "
-            "initial_aux_loss: the same for micro-batch 0 with the initial weights",
-            "aux with seq_aux: alpha * mean_b sum_e (count_{b,e} / (seq_len * k / E)) * "
-            "mean_t scores[b, t, e], count_{b,e} the (token, choice) pairs of sequence b that "
-            "chose e",
-            "min_topk_margin: the smallest gap between the k-th and (k+1)-th router logit over "
-            "all tokens, MoE layers and forwards (the routing is not a near tie)",
-        ],
     })
+    expected.update(extra_expected)
+    expected["notes"] = notes
     with open(os.path.join(out_dir, "expected.json"), "w") as out:
         json.dump(expected, out, indent=2)
         out.write("\n")
     assert abs(initial_loss.item() - math.log(V)) < 0.5, initial_loss.item()
     assert all(math.isfinite(x) for x in losses + grad_norms + aux_losses)
-    assert margin > 1e-5, margin
+    assert margin > margin_floor, margin
     total = sum(os.path.getsize(os.path.join(out_dir, f)) for f in os.listdir(out_dir))
     print(f"wrote {out_dir} ({total} bytes), min top-k margin {margin:.3g}")
 
