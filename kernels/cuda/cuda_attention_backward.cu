@@ -6,8 +6,9 @@
 //   3. dQ:     a block owns query rows of a query head and streams the key tiles they see
 // dQ gets its own pass (recomputing the scores once more) instead of atomic adds from step 2:
 // every gradient element is then summed by one thread in a fixed order -- deterministic.
-// With positions (packed sequences), query i sees keys [i - positions[b, i], i] only; the
-// tensor-core kernels do not take positions yet, so packed rows run here in every dtype.
+// With positions (packed sequences), query i sees keys [i - positions[b, i], i] only. BF16/F16
+// at head dims 64, 128, 256 run on the tensor-core kernels instead
+// (cuda_attention_mma_backward.cu), packed rows too; these kernels take the rest.
 #include <cmath>
 
 #include "kernels/cuda/cuda_attention.cuh"
@@ -263,9 +264,10 @@ void attention_backward(const CudaContext& ctx, Tensor dqkv, Tensor dout, Tensor
   check_positions_shape(positions, s.B, s.T, "attention");
   if (s.B == 0 || s.T == 0 || s.hd == 0) return;
   const int32_t* position = positions.empty() ? nullptr : positions.i32();
-  // BF16/F16 with hd 64, 128, 256: the tensor-core kernels (cuda_attention_mma_backward.cu).
-  if (position == nullptr && attention::mma_backward_supports(s, dqkv, dout, qkv, out)) {
-    return attention::attention_backward_mma(ctx, s, dqkv, dout, qkv, out, lse, stream);
+  // BF16/F16 with hd 64, 128, 256: the tensor-core kernels (cuda_attention_mma_backward.cu),
+  // with or without positions.
+  if (attention::mma_backward_supports(s, dqkv, dout, qkv, out)) {
+    return attention::attention_backward_mma(ctx, s, dqkv, dout, qkv, out, lse, position, stream);
   }
   const int64_t rows = s.B * s.T * s.NH;
   Scratch delta(ctx, static_cast<size_t>(rows) * sizeof(float), stream);

@@ -19,7 +19,16 @@
 //     zero-filled by cp.async) are masked; the tiles that every row of a warp sees whole (all
 //     but its last one or two) take a code path with neither mask nor n-tile tests;
 //   - the output goes through shared memory (the warp's own Q rows) and leaves with 128-bit
-//     stores; lse = max * scale + log(sum), natural log, as the fp32 kernel and the backward use.
+//     stores; lse = max * scale + log(sum), natural log, as the fp32 kernel and the backward use;
+//   - packed sequences (positions): row i sees keys [i - positions[b,i], i], in a kernel of its
+//     own (kPacked; without positions the kernel is the plain causal one, instruction for
+//     instruction). Sequence starts never decrease along a row, so the block's key tiles begin
+//     at the one holding its first row's start (the tiles before it are not loaded), a warp
+//     skips the tiles wholly before its first row's start, and only tiles from its last row's
+//     start on take the unmasked path; the masked path also masks the keys before a row's start
+//     (the block's row starts sit in shared memory: no registers for them). A row may see no
+//     key of a tile its warp computes (its sequence starts in a later one): its max stays -inf
+//     there and 0 stands in for it in the exponents.
 // Shared-memory tiles: swizzled (rows, hd), see cuda_attention_mma_common.cuh.
 //
 // Deterministic: every sum runs in a fixed order (the mma's, the quad's butterfly), no atomics.
@@ -45,7 +54,8 @@ using namespace mma;
 // Tile sizes per head dim and query rows per warp (kWarpTiles 16-row mma tiles: 16 or 32 rows).
 // Shared memory: (block rows + 2 stages * 2 * kKeys) rows of hd 16-bit elements: 40 KiB (hd 64),
 // 80 KiB (128), 96 KiB (256, with 32-key tiles) at 16 rows per warp; 48 KiB (hd 64) and 64 KiB
-// (128, with 32-key tiles) at 32 -- at most the 99 KiB a block may opt in to on sm_86/sm_89.
+// (128, with 32-key tiles) at 32; packed rows add a sequence start (int) per block row, 256 or
+// 512 B -- at most the 99 KiB a block may opt in to on sm_86/sm_89.
 //
 // 32 rows per warp: every K and V fragment that ldmatrix brings from shared memory feeds 4 mma
 // instead of 2 (on an H100 an ldmatrix.x4 takes about as long on the shared-memory pipe as two
@@ -64,6 +74,8 @@ struct Tiling {
   static constexpr int kChunks = kHeadDim / kChunkElements;  // 16-byte chunks per row
   static constexpr size_t kSharedBytes =
       static_cast<size_t>(kBlockRows + 2 * kStages * kKeys) * kHeadDim * 2;
+  static constexpr size_t kPackedSharedBytes = kSharedBytes + kBlockRows * sizeof(int);
+  static_assert(kBlockRows <= kThreads, "a thread per block row's sequence start");
   // Blocks per SM the registers must allow: at hd 64 and 16 rows per warp, 4 (at most 128
   // registers), what the 40 KiB of shared memory allows too.
   static constexpr int kMinBlocks = kHeadDim == 64 && kWarpTiles == 1 ? 4 : 1;
@@ -77,10 +89,13 @@ struct WarpRows {
   float sum[kWarpTiles][2];              // this lane's part; the quad's sum at the end
 };
 
-// -inf for the keys of the tile (from k0) after a row (causal) or at or past T (zero-filled).
-template <int kWarpTiles, int kKeyTiles>
-__device__ __forceinline__ void mask_scores(float (&s)[kWarpTiles][kKeyTiles][4], int warp_q0,
-                                            int k0, int T, int lane) {
+// -inf for the keys of the tile (from k0) a row does not see: after it (causal), at or past T
+// (zero-filled), and (kPacked) before its sequence's start: `row_starts` (shared) holds the
+// block's rows' starts, the warp's rows from `row0`.
+template <bool kPacked, int kWarpTiles, int kKeyTiles>
+__device__ __forceinline__ void mask_scores(float (&s)[kWarpTiles][kKeyTiles][4],
+                                            const int* row_starts, int row0, int warp_q0, int k0,
+                                            int T, int lane) {
   const int group = lane / 4, tig = lane % 4;
 #pragma unroll
   for (int m = 0; m < kWarpTiles; ++m) {
@@ -88,11 +103,14 @@ __device__ __forceinline__ void mask_scores(float (&s)[kWarpTiles][kKeyTiles][4]
     for (int r = 0; r < 2; ++r) {
       // The last key of the tile row (m, r) sees, relative to k0.
       const int last_seen = min(warp_q0 + kWarpRows * m + group + 8 * r, T - 1) - k0;
+      // and the first (packed rows)
+      const int first_seen = kPacked ? row_starts[row0 + kWarpRows * m + group + 8 * r] - k0 : 0;
 #pragma unroll
       for (int n = 0; n < kKeyTiles; ++n) {
 #pragma unroll
         for (int e = 2 * r; e < 2 * r + 2; ++e) {
-          if (8 * n + 2 * tig + (e & 1) > last_seen) s[m][n][e] = -INFINITY;
+          const int key = 8 * n + 2 * tig + (e & 1);
+          if (key > last_seen || (kPacked && key < first_seen)) s[m][n][e] = -INFINITY;
         }
       }
     }
@@ -101,7 +119,9 @@ __device__ __forceinline__ void mask_scores(float (&s)[kWarpTiles][kKeyTiles][4]
 
 // The online softmax over one key tile: the new row maxima, O and the sums rescaled to them,
 // S replaced by P = exp2(S scale log2(e) - max scale log2(e)) (-inf -> 0), added to the sums.
-template <class State, int kWarpTiles, int kKeyTiles>
+// kMayBeEmpty (masked tiles of packed rows): a row may have seen no key yet, in this tile or
+// before (its sequence starts in a later tile than another row's of the warp).
+template <bool kMayBeEmpty, class State, int kWarpTiles, int kKeyTiles>
 __device__ __forceinline__ void online_softmax(State& state, float (&s)[kWarpTiles][kKeyTiles][4],
                                                float scale_log2) {
   constexpr int kDimTiles = sizeof(state.o[0]) / sizeof(state.o[0][0]);
@@ -115,8 +135,11 @@ __device__ __forceinline__ void online_softmax(State& state, float (&s)[kWarpTil
         tile_max = fmaxf(tile_max, fmaxf(s[m][n][2 * r], s[m][n][2 * r + 1]));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float max_scaled = tile_max * scale_log2;
-      const float correction =  // 0 on tile 0
+      // A row that has seen no key keeps max -inf; 0 stands in for it here, so that P =
+      // exp2(-inf - 0) = 0 and the correction exp2(-inf) = 0, not exp2(-inf + inf) = NaN. The
+      // row's first key sets a finite max; the sums and O stay 0 until then.
+      const float max_scaled = kMayBeEmpty && tile_max == -INFINITY ? 0.0f : tile_max * scale_log2;
+      const float correction =  // 0 on the row's first tile with a key
           exp2_approx_ftz(state.max[m][r] * scale_log2 - max_scaled);
       state.max[m][r] = tile_max;
       state.sum[m][r] *= correction;
@@ -138,22 +161,22 @@ __device__ __forceinline__ void online_softmax(State& state, float (&s)[kWarpTil
 }
 
 // One key tile for a warp's rows: S = Q K^T over the n-tiles [0, active_tiles) (the others lie
-// past every row's last key), masked (kMasked: the diagonal, the sequence's end) or not (every
-// row sees every key), the online softmax, O += P V.
-template <bool kMasked, class Tile, class Element, class State, class Fragments>
+// past every row's last key), masked (kMasked: the diagonal, T, with kPacked the sequence
+// starts in row_starts) or not (every row sees every key), the online softmax, O += P V.
+template <bool kMasked, bool kPacked, class Tile, class Element, class State, class Fragments>
 __device__ __forceinline__ void attend_key_tile(State& state, const Fragments& q_fragments,
                                                 const Element* q_tile, const Element* k_tile,
-                                                const Element* v_tile, int row0, int warp_q0,
-                                                int k0, int T, int active_tiles, float scale_log2,
-                                                int lane) {
+                                                const Element* v_tile, const int* row_starts,
+                                                int row0, int warp_q0, int k0, int T,
+                                                int active_tiles, float scale_log2, int lane) {
   constexpr int kHeadDim = Tile::kChunks * kChunkElements;
   constexpr int kWarpTiles = Tile::kWarpQueryRows / kWarpRows;
   float s[kWarpTiles][Tile::kKeys / 8][4];
   // S = Q K^T (unscaled)
   warp_products<Tile::kQInRegisters, kHeadDim>(s, q_fragments, q_tile, k_tile, row0, lane,
                                                active_tiles);
-  if constexpr (kMasked) mask_scores(s, warp_q0, k0, T, lane);
-  online_softmax(state, s, scale_log2);
+  if constexpr (kMasked) mask_scores<kPacked>(s, row_starts, row0, warp_q0, k0, T, lane);
+  online_softmax<kMasked && kPacked>(state, s, scale_log2);
   // O += P V
   warp_accumulate_product<Element, kHeadDim>(state.o, s, v_tile, lane, active_tiles);
 }
@@ -213,13 +236,15 @@ __device__ __forceinline__ void store_warp_rows(Element* out_head, int64_t C, fl
   }
 }
 
-// out (B,T,NH*hd), lse (B,NH,T), qkv (B,T,(NH+2KV)*hd). Grid (ceil(T/kBlockRows), B*NH), 128
-// threads, Tiling<kHeadDim, kWarpTiles>::kSharedBytes of dynamic shared memory.
-// scale_log2 = scale * log2(e).
-template <class Element, int kHeadDim, int kWarpTiles>
+// out (B,T,NH*hd), lse (B,NH,T), qkv (B,T,(NH+2KV)*hd), positions (B,T) of packed sequences
+// (kPacked; else unused: one causal sequence per row). Grid (ceil(T/kBlockRows), B*NH), 128
+// threads, Tiling<kHeadDim, kWarpTiles>::kSharedBytes (kPackedSharedBytes) of dynamic shared
+// memory. scale_log2 = scale * log2(e).
+template <class Element, int kHeadDim, int kWarpTiles, bool kPacked>
 __global__ void __launch_bounds__(kThreads, (Tiling<kHeadDim, kWarpTiles>::kMinBlocks))
-    attention_forward_mma_kernel(Element* out, float* lse, const Element* qkv, int T, int NH,
-                                 int KV, float scale, float scale_log2) {
+    attention_forward_mma_kernel(Element* out, float* lse, const Element* qkv,
+                                 const int32_t* positions, int T, int NH, int KV, float scale,
+                                 float scale_log2) {
   using Tile = Tiling<kHeadDim, kWarpTiles>;
   constexpr int kKeys = Tile::kKeys, kBlockRows = Tile::kBlockRows;
   constexpr int kKeyTiles = kKeys / 8;  // 8-key n-tiles of S
@@ -230,6 +255,7 @@ __global__ void __launch_bounds__(kThreads, (Tiling<kHeadDim, kWarpTiles>::kMinB
   Element* q_tile = reinterpret_cast<Element*>(shared_chunks);  // (kBlockRows, hd)
   Element* k_tiles = q_tile + kBlockRows * kHeadDim;            // (stages, kKeys, hd)
   Element* v_tiles = k_tiles + Tile::kStages * kTileElements;   // (stages, kKeys, hd)
+  int* row_starts = reinterpret_cast<int*>(v_tiles + Tile::kStages * kTileElements);  // kPacked
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   // The last query blocks have the most key tiles: launched first, they do not trail the grid.
@@ -243,10 +269,24 @@ __global__ void __launch_bounds__(kThreads, (Tiling<kHeadDim, kWarpTiles>::kMinB
   const int row0 = Tile::kWarpQueryRows * warp;  // this warp's first row in the block's tiles
   const int warp_q0 = q0 + row0;                 // and its first query row
   const int key_tiles = (min(q0 + kBlockRows, T) + kKeys - 1) / kKeys;  // keys the block sees
+  // Packed rows: no row of the block sees a key before its first row's sequence (the starts
+  // never decrease along a row), so the key tiles start at the one holding that key (clamped
+  // to [0, q0]: invalid positions stay inside the tensors). The block's rows' starts go to
+  // shared memory, published by the loop's first barrier. Without positions, tile 0.
+  int first_tile = 0;
+  if constexpr (kPacked) {
+    const int32_t* row_positions = positions + int64_t{b} * T;
+    first_tile = max(0, min(sequence_start(row_positions, q0, T), q0)) / kKeys;
+    if (threadIdx.x < kBlockRows)
+      row_starts[threadIdx.x] = sequence_start(row_positions, q0 + threadIdx.x, T);
+  }
 
   load_tile_async<kBlockRows, kHeadDim>(q_tile, batch + h * kHeadDim, width, q0, T);
-  load_tile_async<kKeys, kHeadDim>(k_tiles, k_head, width, 0, T);
-  load_tile_async<kKeys, kHeadDim>(v_tiles, v_head, width, 0, T);
+  const int first_stage = first_tile % Tile::kStages;
+  load_tile_async<kKeys, kHeadDim>(k_tiles + first_stage * kTileElements, k_head, width,
+                                   first_tile * kKeys, T);
+  load_tile_async<kKeys, kHeadDim>(v_tiles + first_stage * kTileElements, v_head, width,
+                                   first_tile * kKeys, T);
   cp_async_commit_group();
 
   uint32_t q_fragments[kWarpTiles][Tile::kQInRegisters ? kHeadDim / 16 : 1][4];  // or unused
@@ -260,7 +300,7 @@ __global__ void __launch_bounds__(kThreads, (Tiling<kHeadDim, kWarpTiles>::kMinB
       state.o[m][n][0] = state.o[m][n][1] = state.o[m][n][2] = state.o[m][n][3] = 0.0f;
   }
 
-  for (int tile = 0; tile < key_tiles; ++tile) {
+  for (int tile = first_tile; tile < key_tiles; ++tile) {
     const int stage = tile % Tile::kStages;
     const int k0 = tile * kKeys;
     cp_async_wait_group<0>();  // this thread's copies of this tile (and of Q) have landed
@@ -276,27 +316,35 @@ __global__ void __launch_bounds__(kThreads, (Tiling<kHeadDim, kWarpTiles>::kMinB
       cp_async_commit_group();
     }
     if constexpr (Tile::kQInRegisters) {
-      if (tile == 0) load_warp_fragments<kHeadDim>(q_fragments, q_tile, row0, lane);
+      if (tile == first_tile) load_warp_fragments<kHeadDim>(q_fragments, q_tile, row0, lane);
+    }
+    if constexpr (kPacked) {
+      // Wholly before the sequence of the warp's first row (the least start): warp-uniform.
+      if (k0 + kKeys <= row_starts[row0]) continue;
     }
 
     const Element* k_tile = k_tiles + stage * kTileElements;
     const Element* v_tile = v_tiles + stage * kTileElements;
-    if (warp_q0 < T && k0 + kKeys - 1 <= warp_q0 && k0 + kKeys <= T) {
-      // Every row of the warp sees every key of the tile (all but the last tiles of a warp):
-      // no mask and every n-tile, known when compiled.
-      attend_key_tile<false, Tile>(state, q_fragments, q_tile, k_tile, v_tile, row0, warp_q0, k0, T,
-                                   kKeyTiles, scale_log2, lane);
+    // Packed rows: the tiles from the start of the warp's last row's sequence (the greatest) on.
+    if (warp_q0 < T && k0 + kKeys - 1 <= warp_q0 && k0 + kKeys <= T &&
+        (!kPacked || k0 >= row_starts[min(row0 + Tile::kWarpQueryRows, T - q0) - 1])) {
+      // Every row of the warp sees every key of the tile (all but the last tiles of a warp, and
+      // for packed rows the first of a sequence that starts inside a tile): no mask and every
+      // n-tile, known when compiled.
+      attend_key_tile<false, kPacked, Tile>(state, q_fragments, q_tile, k_tile, v_tile, row_starts,
+                                            row0, warp_q0, k0, T, kKeyTiles, scale_log2, lane);
       continue;
     }
     // 8-key n-tiles with a key that some row of this warp sees (warp-uniform): the causal
-    // bound, then the sequence's end; none for a warp whose rows are all past T. The first tile
-    // is never empty for the others (every row sees key 0), so their running max is finite
-    // from then on. The skipped n-tiles lie past every row's last key, so masking covers them.
+    // bound, then the sequence's end; none for a warp whose rows are all past T. A row may
+    // see no key of the tile (packed rows: its sequence starts later), which online_softmax
+    // handles; every row before T sees itself, so its max is finite by its last tile. The
+    // skipped n-tiles lie past every row's last key, so masking covers them.
     const int seen = warp_q0 < T ? min(warp_q0 + Tile::kWarpQueryRows, T) - k0 : 0;
     const int active_tiles = min(kKeyTiles, (max(seen, 0) + 7) / 8);
     if (active_tiles == 0) continue;
-    attend_key_tile<true, Tile>(state, q_fragments, q_tile, k_tile, v_tile, row0, warp_q0, k0, T,
-                                active_tiles, scale_log2, lane);
+    attend_key_tile<true, kPacked, Tile>(state, q_fragments, q_tile, k_tile, v_tile, row_starts,
+                                         row0, warp_q0, k0, T, active_tiles, scale_log2, lane);
   }
 
   store_warp_rows<Tile>(out + int64_t{b} * T * NH * kHeadDim + h * kHeadDim, int64_t{NH} * kHeadDim,
@@ -304,33 +352,46 @@ __global__ void __launch_bounds__(kThreads, (Tiling<kHeadDim, kWarpTiles>::kMinB
                         lane);
 }
 
-template <class Element, int kHeadDim, int kWarpTiles>
-void launch_forward_mma(const QkvShape& s, Tensor out, Tensor lse, Tensor qkv,
-                        cudaStream_t stream) {
+template <class Element, int kHeadDim, int kWarpTiles, bool kPacked>
+void launch_forward_kernel(const QkvShape& s, Tensor out, Tensor lse, Tensor qkv,
+                           const int32_t* positions, cudaStream_t stream) {
   using Tile = Tiling<kHeadDim, kWarpTiles>;
-  allow_shared_memory(attention_forward_mma_kernel<Element, kHeadDim, kWarpTiles>,
-                      Tile::kSharedBytes);
+  constexpr size_t kShared = kPacked ? Tile::kPackedSharedBytes : Tile::kSharedBytes;
+  allow_shared_memory(attention_forward_mma_kernel<Element, kHeadDim, kWarpTiles, kPacked>,
+                      kShared);
   const dim3 grid(ceil_div(s.T, Tile::kBlockRows), static_cast<unsigned>(s.B * s.NH));
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
-  DSTRAIN_LAUNCH((attention_forward_mma_kernel<Element, kHeadDim, kWarpTiles>), grid, kThreads,
-                 Tile::kSharedBytes, stream)
-  (static_cast<Element*>(out.data), lse.f32(), static_cast<const Element*>(qkv.data),
+  DSTRAIN_LAUNCH((attention_forward_mma_kernel<Element, kHeadDim, kWarpTiles, kPacked>), grid,
+                 kThreads, kShared, stream)
+  (static_cast<Element*>(out.data), lse.f32(), static_cast<const Element*>(qkv.data), positions,
    static_cast<int>(s.T), static_cast<int>(s.NH), static_cast<int>(s.KV), scale, scale * kLog2e);
   CUDA_CHECK_LAUNCH();
 }
 
+// Packed rows (positions) take the kernel's kPacked form.
+template <class Element, int kHeadDim, int kWarpTiles>
+void launch_forward_mma(const QkvShape& s, Tensor out, Tensor lse, Tensor qkv,
+                        const int32_t* positions, cudaStream_t stream) {
+  if (positions != nullptr) {
+    return launch_forward_kernel<Element, kHeadDim, kWarpTiles, true>(s, out, lse, qkv, positions,
+                                                                      stream);
+  }
+  launch_forward_kernel<Element, kHeadDim, kWarpTiles, false>(s, out, lse, qkv, nullptr, stream);
+}
+
 template <class Element>
-void dispatch_head_dim(const QkvShape& s, Tensor out, Tensor lse, Tensor qkv, cudaStream_t stream) {
+void dispatch_head_dim(const QkvShape& s, Tensor out, Tensor lse, Tensor qkv,
+                       const int32_t* positions, cudaStream_t stream) {
   const bool wide = attention_warp_rows() == 32;
   switch (s.hd) {
     case 64:
-      return wide ? launch_forward_mma<Element, 64, 2>(s, out, lse, qkv, stream)
-                  : launch_forward_mma<Element, 64, 1>(s, out, lse, qkv, stream);
+      return wide ? launch_forward_mma<Element, 64, 2>(s, out, lse, qkv, positions, stream)
+                  : launch_forward_mma<Element, 64, 1>(s, out, lse, qkv, positions, stream);
     case 128:
-      return wide ? launch_forward_mma<Element, 128, 2>(s, out, lse, qkv, stream)
-                  : launch_forward_mma<Element, 128, 1>(s, out, lse, qkv, stream);
+      return wide ? launch_forward_mma<Element, 128, 2>(s, out, lse, qkv, positions, stream)
+                  : launch_forward_mma<Element, 128, 1>(s, out, lse, qkv, positions, stream);
     default:
-      return launch_forward_mma<Element, 256, 1>(s, out, lse, qkv, stream);
+      return launch_forward_mma<Element, 256, 1>(s, out, lse, qkv, positions, stream);
   }
 }
 
@@ -344,11 +405,11 @@ bool mma_forward_supports(const QkvShape& s, const Tensor& qkv, const Tensor& ou
 }
 
 void attention_forward_mma(const QkvShape& s, Tensor out, Tensor lse, Tensor qkv,
-                           cudaStream_t stream) {
+                           const int32_t* positions, cudaStream_t stream) {
   if (qkv.dtype == DType::BF16) {
-    dispatch_head_dim<__nv_bfloat16>(s, out, lse, qkv, stream);
+    dispatch_head_dim<__nv_bfloat16>(s, out, lse, qkv, positions, stream);
   } else {
-    dispatch_head_dim<__half>(s, out, lse, qkv, stream);
+    dispatch_head_dim<__half>(s, out, lse, qkv, positions, stream);
   }
 }
 

@@ -23,6 +23,17 @@
 //        dV += P^T dO,   dK += dS^T Q     (P^T, dS^T rounded to 16 bits: the accumulators' layout
 //                                          is the A fragment's; dO, Q from ldmatrix .trans)
 //      dK is scaled once at the end. Query tiles wholly above a warp's keys are skipped.
+// Packed sequences (positions): query i sees keys [i - positions[b,i], i], in kernels of their
+// own (kPacked; without positions both kernels are the plain causal ones, instruction for
+// instruction). Sequence starts and ends never decrease along a row. The dQ kernel skips key
+// tiles as the forward does (from the tile of its first row's start; per warp, the tiles wholly
+// before its first row's start; unmasked only from its last row's start on) and masks keys
+// before a row's start. The dK/dV kernel finds the end of each of its keys' sequences (the
+// last query that sees the key: a binary search over the row for the block's last key, over
+// the block's keys for the others), so its query tiles end at the one holding the block's last
+// key's end, a warp skips the tiles past its last key's end, takes the unmasked path only up to
+// its first key's end, and masks queries past a key's end. The starts and ends sit in shared
+// memory (the dQ block's rows', the dK/dV block's keys'), not in registers.
 // dq, dk, dv are written (not accumulated) into dqkv through shared memory with 128-bit stores.
 // Deterministic: every sum in a fixed order (the mma's, the loops'), no atomics; dQ has its own
 // kernel rather than atomic adds from the dK/dV kernel. Against the CPU twin the results differ
@@ -41,15 +52,16 @@ namespace {
 
 using namespace mma;
 
-// Tile sizes per head dim, and shared memory (16-bit tiles, fp32 lse/delta rows), at most the
-// 99 KiB a block may opt in to on sm_86/sm_89.
+// Tile sizes per head dim, and shared memory (16-bit tiles, fp32 lse/delta rows, with packed
+// rows int sequence starts or ends), at most the 99 KiB a block may opt in to on sm_86/sm_89.
 //
 // dK/dV: K, V (kKeys, hd) + 2 stages of Q, dO (kQueries, hd) + 2 stages of lse, delta
 // (kQueries): 49 KiB (hd 64), 48.3 KiB (128), 64.3 KiB (256) -- 16-row query tiles for hd 128
 // and 256 keep the S^T, dP^T fragments small next to the (16, 128) dK and dV accumulators: 229
 // and 247 registers, no spills (32 rows spilled at hd 256). At hd 64 a warp may own 32 key rows
 // (kWarpTiles 2, set_cuda_attention_warp_rows): every Q and dO fragment read from shared memory
-// then feeds 4 mma instead of 2, with 32-row query tiles for the registers: 48.3 KiB.
+// then feeds 4 mma instead of 2, with 32-row query tiles for the registers: 48.3 KiB. Packed
+// rows add the sequence end of each of the block's keys (int): 128 to 512 B.
 template <int kHeadDim, int kWarpTiles>
 struct DkdvTiling {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
@@ -64,22 +76,29 @@ struct DkdvTiling {
   static constexpr size_t kSharedBytes =
       static_cast<size_t>(2 * kKeys + 2 * kStages * kQueries) * kHeadDim * 2 +
       2 * kStages * kQueries * sizeof(float);
+  static constexpr size_t kPackedSharedBytes = kSharedBytes + kKeys * sizeof(int);
+  static_assert(kKeys <= kThreads, "a thread per key's sequence end");
   // Blocks per SM the registers must allow. At hd 64 with 16 key rows per warp on sm_90: 3 (168
   // registers, no spill; its 228 KB of shared memory hold 4 blocks). Unbounded it takes 176
   // registers, 2 blocks, and Nsight Compute on an H200 found it latency-bound there (no warp
   // eligible in 62% of the cycles, against 42% at 3 blocks before the unmasked path). Elsewhere
   // no bound: sm_89's 100 KB of shared memory hold 2 blocks anyway, and it spills at 168.
+  // Packed rows' form has no bound (kPackedMinBlocks): at 168 registers its few more live values
+  // (the count of query tiles, the sequence ends) spilled a register to local memory in every
+  // arrangement tried; unbounded it takes 244 registers on sm_90, 2 blocks per SM.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static constexpr int kMinBlocks = kHeadDim == 64 && kWarpTiles == 1 ? 3 : 1;
 #else
   static constexpr int kMinBlocks = 1;
 #endif
+  static constexpr int kPackedMinBlocks = 1;
 };
 
 // dQ: Q, dO (64, hd) + 2 stages of K, V (kKeys, hd) + delta (64): 48, 64, 96 KiB + 256 B. Q and
 // dO fragments kept in registers (hd 64) or read again for each tile. At hd 64 a warp may own 32
 // query rows (kWarpTiles 2, set_cuda_attention_warp_rows): each K and V fragment then feeds 4
-// mma instead of 2, with 32-key tiles for the registers: 48.5 KiB.
+// mma instead of 2, with 32-key tiles for the registers: 48.5 KiB. Packed rows add the block's
+// rows' sequence starts (int): 256 or 512 B.
 template <int kHeadDim, int kWarpTiles>
 struct DqTiling {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
@@ -93,6 +112,8 @@ struct DqTiling {
   static constexpr size_t kSharedBytes =
       static_cast<size_t>(2 * kBlockRows + 2 * kStages * kKeys) * kHeadDim * 2 +
       kBlockRows * sizeof(float);
+  static constexpr size_t kPackedSharedBytes = kSharedBytes + kBlockRows * sizeof(int);
+  static_assert(kBlockRows <= kThreads, "a thread per block row's sequence start");
 };
 
 // delta = rowsum(dO * O) of a warp's kRows query rows [t0, t0 + kRows) of one head: dO from the
@@ -156,6 +177,58 @@ __device__ __forceinline__ void load_query_tile(Element* q_tile, Element* do_til
   }
 }
 
+// The last query of a packed batch row (`row_positions`) that sees key j < T: the end of j's
+// sequence, the last i >= j whose sequence starts at or before j (starts never decrease along
+// a row). Binary search over the row.
+__device__ __forceinline__ int sequence_end(const int32_t* row_positions, int j, int T) {
+  int lo = j, hi = T;  // start(lo) <= j; hi == T or start(hi) > j
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (mid - row_positions[mid] <= j) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// key_end (kKeys, shared) = the sequence end (the last query that sees it) of each key
+// [j0, j0 + kKeys) of a packed batch row, T - 1 past T; returns the block's last key's, the
+// greatest. The block's keys' starts go through key_end first: a key in the last key's sequence
+// ends where it does (one binary search over the row, by every thread alike); any other key
+// ends before the block's last key, at the last key of the block with its start (a binary
+// search over the block). Two barriers; the caller's next one publishes key_end.
+template <int kKeys>
+__device__ __forceinline__ int block_sequence_ends(int* key_end, const int32_t* row_positions,
+                                                   int j0, int T) {
+  const int last = min(j0 + kKeys, T) - 1 - j0;  // the block's last key before T, from j0
+  const int block_end = sequence_end(row_positions, j0 + last, T);
+  const int k = threadIdx.x;
+  if (k <= last) key_end[k] = sequence_start(row_positions, j0 + k, T);
+  __syncthreads();
+  int end = T - 1;
+  if (k <= last) {
+    const int start = key_end[k];
+    end = block_end;
+    if (key_end[last] != start) {
+      int lo = k, hi = last;  // key_end[lo] == start != key_end[hi]
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (key_end[mid] == start) {
+          lo = mid;
+        } else {
+          hi = mid;
+        }
+      }
+      end = j0 + lo;
+    }
+  }
+  __syncthreads();  // every thread has read the starts
+  if (k < kKeys) key_end[k] = end;
+  return block_end;
+}
+
 // Copies a block's (kRows, hd) swizzled tile to rows [row0, row0 + kRows) of a head slice
 // (`head` its row 0, rows `width` apart), rows at or past T skipped: 128-bit stores.
 template <int kRows, int kHeadDim, class Element>
@@ -195,15 +268,24 @@ __device__ __forceinline__ void accumulator_to_tile(Element* tile, const float (
 // warp_key0 + 16 m + group + 8 r) and kColumnTiles 8-column n-tiles of dK and dV.
 
 // P^T and dS^T = P^T (dP^T - delta) in place of S^T and dP^T: query i = q0 + column sees key j
-// when j <= i < T (lse +inf past T, so P = 0 there too). !kMasked: every query of the tile sees
-// every key of the warp (those past T get P = 0 from lse alone).
-template <bool kMasked, int kWarpTiles, int kQueryTiles>
+// when j <= i < T (lse +inf past T, so P = 0 there too) and, kPacked, i is not past the end of
+// j's sequence (`warp_key_end`: the warp's keys' ends, in shared memory). !kMasked: every query
+// of the tile sees every key of the warp (those past T get P = 0 from lse alone).
+template <bool kMasked, bool kPacked, int kWarpTiles, int kQueryTiles>
 __device__ __forceinline__ void probabilities_and_ds(float (&s)[kWarpTiles][kQueryTiles][4],
                                                      float (&dp)[kWarpTiles][kQueryTiles][4],
                                                      const float* tile_lse, const float* tile_delta,
-                                                     int key0, int q0, int T, float scale_log2,
-                                                     int lane) {
+                                                     const int* warp_key_end, int key0, int q0,
+                                                     int T, float scale_log2, int lane) {
   const int group = lane / 4, tig = lane % 4;
+  int end[kWarpTiles][2] = {};  // of the lane's key rows (m, r), kPacked
+  if constexpr (kMasked && kPacked) {
+#pragma unroll
+    for (int m = 0; m < kWarpTiles; ++m) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) end[m][r] = warp_key_end[kWarpRows * m + group + 8 * r];
+    }
+  }
 #pragma unroll
   for (int m = 0; m < kWarpTiles; ++m) {
 #pragma unroll
@@ -212,7 +294,7 @@ __device__ __forceinline__ void probabilities_and_ds(float (&s)[kWarpTiles][kQue
       for (int e = 0; e < 4; ++e) {
         const int column = 8 * n + 2 * tig + (e & 1);
         const int i = q0 + column, j = key0 + kWarpRows * m + group + 8 * (e / 2);
-        const float p = !kMasked || (i >= j && i < T)
+        const float p = !kMasked || (i >= j && i < T && (!kPacked || i <= end[m][e / 2]))
                             ? exp2_approx_ftz(fmaf(s[m][n][e], scale_log2, -tile_lse[column]))
                             : 0.0f;
         s[m][n][e] = p;
@@ -261,13 +343,17 @@ __device__ __forceinline__ void accumulate_dkdv(float (&dk)[kWarpTiles][kColumnT
 }
 
 // dqkv (B,T,(NH+2KV)*hd): writes the k and v columns of kv head blockIdx.y % KV; dout
-// (B,T,NH*hd), qkv (B,T,(NH+2KV)*hd), lse and delta (B,NH,T). Grid (ceil(T/kKeys), B*KV),
-// kThreads, DkdvTiling<kHeadDim, kWarpTiles>::kSharedBytes. scale_log2 = scale * log2(e).
-template <class Element, int kHeadDim, int kWarpTiles>
-__global__ void __launch_bounds__(kThreads, (DkdvTiling<kHeadDim, kWarpTiles>::kMinBlocks))
+// (B,T,NH*hd), qkv (B,T,(NH+2KV)*hd), lse and delta (B,NH,T), positions (B,T) of packed
+// sequences (kPacked; else unused). Grid (ceil(T/kKeys), B*KV), kThreads,
+// DkdvTiling<kHeadDim, kWarpTiles>::kSharedBytes (kPackedSharedBytes). scale_log2 = scale *
+// log2(e).
+template <class Element, int kHeadDim, int kWarpTiles, bool kPacked>
+__global__ void __launch_bounds__(kThreads,
+                                  (kPacked ? DkdvTiling<kHeadDim, kWarpTiles>::kPackedMinBlocks
+                                           : DkdvTiling<kHeadDim, kWarpTiles>::kMinBlocks))
     attention_dkdv_mma_kernel(Element* dqkv, const Element* dout, const Element* qkv,
-                              const float* lse, const float* delta, int T, int NH, int KV,
-                              float scale, float scale_log2) {
+                              const float* lse, const float* delta, const int32_t* positions, int T,
+                              int NH, int KV, float scale, float scale_log2) {
   using Tile = DkdvTiling<kHeadDim, kWarpTiles>;
   constexpr int kKeys = Tile::kKeys, kQueries = Tile::kQueries;
   constexpr int kQueryTiles = kQueries / 8;             // 8-query n-tiles of S^T, dP^T
@@ -281,6 +367,7 @@ __global__ void __launch_bounds__(kThreads, (DkdvTiling<kHeadDim, kWarpTiles>::k
   Element* do_tiles = q_tiles + Tile::kStages * kStreamElements;  // (stages, kQueries, hd)
   float* lse_tiles = reinterpret_cast<float*>(do_tiles + Tile::kStages * kStreamElements);
   float* delta_tiles = lse_tiles + Tile::kStages * kQueries;  // (stages, kQueries) each
+  int* key_end = reinterpret_cast<int*>(delta_tiles + Tile::kStages * kQueries);  // kPacked
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int j0 = static_cast<int>(blockIdx.x) * kKeys;  // the first key blocks work longest
@@ -292,9 +379,16 @@ __global__ void __launch_bounds__(kThreads, (DkdvTiling<kHeadDim, kWarpTiles>::k
 
   const int warp_key0 = Tile::kWarpKeys * (warp / Tile::kColumnSplit);  // in the block
   const int column0 = Tile::kWarpColumns * (warp % Tile::kColumnSplit);
-  // Query tiles from the one holding key j0 (earlier queries see none of the block's keys).
+  // Query tiles from the one holding key j0 (earlier queries see none of the block's keys) to
+  // the end of the row, or for packed rows to the one holding the end of the block's last key's
+  // sequence (later queries belong to later sequences).
   const int first_tile = j0 / kQueries;
-  const int query_tiles = (T + kQueries - 1) / kQueries - first_tile;
+  int query_tiles = (T + kQueries - 1) / kQueries - first_tile;
+  if constexpr (kPacked) {
+    const int block_end = block_sequence_ends<kKeys>(key_end, positions + int64_t{b} * T, j0, T);
+    // At least the first (it holds key j0, which sees itself): invalid positions keep the loop.
+    query_tiles = max(1, block_end / kQueries + 1 - first_tile);
+  }
   const int items = heads_per_kv * query_tiles;  // (head, query tile), heads ascending
 
   // An item's query head in the kv head's group and query tile from first_tile, stepped by a
@@ -344,6 +438,10 @@ __global__ void __launch_bounds__(kThreads, (DkdvTiling<kHeadDim, kWarpTiles>::k
     // Warp-uniform: some query of the tile sees one of this warp's keys, and they are not all
     // past T.
     if (q0 + kQueries <= j0 + warp_key0 || j0 + warp_key0 >= T) continue;
+    if constexpr (kPacked) {
+      // Packed rows: past the end of the warp's last key's sequence (the greatest end).
+      if (q0 > key_end[min(warp_key0 + Tile::kWarpKeys, T - j0) - 1]) continue;
+    }
     // S^T = K Q^T and dP^T = V dO^T (the warp's keys, the tile's queries); K's and V's A
     // fragments read from shared memory for each tile (no registers left to keep them).
     float s[kWarpTiles][kQueryTiles][4], dp[kWarpTiles][kQueryTiles][4];
@@ -352,12 +450,15 @@ __global__ void __launch_bounds__(kThreads, (DkdvTiling<kHeadDim, kWarpTiles>::k
     warp_products<false, kHeadDim>(dp, no_fragments, v_tile, do_tile, warp_key0, lane, kQueryTiles);
     const float* tile_lse = lse_tiles + stage * kQueries;
     const float* tile_delta = delta_tiles + stage * kQueries;
-    if (q0 >= j0 + warp_key0 + Tile::kWarpKeys - 1) {  // the tile's queries see all the keys
-      probabilities_and_ds<false>(s, dp, tile_lse, tile_delta, j0 + warp_key0, q0, T, scale_log2,
-                                  lane);
+    // The tile's queries see all the keys: causal, and for packed rows its last query before T
+    // is not past the end of the warp's first key's sequence (the least end).
+    if (q0 >= j0 + warp_key0 + Tile::kWarpKeys - 1 &&
+        (!kPacked || min(q0 + kQueries, T) - 1 <= key_end[warp_key0])) {
+      probabilities_and_ds<false, kPacked>(s, dp, tile_lse, tile_delta, key_end + warp_key0,
+                                           j0 + warp_key0, q0, T, scale_log2, lane);
     } else {
-      probabilities_and_ds<true>(s, dp, tile_lse, tile_delta, j0 + warp_key0, q0, T, scale_log2,
-                                 lane);
+      probabilities_and_ds<true, kPacked>(s, dp, tile_lse, tile_delta, key_end + warp_key0,
+                                          j0 + warp_key0, q0, T, scale_log2, lane);
     }
     accumulate_dkdv<Element, kHeadDim>(dk, dv, s, dp, q_tile, do_tile, column0, lane);
   }
@@ -377,15 +478,26 @@ __global__ void __launch_bounds__(kThreads, (DkdvTiling<kHeadDim, kWarpTiles>::k
 }
 
 // dS = P (dP - delta) in place of S, with P = exp2(S scale log2(e) - lse log2(e)): row i of the
-// warp (lane rows (m, r): warp_q0 + 16 m + group + 8 r) sees key j = k0 + column when j <= i and
-// j < T (rows past T: lse +inf, P = 0). !kMasked: every row of the warp sees every key.
-template <bool kMasked, int kWarpTiles, int kKeyTiles>
+// warp (lane rows (m, r): warp_q0 + 16 m + group + 8 r) sees key j = k0 + column when j <= i
+// and j < T (rows past T: lse +inf, P = 0) and, kPacked, j is not before the start of its
+// sequence (`row_starts`: the block's rows', in shared memory; the warp's from row0). !kMasked:
+// every row of the warp sees every key.
+template <bool kMasked, bool kPacked, int kWarpTiles, int kKeyTiles>
 __device__ __forceinline__ void ds_in_place(float (&s)[kWarpTiles][kKeyTiles][4],
                                             const float (&dp)[kWarpTiles][kKeyTiles][4],
                                             const float (&row_lse_log2)[kWarpTiles][2],
-                                            const float (&row_delta)[kWarpTiles][2], int warp_q0,
-                                            int k0, int T, float scale_log2, int lane) {
+                                            const float (&row_delta)[kWarpTiles][2],
+                                            const int* row_starts, int row0, int warp_q0, int k0,
+                                            int T, float scale_log2, int lane) {
   const int group = lane / 4, tig = lane % 4;
+  int start[kWarpTiles][2] = {};  // of the lane rows (kPacked)
+  if constexpr (kMasked && kPacked) {
+#pragma unroll
+    for (int m = 0; m < kWarpTiles; ++m) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) start[m][r] = row_starts[row0 + kWarpRows * m + group + 8 * r];
+    }
+  }
 #pragma unroll
   for (int m = 0; m < kWarpTiles; ++m) {
 #pragma unroll
@@ -394,7 +506,7 @@ __device__ __forceinline__ void ds_in_place(float (&s)[kWarpTiles][kKeyTiles][4]
       for (int e = 0; e < 4; ++e) {
         const int j = k0 + 8 * n + 2 * tig + (e & 1);
         const int r = e / 2, i = warp_q0 + kWarpRows * m + group + 8 * r;
-        const float p = !kMasked || (j <= i && j < T)
+        const float p = !kMasked || (j <= i && j < T && (!kPacked || j >= start[m][r]))
                             ? exp2_approx_ftz(fmaf(s[m][n][e], scale_log2, -row_lse_log2[m][r]))
                             : 0.0f;
         s[m][n][e] = p * (dp[m][n][e] - row_delta[m][r]);
@@ -403,15 +515,15 @@ __device__ __forceinline__ void ds_in_place(float (&s)[kWarpTiles][kKeyTiles][4]
   }
 }
 
-// dqkv (B,T,(NH+2KV)*hd): writes the q columns of query head blockIdx.y % NH; dout, qkv, lse
-// as above; out (B,T,NH*hd) the forward's output; delta (B,NH,T): written for the block's rows
-// (the dK/dV kernel reads it). Grid (ceil(T/kBlockRows), B*NH), kThreads,
-// DqTiling<kHeadDim, kWarpTiles>::kSharedBytes.
-template <class Element, int kHeadDim, int kWarpTiles>
+// dqkv (B,T,(NH+2KV)*hd): writes the q columns of query head blockIdx.y % NH; dout, qkv, lse,
+// positions as above; out (B,T,NH*hd) the forward's output; delta (B,NH,T): written for the
+// block's rows (the dK/dV kernel reads it). Grid (ceil(T/kBlockRows), B*NH), kThreads,
+// DqTiling<kHeadDim, kWarpTiles>::kSharedBytes (kPackedSharedBytes).
+template <class Element, int kHeadDim, int kWarpTiles, bool kPacked>
 __global__ void __launch_bounds__(kThreads)
     attention_dq_mma_kernel(Element* dqkv, float* delta, const Element* dout, const Element* qkv,
-                            const Element* out, const float* lse, int T, int NH, int KV,
-                            float scale, float scale_log2) {
+                            const Element* out, const float* lse, const int32_t* positions, int T,
+                            int NH, int KV, float scale, float scale_log2) {
   using Tile = DqTiling<kHeadDim, kWarpTiles>;
   constexpr int kKeys = Tile::kKeys, kBlockRows = Tile::kBlockRows;
   constexpr int kWarpQueryRows = Tile::kWarpQueryRows;
@@ -425,6 +537,7 @@ __global__ void __launch_bounds__(kThreads)
   Element* k_tiles = do_tile + kBlockRows * kHeadDim;           // (stages, kKeys, hd)
   Element* v_tiles = k_tiles + Tile::kStages * kTileElements;   // (stages, kKeys, hd)
   float* block_delta = reinterpret_cast<float*>(v_tiles + Tile::kStages * kTileElements);
+  int* row_starts = reinterpret_cast<int*>(block_delta + kBlockRows);  // (kBlockRows), kPacked
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, group = lane / 4;
   // The last query blocks have the most key tiles: launched first, they do not trail the grid.
@@ -438,14 +551,28 @@ __global__ void __launch_bounds__(kThreads)
   const int row0 = kWarpQueryRows * warp;  // this warp's first row in the block's tiles
   const int warp_q0 = q0 + row0;           // and its first query row
   const int key_tiles = (min(q0 + kBlockRows, T) + kKeys - 1) / kKeys;  // keys the block sees
+  // Packed rows: key tiles from the one holding the start of the block's first row's sequence,
+  // tiles wholly before the warp's least start skipped, whole tiles only from its greatest on:
+  // as the forward (cuda_attention_mma.cu). The block's rows' starts go to shared memory,
+  // published by the barrier before delta. Without positions, tile 0.
+  int first_tile = 0;
+  if constexpr (kPacked) {
+    const int32_t* row_positions = positions + int64_t{b} * T;
+    first_tile = max(0, min(sequence_start(row_positions, q0, T), q0)) / kKeys;
+    if (threadIdx.x < kBlockRows)
+      row_starts[threadIdx.x] = sequence_start(row_positions, q0 + threadIdx.x, T);
+  }
 
   const int64_t head_row = (int64_t{b} * NH + h) * T;  // of lse and delta
   load_tile_async<kBlockRows, kHeadDim>(q_tile, batch_qkv + h * kHeadDim, width, q0, T);
   load_tile_async<kBlockRows, kHeadDim>(do_tile, dout + int64_t{b} * T * C + h * kHeadDim, C, q0,
                                         T);
   cp_async_commit_group();
-  load_tile_async<kKeys, kHeadDim>(k_tiles, k_head, width, 0, T);
-  load_tile_async<kKeys, kHeadDim>(v_tiles, v_head, width, 0, T);
+  const int first_stage = first_tile % Tile::kStages;
+  load_tile_async<kKeys, kHeadDim>(k_tiles + first_stage * kTileElements, k_head, width,
+                                   first_tile * kKeys, T);
+  load_tile_async<kKeys, kHeadDim>(v_tiles + first_stage * kTileElements, v_head, width,
+                                   first_tile * kKeys, T);
   cp_async_commit_group();
 
   float row_lse_log2[kWarpTiles][2], row_delta[kWarpTiles][2];  // +inf and 0 past T: P = 0
@@ -481,7 +608,7 @@ __global__ void __launch_bounds__(kThreads)
       dq[m][n][0] = dq[m][n][1] = dq[m][n][2] = dq[m][n][3] = 0.0f;
   }
 
-  for (int tile = 0; tile < key_tiles; ++tile) {
+  for (int tile = first_tile; tile < key_tiles; ++tile) {
     const int stage = tile % Tile::kStages;
     const int k0 = tile * kKeys;
     cp_async_wait_group<0>();
@@ -497,10 +624,14 @@ __global__ void __launch_bounds__(kThreads)
     const Element* k_tile = k_tiles + stage * kTileElements;
     const Element* v_tile = v_tiles + stage * kTileElements;
     if constexpr (kInRegisters) {
-      if (tile == 0) {
+      if (tile == first_tile) {
         load_warp_fragments<kHeadDim>(q_fragments, q_tile, row0, lane);
         load_warp_fragments<kHeadDim>(do_fragments, do_tile, row0, lane);
       }
+    }
+    if constexpr (kPacked) {
+      // Wholly before the sequence of the warp's first row (the least start): warp-uniform.
+      if (k0 + kKeys <= row_starts[row0]) continue;
     }
 
     // dS for n-tiles [0, active_tiles), masked or not, then dQ += dS K.
@@ -511,11 +642,13 @@ __global__ void __launch_bounds__(kThreads)
                                             active_tiles);
       warp_products<kInRegisters, kHeadDim>(dp, do_fragments, do_tile, v_tile, row0, lane,
                                             active_tiles);
-      ds_in_place<decltype(masked)::value>(s, dp, row_lse_log2, row_delta, warp_q0, k0, T,
-                                           scale_log2, lane);
+      ds_in_place<decltype(masked)::value, kPacked>(s, dp, row_lse_log2, row_delta, row_starts,
+                                                    row0, warp_q0, k0, T, scale_log2, lane);
       warp_accumulate_product<Element, kHeadDim>(dq, s, k_tile, lane, active_tiles);
     };
-    if (warp_q0 < T && k0 + kKeys - 1 <= warp_q0 && k0 + kKeys <= T) {
+    // Packed rows: the tiles from the start of the warp's last row's sequence (the greatest) on.
+    if (warp_q0 < T && k0 + kKeys - 1 <= warp_q0 && k0 + kKeys <= T &&
+        (!kPacked || k0 >= row_starts[min(row0 + kWarpQueryRows, T - q0) - 1])) {
       key_tile(std::false_type{}, kKeyTiles);  // every row sees every key: as the forward
       continue;
     }
@@ -552,49 +685,61 @@ struct BackwardArgs {
   Element* dqkv;
   const Element *dout, *qkv, *out;
   const float* lse;
-  float* delta;  // (B,NH,T) scratch: the dQ kernel writes it, the dK/dV kernel reads it
+  float* delta;              // (B,NH,T) scratch: the dQ kernel writes it, the dK/dV kernel reads it
+  const int32_t* positions;  // (B,T), or nullptr: one causal sequence per row
   int B, T, NH, KV;
   float scale, scale_log2;
 };
 
-template <class Element, int kHeadDim, int kWarpTiles>
+template <class Element, int kHeadDim, int kWarpTiles, bool kPacked>
 void launch_dq(const BackwardArgs<Element>& a, cudaStream_t stream) {
   using Tile = DqTiling<kHeadDim, kWarpTiles>;
-  allow_shared_memory(attention_dq_mma_kernel<Element, kHeadDim, kWarpTiles>, Tile::kSharedBytes);
+  constexpr size_t kShared = kPacked ? Tile::kPackedSharedBytes : Tile::kSharedBytes;
+  allow_shared_memory(attention_dq_mma_kernel<Element, kHeadDim, kWarpTiles, kPacked>, kShared);
   const dim3 grid(ceil_div(a.T, Tile::kBlockRows), static_cast<unsigned>(a.B * a.NH));
-  DSTRAIN_LAUNCH((attention_dq_mma_kernel<Element, kHeadDim, kWarpTiles>), grid, kThreads,
-                 Tile::kSharedBytes, stream)
-  (a.dqkv, a.delta, a.dout, a.qkv, a.out, a.lse, a.T, a.NH, a.KV, a.scale, a.scale_log2);
+  DSTRAIN_LAUNCH((attention_dq_mma_kernel<Element, kHeadDim, kWarpTiles, kPacked>), grid, kThreads,
+                 kShared, stream)
+  (a.dqkv, a.delta, a.dout, a.qkv, a.out, a.lse, a.positions, a.T, a.NH, a.KV, a.scale,
+   a.scale_log2);
   CUDA_CHECK_LAUNCH();
 }
 
-template <class Element, int kHeadDim, int kWarpTiles>
+template <class Element, int kHeadDim, int kWarpTiles, bool kPacked>
 void launch_dkdv(const BackwardArgs<Element>& a, cudaStream_t stream) {
   using Tile = DkdvTiling<kHeadDim, kWarpTiles>;
-  allow_shared_memory(attention_dkdv_mma_kernel<Element, kHeadDim, kWarpTiles>, Tile::kSharedBytes);
+  constexpr size_t kShared = kPacked ? Tile::kPackedSharedBytes : Tile::kSharedBytes;
+  allow_shared_memory(attention_dkdv_mma_kernel<Element, kHeadDim, kWarpTiles, kPacked>, kShared);
   const dim3 grid(ceil_div(a.T, Tile::kKeys), static_cast<unsigned>(a.B * a.KV));
-  DSTRAIN_LAUNCH((attention_dkdv_mma_kernel<Element, kHeadDim, kWarpTiles>), grid, kThreads,
-                 Tile::kSharedBytes, stream)
-  (a.dqkv, a.dout, a.qkv, a.lse, a.delta, a.T, a.NH, a.KV, a.scale, a.scale_log2);
+  DSTRAIN_LAUNCH((attention_dkdv_mma_kernel<Element, kHeadDim, kWarpTiles, kPacked>), grid,
+                 kThreads, kShared, stream)
+  (a.dqkv, a.dout, a.qkv, a.lse, a.delta, a.positions, a.T, a.NH, a.KV, a.scale, a.scale_log2);
   CUDA_CHECK_LAUNCH();
 }
 
 // dQ first: it computes delta from the dO rows it loads anyway, for the dK/dV kernel.
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, bool kPacked>
 void launch_backward_mma(const BackwardArgs<Element>& a, cudaStream_t stream) {
   if constexpr (kHeadDim == 64) {
     if (attention_warp_rows() == 32) {
-      launch_dq<Element, 64, 2>(a, stream);
-      return launch_dkdv<Element, 64, 2>(a, stream);
+      launch_dq<Element, 64, 2, kPacked>(a, stream);
+      return launch_dkdv<Element, 64, 2, kPacked>(a, stream);
     }
   }
-  launch_dq<Element, kHeadDim, 1>(a, stream);
-  launch_dkdv<Element, kHeadDim, 1>(a, stream);
+  launch_dq<Element, kHeadDim, 1, kPacked>(a, stream);
+  launch_dkdv<Element, kHeadDim, 1, kPacked>(a, stream);
+}
+
+// Packed rows (positions) take the kernels' kPacked forms.
+template <class Element, int kHeadDim>
+void launch_backward_mma(const BackwardArgs<Element>& a, cudaStream_t stream) {
+  if (a.positions != nullptr) return launch_backward_mma<Element, kHeadDim, true>(a, stream);
+  launch_backward_mma<Element, kHeadDim, false>(a, stream);
 }
 
 template <class Element>
 void dispatch_head_dim(const CudaContext& ctx, const QkvShape& s, Tensor dqkv, Tensor dout,
-                       Tensor qkv, Tensor out, Tensor lse, cudaStream_t stream) {
+                       Tensor qkv, Tensor out, Tensor lse, const int32_t* positions,
+                       cudaStream_t stream) {
   Scratch delta(ctx, static_cast<size_t>(s.B * s.NH * s.T) * sizeof(float), stream);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
   const BackwardArgs<Element> a{static_cast<Element*>(dqkv.data),
@@ -603,6 +748,7 @@ void dispatch_head_dim(const CudaContext& ctx, const QkvShape& s, Tensor dqkv, T
                                 static_cast<const Element*>(out.data),
                                 lse.f32(),
                                 delta.as<float>(),
+                                positions,
                                 static_cast<int>(s.B),
                                 static_cast<int>(s.T),
                                 static_cast<int>(s.NH),
@@ -629,11 +775,12 @@ bool mma_backward_supports(const QkvShape& s, const Tensor& dqkv, const Tensor& 
 }
 
 void attention_backward_mma(const CudaContext& ctx, const QkvShape& s, Tensor dqkv, Tensor dout,
-                            Tensor qkv, Tensor out, Tensor lse, cudaStream_t stream) {
+                            Tensor qkv, Tensor out, Tensor lse, const int32_t* positions,
+                            cudaStream_t stream) {
   if (qkv.dtype == DType::BF16) {
-    dispatch_head_dim<__nv_bfloat16>(ctx, s, dqkv, dout, qkv, out, lse, stream);
+    dispatch_head_dim<__nv_bfloat16>(ctx, s, dqkv, dout, qkv, out, lse, positions, stream);
   } else {
-    dispatch_head_dim<__half>(ctx, s, dqkv, dout, qkv, out, lse, stream);
+    dispatch_head_dim<__half>(ctx, s, dqkv, dout, qkv, out, lse, positions, stream);
   }
 }
 

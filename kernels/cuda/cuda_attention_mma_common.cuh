@@ -54,6 +54,14 @@ struct TensorCore<__half> {
   __device__ __forceinline__ static float to_float(__half x) { return __half2float(x); }
 };
 
+// The first key query row i of a packed batch row sees: the start of its sequence, i -
+// positions[b, i] (`row_positions` the batch row's (T) positions, kernels/ops.h); 0 for rows at
+// or past T. Nondecreasing in i for valid positions: a tile's first row has the least start,
+// its last row before T the greatest.
+__device__ __forceinline__ int sequence_start(const int32_t* row_positions, int i, int T) {
+  return i < T ? i - row_positions[i] : 0;
+}
+
 // Element offset of 16-byte chunk `chunk` of row `row` in a swizzled (rows, kHeadDim) tile.
 template <int kHeadDim>
 __device__ __forceinline__ int swizzled(int row, int chunk) {

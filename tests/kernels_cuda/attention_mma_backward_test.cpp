@@ -4,7 +4,11 @@
 // and 2 or 4 query heads per kv head), T in {1, 17, 64, 100, 130} (cutting the 64-row query
 // blocks, the 64- or 32-row key blocks and the 64-, 32- and 16-row streamed tiles); dqkv starts
 // as NaN (every element must be written: the op overwrites it), the inputs and the guard regions
-// after every buffer come back untouched, and a second run gives the same bits.
+// after every buffer come back untouched, and a second run gives the same bits. Packed
+// sequences (positions) on the same kernels: against the CPU twin within the same bounds (each
+// query's sums run over its own sequence's keys), positions 0..T-1 give the bits of no
+// positions, and a row cut at a tile boundary gives the bits of its sequences run alone (the
+// tensor-core kernels, not the fp32 ones, run packed rows).
 //
 // Tolerance. u = 2^-8 (bf16) or 2^-11 (f16), the storage type's unit roundoff. The kernels
 // differ from the CPU twin (fp32 throughout, the same P and dS formulas) in:
@@ -53,49 +57,62 @@ double unit_roundoff(DType dtype) { return dtype == DType::BF16 ? 0x1p-8 : 0x1p-
 // Half the smallest subnormal: a rounding's absolute error below the normal range.
 double subnormal_eta(DType dtype) { return dtype == DType::BF16 ? 0x1p-134 : 0x1p-25; }
 
+// positions (B,T) of packed sequences, or empty (no positions: one causal sequence per row).
 struct Inputs {
   HostTensor qkv, out, lse, dout;
+  HostTensor positions{DType::I32, {0}};
+  bool packed() const { return positions.numel() > 0; }
+  Tensor positions_tensor() const { return packed() ? positions.t() : Tensor(); }
 };
 
-// The CUDA forward's out and lse for qkv (q, k, v magnitudes in [1/8, 3/2)), dout in [1/8, 1).
-Inputs make_inputs(DType dtype, const BackwardCase& c, uint64_t seed) {
+// The CUDA forward's out and lse for qkv (q, k, v magnitudes in [1/8, 3/2)), dout in [1/8, 1);
+// with `positions` (B,T) its packed sequences, else none.
+Inputs make_inputs(DType dtype, const BackwardCase& c, uint64_t seed,
+                   const HostTensor* positions = nullptr) {
   Random rng(seed);
   Inputs in{nonzero_tensor(rng, dtype, {c.B, c.T, c.W()}, 0.125, 1.5),
             nan_tensor(dtype, {c.B, c.T, c.C()}), nan_tensor(DType::F32, {c.B, c.NH, c.T}),
             nonzero_tensor(rng, dtype, {c.B, c.T, c.C()}, 0.125, 1.0)};
-  HostTensor qkv_gpu = in.qkv.clone();
+  if (positions) in.positions = positions->clone();
+  HostTensor qkv_gpu = in.qkv.clone(), positions_gpu = in.positions.clone();
   GpuRun run;
-  cuda_backend().attention_forward(run(in.out), run(in.lse), run(qkv_gpu), c.nh(), c.kv(), nullptr);
+  cuda_backend().attention_forward(run(in.out), run(in.lse), run(qkv_gpu),
+                                   in.packed() ? run(positions_gpu) : Tensor(), c.nh(), c.kv(),
+                                   nullptr);
   run.finish();
   return in;
 }
 
 HostTensor cpu_backward(const Inputs& in, const BackwardCase& c) {
   HostTensor dqkv = nan_tensor(in.qkv.dtype(), {c.B, c.T, c.W()});
-  cpu_backend().attention_backward(dqkv, in.dout, in.qkv, in.out, in.lse, c.nh(), c.kv(), nullptr);
+  cpu_backend().attention_backward(dqkv, in.dout, in.qkv, in.out, in.lse, in.positions_tensor(),
+                                   c.nh(), c.kv(), nullptr);
   return dqkv;
 }
 
-// The CUDA backend's backward; also checks that the inputs are untouched and no guard region
-// written.
-HostTensor gpu_backward(const Inputs& in, const BackwardCase& c) {
+// The CUDA backend's backward (with in's positions, if any; none with `without_positions`);
+// also checks that the inputs are untouched and no guard region written.
+HostTensor gpu_backward(const Inputs& in, const BackwardCase& c, bool without_positions = false) {
   const DType dtype = in.qkv.dtype();
   HostTensor dqkv = nan_tensor(dtype, {c.B, c.T, c.W()});
   HostTensor dout = in.dout.clone(), qkv = in.qkv.clone(), out = in.out.clone(),
-             lse = in.lse.clone();
+             lse = in.lse.clone(), positions = in.positions.clone();
+  const bool packed = in.packed() && !without_positions;
   GpuRun run;
-  cuda_backend().attention_backward(run(dqkv), run(dout), run(qkv), run(out), run(lse), c.nh(),
-                                    c.kv(), nullptr);
+  cuda_backend().attention_backward(run(dqkv), run(dout), run(qkv), run(out), run(lse),
+                                    packed ? run(positions) : Tensor(), c.nh(), c.kv(), nullptr);
   run.finish();
   EXPECT_TRUE(bitwise_equal(dout, in.dout) && bitwise_equal(qkv, in.qkv) &&
-              bitwise_equal(out, in.out) && bitwise_equal(lse, in.lse))
+              bitwise_equal(out, in.out) && bitwise_equal(lse, in.lse) &&
+              bitwise_equal(positions, in.positions))
       << "an input was written " << case_name(c, dtype);
-  EXPECT_TRUE(guards_intact({&dqkv, &dout, &qkv, &out, &lse})) << case_name(c, dtype);
+  EXPECT_TRUE(guards_intact({&dqkv, &dout, &qkv, &out, &lse, &positions})) << case_name(c, dtype);
   return dqkv;
 }
 
 // The per-element bound A of the file comment for every element of dqkv (B,T,(NH+2KV)*hd), in
-// double from the stored 16-bit inputs and the forward's out and lse.
+// double from the stored 16-bit inputs and the forward's out and lse: the sums over the keys
+// j <= i of query i's sequence (from i - positions[b,i] with positions, else from 0).
 std::vector<double> element_bounds(const Inputs& in, const BackwardCase& c) {
   const double u = unit_roundoff(in.qkv.dtype()), eta = subnormal_eta(in.qkv.dtype());
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.hd));
@@ -116,7 +133,8 @@ std::vector<double> element_bounds(const Inputs& in, const BackwardCase& c) {
           delta += d_o[d] * o[d];
           delta_abs += std::fabs(d_o[d] * o[d]);
         }
-        for (int64_t j = 0; j <= i; ++j) {
+        const int64_t first = in.packed() ? i - in.positions.i32()[b * T + i] : 0;
+        for (int64_t j = first; j <= i; ++j) {
           const double* k = &qkv[(b * T + j) * W + k_col];
           const double* v = &qkv[(b * T + j) * W + v_col];
           double s = 0.0, dp = 0.0, dp_abs = 0.0;
@@ -217,24 +235,32 @@ void dump_case(const std::string& name, const Inputs& in, const HostTensor& gpu,
   return ::testing::AssertionSuccess();
 }
 
+// One case against the CPU twin: every part (dq, dk, dv) within its bounds, the normalized
+// error of dq and dk only `with_dq_dk_nmse`; the inputs and both results dumped on a failure.
+void expect_case_matches_cpu(const Inputs& in, const BackwardCase& c, const std::string& name,
+                             bool with_dq_dk_nmse) {
+  const DType dtype = in.qkv.dtype();
+  const double u = unit_roundoff(dtype), eta = subnormal_eta(dtype);
+  const HostTensor cpu = cpu_backward(in, c), gpu = gpu_backward(in, c);
+  const std::vector<double> bound = element_bounds(in, c);
+  const std::vector<double> got = gpu.values(), ref = cpu.values();
+  bool ok = true;
+  for (Part part : {Part::kDq, Part::kDk, Part::kDv}) {
+    const bool with_nmse = with_dq_dk_nmse || part == Part::kDv;
+    const auto result = part_close(part, got, ref, bound, c, u, eta, with_nmse);
+    EXPECT_TRUE(result) << name;
+    ok = ok && result;
+  }
+  if (!ok) dump_case(name, in, gpu, cpu);
+}
+
 void expect_backward_matches_cpu(DType dtype, int64_t hd) {
   REQUIRE_CUDA_DEVICE();
-  const double u = unit_roundoff(dtype), eta = subnormal_eta(dtype);
   for (int64_t T : {1, 17, 64, 100, 130}) {
     for (int64_t KV : {4, 2, 1}) {
       const BackwardCase c{2, T, 4, KV, hd};
       const Inputs in = make_inputs(dtype, c, static_cast<uint64_t>(3000 * hd + 10 * T + KV));
-      const HostTensor cpu = cpu_backward(in, c), gpu = gpu_backward(in, c);
-      const std::vector<double> bound = element_bounds(in, c);
-      const std::vector<double> got = gpu.values(), ref = cpu.values();
-      bool ok = true;
-      for (Part part : {Part::kDq, Part::kDk, Part::kDv}) {
-        const bool with_nmse = T > 1 || part == Part::kDv;
-        const auto result = part_close(part, got, ref, bound, c, u, eta, with_nmse);
-        EXPECT_TRUE(result) << case_name(c, dtype);
-        ok = ok && result;
-      }
-      if (!ok) dump_case(case_name(c, dtype), in, gpu, cpu);
+      expect_case_matches_cpu(in, c, case_name(c, dtype), T > 1);
     }
   }
 }
@@ -288,6 +314,125 @@ TEST(CudaAttentionMmaBackward, RepeatsBitwise) {
       const Inputs in = make_inputs(dtype, c, static_cast<uint64_t>(11 + hd));
       const HostTensor first = gpu_backward(in, c), second = gpu_backward(in, c);
       EXPECT_TRUE(bitwise_equal(first, second)) << case_name(c, dtype);
+    }
+  }
+}
+
+// Packed sequences (attention_case.h's packed_positions: random short sequences, single tokens,
+// sequences longer than any tile, a warp whose rows start in two key tiles, a row of one
+// sequence) against the CPU twin, with the forward's out and lse for them: B = 3, T = 70, 100,
+// 200 (none a multiple of the tiles), NH = 4 over KV = 2 and 1 (grouped-query). The normalized
+// errors too: a single-token sequence's dq and dk are fp32 noise (as at T = 1), but few among
+// the rest.
+void expect_packed_backward_matches_cpu(DType dtype, int64_t hd) {
+  REQUIRE_CUDA_DEVICE();
+  for (int64_t T : {70, 100, 200}) {
+    for (int64_t KV : {2, 1}) {
+      const BackwardCase c{3, T, 4, KV, hd};
+      Random rng(static_cast<uint64_t>(9000 + hd + 10 * T + KV));
+      const HostTensor positions = packed_positions(rng, c.T);
+      const Inputs in =
+          make_inputs(dtype, c, static_cast<uint64_t>(9000 + hd + 10 * T + KV), &positions);
+      expect_case_matches_cpu(in, c, "packed_" + case_name(c, dtype), true);
+    }
+  }
+}
+
+TEST(CudaAttentionMmaBackward, PackedMatchesCpu_bf16_hd64) {
+  expect_packed_backward_matches_cpu(DType::BF16, 64);
+}
+TEST(CudaAttentionMmaBackward, PackedMatchesCpu_bf16_hd128) {
+  expect_packed_backward_matches_cpu(DType::BF16, 128);
+}
+TEST(CudaAttentionMmaBackward, PackedMatchesCpu_f16_hd64) {
+  expect_packed_backward_matches_cpu(DType::F16, 64);
+}
+TEST(CudaAttentionMmaBackward, PackedMatchesCpu_f16_hd128) {
+  expect_packed_backward_matches_cpu(DType::F16, 128);
+}
+
+// hd 256 (32-key blocks whose warps split the columns, 16-row tiles): one ragged case per dtype.
+TEST(CudaAttentionMmaBackward, PackedMatchesCpu_hd256) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    const BackwardCase c{3, 100, 4, 2, 256};
+    Random rng(77);
+    const HostTensor positions = packed_positions(rng, c.T);
+    const Inputs in = make_inputs(dtype, c, 78, &positions);
+    expect_case_matches_cpu(in, c, "packed_" + case_name(c, dtype), true);
+  }
+}
+
+// Packed rows at 32 rows per warp (hd 64) give the bits of 16, as without positions
+// (ThirtyTwoRowsPerWarpKeepTheBits: the steps one form has and the other skips hold only masked
+// pairs, P = dS = +0, now also those before a sequence's start and after its end); a second
+// run gives the same bits (no atomics).
+TEST(CudaAttentionMmaBackward, PackedThirtyTwoRowsPerWarpKeepTheBitsAndRepeat) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    const BackwardCase c{3, 200, 4, 2, 64};
+    Random rng(79);
+    const HostTensor positions = packed_positions(rng, c.T);
+    const Inputs in = make_inputs(dtype, c, 80, &positions);
+    const HostTensor narrow = gpu_backward(in, c);
+    EXPECT_TRUE(bitwise_equal(gpu_backward(in, c), narrow)) << "repeat " << case_name(c, dtype);
+    const AttentionWarpRows rows(32);
+    EXPECT_TRUE(bitwise_equal(gpu_backward(in, c), narrow)) << "32 rows " << case_name(c, dtype);
+  }
+}
+
+// Positions 0..T-1 (every row one sequence) give the bits of no positions: the kernels then skip
+// no tile, take the unmasked path on the same tiles and mask nothing more. Every head dim (and
+// 32 rows per warp at hd 64), ragged T, grouped-query.
+TEST(CudaAttentionMmaBackward, CountingPositionsKeepTheBitsOfNoPositions) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    for (auto [hd, warp_rows] : {std::pair{64, 16}, {64, 32}, {128, 16}, {256, 16}}) {
+      const AttentionWarpRows rows(warp_rows);
+      const BackwardCase c{1, 100, 4, 2, hd};
+      const HostTensor positions = counting_positions(c.B, c.T);
+      const Inputs in = make_inputs(dtype, c, static_cast<uint64_t>(81 + hd), &positions);
+      EXPECT_TRUE(bitwise_equal(gpu_backward(in, c), gpu_backward(in, c, true)))
+          << case_name(c, dtype) << ", " << warp_rows << " rows per warp";
+    }
+  }
+}
+
+// A row packed from a sequence of 64 tokens (a multiple of every tile and block of both
+// kernels) and one of 70 gives, bit for bit, the dq, dk and dv that each sequence gives run
+// alone without positions (from the same qkv, out, lse and dout rows): every query and key
+// meets its tiles in the same order. No warp computes with the other sequence's rows: poisoned
+// with NaN there (qkv, out, lse, dout; a masked use would carry it into dK, dV or dQ through
+// 0 NaN = NaN), the bits stay -- at 32 rows per warp too, where a 128-key block of the dK/dV
+// kernel holds keys of both sequences and its warps skip the other's query tiles. The runs alone
+// are the tensor-core kernels' (16-bit storage, hd 64, 128, 256): so is the packed run; the fp32
+// kernels' bits differ.
+TEST(CudaAttentionMmaBackward, PackedRowCutAtATileHasTheBitsOfEachSequenceAlone) {
+  REQUIRE_CUDA_DEVICE();
+  constexpr int64_t kFirst = 64, kSecond = 70;
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    for (auto [hd, warp_rows] : {std::pair{64, 16}, {64, 32}, {128, 16}, {256, 16}}) {
+      const AttentionWarpRows rows(warp_rows);
+      const BackwardCase packed{1, kFirst + kSecond, 4, 2, hd};
+      HostTensor positions(DType::I32, {1, packed.T});
+      set_sequences(positions, 0, {kFirst, kSecond});
+      const Inputs in = make_inputs(dtype, packed, static_cast<uint64_t>(83 + hd), &positions);
+      for (auto [first, count] : {std::pair{int64_t{0}, kFirst}, {kFirst, kSecond}}) {
+        const int64_t other_first = first == 0 ? kFirst : 0, other_count = packed.T - count;
+        const Inputs packed_in{with_nan_rows(in.qkv, other_first, other_count),
+                               with_nan_rows(in.out, other_first, other_count),
+                               with_nan_columns(in.lse, other_first, other_count),
+                               with_nan_rows(in.dout, other_first, other_count),
+                               in.positions.clone()};
+        const HostTensor together = gpu_backward(packed_in, packed);
+        const BackwardCase alone_case{1, count, 4, 2, hd};
+        const Inputs alone{row_slice(in.qkv, first, count), row_slice(in.out, first, count),
+                           column_slice(in.lse, first, count), row_slice(in.dout, first, count)};
+        EXPECT_TRUE(
+            bitwise_equal(row_slice(together, first, count), gpu_backward(alone, alone_case)))
+            << case_name(alone_case, dtype) << " from row " << first << ", " << warp_rows
+            << " rows per warp";
+      }
     }
   }
 }

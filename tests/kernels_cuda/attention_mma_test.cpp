@@ -3,7 +3,10 @@
 // query blocks and the 64- or 32-key tiles, multi-head and grouped-query (2 and 4 query heads
 // per kv head), a peaked softmax whose running max moves from tile to tile; 16 and 32 query rows
 // per warp (set_cuda_attention_warp_rows); the bits repeat;
-// the backward takes its out and lse; P is rounded to 16 bits exactly as documented.
+// the backward takes its out and lse; P is rounded to 16 bits exactly as documented. Packed
+// sequences (positions) on the same kernel: against the CPU twin, positions 0..T-1 give the bits
+// of no positions, a row cut at a tile boundary gives the bits of its sequences run alone, and P
+// is rounded there too (the tensor-core kernel, not the fp32 one, runs packed rows).
 //
 // Tolerance. u = 2^-8 (bf16) or 2^-11 (f16), the storage type's unit roundoff. The kernel
 // differs from the CPU twin (fp32 throughout) in three ways:
@@ -49,21 +52,33 @@ struct Forward {
   HostTensor out, lse;
 };
 
-Forward cpu_forward(const HostTensor& qkv, const MmaCase& c) {
+// positions: (B,T) of packed sequences, or nullptr (one causal sequence per row).
+Forward cpu_forward(const HostTensor& qkv, const MmaCase& c,
+                    const HostTensor* positions = nullptr) {
   Forward f{nan_tensor(qkv.dtype(), {c.B, c.T, c.C()}), nan_tensor(DType::F32, {c.B, c.NH, c.T})};
-  cpu_backend().attention_forward(f.out, f.lse, qkv, c.nh(), c.kv(), nullptr);
+  cpu_backend().attention_forward(f.out, f.lse, qkv, positions ? positions->t() : Tensor(), c.nh(),
+                                  c.kv(), nullptr);
   return f;
 }
 
-// The CUDA backend's forward; also checks that qkv is untouched and no guard region written.
-Forward gpu_forward(const HostTensor& qkv, const MmaCase& c) {
+// The CUDA backend's forward; also checks that qkv (and positions) are untouched and no guard
+// region written.
+Forward gpu_forward(const HostTensor& qkv, const MmaCase& c,
+                    const HostTensor* positions = nullptr) {
   Forward f{nan_tensor(qkv.dtype(), {c.B, c.T, c.C()}), nan_tensor(DType::F32, {c.B, c.NH, c.T})};
   HostTensor qkv_gpu = qkv.clone();
+  HostTensor positions_gpu = positions ? positions->clone() : HostTensor(DType::I32, {0});
   GpuRun run;
-  cuda_backend().attention_forward(run(f.out), run(f.lse), run(qkv_gpu), c.nh(), c.kv(), nullptr);
+  cuda_backend().attention_forward(run(f.out), run(f.lse), run(qkv_gpu),
+                                   positions ? run(positions_gpu) : Tensor(), c.nh(), c.kv(),
+                                   nullptr);
   run.finish();
   EXPECT_TRUE(bitwise_equal(qkv_gpu, qkv)) << "qkv was written " << case_name(c, qkv.dtype());
-  EXPECT_TRUE(guards_intact({&f.out, &f.lse, &qkv_gpu})) << case_name(c, qkv.dtype());
+  if (positions) {
+    EXPECT_TRUE(bitwise_equal(positions_gpu, *positions)) << "positions written";
+  }
+  EXPECT_TRUE(guards_intact({&f.out, &f.lse, &qkv_gpu, &positions_gpu}))
+      << case_name(c, qkv.dtype());
   return f;
 }
 
@@ -227,6 +242,147 @@ TEST(CudaAttentionMma, RoundsPToSixteenBitsBeforeThePvProduct) {
     }
     EXPECT_NEAR(gpu.lse.get(0), 1.0, 1e-6);
     EXPECT_NEAR(gpu.lse.get(1), 1.0 + std::log(sum), 1e-6);
+  }
+}
+
+// Packed sequences (attention_case.h's packed_positions: random short sequences, single tokens,
+// sequences longer than any tile, a warp whose rows start in two key tiles, a row of one
+// sequence) against the CPU twin within the bounds above (their derivation holds row by row,
+// whatever keys a row sees): B = 3, T = 70, 100, 200 (none a multiple of the tiles), NH = 4
+// over KV = 2 (grouped-query) and 4; 16 and 32 query rows per warp (hd 256: 16 only).
+void expect_packed_forward_matches_cpu(DType dtype, int64_t hd) {
+  REQUIRE_CUDA_DEVICE();
+  for (int warp_rows : {16, 32}) {
+    if (warp_rows == 32 && hd == 256) continue;
+    const AttentionWarpRows rows(warp_rows);
+    for (int64_t T : {70, 100, 200}) {
+      for (int64_t KV : {2, 4}) {
+        const MmaCase c{3, T, 4, KV, hd};
+        Random rng(static_cast<uint64_t>(7000 + hd + 10 * T + KV));
+        const HostTensor qkv = nonzero_tensor(rng, dtype, {c.B, c.T, c.W()}, 0.125, 1.5);
+        const HostTensor positions = packed_positions(rng, c.T);
+        const Forward cpu = cpu_forward(qkv, c, &positions);
+        const Forward gpu = gpu_forward(qkv, c, &positions);
+        EXPECT_TRUE(all_close(gpu.out.values(), cpu.out.values(), out_tolerance(dtype, 1.5)))
+            << "out " << case_name(c, dtype) << ", " << warp_rows << " rows per warp";
+        EXPECT_TRUE(all_close(gpu.lse.values(), cpu.lse.values(), kLseTolerance))
+            << "lse " << case_name(c, dtype) << ", " << warp_rows << " rows per warp";
+      }
+    }
+  }
+}
+
+TEST(CudaAttentionMma, PackedForwardMatchesCpu_bf16_hd64) {
+  expect_packed_forward_matches_cpu(DType::BF16, 64);
+}
+TEST(CudaAttentionMma, PackedForwardMatchesCpu_bf16_hd128) {
+  expect_packed_forward_matches_cpu(DType::BF16, 128);
+}
+TEST(CudaAttentionMma, PackedForwardMatchesCpu_f16_hd64) {
+  expect_packed_forward_matches_cpu(DType::F16, 64);
+}
+TEST(CudaAttentionMma, PackedForwardMatchesCpu_f16_hd128) {
+  expect_packed_forward_matches_cpu(DType::F16, 128);
+}
+TEST(CudaAttentionMma, PackedForwardMatchesCpu_hd256) {
+  expect_packed_forward_matches_cpu(DType::BF16, 256);
+  expect_packed_forward_matches_cpu(DType::F16, 256);
+}
+
+// Positions 0..T-1 (every row one sequence) give the bits of no positions: with them the kernel
+// skips no tile, takes the unmasked path on the same tiles and masks nothing more. Every head
+// dim, 16 and 32 rows per warp, ragged T over several blocks, grouped-query.
+TEST(CudaAttentionMma, CountingPositionsKeepTheBitsOfNoPositions) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    for (int64_t hd : {64, 128, 256}) {
+      for (int warp_rows : {16, 32}) {
+        const AttentionWarpRows rows(warp_rows);
+        const MmaCase c{2, 130, 4, 2, hd};
+        Random rng(static_cast<uint64_t>(41 + hd));
+        const HostTensor qkv = nonzero_tensor(rng, dtype, {c.B, c.T, c.W()}, 0.125, 1.5);
+        const HostTensor positions = counting_positions(c.B, c.T);
+        const Forward plain = gpu_forward(qkv, c), counted = gpu_forward(qkv, c, &positions);
+        EXPECT_TRUE(bitwise_equal(counted.out, plain.out))
+            << case_name(c, dtype) << ", " << warp_rows << " rows per warp";
+        EXPECT_TRUE(bitwise_equal(counted.lse, plain.lse))
+            << case_name(c, dtype) << ", " << warp_rows << " rows per warp";
+      }
+    }
+  }
+}
+
+// A row packed from a sequence of 64 tokens (a multiple of every tile and block of the kernel)
+// and one of 70 gives, bit for bit, what each sequence gives run alone without positions: every
+// row sees its keys in the same tiles, the same n-tiles, the same order. The other sequence's
+// tiles are never read: poisoned with NaN there (which a masked read would carry into the
+// output through P V, 0 NaN = NaN), the bits stay. As the runs alone are the tensor-core
+// kernel's (RoundsPToSixteenBitsBeforeThePvProduct), so is the packed one: the fp32 kernel's
+// bits differ. Every head dim, 16 and 32 rows per warp, grouped-query.
+TEST(CudaAttentionMma, PackedRowCutAtATileHasTheBitsOfEachSequenceAlone) {
+  REQUIRE_CUDA_DEVICE();
+  constexpr int64_t kFirst = 64, kSecond = 70;
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    for (int64_t hd : {64, 128, 256}) {
+      for (int warp_rows : {16, 32}) {
+        const AttentionWarpRows rows(warp_rows);
+        const MmaCase packed{1, kFirst + kSecond, 4, 2, hd};
+        Random rng(static_cast<uint64_t>(43 + hd));
+        const HostTensor qkv = nonzero_tensor(rng, dtype, {1, packed.T, packed.W()}, 0.125, 1.5);
+        HostTensor positions(DType::I32, {1, packed.T});
+        set_sequences(positions, 0, {kFirst, kSecond});
+        for (auto [first, count] : {std::pair{int64_t{0}, kFirst}, {kFirst, kSecond}}) {
+          const int64_t other_first = first == 0 ? kFirst : 0, other_count = packed.T - count;
+          const Forward together =
+              gpu_forward(with_nan_rows(qkv, other_first, other_count), packed, &positions);
+          const MmaCase alone_case{1, count, 4, 2, hd};
+          const Forward alone = gpu_forward(row_slice(qkv, first, count), alone_case);
+          const std::string name = case_name(alone_case, dtype) + " from row " +
+                                   std::to_string(first) + ", " + std::to_string(warp_rows) +
+                                   " rows per warp";
+          EXPECT_TRUE(bitwise_equal(row_slice(together.out, first, count), alone.out)) << name;
+          EXPECT_TRUE(bitwise_equal(column_slice(together.lse, first, count), alone.lse)) << name;
+        }
+      }
+    }
+  }
+}
+
+// RoundsPToSixteenBitsBeforeThePvProduct on a packed row: token 0 is a sequence of its own
+// (positions 0, 0, 1), tokens 1 and 2 the case's two tokens. Query 2 sees keys 1 and 2 only --
+// key 0's score (2) would be the row max and its value (1/2) would move the output far -- and
+// its output is P's rounding's, not the unrounded one of the CPU twin and the fp32 kernel: the
+// tensor-core kernel runs packed rows, and masks the keys before a sequence.
+TEST(CudaAttentionMma, PackedRowsRoundPToSixteenBits) {
+  REQUIRE_CUDA_DEVICE();
+  const MmaCase c{1, 3, 1, 1, 64};
+  HostTensor positions(DType::I32, {1, 3});
+  set_sequences(positions, 0, {1, 2});
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    HostTensor qkv(dtype, {c.B, c.T, c.W()});  // row t: q (64) | k (64) | v (64)
+    const double k[3] = {0.5, 0.25, -0.25}, v[3] = {0.5, 0.125, -1.0};  // scores 2, 1, -1
+    for (int64_t t = 0; t < c.T; ++t) {
+      for (int64_t d = 0; d < c.hd; ++d) {
+        qkv.set(t * c.W() + d, 0.5);
+        qkv.set(t * c.W() + c.hd + d, k[t]);
+        qkv.set(t * c.W() + 2 * c.hd + d, v[t]);
+      }
+    }
+    const double p2 = std::exp(-2.0), sum = 1.0 + p2;
+    const double rounded = round_to(dtype, (0.125 - round_to(dtype, p2)) / sum);
+    const double unrounded = round_to(dtype, (0.125 - p2) / sum);
+    ASSERT_GT(std::fabs(rounded - unrounded), 4 * unit_roundoff(dtype) * std::fabs(rounded))
+        << "the case must tell the two apart";
+    const Forward gpu = gpu_forward(qkv, c, &positions);
+    for (int64_t d = 0; d < c.hd; ++d) {
+      EXPECT_EQ(gpu.out.get(d), 0.5) << "row 0 sees only v0, column " << d;
+      EXPECT_EQ(gpu.out.get(c.hd + d), 0.125) << "row 1 sees only v1, column " << d;
+      EXPECT_EQ(gpu.out.get(2 * c.hd + d), rounded) << dtype_name(dtype) << " row 2, column " << d
+                                                    << " (unrounded P gives " << unrounded << ")";
+    }
+    EXPECT_NEAR(gpu.lse.get(0), 2.0, 1e-6);
+    EXPECT_NEAR(gpu.lse.get(1), 1.0, 1e-6);
+    EXPECT_NEAR(gpu.lse.get(2), 1.0 + std::log(sum), 1e-6);
   }
 }
 

@@ -92,8 +92,9 @@ TEST(CudaAttention, BackwardMatchesCpu) {
 
 // Packed sequences (positions): query i sees only its own sequence's keys, forward and backward,
 // against the CPU twin; sequences of 1 to 2 x 12 tokens over 70 and 100 positions, so that some
-// whole key tiles lie before a query's sequence. Every dtype (bf16 / f16 at hd 64 and 128 too:
-// packed rows do not take the tensor-core kernels yet).
+// whole key tiles lie before a query's sequence. Every dtype: bf16 / f16 at hd 64 and 128 run on
+// the tensor-core kernels (attention_mma_test.cpp and attention_mma_backward_test.cpp test them
+// on packed rows within their own bounds), the rest (F32, hd 5) on the fp32 ones.
 TEST(CudaAttention, PackedPositionsMatchCpu) {
   REQUIRE_CUDA_DEVICE();
   for (DType dtype : kFloatDTypes) {
