@@ -37,7 +37,8 @@ PlanRequest request_from_flags(const TrainOptions& options, const ModelConfig& c
     const int64_t T =
         given_flag(options, "seq-len") ? options.seq_len : std::min<int64_t>(1024, config.n_positions);
     const int dp = std::max(1, gpus / (options.tp * options.pp));
-    request.global_batch_tokens = options.batch * T * options.grad_accum * dp;
+    const int64_t B = options.batch_tokens > 0 ? batch_tokens_rows(options, T) : options.batch;
+    request.global_batch_tokens = B * T * options.grad_accum * dp;
   }
   if (given_flag(options, "precision")) request.precision = parse_dtype(options.precision);
   if (given_flag(options, "zero")) request.zero = options.zero;
@@ -110,9 +111,14 @@ PlanResult plan_with_context(TrainOptions& options, const ModelConfig& config,
     if (options.batch_tokens > 0) at.micro_batch = batch_tokens_rows(options, at.seq_len);
     if (!given_flag(options, "global-batch-tokens") &&
         (given_flag(options, "batch") || given_flag(options, "grad-accum"))) {
-      // The sequences asked for, at this length (request_from_flags counted them at 1024).
+      // The sequences asked for, at this length (request_from_flags counted them at 1024);
+      // with --batch-tokens, the micro-batches asked for of this length's rows.
+      const int64_t T0 = std::min<int64_t>(1024, config.n_positions);
       at.global_batch_tokens =
-          request.global_batch_tokens / std::min<int64_t>(1024, config.n_positions) * at.seq_len;
+          options.batch_tokens > 0
+              ? request.global_batch_tokens / (batch_tokens_rows(options, T0) * T0) *
+                    batch_tokens_rows(options, at.seq_len) * at.seq_len
+              : request.global_batch_tokens / T0 * at.seq_len;
     } else if (at.global_batch_tokens % at.seq_len != 0) {
       at.global_batch_tokens = (at.global_batch_tokens / at.seq_len + 1) * at.seq_len;
     }
