@@ -38,6 +38,17 @@ inline int64_t check_moe_route_shapes(const Tensor& topk_weight, const Tensor& t
   DSTRAIN_CHECK(topk_weight.dtype == DType::F32) << "moe topk_weight must be F32";
   check_matrix(topk_expert, "moe topk_expert", N, routing.top_k);
   check_index_tensor(topk_expert, "moe topk_expert");
+  const int groups = routing.groups;
+  DSTRAIN_CHECK(groups >= 1 && groups <= 64 && routing.experts % groups == 0 &&
+                routing.top_groups >= 1 &&
+                routing.top_groups <= groups &&
+                routing.top_k <= routing.top_groups * (routing.experts / groups))
+      << "moe routing: " << routing.experts << " experts in " << groups << " groups, top "
+      << routing.top_groups << " groups, top_k " << routing.top_k;
+  const Tensor& bias = routing.selection_bias;
+  DSTRAIN_CHECK(bias.empty() || (bias.dtype == DType::F32 && bias.numel() == routing.experts))
+      << "moe selection_bias " << bias.shape_str() << " must be (" << routing.experts
+      << ") F32 or empty";
   return N;
 }
 

@@ -72,13 +72,36 @@ struct GradientStats {
 
 // How a mixture-of-experts router turns a token's logits over E experts into the weights of
 // its top k experts (Backend::moe_route).
+// Multi-head latent attention (DeepSeek-V2/V3): the head dims of its q, k and v
+// (Backend::mla_pack).
+struct MlaHeads {
+  int heads = 0;     // H (this rank's)
+  int nope_dim = 0;  // dn: qk_nope_head_dim
+  int rope_dim = 0;  // dr: qk_rope_head_dim, even
+  int v_dim = 0;     // dv: v_head_dim, <= dn + dr
+  // The q heads times this (the softmax scale beyond D^-1/2 that the attention ops apply:
+  // YaRN's mscale^2 for DeepSeek-V3); 1: none.
+  float q_scale = 1.0f;
+  int64_t qk_dim() const { return int64_t{nope_dim} + rope_dim; }  // D
+};
+
 enum class RouterScore { Softmax, Sigmoid };
+// DeepSeek's group-limited routing: a group's rank is its best expert's selection score
+// (DeepSeek-V2's group_limited_greedy) or the sum of its two best (DeepSeek-V3's noaux_tc).
+enum class GroupScore { Max, TopTwoSum };
 struct MoeRouting {
   int experts = 0;  // E
   int top_k = 0;    // k, 1 <= k <= E
   RouterScore score = RouterScore::Softmax;
   bool norm_topk = false;  // the k weights divided by their sum
   float scale = 1.0f;      // then multiplied by this (routed_scaling_factor)
+  // The experts in `groups` equal groups (n_group); a token chooses among the experts of its
+  // `top_groups` best groups (topk_group) only. groups 1: every expert.
+  int groups = 1, top_groups = 1;
+  GroupScore group_score = GroupScore::Max;
+  // (E) F32 on the op's device, or empty: added to the scores for the selection only (DeepSeek-V3's
+  // e_score_correction_bias); the weights are the scores themselves.
+  Tensor selection_bias = {};
 };
 
 class Backend {
@@ -266,6 +289,29 @@ class Backend {
     rope_backward(dqkv, freqs, Tensor(), n_head, n_kv_head, stream);
   }
 
+  // ---- multi-head latent attention: its heads in the attention ops' layout ----
+  // q (B,T,H*D): each head [nope | rope] (D = dn + dr); kv (B,T,H*(dn+dv)): each head
+  // [k nope | v]; k_rope (B,T,dr): the one rotary key of every head. qkv (B,T,3*H*D) is the
+  // attention ops' input with H q heads, H kv heads and head dim D: the q heads with their rope
+  // part rotated, times heads.q_scale (in fp32 after the rotation), the k heads [k nope | the
+  // rotated k_rope], the v heads [v | 0] (zero-padded to D, so that the attention's output heads
+  // are [their v part | 0]). The rotation is rope_forward's on the dr rope dims (pairs
+  // (i, i + dr/2); freqs (maxT,dr/2,2) F32, positions as there). One dtype for the four tensors;
+  // every element rounded once (the copies exact where q_scale is 1).
+  virtual void mla_pack(Tensor qkv, Tensor q, Tensor kv, Tensor k_rope, Tensor freqs,
+                        Tensor positions, const MlaHeads& heads, Stream stream) = 0;
+  // The backward from dqkv (same layout), overwriting dq, dkv and dk_rope: the q heads times
+  // q_scale (before their rope parts are rotated back), the rope parts rotated back
+  // (rope_backward's transposed rotation); dk_rope = the k heads' rope parts summed
+  // over the heads in head order in fp32, then rotated back, rounded once; the v padding unread.
+  virtual void mla_pack_backward(Tensor dq, Tensor dkv, Tensor dk_rope, Tensor dqkv, Tensor freqs,
+                                 Tensor positions, const MlaHeads& heads, Stream stream) = 0;
+  // out (B,T,H*dv) = the first dv of each head of atty (B,T,H*D) (the attention's output of
+  // mla_pack's qkv); the backward: datty = each head of dout padded with zeros to D.
+  virtual void mla_unpad(Tensor out, Tensor atty, const MlaHeads& heads, Stream stream) = 0;
+  virtual void mla_unpad_backward(Tensor datty, Tensor dout, const MlaHeads& heads,
+                                  Stream stream) = 0;
+
   // ---- GELU, tanh approximation ----
   // out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); any shape
   virtual void gelu_forward(Tensor out, Tensor inp, Stream stream) = 0;
@@ -322,10 +368,14 @@ class Backend {
   // dropped). The tensors of one token's choices are (N, k); a choice (n, j) is row
   // dest_rows[n, j] of the expert-ordered buffer, or -1: dropped (no row, no contribution).
   //
-  // scores (N,E) F32 = softmax (or sigmoid) of logits (N,E) in fp32. topk_expert (N,k) I32: the
-  // experts of the k highest scores, highest first, ties to the lower index. topk_weight (N,k)
-  // F32: their scores, divided by their sum (in j order) where routing.norm_topk, times
-  // routing.scale.
+  // scores (N,E) F32 = softmax (or sigmoid) of logits (N,E) in fp32. The selection scores are
+  // the scores + routing.selection_bias (if any); with groups, the top_groups groups of the
+  // highest group scores (ties to the lower group) are the token's, the others' experts out of
+  // its choice (DeepSeek fills their scores with 0, which picks the same experts while the
+  // chosen groups' selection scores are positive). topk_expert (N,k) I32: the experts of the k
+  // highest selection scores, highest first, ties to the lower index. topk_weight (N,k) F32:
+  // their scores, divided by their sum (in j order) where routing.norm_topk, times
+  // routing.scale. The selection is a constant: the backward is the same with groups and bias.
   virtual void moe_route(Tensor topk_weight, Tensor topk_expert, Tensor scores, Tensor logits,
                          const MoeRouting& routing, Stream stream) = 0;
   // dlogits (N,E) = the gradient w.r.t. logits (overwritten) from dtopk_weight (N,k) F32 and, if

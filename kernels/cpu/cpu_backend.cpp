@@ -201,6 +201,20 @@ class CpuBackend final : public Backend {
                      Stream) override {
     cpu::rope(ctx_, dqkv, freqs, positions, n_head, n_kv_head, true);
   }
+  void mla_pack(Tensor qkv, Tensor q, Tensor kv, Tensor k_rope, Tensor freqs, Tensor positions,
+                const MlaHeads& heads, Stream) override {
+    cpu::mla_pack(ctx_, qkv, q, kv, k_rope, freqs, positions, heads);
+  }
+  void mla_pack_backward(Tensor dq, Tensor dkv, Tensor dk_rope, Tensor dqkv, Tensor freqs,
+                         Tensor positions, const MlaHeads& heads, Stream) override {
+    cpu::mla_pack_backward(ctx_, dq, dkv, dk_rope, dqkv, freqs, positions, heads);
+  }
+  void mla_unpad(Tensor out, Tensor atty, const MlaHeads& heads, Stream) override {
+    cpu::mla_unpad(ctx_, out, atty, heads);
+  }
+  void mla_unpad_backward(Tensor datty, Tensor dout, const MlaHeads& heads, Stream) override {
+    cpu::mla_unpad_backward(ctx_, datty, dout, heads);
+  }
   void gelu_forward(Tensor out, Tensor inp, Stream) override { cpu::gelu_forward(ctx_, out, inp); }
   void gelu_backward(Tensor dinp, Tensor dout, Tensor inp, Stream) override {
     cpu::gelu_backward(ctx_, dinp, dout, inp);

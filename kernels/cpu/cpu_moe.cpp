@@ -28,14 +28,43 @@ void score_row(const float* x, int64_t E, RouterScore score, float* scores) {
   for (int64_t e = 0; e < E; ++e) scores[e] /= sum;
 }
 
-// The k highest of scores[0, E), highest first, ties to the lower index.
-void top_k(const float* scores, int64_t E, int k, int32_t* experts) {
+// A group's rank score: its best selection score, or the sum of its two best.
+float group_score(const float* choice, int64_t first, int64_t size, GroupScore kind) {
+  float best = choice[first], second = -INFINITY;
+  for (int64_t e = first + 1; e < first + size; ++e) {
+    if (choice[e] > best) {
+      second = best;
+      best = choice[e];
+    } else if (choice[e] > second) {
+      second = choice[e];
+    }
+  }
+  return kind == GroupScore::Max || size < 2 ? best : best + second;
+}
+
+// allowed[e] = 1: expert e is in one of the top_groups best groups (ties to the lower group),
+// else 0.
+void allowed_experts(const float* choice, const MoeRouting& r, float* group_scores,
+                     float* allowed) {
+  const int64_t size = r.experts / r.groups;
+  for (int g = 0; g < r.groups; ++g) group_scores[g] = group_score(choice, g * size, size, r.group_score);
+  for (int g = 0; g < r.groups; ++g) {
+    int ahead = 0;  // the groups ranked before g
+    for (int h = 0; h < r.groups; ++h) {
+      ahead += group_scores[h] > group_scores[g] || (group_scores[h] == group_scores[g] && h < g);
+    }
+    for (int64_t e = g * size; e < (g + 1) * size; ++e) allowed[e] = ahead < r.top_groups ? 1.0f : 0.0f;
+  }
+}
+
+// The k highest of choice[0, E) among the allowed, highest first, ties to the lower index.
+void top_k(const float* choice, const float* allowed, int64_t E, int k, int32_t* experts) {
   for (int j = 0; j < k; ++j) {
     int best = -1;
     for (int64_t e = 0; e < E; ++e) {
-      bool taken = false;
+      bool taken = allowed[e] == 0.0f;
       for (int i = 0; i < j; ++i) taken = taken || experts[i] == e;
-      if (!taken && (best < 0 || scores[e] > scores[best])) best = static_cast<int>(e);
+      if (!taken && (best < 0 || choice[e] > choice[best])) best = static_cast<int>(e);
     }
     experts[j] = best;
   }
@@ -58,14 +87,22 @@ void moe_route(const CpuContext& ctx, Tensor topk_weight, Tensor topk_expert, Te
   const int64_t N = check_moe_route_shapes(topk_weight, topk_expert, scores, logits, routing);
   const int64_t E = routing.experts;
   const int k = routing.top_k;
-  ThreadScratch scratch(ctx, E);
+  const float* bias = routing.selection_bias.empty() ? nullptr : routing.selection_bias.f32();
+  // Per thread: the logits' copy, the selection scores, the group scores, the allowed flags.
+  ThreadScratch scratch(ctx, 3 * E + routing.groups);
   parallel_for(ctx, N, [&](int64_t n, int thread) {
-    const float* x = load_span(logits, n * E, E, scratch.get(thread));
+    float* x_copy = scratch.get(thread);
+    float* choice = x_copy + E;
+    float* group_scores = choice + E;
+    float* allowed = group_scores + routing.groups;
+    const float* x = load_span(logits, n * E, E, x_copy);
     float* s = scores.f32() + n * E;
     score_row(x, E, routing.score, s);
+    for (int64_t e = 0; e < E; ++e) choice[e] = bias != nullptr ? s[e] + bias[e] : s[e];
+    allowed_experts(choice, routing, group_scores, allowed);
     int32_t* experts = topk_expert.i32() + n * k;
     float* w = topk_weight.f32() + n * k;
-    top_k(s, E, k, experts);
+    top_k(choice, allowed, E, k, experts);
     float sum = 0.0f;
     for (int j = 0; j < k; ++j) {
       w[j] = s[experts[j]];

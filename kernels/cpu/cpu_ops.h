@@ -229,6 +229,12 @@ void rope(const CpuContext& ctx, Tensor qkv, Tensor freqs, Tensor positions, int
           int n_kv_head,
           bool transposed);
 
+void mla_pack(const CpuContext& ctx, Tensor qkv, Tensor q, Tensor kv, Tensor k_rope, Tensor freqs,
+              Tensor positions, const MlaHeads& heads);
+void mla_pack_backward(const CpuContext& ctx, Tensor dq, Tensor dkv, Tensor dk_rope, Tensor dqkv,
+                       Tensor freqs, Tensor positions, const MlaHeads& heads);
+void mla_unpad(const CpuContext& ctx, Tensor out, Tensor atty, const MlaHeads& heads);
+void mla_unpad_backward(const CpuContext& ctx, Tensor datty, Tensor dout, const MlaHeads& heads);
 void adamw(const CpuContext& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy,
            const AdamWStep& step);
 double sum_squares(const CpuContext& ctx, Tensor x);

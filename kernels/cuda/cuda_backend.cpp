@@ -397,6 +397,25 @@ class CudaBackend final : public Backend {
     DeviceScope scope(ctx_.device);
     cuda::rope(ctx_, dqkv, freqs, positions, n_head, n_kv_head, true, to_stream(stream));
   }
+  void mla_pack(Tensor qkv, Tensor q, Tensor kv, Tensor k_rope, Tensor freqs, Tensor positions,
+                const MlaHeads& heads, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::mla_pack(ctx_, qkv, q, kv, k_rope, freqs, positions, heads, to_stream(stream));
+  }
+  void mla_pack_backward(Tensor dq, Tensor dkv, Tensor dk_rope, Tensor dqkv, Tensor freqs,
+                         Tensor positions, const MlaHeads& heads, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::mla_pack_backward(ctx_, dq, dkv, dk_rope, dqkv, freqs, positions, heads,
+                            to_stream(stream));
+  }
+  void mla_unpad(Tensor out, Tensor atty, const MlaHeads& heads, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::mla_unpad(ctx_, out, atty, heads, to_stream(stream));
+  }
+  void mla_unpad_backward(Tensor datty, Tensor dout, const MlaHeads& heads, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::mla_unpad_backward(ctx_, datty, dout, heads, to_stream(stream));
+  }
   void gelu_forward(Tensor out, Tensor inp, Stream stream) override {
     DeviceScope scope(ctx_.device);
     cuda::gelu_forward(ctx_, out, inp, to_stream(stream));

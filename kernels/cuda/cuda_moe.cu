@@ -28,8 +28,49 @@ __device__ __forceinline__ void flag_bad_index(unsigned* error_word) {
 
 // ---- routing -------------------------------------------------------------------------------
 
+// Selection score of expert e: its score, plus the selection bias (if any).
+__device__ __forceinline__ float choice_of(const float* s, const float* bias, int64_t e) {
+  return bias != nullptr ? s[e] + bias[e] : s[e];
+}
+
+// A group's rank score (the CPU twin's group_score): its best selection score, or the sum of its
+// two best.
+__device__ float group_score_of(const float* s, const float* bias, int64_t first, int64_t size,
+                                GroupScore kind) {
+  float best = choice_of(s, bias, first), second = -INFINITY;
+  for (int64_t e = first + 1; e < first + size; ++e) {
+    const float c = choice_of(s, bias, e);
+    if (c > best) {
+      second = best;
+      best = c;
+    } else if (c > second) {
+      second = c;
+    }
+  }
+  return kind == GroupScore::Max || size < 2 ? best : best + second;
+}
+
+// Bit g: group g is among the top_groups best (ties to the lower group). Group scores are
+// recomputed rather than kept in a per-thread array (no local memory).
+__device__ uint64_t allowed_groups(const float* s, const float* bias, const MoeRouting& r) {
+  if (r.groups == 1) return 1;
+  const int64_t size = r.experts / r.groups;
+  uint64_t mask = 0;
+  for (int g = 0; g < r.groups; ++g) {
+    const float mine = group_score_of(s, bias, g * size, size, r.group_score);
+    int ahead = 0;
+    for (int h = 0; h < r.groups && ahead < r.top_groups; ++h) {
+      const float other = group_score_of(s, bias, h * size, size, r.group_score);
+      ahead += other > mine || (other == mine && h < g);
+    }
+    if (ahead < r.top_groups) mask |= uint64_t{1} << g;
+  }
+  return mask;
+}
+
 __global__ void moe_route_kernel(float* topk_weight, int32_t* topk_expert, float* scores,
-                                 DeviceTensor logits, int64_t N, MoeRouting routing) {
+                                 DeviceTensor logits, const float* bias, int64_t N,
+                                 MoeRouting routing) {
   const int64_t n = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (n >= N) return;
   const int64_t E = routing.experts;
@@ -49,13 +90,17 @@ __global__ void moe_route_kernel(float* topk_weight, int32_t* topk_expert, float
   }
   int32_t* experts = topk_expert + n * k;
   float* w = topk_weight + n * k;
+  const uint64_t groups = allowed_groups(s, bias, routing);
+  const int64_t group_size = E / routing.groups;
   float sum = 0.0f;
   for (int j = 0; j < k; ++j) {
     int best = -1;
     for (int64_t e = 0; e < E; ++e) {
-      bool taken = false;
+      bool taken = ((groups >> (e / group_size)) & 1) == 0;
       for (int i = 0; i < j; ++i) taken = taken || experts[i] == e;
-      if (!taken && (best < 0 || s[e] > s[best])) best = static_cast<int>(e);
+      if (!taken && (best < 0 || choice_of(s, bias, e) > choice_of(s, bias, best))) {
+        best = static_cast<int>(e);
+      }
     }
     experts[j] = best;
     w[j] = s[best];
@@ -266,8 +311,11 @@ void moe_route(const CudaContext& ctx, Tensor topk_weight, Tensor topk_expert, T
   check_tensor_dtype(ctx, topk_weight, DType::F32, "moe topk_weight");
   check_index_on_device(ctx, topk_expert, "moe topk_expert");
   if (N == 0) return;
+  const Tensor& bias = routing.selection_bias;
+  if (!bias.empty()) check_tensor_dtype(ctx, bias, DType::F32, "moe selection_bias");
   DSTRAIN_LAUNCH(moe_route_kernel, ceil_div(N, kThreads), kThreads, 0, stream)
-  (topk_weight.f32(), topk_expert.i32(), scores.f32(), device_tensor(logits), N, routing);
+  (topk_weight.f32(), topk_expert.i32(), scores.f32(), device_tensor(logits),
+   bias.empty() ? nullptr : bias.f32(), N, routing);
 }
 
 void moe_route_backward(const CudaContext& ctx, Tensor dlogits, Tensor dtopk_weight, Tensor dscores,

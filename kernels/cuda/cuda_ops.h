@@ -178,6 +178,14 @@ void attention_backward(const CudaContext& ctx, Tensor dqkv, Tensor dout, Tensor
                         cudaStream_t stream);
 
 // cuda_rope.cu; `transposed` rotates by -angle (the backward).
+void mla_pack(const CudaContext& ctx, Tensor qkv, Tensor q, Tensor kv, Tensor k_rope,
+              Tensor freqs, Tensor positions, const MlaHeads& heads, cudaStream_t stream);
+void mla_pack_backward(const CudaContext& ctx, Tensor dq, Tensor dkv, Tensor dk_rope, Tensor dqkv,
+                       Tensor freqs, Tensor positions, const MlaHeads& heads, cudaStream_t stream);
+void mla_unpad(const CudaContext& ctx, Tensor out, Tensor atty, const MlaHeads& heads,
+               cudaStream_t stream);
+void mla_unpad_backward(const CudaContext& ctx, Tensor datty, Tensor dout, const MlaHeads& heads,
+                        cudaStream_t stream);
 void rope(const CudaContext& ctx, Tensor qkv, Tensor freqs, Tensor positions, int n_head,
           int n_kv_head,
           bool transposed, cudaStream_t stream);

@@ -34,6 +34,33 @@ struct RouteReference {
   std::vector<int> experts;             // (N, k)
 };
 
+// The experts a token may choose, best first (ties to the lower index): the selection scores
+// (s + the selection bias) of the experts in its top_groups groups, ranked by the best (or the
+// sum of the two best) selection score of each group, ties to the lower group.
+std::vector<int> selection_order(const double* s, int64_t E, const MoeRouting& r) {
+  std::vector<double> choice(s, s + E);
+  if (!r.selection_bias.empty()) {
+    for (int64_t e = 0; e < E; ++e) choice[e] += r.selection_bias.f32()[e];
+  }
+  const int64_t size = E / r.groups;
+  std::vector<double> group(static_cast<size_t>(r.groups));
+  for (int g = 0; g < r.groups; ++g) {
+    std::vector<double> members(choice.begin() + g * size, choice.begin() + (g + 1) * size);
+    std::sort(members.begin(), members.end(), std::greater<>());
+    group[g] = members[0] + (r.group_score == GroupScore::TopTwoSum && size > 1 ? members[1] : 0.0);
+  }
+  std::vector<int> groups(static_cast<size_t>(r.groups));
+  std::iota(groups.begin(), groups.end(), 0);
+  std::stable_sort(groups.begin(), groups.end(), [&](int a, int b) { return group[a] > group[b]; });
+  std::vector<int> order;
+  for (int e = 0; e < E; ++e) {
+    const auto chosen = groups.begin() + r.top_groups;
+    if (std::find(groups.begin(), chosen, e / size) != chosen) order.push_back(e);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return choice[a] > choice[b]; });
+  return order;
+}
+
 // The routing of `logits` in double. `fixed`: the selection to use instead of the top k (the
 // finite differences keep it constant, as the op's backward does).
 RouteReference route_reference(const std::vector<double>& logits, int64_t N, const MoeRouting& r,
@@ -54,9 +81,7 @@ RouteReference route_reference(const std::vector<double>& logits, int64_t N, con
     if (r.score == RouterScore::Softmax) {
       for (int64_t e = 0; e < E; ++e) s[e] /= sum;
     }
-    std::vector<int> order(static_cast<size_t>(E));
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return s[a] > s[b]; });
+    std::vector<int> order = selection_order(s, E, r);
     double picked = 0.0;
     for (int j = 0; j < k; ++j) {
       const int e = fixed ? (*fixed)[n * k + j] : order[static_cast<size_t>(j)];
@@ -109,6 +134,44 @@ TEST(MoeRoute, SoftmaxTop3UnnormalizedOddShapeBF16) { check_route({7, kQwenNoNor
 TEST(MoeRoute, SigmoidScaledOddShapeF32) { check_route({9, kSigmoidScaled, DType::F32}); }
 TEST(MoeRoute, TopKOfEveryExpertF16) { check_route({5, kEveryExpert, DType::F16}); }
 
+// DeepSeek's routers: V2's group_limited_greedy (softmax, 4 groups of 4, the best 2 by their
+// best expert, top 3, not renormalized, scaled) and V3's noaux_tc (sigmoid + a selection bias,
+// 4 groups of 4, the best 2 by the sum of their two best, top 4, renormalized, scaled). The
+// bias changes the choice but not the weights: without it the choices differ.
+const MoeRouting kDeepSeekV2{16, 3, RouterScore::Softmax, false, 1.5f, 4, 2, GroupScore::Max};
+MoeRouting deepseek_v3(Tensor bias) {
+  return MoeRouting{16, 4, RouterScore::Sigmoid, true, 2.5f, 4, 2, GroupScore::TopTwoSum, bias};
+}
+TEST(MoeRoute, DeepSeekV2GroupLimitedF32) { check_route({33, kDeepSeekV2, DType::F32}); }
+TEST(MoeRoute, DeepSeekV2GroupLimitedBF16) { check_route({7, kDeepSeekV2, DType::BF16}); }
+TEST(MoeRoute, DeepSeekV3BiasedGroupsF32) {
+  Random rng(63);
+  HostTensor bias(DType::F32, {16});
+  bias.fill_random(rng, -0.3, 0.3);
+  check_route({33, deepseek_v3(bias), DType::F32});
+  // The same logits without the bias choose other experts somewhere, with the same scores.
+  RouteTensors a({33, deepseek_v3(bias), DType::F32}), b({33, deepseek_v3(Tensor()), DType::F32});
+  a.routing = deepseek_v3(bias);
+  b.routing = deepseek_v3(Tensor());
+  Random same(64);
+  a.logits.fill_random(same, -3.0, 3.0);
+  b.logits = a.logits.clone();
+  a.run();
+  b.run();
+  EXPECT_NE(as_ints(a.experts), as_ints(b.experts));
+  EXPECT_EQ(a.scores.values(), b.scores.values());
+}
+// Only the chosen groups' experts: with every logit of groups 0 and 3 highest, V2's router
+// takes its experts from those two groups alone.
+TEST(MoeRoute, GroupLimitedChoosesWithinTheBestGroups) {
+  RouteTensors t({1, kDeepSeekV2, DType::F32});
+  t.routing = kDeepSeekV2;
+  t.logits.set({3.0, 0.0, 0.0, 0.0, 2.9, 2.9, 2.9, 2.9, 0.0, 0.0, 0.0, 0.0, 2.95, 0.0, 0.0, 0.0});
+  t.run();
+  // Groups by their best: 0 (3.0), 3 (2.95), then 1 (2.9): experts 0, 12 and group 0's next.
+  EXPECT_EQ(as_ints(t.experts), (std::vector<int>{0, 12, 1}));
+}
+
 // Equal scores: the lower expert first (torch.topk leaves the order of ties open; dstrain fixes
 // it).
 TEST(MoeRoute, TiesGoToTheLowerExpert) {
@@ -153,6 +216,12 @@ TEST(MoeRouteBackward, SoftmaxWithAScoreLossMatchesFiniteDifferences) {
 }
 TEST(MoeRouteBackward, SigmoidScaledWithAScoreLossMatchesFiniteDifferences) {
   check_route_backward({9, kSigmoidScaled, DType::F32}, true);
+}
+TEST(MoeRouteBackward, DeepSeekV3BiasedGroupsMatchFiniteDifferences) {
+  Random rng(65);
+  HostTensor bias(DType::F32, {16});
+  bias.fill_random(rng, -0.3, 0.3);
+  check_route_backward({9, deepseek_v3(bias), DType::F32}, true);
 }
 TEST(MoeRouteBackward, EveryExpertBF16) {
   check_route_backward({5, kEveryExpert, DType::BF16}, true);

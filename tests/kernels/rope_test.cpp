@@ -293,3 +293,42 @@ TEST(Rope, ShapeMismatchThrows) {
 
 }  // namespace
 }  // namespace dstrain::test
+
+namespace dstrain::test {
+namespace {
+
+// YaRN as DeepSeek-V3 configures it (factor 40, original context 4096, beta_fast 32, beta_slow 1,
+// rope head dim 64, theta 10000), against the formula written out here; and the tiny V3
+// fixture's (head dim 4, factor 16, original 1024), whose frequencies the reference script
+// states: [1, (1/100 + 1/1600) / 2] (tests/reference/make_deepseek_v2_reference.py).
+TEST(RopeTable, YarnFrequenciesAsDeepSeekComputesThem) {
+  const std::vector<double> tiny = rope_inv_freq_yarn(4, 10000.0, 16.0, 1024.0, 32.0, 1.0);
+  ASSERT_EQ(tiny.size(), 2u);
+  EXPECT_DOUBLE_EQ(tiny[0], 1.0);
+  EXPECT_DOUBLE_EQ(tiny[1], (1.0 / 100 + 1.0 / 1600) / 2);
+  const std::vector<double> v3 = rope_inv_freq_yarn(64, 10000.0, 40.0, 4096.0, 32.0, 1.0);
+  const double pi = 3.14159265358979323846;
+  // corr(32) = 64 ln(4096 / (64 pi)) / (2 ln 10000) = 10.3..., corr(1) = 22.8...
+  const double low = std::floor(64 * std::log(4096 / (2 * pi * 32)) / (2 * std::log(10000.0)));
+  const double high = std::ceil(64 * std::log(4096 / (2 * pi * 1)) / (2 * std::log(10000.0)));
+  ASSERT_EQ(low, 10.0);
+  ASSERT_EQ(high, 23.0);
+  for (int i = 0; i < 32; ++i) {
+    const double original = std::pow(10000.0, -i / 32.0);
+    const double ramp = std::min(1.0, std::max(0.0, (i - low) / (high - low)));
+    EXPECT_NEAR(v3[i], original * (1 - ramp) + original / 40.0 * ramp, 1e-15 * original) << i;
+  }
+  EXPECT_DOUBLE_EQ(v3[5], std::pow(10000.0, -5 / 32.0));  // below the ramp: the original one
+  EXPECT_NEAR(v3[30], std::pow(10000.0, -30 / 32.0) / 40.0, 1e-18);  // above it: interpolated
+  // mscale: 0.1 * 1 * ln(40) + 1; 1 for factor <= 1.
+  EXPECT_DOUBLE_EQ(yarn_mscale(40.0, 1.0), 0.1 * std::log(40.0) + 1.0);
+  EXPECT_EQ(yarn_mscale(1.0, 1.0), 1.0);
+  // The table carries the magnitude on both cos and sin.
+  std::vector<float> table(2 * 2 * 3);
+  fill_rope_table(table.data(), 3, tiny, 0.5);
+  EXPECT_FLOAT_EQ(table[(2 * 2 + 1) * 2], static_cast<float>(0.5 * std::cos(2 * tiny[1])));
+  EXPECT_FLOAT_EQ(table[(2 * 2 + 1) * 2 + 1], static_cast<float>(0.5 * std::sin(2 * tiny[1])));
+}
+
+}  // namespace
+}  // namespace dstrain::test

@@ -52,6 +52,34 @@ TEST(CudaMoe, RoutingAndItsBackwardMatchCpu) {
   }
 }
 
+// DeepSeek's routers: V2's group-limited choice, V3's biased one by the sum of each group's two
+// best (the bias a device tensor on the GPU, the host's on the twin).
+TEST(CudaMoe, DeepSeekRoutingMatchesCpu) {
+  REQUIRE_CUDA_DEVICE();
+  Random rng(83);
+  HostTensor bias = random_tensor(rng, DType::F32, {16}, -0.3, 0.3);
+  for (bool v3 : {false, true}) {
+    MoeRouting routing{16, v3 ? 4 : 3, v3 ? RouterScore::Sigmoid : RouterScore::Softmax, v3,
+                       v3 ? 2.5f : 1.5f, 4, 2, v3 ? GroupScore::TopTwoSum : GroupScore::Max};
+    const int64_t N = 37, E = 16, k = routing.top_k;
+    HostTensor logits = random_tensor(rng, DType::BF16, {N, E}, -3.0, 3.0);
+    HostTensor w_cpu = nan_tensor(DType::F32, {N, k}), w_gpu = w_cpu.clone();
+    HostTensor s_cpu = nan_tensor(DType::F32, {N, E}), s_gpu = s_cpu.clone();
+    HostTensor e_cpu(DType::I32, {N, k}), e_gpu(DType::I32, {N, k});
+    if (v3) routing.selection_bias = bias;
+    cpu_backend().moe_route(w_cpu, e_cpu, s_cpu, logits, routing, nullptr);
+    GpuRun run;
+    HostTensor logits_gpu = logits.clone(), bias_gpu = bias.clone();
+    if (v3) routing.selection_bias = run(bias_gpu);
+    cuda_backend().moe_route(run(w_gpu), run(e_gpu), run(s_gpu), run(logits_gpu), routing, nullptr);
+    run.finish();
+    EXPECT_TRUE(bitwise_equal(e_gpu, e_cpu)) << (v3 ? "V3" : "V2");
+    EXPECT_TRUE(matches_twin(w_gpu, w_cpu)) << (v3 ? "V3" : "V2");
+    EXPECT_TRUE(matches_twin(s_gpu, s_cpu)) << (v3 ? "V3" : "V2");
+    EXPECT_TRUE(guards_intact({&w_gpu, &s_gpu, &e_gpu})) << (v3 ? "V3" : "V2");
+  }
+}
+
 // Enough choices for several rounds of the placement's block scan (256 at a time), one expert
 // without a token.
 TEST(CudaMoe, DispatchMatchesCpu) {
