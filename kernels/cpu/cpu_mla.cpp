@@ -12,17 +12,6 @@ namespace dstrain::cpu {
 
 namespace {
 
-// Rotates x (dr) by the angles of cos_sin (dr/2, 2), pairs (x[i], x[i + dr/2]); sin_sign -1:
-// the transpose. rope's arithmetic (cpu_rope.cpp), no FMA contraction in this build.
-void rotate(float* x, const float* cos_sin, int64_t half, float sin_sign) {
-  for (int64_t i = 0; i < half; ++i) {
-    const float c = cos_sin[2 * i], s = sin_sign * cos_sin[2 * i + 1];
-    const float x1 = x[i], x2 = x[i + half];
-    x[i] = x1 * c - x2 * s;
-    x[i + half] = x2 * c + x1 * s;
-  }
-}
-
 // x (n) times scale in fp32 (nothing when scale is 1: the copies stay exact).
 void scale_by(float* x, int64_t n, float scale) {
   if (scale == 1.0f) return;
@@ -65,14 +54,14 @@ void mla_pack(const CpuContext& ctx, Tensor qkv, Tensor q, Tensor kv, Tensor k_r
     load_span_into(kv, row * s.kv_width(), s.kv_width(), r.kv);
     load_span_into(k_rope, row * s.dr, s.dr, r.k_rope);
     const float* cos_sin = angles(freqs, position, s, row);
-    rotate(r.k_rope, cos_sin, half, 1.0f);
+    rotate_half_pairs(r.k_rope, cos_sin, half, 1.0f);
     for (int64_t h = 0; h < s.H; ++h) {
       float* qh = r.qkv + h * D;
       float* kh = r.qkv + s.q_width() + h * D;
       float* vh = r.qkv + 2 * s.q_width() + h * D;
       const float* kvh = r.kv + h * (s.dn + s.dv);
       std::copy(r.q + h * D, r.q + (h + 1) * D, qh);
-      rotate(qh + s.dn, cos_sin, half, 1.0f);
+      rotate_half_pairs(qh + s.dn, cos_sin, half, 1.0f);
       scale_by(qh, D, heads.q_scale);
       std::copy(kvh, kvh + s.dn, kh);
       std::copy(r.k_rope, r.k_rope + s.dr, kh + s.dn);
@@ -104,12 +93,12 @@ void mla_pack_backward(const CpuContext& ctx, Tensor dq, Tensor dkv, Tensor dk_r
       float* dkvh = r.kv + h * (s.dn + s.dv);
       std::copy(qh, qh + D, dqh);
       scale_by(dqh, D, heads.q_scale);
-      rotate(dqh + s.dn, cos_sin, half, -1.0f);
+      rotate_half_pairs(dqh + s.dn, cos_sin, half, -1.0f);
       std::copy(kh, kh + s.dn, dkvh);
       std::copy(vh, vh + s.dv, dkvh + s.dn);
       for (int64_t i = 0; i < s.dr; ++i) r.k_rope[i] += kh[s.dn + i];
     }
-    rotate(r.k_rope, cos_sin, half, -1.0f);
+    rotate_half_pairs(r.k_rope, cos_sin, half, -1.0f);
     commit_span(dq, row * s.q_width(), s.q_width(), r.q);
     commit_span(dkv, row * s.kv_width(), s.kv_width(), r.kv);
     commit_span(dk_rope, row * s.dr, s.dr, r.k_rope);

@@ -52,6 +52,19 @@ inline void convert_from_f32(const float* src, int64_t count, T* dst) {
   for (int64_t i = 0; i < count; ++i) dst[i] = store_as<T>(src[i]);
 }
 
+// Rotates x (2 * half) by the angles of cos_sin (half, 2), pairs (x[i], x[i + half]) (rotary
+// embeddings' rotate-half); sin_sign -1 rotates by the negated angles (the transpose). Products
+// and sums as written: the build has no FMA contraction, and the CUDA kernels round the same
+// operations the same way.
+inline void rotate_half_pairs(float* x, const float* cos_sin, int64_t half, float sin_sign) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float c = cos_sin[2 * i], s = sin_sign * cos_sin[2 * i + 1];
+    const float x1 = x[i], x2 = x[i + half];
+    x[i] = x1 * c - x2 * s;
+    x[i + half] = x2 * c + x1 * s;
+  }
+}
+
 // Elements [offset, offset + count) of float tensor `t` as fp32: a pointer into `t` when it
 // is F32, else `scratch` (>= count floats) filled by conversion.
 inline const float* load_span(const Tensor& t, int64_t offset, int64_t count, float* scratch) {

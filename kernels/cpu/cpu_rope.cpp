@@ -8,22 +8,6 @@
 
 namespace dstrain::cpu {
 
-namespace {
-
-// Rotates one head x (hd) by the angles of cos_sin (hd/2, 2): pairs (x[i], x[i + hd/2]).
-// sin_sign -1 rotates by the negated angles (the transpose). Products and sums as written: the
-// build has no FMA contraction, and the CUDA kernel rounds the same operations the same way.
-void rotate_head(float* x, const float* cos_sin, int64_t half, float sin_sign) {
-  for (int64_t i = 0; i < half; ++i) {
-    const float c = cos_sin[2 * i], s = sin_sign * cos_sin[2 * i + 1];
-    const float x1 = x[i], x2 = x[i + half];
-    x[i] = x1 * c - x2 * s;
-    x[i + half] = x2 * c + x1 * s;
-  }
-}
-
-}  // namespace
-
 void rope(const CpuContext& ctx, Tensor qkv, Tensor freqs, Tensor positions, int n_head,
           int n_kv_head, bool transposed) {
   check_float_tensor(qkv, "rope qkv");
@@ -40,7 +24,7 @@ void rope(const CpuContext& ctx, Tensor qkv, Tensor freqs, Tensor positions, int
     if (qkv.dtype != DType::F32) load_span_into(qkv, offset, rotated, x);
     const float* cos_sin = table + position_at(position, row / s.T, row % s.T, s.T) * half * 2;
     for (int64_t head = 0; head < s.NH + s.KV; ++head) {
-      rotate_head(x + head * s.hd, cos_sin, half, sin_sign);
+      rotate_half_pairs(x + head * s.hd, cos_sin, half, sin_sign);
     }
     commit_span(qkv, offset, rotated, x);
   });

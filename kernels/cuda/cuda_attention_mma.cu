@@ -269,16 +269,11 @@ __global__ void __launch_bounds__(kThreads, (Tiling<kHeadDim, kWarpTiles>::kMinB
   const int row0 = Tile::kWarpQueryRows * warp;  // this warp's first row in the block's tiles
   const int warp_q0 = q0 + row0;                 // and its first query row
   const int key_tiles = (min(q0 + kBlockRows, T) + kKeys - 1) / kKeys;  // keys the block sees
-  // Packed rows: no row of the block sees a key before its first row's sequence (the starts
-  // never decrease along a row), so the key tiles start at the one holding that key (clamped
-  // to [0, q0]: invalid positions stay inside the tensors). The block's rows' starts go to
-  // shared memory, published by the loop's first barrier. Without positions, tile 0.
+  // Packed rows: the key tiles from the one holding the block's first row's sequence start;
+  // the rows' starts published by the loop's first barrier. Without positions, tile 0.
   int first_tile = 0;
   if constexpr (kPacked) {
-    const int32_t* row_positions = positions + int64_t{b} * T;
-    first_tile = max(0, min(sequence_start(row_positions, q0, T), q0)) / kKeys;
-    if (threadIdx.x < kBlockRows)
-      row_starts[threadIdx.x] = sequence_start(row_positions, q0 + threadIdx.x, T);
+    first_tile = packed_block_starts<kBlockRows, kKeys>(positions, b, q0, T, row_starts);
   }
 
   load_tile_async<kBlockRows, kHeadDim>(q_tile, batch + h * kHeadDim, width, q0, T);

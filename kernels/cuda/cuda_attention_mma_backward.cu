@@ -557,10 +557,7 @@ __global__ void __launch_bounds__(kThreads)
   // published by the barrier before delta. Without positions, tile 0.
   int first_tile = 0;
   if constexpr (kPacked) {
-    const int32_t* row_positions = positions + int64_t{b} * T;
-    first_tile = max(0, min(sequence_start(row_positions, q0, T), q0)) / kKeys;
-    if (threadIdx.x < kBlockRows)
-      row_starts[threadIdx.x] = sequence_start(row_positions, q0 + threadIdx.x, T);
+    first_tile = packed_block_starts<kBlockRows, kKeys>(positions, b, q0, T, row_starts);
   }
 
   const int64_t head_row = (int64_t{b} * NH + h) * T;  // of lse and delta

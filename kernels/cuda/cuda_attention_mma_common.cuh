@@ -62,6 +62,20 @@ __device__ __forceinline__ int sequence_start(const int32_t* row_positions, int 
   return i < T ? i - row_positions[i] : 0;
 }
 
+// Packed rows, for a block of kBlockRows query rows from q0 of batch row b: its rows' sequence
+// starts into row_starts (shared; the caller's next barrier publishes them), and the first key
+// tile any of them sees: the one holding its first row's start (the starts never decrease along
+// a row), clamped to [0, q0] so that invalid positions stay inside the tensors.
+template <int kBlockRows, int kKeys>
+__device__ __forceinline__ int packed_block_starts(const int32_t* positions, int b, int q0, int T,
+                                                   int* row_starts) {
+  const int32_t* row_positions = positions + int64_t{b} * T;
+  if (threadIdx.x < kBlockRows) {
+    row_starts[threadIdx.x] = sequence_start(row_positions, q0 + threadIdx.x, T);
+  }
+  return max(0, min(sequence_start(row_positions, q0, T), q0)) / kKeys;
+}
+
 // Element offset of 16-byte chunk `chunk` of row `row` in a swizzled (rows, kHeadDim) tile.
 template <int kHeadDim>
 __device__ __forceinline__ int swizzled(int row, int chunk) {

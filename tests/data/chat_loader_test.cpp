@@ -211,6 +211,21 @@ TEST(ChatLoader, TooFewConversationsIsOneSentence) {
                     "one step reads 8");
 }
 
+// Each kept conversation's inputs and targets as one conversation per row of T reads them (the
+// unpacked loader, in order).
+std::pair<std::vector<std::vector<int32_t>>, std::vector<std::vector<int32_t>>>
+rows_one_per_conversation(const TokenDataset& data, int64_t T) {
+  DataLoader unpacked(data, LoaderOptions{1, T, 1, 0, false, 0, 0});
+  std::vector<std::vector<int32_t>> inputs_of, targets_of;
+  for (int64_t i = 0; i < unpacked.rounds_per_epoch(); ++i) {
+    std::vector<int32_t> in(T), tg(T);
+    unpacked.next_batch(in.data(), tg.data());
+    inputs_of.push_back(in);
+    targets_of.push_back(tg);
+  }
+  return {inputs_of, targets_of};
+}
+
 // Packing: rows of whole conversations in file order, each taking its n - 1 positions, a new row
 // where the next does not fit; positions restart at each conversation and at the padding; the
 // trained count ahead is the rows'.
@@ -223,14 +238,7 @@ TEST(ChatLoader, PackedRowsHoldWholeConversationsInOrder) {
   DataLoader loader(data, options);
   ASSERT_TRUE(loader.packed());
   // Independently: the kept conversations' rows (as unpacked), then greedy packing.
-  DataLoader unpacked(data, LoaderOptions{1, T, 1, 0, false, 0, 0});
-  std::vector<std::vector<int32_t>> inputs_of, targets_of;
-  for (int64_t i = 0; i < unpacked.rounds_per_epoch(); ++i) {
-    std::vector<int32_t> in(T), tg(T);
-    unpacked.next_batch(in.data(), tg.data());
-    inputs_of.push_back(in);
-    targets_of.push_back(tg);
-  }
+  const auto [inputs_of, targets_of] = rows_one_per_conversation(data, T);
   const ConversationIndex index = index_conversations(data, T);
   std::vector<std::vector<size_t>> rows(1);
   int64_t used = 0;
@@ -304,15 +312,7 @@ TEST(ChatLoader, TokenBudgetMicroBatchesHoldWholeConversations) {
   options.batch_tokens = N;
   options.width_multiple = 8;
   EXPECT_EQ(count_sequences(data, options), static_cast<int64_t>(batches.size()));
-  // The rows as one conversation per row of T reads them (the unpacked loader, in order).
-  DataLoader unpacked(data, LoaderOptions{1, T, 1, 0, false, 0, 0});
-  std::vector<std::vector<int32_t>> inputs_of, targets_of;
-  for (int64_t i = 0; i < unpacked.rounds_per_epoch(); ++i) {
-    std::vector<int32_t> in(T), tg(T);
-    unpacked.next_batch(in.data(), tg.data());
-    inputs_of.push_back(in);
-    targets_of.push_back(tg);
-  }
+  const auto [inputs_of, targets_of] = rows_one_per_conversation(data, T);
   std::vector<DataLoader> loaders;
   for (int r = 0; r < R; ++r) {
     options.rank = r;
