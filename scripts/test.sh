@@ -22,6 +22,16 @@ if [ -x build/tests_kernels_cuda_emu ]; then
   ctest --test-dir build-emulator --output-on-failure -j"$(nproc)"
 fi
 
+# With clang and its libFuzzer runtime: every parser's and wire format's fuzz target for a short
+# budget (scripts/fuzz.sh: build-fuzz/ under AddressSanitizer + UBSan; a finding fails). The
+# committed corpus and findings also run in every build above (tests_fuzz). A longer run:
+# scripts/fuzz.sh 300 (benchmarks/RESULTS.md records one).
+if command -v clang++ >/dev/null && ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a \
+    >/dev/null 2>&1; then
+  echo "== the fuzz targets, ${DSTRAIN_FUZZ_SECONDS:-10} s each (build-fuzz/)"
+  scripts/fuzz.sh "${DSTRAIN_FUZZ_SECONDS:-10}"
+fi
+
 # The Dockerfile built with podman (about 20 minutes): opt-in, beyond CI's time budget.
 if [ "${DSTRAIN_DOCKER_CHECK:-0}" = 1 ]; then
   scripts/check-dockerfile-podman.sh

@@ -347,6 +347,21 @@ NodeTopology parse_nvidia_smi_topo(const std::string& text) {
   topology.numa_nodes = static_cast<int>(numa_nodes.size());
   topology.nics = nic_names(m);
   topology.nics_known = true;
+  // The names kept from the text go into JSON (topo --json, run_config.json), which holds UTF-8
+  // only; nvidia-smi prints them in ASCII.
+  const auto ascii = [](const std::string& text) {
+    return std::all_of(text.begin(), text.end(), [](char c) { return (c & 0x80) == 0; });
+  };
+  for (const std::string& nic : topology.nics) {
+    DSTRAIN_USER_CHECK(ascii(nic))
+        << "nvidia-smi topo: a NIC name holds bytes that are not ASCII; paste the tool's "
+        << "output as it prints it";
+  }
+  for (const GpuInfo& gpu : topology.gpus) {
+    DSTRAIN_USER_CHECK(ascii(gpu.cpu_affinity))
+        << "nvidia-smi topo: the CPU Affinity of GPU" << gpu.index
+        << " holds bytes that are not ASCII; paste the tool's output as it prints it";
+  }
 
   // The -mp view prints PCIe paths only; its legend has no NV# line.
   const bool legend_has_nvlink = m.legend.find("NV#") != std::string::npos;

@@ -251,6 +251,9 @@ NodeTopology load_topology_file(const std::string& path) {
     } catch (const json::parse_error& e) {
       DSTRAIN_USER_ERROR() << "topology file '" << path << "' is not valid JSON (error at byte "
                            << e.byte << ")";
+    } catch (const json::exception& e) {  // a number too large for a double, ...
+      DSTRAIN_USER_ERROR() << "topology file '" << path << "' is not valid JSON (" << e.what()
+                           << ")";
     }
     NodeTopology topology = topology_from_json(parsed);
     if (topology.source.empty()) topology.source = path;

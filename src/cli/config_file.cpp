@@ -50,6 +50,7 @@ std::vector<std::string> json_arguments(const nlohmann::json& json, const std::s
       if (value.get<bool>()) args.push_back("--" + key);
     } else {
       args.push_back("--" + key + "=" + flag_text(path, key, value));
+      check_no_boost_placeholder(args.back(), "config file " + path);
     }
   }
   return args;
@@ -73,6 +74,7 @@ po::parsed_options parse_file(const std::string& path, const po::options_descrip
   if (first != std::string::npos && text[first] == '{') {
     return parse_exact(json_arguments(parse_json_file(path), path, flags), flags);
   }
+  check_no_boost_placeholder(text, "config file " + path);
   std::istringstream stream(text);
   return po::parse_config_file(stream, flags, false);
 }

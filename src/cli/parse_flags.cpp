@@ -37,6 +37,14 @@ std::string bare(std::string name) {
 
 }  // namespace
 
+void check_no_boost_placeholder(const std::string& text, const std::string& where) {
+  for (const char* placeholder :
+       {"%value%", "%canonical_option%", "%original_token%", "%prefix%", "%option%"}) {
+    DSTRAIN_USER_CHECK(text.find(placeholder) == std::string::npos)
+        << where << " holds \"" << placeholder << "\", which no flag name or value may contain";
+  }
+}
+
 int exact_flag_style() {
   return po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
 }
@@ -44,6 +52,7 @@ int exact_flag_style() {
 po::parsed_options parse_exact(const std::vector<std::string>& args,
                               const po::options_description& flags,
                               const po::positional_options_description& positional) {
+  for (const std::string& arg : args) check_no_boost_placeholder(arg, "the argument " + arg);
   return po::command_line_parser(args)
       .options(flags)
       .positional(positional)

@@ -12,8 +12,13 @@ namespace dstrain {
 // Boost's default style without allow_guessing: a flag matches only its whole name.
 int exact_flag_style();
 
+// Boost's error messages substitute %value%, %canonical_option%, ... in a loop that never ends
+// when the substituted text holds its own placeholder (Boost 1.74): such text is refused before
+// Boost sees it, one UserError sentence naming `where` ("config file X", "the command line").
+void check_no_boost_placeholder(const std::string& text, const std::string& where);
+
 // `args` against `flags` with exact names, Boost's errors left to the caller (config files name
-// the file in theirs).
+// the file in theirs). Each argument passes check_no_boost_placeholder first.
 boost::program_options::parsed_options parse_exact(
     const std::vector<std::string>& args, const boost::program_options::options_description& flags,
     const boost::program_options::positional_options_description& positional = {});

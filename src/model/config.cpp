@@ -243,6 +243,13 @@ ModelConfig gpt2_config(const ConfigFields& f) {
 nlohmann::json rope_scaling(const ConfigFields& f) {
   if (!f.has("rope_scaling")) return nullptr;
   const nlohmann::json& scaling = f.at("rope_scaling");
+  DSTRAIN_USER_CHECK(scaling.is_object())
+      << "model config " << f.origin() << ": rope_scaling must be an object or null";
+  for (const char* field : {"rope_type", "type"}) {
+    DSTRAIN_USER_CHECK(!scaling.contains(field) || scaling[field].is_string())
+        << "model config " << f.origin() << ": rope_scaling's \"" << field
+        << "\" must be a string";
+  }
   const std::string kind = scaling.value("rope_type", scaling.value("type", std::string()));
   if (kind == "default") return nullptr;
   if (kind != "llama3") {

@@ -386,6 +386,9 @@ void load_initial_state(RunContext& ctx, const ParamLayout& layout, FullTraining
     DSTRAIN_USER_CHECK(trainer.contains("data"))
         << "checkpoint " << ctx.resume->dir << " has no data position in trainer.json";
     ctx.data_state = trainer["data"];
+    DSTRAIN_USER_CHECK(!trainer.contains("adam_step") || trainer["adam_step"].is_number_integer())
+        << "checkpoint " << ctx.resume->dir << " has a trainer.json whose adam_step "
+        << trainer["adam_step"].dump() << " is not an integer";
     ctx.first_adam_step = trainer.value("adam_step", ctx.first_step);
     if (trainer.contains("scaler")) ctx.scaler_state = trainer["scaler"];
     DSTRAIN_USER_CHECK(ctx.first_step < options.steps)

@@ -51,6 +51,9 @@ TEST_F(FlagsTest, PrefixesAreNotGuessedAndTheNearestFlagsAreNamed) {
   expect_user_error("plan --mod 6b", "unknown flag --mod (nearest: --model)");
   expect_user_error("prepare --inp a.txt --out d", "unknown flag --inp (nearest: --input)");
   expect_user_error("topo --js", "unknown flag --js (nearest: --json)");
+  // Boost 1.74 substitutes %value% in its own error messages forever when the value holds it
+  // (found by the run_config fuzzer in config files; the command line goes the same way).
+  expect_user_error("--seed %value%", "holds \"%value%\", which no flag name or value may contain");
 }
 
 TEST_F(FlagsTest, ConfigFilesTakeExactNamesToo) {
