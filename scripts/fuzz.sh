@@ -27,7 +27,7 @@ if ! command -v clang++ >/dev/null; then
   exit 2
 fi
 if [ ! -f "$build/build.ninja" ]; then
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ \
         -DCMAKE_BUILD_TYPE=Release -DDSTRAIN_CUDA=OFF -DDSTRAIN_FUZZ=ON >/dev/null
 fi
 
