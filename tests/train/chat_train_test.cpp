@@ -195,6 +195,42 @@ TEST(ChatTraining, ResumesOnTheSameCurve) {
   }
 }
 
+// Under a token budget, shuffled: resumed at step 5 on the same plan, the same bits; on dp 2
+// (the same micro-batches per step, split over the ranks), within summation order.
+TEST(ChatTraining, BatchTokensResumeOnTheSameCurve) {
+  testing::TempDir dir;
+  const std::string data = write_chat_data(dir.path() / "data", 33);
+  TrainOptions straight = chat_run_options(dir.path(), "straight", data, 1, 1);
+  straight.batch_tokens = 32;
+  straight.grad_accum = 8;
+  straight.shuffle = true;
+  straight.steps = 10;
+  straight.save_every = 5;
+  const test::LoggedRun all = train_run(straight);
+  for (int ranks : {1, 2}) {
+    TrainOptions resumed =
+        chat_run_options(dir.path(), "resumed" + std::to_string(ranks), data, ranks, 1);
+    resumed.batch_tokens = 32;
+    resumed.grad_accum = 8 / ranks;
+    resumed.shuffle = true;
+    resumed.model.clear();
+    resumed.resume = straight.out + "/step-000005";
+    resumed.steps = 10;
+    std::ostringstream out;
+    train(resumed, out);
+    std::vector<double> tail;
+    for (const nlohmann::json& r : test::read_logged_run(resumed).steps) tail.push_back(r["loss"]);
+    ASSERT_EQ(tail.size(), 5u) << ranks;
+    for (int i = 0; i < 5; ++i) {
+      if (ranks == 1) {
+        EXPECT_EQ(tail[i], all.losses[5 + i]) << "step " << 6 + i;
+      } else {
+        EXPECT_NEAR(tail[i], all.losses[5 + i], 1e-6 * all.losses[5 + i]) << "step " << 6 + i;
+      }
+    }
+  }
+}
+
 // Packed rows train as one rank too, on every kind of plan: dp, tp x dp at ZeRO-3, dp x pp
 // (the middle stages read the positions) and dp x tp x pp.
 TEST(ChatTraining, PackedRowsOnFourRanksTrainAsOne) {
