@@ -288,7 +288,7 @@ void settle_run_length(RunContext& ctx, const Datasets& data, std::ostream& out)
   const Plan& plan = ctx.plan;
   resolve_packing(options, ctx.plan, data, out);
   const LoaderOptions geometry = train_loader_options(plan, 0, false, 0);
-  ctx.steps_per_epoch = count_sequences(data.train, geometry) / (geometry.sequences_per_step);
+  ctx.steps_per_epoch = count_sequences(data.train, geometry) / geometry.sequences_per_step;
   if (options.epochs > 0) {
     options.steps = std::max<int64_t>(
         1, std::llround(options.epochs * static_cast<double>(std::max<int64_t>(1, ctx.steps_per_epoch))));

@@ -170,6 +170,20 @@ TEST(ChatTraining, FourRanksOfAnyPlanTrainAsOne) {
   }
 }
 
+// The losses of `resumed` (shuffled, its model from the checkpoint) resumed from `straight`'s
+// checkpoint at step 5 to step 10.
+std::vector<double> resumed_losses(TrainOptions resumed, const TrainOptions& straight) {
+  resumed.shuffle = true;
+  resumed.model.clear();
+  resumed.resume = straight.out + "/step-000005";
+  resumed.steps = 10;
+  std::ostringstream out;
+  train(resumed, out);
+  std::vector<double> tail;
+  for (const nlohmann::json& r : test::read_logged_run(resumed).steps) tail.push_back(r["loss"]);
+  return tail;
+}
+
 // A chat run resumed from its checkpoint, shuffled, on another split of the step, continues to
 // the same losses: the loader's position and each step's trained count come back with it.
 TEST(ChatTraining, ResumesOnTheSameCurve) {
@@ -180,15 +194,8 @@ TEST(ChatTraining, ResumesOnTheSameCurve) {
   straight.steps = 10;
   straight.save_every = 5;
   const test::LoggedRun all = train_run(straight);
-  TrainOptions resumed = chat_run_options(dir.path(), "resumed", data, 2, 2);
-  resumed.shuffle = true;
-  resumed.model.clear();
-  resumed.resume = straight.out + "/step-000005";
-  resumed.steps = 10;
-  std::ostringstream out;
-  train(resumed, out);
-  std::vector<double> tail;
-  for (const nlohmann::json& r : test::read_logged_run(resumed).steps) tail.push_back(r["loss"]);
+  const std::vector<double> tail =
+      resumed_losses(chat_run_options(dir.path(), "resumed", data, 2, 2), straight);
   ASSERT_EQ(tail.size(), 5u);
   for (int i = 0; i < 5; ++i) {
     EXPECT_NEAR(tail[i], all.losses[5 + i], 1e-6 * all.losses[5 + i]) << "step " << 6 + i;
@@ -212,14 +219,7 @@ TEST(ChatTraining, BatchTokensResumeOnTheSameCurve) {
         chat_run_options(dir.path(), "resumed" + std::to_string(ranks), data, ranks, 1);
     resumed.batch_tokens = 32;
     resumed.grad_accum = 8 / ranks;
-    resumed.shuffle = true;
-    resumed.model.clear();
-    resumed.resume = straight.out + "/step-000005";
-    resumed.steps = 10;
-    std::ostringstream out;
-    train(resumed, out);
-    std::vector<double> tail;
-    for (const nlohmann::json& r : test::read_logged_run(resumed).steps) tail.push_back(r["loss"]);
+    const std::vector<double> tail = resumed_losses(resumed, straight);
     ASSERT_EQ(tail.size(), 5u) << ranks;
     for (int i = 0; i < 5; ++i) {
       if (ranks == 1) {
