@@ -74,19 +74,17 @@ TokenBatches batch_conversations(const ConversationIndex& index, int64_t seq_len
     return std::min(seq_len, (positions + multiple - 1) / multiple * multiple);
   };
   TokenBatches batches;
-  int64_t rows = 0, width = 0;
   for (size_t c = 0; c < index.conversations.size(); ++c) {
-    const int64_t positions = index.conversations[c].length - 1;  // <= seq_len
-    const int64_t wider = std::max(width, width_of(positions));
+    const int64_t own = width_of(index.conversations[c].length - 1);  // its inputs, <= seq_len
+    const int64_t rows = batches.first.empty() ? 0 : static_cast<int64_t>(c) - batches.first.back();
+    const int64_t wider = rows == 0 ? own : std::max(batches.width.back(), own);
     if (rows == 0 || (rows + 1) * wider > batch_tokens) {  // begins a micro-batch
       batches.first.push_back(static_cast<int64_t>(c));
       batches.trained.push_back(0);
-      batches.width.push_back(0);
-      rows = 0;
+      batches.width.push_back(own);
+    } else {
+      batches.width.back() = wider;
     }
-    ++rows;
-    width = std::max(rows == 1 ? 0 : width, width_of(positions));
-    batches.width.back() = width;
     batches.trained.back() += index.conversations[c].trained;
   }
   batches.first.push_back(static_cast<int64_t>(index.conversations.size()));
