@@ -81,9 +81,12 @@ class BpeTokenizer {
     bool operator==(const TokenSpan&) const = default;
   };
   // encode(text), and in `spans` (replaced) each id's bytes of the text, as the library's
-  // offsets give them (in bytes). Both ends rise with the ids and the last ends at the end of
-  // the text. Byte-level kinds: the tokens' bytes one after the other (in the NFC form of the
-  // text under Qwen2's normalizer). SentencePiece: a "▁" standing for a space covers that
+  // offsets give them (in bytes). Both ends rise with the ids, and the last ends at the end of
+  // the text wherever the tokens spell every byte of it. Byte-level kinds: the tokens' bytes one
+  // after the other (in the NFC form of the text under Qwen2's normalizer); a vocabulary that
+  // lacks a byte's character (no real file does: they hold all 256) drops that byte or spells
+  // it unk_token, as the library does, and the spans after it are then those of the tokens'
+  // bytes, not the library's offsets. SentencePiece: a "▁" standing for a space covers that
   // space, a prefix "▁" the first character of the piece after it (so a token "▁" alone
   // covers the same bytes as the token after it), and every byte token of a character the
   // whole character.
