@@ -12,7 +12,8 @@
 # (add each, once fixed, to tests/fuzz/regressions/<target>/ with a README line).
 #
 # Environment: DSTRAIN_FUZZ_BUILD (default ./build-fuzz), DSTRAIN_FUZZ_JOBS (build jobs, 2),
-# DSTRAIN_FUZZ_SCRATCH (working corpora, default a temporary directory removed at exit).
+# DSTRAIN_FUZZ_SCRATCH (working corpora, default a temporary directory removed at exit),
+# DSTRAIN_FUZZ_SEED (libFuzzer's -seed, default 1: a run repeats its mutations; 0: a new seed).
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -61,7 +62,8 @@ for target in "${targets[@]}"; do
   done
   log="$build/findings/$target.log"
   # -fork is not used: one process, so the executions and cov lines are the run's totals.
-  if "$build/tests/fuzz/fuzz_$target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=$limit_mb \
+  if "$build/tests/fuzz/fuzz_$target" -seed="${DSTRAIN_FUZZ_SEED:-1}" -max_total_time="$seconds" \
+       -timeout=10 -rss_limit_mb=$limit_mb \
        -malloc_limit_mb=$limit_mb -print_final_stats=1 -artifact_prefix="$findings/" \
        "$corpus" >"$log" 2>&1; then
     result=ok
