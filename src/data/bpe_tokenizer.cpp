@@ -449,45 +449,105 @@ std::pair<size_t, const AddedToken*> BpeTokenizer::Impl::next_added(std::string_
 
 // Cuts the added tokens of one pass (normalized false, then true) out of `text`; what lies
 // between goes to the next pass, then to the pre-tokenizer.
-void BpeTokenizer::Impl::encode_text(std::string_view text, bool normalized_pass,
-                                     std::vector<int32_t>& ids) {
-  std::string normalized;  // the text of the normalized pass, when there is a normalizer
-  if (normalized_pass && nfc) text = normalized = nfc_normalize(text);
+void BpeTokenizer::Impl::cut_added(std::string_view text, bool normalized_pass,
+                                   std::vector<int32_t>& ids, Spans* spans, size_t offset) {
   for (size_t piece_begin = 0;;) {
     const auto [at, token] = next_added(text, piece_begin, normalized_pass);
     const std::string_view piece = text.substr(piece_begin, at - piece_begin);
-    normalized_pass ? encode_segment(piece, ids) : encode_text(piece, true, ids);
+    normalized_pass ? encode_segment(piece, ids, spans, offset + piece_begin)
+                    : encode_normalized(piece, ids, spans, offset + piece_begin);
     if (token == nullptr) return;
     ids.push_back(token->id);
+    if (spans != nullptr) spans->push_back({offset + at, offset + at + token->pattern.size()});
     piece_begin = at + token->pattern.size();
   }
 }
 
+// The normalized pass, on the normalizer's form of the piece (NFC, or the piece itself); the
+// spans of an NFC form are mapped back to the piece's bytes.
+void BpeTokenizer::Impl::encode_normalized(std::string_view piece, std::vector<int32_t>& ids,
+                                           Spans* spans, size_t offset) {
+  if (!nfc) return cut_added(piece, true, ids, spans, offset);
+  if (spans == nullptr) return cut_added(nfc_normalize(piece), true, ids, nullptr, 0);
+  const NfcAligned aligned = nfc_normalize_aligned(piece);
+  const size_t first = spans->size();
+  cut_added(aligned.normalized, true, ids, spans, 0);
+  for (size_t i = first; i < spans->size(); ++i) {
+    const auto [begin, end] = aligned.to_text((*spans)[i].begin, (*spans)[i].end);
+    (*spans)[i] = {offset + begin, offset + end};
+  }
+}
+
+namespace {
+
+// A piece of the pre-tokenizer: its bytes, where they start in the text, and how many of its
+// first bytes (a prefix space) are not in the text.
+struct Piece {
+  std::string_view bytes;
+  size_t text_begin = 0;
+  size_t added = 0;
+
+  size_t text_end() const { return text_begin + bytes.size() - added; }
+  Piece sub(size_t begin, size_t end) const {
+    return {bytes.substr(begin, end - begin), text_begin + (begin > added ? begin - added : 0),
+            begin < added ? std::min(added - begin, end - begin) : 0};
+  }
+};
+
+// The spans of one word's ids: the tokens' bytes one after the other from the word's first
+// byte in the text (a prefix space covering none), held inside the word, the last ending it. A
+// dropped byte or an unk_token only blurs the spans inside its word.
+void push_word_spans(std::span<const int32_t> ids, const std::vector<std::string>& id_tokens,
+                     const Piece& word, std::vector<BpeTokenizer::TokenSpan>& spans) {
+  const auto place = [&](size_t spelled) {
+    return std::min(word.text_end(),
+                    word.text_begin + (spelled > word.added ? spelled - word.added : 0));
+  };
+  size_t spelled = 0;
+  for (const int32_t id : ids) {
+    const size_t begin = place(spelled);
+    spelled += token_bytes(id_tokens[id]).size();
+    spans.push_back({begin, place(spelled)});
+  }
+  if (!ids.empty()) spans.back().end = word.text_end();
+}
+
+}  // namespace
+
 // The pre-tokenizer's steps, each splitting every piece of the previous one, then BPE on each.
-void BpeTokenizer::Impl::encode_segment(std::string_view segment, std::vector<int32_t>& ids) {
+void BpeTokenizer::Impl::encode_segment(std::string_view segment, std::vector<int32_t>& ids,
+                                        Spans* spans, size_t offset) {
   if (segment.empty()) return;
   std::deque<std::string> prefixed;  // pieces that got a prefix space live here
-  std::vector<std::string_view> pieces{segment};
+  std::vector<Piece> pieces{{segment, offset, 0}};
   for (const PreTokenizerStep& step : steps) {
-    std::vector<std::string_view> next;
-    for (std::string_view piece : pieces) {
-      if (step.add_prefix_space && piece.front() != ' ')
-        piece = prefixed.emplace_back(" " + std::string(piece));
+    std::vector<Piece> next;
+    for (Piece piece : pieces) {
+      if (step.add_prefix_space && !piece.bytes.empty() && piece.bytes.front() != ' ') {
+        piece = {prefixed.emplace_back(" " + std::string(piece.bytes)), piece.text_begin,
+                 piece.added + 1};
+      }
       if (!step.regex) {
         next.push_back(piece);
         continue;
       }
       size_t covered = 0;  // Isolated: the gaps between matches are pieces too
-      for (const auto& [begin, end] : step.regex->find_all(piece)) {
-        if (begin > covered) next.push_back(piece.substr(covered, begin - covered));
-        next.push_back(piece.substr(begin, end - begin));
+      for (const auto& [begin, end] : step.regex->find_all(piece.bytes)) {
+        if (begin > covered) next.push_back(piece.sub(covered, begin));
+        next.push_back(piece.sub(begin, end));
         covered = end;
       }
-      if (covered < piece.size()) next.push_back(piece.substr(covered));
+      if (covered < piece.bytes.size()) next.push_back(piece.sub(covered, piece.bytes.size()));
     }
     pieces = std::move(next);
   }
-  for (std::string_view piece : pieces) encode_word(piece, ids);
+  for (const Piece& piece : pieces) {
+    const size_t first = ids.size();
+    encode_word(piece.bytes, ids);
+    if (spans != nullptr) {
+      push_word_spans(std::span(ids).subspan(first), id_tokens, piece, *spans);
+    }
+  }
 }
 
 void BpeTokenizer::Impl::encode_word(std::string_view word, std::vector<int32_t>& ids) {
@@ -620,13 +680,7 @@ std::vector<int32_t> BpeTokenizer::Impl::encode(std::string_view text,
     encode_sentencepiece(text, ids, spans);
     return ids;
   }
-  encode_text(text, false, ids);
-  // The byte-level kinds' tokens spell the text (or its NFC form) one after the other.
-  for (size_t i = 0, end = 0; spans != nullptr && i < ids.size(); ++i) {
-    const size_t begin = end;
-    end += token_bytes(id_tokens[ids[i]]).size();
-    spans->push_back({begin, end});
-  }
+  cut_added(text, false, ids, spans, 0);
   return ids;
 }
 

@@ -82,11 +82,13 @@ class BpeTokenizer {
   };
   // encode(text), and in `spans` (replaced) each id's bytes of the text, as the library's
   // offsets give them (in bytes). Both ends rise with the ids, and the last ends at the end of
-  // the text wherever the tokens spell every byte of it. Byte-level kinds: the tokens' bytes one
-  // after the other (in the NFC form of the text under Qwen2's normalizer); a vocabulary that
-  // lacks a byte's character (no real file does: they hold all 256) drops that byte or spells
-  // it unk_token, as the library does, and the spans after it are then those of the tokens'
-  // bytes, not the library's offsets. SentencePiece: a "▁" standing for a space covers that
+  // the text wherever the tokens spell its last bytes. Byte-level kinds: an added token covers
+  // its match; in each word of the pre-tokenizer the tokens' bytes one after the other (a
+  // prefix space covering none); under Qwen2's NFC normalizer, a token inside a character
+  // sequence that NFC changes covers that whole sequence of the text. A vocabulary that lacks a
+  // byte's character (no real file does: they hold all 256) drops that byte or spells it
+  // unk_token, as the library does; the spans inside that word are then those of the tokens'
+  // bytes, held inside the word. SentencePiece: a "▁" standing for a space covers that
   // space, a prefix "▁" the first character of the piece after it (so a token "▁" alone
   // covers the same bytes as the token after it), and every byte token of a character the
   // whole character.

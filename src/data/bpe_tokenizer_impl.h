@@ -82,8 +82,15 @@ struct BpeTokenizer::Impl {
   std::vector<int32_t> encode(std::string_view text, std::vector<BpeTokenizer::TokenSpan>* spans);
   std::pair<size_t, const AddedToken*> next_added(std::string_view text, size_t from,
                                                   bool normalized_pass) const;
-  void encode_text(std::string_view text, bool normalized_pass, std::vector<int32_t>& ids);
-  void encode_segment(std::string_view segment, std::vector<int32_t>& ids);
+  // With `spans`, each id's bytes of the text go there too; `offset` is where `text` (or
+  // `segment`) lies in the text given to encode.
+  using Spans = std::vector<BpeTokenizer::TokenSpan>;
+  void cut_added(std::string_view text, bool normalized_pass, std::vector<int32_t>& ids,
+                 Spans* spans, size_t offset);
+  void encode_normalized(std::string_view piece, std::vector<int32_t>& ids, Spans* spans,
+                         size_t offset);
+  void encode_segment(std::string_view segment, std::vector<int32_t>& ids, Spans* spans,
+                      size_t offset);
   void encode_word(std::string_view word, std::vector<int32_t>& ids);
   std::vector<int32_t> word_ids(std::string_view word) const;
   std::vector<int32_t> initial_symbols(std::string_view word) const;

@@ -14,7 +14,6 @@
 #include "data/loss_mask.h"
 #include "data/prepare_util.h"
 #include "data/token_file.h"
-#include "data/unicode_nfc.h"
 
 namespace dstrain {
 
@@ -35,15 +34,13 @@ std::pair<std::string, std::string> tokenizer_files(const std::string& path) {
   return {path, parent.empty() ? "." : parent.string()};
 }
 
-// The [begin, end) byte ranges of the trained segments, in a text whose segments have the
-// given byte lengths.
-std::vector<std::pair<size_t, size_t>> trained_ranges(std::span<const ChatSegment> segments,
-                                                      std::span<const size_t> lengths) {
+// The [begin, end) byte ranges of the trained segments in the text of all segments.
+std::vector<std::pair<size_t, size_t>> trained_ranges(std::span<const ChatSegment> segments) {
   std::vector<std::pair<size_t, size_t>> ranges;
   size_t offset = 0;
-  for (size_t i = 0; i < segments.size(); ++i) {
-    if (segments[i].trained) ranges.emplace_back(offset, offset + lengths[i]);
-    offset += lengths[i];
+  for (const ChatSegment& segment : segments) {
+    if (segment.trained) ranges.emplace_back(offset, offset + segment.text.size());
+    offset += segment.text.size();
   }
   return ranges;
 }
@@ -52,7 +49,7 @@ std::vector<std::pair<size_t, size_t>> trained_ranges(std::span<const ChatSegmen
 
 TokenizedConversation tokenize_conversation(BpeTokenizer& tokenizer,
                                             std::span<const ChatSegment> segments,
-                                            bool train_on_prompt, const std::string& where) {
+                                            bool train_on_prompt) {
   TokenizedConversation out;
   const std::string text = chat_text(segments);
   std::vector<BpeTokenizer::TokenSpan> spans;  // each token's bytes, rising
@@ -61,21 +58,9 @@ TokenizedConversation tokenize_conversation(BpeTokenizer& tokenizer,
   if (out.ids.empty()) return out;
   out.flags[0] |= kMaskConversationStart;
   if (train_on_prompt) return out;
-  // The spans are in the text, or in its NFC form (Qwen2's normalizer), whose segments are
-  // their own NFC forms (segments meet at template text, where no character composes across).
-  const size_t total = spans.back().end;
-  std::vector<size_t> lengths;
-  for (const ChatSegment& s : segments) {
-    lengths.push_back(total == text.size() ? s.text.size() : nfc_normalize(s.text).size());
-  }
-  size_t spelled = 0;
-  for (size_t n : lengths) spelled += n;
-  DSTRAIN_USER_CHECK(spelled == total)
-      << where << ": the tokenizer's ids spell " << total << " bytes of a rendering of " << spelled
-      << "; the conversation cannot be masked (is its text valid UTF-8?).";
   // Token t stands for bytes [spans[t].begin, spans[t].end); the ranges come in order.
   size_t token = 0;
-  for (const auto& [first, last] : trained_ranges(segments, lengths)) {
+  for (const auto& [first, last] : trained_ranges(segments)) {
     if (first == last) continue;
     while (token < out.ids.size() && spans[token].end <= first) ++token;
     for (size_t t = token; t < out.ids.size() && spans[t].begin < last; ++t) {
@@ -103,7 +88,7 @@ void spool_conversations(const ChatPrepareOptions& options, const ChatTemplate& 
       const std::string where = input + ":" + std::to_string(record->line);
       const std::vector<ChatSegment> segments = render_chat(chat_template, record->messages, where);
       const TokenizedConversation c =
-          tokenize_conversation(tokenizer, segments, options.train_on_prompt, where);
+          tokenize_conversation(tokenizer, segments, options.train_on_prompt);
       const size_t trained = static_cast<size_t>(
           std::count_if(c.flags.begin() + (c.flags.empty() ? 0 : 1), c.flags.end(),
                         [](uint8_t f) { return (f & kMaskTrained) != 0; }));

@@ -48,11 +48,10 @@ struct TokenizedConversation {
 // as trained every token whose bytes (BpeTokenizer::encode's spans, the library's offsets)
 // overlap a trained segment's bytes (a token such as " Hello" after "Assistant:", or
 // SentencePiece's "▁Hello" after "[/INST]", holds an untrained space and trained text:
-// trained), or every token with train_on_prompt. Throws UserError, naming `where`, when the
-// tokens do not cover the text.
+// trained), or every token with train_on_prompt.
 TokenizedConversation tokenize_conversation(BpeTokenizer& tokenizer,
                                             std::span<const ChatSegment> segments,
-                                            bool train_on_prompt, const std::string& where);
+                                            bool train_on_prompt);
 
 // Reads, renders and tokenizes every conversation, leaves out (and counts) those with nothing
 // trained, and writes out_dir/train_NNNNNN.bin + .mask (and val_ for the last val_fraction of

@@ -33,7 +33,7 @@ TEST(PrepareChat, IdsAndTrainedTokensAreTransformersAndTheFixtures) {
     const ChatTemplate chat_template = load_chat_template(kChat + family, "");
     const std::vector<ChatSegment> segments = render_chat(chat_template, case_messages(name), name);
     const TokenizedConversation c =
-        tokenize_conversation(family_tokenizer(family), segments, false, name);
+        tokenize_conversation(family_tokenizer(family), segments, false);
     EXPECT_EQ(c.ids, result["ids"].get<std::vector<int32_t>>());
     std::vector<int> got;
     for (uint8_t f : c.flags) got.push_back((f & kMaskTrained) != 0);
@@ -43,7 +43,7 @@ TEST(PrepareChat, IdsAndTrainedTokensAreTransformersAndTheFixtures) {
     EXPECT_TRUE(c.flags[0] & kMaskConversationStart);
     for (size_t i = 1; i < c.flags.size(); ++i) EXPECT_FALSE(c.flags[i] & kMaskConversationStart);
     const TokenizedConversation all =
-        tokenize_conversation(family_tokenizer(family), segments, true, name);
+        tokenize_conversation(family_tokenizer(family), segments, true);
     EXPECT_EQ(all.ids, c.ids);
     for (uint8_t f : all.flags) EXPECT_TRUE(f & kMaskTrained) << "--train-on-prompt";
     ++checked;
