@@ -70,8 +70,6 @@ struct GradientStats {
   std::vector<double> squares;  // per tensor: sum_squares(x) where counted, else 0
 };
 
-// How a mixture-of-experts router turns a token's logits over E experts into the weights of
-// its top k experts (Backend::moe_route).
 // Multi-head latent attention (DeepSeek-V2/V3): the head dims of its q, k and v
 // (Backend::mla_pack).
 struct MlaHeads {
@@ -82,9 +80,15 @@ struct MlaHeads {
   // The q heads times this (the softmax scale beyond D^-1/2 that the attention ops apply:
   // YaRN's mscale^2 for DeepSeek-V3); 1: none.
   float q_scale = 1.0f;
+  // The rope parts' rotated pairs are (2i, 2i + 1), as DeepSeek's checkpoints hold them (its
+  // apply_rotary_pos_emb moves them into halves before rotating: the same numbers in another
+  // order, and q.k the same sum), rather than rope_forward's (i, i + dr/2).
+  bool interleaved = false;
   int64_t qk_dim() const { return int64_t{nope_dim} + rope_dim; }  // D
 };
 
+// How a mixture-of-experts router turns a token's logits over E experts into the weights of
+// its top k experts (Backend::moe_route).
 enum class RouterScore { Softmax, Sigmoid };
 // DeepSeek's group-limited routing: a group's rank is its best expert's selection score
 // (DeepSeek-V2's group_limited_greedy) or the sum of its two best (DeepSeek-V3's noaux_tc).
@@ -296,8 +300,9 @@ class Backend {
   // part rotated, times heads.q_scale (in fp32 after the rotation), the k heads [k nope | the
   // rotated k_rope], the v heads [v | 0] (zero-padded to D, so that the attention's output heads
   // are [their v part | 0]). The rotation is rope_forward's on the dr rope dims (pairs
-  // (i, i + dr/2); freqs (maxT,dr/2,2) F32, positions as there). One dtype for the four tensors;
-  // every element rounded once (the copies exact where q_scale is 1).
+  // (i, i + dr/2), or (2i, 2i + 1) with heads.interleaved; freqs (maxT,dr/2,2) F32, positions
+  // as there). One dtype for the four tensors; every element rounded once (the copies exact
+  // where q_scale is 1).
   virtual void mla_pack(Tensor qkv, Tensor q, Tensor kv, Tensor k_rope, Tensor freqs,
                         Tensor positions, const MlaHeads& heads, Stream stream) = 0;
   // The backward from dqkv (same layout), overwriting dq, dkv and dk_rope: the q heads times

@@ -18,6 +18,18 @@ void scale_by(float* x, int64_t n, float scale) {
   for (int64_t i = 0; i < n; ++i) x[i] *= scale;
 }
 
+// Rotates the rope part x (dr = 2 * half) by cos_sin's angles: rotate_half_pairs, or on the
+// pairs (x[2i], x[2i + 1]) with the same arithmetic.
+void rotate_rope(float* x, const float* cos_sin, int64_t half, float sin_sign, bool interleaved) {
+  if (!interleaved) return rotate_half_pairs(x, cos_sin, half, sin_sign);
+  for (int64_t i = 0; i < half; ++i) {
+    const float c = cos_sin[2 * i], s = sin_sign * cos_sin[2 * i + 1];
+    const float x1 = x[2 * i], x2 = x[2 * i + 1];
+    x[2 * i] = x1 * c - x2 * s;
+    x[2 * i + 1] = x2 * c + x1 * s;
+  }
+}
+
 // The (cos, sin) table row of position row (b * T + t).
 const float* angles(const Tensor& freqs, const int32_t* positions, const MlaShape& s, int64_t row) {
   return freqs.f32() + position_at(positions, row / s.T, row % s.T, s.T) * s.dr;
@@ -54,14 +66,14 @@ void mla_pack(const CpuContext& ctx, Tensor qkv, Tensor q, Tensor kv, Tensor k_r
     load_span_into(kv, row * s.kv_width(), s.kv_width(), r.kv);
     load_span_into(k_rope, row * s.dr, s.dr, r.k_rope);
     const float* cos_sin = angles(freqs, position, s, row);
-    rotate_half_pairs(r.k_rope, cos_sin, half, 1.0f);
+    rotate_rope(r.k_rope, cos_sin, half, 1.0f, heads.interleaved);
     for (int64_t h = 0; h < s.H; ++h) {
       float* qh = r.qkv + h * D;
       float* kh = r.qkv + s.q_width() + h * D;
       float* vh = r.qkv + 2 * s.q_width() + h * D;
       const float* kvh = r.kv + h * (s.dn + s.dv);
       std::copy(r.q + h * D, r.q + (h + 1) * D, qh);
-      rotate_half_pairs(qh + s.dn, cos_sin, half, 1.0f);
+      rotate_rope(qh + s.dn, cos_sin, half, 1.0f, heads.interleaved);
       scale_by(qh, D, heads.q_scale);
       std::copy(kvh, kvh + s.dn, kh);
       std::copy(r.k_rope, r.k_rope + s.dr, kh + s.dn);
@@ -93,12 +105,12 @@ void mla_pack_backward(const CpuContext& ctx, Tensor dq, Tensor dkv, Tensor dk_r
       float* dkvh = r.kv + h * (s.dn + s.dv);
       std::copy(qh, qh + D, dqh);
       scale_by(dqh, D, heads.q_scale);
-      rotate_half_pairs(dqh + s.dn, cos_sin, half, -1.0f);
+      rotate_rope(dqh + s.dn, cos_sin, half, -1.0f, heads.interleaved);
       std::copy(kh, kh + s.dn, dkvh);
       std::copy(vh, vh + s.dv, dkvh + s.dn);
       for (int64_t i = 0; i < s.dr; ++i) r.k_rope[i] += kh[s.dn + i];
     }
-    rotate_half_pairs(r.k_rope, cos_sin, half, -1.0f);
+    rotate_rope(r.k_rope, cos_sin, half, -1.0f, heads.interleaved);
     commit_span(dq, row * s.q_width(), s.q_width(), r.q);
     commit_span(dkv, row * s.kv_width(), s.kv_width(), r.kv);
     commit_span(dk_rope, row * s.dr, s.dr, r.k_rope);

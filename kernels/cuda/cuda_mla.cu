@@ -19,27 +19,32 @@ constexpr int kThreads = 256;
 struct Dims {
   int64_t T, H, dn, dr, dv;
   float q_scale;
+  bool interleaved;
   __host__ __device__ int64_t D() const { return dn + dr; }
   __host__ __device__ int64_t q_width() const { return H * D(); }
   __host__ __device__ int64_t kv_width() const { return H * (dn + dv); }
 };
 Dims dims_of(const MlaShape& s, const MlaHeads& heads) {
-  return Dims{s.T, s.H, s.dn, s.dr, s.dv, heads.q_scale};
+  return Dims{s.T, s.H, s.dn, s.dr, s.dv, heads.q_scale, heads.interleaved};
 }
 
-// Element i (< dr) of the rope part x (pairs (j, j + dr/2)) rotated by row `row`'s angles;
-// `at(j)` reads element j of the unrotated part. sin_sign -1: the transpose.
+// Element i (< dr) of the rope part x (pairs (j, j + dr/2), or (2j, 2j + 1) interleaved)
+// rotated by row `row`'s angles; `at(j)` reads element j of the unrotated part. sin_sign -1:
+// the transpose.
 template <class At>
 __device__ __forceinline__ float rotated(const At& at, int64_t i, const float* freqs,
                                          const int32_t* positions, int64_t row, const Dims& d,
                                          float sin_sign) {
-  const int64_t half = d.dr / 2, j = i < half ? i : i - half;
+  const int64_t half = d.dr / 2;
+  const int64_t j = d.interleaved ? i / 2 : (i < half ? i : i - half);
+  const bool first = d.interleaved ? i % 2 == 0 : i < half;
   const int64_t position = positions != nullptr ? positions[row] : row % d.T;
   const float c = freqs[(position * half + j) * 2],
               s = sin_sign * freqs[(position * half + j) * 2 + 1];
-  const float x1 = at(j), x2 = at(j + half);
-  return i < half ? __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s))
-                  : __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+  const float x1 = d.interleaved ? at(2 * j) : at(j);
+  const float x2 = d.interleaved ? at(2 * j + 1) : at(j + half);
+  return first ? __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s))
+               : __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
 }
 
 __global__ void mla_pack_kernel(DeviceTensor qkv, DeviceTensor q, DeviceTensor kv,

@@ -3,9 +3,10 @@
 // [k_nope | k_pe shared by the heads], v), the rotation written as a complex product; the
 // backward against the gradient of <pack(x), g> by central differences (pack is linear: exact
 // up to rounding); mla_unpad and its backward the same way. Odd shapes (3 heads, dn 4, dr 6,
-// dv 5 < D 10), a q scale, packed-sequence positions, F32 and 16-bit storage. Tolerances: F32
-// forward {1e-6, 1e-6, 1e-12} (a rotation: two products and a sum); backward {2e-5, 2e-5, 1e-9}
-// (finite differences, sums over 3 heads); 16-bit storage_tolerance.
+// dv 5 < D 10), a q scale, DeepSeek's interleaved rope pairs, packed-sequence positions, F32
+// and 16-bit storage. Tolerances: F32 forward {1e-6, 1e-6, 1e-12} (a rotation: two products and
+// a sum); backward {2e-5, 2e-5, 1e-9} (finite differences, sums over 3 heads); 16-bit
+// storage_tolerance.
 #include <complex>
 
 #include "kernel_test_util.h"
@@ -41,15 +42,17 @@ PackInputs split(const std::vector<double>& x, const MlaCase& c) {
           std::vector<double>(kv_end, x.end())};
 }
 
-// x (dr) rotated as a complex number per pair (x[i] + i x[i + dr/2]) times e^(i angle).
-std::vector<double> rotated(const double* x, int64_t dr, const float* cos_sin) {
+// x (dr) rotated as a complex number per pair (x[i] + i x[i + dr/2], or x[2i] + i x[2i + 1]
+// interleaved) times e^(i angle).
+std::vector<double> rotated(const double* x, int64_t dr, const float* cos_sin, bool interleaved) {
   std::vector<double> out(static_cast<size_t>(dr));
   for (int64_t i = 0; i < dr / 2; ++i) {
-    const std::complex<double> z(x[i], x[i + dr / 2]);
+    const int64_t re = interleaved ? 2 * i : i, im = interleaved ? 2 * i + 1 : i + dr / 2;
+    const std::complex<double> z(x[re], x[im]);
     const std::complex<double> turned =
         z * std::complex<double>(cos_sin[2 * i], cos_sin[2 * i + 1]);
-    out[i] = turned.real();
-    out[i + dr / 2] = turned.imag();
+    out[re] = turned.real();
+    out[im] = turned.imag();
   }
   return out;
 }
@@ -62,12 +65,13 @@ std::vector<double> pack_reference(const PackInputs& in, const std::vector<float
   for (int64_t row = 0; row < c.rows(); ++row) {
     const int64_t p = c.positions.empty() ? row % c.T : c.positions[static_cast<size_t>(row)];
     const float* cos_sin = &table[p * dr];
-    const std::vector<double> k_pe = rotated(&in.k_rope[row * dr], dr, cos_sin);
+    const std::vector<double> k_pe =
+        rotated(&in.k_rope[row * dr], dr, cos_sin, c.heads.interleaved);
     double* out = &qkv[row * 3 * c.q_width()];
     for (int64_t h = 0; h < c.H(); ++h) {
       const double* q = &in.q[row * c.q_width() + h * D];
       const double* kv = &in.kv[row * c.kv_width() + h * (dn + dv)];
-      const std::vector<double> q_pe = rotated(q + dn, dr, cos_sin);
+      const std::vector<double> q_pe = rotated(q + dn, dr, cos_sin, c.heads.interleaved);
       for (int64_t k = 0; k < D; ++k) {
         out[h * D + k] = (k < dn ? q[k] : q_pe[k - dn]) * c.heads.q_scale;
         out[c.q_width() + h * D + k] = k < dn ? kv[k] : k_pe[k - dn];
@@ -155,6 +159,7 @@ void check_pack_backward(const MlaCase& c) {
 const MlaHeads kOdd{3, 4, 6, 5};                                   // D 10, v padded by 5
 const MlaHeads kNoPadding{2, 8, 4, 12};                            // dv = D: no padding
 const MlaHeads kScaled{3, 4, 6, 5, 1.3f};                          // V3's q scale (YaRN's mscale^2)
+const MlaHeads kInterleaved{3, 4, 6, 5, 1.0f, true};               // DeepSeek's pair order
 const std::vector<int32_t> kPacked{0, 1, 2, 0, 1, 0, 1, 2, 3, 4};  // B 2, T 5
 
 TEST(MlaPack, OddHeadsF32) { check_pack({2, 5, kOdd, DType::F32}); }
@@ -169,6 +174,13 @@ TEST(MlaPackBackward, PackedSequencesF32) {
 }
 TEST(MlaPackBackward, OddHeadsBF16) { check_pack_backward({1, 3, kOdd, DType::BF16}); }
 TEST(MlaPack, QScaledF32) { check_pack({2, 5, kScaled, DType::F32}); }
+TEST(MlaPack, InterleavedPairsF32) { check_pack({2, 5, kInterleaved, DType::F32}); }
+TEST(MlaPack, InterleavedPairsPackedBF16) {
+  check_pack({2, 5, kInterleaved, DType::BF16, kPacked});
+}
+TEST(MlaPackBackward, InterleavedPairsMatchesFiniteDifferencesF32) {
+  check_pack_backward({2, 5, kInterleaved, DType::F32, kPacked});
+}
 TEST(MlaPackBackward, QScaledMatchesFiniteDifferencesF32) {
   check_pack_backward({2, 5, kScaled, DType::F32, kPacked});
 }

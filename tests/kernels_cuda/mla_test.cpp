@@ -15,7 +15,8 @@ TEST(CudaMla, PackAndItsBackwardMatchCpuBitwise) {
   const int64_t B = 2, T = 5, qw = 3 * 10, kvw = 3 * 9;
   for (DType dtype : kFloatDTypes) {
     for (bool packed : {false, true}) {
-      const MlaHeads heads{3, 4, 6, 5, packed ? 1.3f : 1.0f};  // a q scale on the packed rows
+      // A q scale and DeepSeek's interleaved pairs on the packed rows.
+      const MlaHeads heads{3, 4, 6, 5, packed ? 1.3f : 1.0f, packed};
       Random rng(95);
       HostTensor q = random_tensor(rng, dtype, {B, T, qw}, -2.0, 2.0);
       HostTensor kv = random_tensor(rng, dtype, {B, T, kvw}, -2.0, 2.0);
