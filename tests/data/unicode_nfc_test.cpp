@@ -13,11 +13,20 @@ namespace {
 
 // Pieces that NFC composes (e + U+0301, Hangul jamo), reorders (U+0323 after U+0301), expands
 // (U+0958, a composition exclusion) or keeps (precomposed é, CJK, emoji, ASCII).
-const std::vector<std::string> kPieces = {
-    "e",     "a",     " ",     "\n",     "\xCC\x81" /* U+0301 */, "\xCC\xA3" /* U+0323 */,
-    "\xC3\xA9" /* é */,       "\xE1\x84\x80" /* U+1100 */,      "\xE1\x85\xA1" /* U+1161 */,
-    "\xE1\x86\xA8" /* U+11A8 */, "\xE0\xA5\x98" /* U+0958 */,     "\xE6\x97\xA5" /* 日 */,
-    "\xF0\x9F\x99\x82" /* 🙂 */, "Z"};
+const std::vector<std::string> kPieces = {"e",
+                                          "a",
+                                          " ",
+                                          "\n",
+                                          "\xCC\x81" /* U+0301 */,
+                                          "\xCC\xA3" /* U+0323 */,
+                                          "\xC3\xA9" /* é */,
+                                          "\xE1\x84\x80" /* U+1100 */,
+                                          "\xE1\x85\xA1" /* U+1161 */,
+                                          "\xE1\x86\xA8" /* U+11A8 */,
+                                          "\xE0\xA5\x98" /* U+0958 */,
+                                          "\xE6\x97\xA5" /* 日 */,
+                                          "\xF0\x9F\x99\x82" /* 🙂 */,
+                                          "Z"};
 
 std::string random_text(std::mt19937& rng, int pieces) {
   std::uniform_int_distribution<size_t> pick(0, kPieces.size() - 1);
@@ -37,8 +46,7 @@ TEST(Nfc, AlignedFormIsTheWholeTextsNfcAndMapsBack) {
     changed += !aligned.changes.empty();
     // Each changed piece maps to its own bytes of the text, whose NFC form it is.
     for (const NfcAligned::Change& c : aligned.changes) {
-      EXPECT_EQ(aligned.to_text(c.nfc_begin, c.nfc_end),
-                std::make_pair(c.text_begin, c.text_end));
+      EXPECT_EQ(aligned.to_text(c.nfc_begin, c.nfc_end), std::make_pair(c.text_begin, c.text_end));
       EXPECT_EQ(nfc_normalize(text.substr(c.text_begin, c.text_end - c.text_begin)),
                 aligned.normalized.substr(c.nfc_begin, c.nfc_end - c.nfc_begin));
     }
