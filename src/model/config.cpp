@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -26,6 +27,10 @@ const char* model_type_name(ModelType type) {
       return "qwen2_moe";
     case ModelType::DeepSeekMoe:
       return "deepseek";
+    case ModelType::DeepSeekV2:
+      return "deepseek_v2";
+    case ModelType::DeepSeekV3:
+      return "deepseek_v3";
   }
   return "?";
 }
@@ -76,9 +81,23 @@ static const char* architecture_name(ModelType type) {
       return "Qwen2MoeForCausalLM";
     case ModelType::DeepSeekMoe:
       return "DeepseekForCausalLM";
+    case ModelType::DeepSeekV2:
+      return "DeepseekV2ForCausalLM";
+    case ModelType::DeepSeekV3:
+      return "DeepseekV3ForCausalLM";
     default:
       return "LlamaForCausalLM";
   }
+}
+
+// DeepSeek-V2/V3's router fields (configuration_deepseek.py).
+static void deepseek_router_json(const ModelConfig& c, nlohmann::json& json) {
+  json["n_group"] = c.moe.groups;
+  json["topk_group"] = c.moe.top_groups;
+  json["topk_method"] = c.type == ModelType::DeepSeekV3 ? "noaux_tc"
+                        : c.moe.groups > 1          ? "group_limited_greedy"
+                                                    : "greedy";
+  json["routed_scaling_factor"] = c.moe.routed_scale;
 }
 
 // The mixture-of-experts fields of DeepSeekMoE's config.json (its configuration_deepseek.py).
@@ -89,16 +108,29 @@ static void deepseek_moe_json(const ModelConfig& c, nlohmann::json& json) {
   json["first_k_dense_replace"] = c.moe.first_dense;
   json["moe_layer_freq"] = c.moe.layer_freq;
   json["norm_topk_prob"] = c.moe.norm_topk;
-  json["scoring_func"] = "softmax";
+  json["scoring_func"] = c.moe.sigmoid ? "sigmoid" : "softmax";
   json["aux_loss_alpha"] = c.moe.aux_alpha;
   json["seq_aux"] = c.moe.seq_aux;
   json["pretraining_tp"] = 1;
+  if (c.is_deepseek_v2_or_v3()) deepseek_router_json(c, json);
+}
+
+// Multi-head latent attention's fields (DeepSeek-V2/V3).
+static void mla_json(const ModelConfig& c, nlohmann::json& json) {
+  json["q_lora_rank"] = c.mla.q_lora_rank > 0 ? nlohmann::json(c.mla.q_lora_rank) : nullptr;
+  json["kv_lora_rank"] = c.mla.kv_lora_rank;
+  json["qk_nope_head_dim"] = c.mla.nope_dim;
+  json["qk_rope_head_dim"] = c.mla.rope_dim;
+  json["v_head_dim"] = c.mla.v_dim;
+  if (c.type == ModelType::DeepSeekV3) json["num_nextn_predict_layers"] = c.mtp_layers;
 }
 
 // The mixture-of-experts fields of a Mixtral, Qwen2-MoE or DeepSeekMoE config.json.
 static void moe_json(const ModelConfig& c, nlohmann::json& json) {
   json["num_experts_per_tok"] = c.moe.top_k;
-  if (c.type == ModelType::DeepSeekMoe) return deepseek_moe_json(c, json);
+  if (c.type == ModelType::DeepSeekMoe || c.is_deepseek_v2_or_v3()) {
+    return deepseek_moe_json(c, json);
+  }
   json["output_router_logits"] = c.moe.aux_loss_coef > 0;
   if (c.moe.aux_loss_coef > 0) json["router_aux_loss_coef"] = c.moe.aux_loss_coef;
   if (c.type == ModelType::Mixtral) {
@@ -135,9 +167,12 @@ static nlohmann::json llama_json(const ModelConfig& c) {
   json["attention_dropout"] = 0.0;  // dstrain trains without it (anything else is refused)
   if (!qwen2 && c.type != ModelType::Mixtral) {
     json["attention_bias"] = c.qkv_bias;
-    if (c.type != ModelType::DeepSeekMoe) json["mlp_bias"] = c.mlp_bias;  // DeepseekConfig has none
+    // DeepSeek's configs have no mlp_bias.
+    const bool deepseek = c.type == ModelType::DeepSeekMoe || c.is_deepseek_v2_or_v3();
+    if (!deepseek) json["mlp_bias"] = c.mlp_bias;
   }
   if (c.moe.enabled()) moe_json(c, json);
+  if (c.mla.enabled()) mla_json(c, json);
   return json;
 }
 
@@ -239,8 +274,31 @@ ModelConfig gpt2_config(const ConfigFields& f) {
   return config;
 }
 
-// Llama 3's rope scaling (or none). Other kinds (linear, dynamic, yarn) are refused.
-nlohmann::json rope_scaling(const ConfigFields& f) {
+// DeepSeek-V2/V3's YaRN rope scaling: factor and original_max_position_embeddings, and
+// beta_fast, beta_slow, mscale, mscale_all_dim with DeepseekV2YarnRotaryEmbedding's defaults
+// (32, 1, 1, 0) written in.
+nlohmann::json yarn_scaling(const ConfigFields& f, nlohmann::json scaling) {
+  for (const char* field : {"factor", "original_max_position_embeddings"}) {
+    DSTRAIN_USER_CHECK(scaling.contains(field) && scaling[field].is_number() &&
+                       scaling[field].get<double>() >= 1.0)
+        << "model config " << f.origin() << ": yarn rope_scaling needs \"" << field
+        << "\" >= 1";
+  }
+  for (const auto& [field, fallback] : {std::pair<const char*, double>{"beta_fast", 32.0},
+                                        {"beta_slow", 1.0}, {"mscale", 1.0},
+                                        {"mscale_all_dim", 0.0}}) {
+    if (!scaling.contains(field) || scaling[field].is_null()) scaling[field] = fallback;
+    DSTRAIN_USER_CHECK(scaling[field].is_number() && scaling[field].get<double>() >= 0 &&
+                       (field[0] != 'b' || scaling[field].get<double>() > 0))
+        << "model config " << f.origin() << ": rope_scaling's \"" << field
+        << "\" must be a non-negative number (beta_fast and beta_slow positive)";
+  }
+  return scaling;
+}
+
+// Llama 3's rope scaling, DeepSeek-V2/V3's yarn (`yarn`: a DeepSeek model), or none. Other
+// kinds (linear, dynamic) are refused.
+nlohmann::json rope_scaling(const ConfigFields& f, bool yarn) {
   if (!f.has("rope_scaling")) return nullptr;
   const nlohmann::json& scaling = f.at("rope_scaling");
   DSTRAIN_USER_CHECK(scaling.is_object())
@@ -252,9 +310,10 @@ nlohmann::json rope_scaling(const ConfigFields& f) {
   }
   const std::string kind = scaling.value("rope_type", scaling.value("type", std::string()));
   if (kind == "default") return nullptr;
-  if (kind != "llama3") {
-    f.unsupported("rope_scaling of type \"" + kind +
-                  "\" is not supported (only Llama 3's \"llama3\")");
+  if (yarn && kind == "yarn") return yarn_scaling(f, scaling);
+  if (kind != "llama3" || yarn) {
+    f.unsupported("rope_scaling of type \"" + kind + "\" is not supported (" +
+                  (yarn ? "DeepSeek's \"yarn\"" : "only Llama 3's \"llama3\"") + ")");
   }
   for (const char* field :
        {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
@@ -265,10 +324,8 @@ nlohmann::json rope_scaling(const ConfigFields& f) {
   return scaling;
 }
 
-// The experts of a Mixtral or Qwen2-MoE config (with its shared expert and dense layers), and one
-// sentence for what dstrain does not do with them yet: router jitter, sliding windows.
-// DeepSeekMoE's experts (configuration_deepseek.py's fields and defaults), one sentence for
-// what dstrain does not do: other scoring functions or top-k methods, pretraining_tp.
+// DeepSeekMoE's experts (configuration_deepseek.py's fields and defaults; DeepSeek-V2/V3's
+// alike), one sentence for what dstrain does not do: pretraining_tp.
 MoeConfig deepseek_moe_config(const ConfigFields& f) {
   MoeConfig moe;
   moe.experts = f.positive("n_routed_experts", 4096);
@@ -285,14 +342,6 @@ MoeConfig deepseek_moe_config(const ConfigFields& f) {
                       ? 0.0
                       : f.number_or("aux_loss_alpha", 0, 1e6, 0.001);
   moe.seq_aux = f.flag_or("seq_aux", true);
-  if (f.has("scoring_func") && f.at("scoring_func") != "softmax") {
-    f.unsupported("scoring_func " + f.at("scoring_func").dump() +
-                  " is not supported (DeepSeekMoE's \"softmax\")");
-  }
-  if (f.has("topk_method") && f.at("topk_method") != "greedy") {
-    f.unsupported("topk_method " + f.at("topk_method").dump() +
-                  " is not supported (DeepSeekMoE's \"greedy\")");
-  }
   if (f.has("pretraining_tp") && f.at("pretraining_tp") != 1) {
     f.unsupported("pretraining_tp " + f.at("pretraining_tp").dump() +
                   " splits the projections for a slower, equivalent computation dstrain does not "
@@ -301,8 +350,69 @@ MoeConfig deepseek_moe_config(const ConfigFields& f) {
   return moe;
 }
 
+// DeepSeek-V2's router (softmax; topk_method "greedy", its misspelling "gready", or
+// "group_limited_greedy" over n_group groups) or V3's (sigmoid, "noaux_tc": groups ranked by
+// their best two biased scores), into `moe`; one sentence for any other.
+void deepseek_router_config(const ConfigFields& f, ModelType type, MoeConfig& moe) {
+  const bool v3 = type == ModelType::DeepSeekV3;
+  const std::string scoring = f.has("scoring_func") && f.at("scoring_func").is_string()
+                                  ? f.at("scoring_func").get<std::string>()
+                                  : (v3 ? "sigmoid" : "softmax");
+  const std::string method = f.has("topk_method") && f.at("topk_method").is_string()
+                                 ? f.at("topk_method").get<std::string>()
+                                 : (v3 ? "noaux_tc" : "greedy");
+  if (scoring != (v3 ? "sigmoid" : "softmax")) {
+    f.unsupported("scoring_func \"" + scoring + "\" is not supported (DeepSeek-" +
+                  (v3 ? "V3's \"sigmoid\")" : "V2's \"softmax\")"));
+  }
+  const bool grouped = v3 || method == "group_limited_greedy";
+  if (v3 ? method != "noaux_tc" : !(grouped || method == "greedy" || method == "gready")) {
+    f.unsupported("topk_method \"" + method + "\" is not supported (DeepSeek-" +
+                  (v3 ? "V3's \"noaux_tc\")" : "V2's \"greedy\" or \"group_limited_greedy\")"));
+  }
+  moe.sigmoid = v3;
+  moe.uses_aux_alpha = !v3;
+  moe.group_top_two = v3;
+  moe.selection_bias = v3;
+  moe.routed_scale = f.number_or("routed_scaling_factor", 0, 1e6, v3 ? 2.5 : 1.0);
+  moe.norm_topk = f.flag_or("norm_topk_prob", v3);
+  if (!grouped) return;
+  moe.groups = f.positive_or("n_group", 4096, 1);
+  moe.top_groups = f.positive_or("topk_group", moe.groups, 1);
+  const int64_t per_group = moe.experts / moe.groups;
+  DSTRAIN_USER_CHECK(moe.experts % moe.groups == 0 && moe.top_k <= moe.top_groups * per_group &&
+                     (!v3 || per_group >= 2))
+      << "model config " << f.origin() << ": n_group " << moe.groups << " must divide the "
+      << moe.experts << " experts" << (v3 ? " into groups of 2 or more" : "")
+      << ", and topk_group " << moe.top_groups << " groups must hold num_experts_per_tok "
+      << moe.top_k;
+}
+
+// DeepSeekMoE's router: softmax, top-k of every expert; one sentence for any other.
+void deepseek_moe_router_checks(const ConfigFields& f) {
+  if (f.has("scoring_func") && f.at("scoring_func") != "softmax") {
+    f.unsupported("scoring_func " + f.at("scoring_func").dump() +
+                  " is not supported (DeepSeekMoE's \"softmax\")");
+  }
+  if (f.has("topk_method") && f.at("topk_method") != "greedy") {
+    f.unsupported("topk_method " + f.at("topk_method").dump() +
+                  " is not supported (DeepSeekMoE's \"greedy\")");
+  }
+}
+
+// The experts of a Mixtral or Qwen2-MoE config (with its shared expert and dense layers), and one
+// sentence for what dstrain does not do with them yet: router jitter, sliding windows; those of
+// DeepSeek's configs.
 MoeConfig moe_config(const ConfigFields& f, ModelType type) {
-  if (type == ModelType::DeepSeekMoe) return deepseek_moe_config(f);
+  if (type == ModelType::DeepSeekMoe) {
+    deepseek_moe_router_checks(f);
+    return deepseek_moe_config(f);
+  }
+  if (type == ModelType::DeepSeekV2 || type == ModelType::DeepSeekV3) {
+    MoeConfig moe = deepseek_moe_config(f);
+    deepseek_router_config(f, type, moe);
+    return moe;
+  }
   const bool mixtral = type == ModelType::Mixtral;
   MoeConfig moe;
   moe.experts = f.positive(mixtral ? "num_local_experts" : "num_experts", 4096);
@@ -381,8 +491,38 @@ const std::set<std::string>& llama_fields() {
                                                "aux_loss_alpha",
                                                "seq_aux",
                                                "pretraining_tp",
-                                               "router_jitter_noise"};
+                                               "router_jitter_noise",
+                                               // DeepSeek-V2 and V3
+                                               "q_lora_rank",
+                                               "kv_lora_rank",
+                                               "qk_nope_head_dim",
+                                               "qk_rope_head_dim",
+                                               "v_head_dim",
+                                               "n_group",
+                                               "topk_group",
+                                               "routed_scaling_factor",
+                                               "num_nextn_predict_layers"};
   return fields;
+}
+
+// Multi-head latent attention's fields (DeepSeek-V2/V3), one sentence for what dstrain does not
+// do with them: attention biases (no DeepSeek checkpoint has them).
+MlaConfig mla_config(const ConfigFields& f) {
+  MlaConfig mla;
+  mla.q_lora_rank = f.positive_or("q_lora_rank", 1 << 20, 0);
+  mla.kv_lora_rank = f.positive("kv_lora_rank", 1 << 20);
+  mla.nope_dim = f.count_or("qk_nope_head_dim", 4096, 0);
+  mla.rope_dim = f.positive("qk_rope_head_dim", 4096);
+  mla.v_dim = f.positive("v_head_dim", 4096);
+  DSTRAIN_USER_CHECK(mla.rope_dim % 2 == 0 && mla.v_dim <= mla.qk_dim())
+      << "model config " << f.origin() << ": qk_rope_head_dim " << mla.rope_dim
+      << " must be even and v_head_dim " << mla.v_dim << " at most qk_nope_head_dim + "
+      << "qk_rope_head_dim (" << mla.qk_dim() << ")";
+  if (f.flag_or("attention_bias", false)) {
+    f.unsupported("attention_bias true (biases on q_a_proj, kv_a_proj_with_mqa and o_proj) is not "
+                  "supported for multi-head latent attention");
+  }
+  return mla;
 }
 
 ModelConfig llama_config(const nlohmann::json& json, const ConfigFields& f, ModelType type) {
@@ -413,7 +553,13 @@ ModelConfig llama_config(const nlohmann::json& json, const ConfigFields& f, Mode
   }
   config.norm_eps = f.number_or("rms_norm_eps", 0, 1, 1e-6);
   config.rope_theta = f.number_or("rope_theta", 0, 1e12, 10000.0);
-  config.rope_scaling = rope_scaling(f);
+  const bool deepseek_mla = type == ModelType::DeepSeekV2 || type == ModelType::DeepSeekV3;
+  config.rope_scaling = rope_scaling(f, deepseek_mla);
+  if (deepseek_mla) {
+    config.mla = mla_config(f);
+    config.n_kv_head = config.n_head;  // num_key_value_heads: MLA does not read it
+    config.mtp_layers = f.count_or("num_nextn_predict_layers", 1024, 0);
+  }
   config.tie_word_embeddings = f.flag_or("tie_word_embeddings", false);
   const bool qwen2 = type == ModelType::Qwen2 || type == ModelType::Qwen2Moe;
   const bool attention_bias = f.flag_or("attention_bias", false);
@@ -421,13 +567,23 @@ ModelConfig llama_config(const nlohmann::json& json, const ConfigFields& f, Mode
   config.o_bias = !qwen2 && attention_bias;
   config.mlp_bias = !qwen2 && f.flag_or("mlp_bias", false);
   if (type == ModelType::Mixtral || type == ModelType::Qwen2Moe ||
-      type == ModelType::DeepSeekMoe) {
+      type == ModelType::DeepSeekMoe || (deepseek_mla && f.has("n_routed_experts"))) {
     config.moe = moe_config(f, type);
   }
   for (const auto& [key, value] : json.items()) {
     if (!llama_fields().count(key)) config.passthrough[key] = value;
   }
   return config;
+}
+
+// The LLaMA family's model_type names (every one but gpt2).
+std::optional<ModelType> llama_family_type(const std::string& name) {
+  for (ModelType type : {ModelType::Llama, ModelType::Qwen2, ModelType::Mixtral,
+                         ModelType::Qwen2Moe, ModelType::DeepSeekMoe, ModelType::DeepSeekV2,
+                         ModelType::DeepSeekV3}) {
+    if (name == model_type_name(type)) return type;
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -448,19 +604,14 @@ ModelConfig model_config_from_json(const std::string& text, const std::string& o
   ModelConfig config;
   if (type == "gpt2") {
     config = gpt2_config(fields);
-  } else if (type == "llama" || type == "qwen2" || type == "mixtral" || type == "qwen2_moe" ||
-             type == "deepseek") {
-    const ModelType kind = type == "llama"      ? ModelType::Llama
-                           : type == "qwen2"    ? ModelType::Qwen2
-                           : type == "mixtral"  ? ModelType::Mixtral
-                           : type == "deepseek" ? ModelType::DeepSeekMoe
-                                                : ModelType::Qwen2Moe;
-    config = llama_config(json, fields, kind);
+  } else if (const std::optional<ModelType> kind = llama_family_type(type)) {
+    config = llama_config(json, fields, *kind);
   } else {
     DSTRAIN_USER_ERROR() << "model config " << origin << " has model_type "
                          << json["model_type"].dump()
                          << "; dstrain trains model_type \"gpt2\", \"llama\", \"qwen2\", "
-                            "\"mixtral\", \"qwen2_moe\" and \"deepseek\"";
+                            "\"mixtral\", \"qwen2_moe\", \"deepseek\", \"deepseek_v2\" and "
+                            "\"deepseek_v3\"";
   }
   config.name = origin;
   return config;

@@ -2,19 +2,16 @@
 
 #include <cmath>
 
+#include "model/decoder_internal.h"
 #include "model/moe_aux_loss.h"
 #include "model/param_provider.h"
 #include "model/transformer_parts.h"
 
 namespace dstrain {
 
-namespace {
+using namespace decoder_internal;
 
-// The layers' workspace, in LayerRun::workspace order: every entry always declared (with no
-// rows where unused: the gradients without backward, the sequence-parallel buffers unless tp > 1
-// with sequence parallelism) so that the indices stay fixed; the rotary table last, with a
-// rotary position part only.
-enum LayerWork : int { kScratch, kDnorm, kDqkv, kDup, kDact, kStreamPart, kGathered, kRopeFreqs };
+namespace {
 
 // Buffer specs in order, each added with its index.
 template <class Spec>
@@ -25,10 +22,6 @@ struct IndexedSpecs {
     return static_cast<int>(list.size()) - 1;
   }
 };
-
-Tensor optional(const std::vector<Tensor>& tensors, int index) {
-  return index >= 0 ? tensors[static_cast<size_t>(index)] : Tensor();
-}
 
 // The prefix of an optional buffer (a norm's mean: LayerNorm's only).
 Tensor optional_prefix(const std::vector<Tensor>& buffers, int index,
@@ -61,8 +54,19 @@ Decoder::LayerTensors find_layer_tensors(const ParamLayout& layout, const Decode
   auto index = [&](const std::string& name) { return index_in_block(layout, p + name); };
   t.norm1 = index(names.norm1 + ".weight");
   t.norm1_bias = index(names.norm1 + ".bias");
-  t.qkv = index(names.qkv.front() + ".weight");
-  t.qkv_bias = index(names.qkv.front() + ".bias");
+  if (!names.qkv.empty()) {
+    t.qkv = index(names.qkv.front() + ".weight");
+    t.qkv_bias = index(names.qkv.front() + ".bias");
+  }
+  if (parts.attention.latent()) {
+    t.q = index(names.q + ".weight");
+    t.q_a = index(names.q_a + ".weight");
+    t.q_norm = index(names.q_norm + ".weight");
+    t.q_b = index(names.q_b + ".weight");
+    t.kv_a = index(names.kv_a + ".weight");
+    t.kv_norm = index(names.kv_norm + ".weight");
+    t.kv_b = index(names.kv_b + ".weight");
+  }
   t.o = index(names.o + ".weight");
   t.o_bias = index(names.o + ".bias");
   t.norm2 = index(names.norm2 + ".weight");
@@ -79,6 +83,7 @@ Decoder::LayerTensors find_layer_tensors(const ParamLayout& layout, const Decode
     t.shared_up = index(names.shared_expert + names.expert_up.front() + ".weight");
     t.shared_down = index(names.shared_expert + names.expert_down + ".weight");
     t.shared_gate = index(names.shared_gate + ".weight");
+    if (!names.router_bias.empty()) t.router_bias = index(names.router_bias);
   }
   return t;
 }
@@ -154,7 +159,8 @@ Decoder::Decoder(const ModelConfig& config, const TensorParallel& tp, const Expe
                    layer_activation_specs(1, 1, tp.size, DType::F32, Recompute::None, nullptr)},
       head_buffers_(head_buffer_specs(1, tp.size, DType::F32, true, nullptr)),
       rotary_(parts_.position.kind == PositionKind::Rotary ? rope_inverse_frequencies(config)
-                                                           : std::vector<double>()) {
+                                                           : std::vector<double>(),
+              rope_table_magnitude(config)) {
   // (in, out) weights are one tensor per projection: a packed group widens by rows.
   DSTRAIN_CHECK(!parts_.names.in_by_out ||
                 (parts_.names.qkv.size() == 1 && parts_.names.up.size() == 1))
@@ -164,7 +170,9 @@ Decoder::Decoder(const ModelConfig& config, const TensorParallel& tp, const Expe
 Decoder::Widths Decoder::widths() const {
   const AttentionPart& attn = parts_.attention;
   const int64_t heads = attn.heads / tp_.size, kv_heads = attn.kv_heads / tp_.size;
-  return {heads, kv_heads, (heads + 2 * kv_heads) * attn.head_dim, heads * attn.head_dim};
+  const int64_t atty = heads * attn.head_dim;
+  return {heads, kv_heads, (heads + 2 * kv_heads) * attn.head_dim,
+          attn.latent() ? heads * attn.v_dim : atty, atty};
 }
 
 int Decoder::layer_kind(int layer) const { return &parts_.layer_mlp(layer) == &parts_.mlp ? 0 : 1; }
@@ -191,8 +199,9 @@ int Decoder::head_block() const {
   return layout_.tied_embedding() ? ParamLayout::embedding_block() : layout_.final_block();
 }
 
-// The activations in order: norm1 (out, [mean], rstd), qkv (q and k rotated), the attention's
-// output and log-sum-exps, residual2, norm2, the MLP's up projection and activation.
+// The activations in order: norm1 (out, [mean], rstd), [latent attention's latents, their norms
+// and rstds], qkv (q and k rotated), the attention's output and log-sum-exps, [latent attention's
+// values], residual2, norm2, the MLP's up projection and activation.
 Decoder::LayerActivations Decoder::layer_activation_specs(
     int kind, int64_t B, int64_t T, DType dtype, Recompute recompute,
     std::vector<ActivationSpec>* specs) const {
@@ -209,9 +218,22 @@ Decoder::LayerActivations Decoder::layer_activation_specs(
     rstd = add({{name + "_rstd", DType::F32, {R}}, !full});
   };
   add_norm("norm1", a.norm1, a.norm1_mean, a.norm1_rstd);
+  const AttentionPart& attn = parts_.attention;
+  if (attn.latent()) {
+    // The latents' norms are recomputed with the block's (selective recompute).
+    if (attn.q_rank > 0) {
+      a.q_latent = add({{"q_latent", dtype, {N, attn.q_rank}}, !full});
+      a.q_normed = add({{"q_latent_norm", dtype, {N, attn.q_rank}}, cheap_kept});
+      a.q_rstd = add({{"q_latent_rstd", DType::F32, {N}}, !full});
+    }
+    a.kv_latent = add({{"kv_latent", dtype, {N, attn.kv_rank}}, !full});
+    a.kv_normed = add({{"kv_latent_norm", dtype, {N, attn.kv_rank}}, cheap_kept});
+    a.kv_rstd = add({{"kv_latent_rstd", DType::F32, {N}}, !full});
+  }
   a.qkv = add({{"qkv", dtype, {B, T, w.qkv}}, !full});
-  a.atty = add({{"atty", dtype, {B, T, w.attn}}, !full});
+  a.atty = add({{"atty", dtype, {B, T, w.atty}}, !full});
   a.lse = add({{"att_lse", DType::F32, {B, w.heads, T}}, !full});
+  if (attn.latent()) a.values = add({{"att_values", dtype, {N, w.attn}}, !full});
   a.residual2 = add({{"residual2", dtype, {R, C}}, !full});
   add_norm("norm2", a.norm2, a.norm2_mean, a.norm2_rstd);
   const MlpPart& mlp = kind_mlp(kind);
@@ -255,7 +277,7 @@ std::vector<TensorSpec> Decoder::layer_workspace(int64_t B, int64_t T, DType dty
       {"gathered", dtype, {sp ? N : 0, C}}};
   if (parts_.position.kind == PositionKind::Rotary) {
     // The rotary (cos, sin) table of positions 0..T-1, copied in before each use.
-    specs.push_back({"rope_freqs", DType::F32, {T, parts_.attention.head_dim / 2, 2}});
+    specs.push_back({"rope_freqs", DType::F32, {T, config_.rotary_dim() / 2, 2}});
   }
   if (parts_.mlp.kind == MlpKind::MoE) {
     DSTRAIN_CHECK(static_cast<int>(specs.size()) == moe_workspace_begin());
@@ -265,97 +287,15 @@ std::vector<TensorSpec> Decoder::layer_workspace(int64_t B, int64_t T, DType dty
     DSTRAIN_CHECK(static_cast<int>(specs.size()) == moe_workspace_begin() + kMoeWorkspaceBuffers);
     // Under sequence parallelism: the experts' input gathered again in backward.
     specs.push_back({"moe_gathered", dtype, {sp && with_backward ? N : 0, C}});
+    // The router's selection bias in F32 for the routing ops, where the parameters are not.
+    const bool bias_copy = parts_.mlp.selection_bias && dtype != DType::F32;
+    specs.push_back({"router_bias_f32", DType::F32, {bias_copy ? parts_.mlp.experts : 0}});
+  }
+  if (parts_.attention.latent()) {
+    DSTRAIN_CHECK(static_cast<int>(specs.size()) == latent_workspace_begin());
+    for (TensorSpec& spec : latent_workspace_specs(N, Nb, dtype)) specs.push_back(std::move(spec));
   }
   return specs;
-}
-
-int Decoder::moe_workspace_begin() const {
-  return parts_.position.kind == PositionKind::Rotary ? kRopeFreqs + 1 : kRopeFreqs;
-}
-
-MoeShape Decoder::moe_shape_of(int64_t tokens) const {
-  return moe_shape(parts_.mlp, tokens, config_.n_embd, ep_.size, ep_.capacity_factor);
-}
-
-int64_t Decoder::mlp_rows(int kind, int64_t tokens) const {
-  return kind_mlp(kind).kind == MlpKind::MoE ? moe_shape_of(tokens).R : tokens;
-}
-
-MoeWeights Decoder::moe_weights(const std::vector<Tensor>& tensors,
-                                const std::vector<Tensor>& experts) const {
-  const MlpPart& mlp = parts_.mlp;
-  const LayerTensors& t = tensors_[0];  // the MoE layers'
-  const int64_t local = layout_.local_experts();
-  return {tensors[static_cast<size_t>(t.router)],
-          all_experts(matrix(experts, t.up, 2 * mlp.width), local),
-          all_experts(experts[static_cast<size_t>(t.down)], local),
-          matrix(tensors, t.shared_up, 2 * mlp.shared_width),
-          optional(tensors, t.shared_down),
-          optional(tensors, t.shared_gate)};
-}
-
-MoeWorkspace Decoder::moe_workspace(const LayerRun& run) const {
-  const MoeShape s = moe_shape_of(run.b * run.t);
-  const std::vector<Tensor>& ws = run.workspace;
-  const int m = moe_workspace_begin();
-  // A buffer the pass has no rows for (the gradients without backward, the shared expert's
-  // without one) stays an empty view.
-  auto view = [&](int index, std::initializer_list<int64_t> dims) {
-    return ws[index].numel() > 0 ? prefix(ws[index], dims) : Tensor();
-  };
-  MoeWorkspace w;
-  w.logits = view(m, {s.N, s.E});
-  w.dout_rows = view(m + 1, {s.M, s.C});
-  w.dinp_rows = view(m + 2, {s.M, s.C});
-  w.dtopk_weight = view(m + 3, {s.N, s.k});
-  w.dup = view(kDup, {s.R, 2 * s.I});
-  w.dact = view(kDact, {s.R, s.I});
-  w.dx_router = view(m + 4, {s.N, s.C});
-  w.shared_logit = view(m + 5, {s.N, 1});
-  w.shared_sum = view(m + 6, {s.N, s.C});
-  w.dshared_act = view(m + 7, {s.N, s.Is});
-  w.dshared_up = view(m + 8, {s.N, 2 * s.Is});
-  w.dshared_weight = view(m + 9, {s.N, 1});
-  w.send_rows = view(m + 10, {s.M, s.C});
-  w.exchange[0] = view(m + 11, {s.R, s.C});
-  w.exchange[1] = view(m + 12, {s.R, s.C});
-  w.to_expert_order = view(m + 13, {s.R});
-  w.to_peer_order = view(m + 14, {s.R});
-  w.send_counts = view(m + 15, {s.E});
-  w.aux_dscores = view(m + 16, {s.N, s.E});
-  return w;
-}
-
-MoeActivations Decoder::moe_activations(const LayerRun& run) const {
-  const MoeShape s = moe_shape_of(run.b * run.t);
-  const std::vector<Tensor>& a = run.activations;
-  const MoeActivationIndex& i = activations_[0].moe;
-  MoeActivations v;
-  v.scores = prefix(a[i.scores], {s.N, s.E});
-  v.topk_weight = prefix(a[i.topk_weight], {s.N, s.k});
-  v.topk_expert = prefix(a[i.topk_expert], {s.N, s.k});
-  v.offsets = prefix(a[i.offsets], {s.E + 1});
-  v.source_rows = prefix(a[i.source_rows], {s.M});
-  v.dest_rows = prefix(a[i.dest_rows], {s.N, s.k});
-  v.inp = prefix(a[i.inp], {s.R, s.C});
-  v.up = prefix(a[activations_[0].up], {s.R, 2 * s.I});
-  v.act = prefix(a[activations_[0].act], {s.R, s.I});
-  v.out = prefix(a[i.out], {s.M, s.C});
-  if (s.ep > 1) {
-    v.recv_counts = prefix(a[i.recv_counts], {s.ep * s.El});
-    v.local_offsets = prefix(a[i.local_offsets], {s.El + 1});
-  }
-  if (s.Is == 0) return v;
-  v.shared_up = prefix(a[i.shared_up], {s.N, 2 * s.Is});
-  v.shared_act = prefix(a[i.shared_act], {s.N, s.Is});
-  v.shared_out = prefix(a[i.shared_out], {s.N, s.C});
-  v.shared_scores = prefix(a[i.shared_scores], {s.N, 1});
-  v.shared_weight = prefix(a[i.shared_weight], {s.N, 1});
-  v.shared_expert = prefix(a[i.shared_expert], {s.N, 1});
-  v.shared_offsets = prefix(a[i.shared_offsets], {2});
-  v.shared_source = prefix(a[i.shared_source], {s.N});
-  v.shared_dest = prefix(a[i.shared_dest], {s.N, 1});
-  return v;
 }
 
 Decoder::HeadBuffers Decoder::head_buffer_specs(int64_t B, int64_t T, DType dtype,
@@ -417,9 +357,10 @@ Tensor Decoder::row_parallel(const LayerRun& run, Tensor inp, Tensor weight, Ten
                              !parts_.names.in_by_out, run.stream);
 }
 
-// The (t, hd/2, 2) rotary table of the micro-batch's positions, in the workspace.
+// The (t, d/2, 2) rotary table of the micro-batch's positions (d: the rotary dims of a head),
+// in the workspace.
 Tensor Decoder::rope_freqs(const LayerRun& run) const {
-  const int64_t half = parts_.attention.head_dim / 2;
+  const int64_t half = config_.rotary_dim() / 2;
   Tensor freqs = prefix(run.workspace[kRopeFreqs], {run.t, half, 2});
   run.backend.copy_bytes(freqs.data, rotary_.at_least(run.t), static_cast<size_t>(freqs.nbytes()),
                          run.stream);
@@ -474,8 +415,9 @@ Tensor Decoder::mlp_forward(const LayerRun& run, Tensor norm2_full) const {
     Tensor out = prefix(run.workspace[kScratch], {N, config_.n_embd});
     const MoeActivations moe = moe_activations(run);
     const int64_t dropped =
-        moe_mlp_forward(run.backend, parts_.mlp, ep_, moe_weights(w, run.expert_weights), moe,
-                        moe_workspace(run), norm2_full, out, run.stream);
+        moe_mlp_forward(run.backend, parts_.mlp, ep_,
+                        routed_moe_weights(run, w, run.expert_weights), moe, moe_workspace(run),
+                        norm2_full, out, run.stream);
     if (ep_.aux != nullptr && !run.recomputing) {
       ep_.aux->add_layer(run.backend, moe, run.stream);
     }
@@ -499,33 +441,53 @@ Tensor Decoder::mlp_forward(const LayerRun& run, Tensor norm2_full) const {
   return row_parallel(run, act, w[i.down], optional(w, i.down_bias));
 }
 
-void Decoder::layer_forward(const LayerRun& run) const {
-  const int64_t b = run.b, t = run.t, C = config_.n_embd, N = b * t, R = tp_.stream_rows(N);
+// Multi-head attention: the qkv projection, the rotary, the attention ops; or latent attention.
+Tensor Decoder::attention_part_forward(const LayerRun& run, Tensor norm1_full) const {
+  const int64_t b = run.b, t = run.t, N = b * t;
   const Widths wd = widths();
+  const int kind = layer_kind(run.layer);
+  if (parts_.attention.latent()) {
+    const LatentActivations acts = latent_activations(run);
+    latent_attention_forward(run.backend, parts_.attention,
+                             latent_heads(parts_.attention, wd.heads),
+                             latent_weights(run.weights, kind), acts, latent_workspace(run),
+                             norm1_full, rope_freqs(run), run.positions, run.stream);
+    return acts.values;
+  }
   const std::vector<Tensor>& a = run.activations;
   const std::vector<Tensor>& w = run.weights;
-  const LayerTensors& i = tensors_[layer_kind(run.layer)];
-  const LayerActivations& ai = activations_[layer_kind(run.layer)];
-  const bool out_by_in = !parts_.names.in_by_out;
+  const LayerTensors& i = tensors_[kind];
+  const LayerActivations& ai = activations_[kind];
   Backend& backend = run.backend;
-  Tensor input = prefix(run.input, {R, C}), norm1 = prefix(a[ai.norm1], {R, C});
-  Tensor qkv = prefix(a[ai.qkv], {b, t, wd.qkv}), atty = prefix(a[ai.atty], {b, t, wd.attn});
-  Tensor residual2 = prefix(a[ai.residual2], {R, C}), norm2 = prefix(a[ai.norm2], {R, C});
+  Tensor qkv = prefix(a[ai.qkv], {b, t, wd.qkv}), atty = prefix(a[ai.atty], {b, t, wd.atty});
   const int heads = static_cast<int>(wd.heads), kv_heads = static_cast<int>(wd.kv_heads);
-
-  norm_forward(backend, parts_.norm, norm1, input,
-               {w[i.norm1], optional(w, i.norm1_bias), optional_prefix(a, ai.norm1_mean, {R}),
-                prefix(a[ai.norm1_rstd], {R})},
-               run.stream);
-  Tensor norm1_full = enter_region_forward(tp_, norm1, gathered(run), run.stream);
   backend.matmul_forward(qkv.reshape({N, wd.qkv}), norm1_full, matrix(w, i.qkv, wd.qkv),
-                         matrix(w, i.qkv_bias, wd.qkv), out_by_in, run.stream);
+                         matrix(w, i.qkv_bias, wd.qkv), !parts_.names.in_by_out, run.stream);
   if (parts_.position.kind == PositionKind::Rotary) {
     backend.rope_forward(qkv, rope_freqs(run), run.positions, heads, kv_heads, run.stream);
   }
   backend.attention_forward(atty, prefix(a[ai.lse], {b, wd.heads, t}), qkv, run.positions, heads,
                             kv_heads, run.stream);
-  Tensor attn_out = row_parallel(run, atty.reshape({N, wd.attn}), w[i.o], optional(w, i.o_bias));
+  return atty.reshape({N, wd.attn});
+}
+
+void Decoder::layer_forward(const LayerRun& run) const {
+  const int64_t C = config_.n_embd, R = tp_.stream_rows(run.b * run.t);
+  const std::vector<Tensor>& a = run.activations;
+  const std::vector<Tensor>& w = run.weights;
+  const LayerTensors& i = tensors_[layer_kind(run.layer)];
+  const LayerActivations& ai = activations_[layer_kind(run.layer)];
+  Backend& backend = run.backend;
+  Tensor input = prefix(run.input, {R, C}), norm1 = prefix(a[ai.norm1], {R, C});
+  Tensor residual2 = prefix(a[ai.residual2], {R, C}), norm2 = prefix(a[ai.norm2], {R, C});
+
+  norm_forward(backend, parts_.norm, norm1, input,
+               {w[i.norm1], optional(w, i.norm1_bias), optional_prefix(a, ai.norm1_mean, {R}),
+                prefix(a[ai.norm1_rstd], {R})},
+               run.stream);
+  Tensor values =
+      attention_part_forward(run, enter_region_forward(tp_, norm1, gathered(run), run.stream));
+  Tensor attn_out = row_parallel(run, values, w[i.o], optional(w, i.o_bias));
   residual_norm_forward(backend, parts_.norm, residual2, norm2, input, attn_out,
                         {w[i.norm2], optional(w, i.norm2_bias),
                          optional_prefix(a, ai.norm2_mean, {R}), prefix(a[ai.norm2_rstd], {R})},
@@ -560,6 +522,10 @@ void Decoder::layer_recompute(const LayerRun& run, Recompute recompute) const {
                  {w[i.norm2], optional(w, i.norm2_bias), optional_prefix(a, ai.norm2_mean, {R}),
                   prefix(a[ai.norm2_rstd], {R})},
                  run.stream);
+    if (parts_.attention.latent()) {
+      latent_attention_recompute(run.backend, parts_.attention, latent_weights(w, kind),
+                                 latent_activations(run), run.stream);
+    }
     const int64_t rows =
         part.kind == MlpKind::MoE
             ? moe_expert_rows(run.backend, moe_shape_of(N), moe_activations(run), run.stream)
@@ -622,7 +588,8 @@ Tensor Decoder::moe_backward(const LayerRun& run, Tensor dout) const {
     ep_.aux->layer_gradient(run.backend, moe, run.t, ws.aux_dscores, run.stream);
   }
   std::vector<int64_t> tokens;
-  moe_mlp_backward(run.backend, parts_.mlp, ep_, moe_weights(run.weights, run.expert_weights),
+  moe_mlp_backward(run.backend, parts_.mlp, ep_,
+                   routed_moe_weights(run, run.weights, run.expert_weights),
                    moe_weights(run.grads, run.expert_grads), moe, ws, x, dout, dnorm, run.stream,
                    ep_.load != nullptr ? &tokens : nullptr);
   if (ep_.load != nullptr) ep_.load->add(run.layer, tokens);
@@ -651,38 +618,65 @@ void Decoder::mlp_backward(const LayerRun& run, Tensor dout) const {
                 run.stream);
 }
 
-// From dL/d(residual2) (dout: the whole rows under sequence parallelism) to dL/d(the layer's
-// input) in run.residual_grad.
-void Decoder::attention_backward(const LayerRun& run, Tensor dout) const {
-  const int64_t b = run.b, t = run.t, N = b * t, C = config_.n_embd, R = tp_.stream_rows(N);
+// The attention part's backward from dvalues (dL/d(the o projection's input), (N, attn)) to
+// dL/d(norm1) (N, C) in the kDnorm workspace (this rank's heads' part under tp), returned.
+Tensor Decoder::attention_part_backward(const LayerRun& run, Tensor dvalues,
+                                        Tensor norm1_full) const {
+  const int64_t b = run.b, t = run.t, N = b * t, C = config_.n_embd;
   const Widths wd = widths();
+  const int kind = layer_kind(run.layer);
+  Tensor dnorm = prefix(run.workspace[kDnorm], {N, C});
+  if (parts_.attention.latent()) {
+    latent_attention_backward(run.backend, parts_.attention,
+                              latent_heads(parts_.attention, wd.heads),
+                              latent_weights(run.weights, kind), latent_weights(run.grads, kind),
+                              latent_activations(run), latent_workspace(run), norm1_full, dvalues,
+                              dnorm, rope_freqs(run), run.positions, run.stream);
+    return dnorm;
+  }
   const int heads = static_cast<int>(wd.heads), kv_heads = static_cast<int>(wd.kv_heads);
   const std::vector<Tensor>& a = run.activations;
   const std::vector<Tensor>& w = run.weights;
   const std::vector<Tensor>& g = run.grads;
-  const LayerTensors& i = tensors_[layer_kind(run.layer)];
-  const LayerActivations& ai = activations_[layer_kind(run.layer)];
-  const bool out_by_in = !parts_.names.in_by_out;
+  const LayerTensors& i = tensors_[kind];
+  const LayerActivations& ai = activations_[kind];
   Backend& backend = run.backend;
-  Tensor datty = prefix(run.workspace[kDnorm], {N, wd.attn});
   Tensor dqkv = prefix(run.workspace[kDqkv], {b, t, wd.qkv});
-  backend.matmul_backward(datty, g[i.o], optional(g, i.o_bias), dout,
-                          prefix(a[ai.atty], {N, wd.attn}), w[i.o], out_by_in, run.stream);
-  backend.attention_backward(dqkv, datty.reshape({b, t, wd.attn}),
+  backend.attention_backward(dqkv, dvalues.reshape({b, t, wd.attn}),
                              prefix(a[ai.qkv], {b, t, wd.qkv}), prefix(a[ai.atty], {b, t, wd.attn}),
                              prefix(a[ai.lse], {b, wd.heads, t}), run.positions, heads, kv_heads,
                              run.stream);
   if (parts_.position.kind == PositionKind::Rotary) {
     backend.rope_backward(dqkv, rope_freqs(run), run.positions, heads, kv_heads, run.stream);
   }
-  Tensor norm1_full =
-      enter_region_forward(tp_, prefix(a[ai.norm1], {R, C}), gathered(run), run.stream);
-  Tensor dnorm = prefix(run.workspace[kDnorm], {N, C});
+  // dvalues (in kDnorm) is read: dnorm may overwrite it.
   backend.matmul_backward(dnorm, matrix(g, i.qkv, wd.qkv), matrix(g, i.qkv_bias, wd.qkv),
                           dqkv.reshape({N, wd.qkv}), norm1_full, matrix(w, i.qkv, wd.qkv),
-                          out_by_in, run.stream);
-  Tensor dnorm1 = enter_region_backward(tp_, dnorm, stream_part(run), run.stream);
-  norm_backward(backend, parts_.norm, prefix(run.residual_grad, {R, C}),
+                          !parts_.names.in_by_out, run.stream);
+  return dnorm;
+}
+
+// From dL/d(residual2) (dout: the whole rows under sequence parallelism) to dL/d(the layer's
+// input) in run.residual_grad.
+void Decoder::attention_backward(const LayerRun& run, Tensor dout) const {
+  const int64_t N = run.b * run.t, C = config_.n_embd, R = tp_.stream_rows(N);
+  const Widths wd = widths();
+  const std::vector<Tensor>& a = run.activations;
+  const std::vector<Tensor>& w = run.weights;
+  const std::vector<Tensor>& g = run.grads;
+  const LayerTensors& i = tensors_[layer_kind(run.layer)];
+  const LayerActivations& ai = activations_[layer_kind(run.layer)];
+  // The o projection's input: the attention's output, or latent attention's values.
+  const bool latent = parts_.attention.latent();
+  Tensor values = prefix(a[latent ? ai.values : ai.atty], {N, wd.attn});
+  Tensor dvalues = latent ? latent_dvalues(run) : prefix(run.workspace[kDnorm], {N, wd.attn});
+  run.backend.matmul_backward(dvalues, g[i.o], optional(g, i.o_bias), dout, values, w[i.o],
+                              !parts_.names.in_by_out, run.stream);
+  Tensor norm1_full =
+      enter_region_forward(tp_, prefix(a[ai.norm1], {R, C}), gathered(run), run.stream);
+  Tensor dnorm1 = enter_region_backward(tp_, attention_part_backward(run, dvalues, norm1_full),
+                                        stream_part(run), run.stream);
+  norm_backward(run.backend, parts_.norm, prefix(run.residual_grad, {R, C}),
                 {g[i.norm1], optional(g, i.norm1_bias)}, dnorm1, prefix(run.input, {R, C}),
                 {w[i.norm1], optional(w, i.norm1_bias), optional_prefix(a, ai.norm1_mean, {R}),
                  prefix(a[ai.norm1_rstd], {R})},

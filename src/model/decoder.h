@@ -2,6 +2,7 @@
 // from the parts the configuration chooses (model/parts.h). A layer is
 //
 //   norm1 -> qkv projection -> [rotary] -> causal attention -> o projection -> + residual
+//            (or multi-head latent attention, model/latent_attention.h, before o)
 //   -> norm2 -> up projection -> GELU | SwiGLU -> down projection -> + residual
 //            (or the mixture of experts of model/moe_mlp.h, in every layer or in some)
 //
@@ -24,6 +25,7 @@
 
 #include "model/architecture.h"
 #include "model/config.h"
+#include "model/latent_attention.h"
 #include "model/layout.h"
 #include "model/moe_mlp.h"
 #include "model/parts.h"
@@ -65,12 +67,19 @@ class Decoder final : public Architecture {
     int router = -1;  // MoE: the router; up and down then the first held expert's, in the
                       // experts' block (LayerRun::expert_weights)
     int shared_up = -1, shared_down = -1, shared_gate = -1;  // MoE: the shared expert's
+    int router_bias = -1;                                    // MoE: the selection bias
+    // Latent attention (qkv then -1): q, or q_a, q_norm, q_b; kv_a, kv_norm, kv_b.
+    int q = -1, q_a = -1, q_norm = -1, q_b = -1, kv_a = -1, kv_norm = -1, kv_b = -1;
   };
   // Where a layer's activations are in LayerRun::activations (-1: the parts keep none).
   struct LayerActivations {
     int norm1 = -1, norm1_mean = -1, norm1_rstd = -1, qkv = -1, atty = -1, lse = -1;
     int residual2 = -1, norm2 = -1, norm2_mean = -1, norm2_rstd = -1, up = -1, act = -1;
     MoeActivationIndex moe;  // MoE only
+    // Latent attention only (model/latent_attention.h LatentActivations); the q path's with a
+    // q rank only.
+    int q_latent = -1, q_normed = -1, q_rstd = -1, kv_latent = -1, kv_normed = -1, kv_rstd = -1;
+    int values = -1;
   };
   // Where the head's buffers are in HeadRun::workspace.
   struct HeadBuffers {
@@ -80,7 +89,10 @@ class Decoder final : public Architecture {
 
  private:
   struct Widths {
-    int64_t heads, kv_heads, qkv, attn;  // this tp rank's
+    // This tp rank's: heads, the attention ops' qkv width and the o projection's input width
+    // (the heads' values), the attention ops' output width (the same but for latent attention,
+    // whose v heads are padded to the qk head dim).
+    int64_t heads, kv_heads, qkv, attn, atty;
   };
   Widths widths() const;
   // Layers come in two kinds: 0, with the parts' MLP; 1, the dense layers among MoE layers.
@@ -99,6 +111,20 @@ class Decoder final : public Architecture {
   Tensor matrix(const std::vector<Tensor>& tensors, int index, int64_t out_width) const;
   Tensor row_parallel(const LayerRun& run, Tensor inp, Tensor weight, Tensor bias) const;
   Tensor mlp_forward(const LayerRun& run, Tensor norm2_full) const;
+  // The attention part from the (gathered) norm1 to the o projection's input (N, attn).
+  Tensor attention_part_forward(const LayerRun& run, Tensor norm1_full) const;
+  // Its backward from dL/d(that input) to dL/d(norm1) (N, C) in the kDnorm workspace.
+  Tensor attention_part_backward(const LayerRun& run, Tensor dvalues, Tensor norm1_full) const;
+  LatentWeights latent_weights(const std::vector<Tensor>& tensors, int kind) const;
+  LatentActivations latent_activations(const LayerRun& run) const;
+  LatentWorkspace latent_workspace(const LayerRun& run) const;
+  Tensor latent_dvalues(const LayerRun& run) const;  // (N, attn): dL/d(the o projection's input)
+  std::vector<TensorSpec> latent_workspace_specs(int64_t N, int64_t Nb, DType dtype) const;
+  int latent_workspace_begin() const;  // the first of latent attention's LayerRun::workspace
+  // The MoE weights of a layer for the routing ops: the selection bias in F32 (a copy in the
+  // workspace where the parameters are 16-bit).
+  MoeWeights routed_moe_weights(const LayerRun& run, const std::vector<Tensor>& tensors,
+                                const std::vector<Tensor>& experts) const;
   void attention_backward(const LayerRun& run, Tensor dout) const;
   void mlp_backward(const LayerRun& run, Tensor dout) const;
   Tensor dense_mlp_backward(const LayerRun& run, Tensor dout) const;

@@ -66,6 +66,7 @@ struct TensorSplit {
 };
 struct TensorOptions {
   bool partial_grad = false;  // a norm inside the sequence-parallel region
+  bool summed_grad = false;   // replicated, its gradient a per-rank part under any tp
   bool packed = false;        // right after the previous tensor, no alignment gap
   std::vector<int64_t> file_shape = {};
   // A routed expert's tensor (ParamSpec::expert); held: by this ep rank (else no rows here).
@@ -105,6 +106,7 @@ class ParamLayout::Builder {
     spec.tp_dim = split.dim;
     spec.tp_parts = split.parts;
     spec.tp_partial_grad = options.partial_grad;
+    spec.tp_summed_grad = options.summed_grad;
     spec.init = init;
     if (!options.packed) cursor_ = aligned(cursor_);
     spec.offset = cursor_;
@@ -205,10 +207,14 @@ void add_routed_experts(Builder& b, const TensorNames& names, const MlpPart& mlp
   }
 }
 
-// What a MoE layer's block holds of its MLP: the router (E, C), then the shared expert if any.
+// What a MoE layer's block holds of its MLP: the router (E, C) and its selection bias (E: never
+// given a gradient, so AdamW leaves it as loaded), then the shared expert if any.
 void add_experts(Builder& b, const TensorNames& names, const MlpPart& mlp, const std::string& p) {
   const int64_t C = b.width();
   b.add(p + names.router + ".weight", {mlp.experts, C}, true, kReplicated);
+  if (mlp.selection_bias) {
+    b.add(p + names.router_bias, {mlp.experts}, false, kReplicated, {}, ParamInit::Zero);
+  }
   if (mlp.shared_width == 0) return;
   // The shared expert: [gate | up] (2 Is, C), down (C, Is), and its gate (1, C).
   const std::string shared = p + names.shared_expert;
@@ -220,8 +226,29 @@ void add_experts(Builder& b, const TensorNames& names, const MlpPart& mlp, const
   if (mlp.shared_gate) b.add(p + names.shared_gate + ".weight", {1, C}, true, kReplicated);
 }
 
-// One layer: norm, attention (qkv column-parallel, o row-parallel), norm, MLP (up
-// column-parallel, down row-parallel; or the experts).
+// Latent attention's tensors before o: q (or q_a, its norm, q_b), kv_a (latent | rope key), the
+// latent's norm, kv_b (nn.Linear layouts, no biases). The per-head projections (q or q_b, kv_b)
+// are column-parallel; the latent path is replicated.
+void add_latent_attention(Builder& b, const TensorNames& names, const AttentionPart& attn,
+                          const std::string& p) {
+  const int64_t C = b.width();
+  const Builder::Options latent{.summed_grad = true};
+  if (attn.q_rank == 0) {
+    b.add(p + names.q + ".weight", {attn.q_width(), C}, true, kRows);
+  } else {
+    b.add(p + names.q_a + ".weight", {attn.q_rank, C}, true, kReplicated, latent);
+    b.add(p + names.q_norm + ".weight", {attn.q_rank}, false, kReplicated, latent,
+          ParamInit::One);
+    b.add(p + names.q_b + ".weight", {attn.q_width(), attn.q_rank}, true, kRows);
+  }
+  b.add(p + names.kv_a + ".weight", {attn.kv_rank + attn.rope_dim, C}, true, kReplicated, latent);
+  b.add(p + names.kv_norm + ".weight", {attn.kv_rank}, false, kReplicated, latent,
+        ParamInit::One);
+  b.add(p + names.kv_b + ".weight", {attn.kv_latent_width(), attn.kv_rank}, true, kRows);
+}
+
+// One layer: norm, attention (qkv column-parallel, or latent attention's tensors; o
+// row-parallel), norm, MLP (up column-parallel, down row-parallel; or the experts).
 void add_layer(Builder& b, const DecoderParts& parts, int64_t layer) {
   const TensorNames& names = parts.names;
   const AttentionPart& attn = parts.attention;
@@ -231,10 +258,14 @@ void add_layer(Builder& b, const DecoderParts& parts, int64_t layer) {
   const ParamInit residual =
       parts.scaled_residual_init ? ParamInit::ResidualNormal : ParamInit::Normal;
   add_norm(b, parts.norm, p + names.norm1);
-  add_linear(b, names, p,
-             {names.qkv, {attn.q_width(), attn.kv_width(), attn.kv_width()}, C, true,
-              attn.qkv_bias});
-  add_linear(b, names, p, {{names.o}, {C}, attn.q_width(), false, attn.o_bias, residual});
+  if (attn.latent()) {
+    add_latent_attention(b, names, attn, p);
+  } else {
+    add_linear(b, names, p,
+               {names.qkv, {attn.q_width(), attn.kv_width(), attn.kv_width()}, C, true,
+                attn.qkv_bias});
+  }
+  add_linear(b, names, p, {{names.o}, {C}, attn.out_width(), false, attn.o_bias, residual});
   add_norm(b, parts.norm, p + names.norm2);
   if (mlp.kind == MlpKind::MoE) {
     add_experts(b, names, mlp, p);
@@ -297,6 +328,8 @@ ParamLayout::ParamLayout(const ModelConfig& config, int tp, int ep, int ep_rank)
   const DecoderParts parts = decoder_parts(config);
   tied_embedding_ = parts.head.tied;
   layers_ = static_cast<int>(parts.layers);
+  skipped_layers_ = config.mtp_layers;
+  layer_prefix_ = parts.names.layer_prefix;
   local_experts_ = parts.mlp.kind == MlpKind::MoE ? parts.mlp.experts / ep : 0;
   int next_expert_block = final_block() + 1;
   for (int64_t layer = 0; layer < parts.layers; ++layer) {
@@ -308,6 +341,18 @@ ParamLayout::ParamLayout(const ModelConfig& config, int tp, int ep, int ep_rank)
     add_decoder_tensors(builder, config, parts, ep, ep_rank);
   }
   DSTRAIN_CHECK(num_blocks() == next_expert_block) << num_blocks() << " blocks";
+}
+
+bool ParamLayout::is_skipped_layer_tensor(const std::string& name) const {
+  if (skipped_layers_ == 0 || !name.starts_with(layer_prefix_)) return false;
+  const size_t begin = layer_prefix_.size(), dot = name.find('.', begin);
+  if (dot == std::string::npos || dot == begin || dot - begin > 6) return false;
+  int64_t layer = 0;
+  for (size_t i = begin; i < dot; ++i) {
+    if (name[i] < '0' || name[i] > '9') return false;
+    layer = layer * 10 + (name[i] - '0');
+  }
+  return layer >= layers_ && layer < layers_ + skipped_layers_;
 }
 
 int ParamLayout::expert_layer(int block) const {

@@ -22,6 +22,9 @@
 //   mlp.c_fc.w/b      (C, 4C)   dim 1 (dim 0 of the bias)
 //   mlp.c_proj.w      (4C, C)   dim 0
 //   wpe, layernorms, the two c_proj biases: replicated (the same values on every tp rank)
+// Latent attention (DeepSeek-V2/V3) splits its per-head projections by heads (q_proj or
+// q_b_proj and kv_b_proj by output rows, o_proj by input columns) and replicates its latent
+// path (q_a_proj, kv_a_proj_with_mqa and their norms), whose gradients are per-rank parts.
 //
 // Expert parallelism (--ep): ParamLayout(config, tp, ep, ep_rank) holds the experts
 // [ep_rank * E / ep, (ep_rank + 1) * E / ep) of every MoE layer whole; the other experts' specs
@@ -66,6 +69,14 @@ struct ParamSpec {
   // parallelism each tp rank's gradient covers its own token rows, a part of the gradient that
   // is summed over the tp group.
   bool tp_partial_grad = false;
+  // A replicated tensor whose gradient is each tp rank's part under any tensor parallelism
+  // (latent attention's latent path: each rank backpropagates its own heads), summed over the
+  // tp group the same way.
+  bool tp_summed_grad = false;
+  // Whether tp rank gradients of this tensor are parts, summed over the tp group.
+  bool tp_grad_parts(bool sequence_parallel) const {
+    return tp_summed_grad || (sequence_parallel && tp_partial_grad);
+  }
   ParamInit init = ParamInit::Normal;
 
   // A routed expert's tensor (ParamLayout::expert_block): whole on the ep rank that holds it,
@@ -117,6 +128,10 @@ class ParamLayout {
   // Rows of the experts of a MoE layer this rank holds: E / ep, from expert ep_rank * E / ep.
   int64_t local_experts() const { return local_experts_; }
   int64_t first_local_expert() const { return ep_rank_ * local_experts_; }
+  // Whether `name` is a tensor of the layers a checkpoint holds after the model's and dstrain
+  // does not train: DeepSeek-V3's multi-token prediction layers (ModelConfig::mtp_layers),
+  // "model.layers.<n_layer + i>.*".
+  bool is_skipped_layer_tensor(const std::string& name) const;
 
   // A view of one parameter inside its block's flat buffer (dtype of the buffer).
   static Tensor view(const ParamSpec& spec, Tensor block_flat);
@@ -129,6 +144,8 @@ class ParamLayout {
  private:
   int tp_ = 1, ep_ = 1, ep_rank_ = 0;
   int layers_ = 0;
+  int64_t skipped_layers_ = 0;
+  std::string layer_prefix_;
   int64_t local_experts_ = 0;
   std::vector<int> expert_blocks_;  // by layer
   bool tied_embedding_ = true;

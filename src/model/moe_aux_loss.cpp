@@ -34,10 +34,10 @@ std::unique_ptr<MoeAuxLoss> make_aux_loss(const ModelConfig& config, Communicato
     return std::make_unique<MoeAuxLoss>(AuxLossKind::Transformers, moe.experts, moe.top_k,
                                         moe.aux_loss_coef, data);
   }
-  if (moe.aux_alpha > 0) {
+  if (moe.deepseek_aux_alpha() > 0) {
     return std::make_unique<MoeAuxLoss>(
         moe.seq_aux ? AuxLossKind::DeepSeekSequence : AuxLossKind::DeepSeekToken, moe.experts,
-        moe.top_k, moe.aux_alpha, data);
+        moe.top_k, moe.deepseek_aux_alpha(), data);
   }
   return nullptr;
 }

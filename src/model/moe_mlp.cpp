@@ -76,9 +76,16 @@ void shared_expert_backward(Backend& backend, const MoeWeights& w, const MoeWeig
 
 }  // namespace
 
-MoeRouting moe_routing(const MlpPart& mlp) {
-  return {static_cast<int>(mlp.experts), static_cast<int>(mlp.top_k), RouterScore::Softmax,
-          mlp.norm_topk, 1.0f};
+MoeRouting moe_routing(const MlpPart& mlp, Tensor selection_bias) {
+  return {static_cast<int>(mlp.experts),
+          static_cast<int>(mlp.top_k),
+          mlp.sigmoid ? RouterScore::Sigmoid : RouterScore::Softmax,
+          mlp.norm_topk,
+          mlp.routed_scale,
+          static_cast<int>(mlp.groups),
+          static_cast<int>(mlp.top_groups),
+          mlp.group_top_two ? GroupScore::TopTwoSum : GroupScore::Max,
+          selection_bias};
 }
 
 Tensor all_experts(Tensor first, int64_t experts) {
@@ -328,7 +335,8 @@ int64_t moe_mlp_forward(Backend& backend, const MlpPart& mlp, const ExpertParall
   const MoeShape s = moe_shape(mlp, x.size(0), x.size(1), ep.size, ep.capacity_factor);
   const Tensor logits = ws.logits;
   backend.matmul_forward(logits, x, w.router, Tensor(), true, stream);
-  backend.moe_route(a.topk_weight, a.topk_expert, a.scores, logits, moe_routing(mlp), stream);
+  backend.moe_route(a.topk_weight, a.topk_expert, a.scores, logits,
+                    moe_routing(mlp, w.router_bias), stream);
   backend.moe_dispatch(a.offsets, a.source_rows, a.dest_rows, a.topk_expert,
                        static_cast<int>(mlp.experts), stream);
   // The dispatch's offsets on the host, read once, where a capacity or the exchange needs them.
@@ -383,7 +391,7 @@ void moe_mlp_backward(Backend& backend, const MlpPart& mlp, const ExpertParallel
   // The copies' gradients summed back into token order, then the router's path added.
   backend.moe_combine(dx, rows_of(ws.dinp_rows, rows), a.dest_rows, Tensor(), stream);
   backend.moe_route_backward(ws.logits, ws.dtopk_weight, ws.aux_dscores, a.scores, a.topk_expert,
-                             moe_routing(mlp), stream);
+                             moe_routing(mlp, w.router_bias), stream);
   backend.matmul_backward(ws.dx_router, g.router, Tensor(), ws.logits, x, w.router, true, stream);
   backend.accumulate(dx, ws.dx_router, stream);
   if (mlp.shared_width > 0) shared_expert_backward(backend, w, g, a, ws, x, dout, dx, stream);

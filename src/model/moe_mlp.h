@@ -35,13 +35,15 @@ struct MoeShape {
 // capacity_factor > 0: an expert capacity (ExpertParallel::capacity_factor) bounds R too.
 MoeShape moe_shape(const MlpPart& mlp, int64_t tokens, int64_t width, int ep = 1,
                    double capacity_factor = 0);
-MoeRouting moe_routing(const MlpPart& mlp);
+// The part's router, with its selection bias (E) F32 where it has one (else empty).
+MoeRouting moe_routing(const MlpPart& mlp, Tensor selection_bias = {});
 
 // The part's weights (or their gradients) in a layer's block: the router (E, C), every expert's
 // [gate | up] (E, 2I, C) and down (E, C, I), each one packed tensor (model/layout.cpp).
 struct MoeWeights {
   Tensor router, up, down;
   Tensor shared_up, shared_down, shared_gate;  // (2 Is, C), (C, Is), (1, C), or empty
+  Tensor router_bias = {};  // (E): the selection bias (MlpPart::selection_bias), or empty
 };
 // The views of `first` (the first expert's tensor in the block) over every expert's.
 Tensor all_experts(Tensor first, int64_t experts);

@@ -1,5 +1,7 @@
 #include "model/parts.h"
 
+#include "model/rotary.h"
+
 namespace dstrain {
 
 namespace {
@@ -28,6 +30,49 @@ DecoderParts gpt2_parts(const ModelConfig& config) {
   return parts;
 }
 
+// DeepSeek's routers (DeepSeekMoE, V2, V3): the top-k weights renormalized only where k > 1;
+// V2 scales them by routed_scaling_factor where they are not renormalized, V3 always; the
+// group limit and V3's sigmoid scores and selection bias.
+void deepseek_router(const ModelConfig& config, MlpPart& mlp) {
+  const MoeConfig& moe = config.moe;
+  mlp.norm_topk = moe.norm_topk && moe.top_k > 1;
+  const bool scaled = config.type == ModelType::DeepSeekV3 || !mlp.norm_topk;
+  mlp.routed_scale = scaled ? static_cast<float>(moe.routed_scale) : 1.0f;
+  mlp.sigmoid = moe.sigmoid;
+  mlp.groups = moe.groups;
+  mlp.top_groups = moe.top_groups;
+  mlp.group_top_two = moe.group_top_two;
+  mlp.selection_bias = moe.selection_bias;
+}
+
+// Multi-head latent attention (DeepSeek-V2/V3) and its tensor names.
+void latent_attention(const ModelConfig& config, DecoderParts& parts) {
+  const MlaConfig& mla = config.mla;
+  AttentionPart& a = parts.attention;
+  a.kind = AttentionKind::Latent;
+  a.kv_heads = a.heads;
+  a.head_dim = mla.qk_dim();
+  a.qkv_bias = a.o_bias = false;
+  a.q_rank = mla.q_lora_rank;
+  a.kv_rank = mla.kv_lora_rank;
+  a.nope_dim = mla.nope_dim;
+  a.rope_dim = mla.rope_dim;
+  a.v_dim = mla.v_dim;
+  a.q_scale = static_cast<float>(attention_softmax_factor(config));
+  TensorNames& n = parts.names;
+  n.qkv = {};
+  if (mla.q_lora_rank > 0) {
+    n.q_a = "self_attn.q_a_proj";
+    n.q_norm = "self_attn.q_a_layernorm";
+    n.q_b = "self_attn.q_b_proj";
+  } else {
+    n.q = "self_attn.q_proj";
+  }
+  n.kv_a = "self_attn.kv_a_proj_with_mqa";
+  n.kv_norm = "self_attn.kv_a_layernorm";
+  n.kv_b = "self_attn.kv_b_proj";
+}
+
 // The LLaMA family (Llama, DeepSeek-LLM, Qwen2): RMSNorm, rotary positions, grouped-query
 // attention (Qwen2: q, k, v biases), a SwiGLU MLP, the head tied or not; nn.Linear weights.
 DecoderParts llama_parts(const ModelConfig& config) {
@@ -53,7 +98,7 @@ DecoderParts llama_parts(const ModelConfig& config) {
     // Mixtral's names (block_sparse_moe, w1 w3 w2), or Qwen2-MoE's and DeepSeekMoE's (mlp,
     // gate_proj ...).
     const bool mixtral = config.type == ModelType::Mixtral;
-    const bool deepseek = config.type == ModelType::DeepSeekMoe;
+    const bool deepseek = config.type == ModelType::DeepSeekMoe || config.is_deepseek_v2_or_v3();
     parts.mlp = {MlpKind::MoE,
                  config.moe.expert_width,
                  false,
@@ -62,9 +107,10 @@ DecoderParts llama_parts(const ModelConfig& config) {
                  config.moe.top_k,
                  config.moe.norm_topk,
                  config.moe.shared_width,
-                 config.moe.aux_loss_coef > 0 || config.moe.aux_alpha > 0,
+                 config.moe.aux_loss_coef > 0 || config.moe.deepseek_aux_alpha() > 0,
                  config.moe.shared_gate};
     if (deepseek) parts.mlp.width_name = "moe_intermediate_size";
+    deepseek_router(config, parts.mlp);
     parts.names.router = mixtral ? "block_sparse_moe.gate" : "mlp.gate";
     parts.names.experts = mixtral ? "block_sparse_moe.experts." : "mlp.experts.";
     parts.names.expert_up = mixtral ? std::vector<std::string>{"w1", "w3"}
@@ -72,6 +118,7 @@ DecoderParts llama_parts(const ModelConfig& config) {
     parts.names.expert_down = mixtral ? "w2" : "down_proj";
     parts.names.shared_expert = deepseek ? "mlp.shared_experts." : "mlp.shared_expert.";
     parts.names.shared_gate = deepseek ? "" : "mlp.shared_expert_gate";
+    if (config.moe.selection_bias) parts.names.router_bias = "mlp.gate.e_score_correction_bias";
     parts.dense_mlp = {MlpKind::SwiGLU, config.mlp_width(), config.mlp_bias,
                        "the MLP width intermediate_size"};
     for (int64_t layer = 0; layer < config.n_layer; ++layer) {
@@ -85,8 +132,12 @@ DecoderParts llama_parts(const ModelConfig& config) {
 
 DecoderParts decoder_parts(const ModelConfig& config) {
   DecoderParts parts = config.type == ModelType::Gpt2 ? gpt2_parts(config) : llama_parts(config);
-  parts.attention = {config.n_head, config.kv_heads(), config.head_dim(), config.qkv_bias,
-                     config.o_bias};
+  parts.attention.heads = config.n_head;
+  parts.attention.kv_heads = config.kv_heads();
+  parts.attention.head_dim = config.head_dim();
+  parts.attention.qkv_bias = config.qkv_bias;
+  parts.attention.o_bias = config.o_bias;
+  if (config.mla.enabled()) latent_attention(config, parts);
   parts.width = config.n_embd;
   parts.layers = config.n_layer;
   return parts;

@@ -9,8 +9,11 @@
 //   position   learned table | rotary                  n_positions | rope_theta, rope_scaling
 //   attention  heads, kv heads, head dim, biases       num_attention_heads, num_key_value_heads,
 //                                                      attention_bias (Qwen2: q, k, v)
+//              | multi-head latent attention          q_lora_rank, kv_lora_rank, qk_nope_head_dim,
+//                                                      qk_rope_head_dim, v_head_dim
 //   MLP        GELU (tanh) | SwiGLU | mixture of       activation_function | hidden_act, mlp_bias;
-//              SwiGLU experts (router, top-k)          num_local_experts | num_experts, ...
+//              SwiGLU experts (router, top-k)          num_local_experts | num_experts, ...,
+//                                                      DeepSeek's n_group, scoring_func, ...
 //   head       tied to the embedding | its own tensor  tie_word_embeddings
 #pragma once
 
@@ -25,6 +28,7 @@ namespace dstrain {
 enum class NormKind { LayerNorm, RMSNorm };
 enum class PositionKind { Learned, Rotary };
 enum class MlpKind { Gelu, SwiGLU, MoE };
+enum class AttentionKind { MultiHead, Latent };
 
 struct NormPart {
   NormKind kind = NormKind::LayerNorm;
@@ -39,12 +43,26 @@ struct PositionPart {
   int64_t table_rows = 0;  // learned: n_positions rows of C
 };
 
+// Multi-head (grouped-query) attention: q, k, v from one projection of the normed input. Or
+// multi-head latent attention (DeepSeek-V2/V3, kernels/ops.h mla_pack): q through q_lora_rank
+// (0: one projection), k and v through a latent of kv_lora_rank, each latent RMSNorm'ed (eps
+// latent_eps); heads of qk dim nope + rope and v dim v_dim, the attention ops run them at head
+// dim nope + rope (v padded). head_dim is the attention ops' head dim either way.
 struct AttentionPart {
+  AttentionKind kind = AttentionKind::MultiHead;
   int64_t heads = 0, kv_heads = 0, head_dim = 0;
   bool qkv_bias = false, o_bias = false;
+  // Latent attention.
+  int64_t q_rank = 0, kv_rank = 0, nope_dim = 0, rope_dim = 0, v_dim = 0;
+  float latent_eps = 1e-6f;
+  float q_scale = 1.0f;  // the softmax scale beyond head_dim^-1/2 (YaRN's mscale^2)
+  bool latent() const { return kind == AttentionKind::Latent; }
   int64_t q_width() const { return heads * head_dim; }
   int64_t kv_width() const { return kv_heads * head_dim; }
+  // The attention ops' input (q, k, v heads of head_dim) and output (the o projection's input).
   int64_t qkv_width() const { return q_width() + 2 * kv_width(); }
+  int64_t out_width() const { return latent() ? heads * v_dim : q_width(); }
+  int64_t kv_latent_width() const { return heads * (nope_dim + v_dim); }  // kv_b's output
 };
 
 // A dense MLP, or a mixture of SwiGLU experts of `width` each: a router (a linear layer to
@@ -64,6 +82,14 @@ struct MlpPart {
   // MoE: the shared expert's output scaled by sigmoid(x @ w_gate) (Qwen2-MoE), or added as it
   // is (DeepSeekMoE's shared experts).
   bool shared_gate = true;
+  // MoE: the router (kernels/ops.h MoeRouting): sigmoid scores (DeepSeek-V3), the routed
+  // weights' factor, group-limited choice, and a per-expert selection bias tensor (V3's
+  // e_score_correction_bias, loaded and saved, not trained).
+  bool sigmoid = false;
+  float routed_scale = 1.0f;
+  int64_t groups = 1, top_groups = 1;
+  bool group_top_two = false;
+  bool selection_bias = false;
   // The up projection's output per hidden unit: GELU 1, SwiGLU (and its experts) 2 ([gate | up]).
   int64_t up_factor() const { return kind == MlpKind::Gelu ? 1 : 2; }
   // Rows the experts see per token: top_k for MoE (each token copied to k experts), else 1.
@@ -92,6 +118,10 @@ struct TensorNames {
   std::vector<std::string> expert_up = {};  // gate, up
   std::string expert_down = {};
   std::string shared_expert = {}, shared_gate = {};  // "<shared_expert><up or down name>.weight"
+  std::string router_bias = {};                       // the router's selection bias
+  // Latent attention: q (no q rank) or q_a, its norm, q_b; kv_a (latent | rope key), its norm
+  // (of the latent), kv_b. The o projection is `o`.
+  std::string q = {}, q_a = {}, q_norm = {}, q_b = {}, kv_a = {}, kv_norm = {}, kv_b = {};
 };
 
 // Initialization: every matrix and embedding N(0, init_std); the projections into the residual

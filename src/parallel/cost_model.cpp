@@ -238,7 +238,7 @@ ComputeRates compute_rates(const GpuSpeed& speed, const ModelConfig& config, con
   r.attention = attention_kernels(config, plan.param_dtype);
   if (r.attention == AttentionKernels::TensorCore) {
     const double mma_sync_peak = speed.peak_flops * speed.mma_sync_fraction;
-    const AttentionFractions f = attention_fractions(config.head_dim());
+    const AttentionFractions f = attention_fractions(config.attention_head_dim());
     r.attention_forward_flops = mma_sync_peak * f.forward;
     r.attention_backward_flops = mma_sync_peak * f.backward;
   } else {

@@ -138,6 +138,30 @@ MlpTraffic mean_mlp_traffic(const DecoderParts& parts, int tp) {
   return mean;
 }
 
+// Latent attention's memory-bound kernels per token (model/latent_attention.h): the two latent
+// norms; mla_pack (q, kv and the rope key read, the attention's qkv written) and mla_unpad (the
+// values read and written). Backward: the norms' backward after a fill of their input
+// gradients, the pack's (dqkv read; dq, dkv and the rope key's written), the unpad's (the values
+// read, the padded heads written), dx's two accumulates. Selective recompute: the norms.
+struct LatentTraffic {
+  double forward = 0, backward = 0, selective = 0;
+};
+LatentTraffic latent_traffic(const AttentionPart& a, int tp, double C) {
+  if (!a.latent()) return {};
+  const double heads = static_cast<double>(a.heads) / tp;
+  const double q = heads * static_cast<double>(a.head_dim);
+  const double kv = heads * static_cast<double>(a.nope_dim + a.v_dim);
+  const double values = heads * static_cast<double>(a.v_dim);
+  const double rope = static_cast<double>(a.rope_dim);
+  const double latents = static_cast<double>(a.q_rank + a.kv_rank);
+  LatentTraffic t;
+  t.forward = kNormForward * latents + (q + kv + rope + 3 * q) + 2 * values;
+  t.backward = (kFill + kNormBackward) * latents + (3 * q + q + kv + rope) + (values + q) +
+               2 * kResidual * C;
+  t.selective = kNormForward * latents;
+  return t;
+}
+
 // dbias of every bias the block has: row-parallel ones (o, the MLP's down) from the whole dout.
 double bias_gradients(const DecoderParts& parts, const Widths& w) {
   double elements = 0;
@@ -156,7 +180,7 @@ double bias_gradients(const DecoderParts& parts, const Widths& w) {
 }  // namespace
 
 AttentionKernels attention_kernels(const ModelConfig& config, DType storage) {
-  const int64_t hd = config.head_dim();
+  const int64_t hd = config.attention_head_dim();
   const bool tensor_dtype = storage == DType::BF16 || storage == DType::F16;
   return tensor_dtype && (hd == 64 || hd == 128 || hd == 256) ? AttentionKernels::TensorCore
                                                               : AttentionKernels::CudaCore;
@@ -164,7 +188,7 @@ AttentionKernels attention_kernels(const ModelConfig& config, DType storage) {
 
 AttentionWork attention_work(const ModelConfig& config, int64_t seq_len, DType storage) {
   const double T = static_cast<double>(seq_len);
-  const int64_t hd = config.head_dim();
+  const int64_t hd = config.attention_head_dim();
   const double per_product = 2 * static_cast<double>(hd) * static_cast<double>(config.n_head);
   AttentionWork work;
   if (attention_kernels(config, storage) == AttentionKernels::TensorCore) {
@@ -184,16 +208,19 @@ AttentionWork attention_work(const ModelConfig& config, int64_t seq_len, DType s
 MemoryTraffic memory_traffic(const ModelConfig& config, int tp, bool sequence_parallel) {
   const DecoderParts parts = decoder_parts(config);
   const Widths w = widths(parts, tp, sequence_parallel);
-  const double rope = parts.position.kind == PositionKind::Rotary ? kRope * (w.q + w.kv) : 0;
+  // Latent attention rotates inside its pack (in latent_traffic).
+  const bool rotary = parts.position.kind == PositionKind::Rotary && !parts.attention.latent();
+  const double rope = rotary ? kRope * (w.q + w.kv) : 0;
+  const LatentTraffic latent = latent_traffic(parts.attention, tp, w.C);
   const double row_parallel_biases = (parts.attention.o_bias ? 1 : 0) + (parts.mlp.bias ? 1 : 0);
   const MlpTraffic mlp = mean_mlp_traffic(parts, tp);
   MemoryTraffic t;
   // Two norms and two residual adds per block, the MLP's activation (and experts), the rope.
-  t.layer_forward = norms_and_residuals(parts) * w.rows + mlp.forward + rope +
+  t.layer_forward = norms_and_residuals(parts) * w.rows + mlp.forward + rope + latent.forward +
                     (tp > 1 ? kBiasAdd * row_parallel_biases * w.rows : 0);
   t.layer_backward = 2 * kNormBackward * w.rows + kAttentionDelta * w.q + rope + mlp.backward +
-                     bias_gradients(parts, w);
-  t.layer_selective = 2 * kNormForward * w.rows + mlp.selective;
+                     latent.backward + bias_gradients(parts, w);
+  t.layer_selective = 2 * kNormForward * w.rows + mlp.selective + latent.selective;
   t.embed_forward = t.embed_backward = embedding_traffic(parts) * w.C;
   const double vocab = static_cast<double>(config.padded_vocab()) / tp;
   t.head_forward = kNormForward * w.rows + kCrossEntropy * vocab;

@@ -36,11 +36,28 @@ inline double mlp_gemm_forward(const MlpPart& mlp, double C) {
   return flops;
 }
 
+// One layer's attention GEMMs per token: the qkv and o projections (2 C (q + 2 kv) + 2 C q), or
+// latent attention's q (or q_a and q_b), kv_a, kv_b and o.
+inline double attention_gemm_forward(const AttentionPart& a, double C) {
+  const double q = static_cast<double>(a.q_width()), kv = static_cast<double>(a.kv_width());
+  if (!a.latent()) return 2 * C * (q + 2 * kv) + 2 * C * q;
+  const double q_rank = static_cast<double>(a.q_rank), kv_rank = static_cast<double>(a.kv_rank);
+  const double q_path = a.q_rank > 0 ? 2 * C * q_rank + 2 * q_rank * q : 2 * C * q;
+  return q_path + 2 * C * (kv_rank + static_cast<double>(a.rope_dim)) +
+         2 * kv_rank * static_cast<double>(a.kv_latent_width()) +
+         2 * static_cast<double>(a.out_width()) * C;
+}
+
+// The attention's scores and their product with v per token (4 T q; latent attention's v heads
+// are narrower: 2 T (q + the values)).
+inline double attention_forward_flops(const AttentionPart& a, double T) {
+  const double q = static_cast<double>(a.q_width());
+  return a.latent() ? 2 * T * (q + static_cast<double>(a.out_width())) : 4 * T * q;
+}
+
 inline ModelFlops model_flops(const ModelConfig& config, int64_t seq_len) {
   const DecoderParts parts = decoder_parts(config);
   const double C = static_cast<double>(parts.width), T = static_cast<double>(seq_len);
-  const double q = static_cast<double>(parts.attention.q_width());
-  const double kv = static_cast<double>(parts.attention.kv_width());
   // The mean over the layers where they differ (dense layers among MoE layers).
   double mlp = mlp_gemm_forward(parts.mlp, C);
   if (parts.mixed_layers()) {
@@ -51,8 +68,8 @@ inline ModelFlops model_flops(const ModelConfig& config, int64_t seq_len) {
     mlp /= static_cast<double>(parts.layers);
   }
   ModelFlops f;
-  f.layer_gemm_forward = 2 * C * (q + 2 * kv) + 2 * C * q + mlp;
-  f.attention_forward = 4 * T * q;
+  f.layer_gemm_forward = attention_gemm_forward(parts.attention, C) + mlp;
+  f.attention_forward = attention_forward_flops(parts.attention, T);
   f.layer_forward = f.layer_gemm_forward + f.attention_forward;
   f.head_forward = 2 * C * static_cast<double>(config.padded_vocab());
   return f;
@@ -63,10 +80,8 @@ inline ModelFlops model_flops(const ModelConfig& config, int64_t seq_len) {
 inline double layer_forward_flops(const ModelConfig& config, int64_t seq_len, int64_t layer) {
   const DecoderParts parts = decoder_parts(config);
   const double C = static_cast<double>(parts.width), T = static_cast<double>(seq_len);
-  const double q = static_cast<double>(parts.attention.q_width());
-  const double kv = static_cast<double>(parts.attention.kv_width());
-  return 2 * C * (q + 2 * kv) + 2 * C * q + mlp_gemm_forward(parts.layer_mlp(layer), C) +
-         4 * T * q;
+  return attention_gemm_forward(parts.attention, C) + mlp_gemm_forward(parts.layer_mlp(layer), C) +
+         attention_forward_flops(parts.attention, T);
 }
 
 // Model FLOPs of training on one token (forward and backward, the backward twice the forward;

@@ -559,17 +559,22 @@ void ShardedModel::for_each_param_in(const FlatRange& range, Fn fn) const {
   }
 }
 
-// Sequence parallelism: each tp rank's gradient of a layernorm covers its own token rows; the
-// sum over the tp group (in its fixed order) is the gradient, the same on every tp rank.
+// Sequence parallelism: each tp rank's gradient of a layernorm covers its own token rows; latent
+// attention's latent path: each rank's covers its own heads. The sum over the tp group (in its
+// fixed order) is the gradient, the same on every tp rank.
 void ShardedModel::sum_sequence_parallel_gradients() {
-  if (tensor_ == nullptr || !sharding_.sequence_parallel) return;
+  if (tensor_ == nullptr) return;
+  const bool sp = sharding_.sequence_parallel;
+  bool any = false;
+  for (const ParamSpec& spec : layout_.params()) any = any || spec.tp_grad_parts(sp);
+  if (!any) return;
   const Stream comm = comm_stream_.get();
   comm_waits_for_compute();
   for (int block : held_) {
     const FlatRange range = optimizer_range(block);
     auto sum_partial_grads = [&](Tensor grads) {
       for_each_param_in(range, [&](int64_t offset, int64_t count, const ParamSpec& spec) {
-        if (spec.tp_partial_grad) {
+        if (spec.tp_grad_parts(sp)) {
           tensor_->all_reduce(grads.slice(offset, {count}), ReduceOp::Sum, comm);
         }
       });

@@ -40,8 +40,9 @@
 // Tensor parallelism. A tp rank holds its slices of the blocks (ParamLayout(config, tp)), and
 // shards them over its data-parallel group like any block. Replicated parameters are the same
 // on every tp rank: the gradient norm counts them on tp index 0 only; those whose gradients are
-// per-rank parts under sequence parallelism (ParamSpec::tp_partial_grad: the layernorms) are
-// summed over the tp group (StateGroups::tensor) before the step.
+// per-rank parts under sequence parallelism (ParamSpec::tp_partial_grad: the layernorms) or
+// under any tp (ParamSpec::tp_summed_grad: latent attention's latent path) are summed over the
+// tp group (StateGroups::tensor) before the step.
 //
 // Streams. The model's ops (Gpt2's, the optimizer's) run on the compute stream the caller
 // names; collectives and offload transfers on a communication stream of this object's own,

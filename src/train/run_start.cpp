@@ -134,6 +134,11 @@ void say_loaded(const LoadedWeights& loaded, const std::string& from, std::ostre
       << size << " " << loaded.dtypes << ", from "
       << (loaded.files == 1 ? std::string("one file") : count_of(static_cast<long long>(loaded.files), "shard"))
       << " of " << from << "\n";
+  if (loaded.skipped > 0) {
+    out << "dstrain: skipped " << count_of(static_cast<long long>(loaded.skipped), "tensor")
+        << " of the multi-token prediction layers (num_nextn_predict_layers), which dstrain does "
+           "not train; checkpoints leave them out\n";
+  }
 }
 
 // --save-dtype source: the dtype the --init-from weights came in (most of their bytes), fp32

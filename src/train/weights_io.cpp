@@ -160,11 +160,15 @@ void save_weights(const ParamLayout& layout, const HostBlocks& params, const std
 LoadedWeights load_weights(const ParamLayout& layout, const HostBlocks& params,
                            const std::string& path) {
   const WeightFiles files = WeightFiles::open(path);
-  const LoadedWeights loaded = read_tensors(files, layout, params, "");
+  LoadedWeights loaded = read_tensors(files, layout, params, "");
   // A tensor the model does not have means another architecture: say so rather than
   // silently dropping weights.
   for (const std::string& name : files.names()) {
     const std::string own = layout_name(layout, name);
+    if (layout.is_skipped_layer_tensor(own)) {
+      ++loaded.skipped;
+      continue;
+    }
     DSTRAIN_USER_CHECK(layout.contains(own) || is_ignored_buffer(layout, own))
         << files.origin() << " holds tensor " << name
         << ", which a model of this config does not have";

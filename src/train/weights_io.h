@@ -48,7 +48,8 @@ void save_weights(const ParamLayout& layout, const HostBlocks& params, const std
 // Loads Hugging Face weights (train/weight_files.h: a model.safetensors, a sharded model's
 // index, or a model directory): GPT-2's names with or without "transformer.", the LLaMA
 // family's with or without "model."; attention-mask buffers, rotary inv_freq buffers and a
-// tied model's lm_head.weight are ignored; F32/F16/BF16 on disk, converted. Throws UserError
+// tied model's lm_head.weight are ignored, and so are DeepSeek-V3's multi-token prediction
+// layers (counted in `skipped`); F32/F16/BF16 on disk, converted. Throws UserError
 // naming the tensor on a missing or unknown tensor or a shape mismatch.
 // Returns what was read, for the run's first lines.
 struct LoadedWeights {
@@ -57,6 +58,8 @@ struct LoadedWeights {
   size_t files = 0;       // safetensors files (shards) they came from
   DType dtype = DType::F32;  // the dtype holding most of those bytes
   std::string dtypes;     // every dtype read, "BF16" or "F32 + BF16"
+  // Tensors of layers dstrain does not train (ParamLayout::is_skipped_layer_tensor), not read.
+  size_t skipped = 0;
 };
 LoadedWeights load_weights(const ParamLayout& layout, const HostBlocks& params,
                            const std::string& path);

@@ -357,6 +357,28 @@ TEST(MemoryModel, MixtureOfExpertsPlansMatchAllocatorEveryRank) {
                                       });
 }
 
+// Multi-head latent attention (DeepSeek-V2: q_proj; V3: the q latent, a selection bias in F32
+// beside 16-bit parameters): its latents, values and scratch on one rank, over experts, stages,
+// ZeRO-3 with offload and every recompute mode.
+TEST(MemoryModel, LatentAttentionPlansMatchAllocatorEveryRank) {
+  std::vector<ModelConfig> configs;
+  for (const char* dir : {"deepseek_v2_tiny", "deepseek_v3_tiny"}) {
+    configs.push_back(
+        load_model_config(std::string(DSTRAIN_SOURCE_DIR) + "/tests/reference/" + dir));
+  }
+  expect_cases_match(configs, {
+                                  {1, 1, 1, 0, false, Recompute::None, DType::F32},
+                                  {1, 1, 1, 0, false, Recompute::Selective, DType::BF16},
+                                  {2, 1, 1, 3, true, Recompute::Full, DType::F32, 2},
+                                  {2, 1, 2, 1, false, Recompute::None, DType::BF16, 2},
+                                  {2, 1, 1, 3, true, Recompute::Selective, DType::BF16, 2, 0,
+                                   true},
+                                  // tp: the heads split, the latent path replicated
+                                  {1, 2, 1, 0, false, Recompute::Selective, DType::F32},
+                                  {2, 2, 2, 3, false, Recompute::Full, DType::BF16, 2},
+                              });
+}
+
 // With an expert capacity the experts' buffers hold what the capacity lets through instead of
 // the dropless worst case: less memory at ep > 1.
 TEST(MemoryModel, AnExpertCapacityBoundsTheExpertsBuffers) {

@@ -380,13 +380,16 @@ TEST(CudaTraining, TensorParallelRanksWithAGpuEachThroughNcclMatchOneRank) {
 }
 
 // The LLaMA family on the CUDA backend: transformers' Llama (grouped-query attention, untied
-// head), Qwen2 (q/k/v biases, tied head) and Mixtral (4 experts, top 2) fixtures trained on one GPU, and tp 2 with a GPU
-// per rank through NCCL, against what transformers did: the CUDA tolerance of the fp32 runs
-// above (1e-4 relative per step), the final weights within 1e-4.
+// head), Qwen2 (q/k/v biases, tied head), Mixtral (4 experts, top 2) and Qwen2-MoE fixtures, and
+// the DeepSeek references (DeepSeekMoE; V2 and V3: multi-head latent attention, their routers)
+// trained on one GPU, and tp 2 with a GPU per rank through NCCL, against what the reference did:
+// the CUDA tolerance of the fp32 runs above (1e-4 relative per step), the final weights within
+// 1e-4.
 TEST(CudaTraining, LlamaFamilyTrainsLikeTransformers) {
   REQUIRE_CUDA_DEVICE();
-  for (const char* fixture : {"llama_tiny", "qwen2_tiny", "mixtral_tiny", "qwen2_moe_tiny",
-                              "qwen2_moe_aux_tiny", "deepseek_moe_aux_tiny"}) {
+  for (const char* fixture :
+       {"llama_tiny", "qwen2_tiny", "mixtral_tiny", "qwen2_moe_tiny", "qwen2_moe_aux_tiny",
+        "deepseek_moe_aux_tiny", "deepseek_v2_tiny", "deepseek_v3_tiny"}) {
     SCOPED_TRACE(fixture);
     const testing::TempDir dir;
     TrainOptions options =

@@ -1,7 +1,10 @@
 // Hugging Face transformers' own LLaMA-family models (tests/reference/make_llama_reference.py:
 // Llama with grouped-query attention and an untied head, F32 in 3 shards with an index; Qwen2
 // with q/k/v biases and a tied head, BF16; Mixtral, 4 experts, top 2, F32 in shards; Qwen2-MoE
-// with its shared expert), loaded from their model directories: the first
+// with its shared expert) and PyTorch references written from DeepSeek's modeling code
+// (DeepSeekMoE; DeepSeek-V2 and V3 with multi-head latent attention and their routers:
+// make_deepseek_reference.py, make_deepseek_v2_reference.py), loaded from their model
+// directories: the first
 // micro-batch's loss and every gradient, and 10 training steps (losses, gradient norms, final
 // weights) against transformers trained on the same data with the same AdamW.
 #include <gtest/gtest.h>
@@ -62,14 +65,17 @@ TEST_P(LlamaAgainstTransformers, LossAndGradientsOfTheFirstMicroBatch) {
   EXPECT_NEAR(loss, expected["initial_loss"].get<double>(), 2e-6);
 
   // Every gradient: normalized error mse(ours, ref) / mse(ref, 0) and a max bound.
-  test::expect_gradients_match_fixture(layout, params, dir + "grads0.safetensors");
+  const auto buffers = expected.value("buffers", std::vector<std::string>());
+  test::expect_gradients_match_fixture(layout, params, dir + "grads0.safetensors",
+                                       {buffers.begin(), buffers.end()});
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaAgainstTransformers,
                          ::testing::Values("llama_tiny", "qwen2_tiny", "mixtral_tiny",
                                            "qwen2_moe_tiny", "mixtral_aux_tiny",
                                            "qwen2_moe_aux_tiny", "deepseek_moe_tiny",
-                                           "deepseek_moe_aux_tiny"));
+                                           "deepseek_moe_aux_tiny", "deepseek_v2_tiny",
+                                           "deepseek_v3_tiny"));
 
 class TrainsLikeTransformers : public ::testing::TestWithParam<test::FixturePlan> {};
 
@@ -127,6 +133,24 @@ INSTANTIATE_TEST_SUITE_P(Plans, TrainsLikeTransformers,
                                                              true, 4, true},
                                            test::FixturePlan{"deepseek_moe_aux_tiny", 2, 1, 3, 2,
                                                              false, 2, true},
+                                           // DeepSeek-V2 and V3 (multi-head latent
+                                           // attention, their routers) against PyTorch
+                                           // references written from DeepSeek's code; V3's
+                                           // selection bias unchanged by training.
+                                           test::FixturePlan{"deepseek_v2_tiny"},
+                                           test::FixturePlan{"deepseek_v3_tiny"},
+                                           test::FixturePlan{"deepseek_v2_tiny", 2, 1, 1, 3,
+                                                             false, 2},
+                                           test::FixturePlan{"deepseek_v3_tiny", 2, 1, 1, 3,
+                                                             false, 2},
+                                           test::FixturePlan{"deepseek_v3_tiny", 1, 1, 2, 1},
+                                           test::FixturePlan{"deepseek_v2_tiny", 2, 1, 2, 1,
+                                                             true, 2},
+                                           // Latent attention's heads split over tp ranks,
+                                           // its latent path replicated.
+                                           test::FixturePlan{"deepseek_v2_tiny", 1, 2, 1, 0},
+                                           test::FixturePlan{"deepseek_v3_tiny", 2, 2, 2, 3,
+                                                             false, 2},
                                            // Tensor parallelism with experts whole per rank.
                                            test::FixturePlan{"mixtral_tiny", 1, 2, 1, 0},
                                            test::FixturePlan{"qwen2_moe_aux_tiny", 1, 2, 1, 1},

@@ -1,0 +1,189 @@
+// The decoder's views of its parts' buffers (model/decoder.h): the mixture-of-experts MLP's
+// weights, activations and workspace, and latent attention's.
+#include "model/decoder.h"
+#include "model/decoder_internal.h"
+
+namespace dstrain {
+
+using namespace decoder_internal;
+
+// Latent attention's scratch (model/latent_attention.h LatentWorkspace, in its order; dqkv is
+// the layers' kDqkv), then the o projection's input gradient. Nb: the rows of the gradients (0
+// without backward).
+std::vector<TensorSpec> Decoder::latent_workspace_specs(int64_t N, int64_t Nb, DType dtype) const {
+  const AttentionPart& attn = parts_.attention;
+  const Widths w = widths();
+  const int64_t q_rank_rows = attn.q_rank > 0 ? Nb : 0;
+  return {{"mla_q", dtype, {N, w.atty}},
+          {"mla_kv", dtype, {N, w.heads * (attn.nope_dim + attn.v_dim)}},
+          {"mla_k_rope", dtype, {N, attn.rope_dim}},
+          {"mla_datty", dtype, {Nb, w.atty}},
+          {"mla_dq_latent_norm", dtype, {q_rank_rows, attn.q_rank}},
+          {"mla_dq_latent", dtype, {q_rank_rows, attn.q_rank}},
+          {"mla_dkv_latent_norm", dtype, {Nb, attn.kv_rank}},
+          {"mla_dkv_latent", dtype, {Nb, attn.kv_rank}},
+          {"mla_dx_part", dtype, {Nb, config_.n_embd}},
+          {"mla_dvalues", dtype, {Nb, w.attn}}};
+}
+
+int Decoder::latent_workspace_begin() const {
+  return moe_workspace_begin() + (parts_.mlp.kind == MlpKind::MoE ? kMoeWorkspaceBuffers + 2 : 0);
+}
+
+LatentWorkspace Decoder::latent_workspace(const LayerRun& run) const {
+  const AttentionPart& attn = parts_.attention;
+  const Widths w = widths();
+  const int64_t b = run.b, t = run.t, N = b * t;
+  const std::vector<Tensor>& ws = run.workspace;
+  const int l = latent_workspace_begin();
+  auto view = [&](int index, std::initializer_list<int64_t> dims) {
+    return ws[index].numel() > 0 ? prefix(ws[index], dims) : Tensor();
+  };
+  LatentWorkspace v;
+  v.q = view(l, {N, w.atty});
+  v.kv = view(l + 1, {N, w.heads * (attn.nope_dim + attn.v_dim)});
+  v.k_rope = view(l + 2, {N, attn.rope_dim});
+  v.datty = view(l + 3, {b, t, w.atty});
+  v.dqkv = view(kDqkv, {b, t, w.qkv});
+  v.dq_normed = view(l + 4, {N, attn.q_rank});
+  v.dq_latent = view(l + 5, {N, attn.q_rank});
+  v.dkv_normed = view(l + 6, {N, attn.kv_rank});
+  v.dkv_latent = view(l + 7, {N, attn.kv_rank});
+  v.dx_part = view(l + 8, {N, config_.n_embd});
+  return v;
+}
+
+Tensor Decoder::latent_dvalues(const LayerRun& run) const {
+  return prefix(run.workspace[latent_workspace_begin() + 9], {run.b * run.t, widths().attn});
+}
+
+LatentWeights Decoder::latent_weights(const std::vector<Tensor>& tensors, int kind) const {
+  const LayerTensors& t = tensors_[kind];
+  return {optional(tensors, t.q),   optional(tensors, t.q_a),  optional(tensors, t.q_norm),
+          optional(tensors, t.q_b), optional(tensors, t.kv_a), optional(tensors, t.kv_norm),
+          optional(tensors, t.kv_b)};
+}
+
+LatentActivations Decoder::latent_activations(const LayerRun& run) const {
+  const AttentionPart& attn = parts_.attention;
+  const Widths w = widths();
+  const int64_t b = run.b, t = run.t, N = b * t;
+  const std::vector<Tensor>& a = run.activations;
+  const LayerActivations& ai = activations_[layer_kind(run.layer)];
+  LatentActivations v;
+  if (attn.q_rank > 0) {
+    v.q_latent = prefix(a[ai.q_latent], {N, attn.q_rank});
+    v.q_normed = prefix(a[ai.q_normed], {N, attn.q_rank});
+    v.q_rstd = prefix(a[ai.q_rstd], {N});
+  }
+  v.kv_latent = prefix(a[ai.kv_latent], {N, attn.kv_rank});
+  v.kv_normed = prefix(a[ai.kv_normed], {N, attn.kv_rank});
+  v.kv_rstd = prefix(a[ai.kv_rstd], {N});
+  v.qkv = prefix(a[ai.qkv], {b, t, w.qkv});
+  v.atty = prefix(a[ai.atty], {b, t, w.atty});
+  v.lse = prefix(a[ai.lse], {b, w.heads, t});
+  v.values = prefix(a[ai.values], {N, w.attn});
+  return v;
+}
+
+int Decoder::moe_workspace_begin() const {
+  return parts_.position.kind == PositionKind::Rotary ? kRopeFreqs + 1 : kRopeFreqs;
+}
+
+MoeShape Decoder::moe_shape_of(int64_t tokens) const {
+  return moe_shape(parts_.mlp, tokens, config_.n_embd, ep_.size, ep_.capacity_factor);
+}
+
+int64_t Decoder::mlp_rows(int kind, int64_t tokens) const {
+  return kind_mlp(kind).kind == MlpKind::MoE ? moe_shape_of(tokens).R : tokens;
+}
+
+MoeWeights Decoder::moe_weights(const std::vector<Tensor>& tensors,
+                                const std::vector<Tensor>& experts) const {
+  const MlpPart& mlp = parts_.mlp;
+  const LayerTensors& t = tensors_[0];  // the MoE layers'
+  const int64_t local = layout_.local_experts();
+  return {tensors[static_cast<size_t>(t.router)],
+          all_experts(matrix(experts, t.up, 2 * mlp.width), local),
+          all_experts(experts[static_cast<size_t>(t.down)], local),
+          matrix(tensors, t.shared_up, 2 * mlp.shared_width),
+          optional(tensors, t.shared_down),
+          optional(tensors, t.shared_gate),
+          optional(tensors, t.router_bias)};
+}
+
+MoeWeights Decoder::routed_moe_weights(const LayerRun& run, const std::vector<Tensor>& tensors,
+                                       const std::vector<Tensor>& experts) const {
+  MoeWeights w = moe_weights(tensors, experts);
+  if (w.router_bias.empty() || w.router_bias.dtype == DType::F32) return w;
+  Tensor f32 = run.workspace[static_cast<size_t>(moe_workspace_begin() + kMoeWorkspaceBuffers + 1)];
+  run.backend.copy(f32, w.router_bias, run.stream);
+  w.router_bias = f32;
+  return w;
+}
+
+MoeWorkspace Decoder::moe_workspace(const LayerRun& run) const {
+  const MoeShape s = moe_shape_of(run.b * run.t);
+  const std::vector<Tensor>& ws = run.workspace;
+  const int m = moe_workspace_begin();
+  // A buffer the pass has no rows for (the gradients without backward, the shared expert's
+  // without one) stays an empty view.
+  auto view = [&](int index, std::initializer_list<int64_t> dims) {
+    return ws[index].numel() > 0 ? prefix(ws[index], dims) : Tensor();
+  };
+  MoeWorkspace w;
+  w.logits = view(m, {s.N, s.E});
+  w.dout_rows = view(m + 1, {s.M, s.C});
+  w.dinp_rows = view(m + 2, {s.M, s.C});
+  w.dtopk_weight = view(m + 3, {s.N, s.k});
+  w.dup = view(kDup, {s.R, 2 * s.I});
+  w.dact = view(kDact, {s.R, s.I});
+  w.dx_router = view(m + 4, {s.N, s.C});
+  w.shared_logit = view(m + 5, {s.N, 1});
+  w.shared_sum = view(m + 6, {s.N, s.C});
+  w.dshared_act = view(m + 7, {s.N, s.Is});
+  w.dshared_up = view(m + 8, {s.N, 2 * s.Is});
+  w.dshared_weight = view(m + 9, {s.N, 1});
+  w.send_rows = view(m + 10, {s.M, s.C});
+  w.exchange[0] = view(m + 11, {s.R, s.C});
+  w.exchange[1] = view(m + 12, {s.R, s.C});
+  w.to_expert_order = view(m + 13, {s.R});
+  w.to_peer_order = view(m + 14, {s.R});
+  w.send_counts = view(m + 15, {s.E});
+  w.aux_dscores = view(m + 16, {s.N, s.E});
+  return w;
+}
+
+MoeActivations Decoder::moe_activations(const LayerRun& run) const {
+  const MoeShape s = moe_shape_of(run.b * run.t);
+  const std::vector<Tensor>& a = run.activations;
+  const MoeActivationIndex& i = activations_[0].moe;
+  MoeActivations v;
+  v.scores = prefix(a[i.scores], {s.N, s.E});
+  v.topk_weight = prefix(a[i.topk_weight], {s.N, s.k});
+  v.topk_expert = prefix(a[i.topk_expert], {s.N, s.k});
+  v.offsets = prefix(a[i.offsets], {s.E + 1});
+  v.source_rows = prefix(a[i.source_rows], {s.M});
+  v.dest_rows = prefix(a[i.dest_rows], {s.N, s.k});
+  v.inp = prefix(a[i.inp], {s.R, s.C});
+  v.up = prefix(a[activations_[0].up], {s.R, 2 * s.I});
+  v.act = prefix(a[activations_[0].act], {s.R, s.I});
+  v.out = prefix(a[i.out], {s.M, s.C});
+  if (s.ep > 1) {
+    v.recv_counts = prefix(a[i.recv_counts], {s.ep * s.El});
+    v.local_offsets = prefix(a[i.local_offsets], {s.El + 1});
+  }
+  if (s.Is == 0) return v;
+  v.shared_up = prefix(a[i.shared_up], {s.N, 2 * s.Is});
+  v.shared_act = prefix(a[i.shared_act], {s.N, s.Is});
+  v.shared_out = prefix(a[i.shared_out], {s.N, s.C});
+  v.shared_scores = prefix(a[i.shared_scores], {s.N, 1});
+  v.shared_weight = prefix(a[i.shared_weight], {s.N, 1});
+  v.shared_expert = prefix(a[i.shared_expert], {s.N, 1});
+  v.shared_offsets = prefix(a[i.shared_offsets], {2});
+  v.shared_source = prefix(a[i.shared_source], {s.N});
+  v.shared_dest = prefix(a[i.shared_dest], {s.N, 1});
+  return v;
+}
+
+}  // namespace dstrain
