@@ -333,10 +333,27 @@ std::string bf16_states_hint(const ModelConfig& config, const PlanCandidate& c,
   return text.str();
 }
 
-// The one sentence for a request no plan satisfies.
+// How many nodes like these the model's states alone need, where that is more than the
+// request's `nodes`: bf16 weights and gradients, fp32 master weights and Adam moments (16 bytes a
+// parameter) over each node's usable GPU and host memory; "" otherwise.
+std::string nodes_needed(const ModelConfig& config, const PlanResult& r, int gpus_per_node,
+                         int nodes) {
+  const double states = 16.0 * static_cast<double>(config.num_parameters());
+  const double per_node = static_cast<double>(gpus_per_node) *
+                              static_cast<double>(r.usable_device_bytes) +
+                          static_cast<double>(r.usable_host_bytes);
+  const auto needed = static_cast<int64_t>(std::ceil(states / per_node));
+  if (per_node <= 0 || needed <= nodes) return "";
+  return "; its weights, gradients and Adam states alone (16 bytes a parameter, " +
+         format_bytes(static_cast<uint64_t>(states)) + ") need at least " +
+         std::to_string(needed) + " such nodes of " + std::to_string(gpus_per_node) + " GPUs (" +
+         format_bytes(static_cast<uint64_t>(per_node)) + " of GPU and host memory usable each)";
+}
+
+// The one sentence for a request no plan satisfies (`gpus` over `nodes` nodes).
 [[noreturn]] void explain_no_fit(const ModelConfig& config, const PlanRequest& request,
                                  const std::vector<PlanCandidate>& all, const PlanResult& r,
-                                 int gpus) {
+                                 int gpus, int nodes) {
   DSTRAIN_CHECK(!all.empty());
   const PlanCandidate* least_device = &all[0];
   const PlanCandidate* least_host = nullptr;  // among those that fit the GPUs
@@ -373,6 +390,7 @@ std::string bf16_states_hint(const ModelConfig& config, const PlanCandidate& c,
                                                           : std::string("an unknown amount")) +
                                      ")"
                                : std::string())
+                       << nodes_needed(config, r, gpus / nodes, nodes)
                        << ": use more or larger GPUs, or a smaller model";
 }
 
@@ -646,7 +664,7 @@ PlanResult choose_plan(const ModelConfig& config, const NodeTopology& whole,
   for (const PlanCandidate& c : all) {
     if (c.fits() && (!fastest || faster(c, *fastest))) fastest = &c;
   }
-  if (!fastest) explain_no_fit(config, request, all, result, world);
+  if (!fastest) explain_no_fit(config, request, all, result, world, cluster.nnodes);
   const PlanCandidate* best = fastest;
   for (const PlanCandidate& c : all) {
     if (c.fits() && c.seconds_per_token() <= fastest->seconds_per_token() * (1 + kTieMargin) &&

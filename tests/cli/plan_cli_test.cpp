@@ -164,6 +164,18 @@ TEST(PlanCli, MixtureOfExpertsPlansSayWhyTheirEpAndTakeItFixed) {
   expect_user_error(rtx4090_x8({"--model", "6b", "--ep", "2"}), "needs a mixture-of-experts model");
 }
 
+// DeepSeek-V2-Lite (15.7B, latent attention, 64 experts) fits 8 RTX 4090s and says how; V3
+// (671B) is one sentence with what it would need: more memory per GPU, and how many such nodes
+// its states alone take (9999 GiB over 361.6 GiB a node: 28).
+TEST(PlanCli, DeepSeekV2LiteFitsEightRtx4090sAndV3SaysWhatItNeeds) {
+  const CliResult lite = run(rtx4090_x8({"--model", "deepseek-v2-lite"}));
+  ASSERT_EQ(lite.exit_code, 0) << lite.err;
+  for (const char* part : {"deepseek_v2, 15.71B parameters", "plan: dp ", "expert parallelism"}) {
+    EXPECT_NE(lite.out.find(part), std::string::npos) << part << "\n" << lite.out;
+  }
+  expect_user_error(rtx4090_x8({"--model", "deepseek-v3"}), "need at least 28 such nodes of 8 GPUs");
+}
+
 // 8 x H100 on NVSwitch with 4 RDMA NICs (NIC0..NIC3: mlx5_0, mlx5_3, mlx5_4, mlx5_5).
 std::vector<std::string> h100_nodes(std::vector<std::string> more) {
   std::vector<std::string> args = {"plan", "--from-nvidia-smi",
