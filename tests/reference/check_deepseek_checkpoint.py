@@ -1,20 +1,23 @@
 #!/usr/bin/python3
-"""A dstrain DeepSeekMoE checkpoint is a Hugging Face model directory of DeepSeek's model.
+"""A dstrain DeepSeekMoE, DeepSeek-V2 or DeepSeek-V3 checkpoint is a Hugging Face model directory
+of DeepSeek's model.
 
   check_deepseek_checkpoint.py DSTRAIN FIXTURE_DIR WORK_DIR
 
-The DeepSeekMoE counterpart of check_in_transformers.py. transformers 4.41 has no DeepSeekMoE
-(DeepSeek's modeling_deepseek.py ships with its checkpoints on the hub, trust_remote_code), so
-the checkpoint is loaded into the PyTorch model of make_deepseek_reference.py instead, the
-model that made the fixture.
+The DeepSeek counterpart of check_in_transformers.py. transformers 4.41 has none of DeepSeek's
+models (DeepSeek's modeling_deepseek.py ships with its checkpoints on the hub,
+trust_remote_code), so the checkpoint is loaded into the PyTorch model that made the fixture
+instead: make_deepseek_reference.py's (DeepSeekMoE) or make_deepseek_v2_reference.py's (V2, V3:
+multi-head latent attention; V3's selection biases are buffers of it, its multi-token
+prediction layer not built, as DeepSeek's model does not build it).
 
-Trains the fixture (deepseek_moe_tiny or deepseek_moe_aux_tiny, made by
-make_deepseek_reference.py) with the dstrain binary DSTRAIN, on the CPU, with the training
+Trains the fixture (deepseek_moe_tiny, deepseek_moe_aux_tiny, deepseek_v2_tiny or
+deepseek_v3_tiny) with the dstrain binary DSTRAIN, on the CPU, with the training
 settings the reference used, into WORK_DIR, the weights in shards (--save-shard-size 30K) so
 that the index is read too. Then:
   - WORK_DIR/run/latest, the link to the final checkpoint, has a config.json of DeepSeek's
-    model (model_type "deepseek", architectures ["DeepseekForCausalLM"]) whose DeepSeek fields
-    equal the fixture's;
+    model (the fixture's model_type and architectures) whose DeepSeek fields equal the
+    fixture's;
   - the reference model built from that config.json (not the fixture's) loads every tensor of
     the sharded checkpoint, as model.safetensors.index.json maps them, with no missing,
     unexpected or misshapen tensor;
@@ -40,6 +43,7 @@ try:
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from make_deepseek_reference import DeepseekForCausalLM  # noqa: E402
+    from make_deepseek_v2_reference import DeepseekV2ForCausalLM  # noqa: E402
     # The same run of dstrain and the same data as the transformers check.
     from check_in_transformers import compare_to_reference, train_with_dstrain  # noqa: E402
     from make_gpt2_reference import cross_entropy, micro_batch  # noqa: E402
@@ -58,6 +62,17 @@ DEEPSEEK_FIELDS = [
     "num_attention_heads", "num_key_value_heads", "vocab_size", "rms_norm_eps", "rope_theta",
     "tie_word_embeddings",
 ]
+# DeepSeek-V2/V3's (DeepseekV2Config, DeepseekV3Config): multi-head latent attention, the
+# routers, the rotary scaling; V3's multi-token prediction layers.
+LATENT_FIELDS = [
+    "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+    "n_group", "topk_group", "topk_method", "routed_scaling_factor", "rope_scaling",
+]
+MODELS = {  # model_type: the reference's class, extra fields
+    "deepseek": (DeepseekForCausalLM, []),
+    "deepseek_v2": (DeepseekV2ForCausalLM, LATENT_FIELDS),
+    "deepseek_v3": (DeepseekV2ForCausalLM, LATENT_FIELDS + ["num_nextn_predict_layers"]),
+}
 # DeepseekConfig's defaults for the other fields the reference model reads, as DeepSeek's own
 # model would take them from a config.json that leaves them out.
 DEEPSEEK_DEFAULTS = {
@@ -87,10 +102,11 @@ def checked_config(checkpoint, fixture):
     """The checkpoint's config.json, checked against the fixture's."""
     config = json.load(open(os.path.join(checkpoint, "config.json")))
     source = json.load(open(os.path.join(fixture, "config.json")))
-    assert config.get("model_type") == "deepseek", config.get("model_type")
-    assert config.get("architectures") == ["DeepseekForCausalLM"], config.get("architectures")
+    assert config.get("model_type") == source["model_type"], config.get("model_type")
+    assert config.get("architectures") == source["architectures"], config.get("architectures")
+    fields = DEEPSEEK_FIELDS + MODELS[source["model_type"]][1]
     wrong = {k: (config.get(k, "<missing>"), source[k])
-             for k in DEEPSEEK_FIELDS if k not in config or not same(config[k], source[k])}
+             for k in fields if k not in config or not same(config[k], source[k])}
     assert not wrong, f"{checkpoint}/config.json differs from the fixture's: {wrong}"
     return config
 
@@ -116,7 +132,7 @@ def read_sharded(checkpoint):
 def reference_model(config, tensors):
     """make_deepseek_reference.py's model for `config` holding `tensors`: every parameter,
     nothing else (load_state_dict strict), each of its shape."""
-    model = DeepseekForCausalLM(dict(DEEPSEEK_DEFAULTS, **config))
+    model = MODELS[config["model_type"]][0](dict(DEEPSEEK_DEFAULTS, **config))
     state = model.state_dict()
     missing = sorted(set(state) - set(tensors))
     unexpected = sorted(set(tensors) - set(state))
@@ -145,7 +161,7 @@ def main():
     reference = reference_model(json.load(open(os.path.join(fixture, "config.json"))), final)
     worst, loss_ours, loss_ref = compare_to_reference(ours, reference, fixture, expected,
                                                       mean_loss)
-    print(f"{os.path.basename(fixture)}: make_deepseek_reference.py's {type(ours).__name__} "
+    print(f"{os.path.basename(fixture)}: the reference's {type(ours).__name__} "
           f"loads dstrain's {checkpoint} ({len(tensors)} tensors in {shards} shards, "
           f"model_type {config['model_type']}); loss {loss_ours:.7f} (the reference's own run: "
           f"{loss_ref:.7f}), weights within {worst:.2e}")
