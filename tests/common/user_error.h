@@ -27,4 +27,15 @@ std::string expect_user_error_naming(const std::filesystem::path& path, Action a
   return "";
 }
 
+// The UserError message of `action`, or "" when it throws none.
+template <class Action>
+std::string user_error_of(Action action) {
+  try {
+    action();
+  } catch (const UserError& error) {
+    return std::string(error.what());
+  }
+  return std::string();
+}
+
 }  // namespace dstrain::testing

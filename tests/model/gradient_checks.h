@@ -76,6 +76,20 @@ struct WholeModelRun {
   ModelStage stage;
 };
 
+// Every gradient of one forward and backward (dloss 0.1, 2 threads) of `arch` with
+// randomize_parameters(spread) on the random (B, T) batch of `seed`, under `recompute`: what the
+// recompute tests compare bit for bit.
+inline std::vector<std::vector<float>> model_gradients(
+    const Architecture& arch, const std::function<double(const std::string&)>& spread, int64_t B,
+    int64_t T, uint64_t seed, Recompute recompute) {
+  HostParams params(arch.layout());
+  randomize_parameters(arch.layout(), arch.config(), params, spread);
+  TokenBatch batch = random_tokens(arch.config(), B, T, seed);
+  WholeModelRun run(arch, B, T, 2, recompute);
+  run.forward_backward(params, batch, 0.1f);
+  return params.grads;
+}
+
 // After run.forward_backward(dloss 1/N) on `batch`: 4 random elements of every parameter against
 // central differences (h = 1e-3) of the mean loss. Returns each parameter's squared gradient
 // norm, by layout index.

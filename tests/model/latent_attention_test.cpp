@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "model/decoder.h"
 #include "tests/model/gradient_checks.h"
+#include "tests/common/user_error.h"
 #include "tests/model/host_params.h"
 #include "tests/model/reference_fixture.h"
 
@@ -40,10 +41,8 @@ ModelConfig small_deepseek(bool v3) {
 }
 
 // The routers' rows spread further than the rest: their logits, not the noise, decide.
-void randomize(const ParamLayout& layout, const ModelConfig& config, test::HostParams& params) {
-  test::randomize_parameters(layout, config, params, [](const std::string& name) {
-    return name.ends_with("gate.weight") ? 1.0 : name.ends_with("correction_bias") ? 0.5 : 0.2;
-  });
+double spread(const std::string& name) {
+  return name.ends_with("gate.weight") ? 1.0 : name.ends_with("correction_bias") ? 0.5 : 0.2;
 }
 
 class LatentAttentionModel : public ::testing::TestWithParam<bool> {};
@@ -54,7 +53,7 @@ TEST_P(LatentAttentionModel, EveryGradientMatchesFiniteDifferences) {
   ASSERT_TRUE(arch.parts().attention.latent());
   const ParamLayout& layout = arch.layout();
   test::HostParams params(layout);
-  randomize(layout, config, params);
+  test::randomize_parameters(layout, config, params, spread);
   test::TokenBatch batch = test::random_tokens(config, 2, 7, 3);
   test::WholeModelRun run(arch, 2, 7, 1);
   run.forward_backward(params, batch, 1.0f / 14);
@@ -76,21 +75,14 @@ TEST_P(LatentAttentionModel, EveryGradientMatchesFiniteDifferences) {
   EXPECT_GE(experts_with_gradient, 12) << "of 6 experts x 3 tensors";
 }
 
-std::vector<std::vector<float>> gradients(const ModelConfig& config, Recompute recompute) {
-  const Decoder arch(config);
-  test::HostParams params(arch.layout());
-  randomize(arch.layout(), config, params);
-  test::TokenBatch batch = test::random_tokens(config, 2, 7, 6);
-  test::WholeModelRun run(arch, 2, 7, 2, recompute);
-  run.forward_backward(params, batch, 0.1f);
-  return params.grads;
-}
-
 TEST_P(LatentAttentionModel, RecomputeGivesBitwiseIdenticalGradients) {
-  const ModelConfig config = small_deepseek(GetParam());
-  const auto none = gradients(config, Recompute::None);
-  EXPECT_EQ(gradients(config, Recompute::Selective), none);
-  EXPECT_EQ(gradients(config, Recompute::Full), none);
+  const Decoder arch(small_deepseek(GetParam()));
+  const auto gradients = [&](Recompute r) {
+    return test::model_gradients(arch, spread, 2, 7, 6, r);
+  };
+  const auto none = gradients(Recompute::None);
+  EXPECT_EQ(gradients(Recompute::Selective), none);
+  EXPECT_EQ(gradients(Recompute::Full), none);
 }
 
 INSTANTIATE_TEST_SUITE_P(DeepSeek, LatentAttentionModel, ::testing::Values(false, true),
@@ -129,12 +121,7 @@ TEST(LatentAttentionConfig, FieldsReadWriteBackAndMakeTheParts) {
 
 // The UserError a config.json gets, or "" when it parses.
 std::string config_error(const std::string& json) {
-  try {
-    model_config_from_json(json, "m");
-  } catch (const UserError& error) {
-    return std::string(error.what());
-  }
-  return std::string();
+  return testing::user_error_of([&] { model_config_from_json(json, "m"); });
 }
 
 TEST(LatentAttentionConfig, WhatDstrainDoesNotDoIsOneSentence) {

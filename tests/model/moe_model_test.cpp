@@ -15,6 +15,7 @@
 #include "model/decoder.h"
 #include "model/stage.h"
 #include "tests/model/gradient_checks.h"
+#include "tests/common/user_error.h"
 #include "tests/model/host_params.h"
 #include "tests/model/reference_fixture.h"
 
@@ -41,10 +42,10 @@ ModelConfig small_mixtral(int64_t experts, int64_t top_k) {
 }
 
 // The router's rows spread further than the rest: its logits, not the noise, decide the choices.
+double spread(const std::string& name) { return name.ends_with("gate.weight") ? 1.0 : 0.2; }
+
 void randomize(const ParamLayout& layout, const ModelConfig& config, test::HostParams& params) {
-  test::randomize_parameters(layout, config, params, [](const std::string& name) {
-    return name.ends_with("gate.weight") ? 1.0 : 0.2;
-  });
+  test::randomize_parameters(layout, config, params, spread);
 }
 
 TEST(MoeModel, EveryGradientMatchesFiniteDifferences) {
@@ -104,21 +105,14 @@ TEST(MoeModel, ExpertsWithoutTokensGetNoGradient) {
   }
 }
 
-std::vector<std::vector<float>> gradients(const ModelConfig& config, Recompute recompute) {
-  const Decoder arch(config);
-  test::HostParams params(arch.layout());
-  randomize(arch.layout(), config, params);
-  test::TokenBatch batch = test::random_tokens(config, 2, 5, 6);
-  test::WholeModelRun run(arch, 2, 5, 2, recompute);
-  run.forward_backward(params, batch, 0.1f);
-  return params.grads;
-}
-
 TEST(MoeModel, RecomputeGivesBitwiseIdenticalGradients) {
-  const ModelConfig config = small_mixtral(5, 3);
-  const auto none = gradients(config, Recompute::None);
-  EXPECT_EQ(gradients(config, Recompute::Selective), none);
-  EXPECT_EQ(gradients(config, Recompute::Full), none);
+  const Decoder arch(small_mixtral(5, 3));
+  const auto gradients = [&](Recompute r) {
+    return test::model_gradients(arch, spread, 2, 5, 6, r);
+  };
+  const auto none = gradients(Recompute::None);
+  EXPECT_EQ(gradients(Recompute::Selective), none);
+  EXPECT_EQ(gradients(Recompute::Full), none);
 }
 
 // Published parameter counts: Mixtral 8x7B 46.7B; its config read back the same.
@@ -217,12 +211,7 @@ TEST(MoeConfig, DeepSeekMoePresetFieldsLayersAndParameterCount) {
 
 // The UserError a config.json gets, or "" when it parses.
 std::string config_error(const std::string& json) {
-  try {
-    model_config_from_json(json, "m");
-  } catch (const UserError& error) {
-    return std::string(error.what());
-  }
-  return std::string();
+  return testing::user_error_of([&] { model_config_from_json(json, "m"); });
 }
 
 TEST(MoeConfig, DeepSeekRoutersDstrainDoesNotRunAreOneSentence) {
