@@ -113,6 +113,13 @@ po::options_description optimizer_flags(TrainOptions& o) {
        "micro-batch's token copies (the first in token order), the others are dropped and "
        "counted in the step records (Megatron's flag; 0: dropless, every token reaches its k "
        "experts)")
+      ("moe-router-bias-update-rate",
+       po::value(&o.moe_bias_update_rate)->default_value(o.moe_bias_update_rate, "0")->value_name("R"),
+       "models whose router has a selection bias (DeepSeek-V3's e_score_correction_bias): after "
+       "each step, move each expert's bias by R x sign(the mean load - its load), the load "
+       "counted over the step's micro-batches and every data-parallel rank (DeepSeek-V3's "
+       "auxiliary-loss-free balancing; Megatron's flag, whose default is 1e-3; 0: the bias "
+       "stays as loaded)")
       ("seed", po::value(&o.seed)->default_value(o.seed)->value_name("N"),
        "seed of initialization, shuffling and sampling")
       ("precision", po::value(&o.precision)->value_name("DTYPE"),

@@ -785,6 +785,38 @@ void ShardedModel::set_full_params(const std::vector<Tensor>& full_blocks) {
   params_changed();
 }
 
+void ShardedModel::set_param_values(const ParamSpec& spec, const std::vector<float>& values) {
+  DSTRAIN_CHECK(holds(spec.block) && static_cast<int64_t>(values.size()) == spec.numel())
+      << spec.name << ": " << values.size() << " values";
+  backend_.synchronize(comm_stream_.get());  // no gather still reads what is overwritten
+  const int block = spec.block;
+  const Block& b = blocks_[block];
+  const Tensor source(const_cast<float*>(values.data()), DType::F32, {spec.numel()});
+  // write(at, part): the tensor's elements within the block's [begin, begin + count), at `at`
+  // from `begin`.
+  const auto within = [&](int64_t begin, int64_t count, const auto& write) {
+    const int64_t first = std::max(begin, spec.offset);
+    const int64_t last = std::min(begin + count, spec.offset + spec.numel());
+    if (first < last) write(first - begin, source.slice(first - spec.offset, {last - first}));
+  };
+  const auto store_params = [&](int64_t at, Tensor part) {
+    store_from_host(params_padded(block).slice(at, {part.numel()}), part);
+  };
+  if (shard_params_) {
+    within(shard_begin(block), shard_count(block), store_params);
+  } else {
+    within(0, b.numel, store_params);
+  }
+  if (!b.master.empty()) {
+    const FlatRange range = optimizer_range(block);
+    within(range.begin, range.numel, [&](int64_t at, Tensor part) {
+      copy_and_wait(static_cast<char*>(b.master.data()) + at * sizeof(float), b.master.device(),
+                    part.data, part.device, static_cast<size_t>(part.nbytes()));
+    });
+  }
+  params_changed();
+}
+
 void ShardedModel::gather_to_host(Tensor local, int block, Tensor full) const {
   const Block& b = blocks_[block];
   DSTRAIN_CHECK(full.device.is_cpu() && full.dtype == DType::F32 && full.numel() >= b.numel);

@@ -196,6 +196,11 @@ class ShardedModel : public ParamProvider {
   // Fills the master weights (and the working parameters, rounded to their dtype) from a full
   // F32 copy of every block (e.g. init or a loaded checkpoint); each rank keeps its part.
   void set_full_params(const std::vector<Tensor>& full_blocks);
+  // Sets one tensor's values (F32, spec.numel() of them, host memory) where this rank stores them:
+  // its master weights' part and its working parameters' (rounded to their dtype). Every rank of
+  // the block's group gives the same values (DeepSeek-V3's selection bias, updated outside the
+  // optimizer: train/expert_load.h). Not collective. REQUIRES: holds(spec.block).
+  void set_param_values(const ParamSpec& spec, const std::vector<float>& values);
   // Gathers the full F32 master weights of held block `block` into `full` (block_numel
   // elements). Collective over the data-parallel group: its ranks call it for the same block.
   void get_full_param_block(int block, const Tensor& full);

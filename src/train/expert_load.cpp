@@ -3,11 +3,12 @@
 #include <algorithm>
 
 #include "comm/gather_values.h"
+#include "core/check.h"
 
 namespace dstrain {
 
-std::vector<LayerLoad> gather_expert_load(Communicator& world, const ExpertLoad& mine, bool counted,
-                                          int layers, int64_t experts) {
+SummedExpertLoad sum_expert_load(Communicator& world, const ExpertLoad& mine, bool counted,
+                                 int layers, int64_t experts) {
   // Per layer: each expert's copies, then the copies dropped; exact below 2^53.
   const size_t stride = static_cast<size_t>(experts) + 1;
   const size_t per_rank = static_cast<size_t>(layers) * stride;
@@ -21,20 +22,37 @@ std::vector<LayerLoad> gather_expert_load(Communicator& world, const ExpertLoad&
     counts[l * stride + stride - 1] = static_cast<double>(mine.dropped[l]);
   }
   const std::vector<double> all = all_gather_values(world, counts);
-  std::vector<double> sum(per_rank, 0.0);
-  for (size_t i = 0; i < all.size(); ++i) sum[i % per_rank] += all[i];
+  SummedExpertLoad sum(static_cast<size_t>(layers), std::vector<double>(stride, 0.0));
+  for (size_t i = 0; i < all.size(); ++i) sum[(i % per_rank) / stride][i % stride] += all[i];
+  return sum;
+}
+
+std::vector<LayerLoad> layer_loads(const SummedExpertLoad& summed) {
   std::vector<LayerLoad> load;
-  for (int l = 0; l < layers; ++l) {
-    const auto first = sum.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(l) * stride);
-    const auto last = first + static_cast<std::ptrdiff_t>(experts);
+  for (size_t l = 0; l < summed.size(); ++l) {
+    const auto first = summed[l].begin(), last = summed[l].end() - 1;  // last: the dropped
     double total = 0;
     for (auto it = first; it != last; ++it) total += *it;
     if (total == 0 && *last == 0) continue;  // a dense layer
-    load.push_back({l, static_cast<int64_t>(*std::min_element(first, last)),
+    load.push_back({static_cast<int>(l), static_cast<int64_t>(*std::min_element(first, last)),
                     static_cast<int64_t>(*std::max_element(first, last)),
-                    total / static_cast<double>(experts), static_cast<int64_t>(*last)});
+                    total / static_cast<double>(last - first), static_cast<int64_t>(*last)});
   }
   return load;
+}
+
+void update_selection_bias(std::vector<float>& bias, const std::vector<double>& load,
+                           double rate) {
+  DSTRAIN_CHECK(load.size() >= bias.size() && !bias.empty())
+      << load.size() << " loads for " << bias.size() << " experts";
+  double total = 0;
+  for (size_t e = 0; e < bias.size(); ++e) total += load[e];
+  const double mean = total / static_cast<double>(bias.size());
+  const auto step = static_cast<float>(rate);
+  for (size_t e = 0; e < bias.size(); ++e) {
+    if (load[e] < mean) bias[e] += step;
+    if (load[e] > mean) bias[e] -= step;
+  }
 }
 
 nlohmann::json expert_load_json(const std::vector<LayerLoad>& load) {

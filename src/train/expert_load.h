@@ -22,9 +22,19 @@ struct LayerLoad {
 };
 
 // Every rank's `mine` summed over the world (only tp index 0's counted: tp ranks route the same
-// tokens), as every rank gets it; layers = the model's, experts = E. Collective.
-std::vector<LayerLoad> gather_expert_load(Communicator& world, const ExpertLoad& mine, bool counted,
-                                          int layers, int64_t experts);
+// tokens), as every rank gets it: [layer][expert] the copies each expert ran, then at [layer][E]
+// the copies dropped; layers = the model's, experts = E. Collective.
+using SummedExpertLoad = std::vector<std::vector<double>>;
+SummedExpertLoad sum_expert_load(Communicator& world, const ExpertLoad& mine, bool counted,
+                                 int layers, int64_t experts);
+// The step records' view of it: the MoE layers' fewest, most and mean copies and the dropped.
+std::vector<LayerLoad> layer_loads(const SummedExpertLoad& summed);
+
+// DeepSeek-V3's auxiliary-loss-free balancing: each expert's selection bias moves by
+// rate x sign(mean - its load), the mean over the layer's experts (Megatron's
+// get_updated_expert_bias); an expert at the mean keeps its bias. In float, as the fp32 master
+// weights hold it.
+void update_selection_bias(std::vector<float>& bias, const std::vector<double>& load, double rate);
 
 // [{"layer": l, "min": ..., "max": ..., "mean": ..., "dropped": ...}, ...]
 nlohmann::json expert_load_json(const std::vector<LayerLoad>& load);

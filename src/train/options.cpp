@@ -48,6 +48,8 @@ void validate_options(const TrainOptions& options) {
   DSTRAIN_USER_CHECK(options.grad_clip >= 0) << "--grad-clip must not be negative (0 disables)";
   DSTRAIN_USER_CHECK(options.moe_capacity_factor >= 0)
       << "--moe-expert-capacity-factor must not be negative (0: dropless)";
+  DSTRAIN_USER_CHECK(options.moe_bias_update_rate >= 0 && options.moe_bias_update_rate < 1)
+      << "--moe-router-bias-update-rate must be in [0, 1) (0: the selection bias stays)";
   DSTRAIN_USER_CHECK(options.eval_every >= 0) << "--eval-every must not be negative (0 disables)";
   DSTRAIN_USER_CHECK(options.eval_batches >= 1) << "--eval-batches must be at least 1";
   DSTRAIN_USER_CHECK(options.packing == "auto" || options.packing == "on" ||
@@ -132,6 +134,7 @@ void for_each_run_setting(TrainOptions& o, Fn&& fn) {
   fn("eps", o.eps);
   fn("grad-clip", o.grad_clip);
   fn("moe-expert-capacity-factor", o.moe_capacity_factor);
+  fn("moe-router-bias-update-rate", o.moe_bias_update_rate);
   fn("seed", o.seed);
   fn("precision", o.precision);
   fn("loss-scale-init", o.loss_scaling.initial_scale);

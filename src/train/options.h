@@ -81,6 +81,10 @@ struct TrainOptions {
   // Mixture-of-experts models: each expert's capacity per micro-batch and rank, as a factor of
   // its even share of the token copies (model/expert_parallel.h); 0: dropless.
   double moe_capacity_factor = 0;
+  // DeepSeek-V3's auxiliary-loss-free balancing: after each step every MoE layer's selection
+  // bias moves by this times sign(the mean load - the expert's load) (train/expert_load.h);
+  // 0: the bias stays as loaded.
+  double moe_bias_update_rate = 0;
   uint64_t seed = 1337;
   std::string precision = "fp32";
   LossScaling loss_scaling;        // fp16's dynamic loss scaling (optim/grad_scaler.h)

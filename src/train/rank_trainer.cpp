@@ -423,8 +423,11 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   run_times_ += runner_->times();
   measure_parallelism(o);
   if (config_.moe.enabled()) {
-    o.expert_load = gather_expert_load(world_, expert_load_, groups_.tensor_index == 0,
-                                       static_cast<int>(config_.n_layer), config_.moe.experts);
+    const SummedExpertLoad load = sum_expert_load(world_, expert_load_, groups_.tensor_index == 0,
+                                                  static_cast<int>(config_.n_layer),
+                                                  config_.moe.experts);
+    o.expert_load = layer_loads(load);
+    if (!o.skipped) update_selection_biases(load);
   }
   return o;
 }
@@ -649,6 +652,7 @@ void RankTrainer::load_initial_state() {
     return slices->tensors();
   };
   state_->set_full_params(local(initial.params));
+  load_selection_biases();
   if (ctx_.have_moments) {
     state_->set_full_moments(0, local(initial.exp_avg));
     state_->set_full_moments(1, local(initial.exp_avg_sq));

@@ -72,6 +72,10 @@ class RankTrainer {
   StepOutcome train_step(int64_t step);
   // The pipeline bubble and the tensor-parallel traffic of the step, per stage.
   void measure_parallelism(StepOutcome& o);
+  // --moe-router-bias-update-rate (train/rank_trainer_balance.cpp): the selection biases from
+  // the starting weights, and after a step each moved by its layer's load.
+  void load_selection_biases();
+  void update_selection_biases(const SummedExpertLoad& load);
   // The step's spans: its time split (the mean over ranks), and the trace window's file.
   void measure_time(int64_t step, double begin, StepOutcome& o);
   void write_trace(int64_t step, bool last);
@@ -117,6 +121,9 @@ class RankTrainer {
   RankGroups groups_;
   TensorParallelStats tp_stats_;  // this step's, reset by train_step
   ExpertLoad expert_load_;        // this step's routing (MoE models), reset by train_step
+  // With --moe-router-bias-update-rate: each MoE layer's selection bias, as every rank keeps it
+  // (the fp32 master weights' values), by layer.
+  std::vector<std::pair<int, std::vector<float>>> selection_biases_;
   std::unique_ptr<MoeAuxLoss> aux_loss_;  // the load-balancing loss, where the config asks
   std::unique_ptr<Architecture> arch_;
   StageRange range_;

@@ -348,6 +348,11 @@ TEST(ExpertParallelFlags, WhatCannotSplitIsOneSentence) {
                           "divisible by 3");
   test::expect_user_error(split_options(temp.path(), split("mixtral", 2, 4, 1, 0, false, "none")),
                           "--ep 4 splits the experts over data-parallel ranks, but the plan has 2");
+  // DeepSeek-V3's balancing needs a router with a selection bias; Mixtral's has none.
+  TrainOptions balanced = split_options(temp.path(), split("mixtral", 1, 1, 1, 0, false, "none"));
+  balanced.moe_bias_update_rate = 1e-3;
+  test::expect_user_error(balanced, "--moe-router-bias-update-rate needs a router with a "
+                                    "selection bias");
 }
 
 }  // namespace

@@ -1,0 +1,47 @@
+// DeepSeek-V3's auxiliary-loss-free balancing (--moe-router-bias-update-rate): each MoE layer's
+// selection bias (e_score_correction_bias, a parameter the gradient never reaches) moves after
+// every applied step by the rate times sign(the mean load - the expert's load), the loads summed
+// over the step's micro-batches and every rank (train/expert_load.h). Every rank keeps the
+// biases whole, starting from the same weights and updating by the same loads, and writes them
+// where it stores them (ShardedModel::set_param_values): the master weights hold them, so
+// checkpoints and resumes carry them.
+#include "model/parts.h"
+#include "train/rank_trainer.h"
+
+namespace dstrain {
+
+namespace {
+
+std::string selection_bias_name(const DecoderParts& parts, int layer) {
+  return parts.names.layer_prefix + std::to_string(layer) + "." + parts.names.router_bias;
+}
+
+}  // namespace
+
+void RankTrainer::load_selection_biases() {
+  selection_biases_.clear();
+  if (options_.moe_bias_update_rate == 0) return;
+  const DecoderParts parts = decoder_parts(config_);
+  DSTRAIN_USER_CHECK(parts.mlp.kind == MlpKind::MoE && parts.mlp.selection_bias)
+      << "--moe-router-bias-update-rate needs a router with a selection bias (DeepSeek-V3's "
+         "e_score_correction_bias); "
+      << config_.name << " has none";
+  for (int layer = 0; layer < config_.n_layer; ++layer) {
+    if (parts.layer_mlp(layer).kind != MlpKind::MoE) continue;
+    const ParamSpec& spec = full_layout_.find(selection_bias_name(parts, layer));
+    const float* values = ParamLayout::view(spec, ctx_.initial->params.block(spec.block)).f32();
+    selection_biases_.emplace_back(layer, std::vector<float>(values, values + spec.numel()));
+  }
+}
+
+void RankTrainer::update_selection_biases(const SummedExpertLoad& load) {
+  if (selection_biases_.empty()) return;
+  const DecoderParts parts = decoder_parts(config_);
+  for (auto& [layer, bias] : selection_biases_) {
+    update_selection_bias(bias, load[static_cast<size_t>(layer)], options_.moe_bias_update_rate);
+    const ParamSpec& spec = arch_->layout().find(selection_bias_name(parts, layer));
+    if (state_->holds(spec.block)) state_->set_param_values(spec, bias);
+  }
+}
+
+}  // namespace dstrain
