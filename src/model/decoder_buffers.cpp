@@ -117,7 +117,19 @@ MoeWeights Decoder::routed_moe_weights(const LayerRun& run, const std::vector<Te
   MoeWeights w = moe_weights(tensors, experts);
   if (w.router_bias.empty() || w.router_bias.dtype == DType::F32) return w;
   Tensor f32 = run.workspace[static_cast<size_t>(moe_workspace_begin() + kMoeWorkspaceBuffers + 1)];
-  run.backend.copy(f32, w.router_bias, run.stream);
+  // The F32 values every rank keeps (ExpertParallel::selection_biases), else the parameters'.
+  const std::vector<float>* exact = nullptr;
+  if (ep_.selection_biases != nullptr) {
+    for (const auto& [layer, bias] : *ep_.selection_biases) {
+      if (layer == run.layer) exact = &bias;
+    }
+  }
+  if (exact != nullptr) {
+    DSTRAIN_CHECK(static_cast<int64_t>(exact->size()) == f32.numel()) << exact->size();
+    run.backend.copy_bytes(f32.data, exact->data(), exact->size() * sizeof(float), run.stream);
+  } else {
+    run.backend.copy(f32, w.router_bias, run.stream);
+  }
   w.router_bias = f32;
   return w;
 }

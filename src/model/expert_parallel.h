@@ -39,6 +39,10 @@ struct ExpertLoad {
   }
 };
 
+// Each MoE layer's router selection bias (DeepSeek-V3's e_score_correction_bias) in F32 on the
+// host, by layer: the values of the fp32 master weights, which every rank keeps.
+using SelectionBiases = std::vector<std::pair<int, std::vector<float>>>;
+
 struct ExpertParallel {
   int size = 1;
   int rank = 0;
@@ -51,6 +55,9 @@ struct ExpertParallel {
   // ceil(factor x N k / E) of a micro-batch's N k token copies on each rank, the first in token
   // order; the others are dropped (they add nothing to their token's output). 0: dropless.
   double capacity_factor = 0;
+  // The selection biases in F32, where the parameters are 16-bit: the routing reads them, not
+  // their rounding to the parameters' dtype. nullptr: it reads the parameters.
+  const SelectionBiases* selection_biases = nullptr;
   bool enabled() const { return size > 1; }
 };
 

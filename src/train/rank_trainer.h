@@ -72,8 +72,8 @@ class RankTrainer {
   StepOutcome train_step(int64_t step);
   // The pipeline bubble and the tensor-parallel traffic of the step, per stage.
   void measure_parallelism(StepOutcome& o);
-  // --moe-router-bias-update-rate (train/rank_trainer_balance.cpp): the selection biases from
-  // the starting weights, and after a step each moved by its layer's load.
+  // Selection biases (train/rank_trainer_balance.cpp): from the starting weights, and after a
+  // step (--moe-router-bias-update-rate) each moved by its layer's load.
   void load_selection_biases();
   void update_selection_biases(const SummedExpertLoad& load);
   // The step's spans: its time split (the mean over ranks), and the trace window's file.
@@ -121,9 +121,10 @@ class RankTrainer {
   RankGroups groups_;
   TensorParallelStats tp_stats_;  // this step's, reset by train_step
   ExpertLoad expert_load_;        // this step's routing (MoE models), reset by train_step
-  // With --moe-router-bias-update-rate: each MoE layer's selection bias, as every rank keeps it
-  // (the fp32 master weights' values), by layer.
-  std::vector<std::pair<int, std::vector<float>>> selection_biases_;
+  // A router with a selection bias (DeepSeek-V3): each MoE layer's, as every rank keeps it (the
+  // fp32 master weights' values), by layer; what the routing reads under 16-bit parameters and
+  // what --moe-router-bias-update-rate moves.
+  SelectionBiases selection_biases_;
   std::unique_ptr<MoeAuxLoss> aux_loss_;  // the load-balancing loss, where the config asks
   std::unique_ptr<Architecture> arch_;
   StageRange range_;

@@ -1,10 +1,11 @@
-// DeepSeek-V3's auxiliary-loss-free balancing (--moe-router-bias-update-rate): each MoE layer's
-// selection bias (e_score_correction_bias, a parameter the gradient never reaches) moves after
+// A router's selection bias (DeepSeek-V3's e_score_correction_bias, a parameter the gradient
+// never reaches): every rank keeps each MoE layer's whole in F32, from the starting weights, and
+// the routing reads these (the parameters may be 16-bit: their rounding would change choices).
+// DeepSeek-V3's auxiliary-loss-free balancing (--moe-router-bias-update-rate) moves them after
 // every applied step by the rate times sign(the mean load - the expert's load), the loads summed
-// over the step's micro-batches and every rank (train/expert_load.h). Every rank keeps the
-// biases whole, starting from the same weights and updating by the same loads, and writes them
-// where it stores them (ShardedModel::set_param_values): the master weights hold them, so
-// checkpoints and resumes carry them.
+// over the step's micro-batches and every rank (train/expert_load.h): every rank by the same
+// loads, each writing them where it stores them (ShardedModel::set_param_values), so the master
+// weights, checkpoints and resumes carry them.
 #include "model/parts.h"
 #include "train/rank_trainer.h"
 
@@ -20,12 +21,13 @@ std::string selection_bias_name(const DecoderParts& parts, int layer) {
 
 void RankTrainer::load_selection_biases() {
   selection_biases_.clear();
-  if (options_.moe_bias_update_rate == 0) return;
   const DecoderParts parts = decoder_parts(config_);
-  DSTRAIN_USER_CHECK(parts.mlp.kind == MlpKind::MoE && parts.mlp.selection_bias)
+  const bool biased = parts.mlp.kind == MlpKind::MoE && parts.mlp.selection_bias;
+  DSTRAIN_USER_CHECK(biased || options_.moe_bias_update_rate == 0)
       << "--moe-router-bias-update-rate needs a router with a selection bias (DeepSeek-V3's "
          "e_score_correction_bias); "
       << config_.name << " has none";
+  if (!biased) return;
   for (int layer = 0; layer < config_.n_layer; ++layer) {
     if (parts.layer_mlp(layer).kind != MlpKind::MoE) continue;
     const ParamSpec& spec = full_layout_.find(selection_bias_name(parts, layer));
@@ -35,7 +37,7 @@ void RankTrainer::load_selection_biases() {
 }
 
 void RankTrainer::update_selection_biases(const SummedExpertLoad& load) {
-  if (selection_biases_.empty()) return;
+  if (options_.moe_bias_update_rate == 0) return;
   const DecoderParts parts = decoder_parts(config_);
   for (auto& [layer, bias] : selection_biases_) {
     update_selection_bias(bias, load[static_cast<size_t>(layer)], options_.moe_bias_update_rate);

@@ -9,10 +9,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/safetensors.h"
 #include "tests/common/temp_dir.h"
 #include "tests/train/hf_fixture.h"
@@ -103,6 +106,49 @@ TEST(SelectionBias, EveryPlanMovesTheBiasesAlike) {
       EXPECT_EQ(other.weights.at(name), one.weights.at(name)) << name;
     }
   }
+}
+
+// Under bf16 parameters the routing reads the biases as the fp32 weights hold them, not their
+// rounding to bf16: two copies of the fixture whose biases round to the same bf16 values but
+// differ by up to 0.8 of a bf16 step (up to 8e-4, against choices 5.5e-5 apart) between experts
+// route, and so train, differently.
+TEST(SelectionBias, Bf16ParametersRouteByTheFp32Biases) {
+  const testing::TempDir dir;
+  const SafetensorsFile fixture =
+      SafetensorsFile::open(test::fixture_dir(kFixture) + "/model.safetensors");
+  // A copy of the fixture with each bias at its bf16 value + sign x 0.4 of its bf16 step, the
+  // sign alternating over the experts.
+  const auto write_copy = [&](const std::string& name, float sign) {
+    const std::filesystem::path copy = dir.path() / name;
+    std::filesystem::create_directories(copy);
+    std::filesystem::copy_file(test::fixture_dir(kFixture) + "/config.json", copy / "config.json");
+    std::map<std::string, std::vector<float>> tensors;
+    SafetensorsWriter writer;
+    for (const std::string& tensor : fixture.names()) {
+      std::vector<float>& values = tensors[tensor] = fixture.read_f32(tensor);
+      for (size_t e = 0; tensor.ends_with("e_score_correction_bias") && e < values.size(); ++e) {
+        const float rounded = bf16_bits_to_fp32(fp32_to_bf16_bits(values[e]));
+        const float step = std::ldexp(1.0f, std::ilogb(rounded) - 7);
+        values[e] = rounded + (e % 2 ? sign : -sign) * 0.4f * step;
+        EXPECT_EQ(bf16_bits_to_fp32(fp32_to_bf16_bits(values[e])), rounded);
+      }
+      writer.add(tensor, DType::F32, fixture.info(tensor).shape, values.data());
+    }
+    writer.write((copy / "model.safetensors").string());
+    return copy.string();
+  };
+  const auto run = [&](const std::string& model) {
+    TrainOptions options = test::fixture_run(test::FixturePlan{kFixture},
+                                             test::fixture_expected(kFixture), model + "-run");
+    options.model = options.init_from = model;
+    options.precision = "bf16";
+    options.steps = 3;
+    std::ostringstream out;
+    train(options, out);
+    return test::read_logged_run(options).losses;
+  };
+  EXPECT_NE(run(write_copy("plus", 1.0f)), run(write_copy("minus", -1.0f)))
+      << "the routing saw the biases rounded to bf16";
 }
 
 // The biases live in the master weights: a resumed run continues them bit for bit.
