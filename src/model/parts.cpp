@@ -109,8 +109,10 @@ DecoderParts llama_parts(const ModelConfig& config) {
                  config.moe.shared_width,
                  config.moe.aux_loss_coef > 0 || config.moe.deepseek_aux_alpha() > 0,
                  config.moe.shared_gate};
-    if (deepseek) parts.mlp.width_name = "moe_intermediate_size";
-    deepseek_router(config, parts.mlp);
+    if (deepseek) {
+      parts.mlp.width_name = "moe_intermediate_size";
+      deepseek_router(config, parts.mlp);
+    }
     parts.names.router = mixtral ? "block_sparse_moe.gate" : "mlp.gate";
     parts.names.experts = mixtral ? "block_sparse_moe.experts." : "mlp.experts.";
     parts.names.expert_up = mixtral ? std::vector<std::string>{"w1", "w3"}

@@ -12,8 +12,8 @@
 
 #include "core/check.h"
 #include "model/decoder.h"
-#include "tests/model/gradient_checks.h"
 #include "tests/common/user_error.h"
+#include "tests/model/gradient_checks.h"
 #include "tests/model/host_params.h"
 #include "tests/model/reference_fixture.h"
 
@@ -117,6 +117,23 @@ TEST(LatentAttentionConfig, FieldsReadWriteBackAndMakeTheParts) {
     const double mscale = 0.1 * 0.8 * std::log(4.0) + 1.0;
     EXPECT_NEAR(parts.attention.q_scale, v3 ? mscale * mscale : 1.0, 1e-6);
   }
+}
+
+// DeepSeek's code renormalizes the top-k weights only for k > 1 (and V2 then scales where it does
+// not); transformers' Mixtral renormalizes any k.
+TEST(LatentAttentionConfig, RenormalizationFollowsEachFamilysCode) {
+  const auto top1 = [](const std::string& file, const std::string& extra) {
+    std::string json = test::slurp(std::string(DSTRAIN_SOURCE_DIR) + file);
+    json = json.substr(0, json.rfind('}')) + R"(, "num_experts_per_tok": 1)" + extra + "}";
+    return decoder_parts(model_config_from_json(json, file)).mlp;
+  };
+  const MlpPart v2 = top1("/tests/reference/deepseek_v2_tiny/config.json",
+                          R"(, "norm_topk_prob": true, "topk_method": "greedy")");
+  EXPECT_FALSE(v2.norm_topk);
+  EXPECT_FLOAT_EQ(v2.routed_scale, 1.5f);
+  EXPECT_FALSE(
+      top1("/configs/models/deepseek-moe-16b.json", R"(, "norm_topk_prob": true)").norm_topk);
+  EXPECT_TRUE(top1("/configs/models/moe-tiny.json", "").norm_topk);
 }
 
 // The UserError a config.json gets, or "" when it parses.
