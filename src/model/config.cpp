@@ -355,12 +355,16 @@ MoeConfig deepseek_moe_config(const ConfigFields& f) {
 // their best two biased scores), into `moe`; one sentence for any other.
 void deepseek_router_config(const ConfigFields& f, ModelType type, MoeConfig& moe) {
   const bool v3 = type == ModelType::DeepSeekV3;
-  const std::string scoring = f.has("scoring_func") && f.at("scoring_func").is_string()
-                                  ? f.at("scoring_func").get<std::string>()
-                                  : (v3 ? "sigmoid" : "softmax");
-  const std::string method = f.has("topk_method") && f.at("topk_method").is_string()
-                                 ? f.at("topk_method").get<std::string>()
-                                 : (v3 ? "noaux_tc" : "greedy");
+  // A string field, or the config class's default where it is absent.
+  const auto text = [&](const char* field, const char* fallback) {
+    if (!f.has(field)) return std::string(fallback);
+    DSTRAIN_USER_CHECK(f.at(field).is_string())
+        << "model config " << f.origin() << ": \"" << field << "\" must be a string, not "
+        << f.at(field).dump();
+    return f.at(field).get<std::string>();
+  };
+  const std::string scoring = text("scoring_func", v3 ? "sigmoid" : "softmax");
+  const std::string method = text("topk_method", v3 ? "noaux_tc" : "greedy");
   if (scoring != (v3 ? "sigmoid" : "softmax")) {
     f.unsupported("scoring_func \"" + scoring + "\" is not supported (DeepSeek-" +
                   (v3 ? "V3's \"sigmoid\")" : "V2's \"softmax\")"));

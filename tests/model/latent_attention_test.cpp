@@ -150,6 +150,7 @@ TEST(LatentAttentionConfig, WhatDstrainDoesNotDoIsOneSentence) {
   for (const auto& [extra, named] : std::vector<std::pair<std::string, std::string>>{
            {R"(, "topk_method": "greedy")", "topk_method"},
            {R"(, "scoring_func": "softmax")", "scoring_func"},
+           {R"(, "scoring_func": 1)", "scoring_func"},
            {R"(, "n_group": 3)", "n_group"},
            {R"(, "topk_group": 1, "num_experts_per_tok": 5)", "topk_group"},
            {R"(, "attention_bias": true)", "attention_bias"},
