@@ -591,9 +591,15 @@ ComputeTime stage_compute(const ModelConfig& config, const Plan& plan, const Sta
   forward.bytes =
       bytes * (layers * traffic.layer_forward + (range.first ? traffic.embed_forward : 0) +
                (range.last ? traffic.head_forward : 0));
-  // Under tp the experts run whole on every rank, on all of the micro-batch's rows.
-  const double moe_repeated = (tokens - per_rank) * static_cast<double>(moe_layers_in(config, range)) *
-                              mlp_gemm_forward(decoder_parts(config).mlp, static_cast<double>(config.n_embd));
+  // Under tp the experts, and latent attention's latent path, run whole on every rank, on all of
+  // the micro-batch's rows.
+  const DecoderParts parts = decoder_parts(config);
+  const double C = static_cast<double>(config.n_embd);
+  const double moe_repeated = (tokens - per_rank) *
+                                  static_cast<double>(moe_layers_in(config, range)) *
+                                  mlp_gemm_forward(parts.mlp, C) +
+                              (tokens - per_rank) * layers *
+                                  attention_replicated_gemm_forward(parts.attention, C);
   forward.gemm += moe_repeated;
   backward.gemm = 2 * forward.gemm;  // dX and dW
   backward.attention = per_rank * layers * attention.backward;

@@ -48,6 +48,13 @@ inline double attention_gemm_forward(const AttentionPart& a, double C) {
          2 * static_cast<double>(a.out_width()) * C;
 }
 
+// The part of attention_gemm_forward every tp rank runs whole, on all of the micro-batch's rows:
+// latent attention's replicated latent path (q_a, kv_a); 0 for multi-head attention.
+inline double attention_replicated_gemm_forward(const AttentionPart& a, double C) {
+  if (!a.latent()) return 0;
+  return 2 * C * static_cast<double>(a.q_rank + a.kv_rank + a.rope_dim);
+}
+
 // The attention's scores and their product with v per token (4 T q; latent attention's v heads
 // are narrower: 2 T (q + the values)).
 inline double attention_forward_flops(const AttentionPart& a, double T) {

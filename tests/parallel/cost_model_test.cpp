@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "parallel/cost_model.h"
+#include "parallel/model_flops.h"
 #include "test_machines.h"
 #include "topology/bandwidth.h"
 
@@ -461,6 +462,30 @@ TEST(CostModel, TensorParallelismSplitsHeadsAndSequenceParallelismTheNorms) {
   EXPECT_LT(tp2_sp.memory_bound_seconds, tp2.memory_bound_seconds);
   EXPECT_LT(tp2.memory_bound_seconds, tp1.memory_bound_seconds);
   EXPECT_DOUBLE_EQ(tp2_sp.attention_seconds, tp2.attention_seconds);
+}
+
+// Latent attention under tp: the heads' projections split, the latent path (q_a, kv_a) runs
+// whole on every rank: per rank half of tp 1's GEMMs plus half of that path's again.
+TEST(CostModel, TensorParallelLatentAttentionRepeatsTheLatentPath) {
+  const NodeTopology h100 = machine("h100-8gpu-nvswitch.txt", "h100-sxm");
+  const ModelConfig config = model_config_from_json(R"({"model_type": "deepseek_v3",
+    "vocab_size": 32000, "max_position_embeddings": 4096, "hidden_size": 2048,
+    "intermediate_size": 5632, "num_hidden_layers": 8, "num_attention_heads": 16,
+    "q_lora_rank": 768, "kv_lora_rank": 256, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "v_head_dim": 128})", "mla");
+  const MemoryModel memory(config);
+  const StepCost tp1 = predict_step_cost(memory, h100, bf16_plan(1, 1, 1, 2, 4));
+  const StepCost tp2 = predict_step_cost(memory, h100, bf16_plan(1, 2, 1, 2, 4));
+  // tp 1's GEMM rate from its FLOPs (forward + 2x backward, 4 micro-batches of 2 x 1024); tp
+  // 2's, at half the width, by gemm_efficiency's width factor w / (w + 256).
+  const double C = 2048, tokens = 2 * 1024, m = 4, L = 8;
+  const ModelFlops f = model_flops(config, 1024);
+  const double flops1 = m * 3 * tokens * (L * f.layer_gemm_forward + f.head_forward);
+  const double rate1 = flops1 / tp1.gemm_seconds;
+  const double rate2 = rate1 * (C / 2 / (C / 2 + 256)) / (C / (C + 256));
+  const double latent = 2 * C * (768 + 256 + 64);  // q_a, kv_a per token
+  EXPECT_NEAR(tp2.gemm_seconds, (flops1 / 2 + m * 3 * (tokens / 2) * L * latent) / rate2,
+              1e-9 * tp1.gemm_seconds);
 }
 
 TEST(CostModel, HopperRunsMmaSyncAttentionBelowItsPeak) {
