@@ -562,7 +562,7 @@ void ShardedModel::for_each_param_in(const FlatRange& range, Fn fn) const {
 // Sequence parallelism: each tp rank's gradient of a layernorm covers its own token rows; latent
 // attention's latent path: each rank's covers its own heads. The sum over the tp group (in its
 // fixed order) is the gradient, the same on every tp rank.
-void ShardedModel::sum_sequence_parallel_gradients() {
+void ShardedModel::sum_tp_partial_gradients() {
   if (tensor_ == nullptr) return;
   const bool sp = sharding_.sequence_parallel;
   bool any = false;
@@ -656,7 +656,7 @@ StepStats ShardedModel::finish_step(const AdamWConfig& adam, double lr, int64_t 
   finish_reduction();
   if (inject_inf_) write_injected_inf();
   sum_tied_gradients();
-  sum_sequence_parallel_gradients();
+  sum_tp_partial_gradients();
   const StepStats stats = agree_on_gradients(adam, loss_scale);
   if (stats.found_inf) return stats;
   const float grad_scale = static_cast<float>(stats.clip / loss_scale);

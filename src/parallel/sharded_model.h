@@ -234,7 +234,7 @@ class ShardedModel : public ParamProvider {
   void write_injected_inf();
   bool inject_inf_ = false;
   void sum_tied_gradients();
-  void sum_sequence_parallel_gradients();
+  void sum_tp_partial_gradients();
   StepStats agree_on_gradients(const AdamWConfig& adam, double loss_scale);
   // Appends the reduced gradients `grads` of `part` to a gradient check: all of them checked
   // for inf/NaN, counted in the norm where this rank counts them.
