@@ -1,5 +1,7 @@
 #include "train/run_start.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <iomanip>
@@ -201,10 +203,39 @@ void fine_tuning_lr(TrainOptions& options, const ModelConfig& config, std::ostre
   }
 }
 
+// The Python files config.json's auto_map names (a model whose code ships with its checkpoints,
+// trust_remote_code: DeepSeek's "modeling_deepseek.DeepseekV3ForCausalLM"): each value's module,
+// a plain name in the same directory (not "other/repo--module.Class", which names another repo).
+static std::vector<std::string> auto_map_modules(const nlohmann::json& config) {
+  std::vector<std::string> files;
+  if (!config.contains("auto_map") || !config["auto_map"].is_object()) return files;
+  const auto add = [&](const nlohmann::json& value) {
+    if (!value.is_string()) return;
+    const std::string target = value.get<std::string>();
+    const size_t dot = target.rfind('.');
+    if (dot == std::string::npos || dot == 0) return;
+    const std::string module = target.substr(0, dot);
+    const bool plain = std::all_of(module.begin(), module.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+    });
+    if (plain && std::find(files.begin(), files.end(), module + ".py") == files.end()) {
+      files.push_back(module + ".py");
+    }
+  };
+  for (const auto& [key, value] : config["auto_map"].items()) {
+    if (value.is_array()) {
+      for (const nlohmann::json& item : value) add(item);
+    } else {
+      add(value);
+    }
+  }
+  return files;
+}
+
 // The files copied into every checkpoint, as (source, name there): the tokenizer the run was
 // given (--tokenizer, as tokenizer.json, and the tokenizer files beside it), else the
-// --init-from directory's, else (a resume) the resumed checkpoint's; generation_config.json
-// from the same places.
+// --init-from directory's, else (a resume) the resumed checkpoint's; generation_config.json and
+// the model code config.json's auto_map names from the same places.
 std::vector<std::pair<std::string, std::string>> files_beside_weights(const RunContext& ctx) {
   const TrainOptions& options = ctx.options;
   std::vector<std::filesystem::path> sources;
@@ -220,9 +251,14 @@ std::vector<std::pair<std::string, std::string>> files_beside_weights(const RunC
   };
   if (!options.tokenizer.empty()) add(options.tokenizer, "tokenizer.json");
   std::error_code error;
-  for (const std::string name : {"tokenizer.json", "tokenizer_config.json",
-                                 "special_tokens_map.json", "tokenizer.model", "vocab.json",
-                                 "merges.txt", "added_tokens.json", "generation_config.json"}) {
+  std::vector<std::string> wanted = {"tokenizer.json",    "tokenizer_config.json",
+                                     "special_tokens_map.json", "tokenizer.model",
+                                     "vocab.json",        "merges.txt",
+                                     "added_tokens.json", "generation_config.json"};
+  for (const std::string& module : auto_map_modules(ctx.config.passthrough)) {
+    wanted.push_back(module);
+  }
+  for (const std::string& name : wanted) {
     for (const std::filesystem::path& dir : sources) {
       if (std::filesystem::is_regular_file(dir / name, error)) {
         add(dir / name, name);

@@ -178,6 +178,35 @@ TEST_F(TrustTest, KeepLastKeepsTheNewestCheckpoints) {
 
 // ---- 2 and 5. --init-from DIR is that model; complete Hugging Face output ----------------
 
+// A model whose code ships with its checkpoints (DeepSeek-V3: config.json's auto_map names
+// configuration_deepseek.py and modeling_deepseek.py, trust_remote_code): the checkpoint holds
+// them too, and not what names another repository or a path.
+TEST_F(TrustTest, CheckpointsKeepTheModelCodeAutoMapNames) {
+  fs::create_directories(path("v3"));
+  nlohmann::json config =
+      nlohmann::json::parse(read_file(kFixtures + "deepseek_v3_tiny/config.json"));
+  config["auto_map"] = {{"AutoConfig", "configuration_deepseek.DeepseekV3Config"},
+                        {"AutoModel", "modeling_deepseek.DeepseekV3Model"},
+                        {"AutoModelForCausalLM", "modeling_deepseek.DeepseekV3ForCausalLM"},
+                        {"AutoTokenizer", {"other/repo--tokenization.Tok", nullptr}},
+                        {"AutoFeature", "../outside.Class"}};
+  write("v3/config.json", config.dump(2));
+  fs::copy_file(kFixtures + "deepseek_v3_tiny/model.safetensors", path("v3/model.safetensors"));
+  write("v3/configuration_deepseek.py", "# DeepSeek's configuration\n");
+  write("v3/modeling_deepseek.py", "# DeepSeek's model\n");
+  write("outside.py", "# not the model's\n");
+  write_shard("train.bin", 2000, 67);
+  run_ok("--init-from v3 --data train.bin --steps 1 --out ft " + kTiny);
+  const fs::path step = path("ft/step-000001");
+  for (const char* file : {"configuration_deepseek.py", "modeling_deepseek.py"}) {
+    EXPECT_EQ(read_file(step / file), read_file(path("v3") / file)) << file;
+  }
+  EXPECT_FALSE(fs::exists(step / "outside.py"));
+  EXPECT_FALSE(fs::exists(step / "tokenization.py"));
+  const nlohmann::json saved = nlohmann::json::parse(read_file(step / "config.json"));
+  EXPECT_EQ(saved["auto_map"], config["auto_map"]);
+}
+
 TEST_F(TrustTest, InitFromADirectoryIsThatModelAndItsCheckpointsAreWhole) {
   write_hf_model("qwen");
   write_shard("train.bin", 2000, 97);
