@@ -284,14 +284,21 @@ nlohmann::json yarn_scaling(const ConfigFields& f, nlohmann::json scaling) {
         << "model config " << f.origin() << ": yarn rope_scaling needs \"" << field
         << "\" >= 1";
   }
-  for (const auto& [field, fallback] : {std::pair<const char*, double>{"beta_fast", 32.0},
-                                        {"beta_slow", 1.0}, {"mscale", 1.0},
-                                        {"mscale_all_dim", 0.0}}) {
-    if (!scaling.contains(field) || scaling[field].is_null()) scaling[field] = fallback;
-    DSTRAIN_USER_CHECK(scaling[field].is_number() && scaling[field].get<double>() >= 0 &&
-                       (field[0] != 'b' || scaling[field].get<double>() > 0))
-        << "model config " << f.origin() << ": rope_scaling's \"" << field
-        << "\" must be a non-negative number (beta_fast and beta_slow positive)";
+  struct YarnField {
+    const char* name;
+    double fallback;
+    bool positive;  // the betas divide; the mscales may be 0
+  };
+  for (const YarnField& field :
+       {YarnField{"beta_fast", 32.0, true}, YarnField{"beta_slow", 1.0, true},
+        YarnField{"mscale", 1.0, false}, YarnField{"mscale_all_dim", 0.0, false}}) {
+    nlohmann::json& value = scaling[field.name];
+    if (value.is_null()) value = field.fallback;
+    const bool ok = value.is_number() &&
+                    (field.positive ? value.get<double>() > 0 : value.get<double>() >= 0);
+    DSTRAIN_USER_CHECK(ok) << "model config " << f.origin() << ": rope_scaling's \"" << field.name
+                           << "\" must be a " << (field.positive ? "positive" : "non-negative")
+                           << " number";
   }
   return scaling;
 }

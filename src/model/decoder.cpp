@@ -157,6 +157,7 @@ Decoder::Decoder(const ModelConfig& config, const TensorParallel& tp, const Expe
       // The indices, from specs of any shape that splits over the tp ranks' token rows.
       activations_{layer_activation_specs(0, 1, tp.size, DType::F32, Recompute::None, nullptr),
                    layer_activation_specs(1, 1, tp.size, DType::F32, Recompute::None, nullptr)},
+      workspace_(layer_workspace_specs(1, tp.size, DType::F32, true, nullptr)),
       head_buffers_(head_buffer_specs(1, tp.size, DType::F32, true, nullptr)),
       rotary_(parts_.position.kind == PositionKind::Rotary ? rope_inverse_frequencies(config)
                                                            : std::vector<double>(),
@@ -254,6 +255,16 @@ std::vector<ActivationSpec> Decoder::layer_activations(int layer, int64_t B, int
 
 std::vector<TensorSpec> Decoder::layer_workspace(int64_t B, int64_t T, DType dtype,
                                                  bool with_backward) const {
+  std::vector<TensorSpec> specs;
+  layer_workspace_specs(B, T, dtype, with_backward, &specs);
+  return specs;
+}
+
+// The decoder's buffers (decoder_internal.h LayerWork), then the MoE part's and latent
+// attention's.
+Decoder::LayerWorkspace Decoder::layer_workspace_specs(int64_t B, int64_t T, DType dtype,
+                                                       bool with_backward,
+                                                       std::vector<TensorSpec>* out) const {
   const int64_t C = config_.n_embd, N = B * T, Nb = with_backward ? N : 0;
   // The MLP's gradients, for the largest of the layers' MLPs (MoE and dense layers share them).
   int64_t mlp_rows = 0, up_width = 0, act_width = 0;
@@ -279,23 +290,23 @@ std::vector<TensorSpec> Decoder::layer_workspace(int64_t B, int64_t T, DType dty
     // The rotary (cos, sin) table of positions 0..T-1, copied in before each use.
     specs.push_back({"rope_freqs", DType::F32, {T, config_.rotary_dim() / 2, 2}});
   }
+  DSTRAIN_CHECK(static_cast<int>(specs.size()) ==
+                (parts_.position.kind == PositionKind::Rotary ? kRopeFreqs + 1 : kRopeFreqs));
+  LayerWorkspace index;
+  auto add = [&specs](TensorSpec spec) {
+    specs.push_back(std::move(spec));
+    return static_cast<int>(specs.size()) - 1;
+  };
   if (parts_.mlp.kind == MlpKind::MoE) {
-    DSTRAIN_CHECK(static_cast<int>(specs.size()) == moe_workspace_begin());
-    for (TensorSpec& spec : moe_workspace_specs(moe_shape_of(N), dtype, with_backward)) {
-      specs.push_back(std::move(spec));
-    }
-    DSTRAIN_CHECK(static_cast<int>(specs.size()) == moe_workspace_begin() + kMoeWorkspaceBuffers);
-    // Under sequence parallelism: the experts' input gathered again in backward.
-    specs.push_back({"moe_gathered", dtype, {sp && with_backward ? N : 0, C}});
-    // The router's selection bias in F32 for the routing ops, where the parameters are not.
+    index.moe = add_moe_workspace(moe_shape_of(N), dtype, with_backward, add);
+    index.moe_gathered = add({"moe_gathered", dtype, {sp && with_backward ? N : 0, C}});
     const bool bias_copy = parts_.mlp.selection_bias && dtype != DType::F32;
-    specs.push_back({"router_bias_f32", DType::F32, {bias_copy ? parts_.mlp.experts : 0}});
+    const int64_t bias_rows = bias_copy ? parts_.mlp.experts : 0;
+    index.router_bias_f32 = add({"router_bias_f32", DType::F32, {bias_rows}});
   }
-  if (parts_.attention.latent()) {
-    DSTRAIN_CHECK(static_cast<int>(specs.size()) == latent_workspace_begin());
-    for (TensorSpec& spec : latent_workspace_specs(N, Nb, dtype)) specs.push_back(std::move(spec));
-  }
-  return specs;
+  if (parts_.attention.latent()) add_latent_workspace(N, Nb, dtype, index, specs);
+  if (out != nullptr) *out = std::move(specs);
+  return index;
 }
 
 Decoder::HeadBuffers Decoder::head_buffer_specs(int64_t B, int64_t T, DType dtype,
@@ -582,7 +593,7 @@ Tensor Decoder::moe_backward(const LayerRun& run, Tensor dout) const {
   const MoeWorkspace ws = moe_workspace(run);
   Tensor x = enter_region_forward(
       tp_, prefix(a[ai.norm2], {R, C}),
-      sequence_parallel_view(run.workspace[moe_workspace_begin() + kMoeWorkspaceBuffers], N),
+      sequence_parallel_view(run.workspace[workspace_.moe_gathered], N),
       run.stream);
   if (ep_.aux != nullptr) {
     ep_.aux->layer_gradient(run.backend, moe, run.t, ws.aux_dscores, run.stream);

@@ -81,6 +81,19 @@ class Decoder final : public Architecture {
     int q_latent = -1, q_normed = -1, q_rstd = -1, kv_latent = -1, kv_normed = -1, kv_rstd = -1;
     int values = -1;
   };
+  // Where the parts' buffers are in LayerRun::workspace, after the decoder's own
+  // (decoder_internal.h LayerWork).
+  struct LayerWorkspace {
+    MoeWorkspaceIndex moe;  // MoE only
+    // MoE only: the experts' input gathered again in backward (sequence parallelism), the
+    // router's selection bias in F32 (16-bit parameters).
+    int moe_gathered = -1, router_bias_f32 = -1;
+    // Latent attention only (model/latent_attention.h LatentWorkspace; its dqkv is kDqkv), and
+    // the o projection's input gradient.
+    int mla_q = -1, mla_kv = -1, mla_k_rope = -1, mla_datty = -1, mla_dq_normed = -1;
+    int mla_dq_latent = -1, mla_dkv_normed = -1, mla_dkv_latent = -1, mla_dx_part = -1;
+    int mla_dvalues = -1;
+  };
   // Where the head's buffers are in HeadRun::workspace.
   struct HeadBuffers {
     int logits = -1, norm = -1, norm_mean = -1, norm_rstd = -1, losses = -1, dnorm = -1;
@@ -105,6 +118,12 @@ class Decoder final : public Architecture {
   LayerActivations layer_activation_specs(int kind, int64_t B, int64_t T, DType dtype,
                                           Recompute recompute,
                                           std::vector<ActivationSpec>* specs) const;
+  LayerWorkspace layer_workspace_specs(int64_t B, int64_t T, DType dtype, bool with_backward,
+                                       std::vector<TensorSpec>* specs) const;
+  // Latent attention's buffers appended to `specs` (N rows; Nb of the gradients), their
+  // indices into `w`.
+  void add_latent_workspace(int64_t N, int64_t Nb, DType dtype, LayerWorkspace& w,
+                            std::vector<TensorSpec>& specs) const;
   HeadBuffers head_buffer_specs(int64_t B, int64_t T, DType dtype, bool with_backward,
                                 std::vector<TensorSpec>* specs) const;
   Tensor rope_freqs(const LayerRun& run) const;
@@ -119,8 +138,6 @@ class Decoder final : public Architecture {
   LatentActivations latent_activations(const LayerRun& run) const;
   LatentWorkspace latent_workspace(const LayerRun& run) const;
   Tensor latent_dvalues(const LayerRun& run) const;  // (N, attn): dL/d(the o projection's input)
-  std::vector<TensorSpec> latent_workspace_specs(int64_t N, int64_t Nb, DType dtype) const;
-  int latent_workspace_begin() const;  // the first of latent attention's LayerRun::workspace
   // The MoE weights of a layer for the routing ops: the selection bias in F32 (a copy in the
   // workspace where the parameters are 16-bit).
   MoeWeights routed_moe_weights(const LayerRun& run, const std::vector<Tensor>& tensors,
@@ -135,7 +152,6 @@ class Decoder final : public Architecture {
                          const std::vector<Tensor>& experts) const;
   MoeActivations moe_activations(const LayerRun& run) const;
   MoeWorkspace moe_workspace(const LayerRun& run) const;
-  int moe_workspace_begin() const;  // the first of the MoE part's LayerRun::workspace
   void head_backward(ParamProvider& params, const HeadRun& run, Tensor head, Tensor norm_full,
                      std::vector<Tensor> final_weights, bool release_grads, int next) const;
   Tensor sequence_parallel_view(Tensor full, int64_t rows) const;
@@ -151,6 +167,7 @@ class Decoder final : public Architecture {
   ParamLayout layout_;
   LayerTensors tensors_[2];          // by layer kind
   LayerActivations activations_[2];  // by layer kind
+  LayerWorkspace workspace_;
   HeadBuffers head_buffers_;
   RotaryTables rotary_;
 };

@@ -7,27 +7,27 @@ namespace dstrain {
 
 using namespace decoder_internal;
 
-// Latent attention's scratch (model/latent_attention.h LatentWorkspace, in its order; dqkv is
-// the layers' kDqkv), then the o projection's input gradient. Nb: the rows of the gradients (0
-// without backward).
-std::vector<TensorSpec> Decoder::latent_workspace_specs(int64_t N, int64_t Nb, DType dtype) const {
+// Latent attention's scratch (model/latent_attention.h LatentWorkspace; its dqkv is the layers'
+// kDqkv), then the o projection's input gradient.
+void Decoder::add_latent_workspace(int64_t N, int64_t Nb, DType dtype, LayerWorkspace& w,
+                                   std::vector<TensorSpec>& specs) const {
   const AttentionPart& attn = parts_.attention;
-  const Widths w = widths();
+  const Widths widths = this->widths();
   const int64_t q_rank_rows = attn.q_rank > 0 ? Nb : 0;
-  return {{"mla_q", dtype, {N, w.atty}},
-          {"mla_kv", dtype, {N, w.heads * (attn.nope_dim + attn.v_dim)}},
-          {"mla_k_rope", dtype, {N, attn.rope_dim}},
-          {"mla_datty", dtype, {Nb, w.atty}},
-          {"mla_dq_latent_norm", dtype, {q_rank_rows, attn.q_rank}},
-          {"mla_dq_latent", dtype, {q_rank_rows, attn.q_rank}},
-          {"mla_dkv_latent_norm", dtype, {Nb, attn.kv_rank}},
-          {"mla_dkv_latent", dtype, {Nb, attn.kv_rank}},
-          {"mla_dx_part", dtype, {Nb, config_.n_embd}},
-          {"mla_dvalues", dtype, {Nb, w.attn}}};
-}
-
-int Decoder::latent_workspace_begin() const {
-  return moe_workspace_begin() + (parts_.mlp.kind == MlpKind::MoE ? kMoeWorkspaceBuffers + 2 : 0);
+  auto add = [&specs](TensorSpec spec) {
+    specs.push_back(std::move(spec));
+    return static_cast<int>(specs.size()) - 1;
+  };
+  w.mla_q = add({"mla_q", dtype, {N, widths.atty}});
+  w.mla_kv = add({"mla_kv", dtype, {N, widths.heads * (attn.nope_dim + attn.v_dim)}});
+  w.mla_k_rope = add({"mla_k_rope", dtype, {N, attn.rope_dim}});
+  w.mla_datty = add({"mla_datty", dtype, {Nb, widths.atty}});
+  w.mla_dq_normed = add({"mla_dq_latent_norm", dtype, {q_rank_rows, attn.q_rank}});
+  w.mla_dq_latent = add({"mla_dq_latent", dtype, {q_rank_rows, attn.q_rank}});
+  w.mla_dkv_normed = add({"mla_dkv_latent_norm", dtype, {Nb, attn.kv_rank}});
+  w.mla_dkv_latent = add({"mla_dkv_latent", dtype, {Nb, attn.kv_rank}});
+  w.mla_dx_part = add({"mla_dx_part", dtype, {Nb, config_.n_embd}});
+  w.mla_dvalues = add({"mla_dvalues", dtype, {Nb, widths.attn}});
 }
 
 LatentWorkspace Decoder::latent_workspace(const LayerRun& run) const {
@@ -35,26 +35,26 @@ LatentWorkspace Decoder::latent_workspace(const LayerRun& run) const {
   const Widths w = widths();
   const int64_t b = run.b, t = run.t, N = b * t;
   const std::vector<Tensor>& ws = run.workspace;
-  const int l = latent_workspace_begin();
+  const LayerWorkspace& i = workspace_;
   auto view = [&](int index, std::initializer_list<int64_t> dims) {
     return ws[index].numel() > 0 ? prefix(ws[index], dims) : Tensor();
   };
   LatentWorkspace v;
-  v.q = view(l, {N, w.atty});
-  v.kv = view(l + 1, {N, w.heads * (attn.nope_dim + attn.v_dim)});
-  v.k_rope = view(l + 2, {N, attn.rope_dim});
-  v.datty = view(l + 3, {b, t, w.atty});
+  v.q = view(i.mla_q, {N, w.atty});
+  v.kv = view(i.mla_kv, {N, w.heads * (attn.nope_dim + attn.v_dim)});
+  v.k_rope = view(i.mla_k_rope, {N, attn.rope_dim});
+  v.datty = view(i.mla_datty, {b, t, w.atty});
   v.dqkv = view(kDqkv, {b, t, w.qkv});
-  v.dq_normed = view(l + 4, {N, attn.q_rank});
-  v.dq_latent = view(l + 5, {N, attn.q_rank});
-  v.dkv_normed = view(l + 6, {N, attn.kv_rank});
-  v.dkv_latent = view(l + 7, {N, attn.kv_rank});
-  v.dx_part = view(l + 8, {N, config_.n_embd});
+  v.dq_normed = view(i.mla_dq_normed, {N, attn.q_rank});
+  v.dq_latent = view(i.mla_dq_latent, {N, attn.q_rank});
+  v.dkv_normed = view(i.mla_dkv_normed, {N, attn.kv_rank});
+  v.dkv_latent = view(i.mla_dkv_latent, {N, attn.kv_rank});
+  v.dx_part = view(i.mla_dx_part, {N, config_.n_embd});
   return v;
 }
 
 Tensor Decoder::latent_dvalues(const LayerRun& run) const {
-  return prefix(run.workspace[latent_workspace_begin() + 9], {run.b * run.t, widths().attn});
+  return prefix(run.workspace[workspace_.mla_dvalues], {run.b * run.t, widths().attn});
 }
 
 LatentWeights Decoder::latent_weights(const std::vector<Tensor>& tensors, int kind) const {
@@ -86,10 +86,6 @@ LatentActivations Decoder::latent_activations(const LayerRun& run) const {
   return v;
 }
 
-int Decoder::moe_workspace_begin() const {
-  return parts_.position.kind == PositionKind::Rotary ? kRopeFreqs + 1 : kRopeFreqs;
-}
-
 MoeShape Decoder::moe_shape_of(int64_t tokens) const {
   return moe_shape(parts_.mlp, tokens, config_.n_embd, ep_.size, ep_.capacity_factor);
 }
@@ -116,7 +112,7 @@ MoeWeights Decoder::routed_moe_weights(const LayerRun& run, const std::vector<Te
                                        const std::vector<Tensor>& experts) const {
   MoeWeights w = moe_weights(tensors, experts);
   if (w.router_bias.empty() || w.router_bias.dtype == DType::F32) return w;
-  Tensor f32 = run.workspace[static_cast<size_t>(moe_workspace_begin() + kMoeWorkspaceBuffers + 1)];
+  Tensor f32 = run.workspace[static_cast<size_t>(workspace_.router_bias_f32)];
   // The F32 values every rank keeps (ExpertParallel::selection_biases), else the parameters'.
   const std::vector<float>* exact = nullptr;
   if (ep_.selection_biases != nullptr) {
@@ -137,32 +133,32 @@ MoeWeights Decoder::routed_moe_weights(const LayerRun& run, const std::vector<Te
 MoeWorkspace Decoder::moe_workspace(const LayerRun& run) const {
   const MoeShape s = moe_shape_of(run.b * run.t);
   const std::vector<Tensor>& ws = run.workspace;
-  const int m = moe_workspace_begin();
+  const MoeWorkspaceIndex& i = workspace_.moe;
   // A buffer the pass has no rows for (the gradients without backward, the shared expert's
   // without one) stays an empty view.
   auto view = [&](int index, std::initializer_list<int64_t> dims) {
     return ws[index].numel() > 0 ? prefix(ws[index], dims) : Tensor();
   };
   MoeWorkspace w;
-  w.logits = view(m, {s.N, s.E});
-  w.dout_rows = view(m + 1, {s.M, s.C});
-  w.dinp_rows = view(m + 2, {s.M, s.C});
-  w.dtopk_weight = view(m + 3, {s.N, s.k});
+  w.logits = view(i.logits, {s.N, s.E});
+  w.dout_rows = view(i.dout_rows, {s.M, s.C});
+  w.dinp_rows = view(i.dinp_rows, {s.M, s.C});
+  w.dtopk_weight = view(i.dtopk_weight, {s.N, s.k});
   w.dup = view(kDup, {s.R, 2 * s.I});
   w.dact = view(kDact, {s.R, s.I});
-  w.dx_router = view(m + 4, {s.N, s.C});
-  w.shared_logit = view(m + 5, {s.N, 1});
-  w.shared_sum = view(m + 6, {s.N, s.C});
-  w.dshared_act = view(m + 7, {s.N, s.Is});
-  w.dshared_up = view(m + 8, {s.N, 2 * s.Is});
-  w.dshared_weight = view(m + 9, {s.N, 1});
-  w.send_rows = view(m + 10, {s.M, s.C});
-  w.exchange[0] = view(m + 11, {s.R, s.C});
-  w.exchange[1] = view(m + 12, {s.R, s.C});
-  w.to_expert_order = view(m + 13, {s.R});
-  w.to_peer_order = view(m + 14, {s.R});
-  w.send_counts = view(m + 15, {s.E});
-  w.aux_dscores = view(m + 16, {s.N, s.E});
+  w.dx_router = view(i.dx_router, {s.N, s.C});
+  w.shared_logit = view(i.shared_logit, {s.N, 1});
+  w.shared_sum = view(i.shared_sum, {s.N, s.C});
+  w.dshared_act = view(i.dshared_act, {s.N, s.Is});
+  w.dshared_up = view(i.dshared_up, {s.N, 2 * s.Is});
+  w.dshared_weight = view(i.dshared_weight, {s.N, 1});
+  w.send_rows = view(i.send_rows, {s.M, s.C});
+  w.exchange[0] = view(i.exchange[0], {s.R, s.C});
+  w.exchange[1] = view(i.exchange[1], {s.R, s.C});
+  w.to_expert_order = view(i.to_expert_order, {s.R});
+  w.to_peer_order = view(i.to_peer_order, {s.R});
+  w.send_counts = view(i.send_counts, {s.E});
+  w.aux_dscores = view(i.aux_dscores, {s.N, s.E});
   return w;
 }
 

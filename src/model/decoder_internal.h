@@ -12,7 +12,7 @@ namespace dstrain::decoder_internal {
 // rows where unused: the gradients without backward, the sequence-parallel buffers unless tp > 1
 // with sequence parallelism) so that the indices stay fixed; the rotary table last, with a
 // rotary position part only. Then the MoE part's buffers and latent attention's
-// (Decoder::moe_workspace_begin, latent_workspace_begin).
+// (Decoder::LayerWorkspace).
 enum LayerWork : int { kScratch, kDnorm, kDqkv, kDup, kDact, kStreamPart, kGathered, kRopeFreqs };
 
 // tensors[index], or an empty tensor for index -1 (a tensor the parts do not have).

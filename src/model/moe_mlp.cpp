@@ -97,29 +97,6 @@ Tensor all_experts(Tensor first, int64_t experts) {
   return first;
 }
 
-std::vector<TensorSpec> moe_workspace_specs(const MoeShape& s, DType dtype, bool with_backward) {
-  const int64_t Mb = with_backward ? s.M : 0, Nb = with_backward ? s.N : 0;
-  const int64_t Ns = s.Is > 0 ? s.N : 0, Nsb = s.Is > 0 ? Nb : 0;
-  const int64_t Me = s.ep > 1 ? s.M : 0, Re = s.ep > 1 ? s.R : 0;
-  return {{"router_logits", dtype, {s.N, s.E}},
-          {"dexpert_out", dtype, {Mb, s.C}},
-          {"dexpert_inp", dtype, {Mb, s.C}},
-          {"dtopk_weight", DType::F32, {Nb, s.k}},
-          {"dx_router", dtype, {Nb, s.C}},
-          {"shared_logit", dtype, {Ns, 1}},
-          {"shared_sum", dtype, {Ns, s.C}},
-          {"dshared_act", dtype, {Nsb, s.Is}},
-          {"dshared_up", dtype, {Nsb, 2 * s.Is}},
-          {"dshared_weight", DType::F32, {Nsb, 1}},
-          {"expert_send_rows", dtype, {Me, s.C}},
-          {"expert_exchange_0", dtype, {Re, s.C}},
-          {"expert_exchange_1", dtype, {Re, s.C}},
-          {"to_expert_order", DType::I32, {Re}},
-          {"to_peer_order", DType::I32, {Re}},
-          {"expert_send_counts", DType::I32, {s.ep > 1 ? s.E : 0}},
-          {"aux_dscores", DType::F32, {s.aux ? Nb : 0, s.E}}};
-}
-
 namespace {
 
 // ---- Expert parallelism -------------------------------------------------------------------

@@ -126,9 +126,41 @@ struct MoeWorkspace {
   // The load-balancing loss's gradient w.r.t. the scores (N, E) F32 (backward), or empty.
   Tensor aux_dscores;
 };
-// The buffers of MoeWorkspace, in order (kMoeWorkspaceBuffers of them).
-constexpr int kMoeWorkspaceBuffers = 17;
-std::vector<TensorSpec> moe_workspace_specs(const MoeShape& s, DType dtype, bool with_backward);
+// Their indices in LayerRun::workspace (dup and dact are the decoder's).
+struct MoeWorkspaceIndex {
+  int logits = -1, dout_rows = -1, dinp_rows = -1, dtopk_weight = -1, dx_router = -1;
+  int shared_logit = -1, shared_sum = -1, dshared_act = -1, dshared_up = -1;
+  int dshared_weight = -1, send_rows = -1, exchange[2] = {-1, -1}, to_expert_order = -1;
+  int to_peer_order = -1, send_counts = -1, aux_dscores = -1;
+};
+// Adds the MoE workspace through add(spec) -> index: every buffer, with no rows where the pass
+// has none (the gradients without backward, the shared expert's without one, the exchange's
+// without expert parallelism), so the indices do not depend on the shape.
+template <class Add>
+MoeWorkspaceIndex add_moe_workspace(const MoeShape& s, DType dtype, bool with_backward, Add&& add) {
+  const int64_t Mb = with_backward ? s.M : 0, Nb = with_backward ? s.N : 0;
+  const int64_t Ns = s.Is > 0 ? s.N : 0, Nsb = s.Is > 0 ? Nb : 0;
+  const int64_t Me = s.ep > 1 ? s.M : 0, Re = s.ep > 1 ? s.R : 0;
+  MoeWorkspaceIndex i;
+  i.logits = add(TensorSpec{"router_logits", dtype, {s.N, s.E}});
+  i.dout_rows = add(TensorSpec{"dexpert_out", dtype, {Mb, s.C}});
+  i.dinp_rows = add(TensorSpec{"dexpert_inp", dtype, {Mb, s.C}});
+  i.dtopk_weight = add(TensorSpec{"dtopk_weight", DType::F32, {Nb, s.k}});
+  i.dx_router = add(TensorSpec{"dx_router", dtype, {Nb, s.C}});
+  i.shared_logit = add(TensorSpec{"shared_logit", dtype, {Ns, 1}});
+  i.shared_sum = add(TensorSpec{"shared_sum", dtype, {Ns, s.C}});
+  i.dshared_act = add(TensorSpec{"dshared_act", dtype, {Nsb, s.Is}});
+  i.dshared_up = add(TensorSpec{"dshared_up", dtype, {Nsb, 2 * s.Is}});
+  i.dshared_weight = add(TensorSpec{"dshared_weight", DType::F32, {Nsb, 1}});
+  i.send_rows = add(TensorSpec{"expert_send_rows", dtype, {Me, s.C}});
+  i.exchange[0] = add(TensorSpec{"expert_exchange_0", dtype, {Re, s.C}});
+  i.exchange[1] = add(TensorSpec{"expert_exchange_1", dtype, {Re, s.C}});
+  i.to_expert_order = add(TensorSpec{"to_expert_order", DType::I32, {Re}});
+  i.to_peer_order = add(TensorSpec{"to_peer_order", DType::I32, {Re}});
+  i.send_counts = add(TensorSpec{"expert_send_counts", DType::I32, {s.ep > 1 ? s.E : 0}});
+  i.aux_dscores = add(TensorSpec{"aux_dscores", DType::F32, {s.aux ? Nb : 0, s.E}});
+  return i;
+}
 
 // An expert capacity (ExpertParallel::capacity_factor > 0): after the dispatch, each expert keeps
 // its first `capacity` rows (in token order); the other choices are dropped (dest_rows -1) and

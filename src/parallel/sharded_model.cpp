@@ -102,6 +102,10 @@ ShardedModel::ShardedModel(const ModelConfig& config, const ShardingConfig& shar
       moment_dtype_(sharding.bf16_optimizer_states ? DType::BF16 : DType::F32),
       gathers_params_(shard_params_ || offload_params_),
       slot_grads_(shard_grads_ || offload_params_),
+      tp_grad_parts_(std::any_of(layout_.params().begin(), layout_.params().end(),
+                                 [&](const ParamSpec& spec) {
+                                   return spec.tp_grad_parts(sharding.sequence_parallel);
+                                 })),
       compute_(compute),
       comm_stream_(backend),
       compute_mark_(backend),
@@ -563,11 +567,8 @@ void ShardedModel::for_each_param_in(const FlatRange& range, Fn fn) const {
 // attention's latent path: each rank's covers its own heads. The sum over the tp group (in its
 // fixed order) is the gradient, the same on every tp rank.
 void ShardedModel::sum_tp_partial_gradients() {
-  if (tensor_ == nullptr) return;
+  if (tensor_ == nullptr || !tp_grad_parts_) return;
   const bool sp = sharding_.sequence_parallel;
-  bool any = false;
-  for (const ParamSpec& spec : layout_.params()) any = any || spec.tp_grad_parts(sp);
-  if (!any) return;
   const Stream comm = comm_stream_.get();
   comm_waits_for_compute();
   for (int block : held_) {

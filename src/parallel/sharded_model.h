@@ -286,6 +286,8 @@ class ShardedModel : public ParamProvider {
   // offload); the gradients through the full-block gradient buffers (stages 2-3 or parameter
   // offload).
   bool gathers_params_, slot_grads_;
+  // Some parameter's gradient is a sum of tp-rank parts (sum_tp_partial_gradients).
+  bool tp_grad_parts_;
   // Parameter offload: which held blocks have no gradient yet this step (their host sum is
   // stale, read as zeros); stages 2-3, the device buffer where a shard is summed.
   std::vector<bool> grads_fresh_;

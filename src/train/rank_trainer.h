@@ -125,6 +125,8 @@ class RankTrainer {
   // fp32 master weights' values), by layer; what the routing reads under 16-bit parameters and
   // what --moe-router-bias-update-rate moves.
   SelectionBiases selection_biases_;
+  // Each of selection_biases_' parameter in arch_'s layout, in the same order.
+  std::vector<const ParamSpec*> selection_bias_specs_;
   std::unique_ptr<MoeAuxLoss> aux_loss_;  // the load-balancing loss, where the config asks
   std::unique_ptr<Architecture> arch_;
   StageRange range_;

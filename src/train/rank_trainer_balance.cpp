@@ -21,6 +21,7 @@ std::string selection_bias_name(const DecoderParts& parts, int layer) {
 
 void RankTrainer::load_selection_biases() {
   selection_biases_.clear();
+  selection_bias_specs_.clear();
   const DecoderParts parts = decoder_parts(config_);
   const bool biased = parts.mlp.kind == MlpKind::MoE && parts.mlp.selection_bias;
   DSTRAIN_USER_CHECK(biased || options_.moe_bias_update_rate == 0)
@@ -33,15 +34,16 @@ void RankTrainer::load_selection_biases() {
     const ParamSpec& spec = full_layout_.find(selection_bias_name(parts, layer));
     const float* values = ParamLayout::view(spec, ctx_.initial->params.block(spec.block)).f32();
     selection_biases_.emplace_back(layer, std::vector<float>(values, values + spec.numel()));
+    selection_bias_specs_.push_back(&arch_->layout().find(selection_bias_name(parts, layer)));
   }
 }
 
 void RankTrainer::update_selection_biases(const SummedExpertLoad& load) {
   if (options_.moe_bias_update_rate == 0) return;
-  const DecoderParts parts = decoder_parts(config_);
-  for (auto& [layer, bias] : selection_biases_) {
+  for (size_t i = 0; i < selection_biases_.size(); ++i) {
+    auto& [layer, bias] = selection_biases_[i];
     update_selection_bias(bias, load[static_cast<size_t>(layer)], options_.moe_bias_update_rate);
-    const ParamSpec& spec = arch_->layout().find(selection_bias_name(parts, layer));
+    const ParamSpec& spec = *selection_bias_specs_[i];
     if (state_->holds(spec.block)) state_->set_param_values(spec, bias);
   }
 }

@@ -159,6 +159,12 @@ TEST(LatentAttentionConfig, WhatDstrainDoesNotDoIsOneSentence) {
            {R"(, "kv_lora_rank": 0)", "kv_lora_rank"},
            {R"(, "rope_scaling": {"type": "linear", "factor": 2})", "rope_scaling"},
            {R"(, "rope_scaling": {"type": "yarn"})", "factor"},
+           {R"(, "rope_scaling": {"type": "yarn", "factor": 4,
+                "original_max_position_embeddings": 8, "beta_slow": 0})",
+            "\"beta_slow\" must be a positive"},
+           {R"(, "rope_scaling": {"type": "yarn", "factor": 4,
+                "original_max_position_embeddings": 8, "mscale": -1})",
+            "\"mscale\" must be a non-negative"},
        }) {
     const std::string error = message(extra);
     EXPECT_NE(error.find(named), std::string::npos) << extra << ": " << error;
