@@ -502,6 +502,10 @@ if ((!KERNELS_ONLY)); then
       --channels 2048 --heads 16 --json "$json/ops_bf16_hd128.json"
     run_step bench_cuda_ops_bf16_hd256 45 "$BUILD/bench_cuda_ops" --dtype bf16 --batch 4 \
       --channels 4096 --heads 16 --json "$json/ops_bf16_hd256.json"
+    # 192: latent attention's qk head dim (DeepSeek-V2-Lite and V3: 128 + 64, v padded to it),
+    # 16 heads as V2-Lite has (C here is the heads' width, 3072).
+    run_step bench_cuda_ops_bf16_hd192 45 "$BUILD/bench_cuda_ops" --dtype bf16 --batch 4 \
+      --channels 3072 --heads 16 --json "$json/ops_bf16_hd192.json"
   fi
   # The attention with 32 rows per warp (set_cuda_attention_warp_rows; the default is 16) in a
   # whole bf16 step of each model of ATTENTION32_MODELS, against its row above: the measurement

@@ -7,7 +7,7 @@
 // dQ gets its own pass (recomputing the scores once more) instead of atomic adds from step 2:
 // every gradient element is then summed by one thread in a fixed order -- deterministic.
 // With positions (packed sequences), query i sees keys [i - positions[b, i], i] only. BF16/F16
-// at head dims 64, 128, 256 run on the tensor-core kernels instead
+// at head dims 64, 128, 192, 256 run on the tensor-core kernels instead
 // (cuda_attention_mma_backward.cu), packed rows too; these kernels take the rest.
 #include <cmath>
 
@@ -154,8 +154,8 @@ __global__ void attention_dkdv_kernel(DeviceTensor dqkv, DeviceTensor dout, Devi
 // dqkv (B,T,(NH+2KV)*hd): writes the q head's columns. Grid (query blocks, B*NH).
 template <int kDPerLane>
 __global__ void attention_dq_kernel(DeviceTensor dqkv, DeviceTensor dout, DeviceTensor qkv,
-                                    const float* lse, const float* delta, const int32_t* positions, int64_t T, int64_t NH,
-                                    int64_t KV, int64_t hd, float scale) {
+                                    const float* lse, const float* delta, const int32_t* positions,
+                                    int64_t T, int64_t NH, int64_t KV, int64_t hd, float scale) {
   DSTRAIN_DYNAMIC_SHARED(float, shared);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int owned = (blockDim.x / 32) * kRowsPerWarp;  // query rows of this block
@@ -264,7 +264,7 @@ void attention_backward(const CudaContext& ctx, Tensor dqkv, Tensor dout, Tensor
   check_positions_shape(positions, s.B, s.T, "attention");
   if (s.B == 0 || s.T == 0 || s.hd == 0) return;
   const int32_t* position = positions.empty() ? nullptr : positions.i32();
-  // BF16/F16 with hd 64, 128, 256: the tensor-core kernels (cuda_attention_mma_backward.cu),
+  // BF16/F16 with hd 64, 128, 192, 256: the tensor-core kernels (cuda_attention_mma_backward.cu),
   // with or without positions.
   if (attention::mma_backward_supports(s, dqkv, dout, qkv, out)) {
     return attention::attention_backward_mma(ctx, s, dqkv, dout, qkv, out, lse, position, stream);

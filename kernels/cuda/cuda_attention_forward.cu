@@ -4,8 +4,8 @@
 // (in registers) are rescaled as each tile arrives (online softmax). Saves lse = max + log(sum)
 // per row. With positions (packed sequences), query i sees keys [i - positions[b, i], i]: the
 // tiles before its sequence are skipped, the keys before it in a tile masked. BF16/F16 at head
-// dims 64, 128, 256 run on the tensor-core kernel instead (cuda_attention_mma.cu), packed rows
-// too; this kernel takes the rest (F32, other head dims, unaligned views).
+// dims 64, 128, 192, 256 run on the tensor-core kernel instead (cuda_attention_mma.cu), packed
+// rows too; this kernel takes the rest (F32, other head dims, unaligned views).
 #include <cmath>
 
 #include "kernels/cuda/cuda_attention.cuh"
@@ -124,7 +124,7 @@ void attention_forward(const CudaContext& ctx, Tensor out, Tensor lse, Tensor qk
   check_positions_shape(positions, s.B, s.T, "attention");
   if (s.B == 0 || s.T == 0 || s.hd == 0) return;
   const int32_t* position = positions.empty() ? nullptr : positions.i32();
-  // BF16/F16 with hd 64, 128, 256: the tensor-core kernel (cuda_attention_mma.cu), with or
+  // BF16/F16 with hd 64, 128, 192, 256: the tensor-core kernel (cuda_attention_mma.cu), with or
   // without positions.
   if (attention::mma_forward_supports(s, qkv, out)) {
     attention::attention_forward_mma(s, out, lse, qkv, position, stream);

@@ -53,16 +53,17 @@ using namespace mma;
 
 // Tile sizes per head dim and query rows per warp (kWarpTiles 16-row mma tiles: 16 or 32 rows).
 // Shared memory: (block rows + 2 stages * 2 * kKeys) rows of hd 16-bit elements: 40 KiB (hd 64),
-// 80 KiB (128), 96 KiB (256, with 32-key tiles) at 16 rows per warp; 48 KiB (hd 64) and 64 KiB
-// (128, with 32-key tiles) at 32; packed rows add a sequence start (int) per block row, 256 or
-// 512 B -- at most the 99 KiB a block may opt in to on sm_86/sm_89.
+// 80 KiB (128), 72 KiB (192) and 96 KiB (256; both with 32-key tiles) at 16 rows per warp;
+// 48 KiB (hd 64) and 64 KiB (128, with 32-key tiles) at 32; packed rows add a sequence start
+// (int) per block row, 256 or 512 B -- at most the 99 KiB a block may opt in to on sm_86/sm_89.
 //
 // 32 rows per warp: every K and V fragment that ldmatrix brings from shared memory feeds 4 mma
 // instead of 2 (on an H100 an ldmatrix.x4 takes about as long on the shared-memory pipe as two
 // m16n8k16 on the tensor cores), for twice the accumulator registers: hd 64 and 128 only.
 template <int kHeadDim, int kWarpTiles>
 struct Tiling {
-  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
+                "head dim 64, 128, 192 or 256");
   static_assert(kWarpTiles == 1 || (kWarpTiles == 2 && kHeadDim <= 128), "32 rows: hd <= 128");
   static constexpr int kWarpQueryRows = kWarpRows * kWarpTiles;  // query rows of a warp
   static constexpr int kBlockRows = kWarpQueryRows * kWarps;     // query rows of a block
@@ -385,6 +386,8 @@ void dispatch_head_dim(const QkvShape& s, Tensor out, Tensor lse, Tensor qkv,
     case 128:
       return wide ? launch_forward_mma<Element, 128, 2>(s, out, lse, qkv, positions, stream)
                   : launch_forward_mma<Element, 128, 1>(s, out, lse, qkv, positions, stream);
+    case 192:  // multi-head latent attention's qk head dim (DeepSeek-V2/V3: 128 + 64)
+      return launch_forward_mma<Element, 192, 1>(s, out, lse, qkv, positions, stream);
     default:
       return launch_forward_mma<Element, 256, 1>(s, out, lse, qkv, positions, stream);
   }
@@ -395,7 +398,8 @@ void dispatch_head_dim(const QkvShape& s, Tensor out, Tensor lse, Tensor qkv,
 bool mma_forward_supports(const QkvShape& s, const Tensor& qkv, const Tensor& out) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return (qkv.dtype == DType::BF16 || qkv.dtype == DType::F16) && out.dtype == qkv.dtype &&
-         (s.hd == 64 || s.hd == 128 || s.hd == 256) && aligned(qkv.data) && aligned(out.data) &&
+         (s.hd == 64 || s.hd == 128 || s.hd == 192 || s.hd == 256) && aligned(qkv.data) &&
+         aligned(out.data) &&
          s.T < (int64_t{1} << 30);  // row indices in int
 }
 

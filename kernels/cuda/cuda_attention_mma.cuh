@@ -1,6 +1,7 @@
 // The tensor-core (mma.sync) attention forward (cuda_attention_mma.cu) and backward
 // (cuda_attention_mma_backward.cu), FlashAttention-2 style, for bf16/f16 storage and head dims
-// 64, 128 and 256, causal or over packed sequences (positions). cuda_attention_forward.cu and
+// 64, 128, 192 (multi-head latent attention's 128 + 64: DeepSeek-V2, V2-Lite, V3) and 256,
+// causal or over packed sequences (positions). cuda_attention_forward.cu and
 // cuda_attention_backward.cu route to them whatever they support and keep their fp32 CUDA-core
 // kernels for the rest (F32 storage, other head dims, unaligned views).
 #pragma once
@@ -14,8 +15,8 @@ namespace dstrain::cuda::attention {
 // value per process, set by set_cuda_attention_warp_rows (cuda_backend.h).
 int& attention_warp_rows();
 
-// Whether attention_forward_mma takes this case: qkv and out both BF16 or both F16, hd 64, 128
-// or 256, both base pointers 16-byte aligned (every row then starts on a 16-byte boundary:
+// Whether attention_forward_mma takes this case: qkv and out both BF16 or both F16, hd 64, 128,
+// 192 or 256, both base pointers 16-byte aligned (every row then starts on a 16-byte boundary:
 // cp.async and the 128-bit stores move 8 elements at a time).
 bool mma_forward_supports(const QkvShape& s, const Tensor& qkv, const Tensor& out);
 

@@ -1,5 +1,5 @@
 // Causal self-attention backward on tensor cores, FlashAttention-2 style, for bf16/f16 storage
-// and head dims 64, 128, 256 (the forward: cuda_attention_mma.cu; shared pieces:
+// and head dims 64, 128, 192, 256 (the forward: cuda_attention_mma.cu; shared pieces:
 // cuda_attention_mma_common.cuh). Probabilities are recomputed from q, k and the saved lse; no
 // T x T matrix exists. Two kernels, dQ first:
 //   1. dQ: a block owns 64 query rows of one (b, query head), 16 per warp (128, 32 per warp, at
@@ -10,9 +10,10 @@
 //      (K from ldmatrix .trans); scaled at the end. Key tiles past the block's last query are not
 //      loaded, n-tiles above a warp's rows not computed; the tiles a warp sees whole take a path
 //      without mask or n-tile tests. exp2 is ex2.approx.ftz in both kernels.
-//   2. dK, dV: a block of 4 warps owns kKeys = 64 key rows of one (b, kv head) (32 for hd 256,
-//      where each 16 key rows belong to 2 warps that split the head-dim columns of dK and dV so
-//      that the two (16, 128) fp32 accumulators fit the registers; 128, 32 per warp, at hd 64
+//   2. dK, dV: a block of 4 warps owns kKeys = 64 key rows of one (b, kv head) (32 for hd 192
+//      and 256, where each 16 key rows belong to 2 warps that split the head-dim columns of dK
+//      and dV so that the two (16, 96 or 128) fp32 accumulators fit the registers; 128, 32 per
+//      warp, at hd 64
 //      with set_cuda_attention_warp_rows(32)). It streams the query tiles
 //      that see its keys, of each of the kv head's query heads in ascending order, through two
 //      cp.async stages, and per warp and tile:
@@ -56,19 +57,21 @@ using namespace mma;
 // rows int sequence starts or ends), at most the 99 KiB a block may opt in to on sm_86/sm_89.
 //
 // dK/dV: K, V (kKeys, hd) + 2 stages of Q, dO (kQueries, hd) + 2 stages of lse, delta
-// (kQueries): 49 KiB (hd 64), 48.3 KiB (128), 64.3 KiB (256) -- 16-row query tiles for hd 128
-// and 256 keep the S^T, dP^T fragments small next to the (16, 128) dK and dV accumulators: 229
-// and 247 registers, no spills (32 rows spilled at hd 256). At hd 64 a warp may own 32 key rows
+// (kQueries): 49 KiB (hd 64), 48.3 KiB (128), 48.3 KiB (192), 64.3 KiB (256) -- 16-row query
+// tiles for hd 128 and up keep the S^T, dP^T fragments small next to the (16, 128) dK and dV
+// accumulators (16, 96 at hd 192): 229 and 247 registers at hd 128 and 256, no spills (32 rows
+// spilled at hd 256). At hd 64 a warp may own 32 key rows
 // (kWarpTiles 2, set_cuda_attention_warp_rows): every Q and dO fragment read from shared memory
 // then feeds 4 mma instead of 2, with 32-row query tiles for the registers: 48.3 KiB. Packed
 // rows add the sequence end of each of the block's keys (int): 128 to 512 B.
 template <int kHeadDim, int kWarpTiles>
 struct DkdvTiling {
-  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
+                "head dim 64, 128, 192 or 256");
   static_assert(kWarpTiles == 1 || (kWarpTiles == 2 && kHeadDim == 64), "32 key rows: hd 64");
   static constexpr int kStages = 2;
   // Warps per key rows (each owning kHeadDim / kColumnSplit columns of dK, dV).
-  static constexpr int kColumnSplit = kHeadDim == 256 ? 2 : 1;
+  static constexpr int kColumnSplit = kHeadDim >= 192 ? 2 : 1;
   static constexpr int kWarpColumns = kHeadDim / kColumnSplit;
   static constexpr int kWarpKeys = kWarpRows * kWarpTiles;                // key rows of a warp
   static constexpr int kKeys = kWarps / kColumnSplit * kWarpKeys;         // key rows of a block
@@ -94,20 +97,22 @@ struct DkdvTiling {
   static constexpr int kPackedMinBlocks = 1;
 };
 
-// dQ: Q, dO (64, hd) + 2 stages of K, V (kKeys, hd) + delta (64): 48, 64, 96 KiB + 256 B. Q and
+// dQ: Q, dO (64, hd) + 2 stages of K, V (kKeys, hd) + delta (64): 48, 64 KiB (hd 64, 128), 96 KiB
+// (192 with 32-key tiles, 256 with 16) + 256 B. Q and
 // dO fragments kept in registers (hd 64) or read again for each tile. At hd 64 a warp may own 32
 // query rows (kWarpTiles 2, set_cuda_attention_warp_rows): each K and V fragment then feeds 4
 // mma instead of 2, with 32-key tiles for the registers: 48.5 KiB. Packed rows add the block's
 // rows' sequence starts (int): 256 or 512 B.
 template <int kHeadDim, int kWarpTiles>
 struct DqTiling {
-  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
+                "head dim 64, 128, 192 or 256");
   static_assert(kWarpTiles == 1 || (kWarpTiles == 2 && kHeadDim == 64), "32 query rows: hd 64");
   static constexpr int kStages = 2;
   static constexpr int kChunks = kHeadDim / kChunkElements;      // 16-byte chunks per row
   static constexpr int kWarpQueryRows = kWarpRows * kWarpTiles;  // query rows of a warp
   static constexpr int kBlockRows = kWarpQueryRows * kWarps;     // query rows of a block
-  static constexpr int kKeys = kHeadDim == 64 ? 64 / kWarpTiles : kHeadDim == 128 ? 32 : 16;
+  static constexpr int kKeys = kHeadDim == 64 ? 64 / kWarpTiles : kHeadDim <= 192 ? 32 : 16;
   static constexpr bool kFragmentsInRegisters = kHeadDim == 64;
   static constexpr size_t kSharedBytes =
       static_cast<size_t>(2 * kBlockRows + 2 * kStages * kKeys) * kHeadDim * 2 +
@@ -119,22 +124,26 @@ struct DqTiling {
 // delta = rowsum(dO * O) of a warp's kRows query rows [t0, t0 + kRows) of one head: dO from the
 // block's swizzled tile (the warp's rows from `row0`), O from global memory with 128-bit loads
 // (`out_head` its row 0, rows C elements apart). kChunks lanes per row, 8 products each in order,
-// then a butterfly over the row's lanes: a fixed order. Rows at or past T get 0 (their dO rows
-// are zero-filled) and are not stored. Each row's sum goes to `block_delta[row0 + row]` (shared)
-// and `head_delta[t]` (the (B,NH,T) scratch the dK/dV kernel reads).
+// then a butterfly over the row's lanes: a fixed order. At hd 192 a row takes the whole warp,
+// its 24 chunks on lanes 0-23 and 0 on the others (the butterfly needs a power of two). Rows at
+// or past T get 0 (their dO rows are zero-filled) and are not stored. Each row's sum goes to
+// `block_delta[row0 + row]` (shared) and `head_delta[t]` (the (B,NH,T) scratch the dK/dV kernel
+// reads).
 template <class Element, int kHeadDim, int kRows>
 __device__ __forceinline__ void warp_delta(float* block_delta, float* head_delta,
                                            const Element* do_tile, const Element* out_head,
                                            int64_t C, int row0, int t0, int T, int lane) {
   using Core = TensorCore<Element>;
   constexpr int kChunks = kHeadDim / kChunkElements;
-  constexpr int kRowsPerPass = 32 / kChunks;
-  const int chunk = lane % kChunks;
+  constexpr int kLanesPerRow = kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;  // a power of two
+  constexpr int kRowsPerPass = 32 / kLanesPerRow;
+  static_assert(kChunks <= 32 && kRows % kRowsPerPass == 0, "whole rows per pass");
+  const int chunk = lane % kLanesPerRow;
 #pragma unroll
   for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
-    const int row = pass * kRowsPerPass + lane / kChunks, t = t0 + row;
+    const int row = pass * kRowsPerPass + lane / kLanesPerRow, t = t0 + row;
     float sum = 0.0f;
-    if (t < T) {
+    if (t < T && chunk < kChunks) {
       const uint4 out_bits =
           load_128(reinterpret_cast<const uint4*>(out_head + t * C + chunk * kChunkElements));
       const uint4 dout_bits =
@@ -147,7 +156,7 @@ __device__ __forceinline__ void warp_delta(float* block_delta, float* head_delta
         sum += Core::to_float(dout_values[k]) * Core::to_float(out_values[k]);
     }
 #pragma unroll
-    for (int offset = kChunks / 2; offset > 0; offset /= 2)
+    for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2)
       sum += __shfl_xor_sync(0xffffffffu, sum, offset);
     if (chunk == 0) {
       block_delta[row0 + row] = sum;
@@ -757,6 +766,8 @@ void dispatch_head_dim(const CudaContext& ctx, const QkvShape& s, Tensor dqkv, T
       return launch_backward_mma<Element, 64>(a, stream);
     case 128:
       return launch_backward_mma<Element, 128>(a, stream);
+    case 192:
+      return launch_backward_mma<Element, 192>(a, stream);
     default:
       return launch_backward_mma<Element, 256>(a, stream);
   }

@@ -5,7 +5,8 @@
 //
 // Shared-memory tiles are (rows, hd) of 16-bit elements with the 16-byte chunks of row r stored
 // at chunk ^ (r % 8): the 8 rows an ldmatrix matrix reads (and the cp.async copies of 8 adjacent
-// chunks) then fall in 8 different groups of 4 banks, without padding.
+// chunks) then fall in 8 different groups of 4 banks, without padding. The head dims (64, 128,
+// 192, 256) are whole 128-byte lines of 8 chunks, so the XOR stays inside a row's line.
 #pragma once
 
 #include <cstring>
@@ -88,22 +89,38 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
 // elements apart. A thread copies one chunk column, every kThreads / kChunks rows: a loop of
 // known length, unrolled, from one source address stepped by a fixed stride (the copies of a
 // tile cost a few instructions each, not a loop test and a 64-bit multiply).
+//
+// At hd 192 (24 chunks a row, not a divisor of kThreads) a thread's chunks are every kThreads-th
+// of the tile's, row by row: its column and row step change along the loop (still unrolled).
 template <int kRows, int kHeadDim, class Element>
 __device__ __forceinline__ void load_tile_async(Element* tile, const Element* head, int64_t width,
                                                 int first_row, int T) {
   constexpr int kChunks = kHeadDim / kChunkElements;
-  constexpr int kRowStep = kThreads / kChunks;
-  static_assert(kThreads % kChunks == 0 && kRows % kRowStep == 0, "a whole tile per pass");
-  const int chunk = threadIdx.x % kChunks, row0 = threadIdx.x / kChunks;
-  const Element* column = head + chunk * kChunkElements;
-  const Element* source = column + (first_row + row0) * width;
-  const int64_t stride = kRowStep * width;
+  if constexpr (kThreads % kChunks != 0) {
+    static_assert(kRows * kChunks % kThreads == 0, "a whole tile in kThreads-chunk passes");
 #pragma unroll
-  for (int i = 0; i < kRows / kRowStep; ++i) {
-    const int row = row0 + i * kRowStep;
-    const bool inside = first_row + row < T;
-    cp_async_cg_16_zfill(tile + swizzled<kHeadDim>(row, chunk),
-                         inside ? source + i * stride : column, inside ? 16 : 0);
+    for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
+      const int index = threadIdx.x + i * kThreads;
+      const int row = index / kChunks, chunk = index % kChunks;
+      const bool inside = first_row + row < T;
+      const Element* column = head + chunk * kChunkElements;
+      cp_async_cg_16_zfill(tile + swizzled<kHeadDim>(row, chunk),
+                           inside ? column + (first_row + row) * width : column, inside ? 16 : 0);
+    }
+  } else {
+    constexpr int kRowStep = kThreads / kChunks;
+    static_assert(kRows % kRowStep == 0, "a whole tile per pass");
+    const int chunk = threadIdx.x % kChunks, row0 = threadIdx.x / kChunks;
+    const Element* column = head + chunk * kChunkElements;
+    const Element* source = column + (first_row + row0) * width;
+    const int64_t stride = kRowStep * width;
+#pragma unroll
+    for (int i = 0; i < kRows / kRowStep; ++i) {
+      const int row = row0 + i * kRowStep;
+      const bool inside = first_row + row < T;
+      cp_async_cg_16_zfill(tile + swizzled<kHeadDim>(row, chunk),
+                           inside ? source + i * stride : column, inside ? 16 : 0);
+    }
   }
 }
 

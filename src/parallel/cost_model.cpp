@@ -52,8 +52,11 @@ struct AttentionFractions {
   int64_t head_dim;
   double forward, backward;
 };
+// ASSUMPTION: head dim 192 (latent attention's, added 2026-11-27 without a GPU to time it) runs
+// at the mean of 128's and 256's fractions: its tiles are 256's (32-key forward tiles, the
+// dK/dV column split) with 3/4 of the columns.
 constexpr AttentionFractions kMeasuredAttention[] = {
-    {64, 0.377, 0.384}, {128, 0.395, 0.292}, {256, 0.305, 0.285}};
+    {64, 0.377, 0.384}, {128, 0.395, 0.292}, {192, 0.350, 0.2885}, {256, 0.305, 0.285}};
 
 AttentionFractions attention_fractions(int64_t head_dim) {
   for (const AttentionFractions& f : kMeasuredAttention) {

@@ -14,12 +14,12 @@ namespace {
 // Tensor-core forward (cuda_attention_mma.cu) and dQ pass (cuda_attention_mma_backward.cu): a
 // warp owns 16 query rows and issues its mma pairs over 16 keys, up to the key of its last row.
 constexpr double kMmaWarpRows = 16;
-// Tensor-core dK/dV pass: a warp owns 16 keys and streams whole query tiles (BackwardTiling::
-// kQueries: 64 rows at head dim 64, 16 at 128 and 256) from the tile holding its first key. At
-// head dim 256 two warps share 16 keys, each owning half of dK and dV's columns but computing
-// S^T and dP^T in full: those two products run twice.
+// Tensor-core dK/dV pass: a warp owns 16 keys and streams whole query tiles (DkdvTiling::
+// kQueries: 64 rows at head dim 64, 16 at 128 and up) from the tile holding its first key. At
+// head dims 192 and 256 two warps share 16 keys, each owning half of dK and dV's columns but
+// computing S^T and dP^T in full: those two products run twice.
 double mma_dkdv_query_tile(int64_t hd) { return hd == 64 ? 64 : 16; }
-double mma_dkdv_score_copies(int64_t hd) { return hd == 256 ? 2 : 1; }
+double mma_dkdv_score_copies(int64_t hd) { return hd >= 192 ? 2 : 1; }
 // CUDA-core kernels (cuda_attention.cuh, kStreamRows): one lane per key or query of a streamed
 // 32-row tile, lanes past the diagonal idle.
 constexpr double kCudaCoreTileRows = 32;
@@ -182,8 +182,8 @@ double bias_gradients(const DecoderParts& parts, const Widths& w) {
 AttentionKernels attention_kernels(const ModelConfig& config, DType storage) {
   const int64_t hd = config.attention_head_dim();
   const bool tensor_dtype = storage == DType::BF16 || storage == DType::F16;
-  return tensor_dtype && (hd == 64 || hd == 128 || hd == 256) ? AttentionKernels::TensorCore
-                                                              : AttentionKernels::CudaCore;
+  const bool tensor_dim = hd == 64 || hd == 128 || hd == 192 || hd == 256;
+  return tensor_dtype && tensor_dim ? AttentionKernels::TensorCore : AttentionKernels::CudaCore;
 }
 
 AttentionWork attention_work(const ModelConfig& config, int64_t seq_len, DType storage) {

@@ -11,8 +11,8 @@
 namespace dstrain {
 
 // Which attention kernels run: the tensor-core ones (kernels/cuda/cuda_attention_mma.cu and
-// cuda_attention_mma_backward.cu: mma.sync m16n8k16) for bf16/f16 storage with head dim 64, 128
-// or 256; otherwise cuda_attention_forward.cu / _backward.cu, fp32 arithmetic on CUDA cores.
+// cuda_attention_mma_backward.cu: mma.sync m16n8k16) for bf16/f16 storage with head dim 64, 128,
+// 192 (latent attention's qk dim: DeepSeek-V2/V3) or 256; otherwise cuda_attention_forward.cu / _backward.cu, fp32 arithmetic on CUDA cores.
 enum class AttentionKernels { TensorCore, CudaCore };
 AttentionKernels attention_kernels(const ModelConfig& config, DType storage);
 

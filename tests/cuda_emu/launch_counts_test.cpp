@@ -209,14 +209,14 @@ std::vector<unsigned> grid_x(Op&& op) {
 }
 
 // set_cuda_attention_warp_rows(32) reaches the kernels: the query blocks of the forward (grid.x
-// = ceil(T / block rows)) grow from 64 to 128 rows at hd 64 and 128 and stay 64 at hd 256; those
-// of the backward's dQ kernel (its first launch) and the key blocks of its dK/dV kernel (the
-// second) from 64 to 128 rows at hd 64 only (hd 256: 32-key blocks). At hd 64 both forms give
+// = ceil(T / block rows)) grow from 64 to 128 rows at hd 64 and 128 and stay 64 at hd 192 and
+// 256; those of the backward's dQ kernel (its first launch) and the key blocks of its dK/dV
+// kernel (the second) from 64 to 128 rows at hd 64 only (hd 192 and 256: 32-key blocks). At hd 64 both forms give
 // the same bits (tests/kernels_cuda), so only this tells them apart.
 TEST(EmulatedLaunchCounts, AttentionWarpRowsSetTheBlocks) {
   std::unique_ptr<Backend> backend = make_cuda_backend(0);
   constexpr int64_t kT = 300;  // 5 blocks of 64 rows, 3 of 128, 10 of 32
-  for (int64_t hd : {64, 128, 256}) {
+  for (int64_t hd : {64, 128, 192, 256}) {
     OneHead head(kT, hd);
     for (int rows : {16, 32}) {
       set_cuda_attention_warp_rows(rows);
@@ -230,7 +230,7 @@ TEST(EmulatedLaunchCounts, AttentionWarpRowsSetTheBlocks) {
                                     nullptr);
       });
       const unsigned query_blocks = wide_backward ? 3u : 5u;
-      const unsigned key_blocks = hd == 256 ? 10u : wide_backward ? 3u : 5u;
+      const unsigned key_blocks = hd >= 192 ? 10u : wide_backward ? 3u : 5u;
       EXPECT_EQ(backward, (std::vector<unsigned>{query_blocks, key_blocks}))
           << "hd " << hd << ", " << rows << " rows per warp";
     }

@@ -1,12 +1,12 @@
 // The tensor-core attention backward (kernels/cuda/cuda_attention_mma_backward.cu: BF16/F16
-// storage, head dims 64, 128, 256) against the CPU twin's backward on the same 16-bit inputs and
-// the same forward out and lse (the CUDA forward's): B = 2, NH = 4 with KV = 4, 2, 1 (multi-head
-// and 2 or 4 query heads per kv head), T in {1, 17, 64, 100, 130} (cutting the 64-row query
-// blocks, the 64- or 32-row key blocks and the 64-, 32- and 16-row streamed tiles); dqkv starts
-// as NaN (every element must be written: the op overwrites it), the inputs and the guard regions
-// after every buffer come back untouched, and a second run gives the same bits. Packed
-// sequences (positions) on the same kernels: against the CPU twin within the same bounds (each
-// query's sums run over its own sequence's keys), positions 0..T-1 give the bits of no
+// storage, head dims 64, 128, 192, 256) against the CPU twin's backward on the same 16-bit inputs
+// and the same forward out and lse (the CUDA forward's): B = 2, NH = 4 with KV = 4, 2, 1
+// (multi-head and 2 or 4 query heads per kv head), T in {1, 17, 64, 100, 130} (cutting the
+// 64-row query blocks, the 64- or 32-row key blocks and the 64-, 32- and 16-row streamed tiles);
+// dqkv starts as NaN (every element must be written: the op overwrites it), the inputs and the
+// guard regions after every buffer come back untouched, and a second run gives the same bits.
+// Packed sequences (positions) on the same kernels: against the CPU twin within the same bounds
+// (each query's sums run over its own sequence's keys), positions 0..T-1 give the bits of no
 // positions, and a row cut at a tile boundary gives the bits of its sequences run alone (the
 // tensor-core kernels, not the fp32 ones, run packed rows).
 //
@@ -271,12 +271,18 @@ TEST(CudaAttentionMmaBackward, MatchesCpu_bf16_hd64) {
 TEST(CudaAttentionMmaBackward, MatchesCpu_bf16_hd128) {
   expect_backward_matches_cpu(DType::BF16, 128);
 }
+TEST(CudaAttentionMmaBackward, MatchesCpu_bf16_hd192) {
+  expect_backward_matches_cpu(DType::BF16, 192);
+}
 TEST(CudaAttentionMmaBackward, MatchesCpu_bf16_hd256) {
   expect_backward_matches_cpu(DType::BF16, 256);
 }
 TEST(CudaAttentionMmaBackward, MatchesCpu_f16_hd64) { expect_backward_matches_cpu(DType::F16, 64); }
 TEST(CudaAttentionMmaBackward, MatchesCpu_f16_hd128) {
   expect_backward_matches_cpu(DType::F16, 128);
+}
+TEST(CudaAttentionMmaBackward, MatchesCpu_f16_hd192) {
+  expect_backward_matches_cpu(DType::F16, 192);
 }
 TEST(CudaAttentionMmaBackward, MatchesCpu_f16_hd256) {
   expect_backward_matches_cpu(DType::F16, 256);
@@ -309,7 +315,7 @@ TEST(CudaAttentionMmaBackward, ThirtyTwoRowsPerWarpKeepTheBits) {
 TEST(CudaAttentionMmaBackward, RepeatsBitwise) {
   REQUIRE_CUDA_DEVICE();
   for (DType dtype : {DType::BF16, DType::F16}) {
-    for (int64_t hd : {64, 128, 256}) {
+    for (int64_t hd : {64, 128, 192, 256}) {
       const BackwardCase c{2, 100, 4, 1, hd};
       const Inputs in = make_inputs(dtype, c, static_cast<uint64_t>(11 + hd));
       const HostTensor first = gpu_backward(in, c), second = gpu_backward(in, c);
@@ -351,15 +357,18 @@ TEST(CudaAttentionMmaBackward, PackedMatchesCpu_f16_hd128) {
   expect_packed_backward_matches_cpu(DType::F16, 128);
 }
 
-// hd 256 (32-key blocks whose warps split the columns, 16-row tiles): one ragged case per dtype.
-TEST(CudaAttentionMmaBackward, PackedMatchesCpu_hd256) {
+// hd 192 and 256 (32-key blocks whose warps split the columns, 16-row tiles): one ragged case
+// per dtype.
+TEST(CudaAttentionMmaBackward, PackedMatchesCpu_hd192And256) {
   REQUIRE_CUDA_DEVICE();
-  for (DType dtype : {DType::BF16, DType::F16}) {
-    const BackwardCase c{3, 100, 4, 2, 256};
-    Random rng(77);
-    const HostTensor positions = packed_positions(rng, c.T);
-    const Inputs in = make_inputs(dtype, c, 78, &positions);
-    expect_case_matches_cpu(in, c, "packed_" + case_name(c, dtype), true);
+  for (int64_t hd : {192, 256}) {
+    for (DType dtype : {DType::BF16, DType::F16}) {
+      const BackwardCase c{3, 100, 4, 2, hd};
+      Random rng(77);
+      const HostTensor positions = packed_positions(rng, c.T);
+      const Inputs in = make_inputs(dtype, c, 78, &positions);
+      expect_case_matches_cpu(in, c, "packed_" + case_name(c, dtype), true);
+    }
   }
 }
 
@@ -387,7 +396,7 @@ TEST(CudaAttentionMmaBackward, PackedThirtyTwoRowsPerWarpKeepTheBitsAndRepeat) {
 TEST(CudaAttentionMmaBackward, CountingPositionsKeepTheBitsOfNoPositions) {
   REQUIRE_CUDA_DEVICE();
   for (DType dtype : {DType::BF16, DType::F16}) {
-    for (auto [hd, warp_rows] : {std::pair{64, 16}, {64, 32}, {128, 16}, {256, 16}}) {
+    for (auto [hd, warp_rows] : {std::pair{64, 16}, {64, 32}, {128, 16}, {192, 16}, {256, 16}}) {
       const AttentionWarpRows rows(warp_rows);
       const BackwardCase c{1, 100, 4, 2, hd};
       const HostTensor positions = counting_positions(c.B, c.T);
@@ -405,13 +414,13 @@ TEST(CudaAttentionMmaBackward, CountingPositionsKeepTheBitsOfNoPositions) {
 // with NaN there (qkv, out, lse, dout; a masked use would carry it into dK, dV or dQ through
 // 0 NaN = NaN), the bits stay -- at 32 rows per warp too, where a 128-key block of the dK/dV
 // kernel holds keys of both sequences and its warps skip the other's query tiles. The runs alone
-// are the tensor-core kernels' (16-bit storage, hd 64, 128, 256): so is the packed run; the fp32
-// kernels' bits differ.
+// are the tensor-core kernels' (16-bit storage, hd 64, 128, 192, 256): so is the packed run; the
+// fp32 kernels' bits differ.
 TEST(CudaAttentionMmaBackward, PackedRowCutAtATileHasTheBitsOfEachSequenceAlone) {
   REQUIRE_CUDA_DEVICE();
   constexpr int64_t kFirst = 64, kSecond = 70;
   for (DType dtype : {DType::BF16, DType::F16}) {
-    for (auto [hd, warp_rows] : {std::pair{64, 16}, {64, 32}, {128, 16}, {256, 16}}) {
+    for (auto [hd, warp_rows] : {std::pair{64, 16}, {64, 32}, {128, 16}, {192, 16}, {256, 16}}) {
       const AttentionWarpRows rows(warp_rows);
       const BackwardCase packed{1, kFirst + kSecond, 4, 2, hd};
       HostTensor positions(DType::I32, {1, packed.T});

@@ -1,5 +1,5 @@
 // The tensor-core attention forward (kernels/cuda/cuda_attention_mma.cu: BF16/F16 storage, head
-// dims 64, 128, 256) against the CPU twin on the same 16-bit inputs: odd T that cut the 64-row
+// dims 64, 128, 192, 256) against the CPU twin on the same 16-bit inputs: odd T that cut the 64-row
 // query blocks and the 64- or 32-key tiles, multi-head and grouped-query (2 and 4 query heads
 // per kv head), a peaked softmax whose running max moves from tile to tile; 16 and 32 query rows
 // per warp (set_cuda_attention_warp_rows); the bits repeat;
@@ -110,8 +110,12 @@ TEST(CudaAttentionMma, ForwardMatchesCpu_bf16_hd128) {
 TEST(CudaAttentionMma, ForwardMatchesCpu_bf16_hd256) {
   expect_forward_matches_cpu(DType::BF16, 256);
 }
+TEST(CudaAttentionMma, ForwardMatchesCpu_bf16_hd192) {
+  expect_forward_matches_cpu(DType::BF16, 192);
+}
 TEST(CudaAttentionMma, ForwardMatchesCpu_f16_hd64) { expect_forward_matches_cpu(DType::F16, 64); }
 TEST(CudaAttentionMma, ForwardMatchesCpu_f16_hd128) { expect_forward_matches_cpu(DType::F16, 128); }
+TEST(CudaAttentionMma, ForwardMatchesCpu_f16_hd192) { expect_forward_matches_cpu(DType::F16, 192); }
 TEST(CudaAttentionMma, ForwardMatchesCpu_f16_hd256) { expect_forward_matches_cpu(DType::F16, 256); }
 TEST(CudaAttentionMma, ForwardMatchesCpu_bf16_hd64_32RowsPerWarp) {
   expect_forward_matches_cpu(DType::BF16, 64, 32);
@@ -158,7 +162,7 @@ TEST(CudaAttentionMma, ThirtyTwoRowsPerWarpKeepTheBitsWhereTheTilesAreTheSame) {
 TEST(CudaAttentionMma, PeakedSoftmaxAcrossTilesMatchesCpu) {
   REQUIRE_CUDA_DEVICE();
   for (DType dtype : {DType::BF16, DType::F16}) {
-    for (auto [hd, warp_rows] : {std::pair{64, 16}, {256, 16}, {128, 32}}) {
+    for (auto [hd, warp_rows] : {std::pair{64, 16}, {192, 16}, {256, 16}, {128, 32}}) {
       const AttentionWarpRows rows(warp_rows);
       const MmaCase c{1, 130, 2, 1, hd};
       Random rng(static_cast<uint64_t>(7 + hd));
@@ -211,37 +215,42 @@ TEST(CudaAttentionMma, BackwardTakesTheForwardsOutAndLse) {
   }
 }
 
-// The rounding itself, exactly: query 1 sees key 0 (score 1 after scaling: the row max, p = 1)
-// and key 1 (score -1: p = e^-2, not a 16-bit number). The kernel rounds p to 16 bits for the
-// PV product and divides by the unrounded sum: out = rnd(v0 + rnd(e^-2) v1) / (1 + e^-2)),
-// which v0 = 1/8, v1 = -1 (cancellation) makes several ulps away from the unrounded
-// rnd((v0 + e^-2 v1) / (1 + e^-2)) that the CPU twin and the fp32 kernel give. Also proves that
-// the tensor-core kernel is the one attention_forward runs for 16-bit storage.
+// The rounding itself, exactly: query 1 sees key 0 (q . k0 = 8: the row max, p = 1) and key 1
+// (q . k1 = -8: p = e^(-16 / sqrt(hd)), not a 16-bit number); q is 0.5 on the first 64 columns
+// and 0 on the others. The kernel rounds p to 16 bits for the PV product and divides by the
+// unrounded sum: out = rnd(v0 + rnd(p) v1) / (1 + p)), which v0 near p, v1 = -1 (cancellation)
+// make several ulps away from the unrounded rnd((v0 + p v1) / (1 + p)) that the CPU twin and the
+// fp32 kernel give. Also proves that the tensor-core kernel is the one attention_forward runs for
+// 16-bit storage: at hd 64 and at latent attention's 192.
 TEST(CudaAttentionMma, RoundsPToSixteenBitsBeforeThePvProduct) {
   REQUIRE_CUDA_DEVICE();
-  const MmaCase c{1, 2, 1, 1, 64};
-  for (DType dtype : {DType::BF16, DType::F16}) {
-    HostTensor qkv(dtype, {c.B, c.T, c.W()});  // row t: q (64) | k (64) | v (64)
-    for (int64_t t = 0; t < c.T; ++t) {
-      for (int64_t d = 0; d < c.hd; ++d) {
-        qkv.set(t * c.W() + d, 0.5);                               // q . k0 / 8 = 1
-        qkv.set(t * c.W() + c.hd + d, t == 0 ? 0.25 : -0.25);      // q . k1 / 8 = -1
-        qkv.set(t * c.W() + 2 * c.hd + d, t == 0 ? 0.125 : -1.0);  // v0, v1
+  for (auto [hd, v0] : {std::pair<int64_t, double>{64, 0.125}, {192, 0.3125}}) {
+    const MmaCase c{1, 2, 1, 1, hd};
+    for (DType dtype : {DType::BF16, DType::F16}) {
+      HostTensor qkv(dtype, {c.B, c.T, c.W()});  // row t: q (hd) | k (hd) | v (hd)
+      for (int64_t t = 0; t < c.T; ++t) {
+        for (int64_t d = 0; d < c.hd; ++d) {
+          qkv.set(t * c.W() + d, d < 64 ? 0.5 : 0.0);
+          qkv.set(t * c.W() + c.hd + d, t == 0 ? 0.25 : -0.25);
+          qkv.set(t * c.W() + 2 * c.hd + d, t == 0 ? v0 : -1.0);  // v0, v1
+        }
       }
+      const double score = 8.0 / std::sqrt(static_cast<double>(hd));
+      const double p1 = std::exp(-2.0 * score), sum = 1.0 + p1;
+      const double rounded = round_to(dtype, (v0 - round_to(dtype, p1)) / sum);
+      const double unrounded = round_to(dtype, (v0 - p1) / sum);
+      ASSERT_GT(std::fabs(rounded - unrounded), 4 * unit_roundoff(dtype) * std::fabs(rounded))
+          << "the case must tell the two apart";
+      const Forward gpu = gpu_forward(qkv, c);
+      for (int64_t d = 0; d < c.hd; ++d) {
+        EXPECT_EQ(gpu.out.get(d), v0) << "row 0 sees only v0, column " << d;
+        EXPECT_EQ(gpu.out.get(c.hd + d), rounded)
+            << dtype_name(dtype) << " hd " << hd << " row 1, column " << d
+            << " (unrounded P gives " << unrounded << ")";
+      }
+      EXPECT_NEAR(gpu.lse.get(0), score, 1e-6);
+      EXPECT_NEAR(gpu.lse.get(1), score + std::log(sum), 1e-6);
     }
-    const double p1 = std::exp(-2.0), sum = 1.0 + p1;
-    const double rounded = round_to(dtype, (0.125 - round_to(dtype, p1)) / sum);
-    const double unrounded = round_to(dtype, (0.125 - p1) / sum);
-    ASSERT_GT(std::fabs(rounded - unrounded), 4 * unit_roundoff(dtype) * std::fabs(rounded))
-        << "the case must tell the two apart";
-    const Forward gpu = gpu_forward(qkv, c);
-    for (int64_t d = 0; d < c.hd; ++d) {
-      EXPECT_EQ(gpu.out.get(d), 0.125) << "row 0 sees only v0, column " << d;
-      EXPECT_EQ(gpu.out.get(c.hd + d), rounded) << dtype_name(dtype) << " row 1, column " << d
-                                                << " (unrounded P gives " << unrounded << ")";
-    }
-    EXPECT_NEAR(gpu.lse.get(0), 1.0, 1e-6);
-    EXPECT_NEAR(gpu.lse.get(1), 1.0 + std::log(sum), 1e-6);
   }
 }
 
@@ -249,11 +258,11 @@ TEST(CudaAttentionMma, RoundsPToSixteenBitsBeforeThePvProduct) {
 // sequences longer than any tile, a warp whose rows start in two key tiles, a row of one
 // sequence) against the CPU twin within the bounds above (their derivation holds row by row,
 // whatever keys a row sees): B = 3, T = 70, 100, 200 (none a multiple of the tiles), NH = 4
-// over KV = 2 (grouped-query) and 4; 16 and 32 query rows per warp (hd 256: 16 only).
+// over KV = 2 (grouped-query) and 4; 16 and 32 query rows per warp (hd 192 and 256: 16 only).
 void expect_packed_forward_matches_cpu(DType dtype, int64_t hd) {
   REQUIRE_CUDA_DEVICE();
   for (int warp_rows : {16, 32}) {
-    if (warp_rows == 32 && hd == 256) continue;
+    if (warp_rows == 32 && hd > 128) continue;
     const AttentionWarpRows rows(warp_rows);
     for (int64_t T : {70, 100, 200}) {
       for (int64_t KV : {2, 4}) {
@@ -284,6 +293,10 @@ TEST(CudaAttentionMma, PackedForwardMatchesCpu_f16_hd64) {
 TEST(CudaAttentionMma, PackedForwardMatchesCpu_f16_hd128) {
   expect_packed_forward_matches_cpu(DType::F16, 128);
 }
+TEST(CudaAttentionMma, PackedForwardMatchesCpu_hd192) {
+  expect_packed_forward_matches_cpu(DType::BF16, 192);
+  expect_packed_forward_matches_cpu(DType::F16, 192);
+}
 TEST(CudaAttentionMma, PackedForwardMatchesCpu_hd256) {
   expect_packed_forward_matches_cpu(DType::BF16, 256);
   expect_packed_forward_matches_cpu(DType::F16, 256);
@@ -295,7 +308,7 @@ TEST(CudaAttentionMma, PackedForwardMatchesCpu_hd256) {
 TEST(CudaAttentionMma, CountingPositionsKeepTheBitsOfNoPositions) {
   REQUIRE_CUDA_DEVICE();
   for (DType dtype : {DType::BF16, DType::F16}) {
-    for (int64_t hd : {64, 128, 256}) {
+    for (int64_t hd : {64, 128, 192, 256}) {
       for (int warp_rows : {16, 32}) {
         const AttentionWarpRows rows(warp_rows);
         const MmaCase c{2, 130, 4, 2, hd};
@@ -323,7 +336,7 @@ TEST(CudaAttentionMma, PackedRowCutAtATileHasTheBitsOfEachSequenceAlone) {
   REQUIRE_CUDA_DEVICE();
   constexpr int64_t kFirst = 64, kSecond = 70;
   for (DType dtype : {DType::BF16, DType::F16}) {
-    for (int64_t hd : {64, 128, 256}) {
+    for (int64_t hd : {64, 128, 192, 256}) {
       for (int warp_rows : {16, 32}) {
         const AttentionWarpRows rows(warp_rows);
         const MmaCase packed{1, kFirst + kSecond, 4, 2, hd};

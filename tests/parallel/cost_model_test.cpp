@@ -284,6 +284,19 @@ TEST(KernelWork, HeadDim256RunsTheScoresTwiceInTheDkDvPass) {
   EXPECT_EQ(attention_kernels(odd, DType::BF16), AttentionKernels::CudaCore);
 }
 
+TEST(KernelWork, LatentAttentionsHeadDim192RunsOnTensorCoresAsHeadDim256Does) {
+  // DeepSeek-V2-Lite: 16 heads of qk dim 128 + 64 = 192 (v padded to it). The dK/dV pass splits
+  // the columns over two warps as at 256 (S^T and dP^T twice), with 16-query tiles.
+  const ModelConfig lite = load_model_config("deepseek-v2-lite");
+  ASSERT_EQ(lite.attention_head_dim(), 192);
+  EXPECT_EQ(attention_kernels(lite, DType::BF16), AttentionKernels::TensorCore);
+  EXPECT_EQ(attention_kernels(lite, DType::F32), AttentionKernels::CudaCore);
+  const double T = 1024, pair = 2 * 192 * 16;
+  const AttentionWork w = attention_work(lite, 1024, DType::BF16);
+  EXPECT_DOUBLE_EQ(w.forward, 2 * pair * (T + 16) / 2);
+  EXPECT_DOUBLE_EQ(w.backward, (2 * 2 + 2) * pair * (T + 16) / 2 + 3 * pair * (T + 16) / 2);
+}
+
 TEST(KernelWork, GroupedQueryAttentionCostsItsQueryHeads) {
   // Key/value heads shared by 4 query heads: the same pairs per query head as full multi-head.
   ModelConfig gqa = small_llama();
