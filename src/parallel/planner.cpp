@@ -38,6 +38,9 @@ constexpr int kMaxFasterNonFitting = 3;
 // resolve (its efficiency curve and bandwidths are estimates): among them the planner takes
 // the one with the fewest moving parts (simplicity() below).
 constexpr double kTieMargin = 0.02;
+// The expert capacity factor a dropless mixture-of-experts model that fits no plan is offered
+// (GShard's and Switch Transformer's 1.25): the planner never drops tokens unasked.
+constexpr double kHintCapacityFactor = 1.25;
 
 uint64_t usable(uint64_t total, double fraction, uint64_t reserve) {
   const double left = static_cast<double>(total) * (1.0 - fraction) - static_cast<double>(reserve);
@@ -350,10 +353,11 @@ std::string nodes_needed(const ModelConfig& config, const PlanResult& r, int gpu
          format_bytes(static_cast<uint64_t>(per_node)) + " of GPU and host memory usable each)";
 }
 
-// The one sentence for a request no plan satisfies (`gpus` over `nodes` nodes).
+// The one sentence for a request no plan satisfies (`gpus` over `nodes` nodes), `hint` (the
+// flags with which one would fit, or "") at its end.
 [[noreturn]] void explain_no_fit(const ModelConfig& config, const PlanRequest& request,
                                  const std::vector<PlanCandidate>& all, const PlanResult& r,
-                                 int gpus, int nodes) {
+                                 int gpus, int nodes, const std::string& hint) {
   DSTRAIN_CHECK(!all.empty());
   const PlanCandidate* least_device = &all[0];
   const PlanCandidate* least_host = nullptr;  // among those that fit the GPUs
@@ -372,7 +376,8 @@ std::string nodes_needed(const ModelConfig& config, const PlanResult& r, int gpu
     DSTRAIN_USER_ERROR() << config.name << " fits " << gpus << " x " << r.machine
                          << " only with state offloaded to host memory, and even the "
                          << "plan that needs the least (" << features(least_host->plan) << ") "
-                         << does_not_fit(*least_host, r) << bf16_states_hint(config, *least_host, r);
+                         << does_not_fit(*least_host, r) << bf16_states_hint(config, *least_host, r)
+                         << (hint.empty() ? "" : "; " + hint);
   }
   DSTRAIN_USER_ERROR() << config.name << " needs at least "
                        << format_bytes(least_device->memory.device_total())
@@ -391,7 +396,8 @@ std::string nodes_needed(const ModelConfig& config, const PlanResult& r, int gpu
                                      ")"
                                : std::string())
                        << nodes_needed(config, r, gpus / nodes, nodes)
-                       << ": use more or larger GPUs, or a smaller model";
+                       << ": use more or larger GPUs, or a smaller model"
+                       << (hint.empty() ? "" : "; " + hint);
 }
 
 // The fixed parts of a request, checked against the rules with the rule as the message.
@@ -569,6 +575,32 @@ void add_shape_candidates(const MemoryModel& memory, const NodeTopology& topolog
 }
 
 
+// A dropless mixture-of-experts model that fits no plan: the flags with which one would fit -- an
+// expert capacity (the receive buffers then hold a bounded share of the tokens, not every
+// token's k copies), and bf16 Adam moments if host memory is still short -- and that plan; ""
+// when neither helps or the request already caps the experts.
+std::string capacity_factor_hint(const ModelConfig& config, const NodeTopology& whole,
+                                 const PlanRequest& request, const ClusterShape& cluster) {
+  if (!config.moe.enabled() || request.moe_capacity_factor > 0) return "";
+  for (bool bf16_states : {false, true}) {
+    if (bf16_states && (request.bf16_optimizer_states || request.offload == false)) continue;
+    PlanRequest capped = request;
+    capped.moe_capacity_factor = kHintCapacityFactor;
+    capped.bf16_optimizer_states = request.bf16_optimizer_states || bf16_states;
+    try {
+      const PlanResult fits = choose_plan(config, whole, capped, cluster);
+      std::ostringstream text;
+      text << "it fits with --moe-expert-capacity-factor " << kHintCapacityFactor
+           << (bf16_states ? " --bf16-optimizer-states" : "") << " (each expert takes at most "
+           << kHintCapacityFactor << " times its even share of a micro-batch's tokens and drops "
+           << "the rest): " << features(fits.best.plan);
+      return text.str();
+    } catch (const UserError&) {
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 PlanResult choose_plan(const ModelConfig& config, const NodeTopology& whole,
@@ -664,7 +696,10 @@ PlanResult choose_plan(const ModelConfig& config, const NodeTopology& whole,
   for (const PlanCandidate& c : all) {
     if (c.fits() && (!fastest || faster(c, *fastest))) fastest = &c;
   }
-  if (!fastest) explain_no_fit(config, request, all, result, world, cluster.nnodes);
+  if (!fastest) {
+    explain_no_fit(config, request, all, result, world, cluster.nnodes,
+                   capacity_factor_hint(config, whole, request, cluster));
+  }
   const PlanCandidate* best = fastest;
   for (const PlanCandidate& c : all) {
     if (c.fits() && c.seconds_per_token() <= fastest->seconds_per_token() * (1 + kTieMargin) &&

@@ -176,6 +176,22 @@ TEST(PlanCli, DeepSeekV2LiteFitsEightRtx4090sAndV3SaysWhatItNeeds) {
   expect_user_error(rtx4090_x8({"--model", "deepseek-v3"}), "need at least 28 such nodes of 8 GPUs");
 }
 
+// Dropless, V3 fits no plan of 32 such nodes (every expert's receive buffer holds the worst
+// case); the sentence names the flags with which one fits, and with them the planner plans.
+// The planner never drops tokens unasked.
+TEST(PlanCli, DroplessMoeThatFitsNoPlanNamesTheCapacityFactorThatFits) {
+  const std::vector<std::string> v3 = {"--model", "deepseek-v3", "--nnodes", "32"};
+  const std::string flags = "--moe-expert-capacity-factor 1.25 --bf16-optimizer-states";
+  expect_user_error(rtx4090_x8(v3), "it fits with " + flags + " (each expert takes at most 1.25");
+  std::vector<std::string> capped = v3;
+  for (const char* flag : {"--moe-expert-capacity-factor", "1.25", "--bf16-optimizer-states"}) {
+    capped.push_back(flag);
+  }
+  const CliResult r = run(rtx4090_x8(capped));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("plan: dp "), std::string::npos) << r.out;
+}
+
 // 8 x H100 on NVSwitch with 4 RDMA NICs (NIC0..NIC3: mlx5_0, mlx5_3, mlx5_4, mlx5_5).
 std::vector<std::string> h100_nodes(std::vector<std::string> more) {
   std::vector<std::string> args = {"plan", "--from-nvidia-smi",
