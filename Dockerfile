@@ -33,6 +33,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends \
         cmake ninja-build g++ pkg-config libboost-program-options-dev libboost-context-dev \
         nlohmann-json3-dev libopenblas-dev libgtest-dev libpcre2-dev libutf8proc-dev libgloo-dev \
+        zlib1g-dev \
     && if [ "${DSTRAIN_CUDA}" = ON ] && ! dpkg-query -W -f='${Status}\n' libnccl-dev 2>/dev/null \
             | grep -q "ok installed"; then \
         nccl_version="$(dpkg-query -W -f='${Version}' libnccl2 2>/dev/null || true)"; \

@@ -144,12 +144,12 @@ COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export PYTHONUNBUFFERED=1
 # Debian 12 names of what CMakeLists.txt finds (scripts/install-deps.sh installs the same with
 # apt): Boost.Program_options, nlohmann-json, OpenBLAS (pthreads), GoogleTest, pkg-config,
-# PCRE2 and utf8proc (the tokenizers').
+# PCRE2 and utf8proc (the tokenizers'), zlib (checkpoint checksums).
 deb_packages=(libboost1.74-dev libboost-program-options1.74-dev libboost-program-options1.74.0
               nlohmann-json3-dev libopenblas-pthread-dev libopenblas0-pthread libgfortran5
               libquadmath0 libgtest-dev pkgconf pkgconf-bin libpkgconf3
               libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3
-              libutf8proc-dev libutf8proc2)
+              libutf8proc-dev libutf8proc2 zlib1g-dev zlib1g)
 
 if ((fetch_deps)); then
   mkdir -p "$DEPS" || exit 1

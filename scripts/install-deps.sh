@@ -5,7 +5,7 @@ set -euo pipefail
 # Arguments: other packages to install the same way instead (scripts/check-dockerfile-podman.sh).
 packages=(cmake ninja-build g++ pkg-config libboost-program-options-dev libboost-context-dev
           nlohmann-json3-dev libopenblas-dev libgtest-dev libpcre2-dev libutf8proc-dev
-          libgloo-dev ccache)
+          libgloo-dev zlib1g-dev ccache)
 if (($#)); then packages=("$@"); fi
 missing=()
 for package in "${packages[@]}"; do

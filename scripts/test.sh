@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Builds dstrain and runs the whole test suite; with the CUDA toolkit (no GPU needed), runs it
 # a second time on the CUDA emulator, where the trainer's CUDA code path is taken.
+#
+# scripts/test.sh --sanitize: instead, ThreadSanitizer over the code that races and
+# AddressSanitizer + UBSan over the whole CPU suite (scripts/sanitize.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--sanitize" ]; then
+  exec scripts/sanitize.sh
+fi
 scripts/build.sh
 scripts/install-test-references.sh  # torch + transformers, hadolint, chromium: their checks skip without them
 ctest --test-dir build --output-on-failure -j"$(nproc)"
@@ -21,6 +27,11 @@ if [ -x build/tests_kernels_cuda_emu ]; then
   cmake --build build-emulator -j"$(nproc)"
   ctest --test-dir build-emulator --output-on-failure -j"$(nproc)"
 fi
+
+# ThreadSanitizer over the communicators and the pipeline's rank threads (build-tsan/; the
+# fuller run with AddressSanitizer + UBSan over everything: scripts/test.sh --sanitize).
+echo "== ThreadSanitizer: the communicators and the pipeline (scripts/sanitize.sh --ci)"
+scripts/sanitize.sh --ci
 
 # With clang and its libFuzzer runtime: every parser's and wire format's fuzz target for a short
 # budget (scripts/fuzz.sh: build-fuzz/ under AddressSanitizer + UBSan; a finding fails). The

@@ -229,8 +229,10 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
     if (command == "plan") return run_plan_command(args, out);
     if (command == "bench") return run_bench_command(args, out);
     if (command == "report") return run_report_command(args, out);
+    if (command == "verify") return run_verify_command(args, out);
     DSTRAIN_USER_ERROR() << "unknown command '" << command
-                         << "' (commands: train, prepare, topo, plan, bench, report; see dstrain --help)";
+                         << "' (commands: train, prepare, topo, plan, bench, report, verify; see "
+                            "dstrain --help)";
   } catch (const UserError& error) {
     out.flush();
     err << "dstrain: error: " << error.what() << "\n";

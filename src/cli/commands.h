@@ -32,6 +32,10 @@ int run_bench_command(const std::vector<std::string>& args, std::ostream& out);
 // self-contained HTML page plotting the training logs (cli/report.h), written atomically.
 int run_report_command(const std::vector<std::string>& args, std::ostream& out);
 
+// `dstrain verify DIR`: a checkpoint (or a run directory's newest) read back against its
+// checksums.json; throws UserError naming the damaged file.
+int run_verify_command(const std::vector<std::string>& args, std::ostream& out);
+
 // --topology, --from-nvidia-smi, --gpu, --host-memory.
 boost::program_options::options_description machine_flags(MachineSource& source);
 // --inter-node-bandwidth RATE (topology/cluster.h: kInterNodeBandwidthFlag), into

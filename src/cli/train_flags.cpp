@@ -295,6 +295,7 @@ void print_usage(std::ostream& out, const po::options_description& flags) {
       << "  dstrain plan --model M [--gpus N] [...]   choose a parallel plan (dstrain plan --help)\n"
       << "  dstrain bench comm [--gpus N] [--sizes 1K:256M] [...]   time the collectives (dstrain bench comm --help)\n"
       << "  dstrain report RUN.jsonl [MORE.jsonl ...] [--out report.html]   plot training logs (--log) as one HTML page\n"
+      << "  dstrain verify DIR                      read a checkpoint back against its checksums\n"
       << "  dstrain --help | --version\n\n"
       << "With no flags, dstrain trains the tiny model on its built-in synthetic corpus.\n"
       << flags << "\n";

@@ -91,16 +91,21 @@ void CheckpointWriter::write_part(const Part& part) const {
 
 std::string CheckpointWriter::finish(const nlohmann::json& trainer_state) {
   DSTRAIN_CHECK(staging_) << "finish() on a joined checkpoint writer";
+  WrittenRanges written;  // this writer's files, beside what write_part's ranks recorded
+  const auto write = [&](const std::string& name, const std::string& bytes) {
+    write_file_atomic(staging_->path() / name, bytes);
+    written.add_whole(name, bytes);
+  };
   nlohmann::json config = config_.to_json();
   config["torch_dtype"] = torch_dtype_name(format_.weights_dtype);
-  write_file_atomic(staging_->path() / "config.json", config.dump(2) + "\n");
-  for (const auto& [source, name] : format_.extra_files) {
-    write_file_atomic(staging_->path() / name, read_file(source));
-  }
+  write("config.json", config.dump(2) + "\n");
+  for (const auto& [source, name] : format_.extra_files) write(name, read_file(source));
   nlohmann::json trainer = trainer_state;
   trainer["step"] = step_;
   trainer["complete"] = true;
-  write_file_atomic(staging_->path() / "trainer.json", trainer.dump(2) + "\n");
+  write("trainer.json", trainer.dump(2) + "\n");
+  written.record(staging_->path());
+  write_checksums(staging_->path());
   staging_->commit();
   // A link, so that from_pretrained(OUT/latest), ls and cp follow it.
   replace_symlink_atomic(fs::path(out_dir_) / "latest", step_dir_name(step_));

@@ -4,7 +4,8 @@
 // the tokenizer files and generation_config.json the run was given, optimizer.safetensors
 // (Adam moments, "<name>.exp_avg" and "<name>.exp_avg_sq", and with 16-bit weights the fp32
 // master weights "<name>.master", which a resume continues from) and trainer.json (step, seed,
-// data position, hyper-parameters).
+// data position, hyper-parameters), and checksums.json (every file's size and CRC-32, from the
+// bytes as they were written: train/checksums.h).
 // Each directory appears whole or not at all (filled under a temp name, fsynced, renamed);
 // OUT/latest, a symbolic link to the newest one, is replaced atomically after it (runs of
 // earlier versions wrote it as a text file naming the step; resume reads both).

@@ -590,6 +590,26 @@ double RankTrainer::evaluate() {
   return sum_over_ranks(world_, mean * mean_to_trained(trained, batches)) / plan_.dp;
 }
 
+// --keep-last N, after checkpoint `written`: the older ones go only once it reads back whole
+// (its checksums); the line to print.
+std::string RankTrainer::keep_last_after_save(const std::string& written) const {
+  std::string saved = "saved checkpoint " + written;
+  if (options_.keep_last == 0) return saved;
+  const Verification v = verify_checkpoint(written);
+  if (!v.damage.empty()) {
+    return saved + ", but it reads back damaged (" + v.damage + "): --keep-last " +
+           std::to_string(options_.keep_last) + " removed no older checkpoint";
+  }
+  const std::vector<int64_t> removed = keep_last_checkpoints(options_.out, options_.keep_last,
+                                                             written);
+  saved += " (verified";
+  if (!removed.empty()) {
+    saved += "; --keep-last " + std::to_string(options_.keep_last) + ": removed " +
+             count_of(static_cast<long long>(removed.size()), "older checkpoint");
+  }
+  return saved + ")";
+}
+
 void RankTrainer::save_checkpoint(int64_t step) {
   // Each rank writes its own part of the same files, in parallel: its shard of the blocks its
   // stage holds (the last stage's copy of the tied embedding is the first stage's, not written).
@@ -629,14 +649,7 @@ void RankTrainer::save_checkpoint(int64_t step) {
                                  {"options", resumable_options(options_)}};
     ctx_.summary->checkpoint = (*ctx_.checkpoint)->finish(trainer);
     ctx_.checkpoint->reset();
-    std::string saved = "saved checkpoint " + ctx_.summary->checkpoint;
-    const std::vector<int64_t> removed =
-        keep_last_checkpoints(options_.out, options_.keep_last, ctx_.summary->checkpoint);
-    if (!removed.empty()) {
-      saved += " (--keep-last " + std::to_string(options_.keep_last) + ": removed " +
-               count_of(static_cast<long long>(removed.size()), "older checkpoint") + ")";
-    }
-    ctx_.progress->message(saved);
+    ctx_.progress->message(keep_last_after_save(ctx_.summary->checkpoint));
   }
   world_.barrier();  // nobody runs ahead of a checkpoint that failed on rank 0
 }
@@ -671,8 +684,13 @@ void RankTrainer::run() {
   if (leader) announce(memory, device, host);
   TrainSummary& summary = *ctx_.summary;
   double train_seconds = 0.0;
+  // This process's first rank writes the step count and the stopping signal into the summary
+  // its process returns (each node's process has its own).
+  const bool summary_writer = rank_ == ctx_.devices.first_rank;
+  steps_reached_ = ctx_.first_step;
   for (int64_t step = ctx_.first_step; step < options_.steps; ++step) {
-    summary.steps = step + 1;
+    steps_reached_ = step + 1;
+    if (summary_writer) summary.steps = steps_reached_;
     const StepOutcome outcome = train_step(step);
     train_seconds += outcome.seconds;
     add_split(run_split_, outcome.time);
@@ -702,7 +720,8 @@ void RankTrainer::run() {
       save_checkpoint(step);
     }
     if (interrupted) {
-      summary.interrupted_by = signal;  // this process's, or another node's
+      interrupted_by_ = signal;  // this process's, or another node's
+      if (summary_writer) summary.interrupted_by = signal;
       break;
     }
   }
@@ -732,7 +751,7 @@ void RankTrainer::print_stage_summary(nlohmann::json& summary_record) {
   const std::vector<double> all = gather_doubles(
       world_, {run_times_.compute_seconds, run_times_.wait_seconds, peak_total});
   if (rank_ != 0 || plan_.pp == 1) return;
-  const int64_t steps = std::max<int64_t>(1, ctx_.summary->steps - ctx_.first_step);
+  const int64_t steps = std::max<int64_t>(1, steps_reached_ - ctx_.first_step);
   std::ostringstream text;
   text << "  pipeline stages (" << pipeline_schedule_name(plan_.pp_schedule) << ", " << accum_
        << (accum_ == 1 ? " micro-batch" : " micro-batches")

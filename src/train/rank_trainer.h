@@ -89,6 +89,7 @@ class RankTrainer {
   double mean_to_trained(double trained, int64_t rounds) const;
   double step_positions(std::optional<DataLoader>& loader, int64_t rounds) const;
   void save_checkpoint(int64_t step);
+  std::string keep_last_after_save(const std::string& written) const;  // the line it prints
   // The end.
   void finish(double train_seconds);
   void print_stage_summary(nlohmann::json& summary_record);
@@ -148,6 +149,11 @@ class RankTrainer {
   std::optional<ReplicaChecker> replicas_;  // --check-replicas
   int64_t step_ = 0;         // the step in progress (0-based)
   double positions_run_ = 0;  // the token positions of the steps reported (tokens/s)
+  // This rank's: the step count reached, and the signal that stopped the run (0: none). The
+  // process's TrainSummary (ctx_.summary), which its ranks (threads) share, takes them from its
+  // first rank only, the rest of it from rank 0.
+  int64_t steps_reached_ = 0;
+  int interrupted_by_ = 0;
   bool training_ = false;    // in a training step's pipeline (not evaluating)
 };
 

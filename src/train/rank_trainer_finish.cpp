@@ -99,23 +99,22 @@ void RankTrainer::sample(const HostBlocks& gathered, std::ostream& text) const {
 }
 
 void RankTrainer::finish(double train_seconds) {
-  TrainSummary& summary = *ctx_.summary;
+  TrainSummary& summary = *ctx_.summary;  // shared by the process's ranks (rank_trainer.h)
   const bool leader = rank_ == 0;
-  const int64_t steps_run = summary.steps - ctx_.first_step;
-  if (leader) {
-    summary.tokens_per_second = train_seconds > 0 ? positions_run_ / train_seconds : 0.0;
-  }
+  const int64_t steps_run = steps_reached_ - ctx_.first_step;
+  const double tokens_per_second = train_seconds > 0 ? positions_run_ / train_seconds : 0.0;
+  if (leader) summary.tokens_per_second = tokens_per_second;
   if (options_.test.verify_tied_embedding) verify_tied_embedding();
   nlohmann::json summary_record{{"type", "summary"},
-                                {"steps", summary.steps},
-                                {"interrupted", summary.interrupted_by != 0},
-                                {"tokens_per_s", summary.tokens_per_second},
+                                {"steps", steps_reached_},
+                                {"interrupted", interrupted_by_ != 0},
+                                {"tokens_per_s", tokens_per_second},
                                 {"train_seconds", train_seconds}};
   print_stage_summary(summary_record);
   const TimeSplit per_step =
       scaled(run_split_, 1.0 / static_cast<double>(std::max<int64_t>(1, steps_run)));
   summary_record["time_per_step"] = time_record(per_step);
-  const bool want_sample = options_.sample_tokens > 0 && summary.interrupted_by == 0;
+  const bool want_sample = options_.sample_tokens > 0 && interrupted_by_ == 0;
   std::optional<HostBlocks> gathered;
   if (want_sample) {
     // Rank 0 holds the whole model; the others one block at a time.

@@ -53,6 +53,26 @@ std::string entry_list(const std::vector<std::string>& names) {
 
 }  // namespace
 
+std::vector<std::string> remove_stale_staging(const fs::path& out, std::ostream& out_stream) {
+  std::vector<std::string> removed;
+  std::error_code error;
+  if (!fs::is_directory(out, error)) return removed;
+  for (const fs::directory_entry& entry : fs::directory_iterator(out, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with(".tmp-step-")) removed.push_back(name);
+  }
+  std::sort(removed.begin(), removed.end());
+  for (const std::string& name : removed) {
+    fs::remove_all(out / name, error);
+    DSTRAIN_USER_CHECK(!error) << "cannot remove " << (out / name).string()
+                               << ", the half-written checkpoint of an earlier run: "
+                               << error.message();
+    out_stream << "dstrain: removed " << (out / name).string()
+               << ", a checkpoint that a run stopped while saving left half-written\n";
+  }
+  return removed;
+}
+
 std::vector<CheckpointEntry> list_checkpoints(const fs::path& dir) {
   std::vector<CheckpointEntry> found;
   std::error_code error;

@@ -42,6 +42,12 @@ bool same_directory(const std::filesystem::path& a, const std::filesystem::path&
 // offering --resume OUT or --overwrite.
 void claim_out_directory(const std::string& out, bool overwrite, std::ostream& out_stream);
 
+// A resumed run continuing in `out`, before it writes anything: removes the staging
+// directories (.tmp-step-...) that a run killed while saving left there, said on `out_stream`.
+// Nothing else writes into `out` then (one run per directory). Returns the names removed.
+std::vector<std::string> remove_stale_staging(const std::filesystem::path& out,
+                                              std::ostream& out_stream);
+
 // A log that exists is continued by a resumed run (`appending`), replaced with `overwrite`,
 // and otherwise a UserError.
 void check_log_file(const std::string& log, bool appending, bool overwrite);

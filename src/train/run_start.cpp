@@ -9,6 +9,7 @@
 
 #include "core/format.h"
 #include "core/fs.h"
+#include "train/checksums.h"
 #include "train/cluster.h"
 #include "train/plan_run.h"
 #include "train/run_directory.h"
@@ -32,6 +33,27 @@ std::filesystem::path init_directory(const std::string& init_from) {
   return std::filesystem::is_directory(path, error) ? path : path.parent_path();
 }
 
+// A resumed checkpoint is read back against its checksums before it loads (one written before
+// dstrain recorded them loads unchecked). Damaged: one sentence naming the file, and the run's
+// newest whole checkpoint to resume from instead.
+void verify_resumed(const CheckpointInfo& info) {
+  const Verification v = verify_checkpoint(info.dir);
+  if (v.damage.empty()) return;
+  const int64_t step = info.trainer_state["step"].get<int64_t>();
+  const std::vector<CheckpointEntry> earlier = list_checkpoints(run_directory_of(info.dir));
+  std::string whole;
+  for (auto it = earlier.rbegin(); it != earlier.rend() && whole.empty(); ++it) {
+    if (it->step >= step) continue;
+    const Verification older = verify_checkpoint(it->dir);
+    if (older.has_checksums && older.damage.empty()) whole = it->dir.string();
+  }
+  DSTRAIN_USER_ERROR() << "checkpoint " << info.dir << " is damaged: " << v.damage << "; "
+                       << (whole.empty() ? "no earlier checkpoint of the run is whole"
+                                         : "the newest whole one is " + whole +
+                                               ": remove the damaged one and continue with "
+                                               "--resume " + whole);
+}
+
 // --resume DIR|auto: the checkpoint it finds, or none yet (a job's first start: the run begins
 // in that directory, as the same command restarted by a scheduler needs).
 std::optional<CheckpointInfo> find_resumed_checkpoint(TrainOptions& options, std::ostream& out) {
@@ -42,7 +64,9 @@ std::optional<CheckpointInfo> find_resumed_checkpoint(TrainOptions& options, std
       << "--overwrite starts the run over and --resume continues it: give one of them";
   const std::string where = automatic ? options.out : options.resume;
   if (const std::optional<std::filesystem::path> found = find_checkpoint(where)) {
-    return open_checkpoint(found->string());
+    CheckpointInfo info = open_checkpoint(found->string());
+    verify_resumed(info);
+    return info;
   }
   DSTRAIN_USER_CHECK(!std::filesystem::path(where).filename().string().starts_with("step-"))
       << "--resume " << where << ": there is no such checkpoint";
@@ -378,6 +402,7 @@ void claim_outputs(const RunContext& ctx, std::ostream& out) {
   if (!continuing_there) claim_out_directory(options.out, options.overwrite, out);
   check_log_file(options.log, ctx.resume_asked, options.overwrite);
   claim_tensorboard_directory(options.tensorboard, ctx.resume_asked, options.overwrite);
+  if (continuing_there) remove_stale_staging(options.out, out);
   if (!continuing_there || !ctx.resume) return;
   // Resumed from an older checkpoint of the run: its next steps would replace newer ones.
   const int64_t step = ctx.resume->trainer_state["step"].get<int64_t>();

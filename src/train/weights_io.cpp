@@ -315,15 +315,19 @@ std::string shard_index(const ParamLayout& layout, const TensorFileLayout& files
 
 void create_tensor_files(const std::string& dir, const ParamLayout& layout,
                          const TensorFileLayout& files) {
+  WrittenRanges written;
   for (const TensorFileLayout::File& file : files.files) {
     create_tensor_file((std::filesystem::path(dir) / file.name).string(), file);
+    written.add(file.name, 0, file.header);
   }
   if (files.files.size() > 1) {
     const std::string name = files.files[0].name;
     const std::string stem = name.substr(0, name.find('-'));
-    write_file_atomic(std::filesystem::path(dir) / (stem + ".safetensors.index.json"),
-                      shard_index(layout, files));
+    const std::string index = shard_index(layout, files);
+    write_file_atomic(std::filesystem::path(dir) / (stem + ".safetensors.index.json"), index);
+    written.add_whole(stem + ".safetensors.index.json", index);
   }
+  written.record(dir);
 }
 
 TensorFilePart::TensorFilePart(const std::string& dir, const ParamLayout& layout,
@@ -417,6 +421,7 @@ void TensorFilePart::write_bytes(int file, const char* source, size_t bytes, uin
     if (n <= 0) io_error("writing", files_.files[static_cast<size_t>(file)].name + " in " + dir_);
     written += static_cast<size_t>(n);
   }
+  written_.add(files_.files[static_cast<size_t>(file)].name, at, std::string_view(source, bytes));
 }
 
 void TensorFilePart::close() {
@@ -429,6 +434,7 @@ void TensorFilePart::close() {
     errno = saved;
     if (!ok) io_error("syncing", files_.files[f].name + " in " + dir_);
   }
+  written_.record(dir_);
 }
 
 }  // namespace dstrain

@@ -11,6 +11,7 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "model/layout.h"
+#include "train/checksums.h"
 
 namespace dstrain {
 
@@ -101,7 +102,8 @@ TensorFileLayout tensor_file_layout(const ParamLayout& layout, const std::string
                                     const std::map<std::string, std::string>& metadata = {},
                                     uint64_t max_shard_bytes = 0, DType dtype = DType::F32);
 // Creates every file of `layout` in `dir` holding its header and size bytes (the data zero),
-// fsynced; and with several shards, `stem`.safetensors.index.json.
+// fsynced; and with several shards, `stem`.safetensors.index.json. The headers' and the index's
+// CRC-32 are recorded in `dir` (train/checksums.h).
 void create_tensor_files(const std::string& dir, const ParamLayout& layout,
                          const TensorFileLayout& files);
 
@@ -130,7 +132,7 @@ class TensorFilePart {
   // converted to the files' dtype.
   // Several parts (dp shards, tp ranks) write disjoint elements of one file in parallel.
   void write(int suffix, int block, int64_t begin, Tensor values, const TpSlices& source = {});
-  void close();  // fsync and close
+  void close();  // fsync and close; records the CRC-32 of what it wrote (train/checksums.h)
 
  private:
   // `count` values of `dtype` (F32 or BF16) at `data`, converted to the files' dtype.
@@ -141,6 +143,7 @@ class TensorFilePart {
   const ParamLayout& layout_;
   const TensorFileLayout& files_;
   std::vector<int> fds_;  // one per file, -1 once closed
+  WrittenRanges written_;  // recorded in dir_ by close() (train/checksums.h)
 };
 
 }  // namespace dstrain

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include <nlohmann/json.hpp>
+
 #include "tests/common/temp_dir.h"
 
 #include <signal.h>
@@ -14,6 +16,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,6 +67,57 @@ class SignalTest : public ::testing::Test {
   std::string read(const fs::path& path) {
     std::ifstream file(path);
     return std::string(std::istreambuf_iterator<char>(file), {});
+  }
+  // The step-NNNNNN directories of run directory `run` (none when it does not exist).
+  static std::vector<std::string> step_directories(const fs::path& run) {
+    std::vector<std::string> steps;
+    if (!fs::exists(run)) return steps;
+    for (const fs::directory_entry& entry : fs::directory_iterator(run)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("step-", 0) == 0) steps.push_back(name);
+    }
+    std::sort(steps.begin(), steps.end());
+    return steps;
+  }
+  // Every step directory of `run` holds every checkpoint file; `latest`, if there, names one.
+  void expect_whole_checkpoints(const fs::path& run, const std::string& when) {
+    for (const std::string& step : step_directories(run)) {
+      for (const char* file :
+           {"model.safetensors", "optimizer.safetensors", "trainer.json", "config.json"}) {
+        EXPECT_TRUE(fs::exists(run / step / file)) << step << " lacks " << file << " " << when;
+      }
+    }
+    if (fs::is_symlink(run / "latest")) {
+      EXPECT_TRUE(fs::exists(run / "latest" / "trainer.json")) << when;
+    }
+  }
+  // Each step's loss in a JSONL log, from its last record (a killed run's steps run again).
+  std::map<int, std::string> step_losses(const fs::path& log) {
+    std::map<int, std::string> by_step;
+    std::ifstream file(log);
+    for (std::string line; std::getline(file, line);) {
+      const nlohmann::json record = nlohmann::json::parse(line);
+      if (record.contains("loss") && record.contains("step")) {
+        by_step[record["step"].get<int>()] = record["loss"].dump();
+      }
+    }
+    return by_step;
+  }
+  // `run` (logging to run.jsonl) wrote the checkpoints of `reference` (reference.jsonl), steps
+  // 1..steps, to the bit, and logged its losses.
+  void expect_same_checkpoints_and_losses(const fs::path& run, const fs::path& reference,
+                                          int steps) {
+    const std::vector<std::string> written = step_directories(run);
+    ASSERT_EQ(written, step_directories(reference));
+    ASSERT_EQ(written.size(), static_cast<size_t>(steps));
+    for (const std::string& step : written) {
+      for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+        EXPECT_EQ(read(run / step / file), read(reference / step / file)) << step << " " << file;
+      }
+    }
+    const std::map<int, std::string> expected = step_losses(dir_ / "reference.jsonl");
+    EXPECT_EQ(expected.size(), static_cast<size_t>(steps));
+    EXPECT_EQ(step_losses(dir_ / "run.jsonl"), expected);
   }
 };
 
@@ -136,6 +191,63 @@ TEST_F(SignalTest, SecondSignalExitsAtOnceAndKeepsTheLastGoodCheckpoint) {
   const pid_t resumed = start({"--resume", (dir_ / "run").string(), "--steps",
                                std::to_string(steps), "--sample", "0", "--quiet"});
   EXPECT_EQ(wait_exit(resumed), 0) << read(dir_ / "stderr.txt");
+}
+
+// SIGKILL at random moments: during start-up, a step, a checkpoint's writing, between its rename
+// and `latest`. After every kill each step-NNNNNN directory is whole (its files all there: a
+// checkpoint appears by rename or not at all) and `latest` names one; the run resumes from what
+// it left (from scratch with --overwrite before its first checkpoint) and is killed again until
+// it reaches its last step. Every checkpoint it wrote is then the uninterrupted run's to the bit
+// (weights, Adam moments), and so is every step's loss in its log. Rounds from scratch repeat
+// until eight kills have landed (a kill after the run's end does not count).
+TEST_F(SignalTest, KilledAtRandomMomentsEveryResumeIsBitIdentical) {
+  constexpr int kSteps = 6, kKills = 8;
+  const auto args = [&](const std::string& out, const std::string& log) {
+    std::vector<std::string> a = long_run(dir_);
+    a[std::find(a.begin(), a.end(), "--steps") - a.begin() + 1] = std::to_string(kSteps);
+    a[std::find(a.begin(), a.end(), "--out") - a.begin() + 1] = (dir_ / out).string();
+    a[std::find(a.begin(), a.end(), "--log") - a.begin() + 1] = (dir_ / log).string();
+    for (const char* more : {"--save-every", "1", "--quiet"}) a.push_back(more);
+    return a;
+  };
+  const auto started = std::chrono::steady_clock::now();
+  ASSERT_EQ(wait_exit(start(args("reference", "reference.jsonl"))), 0)
+      << read(dir_ / "stderr.txt");
+  const double whole_run =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::mt19937 rng(20261127);
+  std::uniform_real_distribution<double> moment(0.0, whole_run);
+  const fs::path run = dir_ / "run";
+  int kills = 0;
+  for (int round = 0; round < 6 && kills < kKills; ++round) {
+    fs::remove_all(run);
+    for (int attempt = 0;; ++attempt) {
+      ASSERT_LT(attempt, 100) << "the run never reached its end";
+      std::vector<std::string> resume = {"--resume", run.string(), "--steps",
+                                         std::to_string(kSteps), "--quiet"};
+      std::vector<std::string> fresh = args("run", "run.jsonl");
+      fresh.push_back("--overwrite");
+      const std::vector<std::string> steps = step_directories(run);
+      // Killed after its last checkpoint (while it sampled or exited): the run is done.
+      if (!steps.empty() && steps.back() == "step-00000" + std::to_string(kSteps)) break;
+      const pid_t pid = start(steps.empty() ? fresh : resume);
+      if (kills < kKills) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(moment(rng)));
+        ::kill(pid, SIGKILL);
+      }
+      const int code = wait_exit(pid);
+      if (code == 0) break;
+      ASSERT_EQ(code, 128 + SIGKILL) << read(dir_ / "stderr.txt");
+      ++kills;
+      expect_whole_checkpoints(run, "after kill " + std::to_string(kills));
+    }
+    expect_same_checkpoints_and_losses(run, dir_ / "reference", kSteps);
+    // A resume removes what a kill left half-written; the last run wrote its own whole.
+    for (const fs::directory_entry& entry : fs::directory_iterator(run)) {
+      EXPECT_FALSE(entry.path().filename().string().starts_with(".tmp-")) << entry.path();
+    }
+  }
+  EXPECT_GE(kills, kKills);
 }
 
 }  // namespace

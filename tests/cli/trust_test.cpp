@@ -44,9 +44,10 @@ class TrustTest : public ::testing::Test {
  protected:
   fs::path path(const std::string& name) const { return temp_.path() / name; }
   // On CPU ranks (the emulator's build would otherwise take its emulated GPU, a machine of
-  // another plan), unless the command names a device.
+  // another plan), unless the command names a device or is one that trains nothing.
   BinaryResult run(const std::string& args) const {
-    const bool named = args.find("--device") != std::string::npos || args.rfind("plan ", 0) == 0;
+    const bool named = args.find("--device") != std::string::npos || args.rfind("plan ", 0) == 0 ||
+                       args.rfind("verify ", 0) == 0;
     return dstrain::testing::run_binary(DSTRAIN_BINARY, args + (named ? "" : " --device cpu"),
                                         temp_.path());
   }
@@ -174,6 +175,55 @@ TEST_F(TrustTest, KeepLastKeepsTheNewestCheckpoints) {
   run_ok("--resume run --steps 7");
   EXPECT_EQ(step_dirs("run"), (std::vector<std::string>{"step-000006", "step-000007"}));
   expect_user_error("--steps 2 --keep-last 2 " + kTiny, "--keep-last needs --out");
+}
+
+// A run killed while saving (SIGKILL, the OOM killer, a node lost) leaves its staging directory;
+// resuming there removes it, saying so, and the run goes on.
+TEST_F(TrustTest, ResumeRemovesTheHalfWrittenCheckpointOfAKilledRun) {
+  run_ok("--steps 2 --out run " + kTiny);
+  write("run/.tmp-step-000003-999999/model.safetensors", "half written");
+  const BinaryResult resumed = run_ok("--resume run --steps 3");
+  EXPECT_NE(resumed.out.find("removed " + path("run/.tmp-step-000003-999999").string() +
+                             ", a checkpoint that a run stopped while saving left half-written"),
+            std::string::npos)
+      << resumed.out;
+  EXPECT_FALSE(fs::exists(path("run/.tmp-step-000003-999999")));
+  EXPECT_EQ(step_dirs("run"), (std::vector<std::string>{"step-000002", "step-000003"}));
+}
+
+// Every checkpoint records its files' CRC-32 (checksums.json); `dstrain verify` reads one back.
+// A damaged file is named, by verify and by --resume, which also names the newest whole
+// checkpoint; its advice works. --keep-last verifies before it removes.
+TEST_F(TrustTest, CheckpointsAreVerifiedAndADamagedOneIsNamed) {
+  run_ok("--steps 2 --save-every 1 --out run " + kTiny);
+  EXPECT_NE(run_ok("verify run").out.find("step-000002: whole (4 files, "), std::string::npos);
+  EXPECT_NE(run_ok("verify run/step-000001").out.find("whole"), std::string::npos);
+  // Sharded, written by 4 ranks (tp 2 x dp 2, ZeRO-3): every shard's parts combine.
+  run_ok("--steps 1 --gpus 4 --tp 2 --zero 3 --save-shard-size 100KB --out sharded " + kTiny);
+  EXPECT_NE(run_ok("verify sharded").out.find("step-000001: whole ("), std::string::npos);
+  EXPECT_TRUE(fs::exists(path("sharded/step-000001/model.safetensors.index.json")));
+
+  std::string optimizer = read_file(path("run/step-000002/optimizer.safetensors"));
+  optimizer[optimizer.size() / 2] ^= 1;
+  write("run/step-000002/optimizer.safetensors", optimizer);
+  expect_user_error("verify run",
+                    "checkpoint run/step-000002 is damaged: optimizer.safetensors has CRC-32 ");
+  const std::string whole = path("run/step-000001").string();
+  expect_user_error("--resume run --steps 3",
+                    "is damaged: optimizer.safetensors has CRC-32 ");
+  expect_user_error("--resume run --steps 3", "; the newest whole one is " + whole +
+                                                  ": remove the damaged one and continue with "
+                                                  "--resume " + whole);
+  fs::remove_all(path("run/step-000002"));
+  run_ok("--resume " + whole + " --steps 3");  // --save-every 1 remembered: steps 2 and 3 again
+  EXPECT_EQ(step_dirs("run"),
+            (std::vector<std::string>{"step-000001", "step-000002", "step-000003"}));
+  EXPECT_NE(run_ok("verify run").out.find("step-000003: whole"), std::string::npos);
+  const BinaryResult kept = run_ok("--steps 3 --save-every 1 --keep-last 1 --out kept " + kTiny);
+  EXPECT_NE(kept.out.find("(verified; --keep-last 1: removed 1 older checkpoint)"),
+            std::string::npos)
+      << kept.out;
+  expect_user_error("verify nowhere", "nowhere holds no checkpoint");
 }
 
 // ---- 2 and 5. --init-from DIR is that model; complete Hugging Face output ----------------
