@@ -199,7 +199,8 @@ TEST_F(SignalTest, SecondSignalExitsAtOnceAndKeepsTheLastGoodCheckpoint) {
 // it left (from scratch with --overwrite before its first checkpoint) and is killed again until
 // it reaches its last step. Every checkpoint it wrote is then the uninterrupted run's to the bit
 // (weights, Adam moments), and so is every step's loss in its log. Rounds from scratch repeat
-// until eight kills have landed (a kill after the run's end does not count).
+// until eight kills have landed (a kill after the run's end does not count); each kill comes at
+// a moment drawn over roughly what is left of the run.
 TEST_F(SignalTest, KilledAtRandomMomentsEveryResumeIsBitIdentical) {
   constexpr int kSteps = 6, kKills = 8;
   const auto args = [&](const std::string& out, const std::string& log) {
@@ -216,15 +217,17 @@ TEST_F(SignalTest, KilledAtRandomMomentsEveryResumeIsBitIdentical) {
   const double whole_run =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::mt19937 rng(20261127);
-  std::uniform_real_distribution<double> moment(0.0, whole_run);
+  std::uniform_real_distribution<double> fraction(0.0, 1.0);
   const fs::path run = dir_ / "run";
   int kills = 0;
-  for (int round = 0; round < 6 && kills < kKills; ++round) {
+  for (int round = 0; round < 16 && kills < kKills; ++round) {
     fs::remove_all(run);
     for (int attempt = 0;; ++attempt) {
       ASSERT_LT(attempt, 100) << "the run never reached its end";
+      // CPU ranks again (--device is the machine's, not the run's: a build with the emulator
+      // would resume on its GPU, in other bits).
       std::vector<std::string> resume = {"--resume", run.string(), "--steps",
-                                         std::to_string(kSteps), "--quiet"};
+                                         std::to_string(kSteps), "--device", "cpu", "--quiet"};
       std::vector<std::string> fresh = args("run", "run.jsonl");
       fresh.push_back("--overwrite");
       const std::vector<std::string> steps = step_directories(run);
@@ -232,7 +235,10 @@ TEST_F(SignalTest, KilledAtRandomMomentsEveryResumeIsBitIdentical) {
       if (!steps.empty() && steps.back() == "step-00000" + std::to_string(kSteps)) break;
       const pid_t pid = start(steps.empty() ? fresh : resume);
       if (kills < kKills) {
-        std::this_thread::sleep_for(std::chrono::duration<double>(moment(rng)));
+        // Within what is left of the run (its start-up and its steps still to go), roughly.
+        const double left = static_cast<double>(kSteps + 1 - steps.size()) / (kSteps + 1);
+        std::this_thread::sleep_for(std::chrono::duration<double>(fraction(rng) * left *
+                                                                  whole_run));
         ::kill(pid, SIGKILL);
       }
       const int code = wait_exit(pid);
