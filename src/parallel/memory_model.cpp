@@ -139,6 +139,7 @@ const ActivationTable& MemoryModel::activation_table(const Plan& plan, const Sta
                                    plan.uses_sequence_parallel(), plan.ep,
                                    plan.moe_capacity_factor, recompute, range.layers(),
                                    range.first, range.last, first);
+  const std::lock_guard lock(cache_mutex_);
   auto it = activation_tables_.find(key);
   if (it == activation_tables_.end()) {
     const StageRange planned{first, first + range.layers(), range.first, range.last};
@@ -153,6 +154,7 @@ const ActivationTable& MemoryModel::activation_table(const Plan& plan, const Sta
 
 std::vector<int64_t> MemoryModel::split(const Plan& plan) const {
   if (!plan.pp_split.empty()) return pipeline_split(config_, plan);  // checks it
+  const std::lock_guard lock(cache_mutex_);
   auto it = splits_.find({plan.pp, plan.seq_len});
   if (it == splits_.end()) {
     it = splits_.emplace(std::make_pair(plan.pp, plan.seq_len), pipeline_split(config_, plan)).first;
@@ -203,6 +205,7 @@ MemoryModel::~MemoryModel() = default;
 const Architecture& MemoryModel::architecture(const Plan& plan) const {
   const auto key =
       std::make_tuple(plan.tp, plan.uses_sequence_parallel(), plan.ep, plan.moe_capacity_factor);
+  const std::lock_guard lock(cache_mutex_);
   auto it = architectures_.find(key);
   if (it == architectures_.end()) {
     const TensorParallel tp{plan.tp, 0, plan.uses_sequence_parallel(), nullptr};

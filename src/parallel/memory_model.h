@@ -52,6 +52,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -223,8 +224,11 @@ class MemoryModel {
 
   ModelConfig config_;
   ParamLayout layout_;
-  // Caches (not thread-safe): (tp, sequence parallel, ep, capacity) -> the architecture;
-  // (pp, seq_len) -> the balanced split; the stage's shape -> its buffer bytes.
+  // Caches, behind cache_mutex_ (rank threads share a model; an entry, once made, stays where
+  // it is): (tp, sequence parallel, ep, capacity) -> the architecture; (pp, seq_len) -> the
+  // balanced split; the stage's shape -> its buffer bytes. Recursive: activation_table asks
+  // architecture.
+  mutable std::recursive_mutex cache_mutex_;
   mutable std::map<std::tuple<int, bool, int, double>, std::unique_ptr<Architecture>> architectures_;
   mutable std::map<std::pair<int, int64_t>, std::vector<int64_t>> splits_;
   // (micro-batch, seq, dtype, tp, sequence parallel, ep, capacity factor, recompute, layers,

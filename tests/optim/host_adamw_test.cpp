@@ -41,7 +41,8 @@ class Guarded {
   explicit Guarded(const std::vector<T>& values)
       : n_(static_cast<int64_t>(values.size())), storage_(values.size() + 2 * kGuard) {
     std::memset(storage_.data(), 0xA5, storage_.size() * sizeof(T));
-    std::memcpy(data(), values.data(), values.size() * sizeof(T));
+    // (memcpy from an empty vector's null data() is undefined, even for 0 bytes: UBSan)
+    if (!values.empty()) std::memcpy(data(), values.data(), values.size() * sizeof(T));
   }
   T* data() { return storage_.data() + kGuard; }
   bool guards_intact() const {

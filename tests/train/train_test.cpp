@@ -326,9 +326,8 @@ TEST_F(TrainTest, InitFromAcceptsHuggingFaceNamesAndRejectsWrongShapes) {
   }
   std::vector<float> mask(32 * 32, 1.0f);
   writer.add("transformer.h.0.attn.bias", DType::F32, {1, 1, 32, 32}, mask.data());
-  writer.add("lm_head.weight", DType::F32, source.info("wte.weight").shape,
-             source.read_f32("wte.weight").data());
-  keep.push_back(source.read_f32("wte.weight"));
+  keep.push_back(source.read_f32("wte.weight"));  // kept: the writer holds its address
+  writer.add("lm_head.weight", DType::F32, source.info("wte.weight").shape, keep.back().data());
   writer.write(path("hf.safetensors"));
 
   TrainOptions options = quiet_options();
