@@ -6,7 +6,7 @@
 #   ThreadSanitizer (build-tsan/, -DDSTRAIN_SANITIZE=thread): every communicator test
 #   (tests_comm: the local and staged communicators, the TCP store, rendezvous, Gloo in threads
 #   and processes) and the trainer's rank threads (tests_train: pipeline stages, tensor and
-#   expert parallelism, ZeRO with offload, the replica check).
+#   expert parallelism, ZeRO with offload, the replica check), and the memory model's ranks.
 #   AddressSanitizer + UBSan (build-asan/, -DDSTRAIN_SANITIZE=address,undefined): the whole CPU
 #   suite through ctest.
 # --ci: ThreadSanitizer over tests_comm and the pipeline tests only (CI's time budget).
@@ -33,7 +33,7 @@ suppressions="$root/tests/sanitizers/tsan.supp"
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$suppressions"
 echo "== ThreadSanitizer (build-tsan/)"
 configure build-tsan thread
-cmake --build build-tsan -j"$jobs" --target tests_comm tests_train dstrain
+cmake --build build-tsan -j"$jobs" --target tests_comm tests_train tests_parallel dstrain
 build-tsan/tests_comm --gtest_brief=1
 if ((ci)); then
   build-tsan/tests_train --gtest_brief=1 --gtest_filter='PipelineTest.*'
@@ -41,6 +41,9 @@ if ((ci)); then
 fi
 rank_threads='PipelineTest.*:TensorParallelTest.*:EquivalenceBitwise.*:ExpertParallel*'
 build-tsan/tests_train --gtest_brief=1 --gtest_filter="$rank_threads:ReplicaCheckTest.*"
+# The memory model's ranks (threads sharing one MemoryModel, the allocators' bytes per rank).
+build-tsan/tests_parallel --gtest_brief=1 --gtest_filter='MemoryModel.*EveryRank*'
+
 
 echo "== AddressSanitizer + UBSan (build-asan/): the whole CPU suite"
 export ASAN_OPTIONS="halt_on_error=1 detect_leaks=1"
