@@ -4,7 +4,7 @@
 #include "cli/commands.h"
 #include "core/allocator.h"
 #include "core/check.h"
-#include "core/fs.h"
+#include "train/checkpoint.h"
 #include "train/checksums.h"
 #include "train/run_directory.h"
 
@@ -41,11 +41,7 @@ int run_verify_command(const std::vector<std::string>& args, std::ostream& out) 
   fs::path step = *checkpoint;
   if (!fs::exists(step / "checksums.json") && !fs::exists(step / "trainer.json") &&
       fs::exists(step / "latest")) {
-    // A run directory: the checkpoint its `latest` names (a link; earlier runs wrote its name).
-    std::string name = fs::is_symlink(step / "latest") ? fs::read_symlink(step / "latest").string()
-                                                       : read_file(step / "latest");
-    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-    step /= name;
+    step /= latest_name(step / "latest");  // a run directory: the checkpoint `latest` names
   }
   const Verification v = verify_checkpoint(step);
   DSTRAIN_USER_CHECK(v.has_checksums)

@@ -112,6 +112,12 @@ std::string CheckpointWriter::finish(const nlohmann::json& trainer_state) {
   return (fs::path(out_dir_) / step_dir_name(step_)).string();
 }
 
+std::string latest_name(const fs::path& latest) {
+  std::string name = fs::is_symlink(latest) ? fs::read_symlink(latest).string() : read_file(latest);
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  return name;
+}
+
 CheckpointInfo open_checkpoint(const std::string& path) {
   fs::path dir(path);
   DSTRAIN_USER_CHECK(fs::is_directory(dir))
@@ -119,9 +125,7 @@ CheckpointInfo open_checkpoint(const std::string& path) {
       << "its step-NNNNNN checkpoints)";
   const fs::path latest = dir / "latest";
   if (fs::is_symlink(latest) || (fs::exists(latest) && !fs::exists(dir / "trainer.json"))) {
-    // A link to the step directory; runs of earlier versions wrote its name as text.
-    std::string name = fs::is_symlink(latest) ? fs::read_symlink(latest).string() : read_file(latest);
-    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    const std::string name = latest_name(latest);
     DSTRAIN_USER_CHECK(!name.empty() && name.find('/') == std::string::npos &&
                        fs::is_directory(dir / name))
         << (dir / "latest").string() << " names checkpoint '" << name

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -113,5 +114,9 @@ CheckpointInfo open_checkpoint(const std::string& path);
 void load_checkpoint(const CheckpointInfo& info, const FullTrainingState& state);
 
 std::string step_dir_name(int64_t step);  // "step-000100"
+
+// The checkpoint name `latest` (a run directory's OUT/latest) gives: the link's target, or the
+// text runs of earlier versions wrote, trailing spaces and newlines dropped.
+std::string latest_name(const std::filesystem::path& latest);
 
 }  // namespace dstrain
