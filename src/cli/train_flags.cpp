@@ -214,7 +214,12 @@ po::options_description output_flags(TrainOptions& o) {
       ("save-every", po::value(&o.save_every)->default_value(o.save_every)->value_name("N"),
        "also checkpoint every N steps")
       ("keep-last", po::value(&o.keep_last)->default_value(o.keep_last)->value_name("N"),
-       "keep only the newest N checkpoints of --out, deleting older ones after each save (0: all)")
+       "keep only the newest N checkpoints of --out (and of --mirror), deleting older ones after "
+       "each save once the new one reads back whole (0: all)")
+      ("mirror", po::value(&o.mirror)->value_name("DIR"),
+       "write each checkpoint to DIR as well (another disk or a network share): copied from "
+       "--out, read back and verified, DIR/latest moved to it; a mirror that fails is said and "
+       "the run goes on")
       ("save-dtype", po::value(&o.save_dtype)->default_value(o.save_dtype)->value_name("DTYPE"),
        "the checkpoint's model weights: fp32 | bf16 | fp16 | source (the --init-from weights' "
        "dtype; fp32 from scratch); optimizer state and fp32 master weights go to "

@@ -52,7 +52,14 @@ struct Verification {
   size_t files = 0;            // files checked
   uint64_t bytes = 0;          // and their bytes
 };
-// Reads every file checksums.json names and compares its size and CRC-32.
+// Reads every file checksums.json names, as the storage holds it (cached pages dropped first),
+// and compares its size and CRC-32.
 Verification verify_checkpoint(const std::filesystem::path& dir);
+
+// verify_checkpoint(dir), writing each file as it is read into directory `into` (which must
+// exist), and then the files checksums.json does not name (itself). Each file appears there
+// whole or not at all; the copy is complete only when the result has checksums and no damage.
+// A file that cannot be written there is a UserError naming it.
+Verification copy_checkpoint(const std::filesystem::path& dir, const std::filesystem::path& into);
 
 }  // namespace dstrain

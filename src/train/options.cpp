@@ -64,6 +64,8 @@ void validate_options(const TrainOptions& options) {
   DSTRAIN_USER_CHECK(options.keep_last >= 0) << "--keep-last must not be negative (0 keeps all)";
   DSTRAIN_USER_CHECK(options.keep_last == 0 || !options.out.empty())
       << "--keep-last needs --out (the directory checkpoints go to)";
+  DSTRAIN_USER_CHECK(options.mirror.empty() || !options.out.empty() || !options.resume.empty())
+      << "--mirror copies the checkpoints of --out: give --out DIR";
   DSTRAIN_USER_CHECK(options.save_dtype == "source" || options.save_dtype == "fp32" ||
                      options.save_dtype == "bf16" || options.save_dtype == "fp16")
       << "--save-dtype must be fp32, bf16, fp16 or source, not '" << options.save_dtype << "'";
@@ -145,6 +147,7 @@ void for_each_run_setting(TrainOptions& o, Fn&& fn) {
   fn("eval-batches", o.eval_batches);
   fn("save-every", o.save_every);
   fn("keep-last", o.keep_last);
+  fn("mirror", o.mirror);
   fn("save-dtype", o.save_dtype);
   fn("out", o.out);
   fn("log", o.log);

@@ -124,6 +124,7 @@ struct TrainOptions {
   bool overwrite = false;          // --out / --log may hold an earlier run: replace it
   int64_t save_every = 0;          // 0: only the final checkpoint
   int64_t keep_last = 0;           // keep the newest N checkpoints of --out; 0: all
+  std::string mirror;              // each checkpoint copied here as well (train/mirror.h)
   // The dtype of the checkpoint's model weights: fp32 | bf16 | fp16 | source (the dtype of the
   // --init-from weights; fp32 for a model trained from scratch). Optimizer state stays fp32.
   std::string save_dtype = "source";

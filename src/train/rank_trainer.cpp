@@ -15,6 +15,7 @@
 #include "parallel/model_flops.h"
 #include "parallel/pipeline_split.h"
 #include "train/cluster.h"
+#include "train/mirror.h"
 #include "train/run_directory.h"
 #include "train/run_start.h"
 #include "train/sample.h"
@@ -590,24 +591,34 @@ double RankTrainer::evaluate() {
   return sum_over_ranks(world_, mean * mean_to_trained(trained, batches)) / plan_.dp;
 }
 
-// --keep-last N, after checkpoint `written`: the older ones go only once it reads back whole
-// (its checksums); the line to print.
-std::string RankTrainer::keep_last_after_save(const std::string& written) const {
-  std::string saved = "saved checkpoint " + written;
-  if (options_.keep_last == 0) return saved;
-  const Verification v = verify_checkpoint(written);
-  if (!v.damage.empty()) {
-    return saved + ", but it reads back damaged (" + v.damage + "): --keep-last " +
-           std::to_string(options_.keep_last) + " removed no older checkpoint";
+// After checkpoint `written`: --mirror's copy (which reads it back), or with --keep-last its
+// verification; --keep-last's removals in --out only once it reads back whole. The line to print.
+std::string RankTrainer::after_save(const std::string& written) const {
+  std::string line = "saved checkpoint " + written;
+  std::optional<MirrorResult> mirrored;
+  if (!options_.mirror.empty()) {
+    mirrored = mirror_checkpoint(written, options_.mirror, options_.keep_last);
   }
-  const std::vector<int64_t> removed = keep_last_checkpoints(options_.out, options_.keep_last,
-                                                             written);
-  saved += " (verified";
-  if (!removed.empty()) {
-    saved += "; --keep-last " + std::to_string(options_.keep_last) + ": removed " +
-             count_of(static_cast<long long>(removed.size()), "older checkpoint");
+  if (options_.keep_last == 0 && !mirrored) return line;
+  const std::string damage = mirrored && mirrored->source_read ? mirrored->source_damage
+                                                               : verify_checkpoint(written).damage;
+  if (damage.empty()) {
+    line += " (verified";
+    const std::vector<int64_t> removed =
+        keep_last_checkpoints(options_.out, options_.keep_last, written);
+    if (!removed.empty()) {
+      line += "; --keep-last " + std::to_string(options_.keep_last) + ": removed " +
+              count_of(static_cast<long long>(removed.size()), "older checkpoint");
+    }
+    line += ")";
+  } else {
+    line += ", but it reads back damaged (" + damage + ")";
+    if (options_.keep_last > 0) {
+      line += ": --keep-last " + std::to_string(options_.keep_last) + " removed no older checkpoint";
+    }
   }
-  return saved + ")";
+  if (mirrored) line += "; " + describe_mirror(*mirrored);
+  return line;
 }
 
 void RankTrainer::save_checkpoint(int64_t step) {
@@ -649,7 +660,7 @@ void RankTrainer::save_checkpoint(int64_t step) {
                                  {"options", resumable_options(options_)}};
     ctx_.summary->checkpoint = (*ctx_.checkpoint)->finish(trainer);
     ctx_.checkpoint->reset();
-    ctx_.progress->message(keep_last_after_save(ctx_.summary->checkpoint));
+    ctx_.progress->message(after_save(ctx_.summary->checkpoint));
   }
   world_.barrier();  // nobody runs ahead of a checkpoint that failed on rank 0
 }

@@ -89,7 +89,7 @@ class RankTrainer {
   double mean_to_trained(double trained, int64_t rounds) const;
   double step_positions(std::optional<DataLoader>& loader, int64_t rounds) const;
   void save_checkpoint(int64_t step);
-  std::string keep_last_after_save(const std::string& written) const;  // the line it prints
+  std::string after_save(const std::string& written) const;  // the line it prints
   // The end.
   void finish(double train_seconds);
   void print_stage_summary(nlohmann::json& summary_record);

@@ -132,11 +132,12 @@ bool same_directory(const fs::path& a, const fs::path& b) {
   return normal(a) == normal(b);
 }
 
-void claim_out_directory(const std::string& out, bool overwrite, std::ostream& out_stream) {
+void claim_out_directory(const std::string& out, bool overwrite, std::ostream& out_stream,
+                         const std::string& flag) {
   std::error_code error;
   if (out.empty() || !fs::exists(out, error)) return;
   DSTRAIN_USER_CHECK(fs::is_directory(out, error))
-      << "--out " << out << " is a file, not a directory: give a directory for the checkpoints";
+      << flag << " " << out << " is a file, not a directory: give a directory for the checkpoints";
   std::vector<std::string> ours, others;
   for (const fs::directory_entry& entry : fs::directory_iterator(out, error)) {
     (written_by_dstrain(entry.path()) ? ours : others).push_back(entry.path().filename().string());
@@ -151,9 +152,9 @@ void claim_out_directory(const std::string& out, bool overwrite, std::ostream& o
             ? (ours.empty() ? entry_list(others) : "an earlier run (" + entry_list(ours) + ")")
             : "an earlier run (" + count_of(static_cast<long long>(checkpoints.size()), "checkpoint") +
                   ", the newest " + checkpoints.back().dir.filename().string() + ")";
-    DSTRAIN_USER_ERROR() << "--out " << out << " already holds " << held << ": continue that run "
-                         << "with --resume " << out << ", start over there with --overwrite, or "
-                         << "give a new --out";
+    DSTRAIN_USER_ERROR() << flag << " " << out << " already holds " << held
+                         << ": continue that run with --resume " << out
+                         << ", start over there with --overwrite, or give a new " << flag;
   }
   for (const std::string& name : ours) fs::remove_all(fs::path(out) / name, error);
   fsync_directory(out);

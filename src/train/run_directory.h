@@ -39,8 +39,9 @@ bool same_directory(const std::filesystem::path& a, const std::filesystem::path&
 // A new run writing into `out`: it must not exist or be empty. With `overwrite`, what an
 // earlier dstrain run left there (step-NNNNNN, latest, run_config.json, staging directories) is
 // removed, said on `out_stream`; other files stay. Otherwise a non-empty `out` is a UserError
-// offering --resume OUT or --overwrite.
-void claim_out_directory(const std::string& out, bool overwrite, std::ostream& out_stream);
+// offering --resume OUT or --overwrite. `flag`: the flag that named `out` (--out, --mirror).
+void claim_out_directory(const std::string& out, bool overwrite, std::ostream& out_stream,
+                         const std::string& flag = "--out");
 
 // A resumed run continuing in `out`, before it writes anything: removes the staging
 // directories (.tmp-step-...) that a run killed while saving left there, said on `out_stream`.

@@ -35,23 +35,43 @@ std::filesystem::path init_directory(const std::string& init_from) {
 
 // A resumed checkpoint is read back against its checksums before it loads (one written before
 // dstrain recorded them loads unchecked). Damaged: one sentence naming the file, and the run's
-// newest whole checkpoint to resume from instead.
-void verify_resumed(const CheckpointInfo& info) {
+// newest whole checkpoint to resume from instead: in --out, or --mirror's copy (the same step
+// or an older one) to copy back.
+void verify_resumed(const CheckpointInfo& info, const std::string& mirror) {
   const Verification v = verify_checkpoint(info.dir);
   if (v.damage.empty()) return;
   const int64_t step = info.trainer_state["step"].get<int64_t>();
-  const std::vector<CheckpointEntry> earlier = list_checkpoints(run_directory_of(info.dir));
-  std::string whole;
-  for (auto it = earlier.rbegin(); it != earlier.rend() && whole.empty(); ++it) {
-    if (it->step >= step) continue;
-    const Verification older = verify_checkpoint(it->dir);
-    if (older.has_checksums && older.damage.empty()) whole = it->dir.string();
+  std::vector<CheckpointEntry> candidates;
+  for (const CheckpointEntry& entry : list_checkpoints(run_directory_of(info.dir))) {
+    if (entry.step < step) candidates.push_back(entry);
   }
-  DSTRAIN_USER_ERROR() << "checkpoint " << info.dir << " is damaged: " << v.damage << "; "
-                       << (whole.empty() ? "no earlier checkpoint of the run is whole"
-                                         : "the newest whole one is " + whole +
-                                               ": remove the damaged one and continue with "
-                                               "--resume " + whole);
+  if (!mirror.empty()) {
+    for (const CheckpointEntry& entry : list_checkpoints(std::filesystem::absolute(mirror))) {
+      if (entry.step <= step && !same_directory(entry.dir, info.dir)) candidates.push_back(entry);
+    }
+  }
+  // Newest first; of one step, --out's before the mirror's (stable).
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const CheckpointEntry& a, const CheckpointEntry& b) { return a.step > b.step; });
+  const std::filesystem::path run = run_directory_of(info.dir);
+  for (const CheckpointEntry& entry : candidates) {
+    const Verification older = verify_checkpoint(entry.dir);
+    if (!older.has_checksums || !older.damage.empty()) continue;
+    if (same_directory(run_directory_of(entry.dir), run)) {
+      DSTRAIN_USER_ERROR() << "checkpoint " << info.dir << " is damaged: " << v.damage
+                           << "; the newest whole one is " << entry.dir.string()
+                           << ": remove the damaged one and continue with --resume "
+                           << entry.dir.string();
+    }
+    const std::filesystem::path back = run / entry.dir.filename();
+    DSTRAIN_USER_ERROR() << "checkpoint " << info.dir << " is damaged: " << v.damage
+                         << "; the newest whole one is --mirror's copy " << entry.dir.string()
+                         << ": remove the damaged one, copy that back (cp -r "
+                         << entry.dir.string() << " " << run.string()
+                         << "/) and continue with --resume " << back.string();
+  }
+  DSTRAIN_USER_ERROR() << "checkpoint " << info.dir << " is damaged: " << v.damage
+                       << "; no earlier checkpoint of the run is whole";
 }
 
 // --resume DIR|auto: the checkpoint it finds, or none yet (a job's first start: the run begins
@@ -65,7 +85,7 @@ std::optional<CheckpointInfo> find_resumed_checkpoint(TrainOptions& options, std
   const std::string where = automatic ? options.out : options.resume;
   if (const std::optional<std::filesystem::path> found = find_checkpoint(where)) {
     CheckpointInfo info = open_checkpoint(found->string());
-    verify_resumed(info);
+    verify_resumed(info, options.mirror);
     return info;
   }
   DSTRAIN_USER_CHECK(!std::filesystem::path(where).filename().string().starts_with("step-"))
@@ -392,25 +412,58 @@ void open_resumed_run(RunContext& ctx, const RunMachine& machine, std::ostream& 
   if (options.explicit_flags) say_resumed_settings(ctx, taken, out);
 }
 
-// Node 0, before it writes anything: --out and --log hold no earlier run that this one would
-// destroy (a new run, or a resumed one writing somewhere new), unless --overwrite says so.
-void claim_outputs(const RunContext& ctx, std::ostream& out) {
+// --mirror DIR (not --out: claim_outputs checked), before anything is written: a run's own
+// mirror when it continues (the run resumed in --out, or from a checkpoint in DIR itself after
+// --out was lost), its staging left by a kill removed; else claimed like a new --out.
+void claim_mirror(const RunContext& ctx, bool continuing_there, std::ostream& out) {
   const TrainOptions& options = ctx.options;
-  const bool continuing_there =
-      ctx.resume_asked &&
-      (!ctx.resume || same_directory(options.out, run_directory_of(ctx.resume->dir)));
-  if (!continuing_there) claim_out_directory(options.out, options.overwrite, out);
-  check_log_file(options.log, ctx.resume_asked, options.overwrite);
-  claim_tensorboard_directory(options.tensorboard, ctx.resume_asked, options.overwrite);
-  if (continuing_there) remove_stale_staging(options.out, out);
-  if (!continuing_there || !ctx.resume) return;
-  // Resumed from an older checkpoint of the run: its next steps would replace newer ones.
+  if (options.mirror.empty()) return;
+  const bool from_mirror =
+      ctx.resume && same_directory(options.mirror, run_directory_of(ctx.resume->dir));
+  if (!(continuing_there || from_mirror)) {
+    claim_out_directory(options.mirror, options.overwrite, out, "--mirror");
+    return;
+  }
+  if (ctx.resume) {
+    const int64_t step = ctx.resume->trainer_state["step"].get<int64_t>();
+    const std::vector<CheckpointEntry> mirrored = list_checkpoints(options.mirror);
+    DSTRAIN_USER_CHECK(mirrored.empty() || mirrored.back().step <= step)
+        << "--mirror " << options.mirror << " holds " << mirrored.back().dir.filename().string()
+        << ", newer than the checkpoint resumed (" << ctx.resume->dir << "), which this run's "
+        << "steps would replace: give a new --mirror, or resume the newest";
+  }
+  remove_stale_staging(options.mirror, out);
+}
+
+// A run resumed in its own --out from an older checkpoint: its next steps would replace the
+// newer ones.
+void refuse_older_resume(const RunContext& ctx) {
+  const TrainOptions& options = ctx.options;
   const int64_t step = ctx.resume->trainer_state["step"].get<int64_t>();
   const std::vector<CheckpointEntry> checkpoints = list_checkpoints(options.out);
   DSTRAIN_USER_CHECK(checkpoints.empty() || checkpoints.back().step <= step)
       << "--resume " << ctx.resume->dir << " is older than the run's newest checkpoint, "
       << checkpoints.back().dir.filename().string() << ", which its steps would replace: give "
       << "a new --out to branch from it, or --resume " << options.out << " to continue the newest";
+}
+
+// Node 0, before it writes anything: --out, --mirror, --log and --tensorboard hold no earlier
+// run that this one would destroy (a new run, or a resumed one writing somewhere new), unless
+// --overwrite says so. Only --overwrite removes anything, after the checks that need none.
+void claim_outputs(const RunContext& ctx, std::ostream& out) {
+  const TrainOptions& options = ctx.options;
+  const bool continuing_there =
+      ctx.resume_asked &&
+      (!ctx.resume || same_directory(options.out, run_directory_of(ctx.resume->dir)));
+  DSTRAIN_USER_CHECK(options.mirror.empty() || !same_directory(options.mirror, options.out))
+      << "--mirror " << options.mirror << " is --out itself: give a directory on another disk "
+      << "or a network share";
+  if (continuing_there && ctx.resume) refuse_older_resume(ctx);
+  if (!continuing_there) claim_out_directory(options.out, options.overwrite, out);
+  check_log_file(options.log, ctx.resume_asked, options.overwrite);
+  claim_mirror(ctx, continuing_there, out);
+  claim_tensorboard_directory(options.tensorboard, ctx.resume_asked, options.overwrite);
+  if (continuing_there) remove_stale_staging(options.out, out);
 }
 
 // The run's settings from its checkpoint: its model (a different --model is an error), the

@@ -107,8 +107,8 @@ TEST_F(FlagsTest, HelpNamesEveryValueAndNoMachineDependentDefault) {
     EXPECT_FALSE(std::regex_search(help.out, shown)) << flag << " shows a fixed default";
   }
   EXPECT_NE(help.out.find("dp x tp x pp"), std::string::npos);
-  for (const char* flag : {"--overwrite", "--keep-last", "--epochs", "--lr-decay-steps",
-                           "--save-dtype", "--local_rank"}) {
+  for (const char* flag : {"--overwrite", "--keep-last", "--mirror", "--epochs",
+                           "--lr-decay-steps", "--save-dtype", "--local_rank"}) {
     EXPECT_NE(help.out.find(std::string("\n  ") + flag + " "), std::string::npos) << flag;
   }
 }

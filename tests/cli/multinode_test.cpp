@@ -7,6 +7,7 @@
 // `ip netns`; skipped with the reason otherwise), and cut one off mid-run.
 #include <gtest/gtest.h>
 
+#include "tests/common/checkpoint_checks.h"
 #include "tests/common/jsonl_log.h"
 #include "tests/common/temp_dir.h"
 
@@ -16,11 +17,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -327,6 +330,64 @@ TEST_F(MultiNodeTest, SigtermOnOneNodeStopsEveryNodeWithACheckpoint) {
                                             std::to_string(saved + 1), "--device", "cpu",
                                             "--threads", "2"});
   EXPECT_EQ(wait_exit(resumed, 300), 0) << output("resumed");
+}
+
+// SIGKILL on one node at random moments (either node; during start-up, a step or a save): the
+// other notices and exits (no hang), every checkpoint on the shared --out reads back whole, and
+// both nodes restarted with --resume go on until the run ends. Its checkpoints and losses are
+// then one process's of the same world, to the bit.
+TEST_F(MultiNodeTest, OneNodeKilledAtRandomMomentsEveryResumeIsBitIdentical) {
+  SKIP_WITHOUT_GLOO();
+  constexpr int kKills = 4;
+  const std::vector<std::string> every_step = {"--save-every", "1", "--quiet"};
+  std::vector<std::string> plan = {"--gpus", "4", "--zero", "3"};
+  plan.insert(plan.end(), every_step.begin(), every_step.end());
+  const auto started = Clock::now();
+  const Process single = start("single", tiny_run(dir_, "single", plan, "6", "20"));
+  ASSERT_EQ(wait_exit(single, 300), 0) << output("single");
+  // Two processes meeting: more than one's time, roughly.
+  const double whole_run = 1.5 * std::chrono::duration<double>(Clock::now() - started).count();
+  plan = {"--gpus", "2", "--zero", "3"};
+  plan.insert(plan.end(), every_step.begin(), every_step.end());
+  std::mt19937 rng(20261127);
+  std::uniform_real_distribution<double> fraction(0.0, 1.0);
+  const fs::path run = dir_ / "nodes";
+  int kills = 0;
+  for (int round = 0; round < 6 && kills < kKills; ++round) {
+    fs::remove_all(run);
+    for (int attempt = 0;; ++attempt) {
+      ASSERT_LT(attempt, 40) << "the run never reached its end";
+      const std::vector<std::string> steps = dstrain::testing::step_directories(run);
+      if (!steps.empty() && steps.back() == "step-000006") break;
+      std::vector<std::string> args = tiny_run(dir_, "nodes", plan, "6", "20");
+      args.push_back("--overwrite");
+      if (!steps.empty()) args = resume_to_six(dir_, "nodes", {"--gpus", "2", "--quiet"});
+      // A node killed before the other joined: the other gives up at the rendezvous timeout.
+      const std::vector<std::string> both = with_nodes(args, "127.0.0.1", free_port(), "10");
+      const std::array<Process, 2> nodes = {start("node0", with_rank(both, 0)),
+                                            start("node1", with_rank(both, 1))};
+      const size_t victim = rng() % 2;
+      if (kills < kKills) {
+        const double left = static_cast<double>(7 - steps.size()) / 7;
+        std::this_thread::sleep_for(
+            std::chrono::duration<double>(fraction(rng) * left * whole_run));
+        ::kill(nodes[victim].pid, SIGKILL);
+      }
+      const std::array<int, 2> codes = {wait_exit(nodes[0], 300), wait_exit(nodes[1], 300)};
+      ASSERT_NE(codes[0], -1) << "node 0 hung\n" << output("node0");
+      ASSERT_NE(codes[1], -1) << "node 1 hung\n" << output("node1");
+      if (codes[0] == 0 && codes[1] == 0) break;
+      ASSERT_EQ(codes[victim], 128 + SIGKILL) << output(victim == 0 ? "node0" : "node1");
+      ++kills;
+      dstrain::testing::expect_whole_checkpoints(run, "after kill " + std::to_string(kills));
+    }
+    dstrain::testing::expect_same_checkpoints_and_losses(
+        run, dir_ / "nodes.jsonl", dir_ / "single", dir_ / "single.jsonl", 6);
+    for (const fs::directory_entry& entry : fs::directory_iterator(run)) {
+      EXPECT_FALSE(entry.path().filename().string().starts_with(".tmp-")) << entry.path();
+    }
+  }
+  EXPECT_GE(kills, kKills);
 }
 
 // Two network namespaces joined by a veth pair: two "machines" with their own addresses.

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/common/checkpoint_checks.h"
 #include "tests/common/temp_dir.h"
 
 #include <signal.h>
@@ -16,7 +17,6 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -25,6 +25,8 @@
 namespace {
 
 namespace fs = std::filesystem;
+using dstrain::testing::expect_whole_checkpoints;
+using dstrain::testing::step_directories;
 
 class SignalTest : public ::testing::Test {
  protected:
@@ -67,57 +69,6 @@ class SignalTest : public ::testing::Test {
   std::string read(const fs::path& path) {
     std::ifstream file(path);
     return std::string(std::istreambuf_iterator<char>(file), {});
-  }
-  // The step-NNNNNN directories of run directory `run` (none when it does not exist).
-  static std::vector<std::string> step_directories(const fs::path& run) {
-    std::vector<std::string> steps;
-    if (!fs::exists(run)) return steps;
-    for (const fs::directory_entry& entry : fs::directory_iterator(run)) {
-      const std::string name = entry.path().filename().string();
-      if (name.rfind("step-", 0) == 0) steps.push_back(name);
-    }
-    std::sort(steps.begin(), steps.end());
-    return steps;
-  }
-  // Every step directory of `run` holds every checkpoint file; `latest`, if there, names one.
-  void expect_whole_checkpoints(const fs::path& run, const std::string& when) {
-    for (const std::string& step : step_directories(run)) {
-      for (const char* file :
-           {"model.safetensors", "optimizer.safetensors", "trainer.json", "config.json"}) {
-        EXPECT_TRUE(fs::exists(run / step / file)) << step << " lacks " << file << " " << when;
-      }
-    }
-    if (fs::is_symlink(run / "latest")) {
-      EXPECT_TRUE(fs::exists(run / "latest" / "trainer.json")) << when;
-    }
-  }
-  // Each step's loss in a JSONL log, from its last record (a killed run's steps run again).
-  std::map<int, std::string> step_losses(const fs::path& log) {
-    std::map<int, std::string> by_step;
-    std::ifstream file(log);
-    for (std::string line; std::getline(file, line);) {
-      const nlohmann::json record = nlohmann::json::parse(line);
-      if (record.contains("loss") && record.contains("step")) {
-        by_step[record["step"].get<int>()] = record["loss"].dump();
-      }
-    }
-    return by_step;
-  }
-  // `run` (logging to run.jsonl) wrote the checkpoints of `reference` (reference.jsonl), steps
-  // 1..steps, to the bit, and logged its losses.
-  void expect_same_checkpoints_and_losses(const fs::path& run, const fs::path& reference,
-                                          int steps) {
-    const std::vector<std::string> written = step_directories(run);
-    ASSERT_EQ(written, step_directories(reference));
-    ASSERT_EQ(written.size(), static_cast<size_t>(steps));
-    for (const std::string& step : written) {
-      for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
-        EXPECT_EQ(read(run / step / file), read(reference / step / file)) << step << " " << file;
-      }
-    }
-    const std::map<int, std::string> expected = step_losses(dir_ / "reference.jsonl");
-    EXPECT_EQ(expected.size(), static_cast<size_t>(steps));
-    EXPECT_EQ(step_losses(dir_ / "run.jsonl"), expected);
   }
 };
 
@@ -247,7 +198,8 @@ TEST_F(SignalTest, KilledAtRandomMomentsEveryResumeIsBitIdentical) {
       ++kills;
       expect_whole_checkpoints(run, "after kill " + std::to_string(kills));
     }
-    expect_same_checkpoints_and_losses(run, dir_ / "reference", kSteps);
+    dstrain::testing::expect_same_checkpoints_and_losses(run, dir_ / "run.jsonl", dir_ / "reference",
+                                                         dir_ / "reference.jsonl", kSteps);
     // A resume removes what a kill left half-written; the last run wrote its own whole.
     for (const fs::directory_entry& entry : fs::directory_iterator(run)) {
       EXPECT_FALSE(entry.path().filename().string().starts_with(".tmp-")) << entry.path();

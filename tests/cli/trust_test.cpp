@@ -226,6 +226,74 @@ TEST_F(TrustTest, CheckpointsAreVerifiedAndADamagedOneIsNamed) {
   expect_user_error("verify nowhere", "nowhere holds no checkpoint");
 }
 
+// --mirror DIR: every checkpoint in a second place, the same bytes, read back whole, its own
+// `latest` and --keep-last. With --out lost, the mirror's copy continues the run to the bits of
+// the uninterrupted one; a damaged checkpoint in --out names the mirror's copy, and its advice
+// works. A mirror that cannot be written is said and the run goes on.
+TEST_F(TrustTest, MirrorKeepsASecondVerifiedCopyThatResumes) {
+  const BinaryResult first =
+      run_ok("--steps 4 --lr-decay-steps 6 --save-every 1 --keep-last 2 --out run --mirror copy "
+             "--log run.jsonl " + kTiny);
+  EXPECT_EQ(step_dirs("copy"), (std::vector<std::string>{"step-000003", "step-000004"}));
+  EXPECT_EQ(step_dirs("run"), step_dirs("copy"));
+  EXPECT_EQ(fs::read_symlink(path("copy/latest")), "step-000004");
+  for (const auto& entry : fs::directory_iterator(path("run/step-000004"))) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_TRUE(read_file(entry.path()) == read_file(path("copy/step-000004") / name)) << name;
+  }
+  EXPECT_NE(first.out.find("(verified; --keep-last 2: removed 1 older checkpoint); mirrored to "
+                           "copy/step-000004 (verified, "),
+            std::string::npos)
+      << first.out;
+  EXPECT_NE(run_ok("verify copy").out.find("step-000004: whole"), std::string::npos);
+  expect_user_error("--steps 1 --out other --mirror copy " + kTiny,
+                    "--mirror copy already holds an earlier run (2 checkpoints, the newest "
+                    "step-000004): continue that run with --resume copy");
+  expect_user_error("--steps 1 --out same --mirror same " + kTiny, "--mirror same is --out itself");
+  expect_user_error("--steps 1 --mirror elsewhere " + kTiny,
+                    "--mirror copies the checkpoints of --out: give --out DIR");
+
+  // --out lost: the mirror's copy goes on (--mirror remembered), as the run would have.
+  run_ok("--steps 6 --lr-decay-steps 6 --out straight --log straight.jsonl " + kTiny);
+  fs::remove_all(path("run"));
+  run_ok("--resume copy/step-000004 --steps 6 --out run --log run.jsonl");
+  EXPECT_EQ(step_dirs("copy"), (std::vector<std::string>{"step-000005", "step-000006"}));
+  expect_user_error("--resume copy/step-000005 --steps 7 --out branch",
+                    "--mirror copy holds step-000006, newer than the checkpoint resumed");
+  EXPECT_FALSE(fs::exists(path("branch")));
+  EXPECT_TRUE(read_file(path("run/step-000006/model.safetensors")) ==
+              read_file(path("straight/step-000006/model.safetensors")));
+  const std::vector<double> losses = step_losses(path("run.jsonl")),
+                            straight = step_losses(path("straight.jsonl"));
+  ASSERT_EQ(straight.size(), 6u);
+  EXPECT_EQ(std::vector<double>(losses.end() - 2, losses.end()),
+            std::vector<double>(straight.end() - 2, straight.end()));
+
+  // The checkpoint in --out damaged: --resume names the mirror's copy; copied back, it resumes.
+  std::string weights = read_file(path("run/step-000006/model.safetensors"));
+  weights[weights.size() - 5] ^= 4;
+  write("run/step-000006/model.safetensors", weights);
+  const std::string copy = path("copy/step-000006").string(), back = path("run").string();
+  expect_user_error("--resume run --mirror copy --steps 7",
+                    "model.safetensors has CRC-32 ");
+  expect_user_error("--resume run --mirror copy --steps 7",
+                    "; the newest whole one is --mirror's copy " + copy +
+                        ": remove the damaged one, copy that back (cp -r " + copy + " " + back +
+                        "/) and continue with --resume " + back + "/step-000006");
+  fs::remove_all(path("run/step-000006"));
+  fs::copy(path("copy/step-000006"), path("run/step-000006"), fs::copy_options::recursive);
+  run_ok("--resume run/step-000006 --steps 7");
+
+  // A mirror that cannot be written: said on the save's line; the run and --out go on.
+  write("blocker", "a file where the mirror's directory would be");
+  const BinaryResult blocked = run_ok("--steps 2 --out alone --mirror blocker/m " + kTiny);
+  EXPECT_NE(blocked.out.find("saved checkpoint alone/step-000002 (verified); NOT mirrored: "
+                             "cannot create directory"),
+            std::string::npos)
+      << blocked.out;
+  EXPECT_EQ(step_dirs("alone"), (std::vector<std::string>{"step-000002"}));
+}
+
 // ---- 2 and 5. --init-from DIR is that model; complete Hugging Face output ----------------
 
 // A model whose code ships with its checkpoints (DeepSeek-V3: config.json's auto_map names

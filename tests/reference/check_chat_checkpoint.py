@@ -6,14 +6,16 @@ conversation with the generation prompt, and the model generates a reply to it.
     /usr/bin/python3 tests/reference/check_chat_checkpoint.py CHECKPOINT_DIR
 
 Exit 0 when the template renders, its ids are the tokenizer's ids of the rendered text, and
-generate() returns new tokens; 1 otherwise; 77 when torch or transformers is not installed."""
+generate() returns new tokens; 1 otherwise; 77 when torch, transformers or jinja2 (which
+apply_chat_template needs) is not installed."""
 import sys
 
 try:
+    import jinja2  # noqa: F401 (transformers renders chat templates with it)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 except ImportError:
-    print("torch or transformers is not installed: skipped")
+    print("torch, transformers or jinja2 is not installed: skipped")
     sys.exit(77)
 
 

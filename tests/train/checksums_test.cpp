@@ -1,7 +1,9 @@
 // Checkpoint checksums (train/checksums.h): CRC-32 against its standard check value; many
 // writers' ranges of one file, recorded in random order from several threads at once, combine
 // into the CRC-32 of the whole file as zlib computes it in one pass; ranges with a gap or an
-// overlap are an internal error; verifying names each kind of damage.
+// overlap are an internal error; verifying names each kind of damage. --mirror's copy
+// (train/mirror.h): the same bytes, latest and --keep-last moved only after it reads back
+// whole, nothing committed from a damaged checkpoint, a failing mirror said, not thrown.
 #include "train/checksums.h"
 
 #include <gtest/gtest.h>
@@ -18,6 +20,7 @@
 
 #include "core/check.h"
 #include "core/fs.h"
+#include "train/mirror.h"
 #include "tests/common/temp_dir.h"
 
 namespace dstrain {
@@ -161,6 +164,98 @@ TEST(Checksums, VerifyNamesEachKindOfDamage) {
             "checksums.json's entry \"../x\" is malformed");
   const testing::TempDir none;
   EXPECT_FALSE(verify_checkpoint(none.path()).has_checksums);
+}
+
+// A checkpoint directory `dir` of random files (one above the copy's 8 MiB read piece) and a
+// trainer.json saying it is complete, with its checksums.json, as a writer leaves it.
+void write_checkpoint(const fs::path& dir, uint64_t seed) {
+  fs::create_directories(dir);
+  WrittenRanges ranges;
+  const auto write = [&](const std::string& name, const std::string& bytes) {
+    write_bytes(dir / name, bytes);
+    ranges.add_whole(name, bytes);
+  };
+  write("model.safetensors", random_bytes((9 << 20) + 77, seed));
+  write("config.json", random_bytes(512, seed + 1));
+  write("trainer.json", nlohmann::json{{"complete", true}, {"seed", seed}}.dump());
+  ranges.record(dir);
+  write_checksums(dir);
+}
+
+TEST(Checksums, CopyCheckpointCopiesTheBytesItVerifies) {
+  const testing::TempDir dir;
+  write_checkpoint(dir.path() / "step-000001", 10);
+  fs::create_directories(dir.path() / "copy");
+  const Verification v = copy_checkpoint(dir.path() / "step-000001", dir.path() / "copy");
+  EXPECT_EQ(v.damage, "");
+  EXPECT_EQ(v.files, 3u);
+  for (const char* name : {"model.safetensors", "config.json", "trainer.json", "checksums.json"}) {
+    EXPECT_EQ(read_file(dir.path() / "copy" / name), read_file(dir.path() / "step-000001" / name))
+        << name;
+  }
+  EXPECT_EQ(verify_checkpoint(dir.path() / "copy").damage, "");
+  // A damaged source: the damaged file is not left in the copy.
+  flip_byte(dir.path() / "step-000001" / "model.safetensors", 9 << 20);
+  fs::remove_all(dir.path() / "copy");
+  fs::create_directories(dir.path() / "copy");
+  const Verification damaged = copy_checkpoint(dir.path() / "step-000001", dir.path() / "copy");
+  EXPECT_NE(damaged.damage.find("model.safetensors has CRC-32 "), std::string::npos);
+  EXPECT_FALSE(fs::exists(dir.path() / "copy" / "model.safetensors"));
+}
+
+std::vector<std::string> entries(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST(Mirror, CopiesEachCheckpointAndKeepsTheNewest) {
+  const testing::TempDir dir;
+  const fs::path out = dir.path() / "out", mirror = dir.path() / "mirror";
+  for (int step = 1; step <= 3; ++step) {
+    const fs::path written = out / ("step-00000" + std::to_string(step));
+    write_checkpoint(written, 20 + static_cast<uint64_t>(step) * 5);
+    const MirrorResult r = mirror_checkpoint(written, mirror, 2);
+    EXPECT_EQ(r.failure, "");
+    EXPECT_TRUE(r.source_read);
+    EXPECT_EQ(r.source_damage, "");
+    EXPECT_EQ(r.dir, mirror / written.filename());
+    EXPECT_EQ(r.copied.files, 3u);
+    EXPECT_EQ(r.removed, step == 3 ? std::vector<int64_t>{1} : std::vector<int64_t>{});
+    EXPECT_EQ(read_file(r.dir / "model.safetensors"), read_file(written / "model.safetensors"));
+    EXPECT_EQ(fs::read_symlink(mirror / "latest"), written.filename());
+    EXPECT_NE(describe_mirror(r).find("mirrored to " + r.dir.string() + " (verified, "),
+              std::string::npos);
+  }
+  EXPECT_EQ(entries(mirror), (std::vector<std::string>{"latest", "step-000002", "step-000003"}));
+}
+
+TEST(Mirror, ADamagedCheckpointOrAFailingMirrorIsSaidAndNothingMoves) {
+  const testing::TempDir dir;
+  const fs::path mirror = dir.path() / "mirror";
+  write_checkpoint(dir.path() / "out" / "step-000001", 40);
+  ASSERT_EQ(mirror_checkpoint(dir.path() / "out" / "step-000001", mirror, 0).failure, "");
+  const fs::path second = dir.path() / "out" / "step-000002";
+  write_checkpoint(second, 50);
+  flip_byte(second / "config.json", 100);
+  const MirrorResult r = mirror_checkpoint(second, mirror, 1);
+  EXPECT_TRUE(r.source_read);
+  EXPECT_NE(r.source_damage.find("config.json has CRC-32 "), std::string::npos) << r.source_damage;
+  EXPECT_TRUE(r.dir.empty());
+  EXPECT_EQ(describe_mirror(r), "NOT mirrored: the checkpoint in --out is damaged");
+  // Nothing of it in the mirror (no staging left either), latest and step 1 as they were.
+  EXPECT_EQ(entries(mirror), (std::vector<std::string>{"latest", "step-000001"}));
+  EXPECT_EQ(fs::read_symlink(mirror / "latest"), "step-000001");
+  // A mirror that cannot be written (a file where its directory should be): said, not thrown.
+  write_bytes(dir.path() / "blocker", "a file");
+  const MirrorResult blocked =
+      mirror_checkpoint(dir.path() / "out" / "step-000001", dir.path() / "blocker" / "m", 0);
+  EXPECT_TRUE(blocked.dir.empty());
+  EXPECT_FALSE(blocked.source_read);
+  EXPECT_NE(blocked.failure.find("blocker"), std::string::npos) << blocked.failure;
 }
 
 }  // namespace
