@@ -420,6 +420,23 @@ class Backend {
   virtual void grouped_matmul_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp,
                                        Tensor weight, Tensor expert_offsets, Stream stream) = 0;
 
+  // ---- FP8 GEMMs (--precision fp8; core/fp8.h, kernels/fp8_checks.h) ----
+  // Current per-tensor scaling: s = fp8_scale_for_amax(max |inp|, out's format), a power of
+  // two; out = fp8(inp * s) with satfinite, rounded to nearest even (the product is exact);
+  // scale_inv (1) F32 = 1 / s, the factor that turns out back into inp's range. A NaN in inp
+  // makes amax NaN: s = 1. inp (R, C) F32/F16/BF16; out F8E4M3 or F8E5M2, (R, C), or (C, R)
+  // when `transpose` (the K-contiguous copy an FP8 GEMM needs of an operand stored K-major).
+  virtual void fp8_quantize(Tensor out, Tensor scale_inv, Tensor inp, bool transpose,
+                            Stream stream) = 0;
+  // out (M, N) = (a (M, K) @ b (N, K)^T) * a_scale_inv * b_scale_inv + bias (N; may be empty),
+  // or out += that (no bias) when `accumulate`: a and b F8 (not both F8E5M2), each row
+  // K-contiguous (the "TN" form of cuBLASLt's FP8 GEMMs), their scale_inv (1) F32 as
+  // fp8_quantize wrote them. Every product is exact in fp32; they are summed in fp32, scaled,
+  // the bias (and out) added, and rounded once to out's dtype (F32/F16/BF16).
+  // REQUIRES: K and N multiples of 16 (the FP8 tensor cores' alignment).
+  virtual void matmul_fp8(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b,
+                          Tensor b_scale_inv, Tensor bias, bool accumulate, Stream stream) = 0;
+
   // ---- optimizer ----
   // AdamW over a flat buffer. param (n) F32 master weights; grad (n) any float dtype;
   // m, v (n) F32. g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;

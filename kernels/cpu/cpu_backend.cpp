@@ -173,6 +173,13 @@ class CpuBackend final : public Backend {
                                Tensor weight, Tensor expert_offsets, Stream) override {
     cpu::grouped_matmul_backward(ctx_, dinp, dweight, dout, inp, weight, expert_offsets);
   }
+  void fp8_quantize(Tensor out, Tensor scale_inv, Tensor inp, bool transpose, Stream) override {
+    cpu::fp8_quantize(ctx_, out, scale_inv, inp, transpose);
+  }
+  void matmul_fp8(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv,
+                  Tensor bias, bool accumulate, Stream) override {
+    cpu::matmul_fp8(ctx_, out, a, a_scale_inv, b, b_scale_inv, bias, accumulate);
+  }
   void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool weight_out_by_in,
                       Stream) override {
     cpu::matmul_forward(ctx_, out, inp, weight, bias, weight_out_by_in);

@@ -7,13 +7,17 @@
 // shape whatever the thread count, so results are bitwise independent of it.
 //
 // F16/BF16 operands are converted once per call to fp32 scratch (F32 ones are used in place);
-// a non-F32 output tile is computed in fp32 scratch and rounded once when stored.
+// a non-F32 output tile is computed in fp32 scratch and rounded once when stored. FP8 operands
+// (matmul_fp8) are decoded to fp32, the first with both scale_invs folded in: powers of two, so
+// every product stays the exact product of the FP8 values, scaled.
 #include <cblas.h>
 
 #include <climits>
 #include <vector>
 
+#include "core/fp8.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/fp8_checks.h"
 
 namespace dstrain::cpu {
 
@@ -178,6 +182,34 @@ void matmul_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tensor 
                Operand{dy.data(), s.OC, false}, nullptr, true);
   }
   if (!dbias.empty()) column_sums(ctx, dbias, dy.data(), s.N, s.OC);
+}
+
+void matmul_fp8(const CpuContext& ctx, Tensor out, Tensor a, Tensor a_scale_inv, Tensor b,
+                Tensor b_scale_inv, Tensor bias, bool accumulate) {
+  const Fp8MatmulShape s = check_matmul_fp8(out, a, a_scale_inv, b, b_scale_inv, bias, accumulate);
+  const float scale =
+      *static_cast<const float*>(a_scale_inv.data) * *static_cast<const float*>(b_scale_inv.data);
+  const auto decode = [&](const Tensor& t, int64_t count, float factor) {
+    std::vector<float> values(static_cast<size_t>(count));
+    const auto* bits = static_cast<const uint8_t*>(t.data);
+    const Fp8Format format = fp8_format(t.dtype);
+    parallel_for(ctx, (count + 4095) / 4096, [&](int64_t task, int) {
+      const int64_t end = std::min(count, (task + 1) * 4096);
+      for (int64_t i = task * 4096; i < end; ++i) {
+        values[static_cast<size_t>(i)] = fp8_bits_to_fp32(bits[i], format) * factor;
+      }
+    });
+    return values;
+  };
+  const std::vector<float> x = decode(a, s.M * s.K, scale), w = decode(b, s.N * s.K, 1.0f);
+  std::vector<float> bias_f32;
+  if (!bias.empty()) {
+    bias_f32.resize(static_cast<size_t>(s.N));
+    load_span_into(bias, 0, s.N, bias_f32.data());
+  }
+  // out (M,N) = x (M,K) @ w^T, w (N,K) row-major.
+  tiled_gemm(ctx, out, s.M, s.N, s.K, Operand{x.data(), s.K, false}, Operand{w.data(), s.K, true},
+             bias.empty() ? nullptr : bias_f32.data(), accumulate);
 }
 
 void column_sums_accumulate(const CpuContext& ctx, Tensor dsum, Tensor x) {

@@ -352,6 +352,17 @@ class CudaBackend final : public Backend {
     cuda::grouped_matmul_backward(ctx_, dinp, dweight, dout, inp, weight, expert_offsets,
                                   to_stream(stream));
   }
+  void fp8_quantize(Tensor out, Tensor scale_inv, Tensor inp, bool transpose,
+                    Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::fp8_quantize(ctx_, out, scale_inv, inp, transpose, to_stream(stream));
+  }
+  void matmul_fp8(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv,
+                  Tensor bias, bool accumulate, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::matmul_fp8(ctx_, out, a, a_scale_inv, b, b_scale_inv, bias, accumulate,
+                     to_stream(stream));
+  }
   void swiglu_forward(Tensor out, Tensor inp, Stream stream) override {
     DeviceScope scope(ctx_.device);
     cuda::swiglu_forward(ctx_, out, inp, to_stream(stream));

@@ -26,6 +26,15 @@
 // gelu_backward's input nor selective recompute (gelu_forward from the kept pre_gelu) would see
 // the bits the forward used.
 //
+// matmul_fp8 is cuBLASLt's FP8 GEMM: row-major out (M,N) = a (M,K) b (N,K)^T is column-major
+// out^T (N,M) = b (N,K) a^T, so cuBLASLt's A is our b, transposed (its stored (K,N) column-major
+// matrix is b's rows), and its B is our a, not transposed: the "TN" form its FP8 kernels
+// require. The scale_invs are its A and B scale pointers (read on the device when the GEMM
+// runs); fp32 accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM off, which on Hopper would keep
+// fewer bits of the partial sums); the BIAS epilogue for a bias; beta = 1 with C = D for
+// `accumulate`. FP8 GEMMs run on sm_89 and later: elsewhere cuBLASLt offers no algorithm, and
+// the call is an error naming the GPU.
+//
 // Determinism: cuBLASLt's algorithm comes from its heuristic for the call's shapes, dtypes,
 // pointer alignments and our fixed workspace, with split-K partials only in fp32 (no in-place
 // or output-dtype reductions): the same call gets the same algorithm, and the same bits.
@@ -36,6 +45,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/fp8_checks.h"
 
 namespace dstrain::cuda {
 
@@ -115,6 +125,23 @@ uint32_t alignment_of(const void* data) {
   return alignment;
 }
 
+// The preference of every cuBLASLt GEMM here: our workspace; split-K partials in fp32 only (no
+// reduction in the output's dtype, in place or staged, like
+// CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION on the cuBLAS handle); and the alignments of
+// cuBLASLt's A and B operands and of its C = D.
+void prepare_preference(LtPreference& preference, const CudaContext& ctx, const void* lt_a,
+                        const void* lt_b, const void* d) {
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(preference.out()));
+  set_attribute(preference.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                uint64_t{ctx.cublas_workspace_bytes});
+  set_attribute(preference.get(), CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                uint32_t{CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE});
+  set_attribute(preference.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(lt_a));
+  set_attribute(preference.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(lt_b));
+  set_attribute(preference.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(d));
+  set_attribute(preference.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(d));
+}
+
 // c (M,N) row-major in c_dtype = op(a) (M,K) @ op(b) (K,N) + bias (N) broadcast over the rows,
 // by cuBLASLt's BIAS epilogue (fp32 sum + bias, one rounding). Returns false, having enqueued
 // nothing, when cuBLASLt has no algorithm for the case; the caller then takes the cuBLAS path.
@@ -142,17 +169,7 @@ bool gemm_bias_lt(const CudaContext& ctx, void* c, DType c_dtype, int64_t M, int
       cublasLtMatrixLayoutCreate(d_layout.out(), cuda_data_type(c_dtype), rows(N), rows(M), N));
 
   LtPreference preference;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(preference.out()));
-  set_attribute(preference.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                uint64_t{ctx.cublas_workspace_bytes});
-  // Split-K partials in fp32 only: no reduction in the output's dtype (in place or staged),
-  // like CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION on the cuBLAS handle.
-  set_attribute(preference.get(), CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                uint32_t{CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE});
-  set_attribute(preference.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(b.data));
-  set_attribute(preference.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(a.data));
-  set_attribute(preference.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(c));
-  set_attribute(preference.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(c));
+  prepare_preference(preference, ctx, b.data, a.data, c);
 
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
@@ -336,6 +353,54 @@ void matmul_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Tensor
     }
   }
   if (!dbias.empty()) column_sums_accumulate(ctx, dbias, dout, stream);
+}
+
+void matmul_fp8(const CudaContext& ctx, Tensor out, Tensor a, Tensor a_scale_inv, Tensor b,
+                Tensor b_scale_inv, Tensor bias, bool accumulate, cudaStream_t stream) {
+  const Fp8MatmulShape s = check_matmul_fp8(out, a, a_scale_inv, b, b_scale_inv, bias, accumulate);
+  for (const Tensor* t : {&a, &b, &a_scale_inv, &b_scale_inv}) {
+    check_tensor_dtype(ctx, *t, t->dtype, "matmul_fp8 operand");
+  }
+  check_float_tensor(ctx, out, "matmul_fp8 out");
+  if (!bias.empty()) check_float_tensor(ctx, bias, "matmul_fp8 bias");
+  if (s.M == 0) return;
+  DSTRAIN_CHECK(s.M <= INT_MAX && s.N <= INT_MAX && s.K <= INT_MAX)
+      << "matmul_fp8 (" << s.M << ", " << s.N << ", " << s.K << ") too large for cuBLASLt";
+  LtMatmulDesc desc;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(desc.out(), CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  set_attribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, int32_t{CUBLAS_OP_T});
+  set_attribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, int32_t{CUBLAS_OP_N});
+  set_attribute(desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, b_scale_inv.data);
+  set_attribute(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, a_scale_inv.data);
+  set_attribute(desc.get(), CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8_t{0});
+  if (!bias.empty()) {
+    set_attribute(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t{CUBLASLT_EPILOGUE_BIAS});
+    set_attribute(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias.data));
+  }
+  const auto size = [](int64_t n) { return static_cast<uint64_t>(n); };
+  LtLayout a_layout, b_layout, d_layout;  // cuBLASLt's A is our b, its B our a
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(a_layout.out(), cuda_data_type(b.dtype), size(s.K),
+                                          size(s.N), s.K));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(b_layout.out(), cuda_data_type(a.dtype), size(s.K),
+                                          size(s.M), s.K));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(d_layout.out(), cuda_data_type(out.dtype), size(s.N),
+                                          size(s.M), s.N));
+  LtPreference preference;
+  prepare_preference(preference, ctx, b.data, a.data, out.data);
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      ctx.cublaslt, desc.get(), a_layout.get(), b_layout.get(), d_layout.get(), d_layout.get(),
+      preference.get(), 1, &heuristic, &found);
+  DSTRAIN_CHECK(status == CUBLAS_STATUS_SUCCESS && found > 0)
+      << "cuBLASLt has no FP8 GEMM for (" << s.M << ", " << s.N << ", " << s.K << ") "
+      << dtype_name(a.dtype) << " x " << dtype_name(b.dtype) << " into " << dtype_name(out.dtype)
+      << " on this GPU (FP8 tensor cores need sm_89 or later; status " << status << ")";
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  CUBLAS_CHECK(cublasLtMatmul(ctx.cublaslt, desc.get(), &alpha, b.data, a_layout.get(), a.data,
+                              b_layout.get(), &beta, out.data, d_layout.get(), out.data,
+                              d_layout.get(), &heuristic.algo, ctx.cublas_workspace,
+                              ctx.cublas_workspace_bytes, stream));
 }
 
 void matmul_gelu_forward(const CudaContext& ctx, Tensor out, Tensor pre_gelu, Tensor inp,

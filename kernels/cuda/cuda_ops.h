@@ -66,6 +66,10 @@ inline cudaDataType_t cuda_data_type(DType dtype) {
       return CUDA_R_16F;
     case DType::BF16:
       return CUDA_R_16BF;
+    case DType::F8E4M3:
+      return CUDA_R_8F_E4M3;
+    case DType::F8E5M2:
+      return CUDA_R_8F_E5M2;
     default:
       return CUDA_R_32F;
   }
@@ -156,6 +160,12 @@ void moe_combine(const CudaContext& ctx, Tensor out, Tensor inp, Tensor dest_row
                  cudaStream_t stream);
 void moe_combine_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Tensor dout,
                           Tensor inp, Tensor dest_rows, Tensor weight, cudaStream_t stream);
+// cuda_fp8.cu; matmul_fp8 in cuda_matmul.cu
+void fp8_quantize(const CudaContext& ctx, Tensor out, Tensor scale_inv, Tensor inp, bool transpose,
+                  cudaStream_t stream);
+void matmul_fp8(const CudaContext& ctx, Tensor out, Tensor a, Tensor a_scale_inv, Tensor b,
+                Tensor b_scale_inv, Tensor bias, bool accumulate, cudaStream_t stream);
+
 void grouped_matmul_forward(const CudaContext& ctx, Tensor out, Tensor inp, Tensor weight,
                             Tensor expert_offsets, cudaStream_t stream);
 void grouped_matmul_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Tensor dout,

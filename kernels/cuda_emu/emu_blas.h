@@ -1,5 +1,5 @@
 // The arithmetic of the CUDA emulator's library shims: fp32 loads and round-to-nearest-even
-// stores of F32/F16/BF16 elements (also NCCL's reductions, emu_nccl_calls.cpp), and the reference
+// stores of F32/F16/BF16 elements (and loads of FP8 ones) (also NCCL's reductions, emu_nccl_calls.cpp), and the reference
 // GEMM of emu_cublas.cpp and emu_cublaslt.cpp: operands widened to fp32 (exact for F16/BF16),
 // products summed in fp32 in k order, then alpha * sum + beta * C + bias in fp32, rounded once to
 // D's dtype -- what cuBLAS's fp32-compute GEMMs and cuBLASLt's BIAS epilogue do up to the order of
@@ -10,15 +10,19 @@
 #include <cublas_api.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 #include <vector>
 
 namespace dstrain::emu {
 
-// The storage types the shims compute with.
+// The storage types the shims compute with (the FP8 ones as cuBLASLt's FP8 GEMM operands only).
 inline bool blas_type_supported(cudaDataType type) {
   return type == CUDA_R_32F || type == CUDA_R_16F || type == CUDA_R_16BF;
+}
+inline bool blas_type_fp8(cudaDataType type) {
+  return type == CUDA_R_8F_E4M3 || type == CUDA_R_8F_E5M2;
 }
 
 inline float blas_load(const void* data, cudaDataType type, int64_t i) {
@@ -27,6 +31,11 @@ inline float blas_load(const void* data, cudaDataType type, int64_t i) {
       return __half2float(static_cast<const __half*>(data)[i]);
     case CUDA_R_16BF:
       return __bfloat162float(static_cast<const __nv_bfloat16*>(data)[i]);
+    case CUDA_R_8F_E4M3:
+    case CUDA_R_8F_E5M2:  // exact: every FP8 value is a half (the toolkit's own conversion)
+      return __half2float(__half(__nv_cvt_fp8_to_halfraw(
+          static_cast<const __nv_fp8_storage_t*>(data)[i],
+          type == CUDA_R_8F_E4M3 ? __NV_E4M3 : __NV_E5M2)));
     default:
       return static_cast<const float*>(data)[i];
   }

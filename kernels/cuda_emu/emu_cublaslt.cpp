@@ -2,7 +2,11 @@
 // handles, matmul / layout / preference descriptors, a heuristic that offers one algorithm, and
 // cublasLtMatmul as the reference GEMM of emu_blas.h queued on the stream. What the CUDA backend
 // uses is modelled -- fp32 compute and scale, F32/F16/BF16 storage (A and B alike, D in their
-// type or F32), column-major single matrices, host alpha/beta, the DEFAULT and BIAS epilogues --
+// type or F32), column-major single matrices, host alpha/beta, the DEFAULT and BIAS epilogues,
+// and the FP8 GEMM as cuBLASLt documents its requirements (A and B E4M3/E5M2, not both E5M2, in
+// the "TN" form, leading dimensions multiples of 16, 16-byte aligned; C = D of F32/F16/BF16; the
+// A and B scale pointers, device floats read when the GEMM runs: D = alpha * scaleA * scaleB *
+// sum + beta * C [+ bias]; FAST_ACCUM accepted, the sum being fp32 in k order either way) --
 // and anything else is refused with CUBLAS_STATUS_NOT_SUPPORTED (an attribute the shim does not
 // model included), so a backend that starts using more fails loudly here first.
 // The algorithm remembers the pointer alignments the heuristic was told; cublasLtMatmul refuses
@@ -21,6 +25,7 @@ struct cublasLtContext {};
 
 namespace {
 
+using dstrain::emu::blas_type_fp8;
 using dstrain::emu::blas_type_supported;
 using dstrain::emu::BlasMatrix;
 
@@ -32,6 +37,9 @@ struct MatmulDesc {
   uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;
   int32_t bias_type = -1;  // -1: D's type
+  const float* a_scale = nullptr;  // FP8 only: device pointers, null meaning 1
+  const float* b_scale = nullptr;
+  int8_t fast_accum = 0;
 };
 
 struct Layout {
@@ -68,6 +76,20 @@ cublasStatus_t read_attribute(T& field, const void* buf, size_t size) {
 
 bool is_operation(int32_t op) { return op == CUBLAS_OP_N || op == CUBLAS_OP_T; }
 
+// An FP8 GEMM's own requirements (cuBLASLt's documentation: "TN", types, 16-element leading
+// dimensions), when A or B is FP8.
+cublasStatus_t check_fp8_problem(const MatmulDesc& desc, const Layout& a, const Layout& b,
+                                 const Layout& c, const Layout& d) {
+  if (!blas_type_fp8(a.type) || !blas_type_fp8(b.type) ||
+      (a.type == CUDA_R_8F_E5M2 && b.type == CUDA_R_8F_E5M2) || !blas_type_supported(c.type) ||
+      c.type != d.type) {
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if (desc.transa != CUBLAS_OP_T || desc.transb != CUBLAS_OP_N) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (a.ld % 16 != 0 || b.ld % 16 != 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
 // The GEMM a descriptor and its layouts describe, when the shim can compute it.
 cublasStatus_t check_problem(const MatmulDesc& desc, const Layout& a, const Layout& b,
                              const Layout& c, const Layout& d) {
@@ -75,14 +97,20 @@ cublasStatus_t check_problem(const MatmulDesc& desc, const Layout& a, const Layo
       desc.pointer_mode != CUBLASLT_POINTER_MODE_HOST) {
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
+  const bool fp8 = blas_type_fp8(a.type) || blas_type_fp8(b.type);
   for (const Layout* layout : {&a, &b, &c, &d}) {
+    const bool operand = layout == &a || layout == &b;
     if (layout->order != CUBLASLT_ORDER_COL || layout->batch_count != 1 ||
-        !blas_type_supported(layout->type)) {
+        !(blas_type_supported(layout->type) || (fp8 && operand && blas_type_fp8(layout->type)))) {
       return CUBLAS_STATUS_NOT_SUPPORTED;
     }
     if (layout->ld < static_cast<int64_t>(layout->rows)) return CUBLAS_STATUS_INVALID_VALUE;
   }
-  if (a.type != b.type || c.type != d.type || (d.type != a.type && d.type != CUDA_R_32F)) {
+  if (fp8) {
+    const cublasStatus_t status = check_fp8_problem(desc, a, b, c, d);
+    if (status != CUBLAS_STATUS_SUCCESS) return status;
+  } else if (a.type != b.type || c.type != d.type ||
+             (d.type != a.type && d.type != CUDA_R_32F) || desc.a_scale || desc.b_scale) {
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
   if (desc.epilogue == CUBLASLT_EPILOGUE_BIAS) {
@@ -152,6 +180,12 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t 
       return read_attribute(d.bias, buf, size);
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
       return read_attribute(d.bias_type, buf, size);
+    case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER:
+      return read_attribute(d.a_scale, buf, size);
+    case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER:
+      return read_attribute(d.b_scale, buf, size);
+    case CUBLASLT_MATMUL_DESC_FAST_ACCUM:
+      return read_attribute(d.fast_accum, buf, size);
     default:
       return CUBLAS_STATUS_NOT_SUPPORTED;
   }
@@ -240,6 +274,11 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoGetHeuristic(
   const cublasStatus_t status =
       check_problem(*state(desc), *state(a), *state(b), *state(c), *state(d));
   if (status != CUBLAS_STATUS_SUCCESS) return status;
+  // FP8 kernels read A and B in 16-byte pieces: none for operands the caller cannot align so.
+  if (blas_type_fp8(state(a)->type) &&
+      (state(pref)->min_alignment[0] < 16 || state(pref)->min_alignment[1] < 16)) {
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
   cublasLtMatmulHeuristicResult_t& result = results[0];
   result = cublasLtMatmulHeuristicResult_t{};
   result.algo.data[kTag] = kAlgoTag;
@@ -286,9 +325,13 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatm
   const int64_t k = static_cast<int64_t>(ta ? a.rows : a.cols);
   const BlasMatrix a_matrix{A, a.type, a.ld, ta}, b_matrix{B, b.type, b.ld, tb};
   const BlasMatrix c_matrix{C, c.type, c.ld}, bias{op.bias, d.type, 1};
+  const float* a_scale = op.a_scale;
+  const float* b_scale = op.b_scale;
   dstrain::emu::enqueue(stream, [=] {
-    dstrain::emu::reference_gemm(m, n, k, alpha_value, a_matrix, b_matrix, beta_value, c_matrix, D,
-                                 d.type, d.ld, with_bias ? &bias : nullptr);
+    // The scales as the GEMM runs (written by earlier work on the stream).
+    const float scale = (a_scale ? *a_scale : 1.0f) * (b_scale ? *b_scale : 1.0f);
+    dstrain::emu::reference_gemm(m, n, k, alpha_value * scale, a_matrix, b_matrix, beta_value,
+                                 c_matrix, D, d.type, d.ld, with_bias ? &bias : nullptr);
   });
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -105,6 +105,8 @@ void reduce_in_order(DType dtype, ReduceOp op, std::span<const void* const> inpu
     case DType::F16: return reduce_dispatch_op<half_t>(op, inputs, outputs, count);
     case DType::BF16: return reduce_dispatch_op<bf16_t>(op, inputs, outputs, count);
     case DType::I32: return reduce_dispatch_op<int32_t>(op, inputs, outputs, count);
+    case DType::F8E4M3:
+    case DType::F8E5M2: break;  // never reduced
   }
   DSTRAIN_CHECK(false) << "unknown dtype " << static_cast<int>(dtype);
 }

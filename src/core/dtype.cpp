@@ -12,6 +12,8 @@ size_t dtype_size(DType dtype) {
     case DType::F16: return 2;
     case DType::BF16: return 2;
     case DType::I32: return 4;
+    case DType::F8E4M3: return 1;
+    case DType::F8E5M2: return 1;
   }
   DSTRAIN_CHECK(false) << "unknown dtype";
   return 0;
@@ -23,6 +25,8 @@ const char* dtype_name(DType dtype) {
     case DType::F16: return "F16";
     case DType::BF16: return "BF16";
     case DType::I32: return "I32";
+    case DType::F8E4M3: return "F8_E4M3";
+    case DType::F8E5M2: return "F8_E5M2";
   }
   return "?";
 }

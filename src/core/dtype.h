@@ -1,5 +1,6 @@
 // Storage dtypes. Compute is always fp32; fp16 and bf16 are storage formats converted with
-// round-to-nearest-even, exactly as the GPU's __float2half_rn / __float2bfloat16_rn do.
+// round-to-nearest-even, exactly as the GPU's __float2half_rn / __float2bfloat16_rn do. The FP8
+// formats (F8E4M3, F8E5M2: core/fp8.h) hold only the operands of FP8 GEMMs.
 #pragma once
 
 #include <cstddef>
@@ -10,10 +11,10 @@
 
 namespace dstrain {
 
-enum class DType : uint8_t { F32, F16, BF16, I32 };
+enum class DType : uint8_t { F32, F16, BF16, I32, F8E4M3, F8E5M2 };
 
 size_t dtype_size(DType dtype);
-// Safetensors spelling: "F32", "F16", "BF16", "I32".
+// Safetensors spelling: "F32", "F16", "BF16", "I32", "F8_E4M3", "F8_E5M2".
 const char* dtype_name(DType dtype);
 // Accepts the safetensors spelling and the flag spelling ("fp32", "fp16", "bf16").
 // REQUIRES: a known name; throws UserError otherwise.

@@ -492,6 +492,8 @@ void SafetensorsFile::read_f32(std::string_view name, float* dst, int64_t count)
       }
       return;
     case DType::I32:
+    case DType::F8E4M3:  // never parsed from a file (parse_file_dtype)
+    case DType::F8E5M2:
       break;
   }
   DSTRAIN_USER_ERROR() << "tensor '" << info.name << "' in '" << path().string() << "' is "

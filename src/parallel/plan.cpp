@@ -12,7 +12,9 @@ const char* precision_name(DType dtype) {
     case DType::F32: return "fp32";
     case DType::F16: return "fp16";
     case DType::BF16: return "bf16";
-    case DType::I32: break;
+    case DType::I32:
+    case DType::F8E4M3:
+    case DType::F8E5M2: break;
   }
   DSTRAIN_CHECK(false) << "not a precision: " << dtype_name(dtype);
   return "?";

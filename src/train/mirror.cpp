@@ -47,8 +47,11 @@ MirrorResult mirror_checkpoint(const fs::path& written, const fs::path& mirror, 
       if (copy.damage.empty()) {
         replace_symlink_atomic(mirror / "latest", written.filename());
         result.removed = keep_last_checkpoints(mirror, keep_last, result.dir);
-      } else {
-        result.failure = "the copy reads back damaged (" + copy.damage + ")";
+      } else {  // not left where a resume or --keep-last would take it for a whole one
+        result.failure = "the copy reads back damaged (" + copy.damage + "), and was removed";
+        std::error_code ignored;
+        fs::remove_all(result.dir, ignored);
+        result.dir.clear();
       }
     }
   } catch (const UserError& error) {

@@ -5,8 +5,8 @@
 // staged under a temp name, fsynced and renamed like the original, then read back from the
 // storage and verified the same way. DIR/latest moves to it only then, and --keep-last N
 // removes DIR's older checkpoints only then. A mirror that fails (a full or missing share, a
-// copy that reads back damaged) is said on the progress line and the run goes on: the
-// checkpoint in --out is whole.
+// copy that reads back damaged, which is removed) is said on the progress line and the run goes
+// on: the checkpoint in --out is whole.
 #pragma once
 
 #include <cstdint>

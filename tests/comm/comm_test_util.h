@@ -75,7 +75,10 @@ class GuardedBuffer {
       case DType::F16: { uint16_t b; std::memcpy(&b, p, 2); return fp16_bits_to_fp32(b); }
       case DType::BF16: { uint16_t b; std::memcpy(&b, p, 2); return bf16_bits_to_fp32(b); }
       case DType::I32: { int32_t v; std::memcpy(&v, p, 4); return v; }
+      case DType::F8E4M3:
+      case DType::F8E5M2: break;  // not communicated
     }
+    ADD_FAILURE() << "no values of " << dtype_name(dtype_);
     return 0;
   }
   // Stores `value` rounded to the dtype (integers for I32).
@@ -98,6 +101,10 @@ class GuardedBuffer {
         std::memcpy(p, &v, 4);
         break;
       }
+      case DType::F8E4M3:
+      case DType::F8E5M2:
+        ADD_FAILURE() << "no values of " << dtype_name(dtype_);
+        break;
     }
   }
   // Fills element i with test_value(dtype, seed, rank, first + i).

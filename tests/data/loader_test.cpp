@@ -184,7 +184,7 @@ TEST(DataLoader, AStepsSequencesDoNotDependOnItsSplit) {
   for (const bool shuffle : {false, true}) {
     // (B, R): 8 x 1, 4 x 2 (accumulation 1), 2 x 2 (accumulation 2), 1 x 4 (2), 1 x 1 (8).
     std::vector<std::vector<std::set<int64_t>>> by_split;
-    for (const auto [B, R] : {std::pair{8, 1}, {4, 2}, {2, 2}, {1, 4}, {1, 1}}) {
+    for (const auto& [B, R] : {std::pair{8, 1}, {4, 2}, {2, 2}, {1, 4}, {1, 1}}) {
       std::vector<DataLoader> ranks;
       for (int r = 0; r < R; ++r) {
         LoaderOptions options = geometry(B, T, R, r, shuffle, 11);
@@ -243,7 +243,9 @@ TEST(DataLoader, MultipleShards_sequences_never_cross_boundaries) {
           ASSERT_EQ(batch.targets[row * 5 + i], 1000 * shard + offset + i + 1);
           ASSERT_LT(static_cast<size_t>(offset + i + 1), sizes[shard]) << "read past the shard";
         }
-        if (!shuffle) EXPECT_EQ(std::make_pair(shard, offset), all[k * 2 + row]) << "round " << k;
+        if (!shuffle) {
+          EXPECT_EQ(std::make_pair(shard, offset), all[k * 2 + row]) << "round " << k;
+        }
         EXPECT_TRUE(seen.insert({shard, offset}).second);
       }
     }

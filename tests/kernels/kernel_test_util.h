@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/fp8.h"
 #include "core/tensor.h"
 #include "kernels/ops.h"
 
@@ -97,6 +98,10 @@ class HostTensor {
         return load_f32(static_cast<const bf16_t*>(tensor_.data)[i]);
       case DType::I32:
         return static_cast<const int32_t*>(tensor_.data)[i];
+      case DType::F8E4M3:
+        return load_f32(static_cast<const fp8e4m3_t*>(tensor_.data)[i]);
+      case DType::F8E5M2:
+        return load_f32(static_cast<const fp8e5m2_t*>(tensor_.data)[i]);
     }
     return 0.0;
   }
@@ -119,6 +124,12 @@ class HostTensor {
         break;
       case DType::I32:
         static_cast<int32_t*>(tensor_.data)[i] = static_cast<int32_t>(value);
+        break;
+      case DType::F8E4M3:
+        static_cast<fp8e4m3_t*>(tensor_.data)[i] = store_as<fp8e4m3_t>(f);
+        break;
+      case DType::F8E5M2:
+        static_cast<fp8e5m2_t*>(tensor_.data)[i] = store_as<fp8e5m2_t>(f);
         break;
     }
   }

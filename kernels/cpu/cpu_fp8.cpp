@@ -1,0 +1,63 @@
+// CPU twin of the FP8 cast (kernels/ops.h: fp8_quantize): the tensor's amax (a maximum: the
+// same whatever the order of the threads' partial maxima), its power-of-two scale, and each
+// element cast by core/fp8.h's conversion with satfinite, row by row.
+#include <cmath>
+#include <vector>
+
+#include "core/fp8.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/fp8_checks.h"
+
+namespace dstrain::cpu {
+
+namespace {
+
+constexpr int64_t kRowsPerTask = 64;
+
+// max |x| over the (rows, cols) tensor `t`; NaN when any element is NaN.
+float amax_of(const CpuContext& ctx, const Tensor& t, int64_t rows, int64_t cols) {
+  const int64_t tasks = (rows + kRowsPerTask - 1) / kRowsPerTask;
+  std::vector<float> partial(static_cast<size_t>(tasks), 0.0f);
+  ThreadScratch scratch(ctx, cols);
+  parallel_for(ctx, tasks, [&](int64_t task, int thread) {
+    float amax = 0.0f;
+    const int64_t end = std::min(rows, (task + 1) * kRowsPerTask);
+    for (int64_t r = task * kRowsPerTask; r < end; ++r) {
+      const float* row = load_span(t, r * cols, cols, scratch.get(thread));
+      for (int64_t c = 0; c < cols; ++c) {
+        const float magnitude = std::fabs(row[c]);
+        amax = std::isnan(magnitude) || !(magnitude <= amax) ? magnitude : amax;
+        if (std::isnan(amax)) break;
+      }
+      if (std::isnan(amax)) break;
+    }
+    partial[static_cast<size_t>(task)] = amax;
+  });
+  float amax = 0.0f;
+  for (const float p : partial) amax = std::isnan(p) || p > amax ? p : amax;
+  return amax;
+}
+
+}  // namespace
+
+void fp8_quantize(const CpuContext& ctx, Tensor out, Tensor scale_inv, Tensor inp, bool transpose) {
+  const RowShape s = check_fp8_quantize(out, scale_inv, inp, transpose);
+  const Fp8Format format = fp8_format(out.dtype);
+  const float scale = fp8_scale_for_amax(amax_of(ctx, inp, s.rows, s.cols), format);
+  auto* q = static_cast<uint8_t*>(out.data);
+  ThreadScratch scratch(ctx, s.cols);
+  const int64_t tasks = (s.rows + kRowsPerTask - 1) / kRowsPerTask;
+  parallel_for(ctx, tasks, [&](int64_t task, int thread) {
+    const int64_t end = std::min(s.rows, (task + 1) * kRowsPerTask);
+    for (int64_t r = task * kRowsPerTask; r < end; ++r) {
+      const float* row = load_span(inp, r * s.cols, s.cols, scratch.get(thread));
+      for (int64_t c = 0; c < s.cols; ++c) {
+        q[transpose ? c * s.rows + r : r * s.cols + c] =
+            fp32_to_fp8_bits(row[c] * scale, format, true);
+      }
+    }
+  });
+  *static_cast<float*>(scale_inv.data) = 1.0f / scale;
+}
+
+}  // namespace dstrain::cpu

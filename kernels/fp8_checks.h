@@ -1,0 +1,67 @@
+// Shape and dtype checks of the FP8 ops (kernels/ops.h: fp8_quantize, matmul_fp8), written once
+// for every backend. Throw dstrain::Error.
+#pragma once
+
+#include <cstdint>
+
+#include "core/check.h"
+#include "core/fp8.h"
+#include "core/tensor.h"
+#include "kernels/op_checks.h"
+
+namespace dstrain {
+
+// fp8_quantize: inp (R, C) float, out F8 of inp's shape or (C, R) when `transpose`,
+// scale_inv (1) F32. Returns (R, C).
+inline RowShape check_fp8_quantize(const Tensor& out, const Tensor& scale_inv, const Tensor& inp,
+                                   bool transpose) {
+  DSTRAIN_CHECK(inp.dtype == DType::F32 || inp.dtype == DType::F16 || inp.dtype == DType::BF16)
+      << "fp8_quantize inp must be F32, F16 or BF16, not " << dtype_name(inp.dtype);
+  DSTRAIN_CHECK(is_fp8(out.dtype))
+      << "fp8_quantize out must be F8E4M3 or F8E5M2, not " << dtype_name(out.dtype);
+  DSTRAIN_CHECK(scale_inv.dtype == DType::F32 && scale_inv.numel() == 1)
+      << "fp8_quantize scale_inv " << scale_inv.shape_str() << " must be one F32";
+  const RowShape s = row_shape(inp);
+  const RowShape o = row_shape(out);
+  const bool fits =
+      transpose ? (o.rows == s.cols && o.cols == s.rows && out.ndim == 2) : same_rows(out, inp);
+  DSTRAIN_CHECK(fits) << "fp8_quantize out " << out.shape_str() << " must be "
+                      << (transpose ? "inp's transpose" : "inp's shape") << ", inp "
+                      << inp.shape_str();
+  return s;
+}
+
+struct Fp8MatmulShape {
+  int64_t M, N, K;
+};
+
+// matmul_fp8: a (M, K), b (N, K) F8 not both E5M2, out (M, N) float, scale_invs one F32 each,
+// bias empty or (N) and not with `accumulate`, K and N multiples of 16.
+inline Fp8MatmulShape check_matmul_fp8(const Tensor& out, const Tensor& a,
+                                       const Tensor& a_scale_inv, const Tensor& b,
+                                       const Tensor& b_scale_inv, const Tensor& bias,
+                                       bool accumulate) {
+  DSTRAIN_CHECK(is_fp8(a.dtype) && is_fp8(b.dtype) &&
+                !(a.dtype == DType::F8E5M2 && b.dtype == DType::F8E5M2))
+      << "matmul_fp8 takes F8E4M3 x F8E4M3, F8E4M3 x F8E5M2 or F8E5M2 x F8E4M3, not "
+      << dtype_name(a.dtype) << " x " << dtype_name(b.dtype);
+  DSTRAIN_CHECK(out.dtype == DType::F32 || out.dtype == DType::F16 || out.dtype == DType::BF16)
+      << "matmul_fp8 out must be F32, F16 or BF16, not " << dtype_name(out.dtype);
+  for (const Tensor* scale : {&a_scale_inv, &b_scale_inv}) {
+    DSTRAIN_CHECK(scale->dtype == DType::F32 && scale->numel() == 1)
+        << "matmul_fp8 scale_inv " << scale->shape_str() << " must be one F32";
+  }
+  const RowShape as = row_shape(a), bs = row_shape(b), os = row_shape(out);
+  DSTRAIN_CHECK(as.cols == bs.cols && os.rows == as.rows && os.cols == bs.rows && b.ndim == 2)
+      << "matmul_fp8 a " << a.shape_str() << " (M, K), b " << b.shape_str() << " (N, K) and out "
+      << out.shape_str() << " (M, N) do not match";
+  DSTRAIN_CHECK(as.cols % 16 == 0 && bs.rows % 16 == 0)
+      << "matmul_fp8 needs K and N multiples of 16, not K " << as.cols << ", N " << bs.rows;
+  DSTRAIN_CHECK(bias.numel() == 0 ||
+                (bias.numel() == bs.rows && bias.dtype == out.dtype && !accumulate))
+      << "matmul_fp8 bias " << bias.shape_str() << " must be empty or (" << bs.rows
+      << ") of out's dtype, without accumulate";
+  return {as.rows, bs.rows, as.cols};
+}
+
+}  // namespace dstrain

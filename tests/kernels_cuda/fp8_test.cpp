@@ -1,0 +1,122 @@
+// The FP8 ops on CUDA against their CPU twin. fp8_quantize: the same bytes and scale_inv, every
+// input dtype, both formats, transposed or not, shapes across the 32 x 32 tiles, a NaN, an all
+// zero tensor; its cast is the toolkit's __nv_cvt_float_to_fp8 (hardware cvt on sm_89+, the
+// toolkit's own software conversion on the emulator), so bitwise equality also checks the
+// twin's conversion against NVIDIA's. matmul_fp8 (cuBLASLt's FP8 GEMM; the emulator models its
+// requirements): within fp32 summation order of the twin, for every operand pairing, with a
+// bias and accumulating; the forms it refuses.
+#include "core/fp8.h"
+
+#include <cmath>
+#include <string>
+
+#include "cuda_test_util.h"
+
+namespace dstrain::test {
+namespace {
+
+constexpr DType kFp8[] = {DType::F8E4M3, DType::F8E5M2};
+
+TEST(CudaFp8, QuantizeMatchesTheTwinBitwise) {
+  REQUIRE_CUDA_DEVICE();
+  const std::vector<std::vector<int64_t>> shapes = {{70, 45}, {1, 1}, {33, 100}, {64, 32}};
+  for (DType in_dtype : kFloatDTypes) {
+    for (DType format : kFp8) {
+      for (bool transpose : {false, true}) {
+        for (const auto& shape : shapes) {
+          Random rng(91);
+          // A wide range: subnormal FP8 values, overflow of nothing (the scale fits amax).
+          HostTensor inp = random_tensor(rng, in_dtype, shape, -5.0, 5.0);
+          for (int64_t i = 0; i < inp.numel(); i += 7) inp.set(i, inp.get(i) * 1e-4);
+          const std::vector<int64_t> out_shape =
+              transpose ? std::vector<int64_t>{shape[1], shape[0]} : shape;
+          HostTensor out_cpu(format, out_shape), scale_cpu(DType::F32, {1});
+          cpu_backend().fp8_quantize(out_cpu, scale_cpu, inp, transpose, nullptr);
+          HostTensor out_gpu(format, out_shape), scale_gpu(DType::F32, {1});
+          GpuRun run;
+          cuda_backend().fp8_quantize(run(out_gpu), run(scale_gpu), run(inp), transpose, nullptr);
+          run.finish();
+          const std::string where = std::string(dtype_name(in_dtype)) + " -> " +
+                                    dtype_name(format) + " " + inp.t().shape_str() +
+                                    (transpose ? " transposed" : "");
+          EXPECT_TRUE(bitwise_equal(out_gpu, out_cpu)) << where;
+          EXPECT_TRUE(bitwise_equal(scale_gpu, scale_cpu)) << where;
+          EXPECT_TRUE(guards_intact({&out_gpu, &scale_gpu})) << where;
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaFp8, QuantizeOfANaNOrOfZerosHasScaleOne) {
+  REQUIRE_CUDA_DEVICE();
+  Random rng(92);
+  HostTensor with_nan = random_tensor(rng, DType::F32, {40, 40}, -1000.0, 1000.0);
+  with_nan.set(1234, std::nan(""));
+  HostTensor zeros(DType::BF16, {3, 16});
+  zeros.set(std::vector<double>(48, 0.0));
+  for (HostTensor* inp : {&with_nan, &zeros}) {
+    HostTensor out_cpu(DType::F8E4M3, inp->shape()), scale_cpu(DType::F32, {1});
+    cpu_backend().fp8_quantize(out_cpu, scale_cpu, *inp, false, nullptr);
+    HostTensor out_gpu(DType::F8E4M3, inp->shape()), scale_gpu(DType::F32, {1});
+    GpuRun run;
+    cuda_backend().fp8_quantize(run(out_gpu), run(scale_gpu), run(*inp), false, nullptr);
+    run.finish();
+    EXPECT_EQ(scale_gpu.get(0), 1.0);
+    EXPECT_TRUE(bitwise_equal(out_gpu, out_cpu)) << inp->t().shape_str();
+  }
+}
+
+struct GemmCase {
+  int64_t M, N, K;
+  DType a, b, out;
+  bool bias, accumulate;
+};
+
+TEST(CudaFp8, MatmulMatchesTheTwin) {
+  REQUIRE_CUDA_DEVICE();
+  const std::vector<GemmCase> cases = {
+      {5, 16, 32, DType::F8E4M3, DType::F8E4M3, DType::F32, false, false},
+      {33, 48, 64, DType::F8E4M3, DType::F8E5M2, DType::BF16, true, false},
+      {7, 32, 16, DType::F8E5M2, DType::F8E4M3, DType::F16, false, true},
+      {40, 64, 48, DType::F8E4M3, DType::F8E4M3, DType::BF16, false, true},
+  };
+  for (const GemmCase& g : cases) {
+    Random rng(93);
+    HostTensor a = random_tensor(rng, g.a, {g.M, g.K}, -448.0, 448.0);
+    HostTensor b = random_tensor(rng, g.b, {g.N, g.K}, -448.0, 448.0);
+    HostTensor a_scale_inv(DType::F32, {1}), b_scale_inv(DType::F32, {1});
+    a_scale_inv.set({0.0078125});
+    b_scale_inv.set({4.0});
+    HostTensor bias = random_tensor(rng, g.out, {g.bias ? g.N : 0});
+    HostTensor out_cpu = random_tensor(rng, g.out, {g.M, g.N}), out_gpu = out_cpu.clone();
+    cpu_backend().matmul_fp8(out_cpu, a, a_scale_inv, b, b_scale_inv, bias, g.accumulate, nullptr);
+    GpuRun run;
+    cuda_backend().matmul_fp8(run(out_gpu), run(a), run(a_scale_inv), run(b), run(b_scale_inv),
+                              g.bias ? run(bias) : Tensor(), g.accumulate, nullptr);
+    run.finish();
+    // The twin sums in OpenBLAS's order, the GEMM in its own: fp32 sums of K exact products.
+    Tolerance tol = storage_tolerance(g.out);
+    tol.atol = std::max(tol.atol, 448.0 * 448.0 * 0.03125 * g.K * 1e-7);
+    EXPECT_TRUE(all_close(out_gpu.values(), out_cpu.values(), tol))
+        << g.M << "x" << g.N << "x" << g.K << " " << dtype_name(g.a) << " x " << dtype_name(g.b);
+    EXPECT_TRUE(guards_intact({&out_gpu})) << g.M;
+  }
+}
+
+TEST(CudaFp8, MatmulRefusesWhatTheFp8TensorCoresCannotTake) {
+  REQUIRE_CUDA_DEVICE();
+  const auto run_gemm = [](DType a_dtype, DType b_dtype, int64_t N, int64_t K) {
+    HostTensor a(a_dtype, {4, K}), b(b_dtype, {N, K}), out(DType::BF16, {4, N});
+    HostTensor a_scale_inv(DType::F32, {1}), b_scale_inv(DType::F32, {1});
+    GpuRun run;
+    cuda_backend().matmul_fp8(run(out), run(a), run(a_scale_inv), run(b), run(b_scale_inv),
+                              Tensor(), false, nullptr);
+    run.finish();
+  };
+  EXPECT_THROW(run_gemm(DType::F8E5M2, DType::F8E5M2, 16, 16), Error);
+  EXPECT_THROW(run_gemm(DType::F8E4M3, DType::F8E4M3, 16, 24), Error);
+}
+
+}  // namespace
+}  // namespace dstrain::test
