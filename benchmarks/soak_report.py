@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """The soak's table (scripts/soak.sh): what the run did and whether its memory stayed flat.
 
-Memory is flat when the resident set over the second half of the run grows by less than 1% of
-its size (a least-squares line through the samples, its rise over that half); the first half
-holds the start-up (the allocator and the page cache of the offloaded optimizer settle).
+Memory is flat when the resident set grows by less than one byte a step over the second half of
+the run (a least-squares line through the samples, its rise over that half, per step run in it);
+the first half holds the start-up (the allocator and the offloaded optimizer settle). A byte a
+step is well below any per-step record (the first soak found the summary's list of losses
+growing 8 bytes a step) and well above a page's noise over a multi-hour run.
 Usage: soak_report.py DIR EXIT_CODE
 """
 import json
@@ -34,12 +36,17 @@ def main():
                 pass
     steps = [r for r in records if "loss" in r and "step" in r]
     evals = [r for r in records if "eval_loss" in r]
-    memory = []
+    memory = []  # (seconds, bytes, steps: counted, or estimated at the run's mean rate)
     with open(os.path.join(directory, "memory.tsv")) as tsv:
         next(tsv)
         for line in tsv:
-            seconds, rss = line.split()
-            memory.append((float(seconds), float(rss) * 1024))
+            fields = line.split()
+            steps_then = float(fields[2]) if len(fields) > 2 else None
+            memory.append((float(fields[0]), float(fields[1]) * 1024, steps_then))
+    total_steps = steps[-1]["step"] if steps else 0
+    end = memory[-1][0] if memory else 0.0
+    memory = [(t, m, n if n is not None else (total_steps * t / end if end else 0.0))
+              for t, m, n in memory]
     with open(os.path.join(directory, "stdout.txt")) as out:
         text = out.read()
     saved = text.count("saved checkpoint")
@@ -47,9 +54,10 @@ def main():
     not_mirrored = text.count("NOT mirrored")
     damaged = text.count("reads back damaged")
     second_half = memory[len(memory) // 2:]
-    rise = line_rise(second_half) if len(second_half) >= 2 else 0.0
-    size = second_half[0][1] if second_half else 0.0
-    flat = size > 0 and rise < 0.01 * size
+    rise = line_rise([(t, m) for t, m, _ in second_half]) if len(second_half) >= 2 else 0.0
+    steps_in_half = second_half[-1][2] - second_half[0][2] if len(second_half) >= 2 else 0.0
+    per_step = rise / steps_in_half if steps_in_half > 0 else 0.0
+    flat = steps_in_half > 0 and per_step < 1.0
     rows = [
         ("hours", "%.2f" % (memory[-1][0] / 3600 if memory else 0)),
         ("exit code", str(code)),
@@ -60,11 +68,11 @@ def main():
         ("checkpoints saved (verified)", "%d (%d damaged)" % (saved, damaged)),
         ("mirrored (verified), failed", "%d, %d" % (mirrored, not_mirrored)),
         ("replica checks", "every 20 steps: %d, none differed" % ((steps[-1]["step"] // 20) if steps else 0)),
-        ("RSS: at 10%, 50%, end", ", ".join("%.0f MiB" % (memory[int(f * (len(memory) - 1))][1] / 2**20)
+        ("RSS: at 10%, 50%, end", ", ".join("%.1f MiB" % (memory[int(f * (len(memory) - 1))][1] / 2**20)
                                             for f in (0.1, 0.5, 1.0)) if memory else "-"),
-        ("RSS peak", "%.0f MiB" % (max(m for _, m in memory) / 2**20) if memory else "-"),
-        ("RSS rise over the second half", "%+.2f MiB (%+.3f%%): %s" % (
-            rise / 2**20, 100 * rise / size if size else 0, "flat" if flat else "GROWING")),
+        ("RSS peak", "%.1f MiB" % (max(m for _, m, _ in memory) / 2**20) if memory else "-"),
+        ("RSS rise over the second half", "%+.2f MiB over %.0f steps: %.2f bytes a step, %s" % (
+            rise / 2**20, steps_in_half, per_step, "flat" if flat else "GROWING")),
     ]
     width = max(len(k) for k, _ in rows)
     print("| %s | value |" % "what".ljust(width))

@@ -25,11 +25,12 @@ build/dstrain --model llama-tiny --device cpu --gpus 8 --pp 2 --tp 2 --zero 3 \
 pid=$!
 echo "soak: dstrain (pid $pid) for $hours h into $dir"
 start=$(date +%s)
-echo -e "seconds\trss_kb" >"$dir/memory.tsv"
+echo -e "seconds\trss_kb\tsteps" >"$dir/memory.tsv"
 while kill -0 "$pid" 2>/dev/null; do
   now=$(($(date +%s) - start))
   rss=$(awk '/^VmRSS:/ { print $2 }' "/proc/$pid/status" 2>/dev/null || true)
-  [ -n "$rss" ] && echo -e "$now\t$rss" >>"$dir/memory.tsv"
+  steps=$(grep -c '"loss"' "$dir/soak.jsonl" 2>/dev/null || true)
+  [ -n "$rss" ] && echo -e "$now\t$rss\t${steps:-0}" >>"$dir/memory.tsv"
   if ((now >= seconds)); then
     kill -TERM "$pid"
     break

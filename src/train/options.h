@@ -43,6 +43,8 @@ struct TestHooks {
   // At the end, the two copies of the tied embedding (first and last pipeline stage)
   // are compared bit for bit; a difference is an Error.
   bool verify_tied_embedding = false;
+  // How many steps' losses TrainSummary::losses keeps (the first ones).
+  int64_t summary_losses_kept = int64_t{1} << 16;
 };
 
 struct TrainOptions {

@@ -525,7 +525,10 @@ void RankTrainer::report_step(int64_t step, const StepOutcome& o) {
   TrainSummary& summary = *ctx_.summary;
   const double tokens_per_s = o.positions / o.seconds;
   positions_run_ += o.positions;
-  summary.losses.push_back(o.loss);
+  if (static_cast<int64_t>(summary.losses.size()) < options_.test.summary_losses_kept) {
+    summary.losses.push_back(o.loss);
+  }
+  summary.final_loss = o.loss;
   nlohmann::json record{{"step", step + 1}, {"loss", o.loss}, {"lr", o.lr},
                         {"grad_norm", o.stats.grad_norm}, {"tokens_per_s", tokens_per_s}};
   if (scaler_.enabled()) {

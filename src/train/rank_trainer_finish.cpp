@@ -131,7 +131,7 @@ void RankTrainer::finish(double train_seconds) {
   text << std::fixed << "done: " << count_of(steps_run, "step") << " in "
        << format_duration(train_seconds) << ", " << format_rate(summary.tokens_per_second)
        << " tokens/s";
-  if (!summary.losses.empty()) text << "; final train loss " << summary.losses.back();
+  if (summary.final_loss) text << "; final train loss " << *summary.final_loss;
   if (summary.final_eval_loss) text << ", eval loss " << *summary.final_eval_loss;
   if (steps_run > 0) text << "\n  time: " << time_split_line(per_step) << " (mean over ranks)";
   const Datasets& data = *ctx_.data;
@@ -139,7 +139,7 @@ void RankTrainer::finish(double train_seconds) {
     text << "\n  entropy floor " << *data.entropy_floor << " nats: the model is "
          << *summary.final_eval_loss - *data.entropy_floor << " nats above it";
   }
-  if (!summary.losses.empty()) summary_record["final_loss"] = summary.losses.back();
+  if (summary.final_loss) summary_record["final_loss"] = *summary.final_loss;
   if (summary.final_eval_loss) summary_record["final_eval_loss"] = *summary.final_eval_loss;
   ctx_.log->write(summary_record);
   if (summary.interrupted_by != 0) {

@@ -15,7 +15,11 @@ namespace dstrain {
 struct TrainSummary {
   int64_t first_step = 0;          // 0, or the step resumed from
   int64_t steps = 0;               // the step count reached
-  std::vector<double> losses;      // training loss of each step run here
+  // The training loss of each step run here, up to options.test.summary_losses_kept (65,536)
+  // of them: a bounded record, so that a run of millions of steps keeps a flat memory (the log
+  // has every step's).
+  std::vector<double> losses;
+  std::optional<double> final_loss;  // the last step's
   std::optional<double> final_eval_loss;
   std::optional<double> entropy_floor;  // synthetic data only
   double tokens_per_second = 0.0;

@@ -132,6 +132,23 @@ TEST_F(TrainTest, SameSeedSameBits) {
             slurp(path("c/step-000012/model.safetensors")));
 }
 
+// The summary's list of losses is bounded (a run of millions of steps keeps a flat memory: the
+// soak of issue 35 found it growing 8 bytes a step); the last step's loss is kept beside it.
+TEST_F(TrainTest, TheSummaryKeepsTheFirstLossesAndTheLast) {
+  TrainOptions options = small_synthetic_run(path("bounded.jsonl"));
+  options.eval_every = 0;
+  options.steps = 5;
+  options.test.summary_losses_kept = 3;
+  std::ostringstream out;
+  const TrainSummary summary = train(options, out);
+  const std::vector<double> logged = dstrain::testing::step_losses(path("bounded.jsonl"));
+  ASSERT_EQ(logged.size(), 5u);
+  EXPECT_EQ(summary.losses, std::vector<double>(logged.begin(), logged.begin() + 3));
+  ASSERT_TRUE(summary.final_loss.has_value());
+  EXPECT_EQ(*summary.final_loss, logged.back());
+  EXPECT_NE(out.str().find("final train loss"), std::string::npos) << out.str();
+}
+
 // 2N steps straight, and N steps + resume + N steps: byte-identical weights and optimizer
 // state, identical logged losses and eval losses.
 void expect_bit_identical_resume(const TrainOptions& base, const TrainTest* test,
