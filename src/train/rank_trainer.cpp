@@ -15,7 +15,6 @@
 #include "parallel/model_flops.h"
 #include "parallel/pipeline_split.h"
 #include "train/cluster.h"
-#include "train/run_directory.h"
 #include "train/run_start.h"
 #include "train/sample.h"
 
