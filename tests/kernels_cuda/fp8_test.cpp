@@ -48,6 +48,41 @@ TEST(CudaFp8, QuantizeMatchesTheTwinBitwise) {
   }
 }
 
+// The 128-bit paths (the amax and cast 8 and 16 elements a thread, the transposed cast's 64 x 64
+// tiles) and their fallbacks: views 0, 8 and 1 elements into a buffer (the last misaligned: the
+// scalar kernels), shapes with partial tiles and scalar tails, one over many blocks. Transposed,
+// rows % 16 and cols % 8 pick the vector tile (80 x 136, 48 x 24, 1024 x 520) or not (3 x 67).
+TEST(CudaFp8, QuantizeVectorPathsAndViewsMatchTheTwinBitwise) {
+  REQUIRE_CUDA_DEVICE();
+  const std::pair<int64_t, int64_t> shapes[] = {{80, 136}, {48, 24}, {3, 67}, {1024, 520}};
+  for (DType in_dtype : kFloatDTypes) {
+    for (const auto& [rows, cols] : shapes) {
+      for (int64_t offset : kViewOffsets) {
+        for (bool transpose : {false, true}) {
+          const int64_t out_rows = transpose ? cols : rows, out_cols = transpose ? rows : cols;
+          const int64_t size = offset + rows * cols;
+          Random rng(94);
+          HostTensor inp = random_tensor(rng, in_dtype, {size}, -30.0, 30.0);
+          HostTensor out_cpu(DType::F8E4M3, {size}), scale_cpu(DType::F32, {1});
+          HostTensor out_gpu = out_cpu.clone(), scale_gpu(DType::F32, {1});
+          cpu_backend().fp8_quantize(out_cpu.t().slice(offset, {out_rows, out_cols}), scale_cpu,
+                                     inp.t().slice(offset, {rows, cols}), transpose, nullptr);
+          GpuRun run;
+          cuda_backend().fp8_quantize(run(out_gpu).slice(offset, {out_rows, out_cols}),
+                                      run(scale_gpu), run(inp).slice(offset, {rows, cols}),
+                                      transpose, nullptr);
+          run.finish();
+          const std::string where =
+              view_case(in_dtype, rows, cols, offset) + (transpose ? " transposed" : "");
+          EXPECT_TRUE(bitwise_equal(out_gpu, out_cpu)) << where;
+          EXPECT_TRUE(bitwise_equal(scale_gpu, scale_cpu)) << where;
+          EXPECT_TRUE(guards_intact({&out_gpu, &scale_gpu})) << where;
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaFp8, QuantizeOfANaNOrOfZerosHasScaleOne) {
   REQUIRE_CUDA_DEVICE();
   Random rng(92);

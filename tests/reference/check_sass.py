@@ -6,9 +6,9 @@ CUDA backend are disassembled with cuobjdump for sm_89 and sm_90 and checked:
      LDL/STL in its SASS: ptxas counts spilled registers in the stack frame, not in LOCAL);
   2. each rule below holds: every kernel whose name matches the rule's pattern contains the
      rule's instructions (the tensor-core attention kernels: HMMA, LDSM, LDGSTS; the bf16
-     memory-bound vector kernels: LDG.E.128 and STG.E.128; the FP8 cast: F2FP.SATFINITE for
-     E4M3 and E5M2), and at least one kernel matches each
-     rule (a rule that matches nothing would pass silently). An instruction is matched by its
+     memory-bound vector kernels, the FP8 casts' among them: LDG.E.128 and STG.E.128; every
+     FP8 cast: F2FP.SATFINITE for E4M3 and E5M2; the FP8 amax: LDG.E.128), and at least one
+     kernel matches each rule (a rule that matches nothing would pass silently). An instruction is matched by its
      mnemonic ("LDG") or by its whole opcode with modifiers as cuobjdump prints it ("LDG.E.128").
 
 It prints a table of registers, shared and local memory, and the static count of 128-bit global
@@ -48,8 +48,12 @@ RULES = [
      r"gradient_partials_kernel", ("LDG.E.128",)),
     # The FP8 cast (cuda_fp8.cu): the hardware conversion with satfinite, both formats, on
     # sm_89 and sm_90 (the toolkit's software conversion only before sm_89).
-    ("FP8 cast by the hardware's saturating conversion", r"fp8_cast_kernel",
+    # Every cast kernel, scalar or 128-bit; the amax of the 128-bit path reads 128 bits at a time
+    # (the casts' bf16 instantiations are held to 128-bit loads and stores by the rule above).
+    ("FP8 cast by the hardware's saturating conversion",
+     r"fp8_cast_(transpose_vector_|vector_)?kernel",
      ("F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C", "F2FP.SATFINITE.E5M2.F32.PACK_AB_MERGE_C")),
+    ("FP8 amax of bf16 with 128-bit loads", r"fp8_amax_wide_kernel<__nv_bfloat16", ("LDG.E.128",)),
 ]
 
 
