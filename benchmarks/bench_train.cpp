@@ -4,7 +4,7 @@
 // AdamW settings and LR warmup. Prints a table of ms/step, tokens/s, achieved model FLOP/s and
 // MFU against a peak, one row per (model, dtype); --json writes the same rows.
 //
-//   bench_train [--device cpu|cuda] [--dtype fp32|fp16|bf16[,...]] [--recompute
+//   bench_train [--device cpu|cuda] [--dtype fp32|fp16|bf16|fp8[,...]] [--recompute
 //   none|selective|full]
 //               [--models tiny,gpt2-124m] [--batch B] [--seq-len T] [--steps N] [--warmup N]
 //               [--threads N] [--peak-tflops X] [--attention-warp-rows 16|32] [--json FILE]
@@ -56,7 +56,7 @@ using namespace dstrain;
 namespace {
 
 constexpr const char* kUsage =
-    "usage: bench_train [--device cpu|cuda] [--dtype fp32|fp16|bf16[,...]] "
+    "usage: bench_train [--device cpu|cuda] [--dtype fp32|fp16|bf16|fp8[,...]] "
     "[--recompute none|selective|full] [--models a,b] [--batch B] [--seq-len T] [--steps N] "
     "[--warmup N] [--threads N] [--peak-tflops X] [--attention-warp-rows 16|32] [--json FILE]";
 
@@ -87,10 +87,10 @@ Options parse_options(int argc, char** argv) {
           << "--device must be cpu or cuda, not '" << o.device << "'";
     } else if (arg == "--dtype") {
       o.dtypes = split_list(value());
-      DSTRAIN_USER_CHECK(!o.dtypes.empty()) << "--dtype needs fp32, fp16 or bf16";
+      DSTRAIN_USER_CHECK(!o.dtypes.empty()) << "--dtype needs fp32, fp16, bf16 or fp8";
       for (const std::string& d : o.dtypes) {
-        DSTRAIN_USER_CHECK(d == "fp32" || d == "fp16" || d == "bf16")
-            << "--dtype takes fp32, fp16 or bf16 (or a comma list of them), not '" << d << "'";
+        DSTRAIN_USER_CHECK(d == "fp32" || d == "fp16" || d == "bf16" || d == "fp8")
+            << "--dtype takes fp32, fp16, bf16 or fp8 (or a comma list of them), not '" << d << "'";
       }
     } else if (arg == "--recompute") {
       o.recompute = value();
@@ -158,10 +158,12 @@ Peak find_peak(const Options& o, const std::string& dtype, const std::string& gp
   if (o.device != "cuda" || dtype == "fp32") return {};
   const KnownGpu* known = find_known_gpu(gpu_name);
   if (known == nullptr) return {};
+  // fp8: MFU against the bf16 peak, as for the bf16 run of the same model (its model FLOPs are
+  // the same; only the layers' GEMMs run at the FP8 rate).
   const double tflops = dtype == "fp16" ? known->fp16_tflops : known->bf16_tflops;
   if (tflops <= 0) return {};
-  return {tflops,
-          "dense " + dtype + " tensor peak of the " + known->key + " in topology/gpu_table.cpp"};
+  return {tflops, "dense " + std::string(dtype == "fp16" ? "fp16" : "bf16") +
+                      " tensor peak of the " + known->key + " in topology/gpu_table.cpp"};
 }
 
 struct Result {
@@ -186,7 +188,9 @@ Result run_case(const Options& o, const RunDevices& devices, const ModelConfig& 
   r.params = config.num_parameters();
   r.batch = B;
   r.seq_len = T;
-  const DType dtype = parse_dtype(dtype_name);
+  // fp8: bf16 with the layers' GEMMs in FP8 (--precision fp8, model/fp8_linear.h).
+  const bool fp8 = dtype_name == "fp8";
+  const DType dtype = fp8 ? DType::BF16 : parse_dtype(dtype_name);
   std::vector<double> times;
   const auto setup_start = std::chrono::steady_clock::now();
   launch_ranks(devices, 3600.0, [&](Communicator& launched) {
@@ -199,7 +203,7 @@ Result run_case(const Options& o, const RunDevices& devices, const ModelConfig& 
     const Stream compute = rank.compute.get();
     ShardedModel state(config, sharding, *rank.comm, backend, *rank.device, *rank.host, compute);
     state.set_full_params(initial.tensors());
-    const std::unique_ptr<Architecture> arch = make_architecture(config);
+    const std::unique_ptr<Architecture> arch = make_architecture(config, {}, {}, fp8);
     ModelStage model(*arch, whole_model(config), backend, *rank.device, B, T, dtype, true,
                      parse_recompute(o.recompute), 1);
 

@@ -33,6 +33,9 @@
 #   MODELS         the GPT-2 models timed, in order (default "gpt2-1.5b gpt2-124m")
 #   LLAMA_MODELS   the LLaMA-family models timed against transformers' model, in order
 #                  (default "qwen2.5-0.5b llama3.2-1b"), at BATCH_LLAMA (16) x SEQ
+#   FP8_MODELS     the LLaMA-family models whose step is timed again with --dtype fp8 (the
+#                  layers' GEMMs on FP8 tensor cores, --precision fp8), at BATCH_LLAMA x SEQ,
+#                  beside llmq's published fp8 numbers (default "qwen2.5-0.5b"; empty: none)
 #   BIG_MODELS     models trained by dstrain itself (`dstrain --device cuda`, the plan it picks
 #                  for this GPU, BIG_TOKENS = 16384 tokens a step, BIG_STEPS = 8 steps; tokens/s
 #                  is the median of the steps after the second), default "qwen2.5-7b"
@@ -115,6 +118,7 @@ PREWARM=${PREWARM:-1}
 MODELS=${MODELS-gpt2-1.5b gpt2-124m}
 LLAMA_MODELS=${LLAMA_MODELS-qwen2.5-0.5b llama3.2-1b}
 BATCH_LLAMA=${BATCH_LLAMA:-16}
+FP8_MODELS=${FP8_MODELS-qwen2.5-0.5b}
 BIG_MODELS=${BIG_MODELS-qwen2.5-7b}
 BIG_TOKENS=${BIG_TOKENS:-16384}
 BIG_STEPS=${BIG_STEPS:-8}
@@ -446,6 +450,12 @@ if ((!KERNELS_ONLY)); then
   # The LLaMA family first (issue 34), then GPT-2 (issue 5's comparison, kept up to date).
   for model in $LLAMA_MODELS; do
     time_pair "$model" "$BATCH_LLAMA" bf16 "${pytorch_llama[@]}"
+  done
+  # --precision fp8 (issue 34, item 5): the same step with the layers' GEMMs in FP8.
+  for model in $FP8_MODELS; do
+    run_step "bench_train_${model}_fp8" 120 "$BUILD/bench_train" --device cuda --models "$model" \
+      --dtype fp8 --batch "$BATCH_LLAMA" --seq-len "$SEQ" --steps "$STEPS" --warmup "$WARMUP" \
+      --json "$json/dstrain_${model}_fp8.json"
   done
   # A 7B the way a user trains it: the dstrain binary, the plan it picks for this GPU.
   for model in $BIG_MODELS; do

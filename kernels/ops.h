@@ -233,6 +233,9 @@ class Backend {
   virtual void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout,
                                Tensor inp, Tensor weight, bool weight_out_by_in,
                                Stream stream) = 0;
+  // dbias (OC) += column sums of dout (N,OC): matmul_backward's dbias alone, the same bits (a
+  // linear whose GEMMs run elsewhere: the FP8 ones, model/fp8_linear.h).
+  virtual void bias_backward(Tensor dbias, Tensor dout, Stream stream) = 0;
   // The MLP up-projection: pre_gelu (N,OC) = inp (N,C) @ weight (C,OC) + bias (OC; may be
   // empty), rounded to pre_gelu's dtype; out (N,OC) = gelu (tanh approximation, below) of
   // pre_gelu AS STORED, rounded to out's dtype. Bitwise what matmul_forward(pre_gelu, inp,

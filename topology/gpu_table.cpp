@@ -73,6 +73,8 @@ std::vector<KnownGpu> make_table() {
     g.cc_major = 8, g.cc_minor = 9;
     g.fp16_tflops = 165.2;
     g.bf16_tflops = 165.2;
+    // The same whitepaper: peak FP8 tensor TFLOPS with FP32 accumulate 330.3/660.6.
+    g.fp8_tflops = 330.3;
     g.fp32_tflops = 82.6;
     g.pcie_generation = 4;
     g.pcie_peer_access = false;
@@ -94,6 +96,8 @@ std::vector<KnownGpu> make_table() {
     g.cc_major = 12, g.cc_minor = 0;
     g.fp16_tflops = 209.5;
     g.bf16_tflops = 209.5;
+    // FP8 with FP32 accumulate: twice BF16's, as on every GPU with FP8 tensor cores.
+    g.fp8_tflops = 419;
     g.fp32_tflops = 104.8;
     g.pcie_generation = 5;
     g.pcie_peer_access = false;
@@ -156,6 +160,8 @@ std::vector<KnownGpu> make_table() {
     g.cc_major = 9, g.cc_minor = 0;
     g.fp16_tflops = 989.4;
     g.bf16_tflops = 989.4;
+    // H100 datasheet: FP8 tensor core 3,958 TFLOPS with sparsity: 1978.9 dense.
+    g.fp8_tflops = 1978.9;
     g.fp32_tflops = 67;
     g.nvlink_generation = 4;
     g.nvlinks_per_gpu = 18;
@@ -174,6 +180,7 @@ std::vector<KnownGpu> make_table() {
     g.cc_major = 9, g.cc_minor = 0;
     g.fp16_tflops = 756.5;
     g.bf16_tflops = 756.5;
+    g.fp8_tflops = 1513;  // H100 datasheet (PCIe): 3,026 with sparsity
     g.fp32_tflops = 51;
     g.nvlink_generation = 4;
     g.nvlinks_per_gpu = 12;  // 600 GB/s total = 12 links x 25 GB/s x 2 directions
@@ -195,6 +202,7 @@ std::vector<KnownGpu> make_table() {
     g.cc_major = 9, g.cc_minor = 0;
     g.fp16_tflops = 989.4;
     g.bf16_tflops = 989.4;
+    g.fp8_tflops = 1978.9;  // H200 datasheet: 3,958 with sparsity
     g.fp32_tflops = 67;
     g.nvlink_generation = 4;
     g.nvlinks_per_gpu = 18;
@@ -218,6 +226,7 @@ std::vector<KnownGpu> make_table() {
     g.cc_major = 8, g.cc_minor = 9;
     g.fp16_tflops = 362.05;
     g.bf16_tflops = 362.05;
+    g.fp8_tflops = 733;  // L40S datasheet: 733 / 1,466 (sparse)
     g.fp32_tflops = 91.6;
     g.pcie_generation = 4;
     g.pcie_peer_access = true;

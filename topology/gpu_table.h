@@ -23,6 +23,7 @@ struct KnownGpu {
   int cc_major = 0, cc_minor = 0;
   double fp16_tflops = 0;            // peak dense FP16 tensor TFLOP/s, FP32 accumulate
   double bf16_tflops = 0;            // peak dense BF16 tensor TFLOP/s, FP32 accumulate
+  double fp8_tflops = 0;             // peak dense FP8 tensor TFLOP/s, FP32 accumulate (0: none)
   double fp32_tflops = 0;            // peak FP32 TFLOP/s on the CUDA cores (non-tensor)
   int nvlink_generation = 0;         // 0: no NVLink
   int nvlinks_per_gpu = 0;           // NVLinks a GPU has (bridge or NVSwitch)

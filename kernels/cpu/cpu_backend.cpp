@@ -188,6 +188,9 @@ class CpuBackend final : public Backend {
                        Tensor weight, bool weight_out_by_in, Stream) override {
     cpu::matmul_backward(ctx_, dinp, dweight, dbias, dout, inp, weight, weight_out_by_in);
   }
+  void bias_backward(Tensor dbias, Tensor dout, Stream) override {
+    cpu::column_sums_accumulate(ctx_, dbias, dout);
+  }
   void matmul_gelu_forward(Tensor out, Tensor pre_gelu, Tensor inp, Tensor weight, Tensor bias,
                            Stream) override {
     cpu::matmul_gelu_forward(ctx_, out, pre_gelu, inp, weight, bias);

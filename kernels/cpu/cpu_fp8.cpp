@@ -45,16 +45,24 @@ void fp8_quantize(const CpuContext& ctx, Tensor out, Tensor scale_inv, Tensor in
   const Fp8Format format = fp8_format(out.dtype);
   const float scale = fp8_scale_for_amax(amax_of(ctx, inp, s.rows, s.cols), format);
   auto* q = static_cast<uint8_t*>(out.data);
+  // A task's rows cast into a scratch block first, then stored: row by row, or (transposed) a
+  // column of the block at a time, kRowsPerTask contiguous bytes of an output row.
   ThreadScratch scratch(ctx, s.cols);
+  // (Allocated before the parallel region, as ThreadScratch is: nothing throws inside it.)
+  const int64_t block_bytes = transpose ? kRowsPerTask * s.cols : 0;
+  std::vector<uint8_t> blocks(static_cast<size_t>(block_bytes * ctx.num_threads));
   const int64_t tasks = (s.rows + kRowsPerTask - 1) / kRowsPerTask;
   parallel_for(ctx, tasks, [&](int64_t task, int thread) {
-    const int64_t end = std::min(s.rows, (task + 1) * kRowsPerTask);
-    for (int64_t r = task * kRowsPerTask; r < end; ++r) {
+    const int64_t begin = task * kRowsPerTask, end = std::min(s.rows, begin + kRowsPerTask);
+    uint8_t* block = blocks.data() + block_bytes * thread;
+    for (int64_t r = begin; r < end; ++r) {
       const float* row = load_span(inp, r * s.cols, s.cols, scratch.get(thread));
-      for (int64_t c = 0; c < s.cols; ++c) {
-        q[transpose ? c * s.rows + r : r * s.cols + c] =
-            fp32_to_fp8_bits(row[c] * scale, format, true);
-      }
+      uint8_t* cast = transpose ? block + (r - begin) * s.cols : q + r * s.cols;
+      for (int64_t c = 0; c < s.cols; ++c) cast[c] = fp32_to_fp8_bits(row[c] * scale, format, true);
+    }
+    if (!transpose) return;
+    for (int64_t c = 0; c < s.cols; ++c) {
+      for (int64_t r = begin; r < end; ++r) q[c * s.rows + r] = block[(r - begin) * s.cols + c];
     }
   });
   *static_cast<float*>(scale_inv.data) = 1.0f / scale;

@@ -382,6 +382,10 @@ class CudaBackend final : public Backend {
     cuda::matmul_backward(ctx_, dinp, dweight, dbias, dout, inp, weight, weight_out_by_in,
                           to_stream(stream));
   }
+  void bias_backward(Tensor dbias, Tensor dout, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::column_sums_accumulate(ctx_, dbias, dout, to_stream(stream));
+  }
   void matmul_gelu_forward(Tensor out, Tensor pre_gelu, Tensor inp, Tensor weight, Tensor bias,
                            Stream stream) override {
     DeviceScope scope(ctx_.device);

@@ -24,7 +24,7 @@ std::string run_flags(const Plan& plan) {
   if (plan.recompute != Recompute::None) flags << " --recompute " << recompute_name(plan.recompute);
   flags << " --batch " << plan.micro_batch << " --grad-accum " << plan.grad_accum << " --seq-len "
         << plan.seq_len;
-  if (plan.param_dtype != DType::F32) flags << " --precision " << precision_name(plan.param_dtype);
+  if (plan.param_dtype != DType::F32) flags << " --precision " << precision_name(plan);
   return flags.str();
 }
 
@@ -62,6 +62,7 @@ int run_cpu_plan(const ModelConfig& config, const CpuPlanRequest& request, std::
   shape.dp = request.ranks / (request.tp * request.pp);
   shape.seq_len = request.seq_len;
   shape.param_dtype = request.precision;
+  shape.fp8 = request.fp8;
   shape.sequence_parallel = request.tp > 1;
   const int64_t sequences = request.global_batch_tokens / request.seq_len;
   DSTRAIN_USER_CHECK(request.global_batch_tokens % request.seq_len == 0 && sequences % shape.dp == 0)

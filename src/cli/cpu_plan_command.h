@@ -15,6 +15,7 @@ struct CpuPlanRequest {
   int64_t seq_len = 64;
   int64_t global_batch_tokens = 1024;
   DType precision = DType::F32;
+  bool fp8 = false;    // --precision fp8 (precision BF16)
   bool sample = true;  // the run's final sample (its gathered weights count)
 };
 

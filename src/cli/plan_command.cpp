@@ -100,7 +100,12 @@ int plan_cpu(const std::string& model, const po::variables_map& values, std::ost
   request.global_batch_tokens = values["global-batch-tokens"].defaulted()
                                     ? 16 * request.seq_len * dp  // a CPU run's batch of 16
                                     : values["global-batch-tokens"].as<int64_t>();
-  if (values.count("precision")) request.precision = parse_dtype(values["precision"].as<std::string>());
+  if (values.count("precision")) {
+    Plan precision;
+    set_precision(precision, values["precision"].as<std::string>());
+    request.precision = precision.param_dtype;
+    request.fp8 = precision.fp8;
+  }
   return run_cpu_plan(config, request, out);
 }
 
@@ -125,8 +130,9 @@ int run_plan_command(const std::vector<std::string>& args, std::ostream& out) {
       ("global-batch-tokens", po::value(&global_batch_tokens)->default_value(global_batch_tokens)->value_name("K"),
        "tokens per optimizer step over all ranks (GPT-2's 0.5M)")
       ("seq-len", po::value(&seq_len)->value_name("T"), "tokens per sequence (default: min(1024, n_positions))")
-      ("precision", po::value(&precision)->value_name("fp32|fp16|bf16"),
-       "default: bf16 where the GPU has it (compute capability 8.0+), else fp16")
+      ("precision", po::value(&precision)->value_name("fp32|fp16|bf16|fp8"),
+       "default: bf16 where the GPU has it (compute capability 8.0+), else fp16; fp8: bf16 with "
+       "the layers' GEMMs on FP8 tensor cores (compute capability 8.9+)")
       ("alternatives", po::value(&alternatives)->default_value(alternatives)->value_name("N"),
        "fitting alternatives to show")
       ("device", po::value(&device)->default_value(device)->value_name("KIND"),
@@ -171,9 +177,10 @@ int run_plan_command(const std::vector<std::string>& args, std::ostream& out) {
   request.seq_len = seq_len;
   request.max_alternatives = alternatives;
   if (!precision.empty()) {
-    const DType dtype = parse_dtype(precision);
-    DSTRAIN_USER_CHECK(dtype != DType::I32) << "--precision must be fp32, fp16 or bf16";
-    request.precision = dtype;
+    Plan words;
+    set_precision(words, precision);  // a UserError naming the choices
+    request.precision = words.param_dtype;
+    request.fp8 = words.fp8;
   }
   read_plan_flags(values, request);
 

@@ -123,8 +123,11 @@ po::options_description optimizer_flags(TrainOptions& o) {
       ("seed", po::value(&o.seed)->default_value(o.seed)->value_name("N"),
        "seed of initialization, shuffling and sampling")
       ("precision", po::value(&o.precision)->value_name("DTYPE"),
-       "fp32 | fp16 (with dynamic loss scaling) | bf16 (default fp32 on CPU ranks; on GPUs the "
-       "planner's: bf16 from compute capability 8.0, else fp16)")
+       "fp32 | fp16 (with dynamic loss scaling) | bf16 | fp8 (default fp32 on CPU ranks; on GPUs "
+       "the planner's: bf16 from compute capability 8.0, else fp16). fp8: bf16, with the "
+       "projections of attention and of the dense MLPs on FP8 tensor cores (e4m3 activations and "
+       "weights, e5m2 gradients, per-tensor scales from the current amax; compute capability "
+       "8.9+), Transformer Engine's hybrid recipe")
       ("loss-scale-init", po::value(&o.loss_scaling.initial_scale)->default_value(o.loss_scaling.initial_scale, "65536")->value_name("S"),
        "fp16: the first loss scale")
       ("loss-scale-window", po::value(&o.loss_scaling.growth_interval)->default_value(o.loss_scaling.growth_interval)->value_name("N"),

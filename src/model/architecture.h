@@ -158,10 +158,10 @@ class Architecture {
 // The decoder of a model configuration (model/decoder.h), as tp rank `tp.rank` of `tp.size`
 // holding ep rank `ep.rank`'s experts runs it. REQUIRES: the model splits over tp.size and
 // ep.size ranks (tp_unsupported_reason, ep_unsupported_reason, model/layout.h); UserError
-// otherwise.
+// otherwise. fp8: the projections of the layers in FP8 (--precision fp8, model/fp8_linear.h).
 std::unique_ptr<Architecture> make_architecture(const ModelConfig& config,
                                                 const TensorParallel& tp = {},
-                                                const ExpertParallel& ep = {});
+                                                const ExpertParallel& ep = {}, bool fp8 = false);
 
 // Fresh parameters as their parts ask (ParamSpec::init, model/layout.h), each tensor from its
 // own stream (seed, name), the same for any layout or sharding: one F32 host tensor of

@@ -147,11 +147,13 @@ void activation_forward(Backend& backend, const MlpPart& mlp, Tensor act, Tensor
 
 // ---- The decoder ---------------------------------------------------------------------------
 
-Decoder::Decoder(const ModelConfig& config, const TensorParallel& tp, const ExpertParallel& ep)
+Decoder::Decoder(const ModelConfig& config, const TensorParallel& tp, const ExpertParallel& ep,
+                 bool fp8)
     : config_(config),
       parts_(decoder_parts(config)),
       tp_(tp),
       ep_(ep),
+      fp8_(fp8),
       layout_(config, tp.size, ep.size, ep.rank),
       tensors_{find_layer_tensors(layout_, parts_, 0), find_layer_tensors(layout_, parts_, 1)},
       // The indices, from specs of any shape that splits over the tp ranks' token rows.
@@ -260,55 +262,6 @@ std::vector<TensorSpec> Decoder::layer_workspace(int64_t B, int64_t T, DType dty
   return specs;
 }
 
-// The decoder's buffers (decoder_internal.h LayerWork), then the MoE part's and latent
-// attention's.
-Decoder::LayerWorkspace Decoder::layer_workspace_specs(int64_t B, int64_t T, DType dtype,
-                                                       bool with_backward,
-                                                       std::vector<TensorSpec>* out) const {
-  const int64_t C = config_.n_embd, N = B * T, Nb = with_backward ? N : 0;
-  // The MLP's gradients, for the largest of the layers' MLPs (MoE and dense layers share them).
-  int64_t mlp_rows = 0, up_width = 0, act_width = 0;
-  for (int kind : {0, 1}) {
-    if (kind == 1 && !parts_.mixed_layers()) break;
-    mlp_rows = std::max(mlp_rows, with_backward ? this->mlp_rows(kind, N) : 0);
-    up_width = std::max(up_width, kind_mlp(kind).up_factor() * mlp_width(kind));
-    act_width = std::max(act_width, mlp_width(kind));
-  }
-  const Widths w = widths();
-  const bool sp = tp_.enabled() && tp_.sequence_parallel;
-  std::vector<TensorSpec> specs = {
-      {"scratch", dtype, {N, C}},  // a row-parallel layer's (partial) output
-      {"dnorm", dtype, {Nb, C}},   // dL/d(a norm's output), partial under tp; also datty
-      {"dqkv", dtype, {Nb, w.qkv}},
-      {"dmlp_up", dtype, {mlp_rows, up_width}},
-      {"dmlp_act", dtype, {mlp_rows, act_width}},
-      // Sequence parallelism: this rank's rows of a reduce-scattered sum, and the gathered rows
-      // of a column-parallel layer's input (or of the stream's gradient).
-      {"stream_part", dtype, {sp ? tp_.stream_rows(N) : 0, C}},
-      {"gathered", dtype, {sp ? N : 0, C}}};
-  if (parts_.position.kind == PositionKind::Rotary) {
-    // The rotary (cos, sin) table of positions 0..T-1, copied in before each use.
-    specs.push_back({"rope_freqs", DType::F32, {T, config_.rotary_dim() / 2, 2}});
-  }
-  DSTRAIN_CHECK(static_cast<int>(specs.size()) ==
-                (parts_.position.kind == PositionKind::Rotary ? kRopeFreqs + 1 : kRopeFreqs));
-  LayerWorkspace index;
-  auto add = [&specs](TensorSpec spec) {
-    specs.push_back(std::move(spec));
-    return static_cast<int>(specs.size()) - 1;
-  };
-  if (parts_.mlp.kind == MlpKind::MoE) {
-    index.moe = add_moe_workspace(moe_shape_of(N), dtype, with_backward, add);
-    index.moe_gathered = add({"moe_gathered", dtype, {sp && with_backward ? N : 0, C}});
-    const bool bias_copy = parts_.mlp.selection_bias && dtype != DType::F32;
-    const int64_t bias_rows = bias_copy ? parts_.mlp.experts : 0;
-    index.router_bias_f32 = add({"router_bias_f32", DType::F32, {bias_rows}});
-  }
-  if (parts_.attention.latent()) add_latent_workspace(N, Nb, dtype, index, specs);
-  if (out != nullptr) *out = std::move(specs);
-  return index;
-}
-
 Decoder::HeadBuffers Decoder::head_buffer_specs(int64_t B, int64_t T, DType dtype,
                                                 bool with_backward,
                                                 std::vector<TensorSpec>* specs) const {
@@ -364,8 +317,8 @@ Tensor Decoder::matrix(const std::vector<Tensor>& tensors, int index, int64_t ou
 
 Tensor Decoder::row_parallel(const LayerRun& run, Tensor inp, Tensor weight, Tensor bias) const {
   Tensor scratch = prefix(run.workspace[kScratch], {run.b * run.t, config_.n_embd});
-  return row_parallel_matmul(run.backend, tp_, scratch, stream_part(run), inp, weight, bias,
-                             !parts_.names.in_by_out, run.stream);
+  return row_parallel_matmul(run.backend, fp8_scratch(run), tp_, scratch, stream_part(run), inp,
+                             weight, bias, !parts_.names.in_by_out, run.stream);
 }
 
 // The (t, d/2, 2) rotary table of the micro-batch's positions (d: the rotary dims of a head),
@@ -441,12 +394,12 @@ Tensor Decoder::mlp_forward(const LayerRun& run, Tensor norm2_full) const {
   }
   Tensor up = prefix(run.activations[activations_[kind].up], {N, up_width});
   Tensor act = prefix(run.activations[activations_[kind].act], {N, mlp});
-  if (part.kind == MlpKind::Gelu && parts_.names.in_by_out) {
+  if (part.kind == MlpKind::Gelu && parts_.names.in_by_out && !fp8_) {
     run.backend.matmul_gelu_forward(act, up, norm2_full, w[i.up], optional(w, i.up_bias),
                                     run.stream);
   } else {
-    run.backend.matmul_forward(up, norm2_full, matrix(w, i.up, up_width),
-                               matrix(w, i.up_bias, up_width), !parts_.names.in_by_out, run.stream);
+    linear_forward(run.backend, fp8_scratch(run), up, norm2_full, matrix(w, i.up, up_width),
+                   matrix(w, i.up_bias, up_width), !parts_.names.in_by_out, run.stream);
     activation_forward(run.backend, part, act, up, run.stream);
   }
   return row_parallel(run, act, w[i.down], optional(w, i.down_bias));
@@ -472,8 +425,9 @@ Tensor Decoder::attention_part_forward(const LayerRun& run, Tensor norm1_full) c
   Backend& backend = run.backend;
   Tensor qkv = prefix(a[ai.qkv], {b, t, wd.qkv}), atty = prefix(a[ai.atty], {b, t, wd.atty});
   const int heads = static_cast<int>(wd.heads), kv_heads = static_cast<int>(wd.kv_heads);
-  backend.matmul_forward(qkv.reshape({N, wd.qkv}), norm1_full, matrix(w, i.qkv, wd.qkv),
-                         matrix(w, i.qkv_bias, wd.qkv), !parts_.names.in_by_out, run.stream);
+  linear_forward(backend, fp8_scratch(run), qkv.reshape({N, wd.qkv}), norm1_full,
+                 matrix(w, i.qkv, wd.qkv), matrix(w, i.qkv_bias, wd.qkv), !parts_.names.in_by_out,
+                 run.stream);
   if (parts_.position.kind == PositionKind::Rotary) {
     backend.rope_forward(qkv, rope_freqs(run), run.positions, heads, kv_heads, run.stream);
   }
@@ -564,8 +518,9 @@ Tensor Decoder::dense_mlp_backward(const LayerRun& run, Tensor dout) const {
   Tensor dup = prefix(run.workspace[kDup], {N, up_width});
   Tensor dnorm = prefix(run.workspace[kDnorm], {N, C});
   Tensor up = prefix(a[ai.up], {N, up_width});
-  backend.matmul_backward(dact, g[i.down], optional(g, i.down_bias), dout,
-                          prefix(a[ai.act], {N, mlp}), w[i.down], out_by_in, run.stream);
+  const Fp8Scratch fp8 = fp8_scratch(run);
+  linear_backward(backend, fp8, dact, g[i.down], optional(g, i.down_bias), dout,
+                  prefix(a[ai.act], {N, mlp}), w[i.down], out_by_in, run.stream);
   Tensor up_bias_grad = matrix(g, i.up_bias, up_width);
   if (part.kind == MlpKind::Gelu) {
     // The up bias's gradient (the column sums of dup) in the GELU's pass, not in up's backward.
@@ -576,8 +531,8 @@ Tensor Decoder::dense_mlp_backward(const LayerRun& run, Tensor dout) const {
   }
   Tensor norm2_full =
       enter_region_forward(tp_, prefix(a[ai.norm2], {R, C}), gathered(run), run.stream);
-  backend.matmul_backward(dnorm, matrix(g, i.up, up_width), up_bias_grad, dup, norm2_full,
-                          matrix(w, i.up, up_width), out_by_in, run.stream);
+  linear_backward(backend, fp8, dnorm, matrix(g, i.up, up_width), up_bias_grad, dup, norm2_full,
+                  matrix(w, i.up, up_width), out_by_in, run.stream);
   return dnorm;
 }
 
@@ -661,9 +616,9 @@ Tensor Decoder::attention_part_backward(const LayerRun& run, Tensor dvalues,
     backend.rope_backward(dqkv, rope_freqs(run), run.positions, heads, kv_heads, run.stream);
   }
   // dvalues (in kDnorm) is read: dnorm may overwrite it.
-  backend.matmul_backward(dnorm, matrix(g, i.qkv, wd.qkv), matrix(g, i.qkv_bias, wd.qkv),
-                          dqkv.reshape({N, wd.qkv}), norm1_full, matrix(w, i.qkv, wd.qkv),
-                          !parts_.names.in_by_out, run.stream);
+  linear_backward(backend, fp8_scratch(run), dnorm, matrix(g, i.qkv, wd.qkv),
+                  matrix(g, i.qkv_bias, wd.qkv), dqkv.reshape({N, wd.qkv}), norm1_full,
+                  matrix(w, i.qkv, wd.qkv), !parts_.names.in_by_out, run.stream);
   return dnorm;
 }
 
@@ -681,8 +636,8 @@ void Decoder::attention_backward(const LayerRun& run, Tensor dout) const {
   const bool latent = parts_.attention.latent();
   Tensor values = prefix(a[latent ? ai.values : ai.atty], {N, wd.attn});
   Tensor dvalues = latent ? latent_dvalues(run) : prefix(run.workspace[kDnorm], {N, wd.attn});
-  run.backend.matmul_backward(dvalues, g[i.o], optional(g, i.o_bias), dout, values, w[i.o],
-                              !parts_.names.in_by_out, run.stream);
+  linear_backward(run.backend, fp8_scratch(run), dvalues, g[i.o], optional(g, i.o_bias), dout,
+                  values, w[i.o], !parts_.names.in_by_out, run.stream);
   Tensor norm1_full =
       enter_region_forward(tp_, prefix(a[ai.norm1], {R, C}), gathered(run), run.stream);
   Tensor dnorm1 = enter_region_backward(tp_, attention_part_backward(run, dvalues, norm1_full),
@@ -800,8 +755,8 @@ void Decoder::head_backward(ParamProvider& params, const HeadRun& run, Tensor he
 // ---- The factory (model/architecture.h) ---------------------------------------------------------
 
 std::unique_ptr<Architecture> make_architecture(const ModelConfig& config, const TensorParallel& tp,
-                                                const ExpertParallel& ep) {
-  return std::make_unique<Decoder>(config, tp, ep);
+                                                const ExpertParallel& ep, bool fp8) {
+  return std::make_unique<Decoder>(config, tp, ep, fp8);
 }
 
 }  // namespace dstrain

@@ -25,6 +25,7 @@
 
 #include "model/architecture.h"
 #include "model/config.h"
+#include "model/fp8_linear.h"
 #include "model/latent_attention.h"
 #include "model/layout.h"
 #include "model/moe_mlp.h"
@@ -35,9 +36,11 @@ namespace dstrain {
 
 class Decoder final : public Architecture {
  public:
-  // REQUIRES: the model splits over tp.size ranks (UserError otherwise).
+  // REQUIRES: the model splits over tp.size ranks (UserError otherwise). fp8: the projections
+  // of attention and of the dense MLPs in FP8 (model/fp8_linear.h), with their scratch in the
+  // layers' workspace.
   explicit Decoder(const ModelConfig& config, const TensorParallel& tp = {},
-                   const ExpertParallel& ep = {});
+                   const ExpertParallel& ep = {}, bool fp8 = false);
 
   const ModelConfig& config() const override { return config_; }
   const DecoderParts& parts() const { return parts_; }
@@ -93,6 +96,8 @@ class Decoder final : public Architecture {
     int mla_q = -1, mla_kv = -1, mla_k_rope = -1, mla_datty = -1, mla_dq_normed = -1;
     int mla_dq_latent = -1, mla_dkv_normed = -1, mla_dkv_latent = -1, mla_dx_part = -1;
     int mla_dvalues = -1;
+    // --precision fp8 only: the FP8 operands of one GEMM and their scale_invs (Fp8Scratch).
+    int fp8_bytes = -1, fp8_scales = -1;
   };
   // Where the head's buffers are in HeadRun::workspace.
   struct HeadBuffers {
@@ -126,6 +131,9 @@ class Decoder final : public Architecture {
                             std::vector<TensorSpec>& specs) const;
   HeadBuffers head_buffer_specs(int64_t B, int64_t T, DType dtype, bool with_backward,
                                 std::vector<TensorSpec>* specs) const;
+  // The FP8 scratch's bytes for the layers' linears over N tokens (0 without fp8).
+  int64_t fp8_scratch_bytes_of(int64_t N, bool with_backward) const;
+  Fp8Scratch fp8_scratch(const LayerRun& run) const;  // empty without fp8
   Tensor rope_freqs(const LayerRun& run) const;
   Tensor matrix(const std::vector<Tensor>& tensors, int index, int64_t out_width) const;
   Tensor row_parallel(const LayerRun& run, Tensor inp, Tensor weight, Tensor bias) const;
@@ -164,6 +172,7 @@ class Decoder final : public Architecture {
   DecoderParts parts_;
   TensorParallel tp_;
   ExpertParallel ep_;
+  bool fp8_ = false;
   ParamLayout layout_;
   LayerTensors tensors_[2];          // by layer kind
   LayerActivations activations_[2];  // by layer kind

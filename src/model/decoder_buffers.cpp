@@ -1,11 +1,97 @@
-// The decoder's views of its parts' buffers (model/decoder.h): the mixture-of-experts MLP's
-// weights, activations and workspace, and latent attention's.
+// The decoder's layer workspace (model/decoder.h) and its views of its parts' buffers: the
+// mixture-of-experts MLP's weights, activations and workspace, latent attention's, and the FP8
+// linears' scratch.
 #include "model/decoder.h"
+
+#include <algorithm>
+
 #include "model/decoder_internal.h"
 
 namespace dstrain {
 
 using namespace decoder_internal;
+
+// The decoder's buffers (decoder_internal.h LayerWork), then the MoE part's and latent
+// attention's.
+Decoder::LayerWorkspace Decoder::layer_workspace_specs(int64_t B, int64_t T, DType dtype,
+                                                       bool with_backward,
+                                                       std::vector<TensorSpec>* out) const {
+  const int64_t C = config_.n_embd, N = B * T, Nb = with_backward ? N : 0;
+  // The MLP's gradients, for the largest of the layers' MLPs (MoE and dense layers share them).
+  int64_t mlp_rows = 0, up_width = 0, act_width = 0;
+  for (int kind : {0, 1}) {
+    if (kind == 1 && !parts_.mixed_layers()) break;
+    mlp_rows = std::max(mlp_rows, with_backward ? this->mlp_rows(kind, N) : 0);
+    up_width = std::max(up_width, kind_mlp(kind).up_factor() * mlp_width(kind));
+    act_width = std::max(act_width, mlp_width(kind));
+  }
+  const Widths w = widths();
+  const bool sp = tp_.enabled() && tp_.sequence_parallel;
+  std::vector<TensorSpec> specs = {
+      {"scratch", dtype, {N, C}},  // a row-parallel layer's (partial) output
+      {"dnorm", dtype, {Nb, C}},   // dL/d(a norm's output), partial under tp; also datty
+      {"dqkv", dtype, {Nb, w.qkv}},
+      {"dmlp_up", dtype, {mlp_rows, up_width}},
+      {"dmlp_act", dtype, {mlp_rows, act_width}},
+      // Sequence parallelism: this rank's rows of a reduce-scattered sum, and the gathered rows
+      // of a column-parallel layer's input (or of the stream's gradient).
+      {"stream_part", dtype, {sp ? tp_.stream_rows(N) : 0, C}},
+      {"gathered", dtype, {sp ? N : 0, C}}};
+  if (parts_.position.kind == PositionKind::Rotary) {
+    // The rotary (cos, sin) table of positions 0..T-1, copied in before each use.
+    specs.push_back({"rope_freqs", DType::F32, {T, config_.rotary_dim() / 2, 2}});
+  }
+  DSTRAIN_CHECK(static_cast<int>(specs.size()) ==
+                (parts_.position.kind == PositionKind::Rotary ? kRopeFreqs + 1 : kRopeFreqs));
+  LayerWorkspace index;
+  auto add = [&specs](TensorSpec spec) {
+    specs.push_back(std::move(spec));
+    return static_cast<int>(specs.size()) - 1;
+  };
+  if (parts_.mlp.kind == MlpKind::MoE) {
+    index.moe = add_moe_workspace(moe_shape_of(N), dtype, with_backward, add);
+    index.moe_gathered = add({"moe_gathered", dtype, {sp && with_backward ? N : 0, C}});
+    const bool bias_copy = parts_.mlp.selection_bias && dtype != DType::F32;
+    const int64_t bias_rows = bias_copy ? parts_.mlp.experts : 0;
+    index.router_bias_f32 = add({"router_bias_f32", DType::F32, {bias_rows}});
+  }
+  if (parts_.attention.latent()) add_latent_workspace(N, Nb, dtype, index, specs);
+  if (fp8_) {
+    index.fp8_bytes =
+        add({"fp8_operands", DType::F8E4M3, {fp8_scratch_bytes_of(N, with_backward)}});
+    index.fp8_scales = add({"fp8_scale_invs", DType::F32, {Fp8Scratch::kFp8Scales}});
+  }
+  if (out != nullptr) *out = std::move(specs);
+  return index;
+}
+
+// The linears that run through linear_forward / linear_backward: the qkv projection (not latent
+// attention's), the o projection, a dense MLP's up and down (not the experts').
+int64_t Decoder::fp8_scratch_bytes_of(int64_t N, bool with_backward) const {
+  if (!fp8_) return 0;
+  const Widths w = widths();
+  const int64_t C = config_.n_embd;
+  int64_t bytes = 0;
+  auto take = [&](int64_t in, int64_t out) {
+    bytes = std::max(bytes, fp8_scratch_bytes(N, in, out, with_backward));
+  };
+  if (!parts_.attention.latent()) take(C, w.qkv);
+  take(w.attn, C);
+  for (int kind : {0, 1}) {
+    if (kind == 1 && !parts_.mixed_layers()) break;
+    const MlpPart& part = kind_mlp(kind);
+    if (part.kind == MlpKind::MoE) continue;
+    take(C, part.up_factor() * mlp_width(kind));
+    take(mlp_width(kind), C);
+  }
+  return bytes;
+}
+
+Fp8Scratch Decoder::fp8_scratch(const LayerRun& run) const {
+  if (!fp8_) return {};
+  return {run.workspace[static_cast<size_t>(workspace_.fp8_bytes)],
+          run.workspace[static_cast<size_t>(workspace_.fp8_scales)]};
+}
 
 // Latent attention's scratch (model/latent_attention.h LatentWorkspace; its dqkv is the layers'
 // kDqkv), then the o projection's input gradient.

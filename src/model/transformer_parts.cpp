@@ -11,14 +11,14 @@ Tensor sequence_parallel_rows(const TensorParallel& tp, Tensor full, int64_t row
   return prefix(full, {rows, C});
 }
 
-Tensor row_parallel_matmul(Backend& backend, const TensorParallel& tp, Tensor scratch,
-                           Tensor stream_part, Tensor inp, Tensor weight, Tensor bias,
-                           bool weight_out_by_in, Stream stream) {
+Tensor row_parallel_matmul(Backend& backend, const Fp8Scratch& fp8, const TensorParallel& tp,
+                           Tensor scratch, Tensor stream_part, Tensor inp, Tensor weight,
+                           Tensor bias, bool weight_out_by_in, Stream stream) {
   if (!tp.enabled()) {
-    backend.matmul_forward(scratch, inp, weight, bias, weight_out_by_in, stream);
+    linear_forward(backend, fp8, scratch, inp, weight, bias, weight_out_by_in, stream);
     return scratch;
   }
-  backend.matmul_forward(scratch, inp, weight, Tensor(), weight_out_by_in, stream);
+  linear_forward(backend, fp8, scratch, inp, weight, Tensor(), weight_out_by_in, stream);
   Tensor out = exit_region_forward(tp, scratch, stream_part, stream);
   if (!bias.empty()) backend.add_bias(out, bias, stream);
   return out;

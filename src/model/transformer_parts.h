@@ -7,6 +7,7 @@
 #include "core/tensor.h"
 #include "kernels/ops.h"
 #include "model/architecture.h"
+#include "model/fp8_linear.h"
 #include "model/tensor_parallel.h"
 
 namespace dstrain {
@@ -18,10 +19,11 @@ Tensor sequence_parallel_rows(const TensorParallel& tp, Tensor full, int64_t row
 // A row-parallel layer: out = inp @ W + bias, the products of the tp ranks' rows of W summed
 // before the bias is added, once. scratch (N, C) receives the (partial) product; stream_part
 // is this rank's (N/tp, C) under sequence parallelism (else empty). Returns the stream rows of
-// the result (scratch, or stream_part). weight_out_by_in as matmul_forward's.
-Tensor row_parallel_matmul(Backend& backend, const TensorParallel& tp, Tensor scratch,
-                           Tensor stream_part, Tensor inp, Tensor weight, Tensor bias,
-                           bool weight_out_by_in, Stream stream);
+// the result (scratch, or stream_part). weight_out_by_in as matmul_forward's; the product in
+// FP8 where `fp8` has scratch and the linear fits (model/fp8_linear.h).
+Tensor row_parallel_matmul(Backend& backend, const Fp8Scratch& fp8, const TensorParallel& tp,
+                           Tensor scratch, Tensor stream_part, Tensor inp, Tensor weight,
+                           Tensor bias, bool weight_out_by_in, Stream stream);
 
 // The per-token losses (N) of the (N, Vp / tp) logits, and with run.dloss != 0 their gradient
 // in place of the logits. Under tp the cross-entropy is vocabulary-parallel: each rank reduces

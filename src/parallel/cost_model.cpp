@@ -38,6 +38,12 @@ constexpr double kHalfEfficiencyWidth = 256;
 // cores (GpuSpeed::fp32_flops).
 constexpr double kFp32PeakFraction = 0.5;
 
+// MEASURED: what the FP8 GEMMs reach of the FP8 peak, as a fraction of what the bf16 GEMMs
+// reach of theirs. bench_cuda_ops on an H100 SXM (2026-11-27, benchmarks/RESULTS.md), 8192
+// tokens x 2048 -> 8192: cuBLASLt's e4m3 GEMM 1272.0 TFLOP/s (64.3% of 1978.9), cuBLAS's bf16
+// 729.6 (73.7% of 989.4): 0.87.
+constexpr double kFp8GemmFraction = 0.87;
+
 // MEASURED: the tensor-core attention kernels' rate, per head dim, as a fraction of the
 // dense tensor peak times mma_sync_fraction, on the FLOPs they execute (kernel_work.h). From
 // bench_cuda_ops in bf16 on an H200 (2026-11-26, commit ba5f4b5: the unmasked path for whole
@@ -203,6 +209,8 @@ GpuSpeed estimated_gpu_speed(const GpuInfo& gpu, DType precision) {
   }
   note << "; name the closest known GPU with --gpu (" << known_gpu_names()
        << ") for better time estimates";
+  // FP8 tensor cores from compute capability 8.9, at twice the 16-bit rate.
+  if (gpu.cc_major * 10 + gpu.cc_minor >= 89) speed.fp8_flops = 2 * speed.peak_flops;
   if (precision == DType::F32) speed.peak_flops *= kFp32PeakFraction;
   speed.memory_bytes_per_s = kDefaultMemoryBytesPerS * kMemoryEfficiency;
   speed.estimate_note = note.str();
@@ -220,6 +228,7 @@ GpuSpeed gpu_speed(const NodeTopology& topology, DType precision) {
   const double tflops = precision == DType::F16 ? known->fp16_tflops : known->bf16_tflops;
   speed.peak_flops = tflops * 1e12 * (precision == DType::F32 ? kFp32PeakFraction : 1.0);
   speed.fp32_flops = known->fp32_tflops * 1e12;
+  speed.fp8_flops = known->fp8_tflops * 1e12;
   speed.mma_sync_fraction = mma_sync_fraction(known->cc_major);
   speed.memory_bytes_per_s = kDefaultMemoryBytesPerS * kMemoryEfficiency;
   for (const MemoryBandwidth& m : kMemoryBandwidth) {
@@ -238,6 +247,11 @@ ComputeRates compute_rates(const GpuSpeed& speed, const ModelConfig& config, con
   r.gemm_peak_flops = plan.param_dtype == DType::F32 ? speed.fp32_flops : speed.peak_flops;
   r.gemm_efficiency = gemm_efficiency(plan.micro_batch * plan.seq_len, config.n_embd / plan.tp);
   r.gemm_flops = r.gemm_peak_flops * r.gemm_efficiency;
+  if (plan.fp8) {
+    // Without FP8 tensor cores (an estimate for an unknown GPU) the bf16 rate.
+    r.fp8_gemm_flops =
+        speed.fp8_flops > 0 ? speed.fp8_flops * r.gemm_efficiency * kFp8GemmFraction : r.gemm_flops;
+  }
   r.attention = attention_kernels(config, plan.param_dtype);
   if (r.attention == AttentionKernels::TensorCore) {
     const double mma_sync_peak = speed.peak_flops * speed.mma_sync_fraction;
@@ -572,9 +586,10 @@ struct ComputeTime {
   double forward = 0, backward = 0;
 };
 
-// The work of a pass over a stage: GEMM and attention FLOPs, bytes of the memory-bound kernels.
+// The work of a pass over a stage: GEMM FLOPs (in the plan's dtype, and in FP8), attention
+// FLOPs, bytes of the memory-bound kernels.
 struct PassWork {
-  double gemm = 0, attention = 0, bytes = 0;
+  double gemm = 0, fp8_gemm = 0, attention = 0, bytes = 0;
 };
 
 // The stage's layers' GEMMs and attention heads, and the vocabulary-parallel head, split over
@@ -604,16 +619,27 @@ ComputeTime stage_compute(const ModelConfig& config, const Plan& plan, const Sta
                               (tokens - per_rank) * layers *
                                   attention_replicated_gemm_forward(parts.attention, C);
   forward.gemm += moe_repeated;
+  const Fp8CastBytes casts =
+      plan.fp8 ? fp8_cast_bytes(config, plan.tp, plan.param_dtype, tokens) : Fp8CastBytes{};
+  if (plan.fp8) {  // the layers' FP8 GEMMs at their own rate
+    forward.fp8_gemm = per_rank * layers * flops.layer_fp8_gemm_forward;
+    forward.gemm -= forward.fp8_gemm;
+  }
+  forward.bytes += layers * casts.forward;
+  backward.bytes += layers * casts.backward;
   backward.gemm = 2 * forward.gemm;  // dX and dW
+  backward.fp8_gemm = 2 * forward.fp8_gemm;
   backward.attention = per_rank * layers * attention.backward;
-  backward.bytes =
+  backward.bytes +=
       bytes * (layers * traffic.layer_backward + (range.first ? traffic.embed_backward : 0) +
                (range.last ? traffic.head_backward : 0));
   double recomputed_attention = 0;  // runs at the forward's rate
   if (plan.recompute == Recompute::Full) {
-    backward.gemm += per_rank * layers * flops.layer_gemm_forward + moe_repeated;
+    // The layers' forward again (not the head's): its FP8 part at the FP8 rate.
+    backward.gemm += per_rank * layers * flops.layer_gemm_forward + moe_repeated - forward.fp8_gemm;
+    backward.fp8_gemm += forward.fp8_gemm;
     recomputed_attention = forward.attention;
-    backward.bytes += bytes * layers * traffic.layer_forward;
+    backward.bytes += layers * (bytes * traffic.layer_forward + casts.forward);
   } else if (plan.recompute == Recompute::Selective) {
     backward.bytes += bytes * layers * traffic.layer_selective;
   }
@@ -621,11 +647,14 @@ ComputeTime stage_compute(const ModelConfig& config, const Plan& plan, const Sta
   const double forward_attention = forward.attention / rates.attention_forward_flops;
   const double backward_attention = backward.attention / rates.attention_backward_flops +
                                     recomputed_attention / rates.attention_forward_flops;
-  t.forward = forward.gemm / rates.gemm_flops + forward_attention +
-              forward.bytes / rates.memory_bytes_per_s;
-  t.backward = backward.gemm / rates.gemm_flops + backward_attention +
-               backward.bytes / rates.memory_bytes_per_s;
-  t.gemm = (forward.gemm + backward.gemm) / rates.gemm_flops;
+  auto gemm_seconds = [&](const PassWork& pass) {
+    return pass.gemm / rates.gemm_flops +
+           (pass.fp8_gemm > 0 ? pass.fp8_gemm / rates.fp8_gemm_flops : 0.0);
+  };
+  t.forward = gemm_seconds(forward) + forward_attention + forward.bytes / rates.memory_bytes_per_s;
+  t.backward =
+      gemm_seconds(backward) + backward_attention + backward.bytes / rates.memory_bytes_per_s;
+  t.gemm = gemm_seconds(forward) + gemm_seconds(backward);
   t.attention = forward_attention + backward_attention;
   t.memory_bound = (forward.bytes + backward.bytes) / rates.memory_bytes_per_s;
   return t;

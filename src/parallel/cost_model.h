@@ -45,6 +45,7 @@ namespace dstrain {
 // What the GPUs of a topology compute and move, from the known-GPU table by name.
 struct GpuSpeed {
   double peak_flops = 0;  // dense tensor FLOP/s at the plan's precision (MFU's peak)
+  double fp8_flops = 0;   // dense FP8 tensor FLOP/s with fp32 accumulation (0: no FP8 cores)
   double fp32_flops = 0;  // the CUDA cores' fp32 FLOP/s (no tensor cores)
   // What mma.sync reaches of peak_flops: 1 up to Ampere and Ada; below 1 on Hopper and
   // datacenter Blackwell, whose peak needs their asynchronous warpgroup MMA.
@@ -68,6 +69,9 @@ struct ComputeRates {
   double gemm_flops = 0;       // FLOP/s of the GEMMs, gemm_efficiency included
   double gemm_efficiency = 0;  // of gemm_peak_flops
   double gemm_peak_flops = 0;  // tensor peak; fp32: the CUDA cores' (no TF32)
+  // --precision fp8: the FP8 GEMMs' FLOP/s (the FP8 peak, gemm_efficiency and
+  // kFp8GemmFraction); 0 otherwise.
+  double fp8_gemm_flops = 0;
   AttentionKernels attention = AttentionKernels::TensorCore;
   double attention_forward_flops = 0;  // FLOP/s of the attention kernels' executed FLOPs
   double attention_backward_flops = 0;

@@ -228,4 +228,31 @@ MemoryTraffic memory_traffic(const ModelConfig& config, int tp, bool sequence_pa
   return t;
 }
 
+Fp8CastBytes fp8_cast_bytes(const ModelConfig& config, int tp_size, DType storage,
+                            double tokens) {
+  const DecoderParts parts = decoder_parts(config);
+  const double per = 2.0 * static_cast<double>(dtype_size(storage)) + 1.0;
+  const double C = static_cast<double>(parts.width), tp = static_cast<double>(tp_size);
+  Fp8CastBytes b;
+  auto linear = [&](double in, double out, double share) {
+    b.forward += share * per * (tokens * in + in * out);
+    b.backward += share * per * (2 * tokens * out + tokens * in + in * out);
+  };
+  const AttentionPart& a = parts.attention;
+  if (!a.latent()) {
+    const double q = static_cast<double>(a.q_width()), kv = static_cast<double>(a.kv_width());
+    linear(C, (q + 2 * kv) / tp, 1.0);
+    linear(q / tp, C, 1.0);
+  }
+  const double layers = static_cast<double>(std::max<int64_t>(parts.layers, 1));
+  for (int64_t layer = 0; layer < parts.layers; ++layer) {
+    const MlpPart& mlp = parts.layer_mlp(layer);
+    if (mlp.kind == MlpKind::MoE) continue;
+    const double I = static_cast<double>(mlp.width) / tp;
+    linear(C, static_cast<double>(mlp.up_factor()) * I, 1.0 / layers);
+    linear(I, C, 1.0 / layers);
+  }
+  return b;
+}
+
 }  // namespace dstrain

@@ -229,13 +229,14 @@ class MemoryModel {
   // balanced split; the stage's shape -> its buffer bytes. Recursive: activation_table asks
   // architecture.
   mutable std::recursive_mutex cache_mutex_;
-  mutable std::map<std::tuple<int, bool, int, double>, std::unique_ptr<Architecture>> architectures_;
+  mutable std::map<std::tuple<int, bool, int, double, bool>, std::unique_ptr<Architecture>>
+      architectures_;
   mutable std::map<std::pair<int, int64_t>, std::vector<int64_t>> splits_;
   // (micro-batch, seq, dtype, tp, sequence parallel, ep, capacity factor, recompute, layers,
   // first stage, last stage, first layer where the layers differ)
   mutable std::map<std::tuple<int64_t, int64_t, DType, int, bool, int, double, Recompute, int64_t,
-                              bool, bool, int64_t>,
-      std::unique_ptr<memory_detail::ActivationTable>>
+                              bool, bool, int64_t, bool>,
+                   std::unique_ptr<memory_detail::ActivationTable>>
       activation_tables_;
   bool mixed_layers_ = false;  // some layers' MLPs differ (decoder_parts(config).mixed_layers())
 };

@@ -4,6 +4,7 @@
 // kernels execute instead (the causal halving, the recomputed products): kernel_work.h.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "model/config.h"
@@ -19,6 +20,10 @@ struct ModelFlops {
   double attention_forward = 0;  // 4 T q: the attention scores and their product with v
   double layer_forward = 0;      // the two above: GPT-2 24 C^2 + 4 T C
   double head_forward = 0;       // the LM head: 2 C Vp
+  // The part of layer_gemm_forward --precision fp8 runs on FP8 tensor cores (model/fp8_linear.h):
+  // multi-head attention's qkv and o projections, the dense MLPs' matrices (not the experts',
+  // not latent attention's), the mean over the layers.
+  double layer_fp8_gemm_forward = 0;
 };
 
 // One layer's MLP GEMMs per token: the up projection's matrices (GELU: 1; SwiGLU: gate and up)
@@ -74,8 +79,16 @@ inline ModelFlops model_flops(const ModelConfig& config, int64_t seq_len) {
     }
     mlp /= static_cast<double>(parts.layers);
   }
+  double dense_mlp = 0;  // the mean over the layers of the dense MLPs' GEMMs
+  for (int64_t layer = 0; layer < parts.layers; ++layer) {
+    const MlpPart& part = parts.layer_mlp(layer);
+    if (part.kind != MlpKind::MoE) dense_mlp += mlp_gemm_forward(part, C);
+  }
+  dense_mlp /= static_cast<double>(std::max<int64_t>(parts.layers, 1));
   ModelFlops f;
   f.layer_gemm_forward = attention_gemm_forward(parts.attention, C) + mlp;
+  f.layer_fp8_gemm_forward =
+      (parts.attention.latent() ? 0 : attention_gemm_forward(parts.attention, C)) + dense_mlp;
   f.attention_forward = attention_forward_flops(parts.attention, T);
   f.layer_forward = f.layer_gemm_forward + f.attention_forward;
   f.head_forward = 2 * C * static_cast<double>(config.padded_vocab());

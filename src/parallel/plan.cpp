@@ -20,6 +20,25 @@ const char* precision_name(DType dtype) {
   return "?";
 }
 
+const char* precision_name(const Plan& plan) {
+  return plan.fp8 ? "fp8" : precision_name(plan.param_dtype);
+}
+
+void set_precision(Plan& plan, const std::string& name) {
+  plan.fp8 = name == "fp8";
+  if (plan.fp8) {
+    plan.param_dtype = DType::BF16;
+    return;
+  }
+  for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
+    if (name == precision_name(dtype)) {
+      plan.param_dtype = dtype;
+      return;
+    }
+  }
+  DSTRAIN_USER_ERROR() << "--precision must be fp32, fp16, bf16 or fp8, not '" << name << "'";
+}
+
 const char* offload_name(const Plan& plan) {
   if (plan.offload_params) return plan.offload ? "all" : "params";
   return plan.offload ? "optimizer" : "none";
@@ -58,12 +77,11 @@ std::string describe(const Plan& plan) {
   if (plan.ep > 1) text << " (ep " << plan.ep << ")";
   text << " x tp " << plan.tp << " x pp " << plan.pp
        << (plan.uses_sequence_parallel() ? " (sequence parallel)" : "") << ", ZeRO-" << plan.zero
-       << ", " << precision_name(plan.param_dtype) << ", "
+       << ", " << precision_name(plan) << ", "
        << (plan.offload || plan.offload_params
                ? std::string(offloaded_parts(plan)) + " offloaded to host"
                : std::string("no offload"))
-       << (plan.bf16_optimizer_states ? " (bf16 Adam moments)" : "")
-       << ", ";
+       << (plan.bf16_optimizer_states ? " (bf16 Adam moments)" : "") << ", ";
   if (plan.recompute == Recompute::None) {
     text << "no recompute";
   } else {
@@ -95,7 +113,7 @@ nlohmann::json to_json(const Plan& plan) {
                         {"micro_batch", plan.micro_batch},
                         {"grad_accum", plan.grad_accum},
                         {"seq_len", plan.seq_len},
-                        {"precision", precision_name(plan.param_dtype)},
+                        {"precision", precision_name(plan)},
                         {"pp_schedule", pipeline_schedule_name(plan.pp_schedule)},
                         {"pp_split", plan.pp_split},
                         {"sequence_parallel", plan.uses_sequence_parallel()},

@@ -49,6 +49,9 @@ struct Plan {
   // F16 / BF16: mixed precision with an fp32 master copy (on the device, or on the host with
   // offload).
   DType param_dtype = DType::F32;
+  // --precision fp8: param_dtype BF16, and the projections of attention and of the dense MLPs
+  // in FP8 on their way through the tensor cores (model/fp8_linear.h).
+  bool fp8 = false;
   // pp > 1: the order of forwards and backwards (parallel/pipeline_schedule.h), and the layers
   // of each stage (parallel/pipeline_split.h; empty: the balanced split).
   PipelineScheduleKind pp_schedule = PipelineScheduleKind::OneFOneB;
@@ -81,6 +84,11 @@ struct Plan {
 
 // "fp32", "fp16", "bf16".
 const char* precision_name(DType dtype);
+// --precision's word for a plan: "fp8" where plan.fp8, else precision_name(param_dtype).
+const char* precision_name(const Plan& plan);
+// Sets plan.param_dtype and plan.fp8 from --precision's word (fp32, fp16, bf16 or fp8); throws
+// UserError naming the choices otherwise.
+void set_precision(Plan& plan, const std::string& name);
 
 // What --offload names: "none", "optimizer", "params", "all".
 const char* offload_name(const Plan& plan);

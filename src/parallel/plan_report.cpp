@@ -60,7 +60,11 @@ std::string compute_rates_text(const ComputeRates& r, const Plan& plan) {
   out.precision(0);
   out << std::fixed << "  GEMMs at " << r.gemm_efficiency * 100 << "% of "
       << r.gemm_peak_flops / 1e12 << " TFLOP/s " << precision_name(plan.param_dtype)
-      << (plan.param_dtype == DType::F32 ? " (CUDA cores)" : "") << " peak; attention on "
+      << (plan.param_dtype == DType::F32 ? " (CUDA cores)" : "") << " peak";
+  if (plan.fp8) {
+    out << ", the layers' in FP8 at " << r.fp8_gemm_flops / 1e12 << " TFLOP/s";
+  }
+  out << "; attention on "
       << (r.attention == AttentionKernels::TensorCore ? "tensor cores" : "CUDA cores") << " at "
       << r.attention_forward_flops / 1e12 << " / " << r.attention_backward_flops / 1e12
       << " TFLOP/s forward / backward (causal tiles skipped); memory-bound kernels at "

@@ -555,6 +555,7 @@ void add_shape_candidates(const MemoryModel& memory, const NodeTopology& topolog
             plan.grad_accum = (sequences + dp * mb - 1) / (dp * mb);
             plan.seq_len = seq_len;
             plan.param_dtype = precision;
+            plan.fp8 = request.fp8;
             plan.pp_schedule = request.pp_schedule.value_or(PipelineScheduleKind::OneFOneB);
             plan.sequence_parallel = request.sequence_parallel.value_or(true);
             // Sequence parallelism splits a micro-batch's tokens over the tp ranks.
@@ -663,6 +664,12 @@ PlanResult choose_plan(const ModelConfig& config, const NodeTopology& whole,
   DSTRAIN_USER_CHECK(precision != DType::BF16 || gpu0.cc_major == 0 || gpu0.cc_major >= 8)
       << "bf16 needs compute capability 8.0 or newer; " << gpu0.name << " has "
       << gpu0.cc_major << "." << gpu0.cc_minor << ": use fp16";
+  DSTRAIN_USER_CHECK(!request.fp8 || precision == DType::BF16)
+      << "fp8 keeps its parameters and activations in bf16";
+  DSTRAIN_USER_CHECK(!request.fp8 || gpu0.cc_major == 0 || gpu0.cc_major * 10 + gpu0.cc_minor >= 89)
+      << "fp8 needs FP8 tensor cores (compute capability 8.9 or newer: RTX 40xx, L4, L40, H100, "
+         "H200); "
+      << gpu0.name << " has " << gpu0.cc_major << "." << gpu0.cc_minor << ": use bf16";
 
   check_fixed_parts(config, topology, cluster, request, world, world_text);
 

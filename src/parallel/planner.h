@@ -39,6 +39,7 @@ struct PlanRequest {
   int64_t global_batch_tokens = kDefaultGlobalBatchTokens;
   int64_t seq_len = 0;           // 0: min(1024, n_positions)
   std::optional<DType> precision;  // default: bf16 with compute capability >= 8.0, else fp16
+  bool fp8 = false;  // --precision fp8 (Plan::fp8): precision BF16 and the layers' GEMMs in FP8
   // Parts of the plan the user fixed; the search keeps them.
   std::optional<int> dp, tp, pp, zero;
   std::optional<int> ep;  // expert parallelism (MoE models); default: the planner's choice

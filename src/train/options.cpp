@@ -86,9 +86,8 @@ void validate_options(const TrainOptions& options) {
   DSTRAIN_USER_CHECK(options.device == "auto" || options.device == "cpu" ||
                      options.device == "cuda")
       << "--device must be auto, cpu or cuda, not '" << options.device << "'";
-  DSTRAIN_USER_CHECK(options.precision == "fp32" || options.precision == "fp16" ||
-                     options.precision == "bf16")
-      << "--precision must be fp32, fp16 or bf16, not '" << options.precision << "'";
+  Plan precision;
+  set_precision(precision, options.precision);  // a UserError naming the choices
   const LossScaling& scaling = options.loss_scaling;
   DSTRAIN_USER_CHECK(scaling.initial_scale > 0 && std::isfinite(scaling.initial_scale))
       << "--loss-scale-init must be a positive number";

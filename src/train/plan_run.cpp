@@ -40,7 +40,12 @@ PlanRequest request_from_flags(const TrainOptions& options, const ModelConfig& c
     const int64_t B = options.batch_tokens > 0 ? batch_tokens_rows(options, T) : options.batch;
     request.global_batch_tokens = B * T * options.grad_accum * dp;
   }
-  if (given_flag(options, "precision")) request.precision = parse_dtype(options.precision);
+  if (given_flag(options, "precision")) {
+    Plan precision;
+    set_precision(precision, options.precision);
+    request.precision = precision.param_dtype;
+    request.fp8 = precision.fp8;
+  }
   if (given_flag(options, "zero")) request.zero = options.zero;
   if (given_flag(options, "offload")) {
     request.offload = options.offload;
@@ -237,6 +242,15 @@ void check_mixture_of_experts(const ModelConfig& config, const Plan& plan) {
       << plan.dp << " (dp = --gpus / (tp x pp)): ep must divide it";
 }
 
+// --precision fp8: the FP8 GEMMs take sides that are multiples of 16 (model/fp8_linear.h), the
+// micro-batch's tokens among them: otherwise no projection would run in FP8.
+void check_fp8(const Plan& plan) {
+  DSTRAIN_USER_CHECK(!plan.fp8 || plan.micro_batch * plan.seq_len % 16 == 0)
+      << "--precision fp8 runs the projections on FP8 tensor cores, whose GEMMs take multiples "
+         "of 16: make a micro-batch's tokens (--batch "
+      << plan.micro_batch << " x --seq-len " << plan.seq_len << ") a multiple of 16";
+}
+
 }  // namespace
 
 Plan plan_from_options(const TrainOptions& options, const ModelConfig& config) {
@@ -277,7 +291,7 @@ Plan plan_from_options(const TrainOptions& options, const ModelConfig& config) {
       options.batch_tokens > 0 ? batch_tokens_rows(options, options.seq_len) : options.batch;
   plan.grad_accum = options.grad_accum;
   plan.seq_len = options.seq_len;
-  plan.param_dtype = parse_dtype(options.precision);
+  set_precision(plan, options.precision);
   plan.sequence_parallel = options.sequence_parallel;
   check_tensor_parallel(config, plan);
   plan.ep = options.ep;
@@ -304,7 +318,7 @@ void remember_plan(const Plan& plan, TrainOptions& options) {
   options.batch = plan.micro_batch;
   options.grad_accum = plan.grad_accum;
   options.seq_len = plan.seq_len;
-  options.precision = precision_name(plan.param_dtype);
+  options.precision = precision_name(plan);
   options.pp_schedule = pipeline_schedule_name(plan.pp_schedule);
   options.pp_split = plan.pp > 1 ? pipeline_split_text(plan.pp_split) : "";
   options.sequence_parallel = plan.sequence_parallel;
@@ -380,6 +394,7 @@ Plan plan_run(TrainOptions& options, const ModelConfig& config, const RunMachine
               std::ostream& out) {
   Plan plan = choose_run_plan(options, config, machine, out);
   check_batch_tokens(options, plan);
+  check_fp8(plan);
   remember_plan(plan, options);
   return plan;
 }

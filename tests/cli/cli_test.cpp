@@ -89,7 +89,9 @@ TEST_F(CliTest, BadFlagsAreOneSentence) {
   expect_user_error("--model gpt5", "unknown model 'gpt5'");
   expect_user_error("--lr-schedule linear " + kSmall, "--lr-schedule");
   expect_user_error("--device tpu " + kSmall, "--device");
-  expect_user_error("--precision fp8 " + kSmall, "--precision");
+  expect_user_error("--precision fp4 " + kSmall, "--precision");
+  expect_user_error("--precision fp8 --batch 1 --seq-len 24 --steps 1 --sample 0 --quiet",
+                    "make a micro-batch's tokens (--batch 1 x --seq-len 24) a multiple of 16");
   expect_user_error("--steps 0", "--steps");
   expect_user_error("frobnicate", "unknown command 'frobnicate'");
 }

@@ -191,6 +191,29 @@ TEST(Matmul, ShapeMismatchThrows) {
       Error);
 }
 
+// bias_backward alone: the column sums of dout added to dbias, against double, and the bits
+// matmul_backward's dbias gives (the FP8 linears take their bias gradient from it).
+TEST(Matmul, BiasBackwardIsMatmulBackwardsDbias) {
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    Random rng(35);
+    const int64_t N = 37, C = 5, OC = 19;
+    HostTensor dout(dtype, {N, OC}), x(dtype, {N, C}), w(dtype, {OC, C}), dw(dtype, {OC, C});
+    HostTensor dbias(DType::F32, {OC});
+    for (HostTensor* t : {&dout, &x, &w, &dbias}) t->fill_random(rng, -1.0, 1.0);
+    HostTensor dbias_matmul = dbias.clone();
+    const std::vector<double> before = dbias.values(), dy = dout.values();
+    Backend& backend = *test_backend();
+    backend.bias_backward(dbias, dout, nullptr);
+    backend.matmul_backward(Tensor(), dw, dbias_matmul, dout, x, w, true, nullptr);
+    EXPECT_TRUE(bitwise_equal(dbias, dbias_matmul)) << dtype_name(dtype);
+    std::vector<double> want = before;
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t o = 0; o < OC; ++o) want[o] += dy[n * OC + o];
+    }
+    EXPECT_TRUE(all_close(dbias.values(), want, {1e-5, 1e-5, 1e-12})) << dtype_name(dtype);
+  }
+}
+
 // OpenBLAS's multi-threaded sgemm blocks K differently from its single-threaded one, so its
 // result bits depend on the thread count (found with OpenBLAS 0.3.21 at K = 1000). The backend
 // therefore runs OpenBLAS with 1 thread on a fixed tile grid; this test records whether the

@@ -127,6 +127,26 @@ TEST(CudaMatmul, BackwardEveryDTypeLayoutAndBias) {
   }
 }
 
+// bias_backward alone (the FP8 linears' bias gradient): the twin's column sums, on the vector
+// path (OC % 8 == 0) and the scalar one, over several row chunks.
+TEST(CudaMatmul, BiasBackwardMatchesTheTwin) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : kFloatDTypes) {
+    for (const auto& [N, OC] : {std::pair<int64_t, int64_t>{300, 64}, {7, 13}}) {
+      Random rng(36);
+      HostTensor dout = random_tensor(rng, dtype, {N, OC});
+      HostTensor dbias_cpu = random_tensor(rng, DType::F32, {OC}), dbias_gpu = dbias_cpu.clone();
+      cpu_backend().bias_backward(dbias_cpu, dout, nullptr);
+      GpuRun run;
+      cuda_backend().bias_backward(run(dbias_gpu), run(dout), nullptr);
+      run.finish();
+      EXPECT_TRUE(all_close(dbias_gpu.values(), dbias_cpu.values(), {1e-5, 1e-5, 1e-12}))
+          << dtype_name(dtype) << " " << N << "x" << OC;
+      EXPECT_TRUE(guards_intact({&dbias_gpu})) << N;
+    }
+  }
+}
+
 // Operands of different dtypes (converted to fp32 first), an output cuBLAS cannot write from
 // those operands and a bias of another dtype (both through the fp32 epilogue), F32 gradients
 // of BF16 activations (written by cuBLAS directly).

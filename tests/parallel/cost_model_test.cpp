@@ -1,11 +1,12 @@
 // The cost model's pieces against their closed forms: FLOPs, ring bandwidths of real
 // machines, collective volumes, the pipeline bubble, offload.
+#include "parallel/cost_model.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <sstream>
 
-#include "parallel/cost_model.h"
 #include "parallel/model_flops.h"
 #include "test_machines.h"
 #include "topology/bandwidth.h"
@@ -162,8 +163,9 @@ TEST(CostModel, HostOptimizerScalesWithNumaNodes) {
 // Parameter offload on one RTX 4090 (PCIe 4.0 x16 to the host, 25.2 GB/s): every micro-batch
 // brings the 7B's bf16 parameters up for the forward and its layers again for the backward (the
 // untied head's block and the last layer are still in their buffers, the embedding's backward
-// needs no weights), its gradient sums up (but in the first micro-batch) and down. Where a micro-batch computes for almost nothing the transfers are
-// the step; at micro-batch 16 x 1024 they hide behind the compute.
+// needs no weights), its gradient sums up (but in the first micro-batch) and down. Where a
+// micro-batch computes for almost nothing the transfers are the step; at micro-batch 16 x 1024 they
+// hide behind the compute.
 TEST(CostModel, ParameterOffloadMovesEveryBlockTwiceAMicroBatch) {
   const NodeTopology rtx4090 = machine("rtx4090-8gpu-pcie.txt", "rtx4090");
   const MemoryModel memory(load_model_config("qwen2.5-7b"));
@@ -331,8 +333,7 @@ TEST(KernelWork, MemoryTrafficOfAGpt2Block) {
   // residual rows split too; the two row-parallel biases are added after the reduction.
   const MemoryTraffic sp = memory_traffic(gpt2, 2, true);
   EXPECT_DOUBLE_EQ(sp.layer_forward, (2 + 4 + 3) * C / 2 + 2 * 4 * C / 2 + 2 * 2 * C / 2);
-  EXPECT_DOUBLE_EQ(sp.layer_backward,
-                   2 * 6 * C / 2 + C / 2 + 3 * 4 * C / 2 + 3 * C / 2 + 2 * C);
+  EXPECT_DOUBLE_EQ(sp.layer_backward, 2 * 6 * C / 2 + C / 2 + 3 * 4 * C / 2 + 3 * C / 2 + 2 * C);
   EXPECT_DOUBLE_EQ(sp.head_forward, 2 * C / 2 + 3 * Vp / 2);
   // Without sequence parallelism the norm and residual rows are whole on every tp rank.
   const MemoryTraffic no_sp = memory_traffic(gpt2, 2, false);
@@ -376,10 +377,9 @@ TEST(CostModel, ComputeIsGemmsPlusAttentionPlusMemoryBound) {
   const double attention_forward = tokens * L * 2 * pair * (T + 16) / 2;
   const double attention_backward =
       tokens * L * (4 * pair * (T + 64) / 2 + 3 * pair * (T + 16) / 2);
-  EXPECT_NEAR(
-      c.attention_seconds,
-      m * (attention_forward / (peak * 0.377) + attention_backward / (peak * 0.384)),
-      1e-9 * c.attention_seconds);
+  EXPECT_NEAR(c.attention_seconds,
+              m * (attention_forward / (peak * 0.377) + attention_backward / (peak * 0.384)),
+              1e-9 * c.attention_seconds);
   // Per token: a layer's forward 17C and backward 30C (MemoryTrafficOfAGpt2Block), the
   // embedding, the head.
   const double elements = L * (17 * C + 30 * C) + 3 * C + 3 * C + 2 * C + 3 * Vp + 7 * C;
@@ -400,6 +400,39 @@ TEST(CostModel, ComputeIsGemmsPlusAttentionPlusMemoryBound) {
               1e-9 * c.attention_seconds);
   EXPECT_NEAR(full.gemm_seconds - c.gemm_seconds, m * tokens * L * 24 * C * C / gemm_rate,
               1e-9 * c.gemm_seconds);
+}
+
+// --precision fp8 on an RTX 4090 (FP8 330.3 TFLOP/s with fp32 accumulation against 165.2):
+// the layers' GEMMs (GPT-2: all of a layer's 24 C^2) at the FP8 peak x the efficiency x 0.87
+// (cuBLASLt's FP8 against cuBLAS's bf16 on an H100), the head's in bf16; the casts' bytes added
+// to the memory-bound kernels: each cast reads 2 + 2 bytes and writes 1 an element (forward:
+// each linear's input and weight; backward: dout twice, the input and the weight again).
+TEST(CostModel, Fp8RunsTheLayersGemmsAtTheFp8RateAndPaysForTheCasts) {
+  const NodeTopology rtx4090 = machine("rtx4090-8gpu-pcie.txt", "rtx4090");
+  const ModelConfig gpt2 = small_gpt2();
+  const MemoryModel memory(gpt2);
+  Plan p = bf16_plan(1, 1, 1, 4, 2);
+  const StepCost bf16 = predict_step_cost(memory, rtx4090, p);
+  p.fp8 = true;
+  const StepCost fp8 = predict_step_cost(memory, rtx4090, p);
+  EXPECT_DOUBLE_EQ(gpu_speed(rtx4090, DType::BF16).fp8_flops, 330.3e12);
+  const double L = 12, C = 768, Vp = 50304, T = 1024, tokens = 4 * T, m = 2;
+  const double efficiency = 0.80 * tokens / (tokens + 128) * C / (C + 256);
+  const double bf16_rate = 165.2e12 * efficiency, fp8_rate = 330.3e12 * efficiency * 0.87;
+  EXPECT_NEAR(fp8.gemm_seconds,
+              m * 3 * tokens * (L * 24 * C * C / fp8_rate + 2 * C * Vp / bf16_rate),
+              1e-9 * fp8.gemm_seconds);
+  // (in, out) of qkv, o, fc, proj: (C, 3C), (C, C), (C, 4C), (4C, C).
+  const double ins[] = {C, C, C, 4 * C}, outs[] = {3 * C, C, 4 * C, C};
+  double cast_elements = 0;
+  for (int i = 0; i < 4; ++i) {
+    cast_elements += tokens * ins[i] + ins[i] * outs[i];                         // forward
+    cast_elements += 2 * tokens * outs[i] + tokens * ins[i] + ins[i] * outs[i];  // backward
+  }
+  EXPECT_NEAR(fp8.memory_bound_seconds - bf16.memory_bound_seconds,
+              m * L * 5 * cast_elements / (1008e9 * 0.8), 1e-9 * bf16.memory_bound_seconds);
+  EXPECT_DOUBLE_EQ(fp8.attention_seconds, bf16.attention_seconds);
+  EXPECT_LT(fp8.step_seconds, bf16.step_seconds);
 }
 
 TEST(CostModel, ComputePartsAddUpAcrossPlans) {
@@ -485,7 +518,8 @@ TEST(CostModel, TensorParallelLatentAttentionRepeatsTheLatentPath) {
     "vocab_size": 32000, "max_position_embeddings": 4096, "hidden_size": 2048,
     "intermediate_size": 5632, "num_hidden_layers": 8, "num_attention_heads": 16,
     "q_lora_rank": 768, "kv_lora_rank": 256, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
-    "v_head_dim": 128})", "mla");
+    "v_head_dim": 128})",
+                                                    "mla");
   const MemoryModel memory(config);
   const StepCost tp1 = predict_step_cost(memory, h100, bf16_plan(1, 1, 1, 2, 4));
   const StepCost tp2 = predict_step_cost(memory, h100, bf16_plan(1, 2, 1, 2, 4));

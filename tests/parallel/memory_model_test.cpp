@@ -94,7 +94,8 @@ int expect_allocations_match(const ModelConfig& config, const Plan& plan) {
         config,
         TensorParallel{plan.tp, groups.tensor_index, plan.uses_sequence_parallel(), groups.tensor},
         ExpertParallel{plan.ep, groups.expert_index, groups.expert, nullptr, nullptr,
-                       plan.moe_capacity_factor});
+                       plan.moe_capacity_factor},
+        plan.fp8);
     const int slots = activation_slots(plan.pp_schedule, plan.pp, groups.stage,
                                        static_cast<int>(plan.grad_accum));
     ModelStage stage(*arch, range, *backend, *device, plan.micro_batch, plan.seq_len,
@@ -282,19 +283,27 @@ void expect_cases_match(const std::vector<ModelConfig>& configs, const std::vect
 // The LLaMA family: Llama with grouped-query attention and an untied head (its own block on
 // the last stage, no tied copy of the embedding there), Qwen2 with q/k/v biases and a tied
 // head; one rank, ZeRO, pipelines and tensor parallelism.
-TEST(MemoryModel, LlamaFamilyPlansMatchAllocatorEveryRank) {
+// A small Llama (grouped-query attention, an untied head) and a Qwen2 like it (q/k/v biases, a
+// tied head), named "llama-<suffix>" and "qwen2-<suffix>", MLP width `intermediate`.
+std::pair<ModelConfig, ModelConfig> small_llama_family(const std::string& suffix,
+                                                       int64_t intermediate) {
   ModelConfig llama = odd_config(37, 32, 32, 4, 4);
-  llama.name = "llama-odd";
+  llama.name = "llama-" + suffix;
   llama.type = ModelType::Llama;
   llama.n_kv_head = 2;
-  llama.intermediate_size = 44;
+  llama.intermediate_size = intermediate;
   llama.tie_word_embeddings = false;
   llama.qkv_bias = llama.o_bias = llama.mlp_bias = false;
   ModelConfig qwen2 = llama;
-  qwen2.name = "qwen2-odd";
+  qwen2.name = "qwen2-" + suffix;
   qwen2.type = ModelType::Qwen2;
   qwen2.tie_word_embeddings = true;
   qwen2.qkv_bias = true;
+  return {llama, qwen2};
+}
+
+TEST(MemoryModel, LlamaFamilyPlansMatchAllocatorEveryRank) {
+  const auto [llama, qwen2] = small_llama_family("odd", 44);
   expect_cases_match({llama, qwen2}, {
                                          {1, 1, 1, 0, false, Recompute::None, DType::F32},
                                          {1, 1, 1, 0, false, Recompute::Selective, DType::BF16},
@@ -303,6 +312,38 @@ TEST(MemoryModel, LlamaFamilyPlansMatchAllocatorEveryRank) {
                                          {2, 2, 1, 2, false, Recompute::None, DType::BF16},
                                          {1, 2, 2, 0, false, Recompute::Selective, DType::F32},
                                      });
+}
+
+// --precision fp8: the layers' workspace holds the FP8 operands of the largest GEMM and their
+// scales (model/fp8_linear.h), on every plan; a micro-batch of 2 x 8 tokens (a multiple of 16),
+// the MLP's width a multiple of 16 (Llama) or not (Qwen2: its projections stay bf16, the
+// attention's take the scratch).
+TEST(MemoryModel, Fp8PlansMatchAllocatorEveryRank) {
+  const ModelConfig llama = small_llama_family("fp8", 48).first;
+  const ModelConfig qwen2 = small_llama_family("fp8", 44).second;
+  for (const ModelConfig& config : {llama, qwen2}) {
+    for (const auto& [dp, tp, pp, zero, recompute] :
+         {std::tuple{1, 1, 1, 0, Recompute::None}, std::tuple{2, 1, 1, 3, Recompute::Full},
+          std::tuple{1, 2, 1, 1, Recompute::Selective}, std::tuple{1, 1, 2, 2, Recompute::None}}) {
+      Plan plan = one_rank_plan(2, 8);
+      plan.dp = dp;
+      plan.tp = tp;
+      plan.pp = pp;
+      plan.zero = zero;
+      plan.recompute = recompute;
+      plan.grad_accum = 2;
+      plan.param_dtype = DType::BF16;
+      plan.fp8 = true;
+      SCOPED_TRACE(config.name + ", " + describe(plan));
+      EXPECT_EQ(expect_allocations_match(config, plan), plan.world());
+      Plan bf16 = plan;
+      bf16.fp8 = false;
+      const MemoryModel model(config);
+      const auto workspace = static_cast<size_t>(MemCategory::Workspace);
+      EXPECT_GT(model.predict_stage(plan, 0).device[workspace],
+                model.predict_stage(bf16, 0).device[workspace]);
+    }
+  }
 }
 
 // Mixture of experts: Qwen2-MoE with a dense first layer and a shared expert (the layers'

@@ -10,6 +10,8 @@
 //   gpt2-1.5b  1.56B params  25 GB of state
 //   6b         5.85B params  94 GB of state (28 layers, n_embd 4096)
 //   13b       12.85B params 206 GB of state (40 layers, n_embd 5120)
+#include "parallel/planner.h"
+
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -18,7 +20,6 @@
 #include "core/check.h"
 #include "parallel/model_flops.h"
 #include "parallel/pipeline_split.h"
-#include "parallel/planner.h"
 #include "test_machines.h"
 
 namespace dstrain {
@@ -74,7 +75,8 @@ void expect_plan(const PlanResult& r, const Expected& e) {
   for (const PlanCandidate& a : r.alternatives) {
     EXPECT_FALSE(a.verdict.empty()) << describe(a.plan);
     if (a.fits()) {
-      EXPECT_GE(a.seconds_per_token(), r.best.seconds_per_token() / 1.02 - 1e-15) << describe(a.plan);
+      EXPECT_GE(a.seconds_per_token(), r.best.seconds_per_token() / 1.02 - 1e-15)
+          << describe(a.plan);
     } else {
       EXPECT_NE(a.verdict.find("does not fit"), std::string::npos) << a.verdict;
     }
@@ -101,8 +103,9 @@ TEST(Planner, GpuMemoryShrinksTheProbedGpusAndReplacesADescribedOnes) {
   apply_gpu_memory(probed, "16G", true);
   for (const GpuInfo& gpu : probed.gpus) EXPECT_EQ(gpu.memory_bytes, uint64_t{16} << 30);
   NodeTopology small = testing::fixture_machine("rtx4090-8gpu-pcie.txt", "rtx4090", "256G");
-  EXPECT_NE(testing::user_error([&] { apply_gpu_memory(small, "80G", true); })
-                .find("--gpu-memory 80G is more than GPU 0 (NVIDIA GeForce RTX 4090) has: "),
+  EXPECT_NE(testing::user_error([&] {
+              apply_gpu_memory(small, "80G", true);
+            }).find("--gpu-memory 80G is more than GPU 0 (NVIDIA GeForce RTX 4090) has: "),
             std::string::npos);
   apply_gpu_memory(small, "80G", false);  // a described machine: as the user says
   EXPECT_EQ(small.gpus[0].memory_bytes, uint64_t{80} << 30);
@@ -230,8 +233,7 @@ TEST(Planner, Rtx4090x2_6bWithoutEnoughHostMemorySaysWhatItNeeds) {
     }
     return std::string("no error");
   }();
-  EXPECT_NE(message.find("only with state offloaded to host memory"), std::string::npos)
-      << message;
+  EXPECT_NE(message.find("only with state offloaded to host memory"), std::string::npos) << message;
   EXPECT_NE(message.find("of host memory"), std::string::npos) << message;
   EXPECT_NE(message.find("32.00 GiB"), std::string::npos) << message;
 }
@@ -276,6 +278,30 @@ TEST(Planner, Rtx4090x2_13bNeedsItsStateOnTheHostAndSaysHowMuch) {
 // memory. Offloaded whole it needs 16 bytes a parameter on the host (488 GiB), more than the
 // 401.6 GiB usable: the planner says so and what bf16 Adam moments would need (12 bytes, 366
 // GiB); asked for them, it plans ZeRO-3 with the parameters and the optimizer on the host.
+// --precision fp8: planned (bf16 with the layers' GEMMs in FP8, faster than bf16 on FP8 tensor
+// cores), and refused in one sentence where the GPU has none (an RTX 3090: 8.6).
+TEST(Planner, Fp8IsPlannedWhereTheGpuHasFp8TensorCores) {
+  PlanRequest request;
+  request.precision = DType::BF16;
+  const PlanResult bf16 = plan("llama3.2-1b", rtx4090_x8(), request);
+  request.fp8 = true;
+  const PlanResult fp8 = plan("llama3.2-1b", rtx4090_x8(), request);
+  EXPECT_TRUE(fp8.best.plan.fp8);
+  EXPECT_EQ(fp8.best.plan.param_dtype, DType::BF16);
+  EXPECT_NE(describe(fp8.best.plan).find(", fp8,"), std::string::npos) << describe(fp8.best.plan);
+  EXPECT_GT(fp8.best.cost.tokens_per_second, bf16.best.cost.tokens_per_second);
+  const std::string message =
+      user_error([&] { plan("llama3.2-1b", rtx3090_nvlink_pairs(), request); });
+  EXPECT_NE(message.find("fp8 needs FP8 tensor cores (compute capability 8.9 or newer"),
+            std::string::npos)
+      << message;
+  request.precision = DType::F16;
+  EXPECT_NE(user_error([&] {
+              plan("llama3.2-1b", rtx4090_x8(), request);
+            }).find("fp8 keeps its parameters and activations in bf16"),
+            std::string::npos);
+}
+
 TEST(Planner, Qwen32bOnFourRtx4090sNeedsBf16OptimizerStates) {
   PlanRequest request;
   request.gpus = 4;
@@ -316,7 +342,8 @@ TEST(Planner, Qwen7bOnOneRtx4090OffloadsItsParameters) {
   EXPECT_NE(r.offload_choice.find("PCIe"), std::string::npos) << r.offload_choice;
 }
 
-// ---- The search's contract -----------------------------------------------------------------------
+// ---- The search's contract
+// -----------------------------------------------------------------------
 
 TEST(Planner, IsStableAcrossRunsAndSmallChangesOfTheMachine) {
   const NodeTopology topology = rtx4090_x8();
@@ -352,8 +379,6 @@ TEST(Planner, FixedPartsConstrainTheSearch) {
   EXPECT_EQ(m.best.plan.recompute, Recompute::Full);
 }
 
-
-
 TEST(Planner, ImpossibleFixedPlansAreOneClearSentence) {
   // Replicated 6b (ZeRO-0, no offload, no pipeline) on 24 GB GPUs: says by how much.
   PlanRequest replicated;
@@ -363,7 +388,8 @@ TEST(Planner, ImpossibleFixedPlansAreOneClearSentence) {
   replicated.pp = 1;
   std::string message = user_error([&] { plan("6b", rtx4090_x8(), replicated); });
   EXPECT_NE(message.find("the plan fixed by --pp 1 --zero 0 --offload none does not fit"),
-            std::string::npos) << message;
+            std::string::npos)
+      << message;
   EXPECT_NE(message.find("GiB more than the 20.60 GiB usable"), std::string::npos) << message;
 
   PlanRequest tp;
@@ -420,8 +446,9 @@ TEST(Planner, GlobalBatchAndSequenceLength) {
   EXPECT_EQ(r.best.plan.seq_len, 2048);
   EXPECT_EQ(r.best.plan.tokens_per_step(), kDefaultGlobalBatchTokens);
   request.global_batch_tokens = 1000;  // not a multiple of 2048
-  EXPECT_NE(user_error([&] { plan("6b", h100_x8(), request); }).find("multiple of the sequence length"),
-            std::string::npos);
+  EXPECT_NE(
+      user_error([&] { plan("6b", h100_x8(), request); }).find("multiple of the sequence length"),
+      std::string::npos);
   // 6 GPUs cannot split 512 sequences evenly: the planner overshoots by at most 1/16.
   PlanRequest six;
   six.gpus = 6;
@@ -443,7 +470,8 @@ TEST(PipelineSplit, ADenseLayerAmongMoeLayersCountsItsOwnFlops) {
       "vocab_size": 97, "hidden_size": 32, "intermediate_size": 4096, "moe_intermediate_size": 16,
       "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
       "n_routed_experts": 4, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
-      "max_position_embeddings": 64})", "wide-dense");
+      "max_position_embeddings": 64})",
+                                                    "wide-dense");
   EXPECT_GT(layer_forward_flops(config, 64, 0), 10 * layer_forward_flops(config, 64, 1));
   EXPECT_EQ(balanced_pipeline_split(config, 2, 64), (std::vector<int64_t>{1, 3}));
   // Alike layers: the split of equal layers, as before.

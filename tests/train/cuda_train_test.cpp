@@ -216,6 +216,39 @@ TEST(CudaTraining, Bf16AndFp16OnTensorCoreAttentionMatchTheCpuBackend) {
   }
 }
 
+// --precision fp8 (model/fp8_linear.h) on the CUDA backend: the same model (GPT-2's layout:
+// (in, out) weights, biases; every projection and the 32 tokens of a micro-batch multiples of
+// 16), 20 steps against the CPU backend's fp8. The casts are the same bytes for the same inputs
+// (CudaFp8.*), but the inputs differ by the bf16 runs' roundings (above), and a value near an
+// FP8 rounding boundary moves by a whole E4M3 step (2^-3 relative): tolerance 2^-7 per step's
+// loss, relative (measured on the emulator: 3.4e-3). And the CUDA run is FP8's, not bf16's: it
+// is nearer the CPU's fp8 run than the CPU's bf16 run.
+TEST(CudaTraining, Fp8TrainsLikeTheCpuBackend) {
+  REQUIRE_CUDA_DEVICE();
+  const testing::TempDir dir;
+  RunSpec run{"cpu", "fp8"};
+  run.tensor_core_heads = true;
+  const RunResult cpu = train_run(dir.path(), run);
+  run.precision = "bf16";
+  const RunResult cpu_bf16 = train_run(dir.path(), run);
+  run.device = "cuda";
+  run.precision = "fp8";
+  const RunResult cuda = train_run(dir.path(), run);
+  ASSERT_LT(cpu.losses.back(), cpu.losses.front() - 0.1);
+  expect_losses_near(cuda, cpu, 0x1p-7, "fp8 CUDA vs CPU, heads of 64");
+  auto worst = [&](const RunResult& other) {
+    double largest = 0;
+    for (int step = 0; step < kSteps; ++step) {
+      largest = std::max(largest, std::abs(cuda.losses[step] / other.losses[step] - 1));
+    }
+    return largest;
+  };
+  EXPECT_LT(worst(cpu), worst(cpu_bf16));
+  std::cout << "  fp8: largest relative loss difference CUDA vs CPU " << worst(cpu)
+            << " (vs the CPU's bf16 run " << worst(cpu_bf16) << "), max |weight difference| "
+            << max_weight_difference(cuda, cpu) << "\n";
+}
+
 TEST(CudaTraining, TwoRanksSharingOneGpuZero3OffloadMatchOneRank) {
   REQUIRE_CUDA_DEVICE();
   const testing::TempDir dir;

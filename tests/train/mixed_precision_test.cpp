@@ -1,23 +1,21 @@
 // fp16 and bf16 training: the gradient scaler's semantics (PyTorch GradScaler's), an overflow
 // on one rank skipping the step everywhere, and fp16 training reaching fp32's loss.
 #include <gtest/gtest.h>
-
-#include "tests/common/temp_dir.h"
-
 #include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/check.h"
 #include "core/rng.h"
 #include "optim/grad_scaler.h"
+#include "tests/common/temp_dir.h"
+#include "tests/train/small_model.h"
 #include "train/trainer.h"
 
 namespace dstrain {
@@ -179,20 +177,8 @@ TEST_F(MixedPrecisionTest, Fp16AndBf16ReachTheFp32Loss) {
   // Long enough that the model learns the corpus's structure: the loss falls from ln 16 = 2.77
   // to below 2.0 in this many steps.
   auto run = [&](const std::string& precision) {
-    TrainOptions options;
-    options.device = "cpu";
-    options.model = "tiny";
-    options.precision = precision;
-    options.batch = 8;
-    options.seq_len = 32;
-    options.steps = 150;
-    options.eval_every = 150;
-    options.eval_batches = 8;
-    options.sample_tokens = 0;
-    options.quiet = true;
-    options.threads = 2;
     std::ostringstream out;
-    return train(options, out).final_eval_loss.value();
+    return train(test::learning_run_options("tiny", precision), out).final_eval_loss.value();
   };
   const double fp32 = run("fp32");
   const double fp16 = run("fp16");

@@ -1,0 +1,102 @@
+// The linear layers in FP8 (model/fp8_linear.h).
+#include "model/fp8_linear.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+
+namespace dstrain {
+
+namespace {
+
+constexpr int64_t kFp8Multiple = 16;  // matmul_fp8's K and N
+
+// (rows, cols) FP8 of `format` at byte `offset` of the scratch.
+Tensor operand(const Fp8Scratch& fp8, int64_t offset, DType format, int64_t rows, int64_t cols) {
+  DSTRAIN_CHECK(offset + rows * cols <= fp8.bytes.numel())
+      << "FP8 scratch of " << fp8.bytes.numel() << " bytes cannot hold " << rows << " x " << cols
+      << " at " << offset;
+  return Tensor(static_cast<uint8_t*>(fp8.bytes.data) + offset, format, {rows, cols},
+                fp8.bytes.device);
+}
+
+Tensor scale_inv(const Fp8Scratch& fp8, int index) { return fp8.scales.slice(index, {1}); }
+
+struct LinearShape {
+  int64_t N, C, OC;
+};
+
+LinearShape linear_shape(const Tensor& inp, const Tensor& weight, bool weight_out_by_in) {
+  DSTRAIN_CHECK(weight.ndim == 2) << "linear weight " << weight.shape_str() << " must be 2-d";
+  const int64_t C = weight_out_by_in ? weight.shape[1] : weight.shape[0];
+  const int64_t OC = weight_out_by_in ? weight.shape[0] : weight.shape[1];
+  DSTRAIN_CHECK(C > 0 && inp.numel() % C == 0)
+      << "linear inp " << inp.shape_str() << " does not match weight " << weight.shape_str();
+  return {inp.numel() / C, C, OC};
+}
+
+bool runs_in_fp8(const Fp8Scratch& fp8, const LinearShape& s) {
+  return fp8.enabled() && fp8_linear_fits(s.N, s.C, s.OC);
+}
+
+}  // namespace
+
+bool fp8_linear_fits(int64_t tokens, int64_t in, int64_t out) {
+  return tokens > 0 && tokens % kFp8Multiple == 0 && in % kFp8Multiple == 0 &&
+         out % kFp8Multiple == 0;
+}
+
+int64_t fp8_scratch_bytes(int64_t tokens, int64_t in, int64_t out, bool with_backward) {
+  if (!fp8_linear_fits(tokens, in, out)) return 0;
+  const int64_t forward = (tokens + out) * in;
+  return with_backward ? std::max({forward, (tokens + in) * out, (out + in) * tokens}) : forward;
+}
+
+void linear_forward(Backend& backend, const Fp8Scratch& fp8, Tensor out, Tensor inp, Tensor weight,
+                    Tensor bias, bool weight_out_by_in, Stream stream) {
+  const LinearShape s = linear_shape(inp, weight, weight_out_by_in);
+  if (!runs_in_fp8(fp8, s)) {
+    backend.matmul_forward(out, inp, weight, bias, weight_out_by_in, stream);
+    return;
+  }
+  const Tensor x = operand(fp8, 0, DType::F8E4M3, s.N, s.C);
+  const Tensor w = operand(fp8, s.N * s.C, DType::F8E4M3, s.OC, s.C);
+  backend.fp8_quantize(x, scale_inv(fp8, 0), inp.reshape({s.N, s.C}), false, stream);
+  backend.fp8_quantize(w, scale_inv(fp8, 1), weight, !weight_out_by_in, stream);
+  backend.matmul_fp8(out.reshape({s.N, s.OC}), x, scale_inv(fp8, 0), w, scale_inv(fp8, 1), bias,
+                     false, stream);
+}
+
+void linear_backward(Backend& backend, const Fp8Scratch& fp8, Tensor dinp, Tensor dweight,
+                     Tensor dbias, Tensor dout, Tensor inp, Tensor weight, bool weight_out_by_in,
+                     Stream stream) {
+  const LinearShape s = linear_shape(inp, weight, weight_out_by_in);
+  if (!runs_in_fp8(fp8, s)) {
+    backend.matmul_backward(dinp, dweight, dbias, dout, inp, weight, weight_out_by_in, stream);
+    return;
+  }
+  const Tensor dy = dout.reshape({s.N, s.OC}), x = inp.reshape({s.N, s.C});
+  if (!dinp.empty()) {  // dinp (N, C) = dout (N, OC) x (W^T (C, OC))^T
+    const Tensor g = operand(fp8, 0, DType::F8E5M2, s.N, s.OC);
+    const Tensor w = operand(fp8, s.N * s.OC, DType::F8E4M3, s.C, s.OC);
+    backend.fp8_quantize(g, scale_inv(fp8, 0), dy, false, stream);
+    backend.fp8_quantize(w, scale_inv(fp8, 1), weight, weight_out_by_in, stream);
+    backend.matmul_fp8(dinp.reshape({s.N, s.C}), g, scale_inv(fp8, 0), w, scale_inv(fp8, 1),
+                       Tensor(), false, stream);
+  }
+  // dW (OC, C) += dout^T (OC, N) x (inp^T (C, N))^T, or (C, OC) += inp^T x (dout^T)^T.
+  const Tensor g = operand(fp8, 0, DType::F8E5M2, s.OC, s.N);
+  const Tensor xt = operand(fp8, s.OC * s.N, DType::F8E4M3, s.C, s.N);
+  backend.fp8_quantize(g, scale_inv(fp8, 0), dy, true, stream);
+  backend.fp8_quantize(xt, scale_inv(fp8, 1), x, true, stream);
+  if (weight_out_by_in) {
+    backend.matmul_fp8(dweight, g, scale_inv(fp8, 0), xt, scale_inv(fp8, 1), Tensor(), true,
+                       stream);
+  } else {
+    backend.matmul_fp8(dweight, xt, scale_inv(fp8, 1), g, scale_inv(fp8, 0), Tensor(), true,
+                       stream);
+  }
+  if (!dbias.empty()) backend.bias_backward(dbias, dy, stream);
+}
+
+}  // namespace dstrain

@@ -1,0 +1,63 @@
+// The decoder's linear layers in FP8 (--precision fp8, issue 34): the GEMMs of a projection on
+// FP8 tensor cores, everything around them (the activations, the parameters, their gradients,
+// the master weights and the optimizer) as with bf16.
+//
+//   forward  out (N, OC) = e4m3(inp) (N, C) x e4m3(W) (OC, C)^T          [+ bias]
+//   dgrad    dinp (N, C) = e5m2(dout) (N, OC) x e4m3(W^T) (C, OC)^T
+//   wgrad    dW (OC, C) += e5m2(dout^T) (OC, N) x e4m3(inp^T) (C, N)^T   (or its transpose)
+//   dbias   (OC)        += column sums of dout in its own dtype           (Backend::bias_backward)
+//
+// Activations and weights in E4M3 (3 mantissa bits, range +-448), the gradients in E5M2 (2
+// mantissa bits, range +-57344): gradients span more orders of magnitude than they need
+// precision, which is Transformer Engine's "hybrid" recipe and the one the FP8 formats paper
+// (Micikevicius et al., 2022) trained with. Each cast scales its tensor by the power of two that
+// puts its current amax at the format's largest value (kernels/ops.h fp8_quantize: "current
+// scaling", no history to carry in a checkpoint), so every run of a step is the same bits. The
+// GEMMs accumulate in fp32 (CUBLASLT_MATMUL_DESC_FAST_ACCUM off: on Hopper, partial sums of
+// about 14 bits within an MMA, promoted to fp32 between MMAs).
+//
+// matmul_fp8 takes the "TN" form only (both operands K-contiguous), so the casts transpose
+// where a GEMM needs it: the weight for dgrad (out-by-in layouts) or for forward and wgrad
+// (in-by-out layouts), dout and inp for wgrad. A linear runs in FP8 where matmul_fp8 takes all
+// three GEMMs: its widths and the micro-batch's token rows multiples of 16. Otherwise, and with
+// no scratch, it runs as Backend::matmul_forward / matmul_backward in the activations' dtype.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/ops.h"
+
+namespace dstrain {
+
+// The FP8 operands of one GEMM at a time, reused by the next (one stream orders them): `bytes`
+// (F8E4M3, viewed as F8E5M2 where a gradient is cast) holds the two operands of the largest
+// GEMM, `scales` (F32, kFp8Scales) their scale_invs. Empty: no FP8.
+struct Fp8Scratch {
+  static constexpr int64_t kFp8Scales = 2;
+  Tensor bytes;
+  Tensor scales;
+  bool enabled() const { return bytes.numel() > 0; }
+};
+
+// Whether a linear of `in` -> `out` features over `tokens` rows runs in FP8: matmul_fp8's K and
+// N of its three GEMMs (in, out and tokens) all multiples of 16.
+bool fp8_linear_fits(int64_t tokens, int64_t in, int64_t out);
+
+// Bytes of FP8 scratch such a linear needs: the most any of its GEMMs holds at once (forward
+// (tokens + out) x in; with backward also dgrad (tokens + in) x out, wgrad (out + in) x tokens);
+// 0 where it does not fit.
+int64_t fp8_scratch_bytes(int64_t tokens, int64_t in, int64_t out, bool with_backward);
+
+// Backend::matmul_forward's contract (out (N, OC) = inp (N, C) @ W + bias), in FP8 where the
+// scratch is there and the linear fits.
+void linear_forward(Backend& backend, const Fp8Scratch& fp8, Tensor out, Tensor inp, Tensor weight,
+                    Tensor bias, bool weight_out_by_in, Stream stream);
+
+// Backend::matmul_backward's contract (dinp = dout @ W^T, skipped when empty; dweight +=,
+// dbias += column sums of dout, skipped when empty), in FP8 where the scratch is there and the
+// linear fits.
+void linear_backward(Backend& backend, const Fp8Scratch& fp8, Tensor dinp, Tensor dweight,
+                     Tensor dbias, Tensor dout, Tensor inp, Tensor weight, bool weight_out_by_in,
+                     Stream stream);
+
+}  // namespace dstrain
