@@ -372,6 +372,8 @@ def benchmark(argv, family=GPT2, default_model="gpt2-124m"):
     parser.add_argument("--peak-tflops", type=float, default=0.0,
                         help="the peak for MFU (TFLOP/s); none: no MFU")
     parser.add_argument("--json", default="", help="write the rows to this file")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="--device cpu: torch's intra-op threads (default: torch's own)")
     args = parser.parse_args(argv)
     dtypes = [d for d in args.dtype.split(",") if d]
     for d in dtypes:
@@ -401,7 +403,12 @@ def benchmark(argv, family=GPT2, default_model="gpt2-124m"):
     if cuda and not torch.cuda.is_available():
         fail("--device cuda: torch sees no CUDA device here (no GPU, no driver, or a CPU-only "
              "torch); use --device cpu")
-    device_name = torch.cuda.get_device_name(0) if cuda else "cpu"
+    if args.threads < 0:
+        fail("--threads must be positive")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device_name = (torch.cuda.get_device_name(0) if cuda
+                   else f"cpu ({torch.get_num_threads()} threads)")
     print(f"{family.program}: torch {torch.__version__}, {device_name}, {args.warmup} warm-up + "
           f"{args.steps} timed steps")
     print("| impl | model | params | dtype | batch x seq | ms/step | tokens/s | TFLOP/s | "
