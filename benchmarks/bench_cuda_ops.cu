@@ -288,7 +288,7 @@ std::vector<Op> moe_ops(Workspace& ws, Backend& be, DType dt, int64_t N) {
 
 // The FP8 ops (--precision fp8's groundwork) at a LLaMA MLP's shape (C 2048 -> 8192) over the
 // run's N tokens: the casts of the activations and of the weights (transposed into the
-// K-contiguous form), the FP8 GEMM with bf16 output, and the same GEMM in the run's dtype beside
+// K-contiguous form), of an output gradient into both its layouts, the FP8 GEMM with bf16 output, and the same GEMM in the run's dtype beside
 // it. The FP8 GEMM needs sm_89 or later: elsewhere, or where cuBLASLt refuses it, it is left out.
 std::vector<Op> fp8_ops(Workspace& ws, Backend& be, DType dt, int64_t N) {
   constexpr int64_t C = 2048, OC = 8192;
@@ -298,16 +298,20 @@ std::vector<Op> fp8_ops(Workspace& ws, Backend& be, DType dt, int64_t N) {
   Tensor xq = ws.allocate(DType::F8E4M3, {N, C}), wq = ws.allocate(DType::F8E4M3, {OC, C});
   Tensor x_inv = ws.allocate(DType::F32, {1}), w_inv = ws.allocate(DType::F32, {1});
   Tensor out = ws.allocate(DType::BF16, {N, OC}), out_dt = ws.allocate(dt, {N, OC});
-  be.fp8_quantize(xq, x_inv, x, false, nullptr);
-  be.fp8_quantize(wq, w_inv, w, true, nullptr);
+  Tensor dy = ws.random(dt, {N, OC}, -1e-3f, 1e-3f), g_inv = ws.allocate(DType::F32, {1});
+  Tensor gq = ws.allocate(DType::F8E5M2, {N, OC}), gqt = ws.allocate(DType::F8E5M2, {OC, N});
+  be.fp8_quantize(xq, Tensor(), x_inv, x, nullptr);
+  be.fp8_quantize(Tensor(), wq, w_inv, w, nullptr);
   be.synchronize(nullptr);
   Backend* b = &be;
   const double flops = 2.0 * n * C * OC;
   std::vector<Op> ops = {
       {"fp8_quantize x (C 2048)", es * n * C + n * C, 0,
-       [=] { b->fp8_quantize(xq, x_inv, x, false, nullptr); }},
+       [=] { b->fp8_quantize(xq, Tensor(), x_inv, x, nullptr); }},
       {"fp8_quantize w^T (2048x8192)", es * C * OC + 1.0 * C * OC, 0,
-       [=] { b->fp8_quantize(wq, w_inv, w, true, nullptr); }},
+       [=] { b->fp8_quantize(Tensor(), wq, w_inv, w, nullptr); }},
+      {"fp8_quantize dout both layouts (8192 wide)", es * n * OC + 2.0 * n * OC, 0,
+       [=] { b->fp8_quantize(gq, gqt, g_inv, dy, nullptr); }},
       {"matmul_forward (2048->8192)", 0, flops,
        [=] { b->matmul_forward(out_dt, x, w_out_by_in, Tensor(), true, nullptr); }},
   };

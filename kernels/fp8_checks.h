@@ -11,23 +11,30 @@
 
 namespace dstrain {
 
-// fp8_quantize: inp (R, C) float, out F8 of inp's shape or (C, R) when `transpose`,
-// scale_inv (1) F32. Returns (R, C).
-inline RowShape check_fp8_quantize(const Tensor& out, const Tensor& scale_inv, const Tensor& inp,
-                                   bool transpose) {
+// fp8_quantize: inp (R, C) float, out F8 of inp's shape and/or out_t F8 (C, R), at least one,
+// of one format; scale_inv (1) F32. Returns (R, C).
+inline RowShape check_fp8_quantize(const Tensor& out, const Tensor& out_t, const Tensor& scale_inv,
+                                   const Tensor& inp) {
   DSTRAIN_CHECK(inp.dtype == DType::F32 || inp.dtype == DType::F16 || inp.dtype == DType::BF16)
       << "fp8_quantize inp must be F32, F16 or BF16, not " << dtype_name(inp.dtype);
-  DSTRAIN_CHECK(is_fp8(out.dtype))
-      << "fp8_quantize out must be F8E4M3 or F8E5M2, not " << dtype_name(out.dtype);
+  DSTRAIN_CHECK(!out.empty() || !out_t.empty())
+      << "fp8_quantize needs out, out_t or both";
+  for (const Tensor* copy : {&out, &out_t}) {
+    DSTRAIN_CHECK(copy->empty() || is_fp8(copy->dtype))
+        << "fp8_quantize out must be F8E4M3 or F8E5M2, not " << dtype_name(copy->dtype);
+  }
+  DSTRAIN_CHECK(out.empty() || out_t.empty() || out.dtype == out_t.dtype)
+      << "fp8_quantize out " << dtype_name(out.dtype) << " and out_t " << dtype_name(out_t.dtype)
+      << " must be one format";
   DSTRAIN_CHECK(scale_inv.dtype == DType::F32 && scale_inv.numel() == 1)
       << "fp8_quantize scale_inv " << scale_inv.shape_str() << " must be one F32";
   const RowShape s = row_shape(inp);
-  const RowShape o = row_shape(out);
-  const bool fits =
-      transpose ? (o.rows == s.cols && o.cols == s.rows && out.ndim == 2) : same_rows(out, inp);
-  DSTRAIN_CHECK(fits) << "fp8_quantize out " << out.shape_str() << " must be "
-                      << (transpose ? "inp's transpose" : "inp's shape") << ", inp "
-                      << inp.shape_str();
+  DSTRAIN_CHECK(out.empty() || same_rows(out, inp))
+      << "fp8_quantize out " << out.shape_str() << " must be inp's shape, inp " << inp.shape_str();
+  const RowShape t = out_t.empty() ? RowShape{} : row_shape(out_t);
+  DSTRAIN_CHECK(out_t.empty() || (t.rows == s.cols && t.cols == s.rows && out_t.ndim == 2))
+      << "fp8_quantize out_t " << out_t.shape_str() << " must be inp's transpose, inp "
+      << inp.shape_str();
   return s;
 }
 

@@ -424,12 +424,13 @@ class Backend {
                                        Tensor weight, Tensor expert_offsets, Stream stream) = 0;
 
   // ---- FP8 GEMMs (--precision fp8; core/fp8.h, kernels/fp8_checks.h) ----
-  // Current per-tensor scaling: s = fp8_scale_for_amax(max |inp|, out's format), a power of
-  // two; out = fp8(inp * s) with satfinite, rounded to nearest even (the product is exact);
-  // scale_inv (1) F32 = 1 / s, the factor that turns out back into inp's range. A NaN in inp
-  // makes amax NaN: s = 1. inp (R, C) F32/F16/BF16; out F8E4M3 or F8E5M2, (R, C), or (C, R)
-  // when `transpose` (the K-contiguous copy an FP8 GEMM needs of an operand stored K-major).
-  virtual void fp8_quantize(Tensor out, Tensor scale_inv, Tensor inp, bool transpose,
+  // Current per-tensor scaling: s = fp8_scale_for_amax(max |inp|, the format), a power of
+  // two; each copy = fp8(inp * s) with satfinite, rounded to nearest even (the product is
+  // exact); scale_inv (1) F32 = 1 / s, the factor that turns a copy back into inp's range. A NaN
+  // in inp makes amax NaN: s = 1. inp (R, C) F32/F16/BF16; out (R, C) and out_t (C, R), the
+  // K-contiguous copy an FP8 GEMM needs of an operand stored K-major: either may be empty, not
+  // both; F8E4M3 or F8E5M2, the same when both. Both from one amax and one pass over inp.
+  virtual void fp8_quantize(Tensor out, Tensor out_t, Tensor scale_inv, Tensor inp,
                             Stream stream) = 0;
   // out (M, N) = (a (M, K) @ b (N, K)^T) * a_scale_inv * b_scale_inv + bias (N; may be empty),
   // or out += that (no bias) when `accumulate`: a and b F8 (not both F8E5M2), each row

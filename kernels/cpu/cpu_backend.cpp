@@ -173,8 +173,8 @@ class CpuBackend final : public Backend {
                                Tensor weight, Tensor expert_offsets, Stream) override {
     cpu::grouped_matmul_backward(ctx_, dinp, dweight, dout, inp, weight, expert_offsets);
   }
-  void fp8_quantize(Tensor out, Tensor scale_inv, Tensor inp, bool transpose, Stream) override {
-    cpu::fp8_quantize(ctx_, out, scale_inv, inp, transpose);
+  void fp8_quantize(Tensor out, Tensor out_t, Tensor scale_inv, Tensor inp, Stream) override {
+    cpu::fp8_quantize(ctx_, out, out_t, scale_inv, inp);
   }
   void matmul_fp8(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv,
                   Tensor bias, bool accumulate, Stream) override {

@@ -1,6 +1,7 @@
 // CPU twin of the FP8 cast (kernels/ops.h: fp8_quantize): the tensor's amax (a maximum: the
 // same whatever the order of the threads' partial maxima), its power-of-two scale, and each
-// element cast by core/fp8.h's conversion with satfinite, row by row.
+// element cast by core/fp8.h's conversion with satfinite, row by row, into out and/or (moved)
+// into out_t.
 #include <cmath>
 #include <vector>
 
@@ -40,29 +41,33 @@ float amax_of(const CpuContext& ctx, const Tensor& t, int64_t rows, int64_t cols
 
 }  // namespace
 
-void fp8_quantize(const CpuContext& ctx, Tensor out, Tensor scale_inv, Tensor inp, bool transpose) {
-  const RowShape s = check_fp8_quantize(out, scale_inv, inp, transpose);
-  const Fp8Format format = fp8_format(out.dtype);
+void fp8_quantize(const CpuContext& ctx, Tensor out, Tensor out_t, Tensor scale_inv, Tensor inp) {
+  const RowShape s = check_fp8_quantize(out, out_t, scale_inv, inp);
+  const Fp8Format format = fp8_format(out.empty() ? out_t.dtype : out.dtype);
   const float scale = fp8_scale_for_amax(amax_of(ctx, inp, s.rows, s.cols), format);
-  auto* q = static_cast<uint8_t*>(out.data);
-  // A task's rows cast into a scratch block first, then stored: row by row, or (transposed) a
-  // column of the block at a time, kRowsPerTask contiguous bytes of an output row.
+  auto* straight = static_cast<uint8_t*>(out.data);
+  auto* transposed = static_cast<uint8_t*>(out_t.data);
+  // A task's rows cast into a scratch block first (or straight into out), then the block's
+  // columns stored into out_t, kRowsPerTask contiguous bytes of an out_t row at a time.
   ThreadScratch scratch(ctx, s.cols);
   // (Allocated before the parallel region, as ThreadScratch is: nothing throws inside it.)
-  const int64_t block_bytes = transpose ? kRowsPerTask * s.cols : 0;
+  const int64_t block_bytes = straight == nullptr ? kRowsPerTask * s.cols : 0;
   std::vector<uint8_t> blocks(static_cast<size_t>(block_bytes * ctx.num_threads));
   const int64_t tasks = (s.rows + kRowsPerTask - 1) / kRowsPerTask;
   parallel_for(ctx, tasks, [&](int64_t task, int thread) {
     const int64_t begin = task * kRowsPerTask, end = std::min(s.rows, begin + kRowsPerTask);
-    uint8_t* block = blocks.data() + block_bytes * thread;
+    uint8_t* block = straight != nullptr ? straight + begin * s.cols
+                                         : blocks.data() + block_bytes * thread;
     for (int64_t r = begin; r < end; ++r) {
       const float* row = load_span(inp, r * s.cols, s.cols, scratch.get(thread));
-      uint8_t* cast = transpose ? block + (r - begin) * s.cols : q + r * s.cols;
+      uint8_t* cast = block + (r - begin) * s.cols;
       for (int64_t c = 0; c < s.cols; ++c) cast[c] = fp32_to_fp8_bits(row[c] * scale, format, true);
     }
-    if (!transpose) return;
+    if (transposed == nullptr) return;
     for (int64_t c = 0; c < s.cols; ++c) {
-      for (int64_t r = begin; r < end; ++r) q[c * s.rows + r] = block[(r - begin) * s.cols + c];
+      for (int64_t r = begin; r < end; ++r) {
+        transposed[c * s.rows + r] = block[(r - begin) * s.cols + c];
+      }
     }
   });
   *static_cast<float*>(scale_inv.data) = 1.0f / scale;

@@ -233,7 +233,7 @@ void grouped_matmul_forward(const CpuContext& ctx, Tensor out, Tensor inp, Tenso
 void grouped_matmul_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tensor dout,
                              Tensor inp, Tensor weight, Tensor expert_offsets);
 
-void fp8_quantize(const CpuContext& ctx, Tensor out, Tensor scale_inv, Tensor inp, bool transpose);
+void fp8_quantize(const CpuContext& ctx, Tensor out, Tensor out_t, Tensor scale_inv, Tensor inp);
 void matmul_fp8(const CpuContext& ctx, Tensor out, Tensor a, Tensor a_scale_inv, Tensor b,
                 Tensor b_scale_inv, Tensor bias, bool accumulate);
 

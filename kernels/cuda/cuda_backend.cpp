@@ -352,10 +352,10 @@ class CudaBackend final : public Backend {
     cuda::grouped_matmul_backward(ctx_, dinp, dweight, dout, inp, weight, expert_offsets,
                                   to_stream(stream));
   }
-  void fp8_quantize(Tensor out, Tensor scale_inv, Tensor inp, bool transpose,
+  void fp8_quantize(Tensor out, Tensor out_t, Tensor scale_inv, Tensor inp,
                     Stream stream) override {
     DeviceScope scope(ctx_.device);
-    cuda::fp8_quantize(ctx_, out, scale_inv, inp, transpose, to_stream(stream));
+    cuda::fp8_quantize(ctx_, out, out_t, scale_inv, inp, to_stream(stream));
   }
   void matmul_fp8(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv,
                   Tensor bias, bool accumulate, Stream stream) override {

@@ -13,9 +13,11 @@
 // The amax and the cast move 128 bits at a time (cuda_vector.cuh: 8 elements a load; the cast
 // stores 16 FP8 bytes at once): on an H100 the first, scalar, kernels reached 18% of the copy
 // peak (benchmarks/RESULTS.md). The transposed cast stages a 64 x 64 tile in shared memory so
-// that its reads run along the input's rows and its 16-byte stores along the output's. Shapes
-// or pointers these cannot take (a misaligned pointer; transposed, rows not a multiple of 16 or
-// columns not of 8) take the scalar kernels, which give the same bytes.
+// that its reads run along the input's rows and its 16-byte stores along the output's; asked
+// for both copies, it also stores the straight one from its registers (8 bytes a store), so
+// the input is read once for both. Shapes or pointers these cannot take (a misaligned pointer;
+// transposed, rows not a multiple of 16 or columns not of 8) take the scalar kernels, which
+// give the same bytes.
 
 #include <cuda_fp8.h>
 
@@ -106,31 +108,29 @@ __device__ __forceinline__ float scale_for_amax_bits(unsigned amax, unsigned max
   return float_of_bits(static_cast<unsigned>(power + 127) << 23);
 }
 
-// out (rows, cols), or (cols, rows) when `transpose`, = fp8(inp * s); one kTile x kTile tile
-// per block, staged in shared memory so that both the reads and the (transposed) writes are
-// row-contiguous.
-__global__ void fp8_cast_kernel(uint8_t* out, DeviceTensor inp, int64_t rows, int64_t cols,
-                                const unsigned* amax_bits, unsigned max_bits,
-                                __nv_fp8_interpretation_t format, bool transpose) {
+// out (rows, cols) and/or out_t (cols, rows) = fp8(inp * s) (a null one skipped); one kTile x
+// kTile tile per block, staged in shared memory so that both the reads and the (transposed)
+// writes are row-contiguous.
+__global__ void fp8_cast_kernel(uint8_t* out, uint8_t* out_t, DeviceTensor inp, int64_t rows,
+                                int64_t cols, const unsigned* amax_bits, unsigned max_bits,
+                                __nv_fp8_interpretation_t format) {
   __shared__ uint8_t tile[kTile][kTile + 4];
   const float scale = scale_for_amax_bits(*amax_bits, max_bits);
   const int64_t row0 = int64_t{blockIdx.y} * kTile, col0 = int64_t{blockIdx.x} * kTile;
   for (int r = threadIdx.y; r < kTile; r += kTileRows) {
     const int64_t row = row0 + r, col = col0 + threadIdx.x;
     if (row < rows && col < cols) {
-      tile[r][threadIdx.x] =
+      const uint8_t byte =
           __nv_cvt_float_to_fp8(load(inp, row * cols + col) * scale, __NV_SATFINITE, format);
+      tile[r][threadIdx.x] = byte;
+      if (out != nullptr) out[row * cols + col] = byte;
     }
   }
+  if (out_t == nullptr) return;
   __syncthreads();
-  for (int r = threadIdx.y; r < kTile; r += kTileRows) {
-    if (transpose) {  // out row (col0 + r), columns row0 + threadIdx.x
-      const int64_t row = row0 + threadIdx.x, col = col0 + r;
-      if (row < rows && col < cols) out[col * rows + row] = tile[threadIdx.x][r];
-    } else {
-      const int64_t row = row0 + r, col = col0 + threadIdx.x;
-      if (row < rows && col < cols) out[row * cols + col] = tile[r][threadIdx.x];
-    }
+  for (int r = threadIdx.y; r < kTile; r += kTileRows) {  // out_t row (col0 + r)
+    const int64_t row = row0 + threadIdx.x, col = col0 + r;
+    if (row < rows && col < cols) out_t[col * rows + row] = tile[threadIdx.x][r];
   }
 }
 
@@ -179,14 +179,15 @@ __global__ void fp8_cast_vector_kernel(uint8_t* out, const T* inp, int64_t n,
   if (tail < n) out[tail] = fp8_byte(to_float(inp[tail]) * scale, format);
 }
 
-// out (cols, rows) = fp8(inp (rows, cols) * s)^T through a 64 x 64 tile per block: each thread
-// casts 8 elements of an input row a pass (one or two 128-bit loads) into the shared tile, then
-// gathers 16 of a tile column, 16 input rows, into one 128-bit store along an output row.
-// REQUIRES: rows % 16 == 0, cols % 8 == 0, inp and out 16-byte aligned.
+// out_t (cols, rows) = fp8(inp (rows, cols) * s)^T through a 64 x 64 tile per block: each
+// thread casts 8 elements of an input row a pass (one or two 128-bit loads) into the shared
+// tile, and into out (rows, cols) with one 64-bit store where out is not null, then gathers 16
+// of a tile column, 16 input rows, into one 128-bit store along an out_t row.
+// REQUIRES: rows % 16 == 0, cols % 8 == 0, inp and out_t (and out) 16-byte aligned.
 template <class T>
-__global__ void fp8_cast_transpose_vector_kernel(uint8_t* out, const T* inp, int64_t rows,
-                                                 int64_t cols, const unsigned* amax_bits,
-                                                 unsigned max_bits,
+__global__ void fp8_cast_transpose_vector_kernel(uint8_t* out, uint8_t* out_t, const T* inp,
+                                                 int64_t rows, int64_t cols,
+                                                 const unsigned* amax_bits, unsigned max_bits,
                                                  __nv_fp8_interpretation_t format) {
   __shared__ uint32_t tile_words[kWideTile * kWideTilePitch / 4];
   auto* tile = reinterpret_cast<uint8_t*>(tile_words);
@@ -199,9 +200,12 @@ __global__ void fp8_cast_transpose_vector_kernel(uint8_t* out, const T* inp, int
     if (row >= rows || col >= cols) continue;
     float values[kVectorElements];
     load_vector(inp + row * cols + col, values);
+    const uint2 words = make_uint2(fp8_word(values, scale, format),
+                                   fp8_word(values + 4, scale, format));
     auto* at = reinterpret_cast<uint32_t*>(tile + r * kWideTilePitch + c);
-    at[0] = fp8_word(values, scale, format);
-    at[1] = fp8_word(values + 4, scale, format);
+    at[0] = words.x;
+    at[1] = words.y;
+    if (out != nullptr) *reinterpret_cast<uint2*>(out + row * cols + col) = words;
   }
   __syncthreads();
   constexpr int kRowChunks = kWideTile / kCastElements;  // 16-row chunks in a tile column
@@ -214,7 +218,7 @@ __global__ void fp8_cast_transpose_vector_kernel(uint8_t* out, const T* inp, int
   for (int j = 0; j < kCastElements; ++j) {
     pack.words[j / 4] |= uint32_t{tile[(r + j) * kWideTilePitch + c]} << (8 * (j % 4));
   }
-  store_128(reinterpret_cast<Fp8Pack*>(out + out_row * rows + out_col), pack);
+  store_128(reinterpret_cast<Fp8Pack*>(out_t + out_row * rows + out_col), pack);
 }
 
 // The amax word, read by every cast block, becomes scale_inv = 1 / s.
@@ -228,7 +232,8 @@ __global__ void fp8_scale_inv_kernel(unsigned* word, unsigned max_bits) {
 struct Fp8Launch {
   const CudaContext& ctx;
   cudaStream_t stream;
-  uint8_t* out;
+  uint8_t* out;    // (rows, cols), or null
+  uint8_t* out_t;  // (cols, rows), or null
   Tensor inp;
   RowShape shape;
   unsigned* word;
@@ -236,7 +241,10 @@ struct Fp8Launch {
   __nv_fp8_interpretation_t kind;
 
   int64_t n() const { return shape.rows * shape.cols; }
-  bool aligned() const { return vector_aligned(inp.data) && vector_aligned(out); }
+  // inp and the copies 16-byte aligned (a null copy is).
+  bool aligned() const {
+    return vector_aligned(inp.data) && vector_aligned(out) && vector_aligned(out_t);
+  }
   // A grid-stride launch over `items`: a block at least, at most 8 a multiprocessor.
   int blocks(int64_t items, int threads) const {
     return static_cast<int>(std::min<int64_t>(std::max<int64_t>(1, ceil_div(items, threads)),
@@ -258,21 +266,21 @@ void launch_amax(const Fp8Launch& l) {
 }
 
 template <class T>
-void launch_cast(const Fp8Launch& l, bool transpose) {
+void launch_cast(const Fp8Launch& l) {
   const auto* inp = static_cast<const T*>(l.inp.data);
   const int64_t rows = l.shape.rows, cols = l.shape.cols;
-  if (l.aligned() && !transpose) {
+  if (l.aligned() && l.out_t == nullptr) {
     DSTRAIN_LAUNCH(fp8_cast_vector_kernel<T>, l.blocks(l.n() / kCastElements, kCastThreads),
                    kCastThreads, 0, l.stream)
     (l.out, inp, l.n(), l.word, l.max_bits, l.kind);
   } else if (l.aligned() && rows % kCastElements == 0 && cols % kVectorElements == 0) {
     const dim3 grid(ceil_div(cols, kWideTile), ceil_div(rows, kWideTile));
     DSTRAIN_LAUNCH(fp8_cast_transpose_vector_kernel<T>, grid, kCastThreads, 0, l.stream)
-    (l.out, inp, rows, cols, l.word, l.max_bits, l.kind);
+    (l.out, l.out_t, inp, rows, cols, l.word, l.max_bits, l.kind);
   } else {
     const dim3 grid(ceil_div(cols, kTile), ceil_div(rows, kTile));
     DSTRAIN_LAUNCH(fp8_cast_kernel, grid, dim3(kTile, kTileRows), 0, l.stream)
-    (l.out, device_tensor(l.inp), rows, cols, l.word, l.max_bits, l.kind, transpose);
+    (l.out, l.out_t, device_tensor(l.inp), rows, cols, l.word, l.max_bits, l.kind);
   }
   CUDA_CHECK(cudaGetLastError());
 }
@@ -285,23 +293,24 @@ unsigned host_float_bits(float value) {
 
 }  // namespace
 
-void fp8_quantize(const CudaContext& ctx, Tensor out, Tensor scale_inv, Tensor inp, bool transpose,
+void fp8_quantize(const CudaContext& ctx, Tensor out, Tensor out_t, Tensor scale_inv, Tensor inp,
                   cudaStream_t stream) {
-  const RowShape s = check_fp8_quantize(out, scale_inv, inp, transpose);
+  const RowShape s = check_fp8_quantize(out, out_t, scale_inv, inp);
   check_float_tensor(ctx, inp, "fp8_quantize inp");
   check_tensor_dtype(ctx, scale_inv, DType::F32, "fp8_quantize scale_inv");
-  check_tensor_dtype(ctx, out, out.dtype, "fp8_quantize out");
+  if (!out.empty()) check_tensor_dtype(ctx, out, out.dtype, "fp8_quantize out");
+  if (!out_t.empty()) check_tensor_dtype(ctx, out_t, out_t.dtype, "fp8_quantize out_t");
   auto* word = static_cast<unsigned*>(scale_inv.data);
-  const Fp8Format format = fp8_format(out.dtype);
+  const Fp8Format format = fp8_format(out.empty() ? out_t.dtype : out.dtype);
   const unsigned max_bits = host_float_bits(fp8_layout(format).max);
   const __nv_fp8_interpretation_t kind = format == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
   CUDA_CHECK(cudaMemsetAsync(word, 0, sizeof(unsigned), stream));
   if (s.rows * s.cols > 0) {
-    const Fp8Launch launch{ctx,      stream, static_cast<uint8_t*>(out.data), inp, s, word,
-                           max_bits, kind};
+    const Fp8Launch launch{ctx,  stream,   static_cast<uint8_t*>(out.data),
+                           static_cast<uint8_t*>(out_t.data), inp, s, word, max_bits, kind};
     with_storage_type(inp.dtype, [&](auto type) {
       launch_amax<decltype(type)>(launch);
-      launch_cast<decltype(type)>(launch, transpose);
+      launch_cast<decltype(type)>(launch);
     });
   }
   DSTRAIN_LAUNCH(fp8_scale_inv_kernel, 1, 1, 0, stream)(word, max_bits);

@@ -161,7 +161,7 @@ void moe_combine(const CudaContext& ctx, Tensor out, Tensor inp, Tensor dest_row
 void moe_combine_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Tensor dout,
                           Tensor inp, Tensor dest_rows, Tensor weight, cudaStream_t stream);
 // cuda_fp8.cu; matmul_fp8 in cuda_matmul.cu
-void fp8_quantize(const CudaContext& ctx, Tensor out, Tensor scale_inv, Tensor inp, bool transpose,
+void fp8_quantize(const CudaContext& ctx, Tensor out, Tensor out_t, Tensor scale_inv, Tensor inp,
                   cudaStream_t stream);
 void matmul_fp8(const CudaContext& ctx, Tensor out, Tensor a, Tensor a_scale_inv, Tensor b,
                 Tensor b_scale_inv, Tensor bias, bool accumulate, cudaStream_t stream);

@@ -39,6 +39,13 @@ bool runs_in_fp8(const Fp8Scratch& fp8, const LinearShape& s) {
   return fp8.enabled() && fp8_linear_fits(s.N, s.C, s.OC);
 }
 
+// `out` = the FP8 copy of `inp`, or of its transpose.
+void cast(Backend& backend, Tensor out, Tensor scale_inv, Tensor inp, bool transpose,
+          Stream stream) {
+  backend.fp8_quantize(transpose ? Tensor() : out, transpose ? out : Tensor(), scale_inv, inp,
+                       stream);
+}
+
 }  // namespace
 
 bool fp8_linear_fits(int64_t tokens, int64_t in, int64_t out) {
@@ -49,7 +56,9 @@ bool fp8_linear_fits(int64_t tokens, int64_t in, int64_t out) {
 int64_t fp8_scratch_bytes(int64_t tokens, int64_t in, int64_t out, bool with_backward) {
   if (!fp8_linear_fits(tokens, in, out)) return 0;
   const int64_t forward = (tokens + out) * in;
-  return with_backward ? std::max({forward, (tokens + in) * out, (out + in) * tokens}) : forward;
+  // Backward: dout in both layouts, then W^T (dgrad) or, in its place, inp^T (wgrad).
+  const int64_t backward = 2 * tokens * out + in * std::max(out, tokens);
+  return with_backward ? std::max(forward, backward) : forward;
 }
 
 void linear_forward(Backend& backend, const Fp8Scratch& fp8, Tensor out, Tensor inp, Tensor weight,
@@ -61,8 +70,8 @@ void linear_forward(Backend& backend, const Fp8Scratch& fp8, Tensor out, Tensor 
   }
   const Tensor x = operand(fp8, 0, DType::F8E4M3, s.N, s.C);
   const Tensor w = operand(fp8, s.N * s.C, DType::F8E4M3, s.OC, s.C);
-  backend.fp8_quantize(x, scale_inv(fp8, 0), inp.reshape({s.N, s.C}), false, stream);
-  backend.fp8_quantize(w, scale_inv(fp8, 1), weight, !weight_out_by_in, stream);
+  cast(backend, x, scale_inv(fp8, 0), inp.reshape({s.N, s.C}), false, stream);
+  cast(backend, w, scale_inv(fp8, 1), weight, !weight_out_by_in, stream);
   backend.matmul_fp8(out.reshape({s.N, s.OC}), x, scale_inv(fp8, 0), w, scale_inv(fp8, 1), bias,
                      false, stream);
 }
@@ -76,24 +85,26 @@ void linear_backward(Backend& backend, const Fp8Scratch& fp8, Tensor dinp, Tenso
     return;
   }
   const Tensor dy = dout.reshape({s.N, s.OC}), x = inp.reshape({s.N, s.C});
+  // dout cast once, into both layouts where dgrad runs: dgrad's (N, OC), wgrad's (OC, N).
+  const Tensor g = dinp.empty() ? Tensor() : operand(fp8, 0, DType::F8E5M2, s.N, s.OC);
+  const int64_t after_g = dinp.empty() ? 0 : s.N * s.OC;
+  const Tensor gt = operand(fp8, after_g, DType::F8E5M2, s.OC, s.N);
+  backend.fp8_quantize(g, gt, scale_inv(fp8, 0), dy, stream);
+  const int64_t after_gt = after_g + s.OC * s.N;
   if (!dinp.empty()) {  // dinp (N, C) = dout (N, OC) x (W^T (C, OC))^T
-    const Tensor g = operand(fp8, 0, DType::F8E5M2, s.N, s.OC);
-    const Tensor w = operand(fp8, s.N * s.OC, DType::F8E4M3, s.C, s.OC);
-    backend.fp8_quantize(g, scale_inv(fp8, 0), dy, false, stream);
-    backend.fp8_quantize(w, scale_inv(fp8, 1), weight, weight_out_by_in, stream);
+    const Tensor w = operand(fp8, after_gt, DType::F8E4M3, s.C, s.OC);
+    cast(backend, w, scale_inv(fp8, 1), weight, weight_out_by_in, stream);
     backend.matmul_fp8(dinp.reshape({s.N, s.C}), g, scale_inv(fp8, 0), w, scale_inv(fp8, 1),
                        Tensor(), false, stream);
   }
   // dW (OC, C) += dout^T (OC, N) x (inp^T (C, N))^T, or (C, OC) += inp^T x (dout^T)^T.
-  const Tensor g = operand(fp8, 0, DType::F8E5M2, s.OC, s.N);
-  const Tensor xt = operand(fp8, s.OC * s.N, DType::F8E4M3, s.C, s.N);
-  backend.fp8_quantize(g, scale_inv(fp8, 0), dy, true, stream);
-  backend.fp8_quantize(xt, scale_inv(fp8, 1), x, true, stream);
+  const Tensor xt = operand(fp8, after_gt, DType::F8E4M3, s.C, s.N);
+  cast(backend, xt, scale_inv(fp8, 1), x, true, stream);
   if (weight_out_by_in) {
-    backend.matmul_fp8(dweight, g, scale_inv(fp8, 0), xt, scale_inv(fp8, 1), Tensor(), true,
+    backend.matmul_fp8(dweight, gt, scale_inv(fp8, 0), xt, scale_inv(fp8, 1), Tensor(), true,
                        stream);
   } else {
-    backend.matmul_fp8(dweight, xt, scale_inv(fp8, 1), g, scale_inv(fp8, 0), Tensor(), true,
+    backend.matmul_fp8(dweight, xt, scale_inv(fp8, 1), gt, scale_inv(fp8, 0), Tensor(), true,
                        stream);
   }
   if (!dbias.empty()) backend.bias_backward(dbias, dy, stream);

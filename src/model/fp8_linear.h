@@ -18,7 +18,8 @@
 //
 // matmul_fp8 takes the "TN" form only (both operands K-contiguous), so the casts transpose
 // where a GEMM needs it: the weight for dgrad (out-by-in layouts) or for forward and wgrad
-// (in-by-out layouts), dout and inp for wgrad. A linear runs in FP8 where matmul_fp8 takes all
+// (in-by-out layouts), dout and inp for wgrad. dout is cast once into both of its layouts (one
+// amax, one pass over it: fp8_quantize's out and out_t). A linear runs in FP8 where matmul_fp8 takes all
 // three GEMMs: its widths and the micro-batch's token rows multiples of 16. Otherwise, and with
 // no scratch, it runs as Backend::matmul_forward / matmul_backward in the activations' dtype.
 #pragma once
@@ -43,9 +44,9 @@ struct Fp8Scratch {
 // N of its three GEMMs (in, out and tokens) all multiples of 16.
 bool fp8_linear_fits(int64_t tokens, int64_t in, int64_t out);
 
-// Bytes of FP8 scratch such a linear needs: the most any of its GEMMs holds at once (forward
-// (tokens + out) x in; with backward also dgrad (tokens + in) x out, wgrad (out + in) x tokens);
-// 0 where it does not fit.
+// Bytes of FP8 scratch such a linear needs: the most it holds at once (forward (tokens + out) x
+// in; with backward also dout in both layouts, 2 x tokens x out, with W^T for dgrad, in x out,
+// then inp^T for wgrad, in x tokens, in its place); 0 where it does not fit.
 int64_t fp8_scratch_bytes(int64_t tokens, int64_t in, int64_t out, bool with_backward);
 
 // Backend::matmul_forward's contract (out (N, OC) = inp (N, C) @ W + bias), in FP8 where the

@@ -231,12 +231,13 @@ MemoryTraffic memory_traffic(const ModelConfig& config, int tp, bool sequence_pa
 Fp8CastBytes fp8_cast_bytes(const ModelConfig& config, int tp_size, DType storage,
                             double tokens) {
   const DecoderParts parts = decoder_parts(config);
-  const double per = 2.0 * static_cast<double>(dtype_size(storage)) + 1.0;
+  const double read_twice = 2.0 * static_cast<double>(dtype_size(storage));
+  const double per = read_twice + 1.0, both_layouts = read_twice + 2.0;
   const double C = static_cast<double>(parts.width), tp = static_cast<double>(tp_size);
   Fp8CastBytes b;
   auto linear = [&](double in, double out, double share) {
     b.forward += share * per * (tokens * in + in * out);
-    b.backward += share * per * (2 * tokens * out + tokens * in + in * out);
+    b.backward += share * (both_layouts * tokens * out + per * (tokens * in + in * out));
   };
   const AttentionPart& a = parts.attention;
   if (!a.latent()) {

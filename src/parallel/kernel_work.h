@@ -44,9 +44,9 @@ MemoryTraffic memory_traffic(const ModelConfig& config, int tp, bool sequence_pa
 // --precision fp8: the bytes one layer's casts move per micro-batch of `tokens` rows on one tp
 // rank (model/fp8_linear.h), forward and backward. A cast reads its tensor (of `storage`) twice
 // (the amax, then the cast) and writes a byte an element: forward each projection's input
-// (tokens x in) and weight (in x out); backward dout for dgrad and again for wgrad (tokens x out
-// each), the weight again, the input again. The projections FP8 takes: multi-head attention's
-// qkv and o, the dense MLPs' (their mean over the layers).
+// (tokens x in) and weight (in x out); backward dout once into both its layouts (tokens x out,
+// two bytes an element written), the weight again, the input again. The projections FP8 takes:
+// multi-head attention's qkv and o, the dense MLPs' (their mean over the layers).
 struct Fp8CastBytes {
   double forward = 0, backward = 0;
 };

@@ -24,47 +24,63 @@ double scale_in_double(double amax, DType format) {
 
 float scale_inv_of(const HostTensor& scale_inv) { return static_cast<float>(scale_inv.get(0)); }
 
+// Which copies an fp8_quantize call writes: out (R, C), out_t (C, R), or both.
+enum Copies { kStraight = 1, kTransposed = 2, kBoth = 3 };
+
 TEST(Fp8Quantize, EachElementIsTheNearestFp8ValueOfItsScaledInput) {
   Random rng(81);
   for (DType in_dtype : kFloatDTypes) {
     for (DType format : kFp8) {
-      for (bool transpose : {false, true}) {
+      for (Copies copies : {kStraight, kTransposed, kBoth}) {
         const int64_t R = 37, C = 70;
         HostTensor inp(in_dtype, {R, C});
         const std::vector<double> x = inp.fill_random(rng, -3.0, 3.0);
         double amax = 0.0;
         for (double v : x) amax = std::max(amax, std::fabs(v));
-        HostTensor out(format, transpose ? std::vector<int64_t>{C, R} : std::vector<int64_t>{R, C});
-        HostTensor scale_inv(DType::F32, {1});
-        test_backend()->fp8_quantize(out, scale_inv, inp, transpose, nullptr);
+        HostTensor out(format, {R, C}), out_t(format, {C, R}), scale_inv(DType::F32, {1});
+        test_backend()->fp8_quantize(copies & kStraight ? out.t() : Tensor(),
+                                     copies & kTransposed ? out_t.t() : Tensor(), scale_inv.t(),
+                                     inp, nullptr);
         const double s = scale_in_double(amax, format);
         const std::string where = std::string(dtype_name(in_dtype)) + " -> " + dtype_name(format) +
-                                  (transpose ? " transposed" : "");
+                                  " copies " + std::to_string(copies);
         EXPECT_EQ(scale_inv_of(scale_inv), 1.0 / s) << where;
-        const auto* bits = static_cast<const uint8_t*>(out.t().data);
-        int64_t wrong = 0;
-        double worst = 0.0;
-        for (int64_t r = 0; r < R; ++r) {
-          for (int64_t c = 0; c < C; ++c) {
-            const double v = x[static_cast<size_t>(r * C + c)];
-            const uint8_t got = bits[transpose ? c * R + r : r * C + c];
-            if (got != fp32_to_fp8_bits(static_cast<float>(v * s), fp8_format(format), true)) {
-              ++wrong;
+        for (bool transposed : {false, true}) {
+          if (!(copies & (transposed ? kTransposed : kStraight))) continue;
+          const auto* bits = static_cast<const uint8_t*>((transposed ? out_t : out).t().data);
+          int64_t wrong = 0;
+          double worst = 0.0;
+          for (int64_t r = 0; r < R; ++r) {
+            for (int64_t c = 0; c < C; ++c) {
+              const double v = x[static_cast<size_t>(r * C + c)];
+              const uint8_t got = bits[transposed ? c * R + r : r * C + c];
+              if (got != fp32_to_fp8_bits(static_cast<float>(v * s), fp8_format(format), true)) {
+                ++wrong;
+              }
+              // Within half an FP8 ulp of x: 2^-4 (E4M3) or 2^-3 (E5M2) of |x|, or half the
+              // smallest subnormal (scaled back) near 0.
+              const double back = fp8_bits_to_fp32(got, fp8_format(format)) / s;
+              const double ulp = format == DType::F8E4M3 ? 0.125 : 0.25;
+              const double tiny = std::ldexp(1.0, format == DType::F8E4M3 ? -10 : -17) / s;
+              worst = std::max(worst, std::fabs(back - v) / (std::fabs(v) * ulp / 2 + tiny));
             }
-            // Within half an FP8 ulp of x: 2^-4 (E4M3) or 2^-3 (E5M2) of |x|, or half the
-            // smallest subnormal (scaled back) near 0.
-            const double back = fp8_bits_to_fp32(got, fp8_format(format)) / s;
-            const double ulp = format == DType::F8E4M3 ? 0.125 : 0.25;
-            const double tiny = std::ldexp(1.0, format == DType::F8E4M3 ? -10 : -17) / s;
-            worst = std::max(worst, std::fabs(back - v) / (std::fabs(v) * ulp / 2 + tiny));
           }
+          EXPECT_EQ(wrong, 0) << where << (transposed ? " out_t" : " out");
+          EXPECT_LE(worst, 1.0) << where;
         }
-        EXPECT_EQ(wrong, 0) << where;
-        EXPECT_LE(worst, 1.0) << where;
-        EXPECT_TRUE(guards_intact({&out, &scale_inv})) << where;
+        EXPECT_TRUE(guards_intact({&out, &out_t, &scale_inv})) << where;
       }
     }
   }
+}
+
+TEST(Fp8Quantize, RefusesNoCopyAndCopiesOfTwoFormats) {
+  HostTensor inp(DType::F32, {4, 16}), scale_inv(DType::F32, {1});
+  HostTensor e4m3(DType::F8E4M3, {4, 16}), e5m2_t(DType::F8E5M2, {16, 4});
+  EXPECT_THROW(test_backend()->fp8_quantize(Tensor(), Tensor(), scale_inv, inp, nullptr), Error);
+  EXPECT_THROW(test_backend()->fp8_quantize(e4m3, e5m2_t, scale_inv, inp, nullptr), Error);
+  HostTensor wrong_t(DType::F8E5M2, {4, 16});
+  EXPECT_THROW(test_backend()->fp8_quantize(Tensor(), wrong_t, scale_inv, inp, nullptr), Error);
 }
 
 TEST(Fp8Quantize, TheLargestMagnitudeLandsNearTheFormatsMaximum) {
@@ -74,7 +90,7 @@ TEST(Fp8Quantize, TheLargestMagnitudeLandsNearTheFormatsMaximum) {
     const double max = fp8_layout(fp8_format(format)).max;
     inp.set({0.5, -max / 8, 0.25, 1e-3, 3.0, -2.0});
     HostTensor out(format, {2, 3}), scale_inv(DType::F32, {1});
-    test_backend()->fp8_quantize(out, scale_inv, inp, false, nullptr);
+    test_backend()->fp8_quantize(out, Tensor(), scale_inv, inp, nullptr);
     EXPECT_EQ(scale_inv_of(scale_inv), 0.125f) << dtype_name(format);
     EXPECT_EQ(out.get(1), -max) << dtype_name(format);
   }
@@ -86,7 +102,7 @@ TEST(Fp8Quantize, ANaNGivesScaleOneAndStaysNaN) {
   inp.fill_random(rng, -100.0, 100.0);
   inp.set(13, std::nan(""));
   HostTensor out(DType::F8E4M3, {4, 8}), scale_inv(DType::F32, {1});
-  test_backend()->fp8_quantize(out, scale_inv, inp, false, nullptr);
+  test_backend()->fp8_quantize(out, Tensor(), scale_inv, inp, nullptr);
   EXPECT_EQ(scale_inv_of(scale_inv), 1.0f);
   EXPECT_TRUE(std::isnan(out.get(13)));
   EXPECT_EQ(out.get(0), load_f32(store_as<fp8e4m3_t>(static_cast<float>(inp.get(0)))));

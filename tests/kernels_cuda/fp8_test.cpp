@@ -1,5 +1,5 @@
 // The FP8 ops on CUDA against their CPU twin. fp8_quantize: the same bytes and scale_inv, every
-// input dtype, both formats, transposed or not, shapes across the 32 x 32 tiles, a NaN, an all
+// input dtype, both formats, straight, transposed or both copies, shapes across the 32 x 32 tiles, a NaN, an all
 // zero tensor; its cast is the toolkit's __nv_cvt_float_to_fp8 (hardware cvt on sm_89+, the
 // toolkit's own software conversion on the emulator), so bitwise equality also checks the
 // twin's conversion against NVIDIA's. matmul_fp8 (cuBLASLt's FP8 GEMM; the emulator models its
@@ -17,31 +17,44 @@ namespace {
 
 constexpr DType kFp8[] = {DType::F8E4M3, DType::F8E5M2};
 
+// Which copies an fp8_quantize call writes: out (R, C), out_t (C, R), or both.
+enum Copies { kStraight = 1, kTransposed = 2, kBoth = 3 };
+constexpr Copies kCopies[] = {kStraight, kTransposed, kBoth};
+
+// The copies `copies` asks for of (out, out_t), the others empty.
+Tensor straight(Copies copies, Tensor out) { return copies & kStraight ? out : Tensor(); }
+Tensor transposed(Copies copies, Tensor out_t) { return copies & kTransposed ? out_t : Tensor(); }
+
 TEST(CudaFp8, QuantizeMatchesTheTwinBitwise) {
   REQUIRE_CUDA_DEVICE();
   const std::vector<std::vector<int64_t>> shapes = {{70, 45}, {1, 1}, {33, 100}, {64, 32}};
   for (DType in_dtype : kFloatDTypes) {
     for (DType format : kFp8) {
-      for (bool transpose : {false, true}) {
+      for (Copies copies : kCopies) {
         for (const auto& shape : shapes) {
           Random rng(91);
           // A wide range: subnormal FP8 values, overflow of nothing (the scale fits amax).
           HostTensor inp = random_tensor(rng, in_dtype, shape, -5.0, 5.0);
           for (int64_t i = 0; i < inp.numel(); i += 7) inp.set(i, inp.get(i) * 1e-4);
-          const std::vector<int64_t> out_shape =
-              transpose ? std::vector<int64_t>{shape[1], shape[0]} : shape;
-          HostTensor out_cpu(format, out_shape), scale_cpu(DType::F32, {1});
-          cpu_backend().fp8_quantize(out_cpu, scale_cpu, inp, transpose, nullptr);
-          HostTensor out_gpu(format, out_shape), scale_gpu(DType::F32, {1});
+          const std::vector<int64_t> shape_t = {shape[1], shape[0]};
+          HostTensor out_cpu(format, shape), out_t_cpu(format, shape_t),
+              scale_cpu(DType::F32, {1});
+          cpu_backend().fp8_quantize(straight(copies, out_cpu), transposed(copies, out_t_cpu),
+                                     scale_cpu, inp, nullptr);
+          HostTensor out_gpu(format, shape), out_t_gpu(format, shape_t),
+              scale_gpu(DType::F32, {1});
           GpuRun run;
-          cuda_backend().fp8_quantize(run(out_gpu), run(scale_gpu), run(inp), transpose, nullptr);
+          cuda_backend().fp8_quantize(straight(copies, run(out_gpu)),
+                                      transposed(copies, run(out_t_gpu)), run(scale_gpu),
+                                      run(inp), nullptr);
           run.finish();
           const std::string where = std::string(dtype_name(in_dtype)) + " -> " +
-                                    dtype_name(format) + " " + inp.t().shape_str() +
-                                    (transpose ? " transposed" : "");
+                                    dtype_name(format) + " " + inp.t().shape_str() + " copies " +
+                                    std::to_string(copies);
           EXPECT_TRUE(bitwise_equal(out_gpu, out_cpu)) << where;
+          EXPECT_TRUE(bitwise_equal(out_t_gpu, out_t_cpu)) << where;
           EXPECT_TRUE(bitwise_equal(scale_gpu, scale_cpu)) << where;
-          EXPECT_TRUE(guards_intact({&out_gpu, &scale_gpu})) << where;
+          EXPECT_TRUE(guards_intact({&out_gpu, &out_t_gpu, &scale_gpu})) << where;
         }
       }
     }
@@ -49,34 +62,41 @@ TEST(CudaFp8, QuantizeMatchesTheTwinBitwise) {
 }
 
 // The 128-bit paths (the amax and cast 8 and 16 elements a thread, the transposed cast's 64 x 64
-// tiles) and their fallbacks: views 0, 8 and 1 elements into a buffer (the last misaligned: the
-// scalar kernels), shapes with partial tiles and scalar tails, one over many blocks. Transposed,
-// rows % 16 and cols % 8 pick the vector tile (80 x 136, 48 x 24, 1024 x 520) or not (3 x 67).
+// tiles, with the straight copy's 64-bit stores) and their fallbacks: views 0, 8 and 1 elements
+// into a buffer (the last misaligned: the scalar kernels), shapes with partial tiles and scalar
+// tails, one over many blocks. Transposed, rows % 16 and cols % 8 pick the vector tile (80 x
+// 136, 48 x 24, 1024 x 520) or not (3 x 67).
 TEST(CudaFp8, QuantizeVectorPathsAndViewsMatchTheTwinBitwise) {
   REQUIRE_CUDA_DEVICE();
   const std::pair<int64_t, int64_t> shapes[] = {{80, 136}, {48, 24}, {3, 67}, {1024, 520}};
   for (DType in_dtype : kFloatDTypes) {
     for (const auto& [rows, cols] : shapes) {
       for (int64_t offset : kViewOffsets) {
-        for (bool transpose : {false, true}) {
-          const int64_t out_rows = transpose ? cols : rows, out_cols = transpose ? rows : cols;
+        for (Copies copies : kCopies) {
           const int64_t size = offset + rows * cols;
           Random rng(94);
           HostTensor inp = random_tensor(rng, in_dtype, {size}, -30.0, 30.0);
-          HostTensor out_cpu(DType::F8E4M3, {size}), scale_cpu(DType::F32, {1});
-          HostTensor out_gpu = out_cpu.clone(), scale_gpu(DType::F32, {1});
-          cpu_backend().fp8_quantize(out_cpu.t().slice(offset, {out_rows, out_cols}), scale_cpu,
-                                     inp.t().slice(offset, {rows, cols}), transpose, nullptr);
+          HostTensor out_cpu(DType::F8E4M3, {size}), out_t_cpu(DType::F8E4M3, {size}),
+              scale_cpu(DType::F32, {1});
+          HostTensor out_gpu = out_cpu.clone(), out_t_gpu = out_t_cpu.clone(),
+                     scale_gpu(DType::F32, {1});
+          auto view = [&](Tensor t, bool transpose) {
+            return transpose ? t.slice(offset, {cols, rows}) : t.slice(offset, {rows, cols});
+          };
+          cpu_backend().fp8_quantize(straight(copies, view(out_cpu, false)),
+                                     transposed(copies, view(out_t_cpu, true)), scale_cpu,
+                                     view(inp, false), nullptr);
           GpuRun run;
-          cuda_backend().fp8_quantize(run(out_gpu).slice(offset, {out_rows, out_cols}),
-                                      run(scale_gpu), run(inp).slice(offset, {rows, cols}),
-                                      transpose, nullptr);
+          cuda_backend().fp8_quantize(straight(copies, view(run(out_gpu), false)),
+                                      transposed(copies, view(run(out_t_gpu), true)),
+                                      run(scale_gpu), view(run(inp), false), nullptr);
           run.finish();
           const std::string where =
-              view_case(in_dtype, rows, cols, offset) + (transpose ? " transposed" : "");
+              view_case(in_dtype, rows, cols, offset) + " copies " + std::to_string(copies);
           EXPECT_TRUE(bitwise_equal(out_gpu, out_cpu)) << where;
+          EXPECT_TRUE(bitwise_equal(out_t_gpu, out_t_cpu)) << where;
           EXPECT_TRUE(bitwise_equal(scale_gpu, scale_cpu)) << where;
-          EXPECT_TRUE(guards_intact({&out_gpu, &scale_gpu})) << where;
+          EXPECT_TRUE(guards_intact({&out_gpu, &out_t_gpu, &scale_gpu})) << where;
         }
       }
     }
@@ -92,10 +112,10 @@ TEST(CudaFp8, QuantizeOfANaNOrOfZerosHasScaleOne) {
   zeros.set(std::vector<double>(48, 0.0));
   for (HostTensor* inp : {&with_nan, &zeros}) {
     HostTensor out_cpu(DType::F8E4M3, inp->shape()), scale_cpu(DType::F32, {1});
-    cpu_backend().fp8_quantize(out_cpu, scale_cpu, *inp, false, nullptr);
+    cpu_backend().fp8_quantize(out_cpu, Tensor(), scale_cpu, *inp, nullptr);
     HostTensor out_gpu(DType::F8E4M3, inp->shape()), scale_gpu(DType::F32, {1});
     GpuRun run;
-    cuda_backend().fp8_quantize(run(out_gpu), run(scale_gpu), run(*inp), false, nullptr);
+    cuda_backend().fp8_quantize(run(out_gpu), Tensor(), run(scale_gpu), run(*inp), nullptr);
     run.finish();
     EXPECT_EQ(scale_gpu.get(0), 1.0);
     EXPECT_TRUE(bitwise_equal(out_gpu, out_cpu)) << inp->t().shape_str();

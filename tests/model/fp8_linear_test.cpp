@@ -204,8 +204,11 @@ TEST(Fp8Linear, ForwardAndBackwardAreTheRecipesGemmsInDouble) {
 TEST(Fp8Linear, WhatDoesNotFitIsTheBackendsMatmul) {
   EXPECT_EQ(fp8_scratch_bytes(24, 32, 32, true), 0);
   EXPECT_EQ(fp8_scratch_bytes(32, 32, 32, false), (32 + 32) * 32);
-  // forward (16 + 32) x 64, dgrad (16 + 64) x 32, wgrad (32 + 64) x 16: the most.
+  // forward (16 + 32) x 64 = 3072; backward dout twice, 2 x 16 x 32, then W^T or inp^T,
+  // 64 x max(32, 16): 3072 too.
   EXPECT_EQ(fp8_scratch_bytes(16, 64, 32, true), 48 * 64);
+  // forward (64 + 32) x 16 = 1536; backward 2 x 64 x 32 + 16 x max(32, 64) = 5120.
+  EXPECT_EQ(fp8_scratch_bytes(64, 16, 32, true), 5120);
   for (const Case& c : {Case{24, 32, 32, true, true}, Case{32, 40, 32, false, false}}) {
     LinearRun fp8(c, 12), plain(c, 12);
     Host bytes(DType::F8E4M3, {4096}), scales(DType::F32, {2});
@@ -220,6 +223,22 @@ TEST(Fp8Linear, WhatDoesNotFitIsTheBackendsMatmul) {
     EXPECT_EQ(fp8.dinp.bytes, plain.dinp.bytes) << c.N << "x" << c.C;
     EXPECT_EQ(fp8.dweight.bytes, plain.dweight.bytes) << c.N << "x" << c.C;
     EXPECT_EQ(fp8.dbias.bytes, plain.dbias.bytes) << c.N << "x" << c.C;
+  }
+}
+
+// Without dinp (a first layer's input needs no gradient), dout is cast into wgrad's layout
+// alone: the same dweight and dbias to the bit, in the scratch the sizing gives.
+TEST(Fp8Linear, BackwardWithoutDinpGivesTheSameWeightGradient) {
+  for (const Case& c : {Case{48, 32, 64, true, true}, Case{64, 16, 32, false, false}}) {
+    LinearRun both(c, 13), alone(c, 13);
+    both.backward(both.scratch());
+    linear_backward(*alone.backend, alone.scratch(), Tensor(), alone.dweight.t(),
+                    c.bias ? alone.dbias.t() : Tensor(), alone.dout.t(), alone.inp.t(),
+                    alone.weight.t(), c.out_by_in, nullptr);
+    EXPECT_EQ(alone.dweight.bytes, both.dweight.bytes) << c.N << "x" << c.C << "->" << c.OC;
+    EXPECT_EQ(alone.dbias.bytes, both.dbias.bytes);
+    LinearRun fresh(c, 13);
+    EXPECT_NE(alone.dweight.bytes, fresh.dweight.bytes);  // it did accumulate
   }
 }
 

@@ -406,7 +406,8 @@ TEST(CostModel, ComputeIsGemmsPlusAttentionPlusMemoryBound) {
 // the layers' GEMMs (GPT-2: all of a layer's 24 C^2) at the FP8 peak x the efficiency x 0.87
 // (cuBLASLt's FP8 against cuBLAS's bf16 on an H100), the head's in bf16; the casts' bytes added
 // to the memory-bound kernels: each cast reads 2 + 2 bytes and writes 1 an element (forward:
-// each linear's input and weight; backward: dout twice, the input and the weight again).
+// each linear's input and weight; backward: the input and the weight again), dout's reads
+// 2 + 2 bytes and writes 2 (both its layouts at once).
 TEST(CostModel, Fp8RunsTheLayersGemmsAtTheFp8RateAndPaysForTheCasts) {
   const NodeTopology rtx4090 = machine("rtx4090-8gpu-pcie.txt", "rtx4090");
   const ModelConfig gpt2 = small_gpt2();
@@ -424,13 +425,13 @@ TEST(CostModel, Fp8RunsTheLayersGemmsAtTheFp8RateAndPaysForTheCasts) {
               1e-9 * fp8.gemm_seconds);
   // (in, out) of qkv, o, fc, proj: (C, 3C), (C, C), (C, 4C), (4C, C).
   const double ins[] = {C, C, C, 4 * C}, outs[] = {3 * C, C, 4 * C, C};
-  double cast_elements = 0;
+  double cast_bytes = 0;
   for (int i = 0; i < 4; ++i) {
-    cast_elements += tokens * ins[i] + ins[i] * outs[i];                         // forward
-    cast_elements += 2 * tokens * outs[i] + tokens * ins[i] + ins[i] * outs[i];  // backward
+    cast_bytes += 5 * (tokens * ins[i] + ins[i] * outs[i]);                         // forward
+    cast_bytes += 6 * tokens * outs[i] + 5 * (tokens * ins[i] + ins[i] * outs[i]);  // backward
   }
   EXPECT_NEAR(fp8.memory_bound_seconds - bf16.memory_bound_seconds,
-              m * L * 5 * cast_elements / (1008e9 * 0.8), 1e-9 * bf16.memory_bound_seconds);
+              m * L * cast_bytes / (1008e9 * 0.8), 1e-9 * bf16.memory_bound_seconds);
   EXPECT_DOUBLE_EQ(fp8.attention_seconds, bf16.attention_seconds);
   EXPECT_LT(fp8.step_seconds, bf16.step_seconds);
 }
