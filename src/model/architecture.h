@@ -26,6 +26,7 @@
 #include "kernels/ops.h"
 #include "model/config.h"
 #include "model/expert_parallel.h"
+#include "model/fp8_linear.h"
 #include "model/layout.h"
 #include "model/tensor_parallel.h"
 
@@ -79,6 +80,10 @@ struct LayerRun {
   bool recomputing = false;
   // (b, t) I32 positions of packed sequences (kernels/ops.h), or empty: one sequence per row.
   Tensor positions = {};
+  // The layer's layer_weight_cache() tensors, and whether they were filled from the parameters
+  // the layer runs with now (else the layer fills them before it reads them).
+  std::vector<Tensor> weight_cache = {};
+  bool weight_cache_fresh = false;
 };
 
 // The first stage's embedding: tokens (b, t) -> output (b, t, C), and its backward.
@@ -125,6 +130,10 @@ class Architecture {
   // and micro-batches, sized for the largest): LayerRun::workspace.
   virtual std::vector<TensorSpec> layer_workspace(int64_t B, int64_t T, DType dtype,
                                                   bool with_backward) const = 0;
+  // What layer `layer` keeps of its parameters from one use to the next while they do not
+  // change (--precision fp8's cached FP8 weights, model/fp8_linear.h Fp8Options): one set per
+  // layer, kept by the stage for its life (LayerRun::weight_cache). None by default.
+  virtual std::vector<TensorSpec> layer_weight_cache(int layer) const { return {}; }
   // The head's buffers (logits, norm statistics, losses): HeadRun::workspace.
   virtual std::vector<TensorSpec> head_workspace(int64_t B, int64_t T, DType dtype,
                                                  bool with_backward) const = 0;
@@ -158,10 +167,12 @@ class Architecture {
 // The decoder of a model configuration (model/decoder.h), as tp rank `tp.rank` of `tp.size`
 // holding ep rank `ep.rank`'s experts runs it. REQUIRES: the model splits over tp.size and
 // ep.size ranks (tp_unsupported_reason, ep_unsupported_reason, model/layout.h); UserError
-// otherwise. fp8: the projections of the layers in FP8 (--precision fp8, model/fp8_linear.h).
+// otherwise. fp8: the projections of the layers in FP8 (--precision fp8, model/fp8_linear.h),
+// their FP8 weights cached or not.
 std::unique_ptr<Architecture> make_architecture(const ModelConfig& config,
                                                 const TensorParallel& tp = {},
-                                                const ExpertParallel& ep = {}, bool fp8 = false);
+                                                const ExpertParallel& ep = {},
+                                                Fp8Options fp8 = {});
 
 // Fresh parameters as their parts ask (ParamSpec::init, model/layout.h), each tensor from its
 // own stream (seed, name), the same for any layout or sharding: one F32 host tensor of

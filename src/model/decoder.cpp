@@ -148,12 +148,13 @@ void activation_forward(Backend& backend, const MlpPart& mlp, Tensor act, Tensor
 // ---- The decoder ---------------------------------------------------------------------------
 
 Decoder::Decoder(const ModelConfig& config, const TensorParallel& tp, const ExpertParallel& ep,
-                 bool fp8)
+                 Fp8Options fp8)
     : config_(config),
       parts_(decoder_parts(config)),
       tp_(tp),
       ep_(ep),
-      fp8_(fp8),
+      fp8_(fp8.enabled),
+      fp8_cache_(fp8.enabled && fp8.cache_weights),
       layout_(config, tp.size, ep.size, ep.rank),
       tensors_{find_layer_tensors(layout_, parts_, 0), find_layer_tensors(layout_, parts_, 1)},
       // The indices, from specs of any shape that splits over the tp ranks' token rows.
@@ -315,9 +316,10 @@ Tensor Decoder::matrix(const std::vector<Tensor>& tensors, int index, int64_t ou
   return first;
 }
 
-Tensor Decoder::row_parallel(const LayerRun& run, Tensor inp, Tensor weight, Tensor bias) const {
+Tensor Decoder::row_parallel(const LayerRun& run, Fp8Linear which, Tensor inp, Tensor weight,
+                             Tensor bias) const {
   Tensor scratch = prefix(run.workspace[kScratch], {run.b * run.t, config_.n_embd});
-  return row_parallel_matmul(run.backend, fp8_scratch(run), tp_, scratch, stream_part(run), inp,
+  return row_parallel_matmul(run.backend, fp8_scratch(run, which), tp_, scratch, stream_part(run), inp,
                              weight, bias, !parts_.names.in_by_out, run.stream);
 }
 
@@ -398,11 +400,11 @@ Tensor Decoder::mlp_forward(const LayerRun& run, Tensor norm2_full) const {
     run.backend.matmul_gelu_forward(act, up, norm2_full, w[i.up], optional(w, i.up_bias),
                                     run.stream);
   } else {
-    linear_forward(run.backend, fp8_scratch(run), up, norm2_full, matrix(w, i.up, up_width),
+    linear_forward(run.backend, fp8_scratch(run, kFp8Up), up, norm2_full, matrix(w, i.up, up_width),
                    matrix(w, i.up_bias, up_width), !parts_.names.in_by_out, run.stream);
     activation_forward(run.backend, part, act, up, run.stream);
   }
-  return row_parallel(run, act, w[i.down], optional(w, i.down_bias));
+  return row_parallel(run, kFp8Down, act, w[i.down], optional(w, i.down_bias));
 }
 
 // Multi-head attention: the qkv projection, the rotary, the attention ops; or latent attention.
@@ -425,7 +427,7 @@ Tensor Decoder::attention_part_forward(const LayerRun& run, Tensor norm1_full) c
   Backend& backend = run.backend;
   Tensor qkv = prefix(a[ai.qkv], {b, t, wd.qkv}), atty = prefix(a[ai.atty], {b, t, wd.atty});
   const int heads = static_cast<int>(wd.heads), kv_heads = static_cast<int>(wd.kv_heads);
-  linear_forward(backend, fp8_scratch(run), qkv.reshape({N, wd.qkv}), norm1_full,
+  linear_forward(backend, fp8_scratch(run, kFp8Qkv), qkv.reshape({N, wd.qkv}), norm1_full,
                  matrix(w, i.qkv, wd.qkv), matrix(w, i.qkv_bias, wd.qkv), !parts_.names.in_by_out,
                  run.stream);
   if (parts_.position.kind == PositionKind::Rotary) {
@@ -452,7 +454,7 @@ void Decoder::layer_forward(const LayerRun& run) const {
                run.stream);
   Tensor values =
       attention_part_forward(run, enter_region_forward(tp_, norm1, gathered(run), run.stream));
-  Tensor attn_out = row_parallel(run, values, w[i.o], optional(w, i.o_bias));
+  Tensor attn_out = row_parallel(run, kFp8O, values, w[i.o], optional(w, i.o_bias));
   residual_norm_forward(backend, parts_.norm, residual2, norm2, input, attn_out,
                         {w[i.norm2], optional(w, i.norm2_bias),
                          optional_prefix(a, ai.norm2_mean, {R}), prefix(a[ai.norm2_rstd], {R})},
@@ -518,8 +520,7 @@ Tensor Decoder::dense_mlp_backward(const LayerRun& run, Tensor dout) const {
   Tensor dup = prefix(run.workspace[kDup], {N, up_width});
   Tensor dnorm = prefix(run.workspace[kDnorm], {N, C});
   Tensor up = prefix(a[ai.up], {N, up_width});
-  const Fp8Scratch fp8 = fp8_scratch(run);
-  linear_backward(backend, fp8, dact, g[i.down], optional(g, i.down_bias), dout,
+  linear_backward(backend, fp8_scratch(run, kFp8Down), dact, g[i.down], optional(g, i.down_bias), dout,
                   prefix(a[ai.act], {N, mlp}), w[i.down], out_by_in, run.stream);
   Tensor up_bias_grad = matrix(g, i.up_bias, up_width);
   if (part.kind == MlpKind::Gelu) {
@@ -531,7 +532,8 @@ Tensor Decoder::dense_mlp_backward(const LayerRun& run, Tensor dout) const {
   }
   Tensor norm2_full =
       enter_region_forward(tp_, prefix(a[ai.norm2], {R, C}), gathered(run), run.stream);
-  linear_backward(backend, fp8, dnorm, matrix(g, i.up, up_width), up_bias_grad, dup, norm2_full,
+  linear_backward(backend, fp8_scratch(run, kFp8Up), dnorm, matrix(g, i.up, up_width),
+                  up_bias_grad, dup, norm2_full,
                   matrix(w, i.up, up_width), out_by_in, run.stream);
   return dnorm;
 }
@@ -616,7 +618,7 @@ Tensor Decoder::attention_part_backward(const LayerRun& run, Tensor dvalues,
     backend.rope_backward(dqkv, rope_freqs(run), run.positions, heads, kv_heads, run.stream);
   }
   // dvalues (in kDnorm) is read: dnorm may overwrite it.
-  linear_backward(backend, fp8_scratch(run), dnorm, matrix(g, i.qkv, wd.qkv),
+  linear_backward(backend, fp8_scratch(run, kFp8Qkv), dnorm, matrix(g, i.qkv, wd.qkv),
                   matrix(g, i.qkv_bias, wd.qkv), dqkv.reshape({N, wd.qkv}), norm1_full,
                   matrix(w, i.qkv, wd.qkv), !parts_.names.in_by_out, run.stream);
   return dnorm;
@@ -636,7 +638,8 @@ void Decoder::attention_backward(const LayerRun& run, Tensor dout) const {
   const bool latent = parts_.attention.latent();
   Tensor values = prefix(a[latent ? ai.values : ai.atty], {N, wd.attn});
   Tensor dvalues = latent ? latent_dvalues(run) : prefix(run.workspace[kDnorm], {N, wd.attn});
-  linear_backward(run.backend, fp8_scratch(run), dvalues, g[i.o], optional(g, i.o_bias), dout,
+  linear_backward(run.backend, fp8_scratch(run, kFp8O), dvalues, g[i.o], optional(g, i.o_bias),
+                  dout,
                   values, w[i.o], !parts_.names.in_by_out, run.stream);
   Tensor norm1_full =
       enter_region_forward(tp_, prefix(a[ai.norm1], {R, C}), gathered(run), run.stream);
@@ -755,7 +758,7 @@ void Decoder::head_backward(ParamProvider& params, const HeadRun& run, Tensor he
 // ---- The factory (model/architecture.h) ---------------------------------------------------------
 
 std::unique_ptr<Architecture> make_architecture(const ModelConfig& config, const TensorParallel& tp,
-                                                const ExpertParallel& ep, bool fp8) {
+                                                const ExpertParallel& ep, Fp8Options fp8) {
   return std::make_unique<Decoder>(config, tp, ep, fp8);
 }
 

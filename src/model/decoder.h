@@ -19,6 +19,8 @@
 // after the reduction.
 #pragma once
 
+#include <array>
+
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -38,9 +40,9 @@ class Decoder final : public Architecture {
  public:
   // REQUIRES: the model splits over tp.size ranks (UserError otherwise). fp8: the projections
   // of attention and of the dense MLPs in FP8 (model/fp8_linear.h), with their scratch in the
-  // layers' workspace.
+  // layers' workspace, and with fp8.cache_weights their FP8 weights in layer_weight_cache().
   explicit Decoder(const ModelConfig& config, const TensorParallel& tp = {},
-                   const ExpertParallel& ep = {}, bool fp8 = false);
+                   const ExpertParallel& ep = {}, Fp8Options fp8 = {});
 
   const ModelConfig& config() const override { return config_; }
   const DecoderParts& parts() const { return parts_; }
@@ -52,6 +54,9 @@ class Decoder final : public Architecture {
                                           bool with_backward) const override;
   std::vector<TensorSpec> head_workspace(int64_t B, int64_t T, DType dtype,
                                          bool with_backward) const override;
+  // With cached FP8 weights: each FP8 linear's weight (out, in) and (in, out) in E4M3, then
+  // their scale_invs (F32, one per Fp8Linear).
+  std::vector<TensorSpec> layer_weight_cache(int layer) const override;
   void embed_forward(ParamProvider& params, const EmbedRun& run, int next) const override;
   void embed_backward(ParamProvider& params, const EmbedRun& run) const override;
   void layer_forward(const LayerRun& run) const override;
@@ -133,10 +138,19 @@ class Decoder final : public Architecture {
                                 std::vector<TensorSpec>* specs) const;
   // The FP8 scratch's bytes for the layers' linears over N tokens (0 without fp8).
   int64_t fp8_scratch_bytes_of(int64_t N, bool with_backward) const;
-  Fp8Scratch fp8_scratch(const LayerRun& run) const;  // empty without fp8
+  // The linears of a layer that may run in FP8, and their (in, out) widths on this tp rank in
+  // layer `layer`: {0, 0} where it does not (latent attention's qkv, a MoE layer's MLP).
+  enum Fp8Linear { kFp8Qkv, kFp8O, kFp8Up, kFp8Down, kFp8Linears };
+  struct LinearWidths {
+    int64_t in = 0, out = 0;
+  };
+  std::array<LinearWidths, kFp8Linears> fp8_linear_widths(int layer) const;
+  // The scratch (empty without fp8) and, with cached weights, linear `which`'s cached weight.
+  Fp8Scratch fp8_scratch(const LayerRun& run, Fp8Linear which) const;
   Tensor rope_freqs(const LayerRun& run) const;
   Tensor matrix(const std::vector<Tensor>& tensors, int index, int64_t out_width) const;
-  Tensor row_parallel(const LayerRun& run, Tensor inp, Tensor weight, Tensor bias) const;
+  Tensor row_parallel(const LayerRun& run, Fp8Linear which, Tensor inp, Tensor weight,
+                      Tensor bias) const;
   Tensor mlp_forward(const LayerRun& run, Tensor norm2_full) const;
   // The attention part from the (gathered) norm1 to the o projection's input (N, attn).
   Tensor attention_part_forward(const LayerRun& run, Tensor norm1_full) const;
@@ -172,7 +186,7 @@ class Decoder final : public Architecture {
   DecoderParts parts_;
   TensorParallel tp_;
   ExpertParallel ep_;
-  bool fp8_ = false;
+  bool fp8_ = false, fp8_cache_ = false;
   ParamLayout layout_;
   LayerTensors tensors_[2];          // by layer kind
   LayerActivations activations_[2];  // by layer kind

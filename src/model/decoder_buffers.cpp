@@ -4,6 +4,7 @@
 #include "model/decoder.h"
 
 #include <algorithm>
+#include <string>
 
 #include "model/decoder_internal.h"
 
@@ -87,10 +88,59 @@ int64_t Decoder::fp8_scratch_bytes_of(int64_t N, bool with_backward) const {
   return bytes;
 }
 
-Fp8Scratch Decoder::fp8_scratch(const LayerRun& run) const {
+std::array<Decoder::LinearWidths, Decoder::kFp8Linears> Decoder::fp8_linear_widths(
+    int layer) const {
+  std::array<LinearWidths, kFp8Linears> linears{};
+  if (!fp8_) return linears;
+  const Widths w = widths();
+  const int64_t C = config_.n_embd;
+  if (!parts_.attention.latent()) linears[kFp8Qkv] = {C, w.qkv};
+  linears[kFp8O] = {w.attn, C};
+  const int kind = layer_kind(layer);
+  const MlpPart& part = kind_mlp(kind);
+  if (part.kind != MlpKind::MoE) {
+    linears[kFp8Up] = {C, part.up_factor() * mlp_width(kind)};
+    linears[kFp8Down] = {mlp_width(kind), C};
+  }
+  for (LinearWidths& l : linears) {  // what matmul_fp8 cannot take runs in the activations' dtype
+    if (!fp8_linear_fits(16, l.in, l.out)) l = {};
+  }
+  return linears;
+}
+
+std::vector<TensorSpec> Decoder::layer_weight_cache(int layer) const {
+  if (!fp8_cache_) return {};
+  static constexpr const char* kNames[kFp8Linears] = {"qkv", "o", "up", "down"};
+  const std::string prefix = "h." + std::to_string(layer) + ".fp8_weight.";
+  std::vector<TensorSpec> specs;
+  const auto linears = fp8_linear_widths(layer);
+  for (int l = 0; l < kFp8Linears; ++l) {
+    if (linears[l].in == 0) continue;
+    specs.push_back({prefix + kNames[l], DType::F8E4M3, {linears[l].out, linears[l].in}});
+    specs.push_back({prefix + kNames[l] + "_t", DType::F8E4M3, {linears[l].in, linears[l].out}});
+  }
+  if (!specs.empty()) specs.push_back({prefix + "scale_invs", DType::F32, {kFp8Linears}});
+  return specs;
+}
+
+Fp8Scratch Decoder::fp8_scratch(const LayerRun& run, Fp8Linear which) const {
   if (!fp8_) return {};
-  return {run.workspace[static_cast<size_t>(workspace_.fp8_bytes)],
-          run.workspace[static_cast<size_t>(workspace_.fp8_scales)]};
+  Fp8Scratch fp8{run.workspace[static_cast<size_t>(workspace_.fp8_bytes)],
+                 run.workspace[static_cast<size_t>(workspace_.fp8_scales)]};
+  if (run.weight_cache.empty()) return fp8;  // a run without the stage's cache: cast at each use
+  // layer_weight_cache()'s order: (w, wt) of each cached linear, then the scale_invs.
+  const auto linears = fp8_linear_widths(run.layer);
+  if (linears[which].in == 0) return fp8;
+  size_t index = 0;
+  for (int l = 0; l < which; ++l) index += linears[l].in != 0 ? 2 : 0;
+  DSTRAIN_CHECK(index + 2 < run.weight_cache.size())
+      << "layer " << run.layer << "'s FP8 weight cache holds " << run.weight_cache.size()
+      << " tensors";
+  fp8.w = run.weight_cache[index];
+  fp8.wt = run.weight_cache[index + 1];
+  fp8.weight_scale_inv = run.weight_cache.back().slice(which, {1});
+  fp8.weight_fresh = run.weight_cache_fresh;
+  return fp8;
 }
 
 // Latent attention's scratch (model/latent_attention.h LatentWorkspace; its dqkv is the layers'

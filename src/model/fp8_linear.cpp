@@ -46,6 +46,35 @@ void cast(Backend& backend, Tensor out, Tensor scale_inv, Tensor inp, bool trans
                        stream);
 }
 
+// A stale cached weight cast again: (out, in) and (in, out) from one amax, one pass over it.
+// Whether or not this call's GEMMs run in FP8 (a micro-batch of tokens not a multiple of 16
+// does not), so that the cache is what the stage takes it for after the layer ran.
+void refresh_cached_weight(Backend& backend, const Fp8Scratch& fp8, const LinearShape& s,
+                           Tensor weight, bool weight_out_by_in, Stream stream) {
+  if (!fp8.caches_weight() || fp8.weight_fresh) return;
+  DSTRAIN_CHECK(fp8.w.numel() == s.OC * s.C && fp8.wt.numel() == s.OC * s.C)
+      << "cached FP8 weight " << fp8.w.shape_str() << " does not match the linear's " << s.C
+      << " -> " << s.OC;
+  backend.fp8_quantize(weight_out_by_in ? fp8.w : fp8.wt, weight_out_by_in ? fp8.wt : fp8.w,
+                       fp8.weight_scale_inv, weight, stream);
+}
+
+// The weight's FP8 copy for forward ((out, in), w) or dgrad ((in, out), wt) and its scale_inv:
+// the cached one, or cast now into the scratch at `offset`.
+struct Fp8Weight {
+  Tensor bytes, scale_inv;
+};
+Fp8Weight fp8_weight(Backend& backend, const Fp8Scratch& fp8, const LinearShape& s,
+                     Tensor weight, bool weight_out_by_in, bool for_dgrad, int64_t offset,
+                     Stream stream) {
+  if (fp8.caches_weight()) return {for_dgrad ? fp8.wt : fp8.w, fp8.weight_scale_inv};
+  const Tensor bytes = for_dgrad ? operand(fp8, offset, DType::F8E4M3, s.C, s.OC)
+                                 : operand(fp8, offset, DType::F8E4M3, s.OC, s.C);
+  // Forward wants (out, in): a transpose of an (in, out) weight; dgrad (in, out): of (out, in).
+  cast(backend, bytes, scale_inv(fp8, 1), weight, for_dgrad == weight_out_by_in, stream);
+  return {bytes, scale_inv(fp8, 1)};
+}
+
 }  // namespace
 
 bool fp8_linear_fits(int64_t tokens, int64_t in, int64_t out) {
@@ -64,15 +93,16 @@ int64_t fp8_scratch_bytes(int64_t tokens, int64_t in, int64_t out, bool with_bac
 void linear_forward(Backend& backend, const Fp8Scratch& fp8, Tensor out, Tensor inp, Tensor weight,
                     Tensor bias, bool weight_out_by_in, Stream stream) {
   const LinearShape s = linear_shape(inp, weight, weight_out_by_in);
+  refresh_cached_weight(backend, fp8, s, weight, weight_out_by_in, stream);
   if (!runs_in_fp8(fp8, s)) {
     backend.matmul_forward(out, inp, weight, bias, weight_out_by_in, stream);
     return;
   }
   const Tensor x = operand(fp8, 0, DType::F8E4M3, s.N, s.C);
-  const Tensor w = operand(fp8, s.N * s.C, DType::F8E4M3, s.OC, s.C);
   cast(backend, x, scale_inv(fp8, 0), inp.reshape({s.N, s.C}), false, stream);
-  cast(backend, w, scale_inv(fp8, 1), weight, !weight_out_by_in, stream);
-  backend.matmul_fp8(out.reshape({s.N, s.OC}), x, scale_inv(fp8, 0), w, scale_inv(fp8, 1), bias,
+  const Fp8Weight w =
+      fp8_weight(backend, fp8, s, weight, weight_out_by_in, false, s.N * s.C, stream);
+  backend.matmul_fp8(out.reshape({s.N, s.OC}), x, scale_inv(fp8, 0), w.bytes, w.scale_inv, bias,
                      false, stream);
 }
 
@@ -80,6 +110,7 @@ void linear_backward(Backend& backend, const Fp8Scratch& fp8, Tensor dinp, Tenso
                      Tensor dbias, Tensor dout, Tensor inp, Tensor weight, bool weight_out_by_in,
                      Stream stream) {
   const LinearShape s = linear_shape(inp, weight, weight_out_by_in);
+  refresh_cached_weight(backend, fp8, s, weight, weight_out_by_in, stream);
   if (!runs_in_fp8(fp8, s)) {
     backend.matmul_backward(dinp, dweight, dbias, dout, inp, weight, weight_out_by_in, stream);
     return;
@@ -92,9 +123,9 @@ void linear_backward(Backend& backend, const Fp8Scratch& fp8, Tensor dinp, Tenso
   backend.fp8_quantize(g, gt, scale_inv(fp8, 0), dy, stream);
   const int64_t after_gt = after_g + s.OC * s.N;
   if (!dinp.empty()) {  // dinp (N, C) = dout (N, OC) x (W^T (C, OC))^T
-    const Tensor w = operand(fp8, after_gt, DType::F8E4M3, s.C, s.OC);
-    cast(backend, w, scale_inv(fp8, 1), weight, weight_out_by_in, stream);
-    backend.matmul_fp8(dinp.reshape({s.N, s.C}), g, scale_inv(fp8, 0), w, scale_inv(fp8, 1),
+    const Fp8Weight w =
+        fp8_weight(backend, fp8, s, weight, weight_out_by_in, true, after_gt, stream);
+    backend.matmul_fp8(dinp.reshape({s.N, s.C}), g, scale_inv(fp8, 0), w.bytes, w.scale_inv,
                        Tensor(), false, stream);
   }
   // dW (OC, C) += dout^T (OC, N) x (inp^T (C, N))^T, or (C, OC) += inp^T x (dout^T)^T.

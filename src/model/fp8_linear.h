@@ -30,14 +30,33 @@
 
 namespace dstrain {
 
+// --precision fp8 for the decoder (model/architecture.h make_architecture): `enabled`, the
+// linears in FP8; `cache_weights`, each linear's FP8 weight kept from one use to the next while
+// the parameters do not change (ParamProvider::params_version), in both layouts: 2 bytes a
+// parameter of those linears, in the stage's workspace (model/stage.h). With gradient
+// accumulation the weights are cast once a step, not twice a micro-batch. Worth it where the
+// parameters stay resident (not ZeRO-3, not offloaded: parallel/plan.h fp8_options).
+struct Fp8Options {
+  bool enabled = false;
+  bool cache_weights = false;
+};
+
 // The FP8 operands of one GEMM at a time, reused by the next (one stream orders them): `bytes`
 // (F8E4M3, viewed as F8E5M2 where a gradient is cast) holds the two operands of the largest
 // GEMM, `scales` (F32, kFp8Scales) their scale_invs. Empty: no FP8.
+//
+// With the weight cache, also the linear's cached weight: `w` (out, in) for forward, `wt`
+// (in, out) for dgrad, E4M3, and `weight_scale_inv` (1) F32; `weight_fresh` when they hold the
+// weight's current values, else the linear casts them first (both layouts in one pass). Empty
+// `w`: the weight is cast at each use into `bytes`.
 struct Fp8Scratch {
   static constexpr int64_t kFp8Scales = 2;
   Tensor bytes;
   Tensor scales;
+  Tensor w, wt, weight_scale_inv;
+  bool weight_fresh = false;
   bool enabled() const { return bytes.numel() > 0; }
+  bool caches_weight() const { return !w.empty(); }
 };
 
 // Whether a linear of `in` -> `out` features over `tokens` rows runs in FP8: matmul_fp8's K and

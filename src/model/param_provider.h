@@ -3,6 +3,9 @@
 // with ZeRO-3 the provider gathers the block first (parallel/sharded_model.h).
 #pragma once
 
+#include <cstdint>
+#include <optional>
+
 #include "core/tensor.h"
 
 namespace dstrain {
@@ -22,6 +25,10 @@ class ParamProvider {
   virtual Tensor acquire_grads(int block) = 0;
   // This micro-batch's gradient of the block is all added.
   virtual void release_grads(int block) {}
+  // A number that changes whenever the parameters' values may have (an optimizer step, a load),
+  // so that what a stage derives from them may be kept while it stays (model/stage.h: the FP8
+  // weight cache); nullopt: never assume they stayed.
+  virtual std::optional<uint64_t> params_version() const { return std::nullopt; }
 };
 
 }  // namespace dstrain

@@ -97,6 +97,10 @@ StageBuffers plan_stage_buffers(const Architecture& arch, const StageRange& rang
   if (range.last) {
     plan.head_workspace = add_all(plan.workspace, arch.head_workspace(B, T, dtype, with_backward));
   }
+  for (int64_t l = range.first_layer; l < range.end_layer; ++l) {
+    plan.layer_weight_cache.push_back(
+        add_all(plan.workspace, arch.layer_weight_cache(static_cast<int>(l))));
+  }
   return plan;
 }
 
@@ -112,7 +116,8 @@ ModelStage::ModelStage(const Architecture& arch, const StageRange& range, Backen
       with_backward_(with_backward),
       recompute_(with_backward ? recompute : Recompute::None),
       plan_(plan_stage_buffers(arch, range, B, T, dtype, with_backward, recompute, slots)),
-      slot_state_(static_cast<size_t>(slots)) {
+      slot_state_(static_cast<size_t>(slots)),
+      weight_cache_version_(static_cast<size_t>(range.layers())) {
   const ModelConfig& config = arch.config();
   DSTRAIN_USER_CHECK(T >= 1 && T <= config.n_positions)
       << "sequence length " << T << " is outside 1.." << config.n_positions
@@ -199,7 +204,7 @@ void ModelStage::release_layer(ParamProvider& params, int64_t layer, bool grads)
 }
 
 LayerRun ModelStage::layer_run(int slot, int64_t layer, const LayerBlocks& blocks,
-                               Stream stream) const {
+                               std::optional<uint64_t> version, Stream stream) const {
   const SlotState& state = slot_state_[static_cast<size_t>(slot)];
   const int block = ParamLayout::layer_block(static_cast<int>(layer));
   LayerRun run{backend_,
@@ -215,6 +220,9 @@ LayerRun ModelStage::layer_run(int slot, int64_t layer, const LayerBlocks& block
                views(plan_.layer_workspace),
                plan_.residual_grad >= 0 ? work_tensor(plan_.residual_grad) : Tensor()};
   run.positions = state.positions;
+  const size_t index = static_cast<size_t>(layer - range_.first_layer);
+  run.weight_cache = views(plan_.layer_weight_cache[index]);
+  run.weight_cache_fresh = version && weight_cache_version_[index] == version;
   const int experts = layout_.expert_block(static_cast<int>(layer));
   if (experts >= 0) {
     run.expert_weights = layout_.block_views(experts, blocks.expert_params);
@@ -230,12 +238,18 @@ LayerRun ModelStage::layer_run(int slot, int64_t layer, const LayerBlocks& block
   return run;
 }
 
+void ModelStage::weight_cache_filled(int64_t layer, std::optional<uint64_t> version) {
+  weight_cache_version_[static_cast<size_t>(layer - range_.first_layer)] = version;
+}
+
 void ModelStage::forward_layers(ParamProvider& params, int slot, Stream stream) {
+  const std::optional<uint64_t> version = params.params_version();
   for (int64_t l = range_.first_layer; l < range_.end_layer; ++l) {
     const LayerBlocks blocks = acquire_layer(params, l, false);
     {
       const TraceSpan span(TraceTrack::Compute, TraceKind::Compute, "forward layer", l, stream);
-      arch_.layer_forward(layer_run(slot, l, blocks, stream));
+      arch_.layer_forward(layer_run(slot, l, blocks, version, stream));
+      weight_cache_filled(l, version);
     }
     if (l + 1 < range_.end_layer) {
       params.prefetch_params(ParamLayout::layer_block(static_cast<int>(l + 1)));
@@ -291,15 +305,17 @@ double ModelStage::forward(ParamProvider& params, int slot, int64_t b, int64_t t
 }
 
 void ModelStage::backward_layers(ParamProvider& params, int slot, Stream stream) {
+  const std::optional<uint64_t> version = params.params_version();
   for (int64_t l = range_.end_layer - 1; l >= range_.first_layer; --l) {
-    const LayerRun run = layer_run(slot, l, acquire_layer(params, l, true), stream);
+    const LayerBlocks blocks = acquire_layer(params, l, true);
     if (recompute_ != Recompute::None) {
       const TraceSpan span(TraceTrack::Compute, TraceKind::Compute, "recompute layer", l, stream);
-      arch_.layer_recompute(run, recompute_);
+      arch_.layer_recompute(layer_run(slot, l, blocks, version, stream), recompute_);
     }
     {
       const TraceSpan span(TraceTrack::Compute, TraceKind::Compute, "backward layer", l, stream);
-      arch_.layer_backward(run);
+      arch_.layer_backward(layer_run(slot, l, blocks, version, stream));
+      weight_cache_filled(l, version);
     }
     // (The embedding's backward needs no parameters: nothing to prefetch after the first.)
     if (l > range_.first_layer) params.prefetch_params(ParamLayout::layer_block(static_cast<int>(l - 1)));

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "core/allocator.h"
@@ -66,6 +67,9 @@ struct StageBuffers {
                            // is not the first, dL/d(input)
   int residual_grad = -1;  // backward: the residual stream's gradient
   std::vector<int> layer_workspace, head_workspace;
+  // Each layer's layer_weight_cache() [layer - first_layer], kept in `workspace` for the
+  // stage's life: unlike the rest of it, their contents outlive a step.
+  std::vector<std::vector<int>> layer_weight_cache;
   uint64_t activation_bytes() const { return slots * slot.bytes() + recomputed.bytes(); }
 };
 StageBuffers plan_stage_buffers(const Architecture& arch, const StageRange& range, int64_t B,
@@ -133,7 +137,12 @@ class ModelStage {
   // Acquires them (the gradients with `grads`), and releases them (gradients first).
   LayerBlocks acquire_layer(ParamProvider& params, int64_t layer, bool grads) const;
   void release_layer(ParamProvider& params, int64_t layer, bool grads) const;
-  LayerRun layer_run(int slot, int64_t layer, const LayerBlocks& blocks, Stream stream) const;
+  // `version`: the provider's params_version(), which says whether the layer's weight cache
+  // is fresh (filled at this version).
+  LayerRun layer_run(int slot, int64_t layer, const LayerBlocks& blocks,
+                     std::optional<uint64_t> version, Stream stream) const;
+  // After a layer's forward or backward ran with `version`: its weight cache holds it.
+  void weight_cache_filled(int64_t layer, std::optional<uint64_t> version);
   std::vector<Tensor> views(const std::vector<int>& ids) const;
   void forward_layers(ParamProvider& params, int slot, Stream stream);
   void backward_layers(ParamProvider& params, int slot, Stream stream);
@@ -149,6 +158,9 @@ class ModelStage {
   std::vector<Buffer> slot_buffers_;
   Buffer recomputed_, workspace_;
   std::vector<SlotState> slot_state_;
+  // The params_version() each layer's weight cache was filled at [layer - first_layer]
+  // (nullopt: never, or not to be trusted).
+  std::vector<std::optional<uint64_t>> weight_cache_version_;
   int64_t last_b_ = 0, last_t_ = 0;  // the last forward's micro-batch (logits())
 };
 

@@ -229,15 +229,17 @@ MemoryTraffic memory_traffic(const ModelConfig& config, int tp, bool sequence_pa
 }
 
 Fp8CastBytes fp8_cast_bytes(const ModelConfig& config, int tp_size, DType storage,
-                            double tokens) {
+                            double tokens, bool cached_weights) {
   const DecoderParts parts = decoder_parts(config);
   const double read_twice = 2.0 * static_cast<double>(dtype_size(storage));
   const double per = read_twice + 1.0, both_layouts = read_twice + 2.0;
   const double C = static_cast<double>(parts.width), tp = static_cast<double>(tp_size);
   Fp8CastBytes b;
   auto linear = [&](double in, double out, double share) {
-    b.forward += share * per * (tokens * in + in * out);
-    b.backward += share * (both_layouts * tokens * out + per * (tokens * in + in * out));
+    const double weight = cached_weights ? 0.0 : in * out;
+    b.forward += share * per * (tokens * in + weight);
+    b.backward += share * (both_layouts * tokens * out + per * (tokens * in + weight));
+    if (cached_weights) b.weights_per_step += share * both_layouts * in * out;
   };
   const AttentionPart& a = parts.attention;
   if (!a.latent()) {

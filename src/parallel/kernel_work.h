@@ -46,10 +46,14 @@ MemoryTraffic memory_traffic(const ModelConfig& config, int tp, bool sequence_pa
 // (the amax, then the cast) and writes a byte an element: forward each projection's input
 // (tokens x in) and weight (in x out); backward dout once into both its layouts (tokens x out,
 // two bytes an element written), the weight again, the input again. The projections FP8 takes:
-// multi-head attention's qkv and o, the dense MLPs' (their mean over the layers).
+// multi-head attention's qkv and o, the dense MLPs' (their mean over the layers). With
+// `cached_weights` (model/fp8_linear.h Fp8Options) the weights are not cast per micro-batch but
+// once a step into both layouts (two bytes an element written): `weights_per_step`.
 struct Fp8CastBytes {
   double forward = 0, backward = 0;
+  double weights_per_step = 0;
 };
-Fp8CastBytes fp8_cast_bytes(const ModelConfig& config, int tp, DType storage, double tokens);
+Fp8CastBytes fp8_cast_bytes(const ModelConfig& config, int tp, DType storage, double tokens,
+                            bool cached_weights);
 
 }  // namespace dstrain

@@ -138,7 +138,8 @@ const ActivationTable& MemoryModel::activation_table(const Plan& plan, const Sta
   const auto key =
       std::make_tuple(plan.micro_batch, plan.seq_len, plan.param_dtype, plan.tp,
                       plan.uses_sequence_parallel(), plan.ep, plan.moe_capacity_factor, recompute,
-                      range.layers(), range.first, range.last, first, plan.fp8);
+                      range.layers(), range.first, range.last, first, plan.fp8,
+                      fp8_options(plan).cache_weights);
   const std::lock_guard lock(cache_mutex_);
   auto it = activation_tables_.find(key);
   if (it == activation_tables_.end()) {
@@ -204,14 +205,15 @@ MemoryModel::~MemoryModel() = default;
 
 const Architecture& MemoryModel::architecture(const Plan& plan) const {
   const auto key = std::make_tuple(plan.tp, plan.uses_sequence_parallel(), plan.ep,
-                                   plan.moe_capacity_factor, plan.fp8);
+                                   plan.moe_capacity_factor, plan.fp8,
+                                   fp8_options(plan).cache_weights);
   const std::lock_guard lock(cache_mutex_);
   auto it = architectures_.find(key);
   if (it == architectures_.end()) {
     const TensorParallel tp{plan.tp, 0, plan.uses_sequence_parallel(), nullptr};
     ExpertParallel ep{plan.ep, 0};
     ep.capacity_factor = plan.moe_capacity_factor;
-    it = architectures_.emplace(key, make_architecture(config_, tp, ep, plan.fp8)).first;
+    it = architectures_.emplace(key, make_architecture(config_, tp, ep, fp8_options(plan))).first;
   }
   return *it->second;
 }
@@ -314,7 +316,11 @@ MemoryPrediction MemoryModel::predict_stage(const Plan& plan, int stage) const {
   add(m, MemCategory::Activations, false, what.str(), a.per_micro_batch * a.in_flight);
   add(m, MemCategory::Activations, false, "recompute buffers (one layer's, shared)",
       a.recompute_buffer);
-  add(m, MemCategory::Workspace, false, "workspace (logits, activation gradients)", a.workspace);
+  add(m, MemCategory::Workspace, false,
+      fp8_options(plan).cache_weights
+          ? "workspace (logits, activation gradients, the layers' FP8 weights)"
+          : "workspace (logits, activation gradients)",
+      a.workspace);
   m.activations_without_recompute = a.without_recompute;
 
   const StageRange s = stage_range(plan, stage);

@@ -225,17 +225,17 @@ class MemoryModel {
   ModelConfig config_;
   ParamLayout layout_;
   // Caches, behind cache_mutex_ (rank threads share a model; an entry, once made, stays where
-  // it is): (tp, sequence parallel, ep, capacity) -> the architecture; (pp, seq_len) -> the
-  // balanced split; the stage's shape -> its buffer bytes. Recursive: activation_table asks
-  // architecture.
+  // it is): (tp, sequence parallel, ep, capacity, fp8, cached FP8 weights) -> the
+  // architecture; (pp, seq_len) -> the balanced split; the stage's shape -> its buffer bytes.
+  // Recursive: activation_table asks architecture.
   mutable std::recursive_mutex cache_mutex_;
-  mutable std::map<std::tuple<int, bool, int, double, bool>, std::unique_ptr<Architecture>>
+  mutable std::map<std::tuple<int, bool, int, double, bool, bool>, std::unique_ptr<Architecture>>
       architectures_;
   mutable std::map<std::pair<int, int64_t>, std::vector<int64_t>> splits_;
   // (micro-batch, seq, dtype, tp, sequence parallel, ep, capacity factor, recompute, layers,
-  // first stage, last stage, first layer where the layers differ)
+  // first stage, last stage, first layer where the layers differ, fp8, cached FP8 weights)
   mutable std::map<std::tuple<int64_t, int64_t, DType, int, bool, int, double, Recompute, int64_t,
-                              bool, bool, int64_t, bool>,
+                              bool, bool, int64_t, bool, bool>,
                    std::unique_ptr<memory_detail::ActivationTable>>
       activation_tables_;
   bool mixed_layers_ = false;  // some layers' MLPs differ (decoder_parts(config).mixed_layers())

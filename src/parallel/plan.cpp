@@ -24,6 +24,10 @@ const char* precision_name(const Plan& plan) {
   return plan.fp8 ? "fp8" : precision_name(plan.param_dtype);
 }
 
+Fp8Options fp8_options(const Plan& plan) {
+  return {plan.fp8, plan.fp8 && plan.fp8_weight_cache && plan.zero < 3 && !plan.offload_params};
+}
+
 void set_precision(Plan& plan, const std::string& name) {
   plan.fp8 = name == "fp8";
   if (plan.fp8) {
@@ -77,7 +81,9 @@ std::string describe(const Plan& plan) {
   if (plan.ep > 1) text << " (ep " << plan.ep << ")";
   text << " x tp " << plan.tp << " x pp " << plan.pp
        << (plan.uses_sequence_parallel() ? " (sequence parallel)" : "") << ", ZeRO-" << plan.zero
-       << ", " << precision_name(plan) << ", "
+       << ", " << precision_name(plan)
+       << (plan.fp8 && !fp8_options(plan).cache_weights ? " (weights cast at each use)" : "")
+       << ", "
        << (plan.offload || plan.offload_params
                ? std::string(offloaded_parts(plan)) + " offloaded to host"
                : std::string("no offload"))
@@ -114,6 +120,7 @@ nlohmann::json to_json(const Plan& plan) {
                         {"grad_accum", plan.grad_accum},
                         {"seq_len", plan.seq_len},
                         {"precision", precision_name(plan)},
+                        {"fp8_weight_cache", fp8_options(plan).cache_weights},
                         {"pp_schedule", pipeline_schedule_name(plan.pp_schedule)},
                         {"pp_split", plan.pp_split},
                         {"sequence_parallel", plan.uses_sequence_parallel()},

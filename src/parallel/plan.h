@@ -52,6 +52,10 @@ struct Plan {
   // --precision fp8: param_dtype BF16, and the projections of attention and of the dense MLPs
   // in FP8 on their way through the tensor cores (model/fp8_linear.h).
   bool fp8 = false;
+  // fp8 with the working parameters resident (ZeRO 0-2, not offloaded): each layer's FP8
+  // weights kept from one use to the next (fp8_options). The planner weighs it: 2 bytes a
+  // parameter of the layers' linears against casting each weight twice a micro-batch.
+  bool fp8_weight_cache = true;
   // pp > 1: the order of forwards and backwards (parallel/pipeline_schedule.h), and the layers
   // of each stage (parallel/pipeline_split.h; empty: the balanced split).
   PipelineScheduleKind pp_schedule = PipelineScheduleKind::OneFOneB;
@@ -86,6 +90,11 @@ struct Plan {
 const char* precision_name(DType dtype);
 // --precision's word for a plan: "fp8" where plan.fp8, else precision_name(param_dtype).
 const char* precision_name(const Plan& plan);
+// --precision fp8's choices for the model (model/fp8_linear.h Fp8Options): the FP8 weights
+// cached where the plan asks (fp8_weight_cache) and the working parameters stay resident
+// (ZeRO 0-2, not offloaded). Under ZeRO-3 or parameter offload holding whole weights is what
+// the plan avoids: the casts stay.
+Fp8Options fp8_options(const Plan& plan);
 // Sets plan.param_dtype and plan.fp8 from --precision's word (fp32, fp16, bf16 or fp8); throws
 // UserError naming the choices otherwise.
 void set_precision(Plan& plan, const std::string& name);

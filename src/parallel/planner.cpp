@@ -157,7 +157,7 @@ bool faster(const PlanCandidate& a, const PlanCandidate& b) {
 
 auto shape(const Plan& p) {
   return std::make_tuple(p.dp, p.tp, p.pp, p.ep, p.zero, p.offload, p.offload_params,
-                         static_cast<int>(p.recompute));
+                         static_cast<int>(p.recompute), fp8_options(p).cache_weights);
 }
 
 // How far a candidate is from fitting: device bytes over, then host bytes over.
@@ -519,6 +519,15 @@ std::vector<std::pair<bool, bool>> offload_choices(const std::vector<bool>& opti
 struct Shape {
   int dp, tp, pp;
 };
+// fp8 with resident parameters: the FP8 weights cached (faster) or cast at each use (2 bytes a
+// parameter of the layers' linears less). Else the one choice, which changes nothing.
+std::vector<bool> fp8_weight_cache_choices(const Plan& plan) {
+  Plan cached = plan;
+  cached.fp8_weight_cache = true;
+  return fp8_options(cached).cache_weights ? std::vector<bool>{true, false}
+                                           : std::vector<bool>{true};
+}
+
 void add_shape_candidates(const MemoryModel& memory, const NodeTopology& topology,
                           const ClusterShape& cluster, const PlanRequest& request,
                           const Shape& shape, int64_t sequences, int64_t seq_len, DType precision,
@@ -564,10 +573,14 @@ void add_shape_candidates(const MemoryModel& memory, const NodeTopology& topolog
             const int64_t reached = dp * mb * plan.grad_accum;
             if ((reached - sequences) * kOvershootDenominator > sequences) continue;
             if (request.exact_global_batch && reached != sequences) continue;
-            PlanCandidate c = evaluate_plan(memory, topology, plan, cluster);
-            const bool stop = !c.fits();  // larger micro-batches only need more
-            all.push_back(std::move(c));
-            if (stop) break;
+            bool fits = false;  // larger micro-batches only need more
+            for (bool cache : fp8_weight_cache_choices(plan)) {
+              plan.fp8_weight_cache = cache;
+              PlanCandidate c = evaluate_plan(memory, topology, plan, cluster);
+              fits = fits || c.fits();
+              all.push_back(std::move(c));
+            }
+            if (!fits) break;
           }
         }
       }

@@ -713,6 +713,7 @@ void ShardedModel::gather_updated_params() {
 }
 
 void ShardedModel::params_changed() {
+  ++params_version_;
   compute_waits_for_comm();
   backend_.record_event(params_written_.get(), compute_);
   for (GatherSlot& slot : gather_slots_) slot.block = -1;  // what they hold is stale

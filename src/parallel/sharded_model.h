@@ -156,6 +156,8 @@ class ShardedModel : public ParamProvider {
   void release_params(int block) override;
   Tensor acquire_grads(int block) override;
   void release_grads(int block) override;
+  // Counts params_changed(): every write of the working parameters.
+  std::optional<uint64_t> params_version() const override { return params_version_; }
 
   // Before the first micro-batch of a step: zeroes the gradients.
   void begin_step();
@@ -323,6 +325,7 @@ class ShardedModel : public ParamProvider {
   // After the working parameters were written: later gathers read them, and gathered copies
   // are stale.
   void params_changed();
+  uint64_t params_version_ = 0;
   // finish_step's AdamW with offload: on the host, the transfers pipelined.
   void offload_step(const AdamWConfig& adam, double lr, int64_t adam_step, float grad_scale);
   // finish_step's AdamW on the device (every block's range in one update).

@@ -125,7 +125,7 @@ RankTrainer::RankTrainer(const RunContext& ctx, Communicator& world)
                          groups_.tensor, &tp_stats_},
           ExpertParallel{ctx.plan.ep, groups_.expert_index, groups_.expert, &expert_load_,
                          aux_loss_.get(), ctx.plan.moe_capacity_factor, &selection_biases_},
-          ctx.plan.fp8)),
+          fp8_options(ctx.plan))),
       split_(pipeline_split(ctx.config, ctx.plan)),
       scaler_(ctx.plan.param_dtype == DType::F16, ctx.options.loss_scaling),
       adam_{ctx.options.beta1, ctx.options.beta2, ctx.options.eps, ctx.options.weight_decay,

@@ -242,5 +242,60 @@ TEST(Fp8Linear, BackwardWithoutDinpGivesTheSameWeightGradient) {
   }
 }
 
+// A cached weight (Fp8Scratch::w, wt, the decoder's weight cache): cast once into both layouts
+// where it is stale, then read as it is: the same bits as casting at each use. Taken for fresh
+// after the weight changed, it is the old weight's cast that the GEMMs read (the cache is what
+// they use). A micro-batch whose tokens FP8 cannot take still casts a stale one (the stage
+// counts the cache fresh after the layer ran).
+TEST(Fp8Linear, ACachedWeightGivesTheSameBitsAndIsCastWhenStale) {
+  for (const Case& c : {Case{48, 32, 64, true, true}, Case{32, 64, 16, false, false}}) {
+    const std::string where = std::to_string(c.C) + "->" + std::to_string(c.OC);
+    LinearRun plain(c, 14), cached(c, 14);
+    plain.forward(plain.scratch());
+    plain.backward(plain.scratch());
+    Host w(DType::F8E4M3, {c.OC, c.C}), wt(DType::F8E4M3, {c.C, c.OC}), s(DType::F32, {1});
+    Fp8Scratch fp8 = cached.scratch();
+    fp8.w = w.t();
+    fp8.wt = wt.t();
+    fp8.weight_scale_inv = s.t();
+    cached.forward(fp8);  // stale: cast here
+    fp8.weight_fresh = true;
+    cached.backward(fp8);
+    EXPECT_EQ(cached.out.bytes, plain.out.bytes) << where;
+    EXPECT_EQ(cached.dinp.bytes, plain.dinp.bytes) << where;
+    EXPECT_EQ(cached.dweight.bytes, plain.dweight.bytes) << where;
+
+    const std::vector<uint8_t> out_before = cached.out.bytes, w_before = w.bytes;
+    Rng rng(15, 0);
+    cached.weight.fill(rng, -0.4, 0.4);
+    cached.forward(fp8);  // taken for fresh: the old cast
+    EXPECT_EQ(cached.out.bytes, out_before) << where;
+    fp8.weight_fresh = false;
+    cached.forward(fp8);
+    EXPECT_NE(cached.out.bytes, out_before) << where;
+    EXPECT_NE(w.bytes, w_before) << where;
+
+    // 24 tokens: the backend's matmul in bf16, and the stale cache cast all the same.
+    Case ragged = c;
+    ragged.N = 24;
+    LinearRun small(ragged, 16);
+    Host w2(DType::F8E4M3, {c.OC, c.C}), wt2(DType::F8E4M3, {c.C, c.OC}), s2(DType::F32, {1});
+    Host bytes(DType::F8E4M3, {4096});  // scratch: the linear still does not fit
+    Fp8Scratch fp8_small{bytes.t(), small.scales.t()};
+    fp8_small.w = w2.t();
+    fp8_small.wt = wt2.t();
+    fp8_small.weight_scale_inv = s2.t();
+    small.forward(fp8_small);
+    Host want_w(DType::F8E4M3, {c.OC, c.C}), want_wt(DType::F8E4M3, {c.C, c.OC}),
+        want_s(DType::F32, {1});
+    small.backend->fp8_quantize(c.out_by_in ? want_w.t() : want_wt.t(),
+                                c.out_by_in ? want_wt.t() : want_w.t(), want_s.t(),
+                                small.weight.t(), nullptr);
+    EXPECT_EQ(w2.bytes, want_w.bytes) << where;
+    EXPECT_EQ(wt2.bytes, want_wt.bytes) << where;
+    EXPECT_EQ(s2.bytes, want_s.bytes) << where;
+  }
+}
+
 }  // namespace
 }  // namespace dstrain

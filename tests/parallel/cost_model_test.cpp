@@ -405,35 +405,46 @@ TEST(CostModel, ComputeIsGemmsPlusAttentionPlusMemoryBound) {
 // --precision fp8 on an RTX 4090 (FP8 330.3 TFLOP/s with fp32 accumulation against 165.2):
 // the layers' GEMMs (GPT-2: all of a layer's 24 C^2) at the FP8 peak x the efficiency x 0.87
 // (cuBLASLt's FP8 against cuBLAS's bf16 on an H100), the head's in bf16; the casts' bytes added
-// to the memory-bound kernels: each cast reads 2 + 2 bytes and writes 1 an element (forward:
-// each linear's input and weight; backward: the input and the weight again), dout's reads
-// 2 + 2 bytes and writes 2 (both its layouts at once).
+// to the memory-bound kernels: each cast reads 2 + 2 bytes and writes 1 an element (each
+// linear's input forward and again backward), dout's reads 2 + 2 bytes and writes 2 (both its
+// layouts at once). The weights: under ZeRO-3 cast like the inputs at each use (5 bytes an
+// element, forward and backward, every micro-batch); at ZeRO-0 kept, cast once a step into both
+// layouts (6 bytes an element).
 TEST(CostModel, Fp8RunsTheLayersGemmsAtTheFp8RateAndPaysForTheCasts) {
   const NodeTopology rtx4090 = machine("rtx4090-8gpu-pcie.txt", "rtx4090");
   const ModelConfig gpt2 = small_gpt2();
   const MemoryModel memory(gpt2);
-  Plan p = bf16_plan(1, 1, 1, 4, 2);
-  const StepCost bf16 = predict_step_cost(memory, rtx4090, p);
-  p.fp8 = true;
-  const StepCost fp8 = predict_step_cost(memory, rtx4090, p);
   EXPECT_DOUBLE_EQ(gpu_speed(rtx4090, DType::BF16).fp8_flops, 330.3e12);
   const double L = 12, C = 768, Vp = 50304, T = 1024, tokens = 4 * T, m = 2;
   const double efficiency = 0.80 * tokens / (tokens + 128) * C / (C + 256);
   const double bf16_rate = 165.2e12 * efficiency, fp8_rate = 330.3e12 * efficiency * 0.87;
-  EXPECT_NEAR(fp8.gemm_seconds,
-              m * 3 * tokens * (L * 24 * C * C / fp8_rate + 2 * C * Vp / bf16_rate),
-              1e-9 * fp8.gemm_seconds);
   // (in, out) of qkv, o, fc, proj: (C, 3C), (C, C), (C, 4C), (4C, C).
   const double ins[] = {C, C, C, 4 * C}, outs[] = {3 * C, C, 4 * C, C};
-  double cast_bytes = 0;
-  for (int i = 0; i < 4; ++i) {
-    cast_bytes += 5 * (tokens * ins[i] + ins[i] * outs[i]);                         // forward
-    cast_bytes += 6 * tokens * outs[i] + 5 * (tokens * ins[i] + ins[i] * outs[i]);  // backward
+  for (int zero : {0, 3}) {
+    Plan p = bf16_plan(1, 1, 1, 4, 2);
+    p.zero = zero;
+    const StepCost bf16 = predict_step_cost(memory, rtx4090, p);
+    p.fp8 = true;
+    const StepCost fp8 = predict_step_cost(memory, rtx4090, p);
+    EXPECT_NEAR(fp8.gemm_seconds,
+                m * 3 * tokens * (L * 24 * C * C / fp8_rate + 2 * C * Vp / bf16_rate),
+                1e-9 * fp8.gemm_seconds);
+    double micro_batch_bytes = 0, step_bytes = 0;
+    for (int i = 0; i < 4; ++i) {
+      micro_batch_bytes += 2 * 5 * tokens * ins[i] + 6 * tokens * outs[i];
+      if (zero == 3) {
+        micro_batch_bytes += 2 * 5 * ins[i] * outs[i];
+      } else {
+        step_bytes += 6 * ins[i] * outs[i];
+      }
+    }
+    EXPECT_NEAR(fp8.memory_bound_seconds - bf16.memory_bound_seconds,
+                L * (m * micro_batch_bytes + step_bytes) / (1008e9 * 0.8),
+                1e-9 * bf16.memory_bound_seconds)
+        << "ZeRO-" << zero;
+    EXPECT_DOUBLE_EQ(fp8.attention_seconds, bf16.attention_seconds);
+    EXPECT_LT(fp8.step_seconds, bf16.step_seconds);
   }
-  EXPECT_NEAR(fp8.memory_bound_seconds - bf16.memory_bound_seconds,
-              m * L * cast_bytes / (1008e9 * 0.8), 1e-9 * bf16.memory_bound_seconds);
-  EXPECT_DOUBLE_EQ(fp8.attention_seconds, bf16.attention_seconds);
-  EXPECT_LT(fp8.step_seconds, bf16.step_seconds);
 }
 
 TEST(CostModel, ComputePartsAddUpAcrossPlans) {

@@ -95,7 +95,7 @@ int expect_allocations_match(const ModelConfig& config, const Plan& plan) {
         TensorParallel{plan.tp, groups.tensor_index, plan.uses_sequence_parallel(), groups.tensor},
         ExpertParallel{plan.ep, groups.expert_index, groups.expert, nullptr, nullptr,
                        plan.moe_capacity_factor},
-        plan.fp8);
+        fp8_options(plan));
     const int slots = activation_slots(plan.pp_schedule, plan.pp, groups.stage,
                                        static_cast<int>(plan.grad_accum));
     ModelStage stage(*arch, range, *backend, *device, plan.micro_batch, plan.seq_len,

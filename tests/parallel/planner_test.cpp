@@ -302,6 +302,43 @@ TEST(Planner, Fp8IsPlannedWhereTheGpuHasFp8TensorCores) {
             std::string::npos);
 }
 
+// The cached FP8 weights (2 bytes a parameter of the layers' linears) where they fit: on an
+// H100 llama3.2-1b keeps them; on one RTX 4090 they would not fit beside ZeRO-0's states, so the
+// weights are cast at each use, the cached plan shown as faster but too big; under ZeRO-3 there
+// is nothing to choose.
+TEST(Planner, Fp8CachesTheWeightsWhereTheyFit) {
+  PlanRequest request;
+  request.fp8 = true;
+  request.gpus = 1;
+  request.global_batch_tokens = 16384;
+  const PlanResult h100 = plan("llama3.2-1b", h100_x8(), request);
+  EXPECT_TRUE(fp8_options(h100.best.plan).cache_weights) << describe(h100.best.plan);
+  const PlanResult rtx4090 = plan("llama3.2-1b", rtx4090_x8(), request);
+  const Plan& best = rtx4090.best.plan;
+  EXPECT_TRUE(best.fp8 && best.zero == 0 && !best.offload_params) << describe(best);
+  EXPECT_FALSE(fp8_options(best).cache_weights) << describe(best);
+  EXPECT_NE(describe(best).find("fp8 (weights cast at each use)"), std::string::npos);
+  bool cached_shown = false;
+  for (const PlanCandidate& c : rtx4090.alternatives) {
+    if (!fp8_options(c.plan).cache_weights || c.plan.recompute != best.recompute ||
+        c.plan.offload != best.offload || c.plan.micro_batch != best.micro_batch) {
+      continue;
+    }
+    cached_shown = true;
+    EXPECT_FALSE(c.fits());
+    EXPECT_GT(c.cost.tokens_per_second, rtx4090.best.cost.tokens_per_second);
+    EXPECT_EQ(c.memory.device_total() - rtx4090.best.memory.device_total(),
+              2 * 16 * (2048 * (2048 + 2 * 512) + 2048 * 2048 + 3 * 2048 * 8192) + 16 * 256)
+        << "16 layers' q|k|v, o, gate|up and down weights, twice, and their 4 scale_invs (in "
+           "a 256-byte slot of the arena)";
+  }
+  EXPECT_TRUE(cached_shown);
+  Plan zero3 = best;
+  zero3.zero = 3;
+  zero3.fp8_weight_cache = true;
+  EXPECT_FALSE(fp8_options(zero3).cache_weights);
+}
+
 TEST(Planner, Qwen32bOnFourRtx4090sNeedsBf16OptimizerStates) {
   PlanRequest request;
   request.gpus = 4;
