@@ -288,8 +288,9 @@ std::vector<Op> moe_ops(Workspace& ws, Backend& be, DType dt, int64_t N) {
 
 // The FP8 ops (--precision fp8's groundwork) at a LLaMA MLP's shape (C 2048 -> 8192) over the
 // run's N tokens: the casts of the activations and of the weights (transposed into the
-// K-contiguous form), of an output gradient into both its layouts, the FP8 GEMM with bf16 output, and the same GEMM in the run's dtype beside
-// it. The FP8 GEMM needs sm_89 or later: elsewhere, or where cuBLASLt refuses it, it is left out.
+// K-contiguous form), of an output gradient into both its layouts, the FP8 GEMM with bf16 output,
+// and the same GEMM in the run's dtype beside it. The FP8 GEMM needs sm_89 or later: elsewhere, or
+// where cuBLASLt refuses it, it is left out.
 std::vector<Op> fp8_ops(Workspace& ws, Backend& be, DType dt, int64_t N) {
   constexpr int64_t C = 2048, OC = 8192;
   const double n = static_cast<double>(N), es = static_cast<double>(dtype_size(dt));
@@ -300,18 +301,18 @@ std::vector<Op> fp8_ops(Workspace& ws, Backend& be, DType dt, int64_t N) {
   Tensor out = ws.allocate(DType::BF16, {N, OC}), out_dt = ws.allocate(dt, {N, OC});
   Tensor dy = ws.random(dt, {N, OC}, -1e-3f, 1e-3f), g_inv = ws.allocate(DType::F32, {1});
   Tensor gq = ws.allocate(DType::F8E5M2, {N, OC}), gqt = ws.allocate(DType::F8E5M2, {OC, N});
-  be.fp8_quantize(xq, Tensor(), x_inv, x, nullptr);
-  be.fp8_quantize(Tensor(), wq, w_inv, w, nullptr);
+  be.fp8_quantize(xq, Tensor(), x_inv, x, Tensor(), nullptr);
+  be.fp8_quantize(Tensor(), wq, w_inv, w, Tensor(), nullptr);
   be.synchronize(nullptr);
   Backend* b = &be;
   const double flops = 2.0 * n * C * OC;
   std::vector<Op> ops = {
       {"fp8_quantize x (C 2048)", es * n * C + n * C, 0,
-       [=] { b->fp8_quantize(xq, Tensor(), x_inv, x, nullptr); }},
+       [=] { b->fp8_quantize(xq, Tensor(), x_inv, x, Tensor(), nullptr); }},
       {"fp8_quantize w^T (2048x8192)", es * C * OC + 1.0 * C * OC, 0,
-       [=] { b->fp8_quantize(Tensor(), wq, w_inv, w, nullptr); }},
+       [=] { b->fp8_quantize(Tensor(), wq, w_inv, w, Tensor(), nullptr); }},
       {"fp8_quantize dout both layouts (8192 wide)", es * n * OC + 2.0 * n * OC, 0,
-       [=] { b->fp8_quantize(gq, gqt, g_inv, dy, nullptr); }},
+       [=] { b->fp8_quantize(gq, gqt, g_inv, dy, Tensor(), nullptr); }},
       {"matmul_forward (2048->8192)", 0, flops,
        [=] { b->matmul_forward(out_dt, x, w_out_by_in, Tensor(), true, nullptr); }},
   };
@@ -529,9 +530,9 @@ int run(const Options& options) {
        [&] { be.gelu_backward_bias(fc_out, db_fc, dfc, fc, nullptr); }},
       // Reads [gate | up] (2I = 8C), writes I = 4C; backward also reads dout, writes 2I.
       {"swiglu_forward (I = 4C)", 12 * act, 0,
-       [&] { be.swiglu_forward(fc_out, gate_up, nullptr); }},
+       [&] { be.swiglu_forward(fc_out, gate_up, Tensor(), nullptr); }},
       {"swiglu_backward (I = 4C)", 20 * act, 0,
-       [&] { be.swiglu_backward(dgate_up, dfc, gate_up, nullptr); }},
+       [&] { be.swiglu_backward(dgate_up, dfc, gate_up, Tensor(), nullptr); }},
       {"residual_forward", 3 * act, 0, [&] { be.residual_forward(y, x, dx, nullptr); }},
       {"accumulate", 3 * act, 0, [&] { be.accumulate(y, x, nullptr); }},
       {"add_bias", 2 * act, 0, [&] { be.add_bias(y, ln_b, nullptr); }},

@@ -229,10 +229,10 @@ void run_benchmarks(const Options& options) {
     const std::string shape = shape_of({N, 2 * I});
     // Forward reads [gate | up] and writes out; backward also reads dout and writes both halves.
     report(
-        "swiglu_fwd", shape, [&] { backend->swiglu_forward(out, inp, nullptr); }, Rate::Bytes,
-        es * 3.0 * N * I);
+        "swiglu_fwd", shape, [&] { backend->swiglu_forward(out, inp, Tensor(), nullptr); },
+        Rate::Bytes, es * 3.0 * N * I);
     report(
-        "swiglu_bwd", shape, [&] { backend->swiglu_backward(dinp, dout, inp, nullptr); },
+        "swiglu_bwd", shape, [&] { backend->swiglu_backward(dinp, dout, inp, Tensor(), nullptr); },
         Rate::Bytes, es * 5.0 * N * I);
     ws.release();
   }

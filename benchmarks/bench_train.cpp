@@ -203,7 +203,8 @@ Result run_case(const Options& o, const RunDevices& devices, const ModelConfig& 
     const Stream compute = rank.compute.get();
     ShardedModel state(config, sharding, *rank.comm, backend, *rank.device, *rank.host, compute);
     state.set_full_params(initial.tensors());
-    const std::unique_ptr<Architecture> arch = make_architecture(config, {}, {}, Fp8Options{fp8, fp8});
+    const std::unique_ptr<Architecture> arch =
+        make_architecture(config, {}, {}, Fp8Options{fp8, fp8});
     ModelStage model(*arch, whole_model(config), backend, *rank.device, B, T, dtype, true,
                      parse_recompute(o.recompute), 1);
 

@@ -12,13 +12,14 @@
 namespace dstrain {
 
 // fp8_quantize: inp (R, C) float, out F8 of inp's shape and/or out_t F8 (C, R), at least one,
-// of one format; scale_inv (1) F32. Returns (R, C).
+// of one format; scale_inv (1) F32; amax empty or (1) F32. Returns (R, C).
 inline RowShape check_fp8_quantize(const Tensor& out, const Tensor& out_t, const Tensor& scale_inv,
-                                   const Tensor& inp) {
+                                   const Tensor& inp, const Tensor& amax) {
+  DSTRAIN_CHECK(amax.empty() || (amax.dtype == DType::F32 && amax.numel() == 1))
+      << "fp8_quantize amax " << amax.shape_str() << " must be empty or one F32";
   DSTRAIN_CHECK(inp.dtype == DType::F32 || inp.dtype == DType::F16 || inp.dtype == DType::BF16)
       << "fp8_quantize inp must be F32, F16 or BF16, not " << dtype_name(inp.dtype);
-  DSTRAIN_CHECK(!out.empty() || !out_t.empty())
-      << "fp8_quantize needs out, out_t or both";
+  DSTRAIN_CHECK(!out.empty() || !out_t.empty()) << "fp8_quantize needs out, out_t or both";
   for (const Tensor* copy : {&out, &out_t}) {
     DSTRAIN_CHECK(copy->empty() || is_fp8(copy->dtype))
         << "fp8_quantize out must be F8E4M3 or F8E5M2, not " << dtype_name(copy->dtype);
@@ -36,6 +37,14 @@ inline RowShape check_fp8_quantize(const Tensor& out, const Tensor& out_t, const
       << "fp8_quantize out_t " << out_t.shape_str() << " must be inp's transpose, inp "
       << inp.shape_str();
   return s;
+}
+
+// fp8_amax: amax (1) F32, inp float.
+inline void check_fp8_amax(const Tensor& amax, const Tensor& inp) {
+  DSTRAIN_CHECK(inp.dtype == DType::F32 || inp.dtype == DType::F16 || inp.dtype == DType::BF16)
+      << "fp8_amax inp must be F32, F16 or BF16, not " << dtype_name(inp.dtype);
+  DSTRAIN_CHECK(amax.dtype == DType::F32 && amax.numel() == 1)
+      << "fp8_amax amax " << amax.shape_str() << " must be one F32";
 }
 
 struct Fp8MatmulShape {

@@ -74,6 +74,12 @@ inline RowShape check_swiglu_shapes(const Tensor& out, const Tensor& inp) {
   return o;
 }
 
+// An op's optional amax output (kernels/ops.h swiglu_forward): empty or one F32.
+inline void check_amax_output(const Tensor& amax, const char* op) {
+  DSTRAIN_CHECK(amax.empty() || (amax.dtype == DType::F32 && amax.numel() == 1))
+      << op << " amax " << amax.shape_str() << " must be empty or one F32";
+}
+
 // swiglu_backward: dinp like inp (N, 2I), dout like out (N, I). Returns (N, I).
 inline RowShape check_swiglu_backward_shapes(const Tensor& dinp, const Tensor& dout,
                                              const Tensor& inp) {

@@ -218,9 +218,13 @@ class Backend {
   // ---- SwiGLU (Llama's MLP: down(silu(gate(x)) * up(x))) ----
   // inp (N, 2I): each row is [gate (I) | up (I)] (one GEMM against the stacked [gate_proj; up_proj]
   // weight); out (N, I) = silu(gate) * up, silu(x) = x / (1 + exp(-x)).
-  virtual void swiglu_forward(Tensor out, Tensor inp, Stream stream) = 0;
-  // dinp (N, 2I) = [dgate | dup] (overwritten, not accumulated); dout (N, I); inp as in forward.
-  virtual void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp, Stream stream) = 0;
+  // amax: empty, or (1) F32 that receives max |out| as stored (fp8_amax's of out, found on the
+  // way: an FP8 cast of out then reads it once; --precision fp8).
+  virtual void swiglu_forward(Tensor out, Tensor inp, Tensor amax, Stream stream) = 0;
+  // dinp (N, 2I) = [dgate | dup] (overwritten, not accumulated); dout (N, I); inp as in forward;
+  // amax as forward's, of dinp.
+  virtual void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp, Tensor amax,
+                               Stream stream) = 0;
 
   // ---- matmul with bias ----
   // out (N,OC) = inp (N,C) @ W + bias (OC; may be empty).
@@ -430,8 +434,12 @@ class Backend {
   // in inp makes amax NaN: s = 1. inp (R, C) F32/F16/BF16; out (R, C) and out_t (C, R), the
   // K-contiguous copy an FP8 GEMM needs of an operand stored K-major: either may be empty, not
   // both; F8E4M3 or F8E5M2, the same when both. Both from one amax and one pass over inp.
-  virtual void fp8_quantize(Tensor out, Tensor out_t, Tensor scale_inv, Tensor inp,
+  // amax: empty (found here, a pass over inp), or (1) F32 holding max |inp| already (fp8_amax's,
+  // kept from an earlier cast of the same values): then inp is read once.
+  virtual void fp8_quantize(Tensor out, Tensor out_t, Tensor scale_inv, Tensor inp, Tensor amax,
                             Stream stream) = 0;
+  // amax (1) F32 = max |inp| (NaN when inp holds a NaN), the amax fp8_quantize would find.
+  virtual void fp8_amax(Tensor amax, Tensor inp, Stream stream) = 0;
   // out (M, N) = (a (M, K) @ b (N, K)^T) * a_scale_inv * b_scale_inv + bias (N; may be empty),
   // or out += that (no bias) when `accumulate`: a and b F8 (not both F8E5M2), each row
   // K-contiguous (the "TN" form of cuBLASLt's FP8 GEMMs), their scale_inv (1) F32 as

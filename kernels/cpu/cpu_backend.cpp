@@ -137,11 +137,11 @@ class CpuBackend final : public Backend {
                         Tensor rstd, Stream) override {
     cpu::rmsnorm_backward(ctx_, dinp, dweight, dout, inp, weight, rstd);
   }
-  void swiglu_forward(Tensor out, Tensor inp, Stream) override {
-    cpu::swiglu_forward(ctx_, out, inp);
+  void swiglu_forward(Tensor out, Tensor inp, Tensor amax, Stream) override {
+    cpu::swiglu_forward(ctx_, out, inp, amax);
   }
-  void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp, Stream) override {
-    cpu::swiglu_backward(ctx_, dinp, dout, inp);
+  void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp, Tensor amax, Stream) override {
+    cpu::swiglu_backward(ctx_, dinp, dout, inp, amax);
   }
   void moe_route(Tensor topk_weight, Tensor topk_expert, Tensor scores, Tensor logits,
                  const MoeRouting& routing, Stream) override {
@@ -173,9 +173,11 @@ class CpuBackend final : public Backend {
                                Tensor weight, Tensor expert_offsets, Stream) override {
     cpu::grouped_matmul_backward(ctx_, dinp, dweight, dout, inp, weight, expert_offsets);
   }
-  void fp8_quantize(Tensor out, Tensor out_t, Tensor scale_inv, Tensor inp, Stream) override {
-    cpu::fp8_quantize(ctx_, out, out_t, scale_inv, inp);
+  void fp8_quantize(Tensor out, Tensor out_t, Tensor scale_inv, Tensor inp, Tensor amax,
+                    Stream) override {
+    cpu::fp8_quantize(ctx_, out, out_t, scale_inv, inp, amax);
   }
+  void fp8_amax(Tensor amax, Tensor inp, Stream) override { cpu::fp8_amax(ctx_, amax, inp); }
   void matmul_fp8(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv,
                   Tensor bias, bool accumulate, Stream) override {
     cpu::matmul_fp8(ctx_, out, a, a_scale_inv, b, b_scale_inv, bias, accumulate);

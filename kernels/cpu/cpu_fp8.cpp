@@ -41,10 +41,18 @@ float amax_of(const CpuContext& ctx, const Tensor& t, int64_t rows, int64_t cols
 
 }  // namespace
 
-void fp8_quantize(const CpuContext& ctx, Tensor out, Tensor out_t, Tensor scale_inv, Tensor inp) {
-  const RowShape s = check_fp8_quantize(out, out_t, scale_inv, inp);
+void fp8_amax(const CpuContext& ctx, Tensor amax, Tensor inp) {
+  check_fp8_amax(amax, inp);
+  const RowShape s = row_shape(inp);
+  *amax.f32() = amax_of(ctx, inp, s.rows, s.cols);
+}
+
+void fp8_quantize(const CpuContext& ctx, Tensor out, Tensor out_t, Tensor scale_inv, Tensor inp,
+                  Tensor amax) {
+  const RowShape s = check_fp8_quantize(out, out_t, scale_inv, inp, amax);
   const Fp8Format format = fp8_format(out.empty() ? out_t.dtype : out.dtype);
-  const float scale = fp8_scale_for_amax(amax_of(ctx, inp, s.rows, s.cols), format);
+  const float found = amax.empty() ? amax_of(ctx, inp, s.rows, s.cols) : *amax.f32();
+  const float scale = fp8_scale_for_amax(found, format);
   auto* straight = static_cast<uint8_t*>(out.data);
   auto* transposed = static_cast<uint8_t*>(out_t.data);
   // A task's rows cast into a scratch block first (or straight into out), then the block's
@@ -56,8 +64,8 @@ void fp8_quantize(const CpuContext& ctx, Tensor out, Tensor out_t, Tensor scale_
   const int64_t tasks = (s.rows + kRowsPerTask - 1) / kRowsPerTask;
   parallel_for(ctx, tasks, [&](int64_t task, int thread) {
     const int64_t begin = task * kRowsPerTask, end = std::min(s.rows, begin + kRowsPerTask);
-    uint8_t* block = straight != nullptr ? straight + begin * s.cols
-                                         : blocks.data() + block_bytes * thread;
+    uint8_t* block =
+        straight != nullptr ? straight + begin * s.cols : blocks.data() + block_bytes * thread;
     for (int64_t r = begin; r < end; ++r) {
       const float* row = load_span(inp, r * s.cols, s.cols, scratch.get(thread));
       uint8_t* cast = block + (r - begin) * s.cols;

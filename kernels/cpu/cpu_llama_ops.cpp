@@ -126,9 +126,10 @@ inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
 
 }  // namespace
 
-void swiglu_forward(const CpuContext& ctx, Tensor out, Tensor inp) {
+void swiglu_forward(const CpuContext& ctx, Tensor out, Tensor inp, Tensor amax) {
   check_float_tensor(out, "swiglu out");
   check_float_tensor(inp, "swiglu inp");
+  check_amax_output(amax, "swiglu_forward");
   const RowShape s = check_swiglu_shapes(out, inp);
   const int64_t I = s.cols;
   ThreadScratch scratch(ctx, 3 * I);
@@ -140,9 +141,11 @@ void swiglu_forward(const CpuContext& ctx, Tensor out, Tensor inp) {
     for (int64_t i = 0; i < I; ++i) y[i] = silu(gate[i]) * up[i];
     commit_span(out, n * I, I, y);
   });
+  if (!amax.empty()) fp8_amax(ctx, amax, out);  // of the stored values
 }
 
-void swiglu_backward(const CpuContext& ctx, Tensor dinp, Tensor dout, Tensor inp) {
+void swiglu_backward(const CpuContext& ctx, Tensor dinp, Tensor dout, Tensor inp, Tensor amax) {
+  check_amax_output(amax, "swiglu_backward");
   check_float_tensor(dinp, "swiglu dinp");
   check_float_tensor(dout, "swiglu dout");
   check_float_tensor(inp, "swiglu inp");
@@ -166,6 +169,7 @@ void swiglu_backward(const CpuContext& ctx, Tensor dinp, Tensor dout, Tensor inp
     }
     commit_span(dinp, n * 2 * I, 2 * I, dx);
   });
+  if (!amax.empty()) fp8_amax(ctx, amax, dinp);
 }
 
 }  // namespace dstrain::cpu

@@ -192,8 +192,8 @@ void rmsnorm_forward(const CpuContext& ctx, Tensor out, Tensor rstd, Tensor inp,
                      float eps);
 void rmsnorm_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tensor dout, Tensor inp,
                       Tensor weight, Tensor rstd);
-void swiglu_forward(const CpuContext& ctx, Tensor out, Tensor inp);
-void swiglu_backward(const CpuContext& ctx, Tensor dinp, Tensor dout, Tensor inp);
+void swiglu_forward(const CpuContext& ctx, Tensor out, Tensor inp, Tensor amax);
+void swiglu_backward(const CpuContext& ctx, Tensor dinp, Tensor dout, Tensor inp, Tensor amax);
 void gelu_forward(const CpuContext& ctx, Tensor out, Tensor inp);
 void gelu_backward(const CpuContext& ctx, Tensor dinp, Tensor dout, Tensor inp);
 void residual_forward(const CpuContext& ctx, Tensor out, Tensor a, Tensor b);
@@ -233,7 +233,9 @@ void grouped_matmul_forward(const CpuContext& ctx, Tensor out, Tensor inp, Tenso
 void grouped_matmul_backward(const CpuContext& ctx, Tensor dinp, Tensor dweight, Tensor dout,
                              Tensor inp, Tensor weight, Tensor expert_offsets);
 
-void fp8_quantize(const CpuContext& ctx, Tensor out, Tensor out_t, Tensor scale_inv, Tensor inp);
+void fp8_quantize(const CpuContext& ctx, Tensor out, Tensor out_t, Tensor scale_inv, Tensor inp,
+                  Tensor amax);
+void fp8_amax(const CpuContext& ctx, Tensor amax, Tensor inp);
 void matmul_fp8(const CpuContext& ctx, Tensor out, Tensor a, Tensor a_scale_inv, Tensor b,
                 Tensor b_scale_inv, Tensor bias, bool accumulate);
 

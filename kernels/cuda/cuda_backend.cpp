@@ -352,10 +352,14 @@ class CudaBackend final : public Backend {
     cuda::grouped_matmul_backward(ctx_, dinp, dweight, dout, inp, weight, expert_offsets,
                                   to_stream(stream));
   }
-  void fp8_quantize(Tensor out, Tensor out_t, Tensor scale_inv, Tensor inp,
+  void fp8_quantize(Tensor out, Tensor out_t, Tensor scale_inv, Tensor inp, Tensor amax,
                     Stream stream) override {
     DeviceScope scope(ctx_.device);
-    cuda::fp8_quantize(ctx_, out, out_t, scale_inv, inp, to_stream(stream));
+    cuda::fp8_quantize(ctx_, out, out_t, scale_inv, inp, amax, to_stream(stream));
+  }
+  void fp8_amax(Tensor amax, Tensor inp, Stream stream) override {
+    DeviceScope scope(ctx_.device);
+    cuda::fp8_amax(ctx_, amax, inp, to_stream(stream));
   }
   void matmul_fp8(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv,
                   Tensor bias, bool accumulate, Stream stream) override {
@@ -363,13 +367,13 @@ class CudaBackend final : public Backend {
     cuda::matmul_fp8(ctx_, out, a, a_scale_inv, b, b_scale_inv, bias, accumulate,
                      to_stream(stream));
   }
-  void swiglu_forward(Tensor out, Tensor inp, Stream stream) override {
+  void swiglu_forward(Tensor out, Tensor inp, Tensor amax, Stream stream) override {
     DeviceScope scope(ctx_.device);
-    cuda::swiglu_forward(ctx_, out, inp, to_stream(stream));
+    cuda::swiglu_forward(ctx_, out, inp, amax, to_stream(stream));
   }
-  void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp, Stream stream) override {
+  void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp, Tensor amax, Stream stream) override {
     DeviceScope scope(ctx_.device);
-    cuda::swiglu_backward(ctx_, dinp, dout, inp, to_stream(stream));
+    cuda::swiglu_backward(ctx_, dinp, dout, inp, amax, to_stream(stream));
   }
   void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool weight_out_by_in,
                       Stream stream) override {

@@ -8,7 +8,8 @@
 // toolkit's __nv_cvt_float_to_fp8 with __NV_SATFINITE (cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32 on
 // sm_89 and later, the toolkit's own exact software conversion before sm_89 and on the
 // emulator), and a one-thread launch that turns the word into scale_inv = 1 / s after every
-// block has read it.
+// block has read it. With the amax given (an F32 whose bits are the word) the first two are
+// not needed; fp8_amax is those two alone.
 //
 // The amax and the cast move 128 bits at a time (cuda_vector.cuh: 8 elements a load; the cast
 // stores 16 FP8 bytes at once): on an H100 the first, scalar, kernels reached 18% of the copy
@@ -25,6 +26,7 @@
 #include <cstring>
 
 #include "core/fp8.h"
+#include "kernels/cuda/cuda_amax.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_vector.cuh"
 #include "kernels/fp8_checks.h"
@@ -41,40 +43,14 @@ constexpr int kCastElements = 16;   // the vector cast: 16 elements, one 16-byte
 constexpr int kWideTile = 64;       // the transposed vector cast's tile: 64 x 64 elements
 constexpr int kWideTilePitch = 68;  // its shared rows' bytes (4-byte aligned, 2-way conflicts)
 
-__device__ __forceinline__ unsigned float_bits_of(float value) {
-  unsigned bits;
-  memcpy(&bits, &value, sizeof bits);
-  return bits;
-}
-__device__ __forceinline__ float float_of_bits(unsigned bits) {
-  float value;
-  memcpy(&value, &bits, sizeof value);
-  return value;
-}
-
-// The block's maximum of every thread's `local` into *amax_bits (skipped when 0).
-__device__ __forceinline__ void block_amax(unsigned local, unsigned* amax_bits) {
-  for (int offset = 16; offset > 0; offset /= 2) {
-    local = max(local, __shfl_xor_sync(0xffffffffu, local, offset));
-  }
-  __shared__ unsigned warp_max[kAmaxThreads / 32];
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = local;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned block = 0;
-    for (int w = 0; w < kAmaxThreads / 32; ++w) block = max(block, warp_max[w]);
-    if (block != 0) atomicMax(amax_bits, block);
-  }
-}
-
 // max |inp| into *amax_bits (which holds 0 or a smaller magnitude's bits).
 __global__ void fp8_amax_kernel(DeviceTensor inp, int64_t n, unsigned* amax_bits) {
   unsigned local = 0;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    local = max(local, float_bits_of(load(inp, i)) & 0x7fffffffu);
+    local = max(local, magnitude_bits(load(inp, i)));
   }
-  block_amax(local, amax_bits);
+  block_amax<kAmaxThreads>(local, amax_bits);
 }
 
 // The same, 8 elements a 128-bit load (inp 16-byte aligned), the n % 8 last ones one at a time.
@@ -88,12 +64,12 @@ __global__ void fp8_amax_wide_kernel(const T* inp, int64_t n, unsigned* amax_bit
     load_vector(inp + v * kVectorElements, values);
 #pragma unroll
     for (int j = 0; j < kVectorElements; ++j) {
-      local = max(local, float_bits_of(values[j]) & 0x7fffffffu);
+      local = max(local, magnitude_bits(values[j]));
     }
   }
   const int64_t tail = vectors * kVectorElements + blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (tail < n) local = max(local, float_bits_of(to_float(inp[tail])) & 0x7fffffffu);
-  block_amax(local, amax_bits);
+  if (tail < n) local = max(local, magnitude_bits(to_float(inp[tail])));
+  block_amax<kAmaxThreads>(local, amax_bits);
 }
 
 // core/fp8.h's fp8_scale_for_amax from the amax's bits: 2^(e_max - e_amax), one less where
@@ -200,8 +176,8 @@ __global__ void fp8_cast_transpose_vector_kernel(uint8_t* out, uint8_t* out_t, c
     if (row >= rows || col >= cols) continue;
     float values[kVectorElements];
     load_vector(inp + row * cols + col, values);
-    const uint2 words = make_uint2(fp8_word(values, scale, format),
-                                   fp8_word(values + 4, scale, format));
+    const uint2 words =
+        make_uint2(fp8_word(values, scale, format), fp8_word(values + 4, scale, format));
     auto* at = reinterpret_cast<uint32_t*>(tile + r * kWideTilePitch + c);
     at[0] = words.x;
     at[1] = words.y;
@@ -221,11 +197,10 @@ __global__ void fp8_cast_transpose_vector_kernel(uint8_t* out, uint8_t* out_t, c
   store_128(reinterpret_cast<Fp8Pack*>(out_t + out_row * rows + out_col), pack);
 }
 
-// The amax word, read by every cast block, becomes scale_inv = 1 / s.
-__global__ void fp8_scale_inv_kernel(unsigned* word, unsigned max_bits) {
-  const float scale = scale_for_amax_bits(*word, max_bits);
-  const float inverse = 1.0f / scale;
-  memcpy(word, &inverse, sizeof inverse);
+// After every cast block has read the amax word: scale_inv = 1 / s (scale_inv may be the word).
+__global__ void fp8_scale_inv_kernel(const unsigned* amax_bits, float* scale_inv,
+                                     unsigned max_bits) {
+  *scale_inv = 1.0f / scale_for_amax_bits(*amax_bits, max_bits);
 }
 
 // What the amax and cast launches of one fp8_quantize share.
@@ -294,27 +269,49 @@ unsigned host_float_bits(float value) {
 }  // namespace
 
 void fp8_quantize(const CudaContext& ctx, Tensor out, Tensor out_t, Tensor scale_inv, Tensor inp,
-                  cudaStream_t stream) {
-  const RowShape s = check_fp8_quantize(out, out_t, scale_inv, inp);
+                  Tensor amax, cudaStream_t stream) {
+  const RowShape s = check_fp8_quantize(out, out_t, scale_inv, inp, amax);
   check_float_tensor(ctx, inp, "fp8_quantize inp");
   check_tensor_dtype(ctx, scale_inv, DType::F32, "fp8_quantize scale_inv");
   if (!out.empty()) check_tensor_dtype(ctx, out, out.dtype, "fp8_quantize out");
   if (!out_t.empty()) check_tensor_dtype(ctx, out_t, out_t.dtype, "fp8_quantize out_t");
-  auto* word = static_cast<unsigned*>(scale_inv.data);
+  const bool known = !amax.empty();
+  if (known) check_tensor_dtype(ctx, amax, DType::F32, "fp8_quantize amax");
+  // The amax word: the given amax, or found into scale_inv's own storage.
+  auto* word = static_cast<unsigned*>(known ? amax.data : scale_inv.data);
   const Fp8Format format = fp8_format(out.empty() ? out_t.dtype : out.dtype);
   const unsigned max_bits = host_float_bits(fp8_layout(format).max);
   const __nv_fp8_interpretation_t kind = format == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
-  CUDA_CHECK(cudaMemsetAsync(word, 0, sizeof(unsigned), stream));
+  if (!known) CUDA_CHECK(cudaMemsetAsync(word, 0, sizeof(unsigned), stream));
   if (s.rows * s.cols > 0) {
-    const Fp8Launch launch{ctx,  stream,   static_cast<uint8_t*>(out.data),
-                           static_cast<uint8_t*>(out_t.data), inp, s, word, max_bits, kind};
+    const Fp8Launch launch{ctx,
+                           stream,
+                           static_cast<uint8_t*>(out.data),
+                           static_cast<uint8_t*>(out_t.data),
+                           inp,
+                           s,
+                           word,
+                           max_bits,
+                           kind};
     with_storage_type(inp.dtype, [&](auto type) {
-      launch_amax<decltype(type)>(launch);
+      if (!known) launch_amax<decltype(type)>(launch);
       launch_cast<decltype(type)>(launch);
     });
   }
-  DSTRAIN_LAUNCH(fp8_scale_inv_kernel, 1, 1, 0, stream)(word, max_bits);
+  DSTRAIN_LAUNCH(fp8_scale_inv_kernel, 1, 1, 0, stream)(word, scale_inv.f32(), max_bits);
   CUDA_CHECK(cudaGetLastError());
+}
+
+void fp8_amax(const CudaContext& ctx, Tensor amax, Tensor inp, cudaStream_t stream) {
+  check_fp8_amax(amax, inp);
+  check_float_tensor(ctx, inp, "fp8_amax inp");
+  check_tensor_dtype(ctx, amax, DType::F32, "fp8_amax amax");
+  auto* word = static_cast<unsigned*>(amax.data);
+  CUDA_CHECK(cudaMemsetAsync(word, 0, sizeof(unsigned), stream));
+  const RowShape s = row_shape(inp);
+  if (s.rows * s.cols == 0) return;
+  const Fp8Launch launch{ctx, stream, nullptr, nullptr, inp, s, word, 0, __NV_E4M3};
+  with_storage_type(inp.dtype, [&](auto type) { launch_amax<decltype(type)>(launch); });
 }
 
 }  // namespace dstrain::cuda

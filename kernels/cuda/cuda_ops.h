@@ -142,8 +142,9 @@ void rmsnorm_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, Tenso
                       Tensor weight, Tensor rstd, cudaStream_t stream);
 
 // cuda_swiglu.cu
-void swiglu_forward(const CudaContext& ctx, Tensor out, Tensor inp, cudaStream_t stream);
-void swiglu_backward(const CudaContext& ctx, Tensor dinp, Tensor dout, Tensor inp,
+void swiglu_forward(const CudaContext& ctx, Tensor out, Tensor inp, Tensor amax,
+                    cudaStream_t stream);
+void swiglu_backward(const CudaContext& ctx, Tensor dinp, Tensor dout, Tensor inp, Tensor amax,
                      cudaStream_t stream);
 
 // cuda_moe.cu: the mixture-of-experts ops.
@@ -162,7 +163,8 @@ void moe_combine_backward(const CudaContext& ctx, Tensor dinp, Tensor dweight, T
                           Tensor inp, Tensor dest_rows, Tensor weight, cudaStream_t stream);
 // cuda_fp8.cu; matmul_fp8 in cuda_matmul.cu
 void fp8_quantize(const CudaContext& ctx, Tensor out, Tensor out_t, Tensor scale_inv, Tensor inp,
-                  cudaStream_t stream);
+                  Tensor amax, cudaStream_t stream);
+void fp8_amax(const CudaContext& ctx, Tensor amax, Tensor inp, cudaStream_t stream);
 void matmul_fp8(const CudaContext& ctx, Tensor out, Tensor a, Tensor a_scale_inv, Tensor b,
                 Tensor b_scale_inv, Tensor bias, bool accumulate, cudaStream_t stream);
 

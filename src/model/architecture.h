@@ -171,8 +171,7 @@ class Architecture {
 // their FP8 weights cached or not.
 std::unique_ptr<Architecture> make_architecture(const ModelConfig& config,
                                                 const TensorParallel& tp = {},
-                                                const ExpertParallel& ep = {},
-                                                Fp8Options fp8 = {});
+                                                const ExpertParallel& ep = {}, Fp8Options fp8 = {});
 
 // Fresh parameters as their parts ask (ParamSpec::init, model/layout.h), each tensor from its
 // own stream (seed, name), the same for any layout or sharding: one F32 host tensor of

@@ -134,12 +134,14 @@ void norm_backward(Backend& backend, const NormPart& norm, Tensor dinp, const No
 
 // ---- The MLP part's activation: GELU or SwiGLU ---------------------------------------------
 
-void activation_forward(Backend& backend, const MlpPart& mlp, Tensor act, Tensor up,
+// amax: SwiGLU's only, max |act| on the way (kernels/ops.h swiglu_forward), or empty.
+void activation_forward(Backend& backend, const MlpPart& mlp, Tensor act, Tensor up, Tensor amax,
                         Stream stream) {
+  DSTRAIN_CHECK(amax.empty() || mlp.kind == MlpKind::SwiGLU) << "only SwiGLU finds an amax";
   if (mlp.kind == MlpKind::Gelu) {
     backend.gelu_forward(act, up, stream);
   } else {
-    backend.swiglu_forward(act, up, stream);
+    backend.swiglu_forward(act, up, amax, stream);
   }
 }
 
@@ -155,6 +157,7 @@ Decoder::Decoder(const ModelConfig& config, const TensorParallel& tp, const Expe
       ep_(ep),
       fp8_(fp8.enabled),
       fp8_cache_(fp8.enabled && fp8.cache_weights),
+      fp8_found_amax_(fp8.enabled && fp8.found_amax),
       layout_(config, tp.size, ep.size, ep.rank),
       tensors_{find_layer_tensors(layout_, parts_, 0), find_layer_tensors(layout_, parts_, 1)},
       // The indices, from specs of any shape that splits over the tp ranks' token rows.
@@ -245,6 +248,9 @@ Decoder::LayerActivations Decoder::layer_activation_specs(
   a.up = add({{"mlp_up", dtype, {rows, mlp.up_factor() * width}}, !full});
   a.act = add({{"mlp_act", dtype, {rows, width}}, cheap_kept});
   if (mlp.kind == MlpKind::MoE) a.moe = add_moe_activations(moe_shape_of(N), dtype, !full, add);
+  if (fp8_found_amax_) {
+    a.fp8_input_amax = add({{"fp8_input_amax", DType::F32, {kFp8Linears}}, true});
+  }
   if (specs != nullptr) *specs = std::move(list.list);
   return a;
 }
@@ -319,8 +325,8 @@ Tensor Decoder::matrix(const std::vector<Tensor>& tensors, int index, int64_t ou
 Tensor Decoder::row_parallel(const LayerRun& run, Fp8Linear which, Tensor inp, Tensor weight,
                              Tensor bias) const {
   Tensor scratch = prefix(run.workspace[kScratch], {run.b * run.t, config_.n_embd});
-  return row_parallel_matmul(run.backend, fp8_scratch(run, which), tp_, scratch, stream_part(run), inp,
-                             weight, bias, !parts_.names.in_by_out, run.stream);
+  return row_parallel_matmul(run.backend, fp8_scratch(run, which), tp_, scratch, stream_part(run),
+                             inp, weight, bias, !parts_.names.in_by_out, run.stream);
 }
 
 // The (t, d/2, 2) rotary table of the micro-batch's positions (d: the rotary dims of a head),
@@ -402,7 +408,10 @@ Tensor Decoder::mlp_forward(const LayerRun& run, Tensor norm2_full) const {
   } else {
     linear_forward(run.backend, fp8_scratch(run, kFp8Up), up, norm2_full, matrix(w, i.up, up_width),
                    matrix(w, i.up_bias, up_width), !parts_.names.in_by_out, run.stream);
-    activation_forward(run.backend, part, act, up, run.stream);
+    // FP8: SwiGLU finds the down projection's input amax (fp8_scratch: input_amax_found).
+    const Fp8Scratch down = fp8_scratch(run, kFp8Down);
+    activation_forward(run.backend, part, act, up,
+                       down.input_amax_found ? down.input_amax : Tensor(), run.stream);
   }
   return row_parallel(run, kFp8Down, act, w[i.down], optional(w, i.down_bias));
 }
@@ -497,8 +506,9 @@ void Decoder::layer_recompute(const LayerRun& run, Recompute recompute) const {
         part.kind == MlpKind::MoE
             ? moe_expert_rows(run.backend, moe_shape_of(N), moe_activations(run), run.stream)
             : N;
+    // (A dense layer's FP8 input amax of the down projection is forward's, of the same values.)
     activation_forward(run.backend, part, prefix(a[ai.act], {rows, mlp}),
-                       prefix(a[ai.up], {rows, part.up_factor() * mlp}), run.stream);
+                       prefix(a[ai.up], {rows, part.up_factor() * mlp}), Tensor(), run.stream);
   }
 }
 
@@ -520,20 +530,23 @@ Tensor Decoder::dense_mlp_backward(const LayerRun& run, Tensor dout) const {
   Tensor dup = prefix(run.workspace[kDup], {N, up_width});
   Tensor dnorm = prefix(run.workspace[kDnorm], {N, C});
   Tensor up = prefix(a[ai.up], {N, up_width});
-  linear_backward(backend, fp8_scratch(run, kFp8Down), dact, g[i.down], optional(g, i.down_bias), dout,
-                  prefix(a[ai.act], {N, mlp}), w[i.down], out_by_in, run.stream);
+  linear_backward(backend, fp8_scratch(run, kFp8Down), dact, g[i.down], optional(g, i.down_bias),
+                  dout, prefix(a[ai.act], {N, mlp}), w[i.down], out_by_in, run.stream);
   Tensor up_bias_grad = matrix(g, i.up_bias, up_width);
+  Fp8Scratch up_fp8 = fp8_scratch(run, kFp8Up);
+  if (part.kind == MlpKind::SwiGLU && up_fp8.enabled() && fp8_found_amax_) {
+    up_fp8.dout_amax = up_fp8.dout_amax_slot();
+  }
   if (part.kind == MlpKind::Gelu) {
     // The up bias's gradient (the column sums of dup) in the GELU's pass, not in up's backward.
     backend.gelu_backward_bias(dup, up_bias_grad, dact, up, run.stream);
     up_bias_grad = Tensor();
-  } else {
-    backend.swiglu_backward(dup, dact, up, run.stream);
+  } else {  // FP8: dup's amax found on the way, for up's cast of it
+    backend.swiglu_backward(dup, dact, up, up_fp8.dout_amax, run.stream);
   }
   Tensor norm2_full =
       enter_region_forward(tp_, prefix(a[ai.norm2], {R, C}), gathered(run), run.stream);
-  linear_backward(backend, fp8_scratch(run, kFp8Up), dnorm, matrix(g, i.up, up_width),
-                  up_bias_grad, dup, norm2_full,
+  linear_backward(backend, up_fp8, dnorm, matrix(g, i.up, up_width), up_bias_grad, dup, norm2_full,
                   matrix(w, i.up, up_width), out_by_in, run.stream);
   return dnorm;
 }
@@ -639,8 +652,7 @@ void Decoder::attention_backward(const LayerRun& run, Tensor dout) const {
   Tensor values = prefix(a[latent ? ai.values : ai.atty], {N, wd.attn});
   Tensor dvalues = latent ? latent_dvalues(run) : prefix(run.workspace[kDnorm], {N, wd.attn});
   linear_backward(run.backend, fp8_scratch(run, kFp8O), dvalues, g[i.o], optional(g, i.o_bias),
-                  dout,
-                  values, w[i.o], !parts_.names.in_by_out, run.stream);
+                  dout, values, w[i.o], !parts_.names.in_by_out, run.stream);
   Tensor norm1_full =
       enter_region_forward(tp_, prefix(a[ai.norm1], {R, C}), gathered(run), run.stream);
   Tensor dnorm1 = enter_region_backward(tp_, attention_part_backward(run, dvalues, norm1_full),

@@ -20,7 +20,6 @@
 #pragma once
 
 #include <array>
-
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -88,6 +87,9 @@ class Decoder final : public Architecture {
     // q rank only.
     int q_latent = -1, q_normed = -1, q_rstd = -1, kv_latent = -1, kv_normed = -1, kv_rstd = -1;
     int values = -1;
+    // --precision fp8 only: each FP8 linear's input amax (F32, by Fp8Linear), from its forward
+    // to its backward (Fp8Scratch::input_amax).
+    int fp8_input_amax = -1;
   };
   // Where the parts' buffers are in LayerRun::workspace, after the decoder's own
   // (decoder_internal.h LayerWork).
@@ -186,7 +188,7 @@ class Decoder final : public Architecture {
   DecoderParts parts_;
   TensorParallel tp_;
   ExpertParallel ep_;
-  bool fp8_ = false, fp8_cache_ = false;
+  bool fp8_ = false, fp8_cache_ = false, fp8_found_amax_ = false;
   ParamLayout layout_;
   LayerTensors tensors_[2];          // by layer kind
   LayerActivations activations_[2];  // by layer kind

@@ -1,11 +1,10 @@
 // The decoder's layer workspace (model/decoder.h) and its views of its parts' buffers: the
 // mixture-of-experts MLP's weights, activations and workspace, latent attention's, and the FP8
 // linears' scratch.
-#include "model/decoder.h"
-
 #include <algorithm>
 #include <string>
 
+#include "model/decoder.h"
 #include "model/decoder_internal.h"
 
 namespace dstrain {
@@ -127,6 +126,13 @@ Fp8Scratch Decoder::fp8_scratch(const LayerRun& run, Fp8Linear which) const {
   if (!fp8_) return {};
   Fp8Scratch fp8{run.workspace[static_cast<size_t>(workspace_.fp8_bytes)],
                  run.workspace[static_cast<size_t>(workspace_.fp8_scales)]};
+  const int kind = layer_kind(run.layer);
+  if (fp8_found_amax_) {
+    const int amax = activations_[kind].fp8_input_amax;
+    fp8.input_amax = run.activations[static_cast<size_t>(amax)].slice(which, {1});
+    // mlp_forward has SwiGLU find the down projection's input amax.
+    fp8.input_amax_found = which == kFp8Down && kind_mlp(kind).kind == MlpKind::SwiGLU;
+  }
   if (run.weight_cache.empty()) return fp8;  // a run without the stage's cache: cast at each use
   // layer_weight_cache()'s order: (w, wt) of each cached linear, then the scale_invs.
   const auto linears = fp8_linear_widths(run.layer);

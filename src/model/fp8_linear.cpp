@@ -43,7 +43,7 @@ bool runs_in_fp8(const Fp8Scratch& fp8, const LinearShape& s) {
 void cast(Backend& backend, Tensor out, Tensor scale_inv, Tensor inp, bool transpose,
           Stream stream) {
   backend.fp8_quantize(transpose ? Tensor() : out, transpose ? out : Tensor(), scale_inv, inp,
-                       stream);
+                       Tensor(), stream);
 }
 
 // A stale cached weight cast again: (out, in) and (in, out) from one amax, one pass over it.
@@ -56,7 +56,7 @@ void refresh_cached_weight(Backend& backend, const Fp8Scratch& fp8, const Linear
       << "cached FP8 weight " << fp8.w.shape_str() << " does not match the linear's " << s.C
       << " -> " << s.OC;
   backend.fp8_quantize(weight_out_by_in ? fp8.w : fp8.wt, weight_out_by_in ? fp8.wt : fp8.w,
-                       fp8.weight_scale_inv, weight, stream);
+                       fp8.weight_scale_inv, weight, Tensor(), stream);
 }
 
 // The weight's FP8 copy for forward ((out, in), w) or dgrad ((in, out), wt) and its scale_inv:
@@ -64,9 +64,8 @@ void refresh_cached_weight(Backend& backend, const Fp8Scratch& fp8, const Linear
 struct Fp8Weight {
   Tensor bytes, scale_inv;
 };
-Fp8Weight fp8_weight(Backend& backend, const Fp8Scratch& fp8, const LinearShape& s,
-                     Tensor weight, bool weight_out_by_in, bool for_dgrad, int64_t offset,
-                     Stream stream) {
+Fp8Weight fp8_weight(Backend& backend, const Fp8Scratch& fp8, const LinearShape& s, Tensor weight,
+                     bool weight_out_by_in, bool for_dgrad, int64_t offset, Stream stream) {
   if (fp8.caches_weight()) return {for_dgrad ? fp8.wt : fp8.w, fp8.weight_scale_inv};
   const Tensor bytes = for_dgrad ? operand(fp8, offset, DType::F8E4M3, s.C, s.OC)
                                  : operand(fp8, offset, DType::F8E4M3, s.OC, s.C);
@@ -98,8 +97,11 @@ void linear_forward(Backend& backend, const Fp8Scratch& fp8, Tensor out, Tensor 
     backend.matmul_forward(out, inp, weight, bias, weight_out_by_in, stream);
     return;
   }
-  const Tensor x = operand(fp8, 0, DType::F8E4M3, s.N, s.C);
-  cast(backend, x, scale_inv(fp8, 0), inp.reshape({s.N, s.C}), false, stream);
+  const Tensor x = operand(fp8, 0, DType::F8E4M3, s.N, s.C), flat = inp.reshape({s.N, s.C});
+  if (!fp8.input_amax.empty() && !fp8.input_amax_found) {
+    backend.fp8_amax(fp8.input_amax, flat, stream);
+  }
+  backend.fp8_quantize(x, Tensor(), scale_inv(fp8, 0), flat, fp8.input_amax, stream);
   const Fp8Weight w =
       fp8_weight(backend, fp8, s, weight, weight_out_by_in, false, s.N * s.C, stream);
   backend.matmul_fp8(out.reshape({s.N, s.OC}), x, scale_inv(fp8, 0), w.bytes, w.scale_inv, bias,
@@ -120,7 +122,7 @@ void linear_backward(Backend& backend, const Fp8Scratch& fp8, Tensor dinp, Tenso
   const Tensor g = dinp.empty() ? Tensor() : operand(fp8, 0, DType::F8E5M2, s.N, s.OC);
   const int64_t after_g = dinp.empty() ? 0 : s.N * s.OC;
   const Tensor gt = operand(fp8, after_g, DType::F8E5M2, s.OC, s.N);
-  backend.fp8_quantize(g, gt, scale_inv(fp8, 0), dy, stream);
+  backend.fp8_quantize(g, gt, scale_inv(fp8, 0), dy, fp8.dout_amax, stream);
   const int64_t after_gt = after_g + s.OC * s.N;
   if (!dinp.empty()) {  // dinp (N, C) = dout (N, OC) x (W^T (C, OC))^T
     const Fp8Weight w =
@@ -130,7 +132,7 @@ void linear_backward(Backend& backend, const Fp8Scratch& fp8, Tensor dinp, Tenso
   }
   // dW (OC, C) += dout^T (OC, N) x (inp^T (C, N))^T, or (C, OC) += inp^T x (dout^T)^T.
   const Tensor xt = operand(fp8, after_gt, DType::F8E4M3, s.C, s.N);
-  cast(backend, xt, scale_inv(fp8, 1), x, true, stream);
+  backend.fp8_quantize(Tensor(), xt, scale_inv(fp8, 1), x, fp8.input_amax, stream);
   if (weight_out_by_in) {
     backend.matmul_fp8(dweight, gt, scale_inv(fp8, 0), xt, scale_inv(fp8, 1), Tensor(), true,
                        stream);

@@ -19,9 +19,10 @@
 // matmul_fp8 takes the "TN" form only (both operands K-contiguous), so the casts transpose
 // where a GEMM needs it: the weight for dgrad (out-by-in layouts) or for forward and wgrad
 // (in-by-out layouts), dout and inp for wgrad. dout is cast once into both of its layouts (one
-// amax, one pass over it: fp8_quantize's out and out_t). A linear runs in FP8 where matmul_fp8 takes all
-// three GEMMs: its widths and the micro-batch's token rows multiples of 16. Otherwise, and with
-// no scratch, it runs as Backend::matmul_forward / matmul_backward in the activations' dtype.
+// amax, one pass over it: fp8_quantize's out and out_t). A linear runs in FP8 where matmul_fp8
+// takes all three GEMMs: its widths and the micro-batch's token rows multiples of 16. Otherwise,
+// and with no scratch, it runs as Backend::matmul_forward / matmul_backward in the activations'
+// dtype.
 #pragma once
 
 #include <cstdint>
@@ -36,9 +37,13 @@ namespace dstrain {
 // parameter of those linears, in the stage's workspace (model/stage.h). With gradient
 // accumulation the weights are cast once a step, not twice a micro-batch. Worth it where the
 // parameters stay resident (not ZeRO-3, not offloaded: parallel/plan.h fp8_options).
+// `found_amax`: the casts take the amaxes the ops before them found (SwiGLU's of its output and
+// of its input gradient; forward's of each linear's input, kept for its backward) instead of a
+// pass of their own; off (for tests), every cast finds its own: the same values, the same bits.
 struct Fp8Options {
   bool enabled = false;
   bool cache_weights = false;
+  bool found_amax = true;
 };
 
 // The FP8 operands of one GEMM at a time, reused by the next (one stream orders them): `bytes`
@@ -49,13 +54,26 @@ struct Fp8Options {
 // (in, out) for dgrad, E4M3, and `weight_scale_inv` (1) F32; `weight_fresh` when they hold the
 // weight's current values, else the linear casts them first (both layouts in one pass). Empty
 // `w`: the weight is cast at each use into `bytes`.
+//
+// `input_amax` (1) F32, where the caller keeps it from the forward to the backward of the same
+// micro-batch (a layer's activation): forward finds the input's amax into it, backward casts
+// the input's transpose with it (the same values: no second pass over the input for it).
+//
+// `input_amax_found`: the op that wrote the input found its amax into input_amax already
+// (SwiGLU's output, the down projection's input). `dout_amax` (1) F32: dout's amax, found by the
+// op that wrote dout (SwiGLU's backward, for the up projection), in dout_amax_slot(); empty:
+// found here.
 struct Fp8Scratch {
-  static constexpr int64_t kFp8Scales = 2;
+  static constexpr int64_t kFp8Scales = 3;  // the GEMM's two scale_invs, then dout_amax_slot()
   Tensor bytes;
   Tensor scales;
   Tensor w, wt, weight_scale_inv;
   bool weight_fresh = false;
+  Tensor input_amax;
+  bool input_amax_found = false;
+  Tensor dout_amax;
   bool enabled() const { return bytes.numel() > 0; }
+  Tensor dout_amax_slot() const { return scales.slice(2, {1}); }
   bool caches_weight() const { return !w.empty(); }
 };
 

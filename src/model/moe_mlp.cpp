@@ -34,7 +34,7 @@ constexpr MoeRouting kSharedGate{1, 1, RouterScore::Sigmoid, false, 1.0f};
 void shared_expert_forward(Backend& backend, const MoeWeights& w, const MoeActivations& a,
                            const MoeWorkspace& ws, Tensor x, Tensor out, Stream stream) {
   backend.matmul_forward(a.shared_up, x, w.shared_up, Tensor(), true, stream);
-  backend.swiglu_forward(a.shared_act, a.shared_up, stream);
+  backend.swiglu_forward(a.shared_act, a.shared_up, Tensor(), stream);
   backend.matmul_forward(a.shared_out, a.shared_act, w.shared_down, Tensor(), true, stream);
   if (w.shared_gate.empty()) {
     backend.accumulate(out, a.shared_out, stream);
@@ -62,7 +62,7 @@ void shared_expert_backward(Backend& backend, const MoeWeights& w, const MoeWeig
   }
   backend.matmul_backward(ws.dshared_act, g.shared_down, Tensor(), gated ? ws.shared_sum : dout,
                           a.shared_act, w.shared_down, true, stream);
-  backend.swiglu_backward(ws.dshared_up, ws.dshared_act, a.shared_up, stream);
+  backend.swiglu_backward(ws.dshared_up, ws.dshared_act, a.shared_up, Tensor(), stream);
   backend.matmul_backward(ws.dx_router, g.shared_up, Tensor(), ws.dshared_up, x, w.shared_up, true,
                           stream);
   backend.accumulate(dx, ws.dx_router, stream);
@@ -212,7 +212,7 @@ namespace {
 void experts_forward(Backend& backend, const MoeWeights& w, Tensor inp, Tensor up, Tensor act,
                      Tensor out, Tensor offsets, Stream stream) {
   backend.grouped_matmul_forward(up, inp, w.up, offsets, stream);
-  backend.swiglu_forward(act, up, stream);
+  backend.swiglu_forward(act, up, Tensor(), stream);
   backend.grouped_matmul_forward(out, act, w.down, offsets, stream);
 }
 
@@ -221,7 +221,7 @@ void experts_backward(Backend& backend, const MoeWeights& w, const MoeWeights& g
                       Tensor up, Tensor act, Tensor dout, Tensor dup, Tensor dact, Tensor dinp,
                       Tensor offsets, Stream stream) {
   backend.grouped_matmul_backward(dact, g.down, dout, act, w.down, offsets, stream);
-  backend.swiglu_backward(dup, dact, up, stream);
+  backend.swiglu_backward(dup, dact, up, Tensor(), stream);
   backend.grouped_matmul_backward(dinp, g.up, dup, inp, w.up, offsets, stream);
 }
 

@@ -105,8 +105,8 @@ StageBuffers plan_stage_buffers(const Architecture& arch, const StageRange& rang
 }
 
 ModelStage::ModelStage(const Architecture& arch, const StageRange& range, Backend& backend,
-                       Allocator& allocator, int64_t B, int64_t T, DType dtype,
-                       bool with_backward, Recompute recompute, int slots)
+                       Allocator& allocator, int64_t B, int64_t T, DType dtype, bool with_backward,
+                       Recompute recompute, int slots)
     : arch_(arch),
       layout_(arch.layout()),
       range_(range),

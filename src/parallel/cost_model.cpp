@@ -619,17 +619,16 @@ ComputeTime stage_compute(const ModelConfig& config, const Plan& plan, const Sta
                               (tokens - per_rank) * layers *
                                   attention_replicated_gemm_forward(parts.attention, C);
   forward.gemm += moe_repeated;
-  const Fp8CastBytes casts =
-      plan.fp8 ? fp8_cast_bytes(config, plan.tp, plan.param_dtype, tokens,
-                                fp8_options(plan).cache_weights)
-               : Fp8CastBytes{};
+  const Fp8CastBytes casts = plan.fp8 ? fp8_cast_bytes(config, plan.tp, plan.param_dtype, tokens,
+                                                       fp8_options(plan).cache_weights)
+                                      : Fp8CastBytes{};
   if (plan.fp8) {  // the layers' FP8 GEMMs at their own rate
     forward.fp8_gemm = per_rank * layers * flops.layer_fp8_gemm_forward;
     forward.gemm -= forward.fp8_gemm;
   }
   // (Cached FP8 weights: cast once a step, here a micro-batch's share of it.)
-  forward.bytes += layers * (casts.forward +
-                             casts.weights_per_step / static_cast<double>(plan.grad_accum));
+  forward.bytes +=
+      layers * (casts.forward + casts.weights_per_step / static_cast<double>(plan.grad_accum));
   backward.bytes += layers * casts.backward;
   backward.gemm = 2 * forward.gemm;  // dX and dW
   backward.fp8_gemm = 2 * forward.fp8_gemm;

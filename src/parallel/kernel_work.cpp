@@ -228,17 +228,21 @@ MemoryTraffic memory_traffic(const ModelConfig& config, int tp, bool sequence_pa
   return t;
 }
 
-Fp8CastBytes fp8_cast_bytes(const ModelConfig& config, int tp_size, DType storage,
-                            double tokens, bool cached_weights) {
+Fp8CastBytes fp8_cast_bytes(const ModelConfig& config, int tp_size, DType storage, double tokens,
+                            bool cached_weights) {
   const DecoderParts parts = decoder_parts(config);
-  const double read_twice = 2.0 * static_cast<double>(dtype_size(storage));
+  const double read_once = static_cast<double>(dtype_size(storage)), read_twice = 2 * read_once;
   const double per = read_twice + 1.0, both_layouts = read_twice + 2.0;
+  const double amax_known = read_once + 1.0;  // the input again, with forward's amax
   const double C = static_cast<double>(parts.width), tp = static_cast<double>(tp_size);
   Fp8CastBytes b;
-  auto linear = [&](double in, double out, double share) {
+  // input_found / dout_found: the op that wrote the input / dout found its amax (SwiGLU's).
+  auto linear = [&](double in, double out, double share, bool input_found = false,
+                    bool dout_found = false) {
     const double weight = cached_weights ? 0.0 : in * out;
-    b.forward += share * per * (tokens * in + weight);
-    b.backward += share * (both_layouts * tokens * out + per * (tokens * in + weight));
+    const double dout = dout_found ? both_layouts - read_once : both_layouts;
+    b.forward += share * ((input_found ? amax_known : per) * tokens * in + per * weight);
+    b.backward += share * (dout * tokens * out + amax_known * tokens * in + per * weight);
     if (cached_weights) b.weights_per_step += share * both_layouts * in * out;
   };
   const AttentionPart& a = parts.attention;
@@ -252,8 +256,9 @@ Fp8CastBytes fp8_cast_bytes(const ModelConfig& config, int tp_size, DType storag
     const MlpPart& mlp = parts.layer_mlp(layer);
     if (mlp.kind == MlpKind::MoE) continue;
     const double I = static_cast<double>(mlp.width) / tp;
-    linear(C, static_cast<double>(mlp.up_factor()) * I, 1.0 / layers);
-    linear(I, C, 1.0 / layers);
+    const bool swiglu = mlp.kind == MlpKind::SwiGLU;
+    linear(C, static_cast<double>(mlp.up_factor()) * I, 1.0 / layers, false, swiglu);
+    linear(I, C, 1.0 / layers, swiglu, false);
   }
   return b;
 }

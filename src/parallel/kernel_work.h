@@ -45,8 +45,10 @@ MemoryTraffic memory_traffic(const ModelConfig& config, int tp, bool sequence_pa
 // rank (model/fp8_linear.h), forward and backward. A cast reads its tensor (of `storage`) twice
 // (the amax, then the cast) and writes a byte an element: forward each projection's input
 // (tokens x in) and weight (in x out); backward dout once into both its layouts (tokens x out,
-// two bytes an element written), the weight again, the input again. The projections FP8 takes:
-// multi-head attention's qkv and o, the dense MLPs' (their mean over the layers). With
+// two bytes an element written), the weight again, the input again but read once (forward's
+// amax kept). SwiGLU finds the amax of its output (the down projection's input) and of its
+// input gradient (the up projection's dout): their casts read them once. The projections FP8
+// takes: multi-head attention's qkv and o, the dense MLPs' (their mean over the layers). With
 // `cached_weights` (model/fp8_linear.h Fp8Options) the weights are not cast per micro-batch but
 // once a step into both layouts (two bytes an element written): `weights_per_step`.
 struct Fp8CastBytes {

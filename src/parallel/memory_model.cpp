@@ -135,11 +135,10 @@ const ActivationTable& MemoryModel::activation_table(const Plan& plan, const Sta
   // The bytes depend on the number of layers, not on which, when every layer is alike: then
   // they are planned from layer 0. Where they differ (a dense layer among MoE layers), on which.
   const int64_t first = mixed_layers_ ? range.first_layer : 0;
-  const auto key =
-      std::make_tuple(plan.micro_batch, plan.seq_len, plan.param_dtype, plan.tp,
-                      plan.uses_sequence_parallel(), plan.ep, plan.moe_capacity_factor, recompute,
-                      range.layers(), range.first, range.last, first, plan.fp8,
-                      fp8_options(plan).cache_weights);
+  const auto key = std::make_tuple(plan.micro_batch, plan.seq_len, plan.param_dtype, plan.tp,
+                                   plan.uses_sequence_parallel(), plan.ep, plan.moe_capacity_factor,
+                                   recompute, range.layers(), range.first, range.last, first,
+                                   plan.fp8, fp8_options(plan).cache_weights);
   const std::lock_guard lock(cache_mutex_);
   auto it = activation_tables_.find(key);
   if (it == activation_tables_.end()) {
@@ -204,9 +203,9 @@ MemoryModel::MemoryModel(const ModelConfig& config)
 MemoryModel::~MemoryModel() = default;
 
 const Architecture& MemoryModel::architecture(const Plan& plan) const {
-  const auto key = std::make_tuple(plan.tp, plan.uses_sequence_parallel(), plan.ep,
-                                   plan.moe_capacity_factor, plan.fp8,
-                                   fp8_options(plan).cache_weights);
+  const auto key =
+      std::make_tuple(plan.tp, plan.uses_sequence_parallel(), plan.ep, plan.moe_capacity_factor,
+                      plan.fp8, fp8_options(plan).cache_weights);
   const std::lock_guard lock(cache_mutex_);
   auto it = architectures_.find(key);
   if (it == architectures_.end()) {

@@ -125,8 +125,8 @@ TEST(Determinism, SwigluForwardAndBackward) {
   HostTensor dout = random_tensor(DType::BF16, {N, I}, 37);
   HostTensor out(DType::BF16, {N, I}), dinp(DType::BF16, {N, 2 * I});
   expect_thread_invariant(make_outputs({&out, &dinp}), [&](Backend& backend, Outputs& o) {
-    backend.swiglu_forward(o[0], inp, nullptr);
-    backend.swiglu_backward(o[1], dout, inp, nullptr);
+    backend.swiglu_forward(o[0], inp, Tensor(), nullptr);
+    backend.swiglu_backward(o[1], dout, inp, Tensor(), nullptr);
   });
 }
 

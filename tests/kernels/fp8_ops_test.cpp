@@ -40,7 +40,7 @@ TEST(Fp8Quantize, EachElementIsTheNearestFp8ValueOfItsScaledInput) {
         HostTensor out(format, {R, C}), out_t(format, {C, R}), scale_inv(DType::F32, {1});
         test_backend()->fp8_quantize(copies & kStraight ? out.t() : Tensor(),
                                      copies & kTransposed ? out_t.t() : Tensor(), scale_inv.t(),
-                                     inp, nullptr);
+                                     inp, Tensor(), nullptr);
         const double s = scale_in_double(amax, format);
         const std::string where = std::string(dtype_name(in_dtype)) + " -> " + dtype_name(format) +
                                   " copies " + std::to_string(copies);
@@ -74,13 +74,49 @@ TEST(Fp8Quantize, EachElementIsTheNearestFp8ValueOfItsScaledInput) {
   }
 }
 
+// fp8_amax is max |x| (found in double), a NaN when one is there; fp8_quantize with that amax
+// given is the same bytes and scale as finding it; a given amax is what sets the scale (twice
+// the true one: half the scale).
+TEST(Fp8Quantize, AGivenAmaxIsTheOneFp8AmaxFinds) {
+  Random rng(83);
+  for (DType in_dtype : kFloatDTypes) {
+    HostTensor inp(in_dtype, {29, 48});
+    const std::vector<double> x = inp.fill_random(rng, -7.0, 7.0);
+    double want = 0.0;
+    for (double v : x) want = std::max(want, std::fabs(v));
+    HostTensor amax(DType::F32, {1});
+    test_backend()->fp8_amax(amax, inp, nullptr);
+    EXPECT_EQ(amax.get(0), want) << dtype_name(in_dtype);
+    HostTensor found(DType::F8E4M3, {48, 29}), given(DType::F8E4M3, {48, 29});
+    HostTensor found_inv(DType::F32, {1}), given_inv(DType::F32, {1});
+    test_backend()->fp8_quantize(Tensor(), found, found_inv, inp, Tensor(), nullptr);
+    test_backend()->fp8_quantize(Tensor(), given, given_inv, inp, amax, nullptr);
+    EXPECT_TRUE(bitwise_equal(given, found)) << dtype_name(in_dtype);
+    EXPECT_TRUE(bitwise_equal(given_inv, found_inv)) << dtype_name(in_dtype);
+    amax.set(0, 2 * want);
+    test_backend()->fp8_quantize(Tensor(), given, given_inv, inp, amax, nullptr);
+    EXPECT_EQ(given_inv.get(0), 2 * found_inv.get(0)) << dtype_name(in_dtype);
+    EXPECT_TRUE(guards_intact({&amax, &found, &given, &found_inv, &given_inv}));
+  }
+  HostTensor with_nan(DType::BF16, {3, 16}), amax(DType::F32, {1});
+  with_nan.fill_random(rng, -1.0, 1.0);
+  with_nan.set(20, std::nan(""));
+  test_backend()->fp8_amax(amax, with_nan, nullptr);
+  EXPECT_TRUE(std::isnan(amax.get(0)));
+  HostTensor wide(DType::F32, {2});
+  EXPECT_THROW(test_backend()->fp8_amax(wide, with_nan, nullptr), Error);
+}
+
 TEST(Fp8Quantize, RefusesNoCopyAndCopiesOfTwoFormats) {
   HostTensor inp(DType::F32, {4, 16}), scale_inv(DType::F32, {1});
   HostTensor e4m3(DType::F8E4M3, {4, 16}), e5m2_t(DType::F8E5M2, {16, 4});
-  EXPECT_THROW(test_backend()->fp8_quantize(Tensor(), Tensor(), scale_inv, inp, nullptr), Error);
-  EXPECT_THROW(test_backend()->fp8_quantize(e4m3, e5m2_t, scale_inv, inp, nullptr), Error);
+  EXPECT_THROW(test_backend()->fp8_quantize(Tensor(), Tensor(), scale_inv, inp, Tensor(), nullptr),
+               Error);
+  EXPECT_THROW(test_backend()->fp8_quantize(e4m3, e5m2_t, scale_inv, inp, Tensor(), nullptr),
+               Error);
   HostTensor wrong_t(DType::F8E5M2, {4, 16});
-  EXPECT_THROW(test_backend()->fp8_quantize(Tensor(), wrong_t, scale_inv, inp, nullptr), Error);
+  EXPECT_THROW(test_backend()->fp8_quantize(Tensor(), wrong_t, scale_inv, inp, Tensor(), nullptr),
+               Error);
 }
 
 TEST(Fp8Quantize, TheLargestMagnitudeLandsNearTheFormatsMaximum) {
@@ -90,7 +126,7 @@ TEST(Fp8Quantize, TheLargestMagnitudeLandsNearTheFormatsMaximum) {
     const double max = fp8_layout(fp8_format(format)).max;
     inp.set({0.5, -max / 8, 0.25, 1e-3, 3.0, -2.0});
     HostTensor out(format, {2, 3}), scale_inv(DType::F32, {1});
-    test_backend()->fp8_quantize(out, Tensor(), scale_inv, inp, nullptr);
+    test_backend()->fp8_quantize(out, Tensor(), scale_inv, inp, Tensor(), nullptr);
     EXPECT_EQ(scale_inv_of(scale_inv), 0.125f) << dtype_name(format);
     EXPECT_EQ(out.get(1), -max) << dtype_name(format);
   }
@@ -102,7 +138,7 @@ TEST(Fp8Quantize, ANaNGivesScaleOneAndStaysNaN) {
   inp.fill_random(rng, -100.0, 100.0);
   inp.set(13, std::nan(""));
   HostTensor out(DType::F8E4M3, {4, 8}), scale_inv(DType::F32, {1});
-  test_backend()->fp8_quantize(out, Tensor(), scale_inv, inp, nullptr);
+  test_backend()->fp8_quantize(out, Tensor(), scale_inv, inp, Tensor(), nullptr);
   EXPECT_EQ(scale_inv_of(scale_inv), 1.0f);
   EXPECT_TRUE(std::isnan(out.get(13)));
   EXPECT_EQ(out.get(0), load_f32(store_as<fp8e4m3_t>(static_cast<float>(inp.get(0)))));

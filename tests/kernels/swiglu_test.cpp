@@ -2,6 +2,8 @@
 // Tolerances: F16/BF16 storage_tolerance (one rounding of each stored output); F32 forward
 // {1e-6, 1e-5, 1e-11} (a few fp32 ulps through expf); F32 gradients {2e-5, 2e-4, 1e-9}
 // (central differences in double, as for layernorm).
+#include <cmath>
+
 #include "kernel_test_util.h"
 
 namespace dstrain::test {
@@ -42,7 +44,7 @@ void check_forward(const SwigluCase& c) {
   const HostTensor inp_saved = inp.clone();
   HostTensor out(c.dtype, {c.N, c.I});
   out.fill_nan();
-  test_backend()->swiglu_forward(out, inp, nullptr);
+  test_backend()->swiglu_forward(out, inp, Tensor(), nullptr);
   const Tolerance tol =
       c.dtype == DType::F32 ? Tolerance{1e-6, 1e-5, 1e-11} : storage_tolerance(c.dtype);
   EXPECT_TRUE(all_close(out.values(), swiglu_reference(inp.values(), c.N, c.I), tol));
@@ -59,7 +61,7 @@ void check_backward(const SwigluCase& c) {
   HostTensor dinp(c.dtype, {c.N, 2 * c.I});
   dinp.fill_random(rng, -1.0, 1.0);
   const HostTensor inp_saved = inp.clone(), dout_saved = dout.clone();
-  test_backend()->swiglu_backward(dinp, dout, inp, nullptr);
+  test_backend()->swiglu_backward(dinp, dout, inp, Tensor(), nullptr);
   EXPECT_TRUE(bitwise_equal(inp, inp_saved) && bitwise_equal(dout, dout_saved))
       << "inputs must be left unchanged";
   const std::vector<double> grad = numeric_gradient(
@@ -93,8 +95,8 @@ TEST(Swiglu, ExtremeGatesStayFinite) {
       dinp(DType::F32, {1, 2 * I});
   inp.set({-200.0, 200.0, 3.0, 5.0});  // [gate | up]
   dout.set({1.0, 1.0});
-  test_backend()->swiglu_forward(out, inp, nullptr);
-  test_backend()->swiglu_backward(dinp, dout, inp, nullptr);
+  test_backend()->swiglu_forward(out, inp, Tensor(), nullptr);
+  test_backend()->swiglu_backward(dinp, dout, inp, Tensor(), nullptr);
   EXPECT_EQ(out.get(0), 0.0);
   EXPECT_EQ(out.get(1), 200.0 * 5.0);
   EXPECT_EQ(dinp.get(0), 0.0);    // dgate = dout * up * silu'(-200) = 0
@@ -103,15 +105,44 @@ TEST(Swiglu, ExtremeGatesStayFinite) {
   EXPECT_EQ(dinp.get(3), 200.0);  // dup = dout * silu(200) = 200
 }
 
+// Asked for it, forward and backward find max |output| as stored (found here from the outputs'
+// values), and leave the outputs as without it.
+TEST(Swiglu, TheAmaxFoundIsTheOutputsLargestMagnitude) {
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    const SwigluCase c{9, 24, dtype};
+    Random rng(53);
+    HostTensor inp = random_inputs(rng, c);
+    HostTensor dout(dtype, {c.N, c.I});
+    dout.fill_random(rng, -1.0, 1.0);
+    HostTensor out(dtype, {c.N, c.I}), plain_out(dtype, {c.N, c.I}), amax(DType::F32, {1});
+    HostTensor dinp(dtype, {c.N, 2 * c.I}), plain_dinp(dtype, {c.N, 2 * c.I});
+    HostTensor damax(DType::F32, {1});
+    test_backend()->swiglu_forward(out, inp, amax, nullptr);
+    test_backend()->swiglu_forward(plain_out, inp, Tensor(), nullptr);
+    test_backend()->swiglu_backward(dinp, dout, inp, damax, nullptr);
+    test_backend()->swiglu_backward(plain_dinp, dout, inp, Tensor(), nullptr);
+    auto largest = [](const HostTensor& t) {
+      double m = 0.0;
+      for (double v : t.values()) m = std::max(m, std::fabs(v));
+      return m;
+    };
+    EXPECT_EQ(amax.get(0), largest(out)) << dtype_name(dtype);
+    EXPECT_EQ(damax.get(0), largest(dinp)) << dtype_name(dtype);
+    EXPECT_TRUE(bitwise_equal(out, plain_out) && bitwise_equal(dinp, plain_dinp));
+    HostTensor wide(DType::F32, {2});
+    EXPECT_THROW(test_backend()->swiglu_forward(out, inp, wide, nullptr), Error);
+  }
+}
+
 TEST(Swiglu, ShapeMismatchThrows) {
   HostTensor inp(DType::F32, {4, 16}), out(DType::F32, {4, 8}), out_wide(DType::F32, {4, 9}),
       out_rows(DType::F32, {3, 8}), inp_odd(DType::F32, {4, 15}), dinp_wide(DType::F32, {4, 18});
   Backend& backend = *test_backend();
-  EXPECT_THROW(backend.swiglu_forward(out_wide, inp, nullptr), Error);
-  EXPECT_THROW(backend.swiglu_forward(out_rows, inp, nullptr), Error);
-  EXPECT_THROW(backend.swiglu_forward(out, inp_odd, nullptr), Error);
-  EXPECT_THROW(backend.swiglu_backward(dinp_wide, out, inp, nullptr), Error);
-  EXPECT_THROW(backend.swiglu_backward(inp, out_wide, inp, nullptr), Error);
+  EXPECT_THROW(backend.swiglu_forward(out_wide, inp, Tensor(), nullptr), Error);
+  EXPECT_THROW(backend.swiglu_forward(out_rows, inp, Tensor(), nullptr), Error);
+  EXPECT_THROW(backend.swiglu_forward(out, inp_odd, Tensor(), nullptr), Error);
+  EXPECT_THROW(backend.swiglu_backward(dinp_wide, out, inp, Tensor(), nullptr), Error);
+  EXPECT_THROW(backend.swiglu_backward(inp, out_wide, inp, Tensor(), nullptr), Error);
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // The FP8 ops on CUDA against their CPU twin. fp8_quantize: the same bytes and scale_inv, every
-// input dtype, both formats, straight, transposed or both copies, shapes across the 32 x 32 tiles, a NaN, an all
-// zero tensor; its cast is the toolkit's __nv_cvt_float_to_fp8 (hardware cvt on sm_89+, the
-// toolkit's own software conversion on the emulator), so bitwise equality also checks the
-// twin's conversion against NVIDIA's. matmul_fp8 (cuBLASLt's FP8 GEMM; the emulator models its
+// input dtype, both formats, straight, transposed or both copies, shapes across the 32 x 32 tiles,
+// a NaN, an all zero tensor; its cast is the toolkit's __nv_cvt_float_to_fp8 (hardware cvt on
+// sm_89+, the toolkit's own software conversion on the emulator), so bitwise equality also checks
+// the twin's conversion against NVIDIA's. matmul_fp8 (cuBLASLt's FP8 GEMM; the emulator models its
 // requirements): within the FP8 tensor cores' accumulation of the twin, for every operand
 // pairing, with a bias and accumulating; the forms it refuses.
 #include "core/fp8.h"
@@ -37,16 +37,14 @@ TEST(CudaFp8, QuantizeMatchesTheTwinBitwise) {
           HostTensor inp = random_tensor(rng, in_dtype, shape, -5.0, 5.0);
           for (int64_t i = 0; i < inp.numel(); i += 7) inp.set(i, inp.get(i) * 1e-4);
           const std::vector<int64_t> shape_t = {shape[1], shape[0]};
-          HostTensor out_cpu(format, shape), out_t_cpu(format, shape_t),
-              scale_cpu(DType::F32, {1});
+          HostTensor out_cpu(format, shape), out_t_cpu(format, shape_t), scale_cpu(DType::F32, {1});
           cpu_backend().fp8_quantize(straight(copies, out_cpu), transposed(copies, out_t_cpu),
-                                     scale_cpu, inp, nullptr);
-          HostTensor out_gpu(format, shape), out_t_gpu(format, shape_t),
-              scale_gpu(DType::F32, {1});
+                                     scale_cpu, inp, Tensor(), nullptr);
+          HostTensor out_gpu(format, shape), out_t_gpu(format, shape_t), scale_gpu(DType::F32, {1});
           GpuRun run;
           cuda_backend().fp8_quantize(straight(copies, run(out_gpu)),
-                                      transposed(copies, run(out_t_gpu)), run(scale_gpu),
-                                      run(inp), nullptr);
+                                      transposed(copies, run(out_t_gpu)), run(scale_gpu), run(inp),
+                                      Tensor(), nullptr);
           run.finish();
           const std::string where = std::string(dtype_name(in_dtype)) + " -> " +
                                     dtype_name(format) + " " + inp.t().shape_str() + " copies " +
@@ -85,11 +83,11 @@ TEST(CudaFp8, QuantizeVectorPathsAndViewsMatchTheTwinBitwise) {
           };
           cpu_backend().fp8_quantize(straight(copies, view(out_cpu, false)),
                                      transposed(copies, view(out_t_cpu, true)), scale_cpu,
-                                     view(inp, false), nullptr);
+                                     view(inp, false), Tensor(), nullptr);
           GpuRun run;
           cuda_backend().fp8_quantize(straight(copies, view(run(out_gpu), false)),
                                       transposed(copies, view(run(out_t_gpu), true)),
-                                      run(scale_gpu), view(run(inp), false), nullptr);
+                                      run(scale_gpu), view(run(inp), false), Tensor(), nullptr);
           run.finish();
           const std::string where =
               view_case(in_dtype, rows, cols, offset) + " copies " + std::to_string(copies);
@@ -103,6 +101,36 @@ TEST(CudaFp8, QuantizeVectorPathsAndViewsMatchTheTwinBitwise) {
   }
 }
 
+// fp8_amax and fp8_quantize with the amax given (no amax pass): the twin's bits, on the vector
+// and scalar paths (an aligned and a misaligned view).
+TEST(CudaFp8, AmaxAndQuantizeWithAGivenAmaxMatchTheTwin) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType in_dtype : kFloatDTypes) {
+    for (int64_t offset : kViewOffsets) {
+      const int64_t rows = 48, cols = 136, size = offset + rows * cols;
+      Random rng(95);
+      HostTensor inp = random_tensor(rng, in_dtype, {size}, -30.0, 30.0);
+      HostTensor amax_cpu(DType::F32, {1}), amax_gpu(DType::F32, {1});
+      HostTensor out_cpu(DType::F8E5M2, {cols, rows}), out_gpu(DType::F8E5M2, {cols, rows});
+      HostTensor scale_cpu(DType::F32, {1}), scale_gpu(DType::F32, {1});
+      const Tensor view = inp.t().slice(offset, {rows, cols});
+      cpu_backend().fp8_amax(amax_cpu, view, nullptr);
+      cpu_backend().fp8_quantize(Tensor(), out_cpu, scale_cpu, view, amax_cpu, nullptr);
+      GpuRun run;
+      const Tensor gpu_view = run(inp).slice(offset, {rows, cols}), gpu_amax = run(amax_gpu);
+      cuda_backend().fp8_amax(gpu_amax, gpu_view, nullptr);
+      cuda_backend().fp8_quantize(Tensor(), run(out_gpu), run(scale_gpu), gpu_view, gpu_amax,
+                                  nullptr);
+      run.finish();
+      const std::string where = view_case(in_dtype, rows, cols, offset);
+      EXPECT_TRUE(bitwise_equal(amax_gpu, amax_cpu)) << where;
+      EXPECT_TRUE(bitwise_equal(out_gpu, out_cpu)) << where;
+      EXPECT_TRUE(bitwise_equal(scale_gpu, scale_cpu)) << where;
+      EXPECT_TRUE(guards_intact({&amax_gpu, &out_gpu, &scale_gpu})) << where;
+    }
+  }
+}
+
 TEST(CudaFp8, QuantizeOfANaNOrOfZerosHasScaleOne) {
   REQUIRE_CUDA_DEVICE();
   Random rng(92);
@@ -112,10 +140,11 @@ TEST(CudaFp8, QuantizeOfANaNOrOfZerosHasScaleOne) {
   zeros.set(std::vector<double>(48, 0.0));
   for (HostTensor* inp : {&with_nan, &zeros}) {
     HostTensor out_cpu(DType::F8E4M3, inp->shape()), scale_cpu(DType::F32, {1});
-    cpu_backend().fp8_quantize(out_cpu, Tensor(), scale_cpu, *inp, nullptr);
+    cpu_backend().fp8_quantize(out_cpu, Tensor(), scale_cpu, *inp, Tensor(), nullptr);
     HostTensor out_gpu(DType::F8E4M3, inp->shape()), scale_gpu(DType::F32, {1});
     GpuRun run;
-    cuda_backend().fp8_quantize(run(out_gpu), Tensor(), run(scale_gpu), run(*inp), nullptr);
+    cuda_backend().fp8_quantize(run(out_gpu), Tensor(), run(scale_gpu), run(*inp), Tensor(),
+                                nullptr);
     run.finish();
     EXPECT_EQ(scale_gpu.get(0), 1.0);
     EXPECT_TRUE(bitwise_equal(out_gpu, out_cpu)) << inp->t().shape_str();

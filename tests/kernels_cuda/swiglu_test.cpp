@@ -24,10 +24,10 @@ TEST(CudaSwiglu, ForwardMatchesCpu) {
       Random rng(71);
       HostTensor inp = random_tensor(rng, dtype, shape, -6.0, 6.0);
       HostTensor out_cpu = nan_tensor(dtype, halved(shape)), out_gpu = out_cpu.clone();
-      cpu_backend().swiglu_forward(out_cpu, inp, nullptr);
+      cpu_backend().swiglu_forward(out_cpu, inp, Tensor(), nullptr);
       HostTensor inp_gpu = inp.clone();
       GpuRun run;
-      cuda_backend().swiglu_forward(run(out_gpu), run(inp_gpu), nullptr);
+      cuda_backend().swiglu_forward(run(out_gpu), run(inp_gpu), Tensor(), nullptr);
       run.finish();
       const std::string where = std::string(dtype_name(dtype)) + " " + inp.t().shape_str();
       EXPECT_TRUE(matches_twin(out_gpu, out_cpu)) << where;
@@ -46,9 +46,9 @@ TEST(CudaSwiglu, BackwardMatchesCpu) {
       HostTensor dout = random_tensor(rng, dtype, halved(shape));
       // Overwritten, not accumulated: start both from the same non-zero values.
       HostTensor dinp_cpu = random_tensor(rng, dtype, shape), dinp_gpu = dinp_cpu.clone();
-      cpu_backend().swiglu_backward(dinp_cpu, dout, inp, nullptr);
+      cpu_backend().swiglu_backward(dinp_cpu, dout, inp, Tensor(), nullptr);
       GpuRun run;
-      cuda_backend().swiglu_backward(run(dinp_gpu), run(dout), run(inp), nullptr);
+      cuda_backend().swiglu_backward(run(dinp_gpu), run(dout), run(inp), Tensor(), nullptr);
       run.finish();
       const std::string where = std::string(dtype_name(dtype)) + " " + inp.t().shape_str();
       EXPECT_TRUE(matches_twin(dinp_gpu, dinp_cpu)) << where;
@@ -75,15 +75,15 @@ TEST(CudaSwiglu, VectorRowsAndOffsetsMatchCpu) {
         const HostTensor dout = random_tensor(rng, dtype, {offset + N * I});
         const HostTensor dinp = random_tensor(rng, dtype, {offset + N * 2 * I});
         TwinBuffers t({&out, &dinp, &inp, &dout});
-        cpu_backend().swiglu_forward(rows(t.cpu[0], I), rows(t.cpu[2], 2 * I), nullptr);
+        cpu_backend().swiglu_forward(rows(t.cpu[0], I), rows(t.cpu[2], 2 * I), Tensor(), nullptr);
         cpu_backend().swiglu_backward(rows(t.cpu[1], 2 * I), rows(t.cpu[3], I),
-                                      rows(t.cpu[2], 2 * I), nullptr);
+                                      rows(t.cpu[2], 2 * I), Tensor(), nullptr);
         GpuRun run;
         std::vector<Tensor> g;
         for (HostTensor& buffer : t.gpu) g.push_back(run(buffer));
-        cuda_backend().swiglu_forward(rows(g[0], I), rows(g[2], 2 * I), nullptr);
+        cuda_backend().swiglu_forward(rows(g[0], I), rows(g[2], 2 * I), Tensor(), nullptr);
         cuda_backend().swiglu_backward(rows(g[1], 2 * I), rows(g[3], I), rows(g[2], 2 * I),
-                                       nullptr);
+                                       Tensor(), nullptr);
         run.finish();
         const std::string where = view_case(dtype, N, I, offset);
         EXPECT_FALSE(bitwise_equal(t.gpu[0], out)) << "out did not change, " << where;
@@ -91,6 +91,38 @@ TEST(CudaSwiglu, VectorRowsAndOffsetsMatchCpu) {
         EXPECT_TRUE(bitwise_equal(t.gpu[2], inp) && bitwise_equal(t.gpu[3], dout)) << where;
         EXPECT_TRUE(t.guards_intact_all()) << where;
       }
+    }
+  }
+}
+
+// Asked for it (--precision fp8), each kernel finds max |what it stored|: the amax fp8_amax
+// finds of its output, on the vector form and the element-wise one (a misaligned view).
+TEST(CudaSwiglu, TheAmaxFoundIsTheOutputsAmax) {
+  REQUIRE_CUDA_DEVICE();
+  for (DType dtype : kFloatDTypes) {
+    for (int64_t offset : kViewOffsets) {
+      const int64_t N = 9, I = 40;
+      Random rng(74);
+      HostTensor inp = random_tensor(rng, dtype, {offset + N * 2 * I}, -6.0, 6.0);
+      HostTensor dout = random_tensor(rng, dtype, {offset + N * I});
+      HostTensor out = random_tensor(rng, dtype, {offset + N * I});
+      HostTensor dinp = random_tensor(rng, dtype, {offset + N * 2 * I});
+      HostTensor out_amax(DType::F32, {1}), dinp_amax(DType::F32, {1});
+      GpuRun run;
+      const Tensor in = run(inp).slice(offset, {N, 2 * I});
+      const Tensor o = run(out).slice(offset, {N, I}), d = run(dinp).slice(offset, {N, 2 * I});
+      cuda_backend().swiglu_forward(o, in, run(out_amax), nullptr);
+      cuda_backend().swiglu_backward(d, run(dout).slice(offset, {N, I}), in, run(dinp_amax),
+                                     nullptr);
+      run.finish();
+      HostTensor want_out(DType::F32, {1}), want_dinp(DType::F32, {1});
+      cpu_backend().fp8_amax(want_out, out.t().slice(offset, {N, I}), nullptr);
+      cpu_backend().fp8_amax(want_dinp, dinp.t().slice(offset, {N, 2 * I}), nullptr);
+      const std::string where = view_case(dtype, N, I, offset);
+      EXPECT_GT(want_out.get(0), 0.0) << where;
+      EXPECT_TRUE(bitwise_equal(out_amax, want_out)) << where;
+      EXPECT_TRUE(bitwise_equal(dinp_amax, want_dinp)) << where;
+      EXPECT_TRUE(guards_intact({&out, &dinp, &out_amax, &dinp_amax})) << where;
     }
   }
 }

@@ -290,10 +290,31 @@ TEST(Fp8Linear, ACachedWeightGivesTheSameBitsAndIsCastWhenStale) {
         want_s(DType::F32, {1});
     small.backend->fp8_quantize(c.out_by_in ? want_w.t() : want_wt.t(),
                                 c.out_by_in ? want_wt.t() : want_w.t(), want_s.t(),
-                                small.weight.t(), nullptr);
+                                small.weight.t(), Tensor(), nullptr);
     EXPECT_EQ(w2.bytes, want_w.bytes) << where;
     EXPECT_EQ(wt2.bytes, want_wt.bytes) << where;
     EXPECT_EQ(s2.bytes, want_s.bytes) << where;
+  }
+}
+
+// The input's amax kept from forward to backward (Fp8Scratch::input_amax): the same bits as
+// finding it in both, and it holds max |inp| after forward.
+TEST(Fp8Linear, AKeptInputAmaxGivesTheSameBits) {
+  for (const Case& c : {Case{48, 32, 64, true, true}, Case{32, 64, 16, false, false}}) {
+    LinearRun plain(c, 17), kept(c, 17);
+    plain.forward(plain.scratch());
+    plain.backward(plain.scratch());
+    Host amax(DType::F32, {1});
+    Fp8Scratch fp8 = kept.scratch();
+    fp8.input_amax = amax.t();
+    kept.forward(fp8);
+    double want = 0.0;
+    for (double v : kept.inp.values()) want = std::max(want, std::fabs(v));
+    EXPECT_EQ(amax.get(0), want);
+    kept.backward(fp8);
+    EXPECT_EQ(kept.out.bytes, plain.out.bytes);
+    EXPECT_EQ(kept.dinp.bytes, plain.dinp.bytes);
+    EXPECT_EQ(kept.dweight.bytes, plain.dweight.bytes);
   }
 }
 

@@ -75,12 +75,13 @@ struct StagedRun {
 // Runs `batches` through stages of `split`, in micro-batch order (gpipe false: F then B of
 // each micro-batch) or GPipe's (every forward, then every backward).
 StagedRun run_staged(const ModelConfig& config, const std::vector<int64_t>& split,
-                     std::vector<Batch>& batches, bool gpipe, Recompute recompute) {
+                     std::vector<Batch>& batches, bool gpipe, Recompute recompute,
+                     Fp8Options fp8 = {}) {
   const int64_t B = 2, T = 8, C = config.n_embd;
   const float dloss = 1.0f / static_cast<float>(B * T * batches.size());
   auto backend = make_cpu_backend(1);
   auto allocator = make_cpu_allocator();
-  Decoder arch(config);
+  Decoder arch(config, {}, {}, fp8);
   const int slots = gpipe ? static_cast<int>(batches.size()) : 1;
   std::vector<std::unique_ptr<ModelStage>> stages;
   for (size_t s = 0; s < split.size(); ++s) {
@@ -204,6 +205,24 @@ TEST(ModelStage, AllocatesWhatPlanStageBuffersPlansPerSlot) {
       // Only the last stage has the head's buffers (the logits).
       EXPECT_EQ(plan.head_workspace.empty(), !range.last);
     }
+  }
+}
+
+// --precision fp8's amaxes found before the casts (SwiGLU's, and each linear input's kept from
+// forward to backward, per micro-batch slot) are the ones each cast would find itself: llama-tiny
+// (SwiGLU; every projection a multiple of 16, 16 tokens a micro-batch) in two stages, GPipe's
+// order with 3 slots, every recompute, gives the same losses and gradients to the bit either
+// way. The FP8 GEMMs ran: bf16's losses differ.
+TEST(ModelStage, Fp8FoundAmaxesAreTheOnesTheCastsWouldFind) {
+  const ModelConfig config = load_model_config("llama-tiny");
+  std::vector<Batch> batches = random_batches(config, 3, 2 * 8);
+  for (Recompute recompute : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+    const StagedRun found = run_staged(config, {1, 1}, batches, true, recompute, {true, false});
+    const StagedRun own =
+        run_staged(config, {1, 1}, batches, true, recompute, {true, false, false});
+    EXPECT_EQ(found.losses, own.losses) << recompute_name(recompute);
+    EXPECT_EQ(found.params.grads, own.params.grads) << recompute_name(recompute);
+    EXPECT_NE(found.losses, run_staged(config, {1, 1}, batches, true, recompute).losses);
   }
 }
 

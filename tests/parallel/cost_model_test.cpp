@@ -362,6 +362,34 @@ TEST(KernelWork, MemoryTrafficOfALlamaBlock) {
   EXPECT_DOUBLE_EQ(t.embed_forward, 2 * C);
 }
 
+// --precision fp8's casts in a LLaMA block (bf16 storage), per micro-batch of N tokens: qkv
+// (C -> q + 2 kv) and o (q -> C) as GPT-2's; the SwiGLU MLP's casts read once what SwiGLU found
+// the amax of: down's input forward (2 + 1 bytes) and up's dout (2 + 2 written). The weights
+// cached: 6 bytes an element once a step; else 5 forward and 5 backward.
+TEST(KernelWork, Fp8CastBytesOfALlamaBlock) {
+  const ModelConfig llama = small_llama();
+  const double C = 512, q = 512, kv = 128, I = 1536, N = 4096;
+  const double ins[] = {C, q, C, I}, outs[] = {q + 2 * kv, C, 2 * I, C};
+  for (bool cached : {false, true}) {
+    const Fp8CastBytes b = fp8_cast_bytes(llama, 1, DType::BF16, N, cached);
+    double forward = 0, backward = 0, step = 0;
+    for (int i = 0; i < 4; ++i) {
+      const bool down = i == 3, up = i == 2;
+      forward += (down ? 3 : 5) * N * ins[i];
+      backward += (up ? 4 : 6) * N * outs[i] + 3 * N * ins[i];
+      if (cached) {
+        step += 6 * ins[i] * outs[i];
+      } else {
+        forward += 5 * ins[i] * outs[i];
+        backward += 5 * ins[i] * outs[i];
+      }
+    }
+    EXPECT_DOUBLE_EQ(b.forward, forward) << cached;
+    EXPECT_DOUBLE_EQ(b.backward, backward) << cached;
+    EXPECT_DOUBLE_EQ(b.weights_per_step, step) << cached;
+  }
+}
+
 // The compute of a micro-batch on one RTX 4090 (165.2 TFLOP/s bf16, 1008 GB/s), by hand.
 TEST(CostModel, ComputeIsGemmsPlusAttentionPlusMemoryBound) {
   const NodeTopology rtx4090 = machine("rtx4090-8gpu-pcie.txt", "rtx4090");
@@ -405,11 +433,11 @@ TEST(CostModel, ComputeIsGemmsPlusAttentionPlusMemoryBound) {
 // --precision fp8 on an RTX 4090 (FP8 330.3 TFLOP/s with fp32 accumulation against 165.2):
 // the layers' GEMMs (GPT-2: all of a layer's 24 C^2) at the FP8 peak x the efficiency x 0.87
 // (cuBLASLt's FP8 against cuBLAS's bf16 on an H100), the head's in bf16; the casts' bytes added
-// to the memory-bound kernels: each cast reads 2 + 2 bytes and writes 1 an element (each
-// linear's input forward and again backward), dout's reads 2 + 2 bytes and writes 2 (both its
-// layouts at once). The weights: under ZeRO-3 cast like the inputs at each use (5 bytes an
-// element, forward and backward, every micro-batch); at ZeRO-0 kept, cast once a step into both
-// layouts (6 bytes an element).
+// to the memory-bound kernels: a cast reads 2 + 2 bytes and writes 1 an element (each linear's
+// input forward; backward again, reading 2 only: forward's amax kept), dout's reads 2 + 2 bytes
+// and writes 2 (both its layouts at once). The weights: under ZeRO-3 cast like the inputs at each
+// use (5 bytes an element, forward and backward, every micro-batch); at ZeRO-0 kept, cast once a
+// step into both layouts (6 bytes an element).
 TEST(CostModel, Fp8RunsTheLayersGemmsAtTheFp8RateAndPaysForTheCasts) {
   const NodeTopology rtx4090 = machine("rtx4090-8gpu-pcie.txt", "rtx4090");
   const ModelConfig gpt2 = small_gpt2();
@@ -431,7 +459,7 @@ TEST(CostModel, Fp8RunsTheLayersGemmsAtTheFp8RateAndPaysForTheCasts) {
                 1e-9 * fp8.gemm_seconds);
     double micro_batch_bytes = 0, step_bytes = 0;
     for (int i = 0; i < 4; ++i) {
-      micro_batch_bytes += 2 * 5 * tokens * ins[i] + 6 * tokens * outs[i];
+      micro_batch_bytes += (5 + 3) * tokens * ins[i] + 6 * tokens * outs[i];
       if (zero == 3) {
         micro_batch_bytes += 2 * 5 * ins[i] * outs[i];
       } else {
