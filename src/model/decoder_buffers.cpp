@@ -1,10 +1,11 @@
 // The decoder's layer workspace (model/decoder.h) and its views of its parts' buffers: the
 // mixture-of-experts MLP's weights, activations and workspace, latent attention's, and the FP8
 // linears' scratch.
+#include "model/decoder.h"
+
 #include <algorithm>
 #include <string>
 
-#include "model/decoder.h"
 #include "model/decoder_internal.h"
 
 namespace dstrain {

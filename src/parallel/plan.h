@@ -117,8 +117,8 @@ void set_offload(Plan& plan, const std::string& name);
 std::string describe(const Plan& plan);
 
 // {"dp", "tp", "pp", "zero", "offload", "recompute", "micro_batch", "grad_accum", "seq_len",
-//  "precision", "pp_schedule", "ep", "pp_split", "sequence_parallel", "world", "tokens_per_step",
-//  "offload_params"};
+//  "precision", "fp8_weight_cache" (whether fp8_options caches), "pp_schedule", "ep", "pp_split",
+//  "sequence_parallel", "world", "tokens_per_step", "offload_params"};
 //  pp_split as the plan has
 // it (an empty list: the balanced split; the planner and the trainer fill it in).
 nlohmann::json to_json(const Plan& plan);
