@@ -11,60 +11,20 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/fp8.h"
-#include "core/rng.h"
+#include "tests/kernels/kernel_test_util.h"
 
 namespace dstrain {
 namespace {
 
-// A host buffer of float values stored as `dtype` (F32 or BF16), with a Tensor view.
-struct Host {
-  DType dtype;
-  std::vector<int64_t> dims;
-  std::vector<uint8_t> bytes;
-  Host(DType d, std::vector<int64_t> shape) : dtype(d), dims(std::move(shape)) {
-    bytes.resize(static_cast<size_t>(numel() * dtype_size(dtype)));
-  }
-  int64_t numel() const {
-    int64_t n = 1;
-    for (int64_t d : dims) n *= d;
-    return n;
-  }
-  Tensor t() {
-    Tensor view(bytes.data(), dtype, {1});
-    view.ndim = static_cast<int>(dims.size());
-    for (size_t i = 0; i < dims.size(); ++i) view.shape[i] = dims[i];
-    return view;
-  }
-  double get(int64_t i) const {
-    if (dtype == DType::F32) return reinterpret_cast<const float*>(bytes.data())[i];
-    uint16_t bits;
-    std::memcpy(&bits, bytes.data() + 2 * i, 2);
-    return bf16_bits_to_fp32(bits);
-  }
-  void set(int64_t i, double value) {
-    if (dtype == DType::F32) {
-      reinterpret_cast<float*>(bytes.data())[i] = static_cast<float>(value);
-      return;
-    }
-    const uint16_t bits = fp32_to_bf16_bits(static_cast<float>(value));
-    std::memcpy(bytes.data() + 2 * i, &bits, 2);
-  }
-  std::vector<double> values() const {
-    std::vector<double> out(static_cast<size_t>(numel()));
-    for (int64_t i = 0; i < numel(); ++i) out[static_cast<size_t>(i)] = get(i);
-    return out;
-  }
-  void fill(Rng& rng, double lo, double hi) {
-    for (int64_t i = 0; i < numel(); ++i) set(i, lo + (hi - lo) * rng.uniform());
-  }
-};
+using test::bitwise_equal;
+using test::HostTensor;
+using test::Random;
 
 // x as the FP8 recipe sees it: each element rounded to `format` after the tensor's scale, and
 // unscaled again (exactly: the scale is a power of two).
@@ -109,22 +69,22 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& wan
 struct LinearRun {
   Case c;
   std::unique_ptr<Backend> backend = make_cpu_backend(1);
-  Host inp{DType::BF16, {c.N, c.C}}, dout{DType::BF16, {c.N, c.OC}};
-  Host weight{DType::BF16,
+  HostTensor inp{DType::BF16, {c.N, c.C}}, dout{DType::BF16, {c.N, c.OC}};
+  HostTensor weight{DType::BF16,
               c.out_by_in ? std::vector<int64_t>{c.OC, c.C} : std::vector<int64_t>{c.C, c.OC}};
-  Host bias{DType::BF16, {c.bias ? c.OC : 0}}, dbias{DType::F32, {c.bias ? c.OC : 0}};
-  Host out{DType::BF16, {c.N, c.OC}}, dinp{DType::BF16, {c.N, c.C}};
-  Host dweight{DType::F32, weight.dims};
-  Host bytes{DType::F8E4M3, {fp8_scratch_bytes(c.N, c.C, c.OC, true)}}, scales{DType::F32, {2}};
+  HostTensor bias{DType::BF16, {c.bias ? c.OC : 0}}, dbias{DType::F32, {c.bias ? c.OC : 0}};
+  HostTensor out{DType::BF16, {c.N, c.OC}}, dinp{DType::BF16, {c.N, c.C}};
+  HostTensor dweight{DType::F32, weight.shape()};
+  HostTensor bytes{DType::F8E4M3, {fp8_scratch_bytes(c.N, c.C, c.OC, true)}}, scales{DType::F32, {2}};
 
   explicit LinearRun(Case cs, uint64_t seed) : c(cs) {
-    Rng rng(seed, 0);
-    inp.fill(rng, -3.0, 3.0);
-    weight.fill(rng, -0.4, 0.4);
-    dout.fill(rng, -1e-3, 1e-3);  // gradients are small: E5M2's range, not E4M3's
-    bias.fill(rng, -1.0, 1.0);
-    dbias.fill(rng, -1.0, 1.0);
-    dweight.fill(rng, -1.0, 1.0);
+    Random rng(seed);
+    inp.fill_random(rng, -3.0, 3.0);
+    weight.fill_random(rng, -0.4, 0.4);
+    dout.fill_random(rng, -1e-3, 1e-3);  // gradients are small: E5M2's range, not E4M3's
+    bias.fill_random(rng, -1.0, 1.0);
+    dbias.fill_random(rng, -1.0, 1.0);
+    dweight.fill_random(rng, -1.0, 1.0);
   }
   Fp8Scratch scratch() { return {bytes.t(), scales.t()}; }
   void forward(const Fp8Scratch& fp8) {
@@ -211,7 +171,7 @@ TEST(Fp8Linear, WhatDoesNotFitIsTheBackendsMatmul) {
   EXPECT_EQ(fp8_scratch_bytes(64, 16, 32, true), 5120);
   for (const Case& c : {Case{24, 32, 32, true, true}, Case{32, 40, 32, false, false}}) {
     LinearRun fp8(c, 12), plain(c, 12);
-    Host bytes(DType::F8E4M3, {4096}), scales(DType::F32, {2});
+    HostTensor bytes(DType::F8E4M3, {4096}), scales(DType::F32, {2});
     fp8.forward({bytes.t(), scales.t()});
     fp8.backward({bytes.t(), scales.t()});
     plain.backend->matmul_forward(plain.out.t(), plain.inp.t(), plain.weight.t(),
@@ -219,10 +179,10 @@ TEST(Fp8Linear, WhatDoesNotFitIsTheBackendsMatmul) {
     plain.backend->matmul_backward(plain.dinp.t(), plain.dweight.t(),
                                    c.bias ? plain.dbias.t() : Tensor(), plain.dout.t(),
                                    plain.inp.t(), plain.weight.t(), c.out_by_in, nullptr);
-    EXPECT_EQ(fp8.out.bytes, plain.out.bytes) << c.N << "x" << c.C;
-    EXPECT_EQ(fp8.dinp.bytes, plain.dinp.bytes) << c.N << "x" << c.C;
-    EXPECT_EQ(fp8.dweight.bytes, plain.dweight.bytes) << c.N << "x" << c.C;
-    EXPECT_EQ(fp8.dbias.bytes, plain.dbias.bytes) << c.N << "x" << c.C;
+    EXPECT_TRUE(bitwise_equal(fp8.out, plain.out)) << c.N << "x" << c.C;
+    EXPECT_TRUE(bitwise_equal(fp8.dinp, plain.dinp)) << c.N << "x" << c.C;
+    EXPECT_TRUE(bitwise_equal(fp8.dweight, plain.dweight)) << c.N << "x" << c.C;
+    EXPECT_TRUE(bitwise_equal(fp8.dbias, plain.dbias)) << c.N << "x" << c.C;
   }
 }
 
@@ -235,10 +195,10 @@ TEST(Fp8Linear, BackwardWithoutDinpGivesTheSameWeightGradient) {
     linear_backward(*alone.backend, alone.scratch(), Tensor(), alone.dweight.t(),
                     c.bias ? alone.dbias.t() : Tensor(), alone.dout.t(), alone.inp.t(),
                     alone.weight.t(), c.out_by_in, nullptr);
-    EXPECT_EQ(alone.dweight.bytes, both.dweight.bytes) << c.N << "x" << c.C << "->" << c.OC;
-    EXPECT_EQ(alone.dbias.bytes, both.dbias.bytes);
+    EXPECT_TRUE(bitwise_equal(alone.dweight, both.dweight)) << c.N << "x" << c.C << "->" << c.OC;
+    EXPECT_TRUE(bitwise_equal(alone.dbias, both.dbias));
     LinearRun fresh(c, 13);
-    EXPECT_NE(alone.dweight.bytes, fresh.dweight.bytes);  // it did accumulate
+    EXPECT_FALSE(bitwise_equal(alone.dweight, fresh.dweight));  // it did accumulate
   }
 }
 
@@ -253,7 +213,7 @@ TEST(Fp8Linear, ACachedWeightGivesTheSameBitsAndIsCastWhenStale) {
     LinearRun plain(c, 14), cached(c, 14);
     plain.forward(plain.scratch());
     plain.backward(plain.scratch());
-    Host w(DType::F8E4M3, {c.OC, c.C}), wt(DType::F8E4M3, {c.C, c.OC}), s(DType::F32, {1});
+    HostTensor w(DType::F8E4M3, {c.OC, c.C}), wt(DType::F8E4M3, {c.C, c.OC}), s(DType::F32, {1});
     Fp8Scratch fp8 = cached.scratch();
     fp8.w = w.t();
     fp8.wt = wt.t();
@@ -261,39 +221,39 @@ TEST(Fp8Linear, ACachedWeightGivesTheSameBitsAndIsCastWhenStale) {
     cached.forward(fp8);  // stale: cast here
     fp8.weight_fresh = true;
     cached.backward(fp8);
-    EXPECT_EQ(cached.out.bytes, plain.out.bytes) << where;
-    EXPECT_EQ(cached.dinp.bytes, plain.dinp.bytes) << where;
-    EXPECT_EQ(cached.dweight.bytes, plain.dweight.bytes) << where;
+    EXPECT_TRUE(bitwise_equal(cached.out, plain.out)) << where;
+    EXPECT_TRUE(bitwise_equal(cached.dinp, plain.dinp)) << where;
+    EXPECT_TRUE(bitwise_equal(cached.dweight, plain.dweight)) << where;
 
-    const std::vector<uint8_t> out_before = cached.out.bytes, w_before = w.bytes;
-    Rng rng(15, 0);
-    cached.weight.fill(rng, -0.4, 0.4);
+    const HostTensor out_before = cached.out.clone(), w_before = w.clone();
+    Random rng(15);
+    cached.weight.fill_random(rng, -0.4, 0.4);
     cached.forward(fp8);  // taken for fresh: the old cast
-    EXPECT_EQ(cached.out.bytes, out_before) << where;
+    EXPECT_TRUE(bitwise_equal(cached.out, out_before)) << where;
     fp8.weight_fresh = false;
     cached.forward(fp8);
-    EXPECT_NE(cached.out.bytes, out_before) << where;
-    EXPECT_NE(w.bytes, w_before) << where;
+    EXPECT_FALSE(bitwise_equal(cached.out, out_before)) << where;
+    EXPECT_FALSE(bitwise_equal(w, w_before)) << where;
 
     // 24 tokens: the backend's matmul in bf16, and the stale cache cast all the same.
     Case ragged = c;
     ragged.N = 24;
     LinearRun small(ragged, 16);
-    Host w2(DType::F8E4M3, {c.OC, c.C}), wt2(DType::F8E4M3, {c.C, c.OC}), s2(DType::F32, {1});
-    Host bytes(DType::F8E4M3, {4096});  // scratch: the linear still does not fit
+    HostTensor w2(DType::F8E4M3, {c.OC, c.C}), wt2(DType::F8E4M3, {c.C, c.OC}), s2(DType::F32, {1});
+    HostTensor bytes(DType::F8E4M3, {4096});  // scratch: the linear still does not fit
     Fp8Scratch fp8_small{bytes.t(), small.scales.t()};
     fp8_small.w = w2.t();
     fp8_small.wt = wt2.t();
     fp8_small.weight_scale_inv = s2.t();
     small.forward(fp8_small);
-    Host want_w(DType::F8E4M3, {c.OC, c.C}), want_wt(DType::F8E4M3, {c.C, c.OC}),
+    HostTensor want_w(DType::F8E4M3, {c.OC, c.C}), want_wt(DType::F8E4M3, {c.C, c.OC}),
         want_s(DType::F32, {1});
     small.backend->fp8_quantize(c.out_by_in ? want_w.t() : want_wt.t(),
                                 c.out_by_in ? want_wt.t() : want_w.t(), want_s.t(),
                                 small.weight.t(), Tensor(), nullptr);
-    EXPECT_EQ(w2.bytes, want_w.bytes) << where;
-    EXPECT_EQ(wt2.bytes, want_wt.bytes) << where;
-    EXPECT_EQ(s2.bytes, want_s.bytes) << where;
+    EXPECT_TRUE(bitwise_equal(w2, want_w)) << where;
+    EXPECT_TRUE(bitwise_equal(wt2, want_wt)) << where;
+    EXPECT_TRUE(bitwise_equal(s2, want_s)) << where;
   }
 }
 
@@ -304,7 +264,7 @@ TEST(Fp8Linear, AKeptInputAmaxGivesTheSameBits) {
     LinearRun plain(c, 17), kept(c, 17);
     plain.forward(plain.scratch());
     plain.backward(plain.scratch());
-    Host amax(DType::F32, {1});
+    HostTensor amax(DType::F32, {1});
     Fp8Scratch fp8 = kept.scratch();
     fp8.input_amax = amax.t();
     kept.forward(fp8);
@@ -312,9 +272,9 @@ TEST(Fp8Linear, AKeptInputAmaxGivesTheSameBits) {
     for (double v : kept.inp.values()) want = std::max(want, std::fabs(v));
     EXPECT_EQ(amax.get(0), want);
     kept.backward(fp8);
-    EXPECT_EQ(kept.out.bytes, plain.out.bytes);
-    EXPECT_EQ(kept.dinp.bytes, plain.dinp.bytes);
-    EXPECT_EQ(kept.dweight.bytes, plain.dweight.bytes);
+    EXPECT_TRUE(bitwise_equal(kept.out, plain.out));
+    EXPECT_TRUE(bitwise_equal(kept.dinp, plain.dinp));
+    EXPECT_TRUE(bitwise_equal(kept.dweight, plain.dweight));
   }
 }
 
