@@ -246,11 +246,11 @@ Fp8CastBytes fp8_cast_bytes(const ModelConfig& config, int tp_size, DType storag
     if (cached_weights) b.weights_per_step += share * both_layouts * in * out;
   };
   const AttentionPart& a = parts.attention;
-  if (!a.latent()) {
+  if (!a.latent()) {  // latent attention's own projections stay in bf16
     const double q = static_cast<double>(a.q_width()), kv = static_cast<double>(a.kv_width());
     linear(C, (q + 2 * kv) / tp, 1.0);
-    linear(q / tp, C, 1.0);
   }
+  linear(static_cast<double>(a.out_width()) / tp, C, 1.0);  // o: every attention's
   const double layers = static_cast<double>(std::max<int64_t>(parts.layers, 1));
   for (int64_t layer = 0; layer < parts.layers; ++layer) {
     const MlpPart& mlp = parts.layer_mlp(layer);

@@ -48,9 +48,10 @@ MemoryTraffic memory_traffic(const ModelConfig& config, int tp, bool sequence_pa
 // two bytes an element written), the weight again, the input again but read once (forward's
 // amax kept). SwiGLU finds the amax of its output (the down projection's input) and of its
 // input gradient (the up projection's dout): their casts read them once. The projections FP8
-// takes: multi-head attention's qkv and o, the dense MLPs' (their mean over the layers). With
-// `cached_weights` (model/fp8_linear.h Fp8Options) the weights are not cast per micro-batch but
-// once a step into both layouts (two bytes an element written): `weights_per_step`.
+// takes: multi-head attention's qkv, every attention's o (latent attention's too), the dense
+// MLPs' (their mean over the layers). With `cached_weights` (model/fp8_linear.h Fp8Options) the
+// weights are not cast per micro-batch but once a step into both layouts (two bytes an element
+// written): `weights_per_step`.
 struct Fp8CastBytes {
   double forward = 0, backward = 0;
   double weights_per_step = 0;

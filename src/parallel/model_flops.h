@@ -21,8 +21,8 @@ struct ModelFlops {
   double layer_forward = 0;      // the two above: GPT-2 24 C^2 + 4 T C
   double head_forward = 0;       // the LM head: 2 C Vp
   // The part of layer_gemm_forward --precision fp8 runs on FP8 tensor cores (model/fp8_linear.h):
-  // multi-head attention's qkv and o projections, the dense MLPs' matrices (not the experts',
-  // not latent attention's), the mean over the layers.
+  // multi-head attention's qkv and o projections, latent attention's o projection (not its
+  // latent path), the dense MLPs' matrices (not the experts'), the mean over the layers.
   double layer_fp8_gemm_forward = 0;
 };
 
@@ -87,8 +87,10 @@ inline ModelFlops model_flops(const ModelConfig& config, int64_t seq_len) {
   dense_mlp /= static_cast<double>(std::max<int64_t>(parts.layers, 1));
   ModelFlops f;
   f.layer_gemm_forward = attention_gemm_forward(parts.attention, C) + mlp;
+  const double o_projection = 2 * static_cast<double>(parts.attention.out_width()) * C;
   f.layer_fp8_gemm_forward =
-      (parts.attention.latent() ? 0 : attention_gemm_forward(parts.attention, C)) + dense_mlp;
+      (parts.attention.latent() ? o_projection : attention_gemm_forward(parts.attention, C)) +
+      dense_mlp;
   f.attention_forward = attention_forward_flops(parts.attention, T);
   f.layer_forward = f.layer_gemm_forward + f.attention_forward;
   f.head_forward = 2 * C * static_cast<double>(config.padded_vocab());

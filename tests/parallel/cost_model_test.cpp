@@ -299,6 +299,29 @@ TEST(KernelWork, LatentAttentionsHeadDim192RunsOnTensorCoresAsHeadDim256Does) {
   EXPECT_DOUBLE_EQ(w.backward, (2 * 2 + 2) * pair * (T + 16) / 2 + 3 * pair * (T + 16) / 2);
 }
 
+// Latent attention under --precision fp8: its o projection (heads x v_dim -> C) runs in FP8, as
+// the decoder runs it, its latent path in bf16; the dense first layer's MLP (a 27th of each
+// layer's mean) in FP8, the experts not. The FP8 FLOPs and the casts' bytes count exactly that.
+TEST(KernelWork, LatentAttentionsOProjectionRunsInFp8) {
+  const ModelConfig lite = load_model_config("deepseek-v2-lite");
+  const DecoderParts parts = decoder_parts(lite);
+  const MlpPart& dense = parts.layer_mlp(0);
+  ASSERT_EQ(dense.kind, MlpKind::SwiGLU);
+  ASSERT_EQ(parts.layer_mlp(1).kind, MlpKind::MoE);
+  const double C = 2048, out = 16 * 128, I = static_cast<double>(dense.width), L = 27, N = 1024;
+  ASSERT_EQ(parts.attention.out_width(), out);
+  EXPECT_DOUBLE_EQ(model_flops(lite, 1024).layer_fp8_gemm_forward,
+                   2 * out * C + (2 * C * 2 * I + 2 * I * C) / L);
+  const Fp8CastBytes b = fp8_cast_bytes(lite, 1, DType::BF16, N, false);
+  // o: input 5 (forward) and 3 (backward), dout 6, weight 5 and 5; up: dout found (4); down:
+  // input found (3 forward).
+  EXPECT_DOUBLE_EQ(b.forward, 5 * N * out + 5 * out * C +
+                                  (5 * N * C + 5 * C * 2 * I + 3 * N * I + 5 * I * C) / L);
+  EXPECT_DOUBLE_EQ(b.backward, 6 * N * C + 3 * N * out + 5 * out * C +
+                                   (4 * N * 2 * I + 3 * N * C + 5 * C * 2 * I + 6 * N * C +
+                                    3 * N * I + 5 * I * C) / L);
+}
+
 TEST(KernelWork, GroupedQueryAttentionCostsItsQueryHeads) {
   // Key/value heads shared by 4 query heads: the same pairs per query head as full multi-head.
   ModelConfig gqa = small_llama();
