@@ -317,9 +317,10 @@ TEST(KernelWork, LatentAttentionsOProjectionRunsInFp8) {
   // input found (3 forward).
   EXPECT_DOUBLE_EQ(b.forward, 5 * N * out + 5 * out * C +
                                   (5 * N * C + 5 * C * 2 * I + 3 * N * I + 5 * I * C) / L);
-  EXPECT_DOUBLE_EQ(b.backward, 6 * N * C + 3 * N * out + 5 * out * C +
-                                   (4 * N * 2 * I + 3 * N * C + 5 * C * 2 * I + 6 * N * C +
-                                    3 * N * I + 5 * I * C) / L);
+  EXPECT_DOUBLE_EQ(
+      b.backward,
+      6 * N * C + 3 * N * out + 5 * out * C +
+          (4 * N * 2 * I + 3 * N * C + 5 * C * 2 * I + 6 * N * C + 3 * N * I + 5 * I * C) / L);
 }
 
 TEST(KernelWork, GroupedQueryAttentionCostsItsQueryHeads) {
