@@ -66,24 +66,14 @@ Decoder::LayerWorkspace Decoder::layer_workspace_specs(int64_t B, int64_t T, DTy
   return index;
 }
 
-// The linears that run through linear_forward / linear_backward: the qkv projection (not latent
-// attention's), the o projection, a dense MLP's up and down (not the experts').
+// The largest scratch of the linears that run through linear_forward / linear_backward in any
+// layer (fp8_linear_widths).
 int64_t Decoder::fp8_scratch_bytes_of(int64_t N, bool with_backward) const {
-  if (!fp8_) return 0;
-  const Widths w = widths();
-  const int64_t C = config_.n_embd;
   int64_t bytes = 0;
-  auto take = [&](int64_t in, int64_t out) {
-    bytes = std::max(bytes, fp8_scratch_bytes(N, in, out, with_backward));
-  };
-  if (!parts_.attention.latent()) take(C, w.qkv);
-  take(w.attn, C);
-  for (int kind : {0, 1}) {
-    if (kind == 1 && !parts_.mixed_layers()) break;
-    const MlpPart& part = kind_mlp(kind);
-    if (part.kind == MlpKind::MoE) continue;
-    take(C, part.up_factor() * mlp_width(kind));
-    take(mlp_width(kind), C);
+  for (int layer = 0; layer < config_.n_layer; ++layer) {
+    for (const LinearWidths& l : fp8_linear_widths(layer)) {
+      if (l.in != 0) bytes = std::max(bytes, fp8_scratch_bytes(N, l.in, l.out, with_backward));
+    }
   }
   return bytes;
 }
